@@ -1,0 +1,87 @@
+# Herald's two front doors are `make run` and `make test`; everything else
+# here serves them. No Docker: PostgreSQL runs from the installed binaries
+# (db/cluster.sh).
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+GO ?= go
+SQLC_VERSION := v1.31.1
+SQLC := $(GO) run github.com/sqlc-dev/sqlc/cmd/sqlc@$(SQLC_VERSION)
+DEV := .dev
+# Packages whose tests exercise concurrency run under the race detector;
+# that is all of them today.
+RACE ?= -race
+
+.PHONY: help build run test test/go generate generate/check vet fmt \
+	db/start db/stop db/reset db/test/start db/test/stop clean
+
+help:
+	@echo "make run      start a local PostgreSQL, migrate, and serve Herald with a development API key"
+	@echo "make test     start a PostgreSQL in RAM if needed, check generated code, vet, and run every test"
+	@echo "make build    build bin/herald"
+	@echo "make generate regenerate db/ from db/queries/*.sql with sqlc"
+	@echo "make db/start | db/stop | db/reset   the development database"
+
+build:
+	$(GO) build -o bin/herald ./cmd/herald
+
+# The development cluster lives under .dev/pg and survives restarts; the
+# development API key is minted once and kept in .dev/api-key.
+db/start:
+	@if [ -n "$${DATABASE_URL:-}" ]; then echo "$$DATABASE_URL"; else db/cluster.sh start dev; fi
+
+db/stop:
+	@db/cluster.sh stop dev
+	@db/cluster.sh stop test
+
+db/reset:
+	@db/cluster.sh reset dev
+
+db/test/start:
+	@if [ -n "$${DATABASE_URL:-}" ]; then echo "$$DATABASE_URL"; else db/cluster.sh start test; fi
+
+db/test/stop:
+	@db/cluster.sh stop test
+
+$(DEV)/api-key:
+	@mkdir -p $(DEV)
+	@umask 077; head -c 24 /dev/urandom | base64 | tr '+/' '-_' > $@
+
+$(DEV)/admin-password:
+	@mkdir -p $(DEV)
+	@umask 077; head -c 12 /dev/urandom | base64 | tr '+/' '-_' > $@
+
+run: build $(DEV)/api-key $(DEV)/admin-password
+	@url=$$($(MAKE) -s db/start); \
+	key=$$(cat $(DEV)/api-key); pass=$$(cat $(DEV)/admin-password); \
+	addr=$${HERALD_ADDR:-127.0.0.1:8080}; \
+	DATABASE_URL=$$url bin/herald migrate; \
+	echo; \
+	echo "  Herald:       http://$$addr   (dashboard: user admin, password $$pass)"; \
+	echo "  API key:      $$key"; \
+	echo "  try:          curl -H 'Authorization: Bearer $$key' http://$$addr/v1/users/u_1/devices"; \
+	echo "  database:     $$url"; \
+	echo; \
+	DATABASE_URL=$$url HERALD_ADDR=$$addr HERALD_API_KEYS=$$key HERALD_ADMIN_PASSWORD=$$pass \
+		HERALD_LOG_FORMAT=$${HERALD_LOG_FORMAT:-text} exec bin/herald serve
+
+test: generate/check vet test/go
+
+test/go:
+	@url=$$($(MAKE) -s db/test/start); \
+	echo "go test against $$url"; \
+	DATABASE_URL=$$url $(GO) test $(RACE) -count=1 -timeout 15m ./...
+
+vet:
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt would change:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
+	$(GO) vet ./...
+
+generate:
+	cd db && $(SQLC) generate
+
+# sqlc diff exits non-zero when the checked-in code differs from what the
+# queries and migrations generate.
+generate/check:
+	@cd db && $(SQLC) diff || { echo "db/ is stale: run 'make generate' and commit the result"; exit 1; }
+
+clean:
+	rm -rf bin

@@ -1,0 +1,328 @@
+package api
+
+import (
+	"cmp"
+	"crypto/ecdh"
+	"fmt"
+	"net/http"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/labstack/echo/v4"
+
+	"github.com/heraldpush/herald/db"
+)
+
+// maxBatchDevices caps POST /v1/devices/batch.
+const maxBatchDevices = 10_000
+
+// deviceRequest is one device registration, alone or in a batch.
+type deviceRequest struct {
+	UserID       string               `json:"user_id"`
+	Channel      string               `json:"channel"`
+	Token        string               `json:"token"`
+	Subscription *subscriptionRequest `json:"subscription"`
+
+	norm device
+}
+
+// subscriptionRequest is a Web Push subscription as a browser's
+// PushSubscription.toJSON() gives it.
+type subscriptionRequest struct {
+	Endpoint string `json:"endpoint"`
+	Keys     struct {
+		P256dh string `json:"p256dh"`
+		Auth   string `json:"auth"`
+	} `json:"keys"`
+	// ExpirationTime is accepted so that a browser's subscription can be
+	// passed on as it is; push services other than the browser's own do not
+	// use it.
+	ExpirationTime *float64 `json:"expirationTime"`
+}
+
+// device is a validated, normalised registration.
+type device struct {
+	userID, channel, token, p256dh, auth string
+}
+
+func (r *deviceRequest) validate() error { return r.check("") }
+
+// check validates the request and fills r.norm. prefix is prepended to field
+// names, so that errors in a batch name the element.
+func (r *deviceRequest) check(prefix string) error {
+	if err := checkID(prefix+"user_id", r.UserID); err != nil {
+		return err
+	}
+	r.norm = device{userID: r.UserID, channel: r.Channel}
+	switch r.Channel {
+	case channelAPNs, channelFCM:
+		if r.Subscription != nil {
+			return invalid(prefix+"subscription", "subscription is only for channel webpush; channel %s takes a token", r.Channel)
+		}
+		if r.Channel == channelAPNs {
+			token, err := normalizeAPNsToken(prefix+"token", r.Token)
+			if err != nil {
+				return err
+			}
+			r.norm.token = token
+			return nil
+		}
+		r.norm.token = r.Token
+		return checkFCMToken(prefix+"token", r.Token)
+	case channelWebPush:
+		if r.Token != "" {
+			return invalid(prefix+"token", "channel webpush takes a subscription, not a token")
+		}
+		if r.Subscription == nil {
+			return invalid(prefix+"subscription", "subscription is required for channel webpush")
+		}
+		sub := r.Subscription
+		if err := checkEndpoint(prefix+"subscription.endpoint", sub.Endpoint); err != nil {
+			return err
+		}
+		p256dh, raw, err := normalizeKey(prefix+"subscription.keys.p256dh", sub.Keys.P256dh, 65)
+		if err != nil {
+			return err
+		}
+		if _, err := ecdh.P256().NewPublicKey(raw); err != nil {
+			return invalid(prefix+"subscription.keys.p256dh", "p256dh must be an uncompressed P-256 public key")
+		}
+		auth, _, err := normalizeKey(prefix+"subscription.keys.auth", sub.Keys.Auth, 16)
+		if err != nil {
+			return err
+		}
+		r.norm.token, r.norm.p256dh, r.norm.auth = sub.Endpoint, p256dh, auth
+		return nil
+	case "":
+		return invalid(prefix+"channel", "channel is required: apns, fcm or webpush")
+	default:
+		return invalid(prefix+"channel", "channel %q is not one of apns, fcm, webpush", r.Channel)
+	}
+}
+
+type deviceResponse struct {
+	DeviceID string `json:"device_id"`
+	UserID   string `json:"user_id"`
+	Channel  string `json:"channel"`
+	Status   string `json:"status"`
+}
+
+func (s *Server) registerDevice(c echo.Context) error {
+	var req deviceRequest
+	if err := decode(c, smallBodyLimit, &req); err != nil {
+		return err
+	}
+	ctx := c.Request().Context()
+	d := req.norm
+	var row db.RegisterDeviceRow
+	err := db.InTx(ctx, s.pool, func(tx pgx.Tx) error {
+		q := db.New(tx)
+		if err := q.EnsureUsers(ctx, []string{d.userID}); err != nil {
+			return fmt.Errorf("ensure user: %w", err)
+		}
+		var err error
+		row, err = q.RegisterDevice(ctx, db.RegisterDeviceParams{
+			UserID: d.userID, Channel: d.channel, Token: d.token,
+			P256dh: nullable(d.p256dh), Auth: nullable(d.auth),
+		})
+		if err != nil {
+			return fmt.Errorf("register device: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	status := http.StatusOK
+	if row.Created {
+		status = http.StatusCreated
+	}
+	return c.JSON(status, deviceResponse{
+		DeviceID: formatDeviceID(row.ID), UserID: row.UserID, Channel: row.Channel, Status: row.Status,
+	})
+}
+
+type deviceBatchRequest struct {
+	Devices []deviceRequest `json:"devices"`
+}
+
+func (r *deviceBatchRequest) validate() error {
+	if len(r.Devices) == 0 || len(r.Devices) > maxBatchDevices {
+		return invalid("devices", "devices must hold 1 to %d devices, not %d", maxBatchDevices, len(r.Devices))
+	}
+	for i := range r.Devices {
+		if err := r.Devices[i].check(fmt.Sprintf("devices[%d].", i)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+type deviceBatchResponse struct {
+	Created int32 `json:"created"`
+	Updated int32 `json:"updated"`
+}
+
+// registerDevices registers up to 10,000 devices in one transaction of two
+// statements. A (channel, token) given twice counts once, the later one
+// winning, as if the registrations had been made one after the other.
+func (s *Server) registerDevices(c echo.Context) error {
+	var req deviceBatchRequest
+	if err := decode(c, batchBodyLimit, &req); err != nil {
+		return err
+	}
+	ctx := c.Request().Context()
+
+	byKey := make(map[[2]string]device, len(req.Devices))
+	for _, r := range req.Devices {
+		byKey[[2]string{r.norm.channel, r.norm.token}] = r.norm
+	}
+	devices := make([]device, 0, len(byKey))
+	for _, d := range byKey {
+		devices = append(devices, d)
+	}
+	// A fixed lock order keeps concurrent batches from deadlocking.
+	slices.SortFunc(devices, func(a, b device) int {
+		return cmp.Or(cmp.Compare(a.channel, b.channel), cmp.Compare(a.token, b.token))
+	})
+	params := db.RegisterDevicesParams{
+		UserIds:  make([]string, len(devices)),
+		Channels: make([]string, len(devices)),
+		Tokens:   make([]string, len(devices)),
+		P256dhs:  make([]string, len(devices)),
+		Auths:    make([]string, len(devices)),
+	}
+	for i, d := range devices {
+		params.UserIds[i], params.Channels[i], params.Tokens[i] = d.userID, d.channel, d.token
+		params.P256dhs[i], params.Auths[i] = d.p256dh, d.auth
+	}
+	users := sortedUnique(params.UserIds)
+
+	var res db.RegisterDevicesRow
+	err := db.InTx(ctx, s.pool, func(tx pgx.Tx) error {
+		q := db.New(tx)
+		if err := q.EnsureUsers(ctx, users); err != nil {
+			return fmt.Errorf("ensure users: %w", err)
+		}
+		var err error
+		if res, err = q.RegisterDevices(ctx, params); err != nil {
+			return fmt.Errorf("register devices: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, deviceBatchResponse{Created: res.Created, Updated: res.Updated})
+}
+
+type deviceListItem struct {
+	DeviceID      string     `json:"device_id"`
+	Channel       string     `json:"channel"`
+	Token         string     `json:"token,omitempty"`
+	Endpoint      string     `json:"endpoint,omitempty"`
+	Status        string     `json:"status"`
+	EvictedReason *string    `json:"evicted_reason"`
+	EvictedAt     *time.Time `json:"evicted_at"`
+	CreatedAt     time.Time  `json:"created_at"`
+	UpdatedAt     time.Time  `json:"updated_at"`
+}
+
+type deviceListResponse struct {
+	UserID string           `json:"user_id"`
+	Items  []deviceListItem `json:"items"`
+}
+
+func (s *Server) listUserDevices(c echo.Context) error {
+	ctx := c.Request().Context()
+	userID := c.Param("user_id")
+	if checkID("user_id", userID) != nil {
+		return notFound("user", userID)
+	}
+	var rows []db.Device
+	err := db.InTx(ctx, s.pool, func(tx pgx.Tx) error {
+		q := db.New(tx)
+		exists, err := q.UserExists(ctx, userID)
+		if err != nil {
+			return fmt.Errorf("find user: %w", err)
+		}
+		if !exists {
+			return notFound("user", userID)
+		}
+		if rows, err = q.ListUserDevices(ctx, userID); err != nil {
+			return fmt.Errorf("list devices: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	resp := deviceListResponse{UserID: userID, Items: make([]deviceListItem, len(rows))}
+	for i, d := range rows {
+		item := deviceListItem{
+			DeviceID: formatDeviceID(d.ID), Channel: d.Channel, Status: d.Status,
+			EvictedReason: d.EvictedReason, EvictedAt: utcPtr(d.EvictedAt),
+			CreatedAt: d.CreatedAt.UTC(), UpdatedAt: d.UpdatedAt.UTC(),
+		}
+		if d.Channel == channelWebPush {
+			item.Endpoint = d.Token
+		} else {
+			item.Token = d.Token
+		}
+		resp.Items[i] = item
+	}
+	return c.JSON(http.StatusOK, resp)
+}
+
+// deleteDevice removes a device and cancels whatever is still pending for it;
+// the ledger keeps its history.
+func (s *Server) deleteDevice(c echo.Context) error {
+	ctx := c.Request().Context()
+	raw := c.Param("device_id")
+	id, ok := parseID(devicePrefix, raw)
+	if !ok {
+		return notFound("device", raw)
+	}
+	err := db.InTx(ctx, s.pool, func(tx pgx.Tx) error {
+		q := db.New(tx)
+		n, err := q.DeleteDevice(ctx, id)
+		if err != nil {
+			return fmt.Errorf("delete device: %w", err)
+		}
+		if n == 0 {
+			return notFound("device", raw)
+		}
+		if err := q.CancelPendingForDevice(ctx, id); err != nil {
+			return fmt.Errorf("cancel pending deliveries: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	return c.NoContent(http.StatusNoContent)
+}
+
+func nullable(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+func utcPtr(t *time.Time) *time.Time {
+	if t == nil {
+		return nil
+	}
+	u := t.UTC()
+	return &u
+}
+
+// sortedUnique returns the distinct values of ss in sorted order, the order
+// in which rows are locked to avoid deadlocks.
+func sortedUnique(ss []string) []string {
+	out := slices.Clone(ss)
+	slices.Sort(out)
+	return slices.Compact(out)
+}

@@ -1,0 +1,21 @@
+package api
+
+// routes lists every route Herald serves, in one place.
+func (s *Server) routes() {
+	e := s.echo
+	e.GET("/healthz", s.healthz)
+	e.GET("/readyz", s.readyz)
+
+	v1 := e.Group("/v1", s.keys.requireAPIKey)
+
+	// Directory.
+	v1.POST("/devices", s.registerDevice)
+	v1.POST("/devices/batch", s.registerDevices)
+	v1.DELETE("/devices/:device_id", s.deleteDevice)
+	v1.PUT("/users/:user_id", s.putUser)
+	v1.GET("/users/:user_id/devices", s.listUserDevices)
+	v1.PUT("/segments/:segment_id", s.putSegment)
+	v1.GET("/segments/:segment_id", s.getSegment)
+	v1.POST("/segments/:segment_id/members", s.addMembers)
+	v1.DELETE("/segments/:segment_id/members", s.removeMembers)
+}

@@ -1,0 +1,114 @@
+// Package api is Herald's HTTP surface: the /v1 REST API, health and
+// readiness. It validates requests, runs each in one database transaction and
+// maps every error to JSON in one place (errors.go).
+package api
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/labstack/echo/v4"
+	"github.com/labstack/echo/v4/middleware"
+)
+
+// Config holds what the server needs.
+type Config struct {
+	Logger *slog.Logger
+	Pool   *pgxpool.Pool
+	// APIKeys are the bearer tokens accepted on /v1/*. Empty: /v1/* refuses
+	// every request.
+	APIKeys []string
+	// Ready reports whether the process can serve: the database answers and
+	// is migrated. Nil means always ready.
+	Ready func(ctx context.Context) error
+}
+
+func (c *Config) validate() error {
+	if c.Logger == nil {
+		return errors.New("api: Config.Logger is required")
+	}
+	if c.Pool == nil {
+		return errors.New("api: Config.Pool is required")
+	}
+	if c.Ready == nil {
+		c.Ready = func(context.Context) error { return nil }
+	}
+	return nil
+}
+
+// Server serves Herald's HTTP API.
+type Server struct {
+	cfg  Config
+	pool *pgxpool.Pool
+	keys apiKeys
+	echo *echo.Echo
+}
+
+// NewServer returns the server with every route in place.
+func NewServer(cfg Config) (*Server, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	s := &Server{cfg: cfg, pool: cfg.Pool, keys: newAPIKeys(cfg.APIKeys), echo: echo.New()}
+	e := s.echo
+	e.HideBanner, e.HidePort = true, true
+	e.HTTPErrorHandler = errorHandler(cfg.Logger)
+	e.Use(middleware.RequestID())
+	e.Use(requestLogger(cfg.Logger))
+	e.Use(middleware.RecoverWithConfig(middleware.RecoverConfig{
+		LogErrorFunc: func(c echo.Context, err error, stack []byte) error {
+			cfg.Logger.ErrorContext(c.Request().Context(), "panic in handler",
+				"request_id", c.Response().Header().Get(echo.HeaderXRequestID),
+				"error", err, "stack", string(stack))
+			return err
+		},
+	}))
+	s.routes()
+	return s, nil
+}
+
+// ServeHTTP makes the server an http.Handler.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.echo.ServeHTTP(w, r) }
+
+// requestLogger logs one structured line per request, with its id, at a level
+// that follows the status: health checks stay quiet, server errors stand out.
+func requestLogger(logger *slog.Logger) echo.MiddlewareFunc {
+	return middleware.RequestLoggerWithConfig(middleware.RequestLoggerConfig{
+		LogStatus: true, LogMethod: true, LogRoutePath: true, LogURIPath: true,
+		LogLatency: true, LogRequestID: true, LogError: true, HandleError: true,
+		LogValuesFunc: func(c echo.Context, v middleware.RequestLoggerValues) error {
+			level := slog.LevelInfo
+			switch {
+			case v.Status >= 500:
+				level = slog.LevelError
+			case v.URIPath == "/healthz" || v.URIPath == "/readyz":
+				level = slog.LevelDebug
+			}
+			attrs := []slog.Attr{
+				slog.String("method", v.Method), slog.String("path", v.URIPath),
+				slog.String("route", v.RoutePath), slog.Int("status", v.Status),
+				slog.Duration("latency", v.Latency), slog.String("request_id", v.RequestID),
+			}
+			if v.Error != nil && v.Status >= 500 {
+				attrs = append(attrs, slog.String("error", v.Error.Error()))
+			}
+			logger.LogAttrs(c.Request().Context(), level, "request", attrs...)
+			return nil
+		},
+	})
+}
+
+func (s *Server) healthz(c echo.Context) error {
+	return c.JSON(http.StatusOK, map[string]string{"status": "ok"})
+}
+
+func (s *Server) readyz(c echo.Context) error {
+	if err := s.cfg.Ready(c.Request().Context()); err != nil {
+		s.cfg.Logger.WarnContext(c.Request().Context(), "not ready", "error", err)
+		return &Error{Status: http.StatusServiceUnavailable, Code: "not_ready", Message: err.Error()}
+	}
+	return c.JSON(http.StatusOK, map[string]string{"status": "ready"})
+}

@@ -1,0 +1,155 @@
+package api
+
+import (
+	"encoding/base64"
+	"encoding/hex"
+	"fmt"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// maxIDLen bounds caller-chosen ids (users, segments).
+const maxIDLen = 128
+
+// checkID validates a caller-chosen id: 1 to 128 characters from a set that
+// is safe in a URL path without escaping.
+func checkID(field, id string) error {
+	if id == "" {
+		return invalid(field, "%s is required", field)
+	}
+	if len(id) > maxIDLen {
+		return invalid(field, "%s is longer than %d characters", field, maxIDLen)
+	}
+	for _, r := range id {
+		ok := r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' ||
+			strings.ContainsRune("_-.:@+=", r)
+		if !ok {
+			return invalid(field, "%s may hold only letters, digits and _-.:@+= (found %q)", field, r)
+		}
+	}
+	return nil
+}
+
+// checkTimezone validates an IANA zone name. The binary embeds the zone
+// database, so the answer does not depend on the host.
+func checkTimezone(field, name string) error {
+	// LoadLocation reads "" as UTC and "Local" as the host's zone; neither is
+	// a zone a caller can mean.
+	if name == "" || name == "Local" {
+		return invalid(field, "%s must be an IANA time zone name such as Europe/Berlin", field)
+	}
+	if _, err := time.LoadLocation(name); err != nil {
+		return invalid(field, "%s %q is not a known IANA time zone", field, name)
+	}
+	return nil
+}
+
+// Channels Herald delivers through.
+const (
+	channelAPNs    = "apns"
+	channelFCM     = "fcm"
+	channelWebPush = "webpush"
+)
+
+// Token length limits. APNs tokens are 32 bytes today and Apple reserves the
+// right to lengthen them; FCM registration tokens run to about 160
+// characters. The caps keep a token inside one btree index entry.
+const (
+	minAPNsTokenHex = 32
+	maxAPNsTokenHex = 200
+	maxFCMToken     = 1024
+	maxEndpoint     = 2048
+)
+
+// normalizeAPNsToken checks an APNs device token (hex) and returns it in
+// lower case, so that the same token in another case is the same device.
+func normalizeAPNsToken(field, token string) (string, error) {
+	if token == "" {
+		return "", invalid(field, "%s is required for channel apns", field)
+	}
+	if len(token) < minAPNsTokenHex || len(token) > maxAPNsTokenHex || len(token)%2 != 0 {
+		return "", invalid(field, "%s must be an APNs device token: %d to %d hex digits, an even number", field, minAPNsTokenHex, maxAPNsTokenHex)
+	}
+	if _, err := hex.DecodeString(token); err != nil {
+		return "", invalid(field, "%s must be an APNs device token in hex", field)
+	}
+	return strings.ToLower(token), nil
+}
+
+func checkFCMToken(field, token string) error {
+	if token == "" {
+		return invalid(field, "%s is required for channel fcm", field)
+	}
+	if len(token) > maxFCMToken {
+		return invalid(field, "%s is longer than %d characters", field, maxFCMToken)
+	}
+	for _, r := range token {
+		if r <= ' ' || r > '~' {
+			return invalid(field, "%s must be printable ASCII without spaces", field)
+		}
+	}
+	return nil
+}
+
+// checkEndpoint validates a Web Push endpoint: an absolute https URL.
+func checkEndpoint(field, endpoint string) error {
+	if endpoint == "" {
+		return invalid(field, "%s is required", field)
+	}
+	if len(endpoint) > maxEndpoint {
+		return invalid(field, "%s is longer than %d characters", field, maxEndpoint)
+	}
+	u, err := url.Parse(endpoint)
+	if err != nil || u.Scheme != "https" || u.Host == "" || u.User != nil {
+		return invalid(field, "%s must be an absolute https URL", field)
+	}
+	return nil
+}
+
+// normalizeKey decodes a Web Push subscription key given in base64url (as
+// browsers give it) or standard base64, padded or not, checks its length,
+// and returns it as unpadded base64url.
+func normalizeKey(field, value string, size int) (string, []byte, error) {
+	if value == "" {
+		return "", nil, invalid(field, "%s is required", field)
+	}
+	trimmed := strings.TrimRight(value, "=")
+	raw, err := base64.RawURLEncoding.DecodeString(trimmed)
+	if err != nil {
+		raw, err = base64.RawStdEncoding.DecodeString(trimmed)
+	}
+	if err != nil {
+		return "", nil, invalid(field, "%s must be base64url", field)
+	}
+	if len(raw) != size {
+		return "", nil, invalid(field, "%s must decode to %d bytes, not %d", field, size, len(raw))
+	}
+	return base64.RawURLEncoding.EncodeToString(raw), raw, nil
+}
+
+// External ids of rows Herald numbers itself carry a prefix that says what
+// they are, so that a device id is never mistaken for a message id.
+const devicePrefix = "dev_"
+
+func formatDeviceID(id int64) string { return devicePrefix + strconv.FormatInt(id, 10) }
+
+// parseID reads an external id; ok is false for anything that is not one,
+// which callers answer with 404, since no such resource can exist.
+func parseID(prefix, s string) (int64, bool) {
+	rest, ok := strings.CutPrefix(s, prefix)
+	if !ok {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(rest, 10, 64)
+	if err != nil || n <= 0 || strconv.FormatInt(n, 10) != rest {
+		return 0, false
+	}
+	return n, true
+}
+
+// indexed names an element of an array field, as errors report it.
+func indexed(field string, i int, sub string) string {
+	return fmt.Sprintf("%s[%d].%s", field, i, sub)
+}

@@ -1,0 +1,77 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+)
+
+const usage = `herald: scheduled push reminders
+
+Usage:
+  herald serve [--role all|api|worker] [--migrate] [--addr ADDR]
+  herald migrate
+  herald version
+
+Configuration is read from the environment (DATABASE_URL, HERALD_ADDR,
+HERALD_API_KEYS, ...); see README.md.
+`
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+// run is the whole program behind main, with its environment passed in so
+// that tests can run it in-process.
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	if len(args) < 2 {
+		fmt.Fprint(stderr, usage)
+		return errors.New("no command given")
+	}
+	cmd, rest := args[1], args[2:]
+	switch cmd {
+	case "serve":
+		return runServe(ctx, rest, getenv, stdout, stderr)
+	case "migrate":
+		return runMigrate(ctx, rest, getenv, stdout, stderr)
+	case "version":
+		fmt.Fprintln(stdout, version)
+		return nil
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return nil
+	}
+	fmt.Fprint(stderr, usage)
+	return fmt.Errorf("unknown command %q", cmd)
+}
+
+// newFlagSet returns a flag set that reports errors instead of exiting.
+func newFlagSet(name string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("herald "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	return fs
+}
+
+// newLogger builds the process logger from HERALD_LOG_LEVEL (debug, info,
+// warn, error; default info) and HERALD_LOG_FORMAT (json or text; default
+// json).
+func newLogger(getenv func(string) string, w io.Writer) (*slog.Logger, error) {
+	var level slog.Level
+	if s := getenv("HERALD_LOG_LEVEL"); s != "" {
+		if err := level.UnmarshalText([]byte(s)); err != nil {
+			return nil, fmt.Errorf("HERALD_LOG_LEVEL: %q is not one of debug, info, warn, error", s)
+		}
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	switch f := strings.ToLower(getenv("HERALD_LOG_FORMAT")); f {
+	case "", "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	default:
+		return nil, fmt.Errorf("HERALD_LOG_FORMAT: %q is not json or text", f)
+	}
+}

@@ -1,0 +1,54 @@
+package db
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// PoolConfig tunes the connection pool. Zero values take the defaults.
+type PoolConfig struct {
+	// MaxConns caps the pool. Default 20: the API, the River client and the
+	// chunk workers share it, and chunk workers hold a connection only for
+	// their ledger reads and writes.
+	MaxConns int32
+}
+
+// Open connects a pool to url and checks that the database answers.
+func Open(ctx context.Context, url string, cfg PoolConfig) (*pgxpool.Pool, error) {
+	pc, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("parse database url: %w", err)
+	}
+	pc.MaxConns = 20
+	if cfg.MaxConns > 0 {
+		pc.MaxConns = cfg.MaxConns
+	}
+	pc.MaxConnIdleTime = 5 * time.Minute
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return nil, fmt.Errorf("open database pool: %w", err)
+	}
+	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := pool.Ping(pingCtx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("connect to database: %w", err)
+	}
+	return pool, nil
+}
+
+// TxBeginner is what InTx needs: a pool, or a transaction for a nested one.
+type TxBeginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// InTx runs fn in a transaction that commits when fn returns nil and rolls
+// back otherwise. Errors are translated. fn gets the transaction itself, not
+// only its queries, so that River jobs can be inserted in it too.
+func InTx(ctx context.Context, b TxBeginner, fn func(tx pgx.Tx) error) error {
+	return Translate(pgx.BeginFunc(ctx, b, fn))
+}

@@ -1,0 +1,71 @@
+-- name: RegisterDevice :one
+-- Registers a device, or moves an existing (channel, token) to the given user
+-- and reactivates it. One statement, so that racing registrations of the same
+-- token end in one row.
+INSERT INTO devices (user_id, channel, token, p256dh, auth)
+VALUES (@user_id, @channel, @token, @p256dh, @auth)
+ON CONFLICT (channel, token) DO UPDATE
+SET user_id = excluded.user_id,
+    p256dh = excluded.p256dh,
+    auth = excluded.auth,
+    status = 'active',
+    evicted_reason = NULL,
+    evicted_at = NULL,
+    updated_at = now()
+RETURNING id, user_id, channel, status, (xmax = 0)::boolean AS created;
+
+-- name: RegisterDevices :one
+-- The batch form of RegisterDevice: one statement for the whole batch. The
+-- arrays are parallel; an empty p256dh or auth stands for NULL. Callers pass
+-- each (channel, token) once, in sorted order, so that concurrent batches lock
+-- rows in one order.
+WITH upserted AS (
+    INSERT INTO devices (user_id, channel, token, p256dh, auth)
+    SELECT d.user_id, d.channel, d.token, NULLIF(d.p256dh, ''), NULLIF(d.auth, '')
+    FROM (
+        -- Set-returning functions side by side in a select list advance in step.
+        SELECT unnest(@user_ids::text[]) AS user_id,
+               unnest(@channels::text[]) AS channel,
+               unnest(@tokens::text[]) AS token,
+               unnest(@p256dhs::text[]) AS p256dh,
+               unnest(@auths::text[]) AS auth
+    ) d
+    ON CONFLICT (channel, token) DO UPDATE
+    SET user_id = excluded.user_id,
+        p256dh = excluded.p256dh,
+        auth = excluded.auth,
+        status = 'active',
+        evicted_reason = NULL,
+        evicted_at = NULL,
+        updated_at = now()
+    RETURNING (xmax = 0) AS created
+)
+SELECT count(*) FILTER (WHERE created)::integer AS created,
+       count(*) FILTER (WHERE NOT created)::integer AS updated
+FROM upserted;
+
+-- name: ListUserDevices :many
+SELECT id, user_id, channel, token, p256dh, auth, status, evicted_reason, evicted_at, created_at, updated_at
+FROM devices
+WHERE user_id = @user_id
+ORDER BY id;
+
+-- name: DeleteDevice :execrows
+DELETE FROM devices WHERE id = @id;
+
+-- name: CancelPendingForDevice :exec
+-- A deleted device is sent nothing more: its pending deliveries are cancelled
+-- and their messages' counters moved with them.
+WITH cancelled AS (
+    UPDATE deliveries
+    SET status = 'cancelled'
+    WHERE device_id = @device_id AND status = 'pending'
+    RETURNING message_id
+), per_message AS (
+    SELECT message_id, count(*)::integer AS n FROM cancelled GROUP BY message_id
+)
+UPDATE messages m
+SET pending_count = m.pending_count - p.n,
+    cancelled_count = m.cancelled_count + p.n
+FROM per_message p
+WHERE m.id = p.message_id;
