@@ -44,6 +44,52 @@ func (q *Queries) DeleteDevice(ctx context.Context, id int64) (int64, error) {
 	return result.RowsAffected(), nil
 }
 
+const evictDevice = `-- name: EvictDevice :execrows
+UPDATE devices
+SET status = 'evicted', evicted_reason = $1, evicted_at = now(), updated_at = now()
+WHERE id = $2 AND status = 'active'
+`
+
+type EvictDeviceParams struct {
+	Reason *string
+	ID     int64
+}
+
+// Marks a device evicted (its token is dead); later messages skip it until it
+// registers again.
+func (q *Queries) EvictDevice(ctx context.Context, arg EvictDeviceParams) (int64, error) {
+	result, err := q.db.Exec(ctx, evictDevice, arg.Reason, arg.ID)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const getDevice = `-- name: GetDevice :one
+SELECT id, user_id, channel, token, p256dh, auth, status, evicted_reason, evicted_at, created_at, updated_at
+FROM devices
+WHERE id = $1
+`
+
+func (q *Queries) GetDevice(ctx context.Context, id int64) (Device, error) {
+	row := q.db.QueryRow(ctx, getDevice, id)
+	var i Device
+	err := row.Scan(
+		&i.ID,
+		&i.UserID,
+		&i.Channel,
+		&i.Token,
+		&i.P256dh,
+		&i.Auth,
+		&i.Status,
+		&i.EvictedReason,
+		&i.EvictedAt,
+		&i.CreatedAt,
+		&i.UpdatedAt,
+	)
+	return i, err
+}
+
 const listUserDevices = `-- name: ListUserDevices :many
 SELECT id, user_id, channel, token, p256dh, auth, status, evicted_reason, evicted_at, created_at, updated_at
 FROM devices

@@ -69,3 +69,15 @@ SET pending_count = m.pending_count - p.n,
     cancelled_count = m.cancelled_count + p.n
 FROM per_message p
 WHERE m.id = p.message_id;
+
+-- name: EvictDevice :execrows
+-- Marks a device evicted (its token is dead); later messages skip it until it
+-- registers again.
+UPDATE devices
+SET status = 'evicted', evicted_reason = @reason, evicted_at = now(), updated_at = now()
+WHERE id = @id AND status = 'active';
+
+-- name: GetDevice :one
+SELECT id, user_id, channel, token, p256dh, auth, status, evicted_reason, evicted_at, created_at, updated_at
+FROM devices
+WHERE id = @id;

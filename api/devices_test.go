@@ -1,0 +1,344 @@
+package api
+
+import (
+	"context"
+	"crypto/ecdh"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/hex"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/heraldpush/herald/db"
+)
+
+func apnsToken() string {
+	b := make([]byte, 32)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func webpushSubscription(t testing.TB) map[string]any {
+	t.Helper()
+	key, err := ecdh.P256().GenerateKey(rand.Reader)
+	require.NoError(t, err)
+	auth := make([]byte, 16)
+	_, _ = rand.Read(auth)
+	id := make([]byte, 12)
+	_, _ = rand.Read(id)
+	return map[string]any{
+		"endpoint": "https://push.example.test/webpush/" + hex.EncodeToString(id),
+		"keys": map[string]any{
+			"p256dh": base64.RawURLEncoding.EncodeToString(key.PublicKey().Bytes()),
+			"auth":   base64.RawURLEncoding.EncodeToString(auth),
+		},
+		"expirationTime": nil,
+	}
+}
+
+func TestRegisterDeviceEachChannel(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	sub := webpushSubscription(t)
+	for _, body := range []map[string]any{
+		{"user_id": "u_1", "channel": "apns", "token": apnsToken()},
+		{"user_id": "u_1", "channel": "fcm", "token": "fcm:" + apnsToken()},
+		{"user_id": "u_1", "channel": "webpush", "subscription": sub},
+	} {
+		status, resp := b.do(http.MethodPost, "/v1/devices", body)
+		require.Equal(t, http.StatusCreated, status, resp)
+		require.Equal(t, "u_1", resp["user_id"])
+		require.Equal(t, body["channel"], resp["channel"])
+		require.Equal(t, "active", resp["status"])
+		require.True(t, strings.HasPrefix(resp["device_id"].(string), "dev_"), resp)
+	}
+
+	status, list := b.do(http.MethodGet, "/v1/users/u_1/devices", nil)
+	require.Equal(t, http.StatusOK, status)
+	items := list["items"].([]any)
+	require.Len(t, items, 3)
+	webpush := items[2].(map[string]any)
+	require.Equal(t, sub["endpoint"], webpush["endpoint"])
+	require.NotContains(t, webpush, "token")
+	require.Equal(t, "active", webpush["status"])
+}
+
+func TestReRegisteringMovesAndReactivates(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	token := apnsToken()
+
+	status, first := b.do(http.MethodPost, "/v1/devices", map[string]any{"user_id": "alice", "channel": "apns", "token": token})
+	require.Equal(t, http.StatusCreated, status)
+	id, ok := parseID(devicePrefix, first["device_id"].(string))
+	require.True(t, ok)
+
+	// The same token in upper case is the same device.
+	status, again := b.do(http.MethodPost, "/v1/devices", map[string]any{"user_id": "alice", "channel": "apns", "token": strings.ToUpper(token)})
+	require.Equal(t, http.StatusOK, status)
+	require.Equal(t, first["device_id"], again["device_id"])
+
+	n, err := b.q.EvictDevice(ctx, db.EvictDeviceParams{ID: id, Reason: ptr("unregistered")})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+
+	// Bob registers the evicted token: same device, now his, active again.
+	status, moved := b.do(http.MethodPost, "/v1/devices", map[string]any{"user_id": "bob", "channel": "apns", "token": token})
+	require.Equal(t, http.StatusOK, status)
+	require.Equal(t, first["device_id"], moved["device_id"])
+	require.Equal(t, "bob", moved["user_id"])
+	require.Equal(t, "active", moved["status"])
+
+	dev, err := b.q.GetDevice(ctx, id)
+	require.NoError(t, err)
+	require.Equal(t, "bob", dev.UserID)
+	require.Nil(t, dev.EvictedAt)
+	require.Nil(t, dev.EvictedReason)
+
+	_, aliceList := b.do(http.MethodGet, "/v1/users/alice/devices", nil)
+	require.Empty(t, aliceList["items"])
+}
+
+func TestRacingRegistrationsMakeOneDevice(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	token := apnsToken()
+	const racers = 12
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		statuses = map[int]int{}
+		ids      = map[string]bool{}
+	)
+	for i := range racers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rec := b.call(request{method: http.MethodPost, path: "/v1/devices",
+				body: map[string]any{"user_id": fmt.Sprintf("racer_%d", i), "channel": "apns", "token": token}})
+			m := decodeBody(t, rec)
+			mu.Lock()
+			defer mu.Unlock()
+			statuses[rec.Code]++
+			ids[fmt.Sprint(m["device_id"])] = true
+		}()
+	}
+	wg.Wait()
+	require.Equal(t, map[int]int{http.StatusCreated: 1, http.StatusOK: racers - 1}, statuses)
+	require.Len(t, ids, 1)
+	var count int
+	require.NoError(t, b.db.Pool.QueryRow(context.Background(), "SELECT count(*) FROM devices").Scan(&count))
+	require.Equal(t, 1, count)
+}
+
+func TestRegisterDeviceRejectsBadInput(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	sub := func(mutate func(s map[string]any)) map[string]any {
+		s := webpushSubscription(t)
+		mutate(s)
+		return s
+	}
+	keys := func(s map[string]any) map[string]any { return s["keys"].(map[string]any) }
+	cases := []struct {
+		name  string
+		body  any
+		code  string
+		field string
+	}{
+		{"malformed json", `{"user_id": "u1",`, "malformed_json", ""},
+		{"not json at all", `hello`, "malformed_json", ""},
+		{"empty body", ``, "malformed_json", ""},
+		{"array body", `[1,2]`, "invalid_type", ""},
+		{"trailing data", `{"user_id":"u1","channel":"fcm","token":"abc"} {}`, "malformed_json", ""},
+		{"user_id wrong type", map[string]any{"user_id": 42, "channel": "fcm", "token": "abc"}, "invalid_type", "user_id"},
+		{"token wrong type", map[string]any{"user_id": "u1", "channel": "fcm", "token": true}, "invalid_type", "token"},
+		{"unknown field", map[string]any{"user_id": "u1", "channel": "fcm", "token": "abc", "tokn": "x"}, "unknown_field", "tokn"},
+		{"missing user", map[string]any{"channel": "fcm", "token": "abc"}, "invalid_field", "user_id"},
+		{"user id with slash", map[string]any{"user_id": "a/b", "channel": "fcm", "token": "abc"}, "invalid_field", "user_id"},
+		{"user id too long", map[string]any{"user_id": strings.Repeat("u", 129), "channel": "fcm", "token": "abc"}, "invalid_field", "user_id"},
+		{"missing channel", map[string]any{"user_id": "u1", "token": "abc"}, "invalid_field", "channel"},
+		{"unknown channel", map[string]any{"user_id": "u1", "channel": "sms", "token": "abc"}, "invalid_field", "channel"},
+		{"apns token not hex", map[string]any{"user_id": "u1", "channel": "apns", "token": strings.Repeat("zz", 32)}, "invalid_field", "token"},
+		{"apns token too short", map[string]any{"user_id": "u1", "channel": "apns", "token": "abcd"}, "invalid_field", "token"},
+		{"apns token odd length", map[string]any{"user_id": "u1", "channel": "apns", "token": apnsToken() + "a"}, "invalid_field", "token"},
+		{"apns token missing", map[string]any{"user_id": "u1", "channel": "apns"}, "invalid_field", "token"},
+		{"apns with subscription", map[string]any{"user_id": "u1", "channel": "apns", "token": apnsToken(), "subscription": webpushSubscription(t)}, "invalid_field", "subscription"},
+		{"fcm token with space", map[string]any{"user_id": "u1", "channel": "fcm", "token": "ab cd"}, "invalid_field", "token"},
+		{"fcm token too long", map[string]any{"user_id": "u1", "channel": "fcm", "token": strings.Repeat("a", 1025)}, "invalid_field", "token"},
+		{"webpush without subscription", map[string]any{"user_id": "u1", "channel": "webpush"}, "invalid_field", "subscription"},
+		{"webpush with token", map[string]any{"user_id": "u1", "channel": "webpush", "token": "abc", "subscription": webpushSubscription(t)}, "invalid_field", "token"},
+		{"webpush http endpoint", map[string]any{"user_id": "u1", "channel": "webpush", "subscription": sub(func(s map[string]any) { s["endpoint"] = "http://push.example.test/x" })}, "invalid_field", "subscription.endpoint"},
+		{"webpush relative endpoint", map[string]any{"user_id": "u1", "channel": "webpush", "subscription": sub(func(s map[string]any) { s["endpoint"] = "/webpush/x" })}, "invalid_field", "subscription.endpoint"},
+		{"webpush short p256dh", map[string]any{"user_id": "u1", "channel": "webpush", "subscription": sub(func(s map[string]any) { keys(s)["p256dh"] = "AAAA" })}, "invalid_field", "subscription.keys.p256dh"},
+		{"webpush p256dh off the curve", map[string]any{"user_id": "u1", "channel": "webpush", "subscription": sub(func(s map[string]any) {
+			keys(s)["p256dh"] = base64.RawURLEncoding.EncodeToString(append([]byte{4}, make([]byte, 64)...))
+		})}, "invalid_field", "subscription.keys.p256dh"},
+		{"webpush p256dh not base64", map[string]any{"user_id": "u1", "channel": "webpush", "subscription": sub(func(s map[string]any) { keys(s)["p256dh"] = "!!!!" })}, "invalid_field", "subscription.keys.p256dh"},
+		{"webpush auth wrong size", map[string]any{"user_id": "u1", "channel": "webpush", "subscription": sub(func(s map[string]any) { keys(s)["auth"] = "AAAA" })}, "invalid_field", "subscription.keys.auth"},
+		{"webpush auth missing", map[string]any{"user_id": "u1", "channel": "webpush", "subscription": sub(func(s map[string]any) { delete(keys(s), "auth") })}, "invalid_field", "subscription.keys.auth"},
+		{"webpush keys wrong type", map[string]any{"user_id": "u1", "channel": "webpush", "subscription": sub(func(s map[string]any) { s["keys"] = "x" })}, "invalid_type", "subscription.keys"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := b.call(request{method: http.MethodPost, path: "/v1/devices", body: tc.body})
+			requireError(t, rec, http.StatusBadRequest, tc.code, tc.field)
+		})
+	}
+
+	t.Run("not json content type", func(t *testing.T) {
+		rec := b.call(request{method: http.MethodPost, path: "/v1/devices", body: `{}`,
+			header: map[string]string{"Content-Type": "text/plain"}})
+		requireError(t, rec, http.StatusUnsupportedMediaType, "unsupported_media_type", "")
+	})
+	t.Run("too large", func(t *testing.T) {
+		rec := b.call(request{method: http.MethodPost, path: "/v1/devices",
+			body: `{"user_id":"u1","channel":"fcm","token":"` + strings.Repeat("a", smallBodyLimit) + `"}`})
+		requireError(t, rec, http.StatusRequestEntityTooLarge, "too_large", "")
+	})
+
+	// Nothing of the above was stored.
+	var count int
+	require.NoError(t, b.db.Pool.QueryRow(context.Background(), "SELECT count(*) FROM devices").Scan(&count))
+	require.Zero(t, count)
+}
+
+func batchOf(n int, user func(i int) string) []map[string]any {
+	devices := make([]map[string]any, n)
+	for i := range devices {
+		switch i % 3 {
+		case 0:
+			devices[i] = map[string]any{"user_id": user(i), "channel": "apns", "token": fmt.Sprintf("%064x", i)}
+		case 1:
+			devices[i] = map[string]any{"user_id": user(i), "channel": "fcm", "token": fmt.Sprintf("fcm-token-%d", i)}
+		default:
+			devices[i] = map[string]any{"user_id": user(i), "channel": "webpush", "subscription": map[string]any{
+				"endpoint": fmt.Sprintf("https://push.example.test/webpush/%d", i),
+				"keys":     map[string]any{"p256dh": fixedP256dh, "auth": "AAAAAAAAAAAAAAAAAAAAAA"},
+			}}
+		}
+	}
+	return devices
+}
+
+// fixedP256dh is a valid P-256 public key, shared by batch fixtures so that
+// building 10,000 devices costs no key generation.
+const fixedP256dh = "BFaogAdJrMFroK-NgG0tTyt4CLnbF53M5Zi04iYkVWy2aq4ODaPqXqNSVKGmmCJTa3WGtgXY5L7UcAaAE7STrMw"
+
+func TestRegisterDevicesBatch(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	devices := batchOf(maxBatchDevices, func(i int) string { return fmt.Sprintf("user_%d", i/3) })
+
+	status, resp := b.do(http.MethodPost, "/v1/devices/batch", map[string]any{"devices": devices})
+	require.Equal(t, http.StatusOK, status, resp)
+	require.EqualValues(t, maxBatchDevices, resp["created"])
+	require.EqualValues(t, 0, resp["updated"])
+
+	// Again, with every device moved to another user: all updates.
+	moved := batchOf(maxBatchDevices, func(i int) string { return fmt.Sprintf("other_%d", i/2) })
+	status, resp = b.do(http.MethodPost, "/v1/devices/batch", map[string]any{"devices": moved})
+	require.Equal(t, http.StatusOK, status, resp)
+	require.EqualValues(t, 0, resp["created"])
+	require.EqualValues(t, maxBatchDevices, resp["updated"])
+
+	_, list := b.do(http.MethodGet, "/v1/users/other_0/devices", nil)
+	require.Len(t, list["items"], 2)
+	_, list = b.do(http.MethodGet, "/v1/users/user_0/devices", nil)
+	require.Empty(t, list["items"])
+}
+
+func TestRegisterDevicesBatchDuplicateTokenCountsOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	token := apnsToken()
+	status, resp := b.do(http.MethodPost, "/v1/devices/batch", map[string]any{"devices": []map[string]any{
+		{"user_id": "a", "channel": "apns", "token": token},
+		{"user_id": "b", "channel": "apns", "token": token},
+	}})
+	require.Equal(t, http.StatusOK, status, resp)
+	require.EqualValues(t, 1, resp["created"])
+	_, list := b.do(http.MethodGet, "/v1/users/b/devices", nil)
+	require.Len(t, list["items"], 1, "the later registration wins")
+}
+
+func TestRegisterDevicesBatchRejectsBadInput(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	tooMany := batchOf(maxBatchDevices+1, func(i int) string { return "u" })
+	rec := b.call(request{method: http.MethodPost, path: "/v1/devices/batch", body: map[string]any{"devices": tooMany}})
+	requireError(t, rec, http.StatusBadRequest, "invalid_field", "devices")
+
+	rec = b.call(request{method: http.MethodPost, path: "/v1/devices/batch", body: map[string]any{"devices": []any{}}})
+	requireError(t, rec, http.StatusBadRequest, "invalid_field", "devices")
+
+	rec = b.call(request{method: http.MethodPost, path: "/v1/devices/batch", body: `{"devices": {}}`})
+	requireError(t, rec, http.StatusBadRequest, "invalid_type", "devices")
+
+	// One bad device among good ones: 400 naming it, and nothing stored.
+	devices := batchOf(50, func(i int) string { return fmt.Sprintf("u%d", i) })
+	devices[37]["token"] = "not hex at all"
+	devices[37]["channel"] = "apns"
+	rec = b.call(request{method: http.MethodPost, path: "/v1/devices/batch", body: map[string]any{"devices": devices}})
+	requireError(t, rec, http.StatusBadRequest, "invalid_field", "devices[37].token")
+
+	var count int
+	require.NoError(t, b.db.Pool.QueryRow(context.Background(), "SELECT count(*) FROM devices").Scan(&count))
+	require.Zero(t, count)
+}
+
+func TestListDevicesUnknownUser(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	requireError(t, b.call(request{method: http.MethodGet, path: "/v1/users/nobody/devices"}), http.StatusNotFound, "not_found", "")
+	requireError(t, b.call(request{method: http.MethodGet, path: "/v1/users/bad%20id/devices"}), http.StatusNotFound, "not_found", "")
+}
+
+func TestDeleteDevice(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	status, resp := b.do(http.MethodPost, "/v1/devices", map[string]any{"user_id": "u1", "channel": "fcm", "token": "tok-1"})
+	require.Equal(t, http.StatusCreated, status)
+	deviceID := resp["device_id"].(string)
+	id, _ := parseID(devicePrefix, deviceID)
+
+	// A message with a pending delivery to this device and one to another.
+	var messageID int64
+	require.NoError(t, b.db.Pool.QueryRow(ctx, `
+		WITH p AS (INSERT INTO payloads (content) VALUES ('{}') RETURNING id)
+		INSERT INTO messages (priority, dispatch_at, expires_at, payload_id, audience, device_count, pending_count)
+		SELECT 'bulk', now() + interval '1 hour', now() + interval '2 hours', p.id, '{}', 2, 2 FROM p
+		RETURNING id`).Scan(&messageID))
+	_, err := b.db.Pool.Exec(ctx, `INSERT INTO deliveries (message_id, device_id, user_id, channel, chunk, due_at)
+		VALUES ($1, $2, 'u1', 'fcm', 0, now()), ($1, $2 + 1000, 'u2', 'fcm', 0, now())`, messageID, id)
+	require.NoError(t, err)
+
+	rec := b.call(request{method: http.MethodDelete, path: "/v1/devices/" + deviceID})
+	require.Equal(t, http.StatusNoContent, rec.Code, rec.Body.String())
+	require.Zero(t, rec.Body.Len())
+
+	_, list := b.do(http.MethodGet, "/v1/users/u1/devices", nil)
+	require.Empty(t, list["items"])
+
+	var pending, cancelled int
+	require.NoError(t, b.db.Pool.QueryRow(ctx, "SELECT pending_count, cancelled_count FROM messages WHERE id = $1", messageID).Scan(&pending, &cancelled))
+	require.Equal(t, 1, pending)
+	require.Equal(t, 1, cancelled)
+	var st string
+	require.NoError(t, b.db.Pool.QueryRow(ctx, "SELECT status FROM deliveries WHERE device_id = $1", id).Scan(&st))
+	require.Equal(t, "cancelled", st)
+
+	requireError(t, b.call(request{method: http.MethodDelete, path: "/v1/devices/" + deviceID}), http.StatusNotFound, "not_found", "")
+	for _, bad := range []string{"dev_0", "dev_x", "garbage", "dev_00" + deviceID[4:], "dev_99999999999999999999"} {
+		requireError(t, b.call(request{method: http.MethodDelete, path: "/v1/devices/" + bad}), http.StatusNotFound, "not_found", "")
+	}
+}
+
+func ptr[T any](v T) *T { return &v }

@@ -1,0 +1,185 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/heraldpush/herald/db"
+	"github.com/heraldpush/herald/db/dbtest"
+)
+
+const testKey = "test-key-0123456789abcdef"
+
+type bundle struct {
+	t   testing.TB
+	srv *Server
+	db  *dbtest.DB
+	q   *db.Queries
+}
+
+func setup(t testing.TB) *bundle {
+	t.Helper()
+	tdb := dbtest.New(t)
+	srv, err := NewServer(Config{
+		Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Pool:    tdb.Pool,
+		APIKeys: []string{"another-key-0123456789", testKey},
+	})
+	require.NoError(t, err)
+	return &bundle{t: t, srv: srv, db: tdb, q: db.New(tdb.Pool)}
+}
+
+// request describes one call; body is marshalled unless it is a string,
+// which is sent as it is.
+type request struct {
+	method, path string
+	body         any
+	header       map[string]string
+	noAuth       bool
+}
+
+func (b *bundle) call(r request) *httptest.ResponseRecorder {
+	b.t.Helper()
+	var body io.Reader
+	switch v := r.body.(type) {
+	case nil:
+	case string:
+		body = bytes.NewBufferString(v)
+	case []byte:
+		body = bytes.NewReader(v)
+	default:
+		raw, err := json.Marshal(v)
+		require.NoError(b.t, err)
+		body = bytes.NewReader(raw)
+	}
+	req := httptest.NewRequest(r.method, r.path, body)
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if !r.noAuth {
+		req.Header.Set("Authorization", "Bearer "+testKey)
+	}
+	for k, v := range r.header {
+		req.Header.Set(k, v)
+	}
+	rec := httptest.NewRecorder()
+	b.srv.ServeHTTP(rec, req)
+	return rec
+}
+
+// do makes an authenticated call and decodes the JSON answer into a map.
+func (b *bundle) do(method, path string, body any) (int, map[string]any) {
+	b.t.Helper()
+	rec := b.call(request{method: method, path: path, body: body})
+	return rec.Code, decodeBody(b.t, rec)
+}
+
+func decodeBody(t testing.TB, rec *httptest.ResponseRecorder) map[string]any {
+	t.Helper()
+	if rec.Body.Len() == 0 {
+		return nil
+	}
+	require.Equal(t, "application/json", mediaType(rec.Header().Get("Content-Type")), "body: %s", rec.Body.String())
+	var m map[string]any
+	require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &m), "body: %s", rec.Body.String())
+	return m
+}
+
+func mediaType(ct string) string {
+	for i, c := range ct {
+		if c == ';' {
+			return ct[:i]
+		}
+	}
+	return ct
+}
+
+// requireError checks an error response's status, code and (when given) field.
+func requireError(t testing.TB, rec *httptest.ResponseRecorder, status int, code, field string) {
+	t.Helper()
+	require.Equal(t, status, rec.Code, "body: %s", rec.Body.String())
+	m := decodeBody(t, rec)
+	e, ok := m["error"].(map[string]any)
+	require.True(t, ok, "error object missing: %s", rec.Body.String())
+	require.Equal(t, code, e["code"], "body: %s", rec.Body.String())
+	require.NotEmpty(t, e["message"])
+	if field != "" {
+		require.Equal(t, field, e["field"], "body: %s", rec.Body.String())
+	}
+}
+
+func TestHealthAndReadiness(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	rec := b.call(request{method: http.MethodGet, path: "/healthz", noAuth: true})
+	require.Equal(t, http.StatusOK, rec.Code)
+	rec = b.call(request{method: http.MethodGet, path: "/readyz", noAuth: true})
+	require.Equal(t, http.StatusOK, rec.Code)
+	require.NotEmpty(t, rec.Header().Get("X-Request-Id"))
+}
+
+func TestReadinessFailsWhenNotReady(t *testing.T) {
+	t.Parallel()
+	tdb := dbtest.NewEmpty(t)
+	srv, err := NewServer(Config{
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Pool:   tdb.Pool,
+		Ready:  func(ctx context.Context) error { return db.CheckMigrated(ctx, tdb.Pool) },
+	})
+	require.NoError(t, err)
+	rec := httptest.NewRecorder()
+	srv.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+	requireError(t, rec, http.StatusServiceUnavailable, "not_ready", "")
+}
+
+func TestAPIKeyRequired(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for name, header := range map[string]map[string]string{
+		"missing":      nil,
+		"wrong key":    {"Authorization": "Bearer not-a-key-at-all-000000"},
+		"wrong scheme": {"Authorization": "Basic " + testKey},
+		"empty bearer": {"Authorization": "Bearer "},
+	} {
+		t.Run(name, func(t *testing.T) {
+			rec := b.call(request{method: http.MethodGet, path: "/v1/users/u1/devices", noAuth: true, header: header})
+			requireError(t, rec, http.StatusUnauthorized, "unauthorized", "")
+			require.NotEmpty(t, rec.Header().Get("WWW-Authenticate"))
+		})
+	}
+	// Both configured keys work.
+	rec := b.call(request{method: http.MethodPut, path: "/v1/users/u1", body: map[string]any{},
+		noAuth: true, header: map[string]string{"Authorization": "Bearer another-key-0123456789"}})
+	require.Equal(t, http.StatusCreated, rec.Code, rec.Body.String())
+}
+
+func TestNoAPIKeysRefusesEverything(t *testing.T) {
+	t.Parallel()
+	tdb := dbtest.New(t)
+	srv, err := NewServer(Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Pool: tdb.Pool})
+	require.NoError(t, err)
+	for _, key := range []string{"", "anything-at-all-000000"} {
+		req := httptest.NewRequest(http.MethodGet, "/v1/users/u1/devices", nil)
+		if key != "" {
+			req.Header.Set("Authorization", "Bearer "+key)
+		}
+		rec := httptest.NewRecorder()
+		srv.ServeHTTP(rec, req)
+		requireError(t, rec, http.StatusUnauthorized, "unauthorized", "")
+	}
+}
+
+func TestUnknownRouteAndMethod(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	requireError(t, b.call(request{method: http.MethodGet, path: "/v1/nothing-here"}), http.StatusNotFound, "not_found", "")
+	requireError(t, b.call(request{method: http.MethodPut, path: "/healthz"}), http.StatusMethodNotAllowed, "method_not_allowed", "")
+}
