@@ -1,0 +1,174 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/heraldpush/herald/db/dbtest"
+)
+
+const testAPIKey = "e2e-key-0123456789abcdef"
+
+// syncBuffer is a bytes.Buffer safe to write from the process under test
+// while the test reads it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func env(vars map[string]string) func(string) string {
+	return func(k string) string { return vars[k] }
+}
+
+var listening = regexp.MustCompile(`listening on (http://\S+)`)
+
+// startServe runs `herald serve` in-process and returns its base URL once it
+// answers /healthz, and a function that stops it and returns run's error.
+func startServe(t *testing.T, vars map[string]string, args ...string) (string, func() error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var stdout, stderr syncBuffer
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, append([]string{"herald", "serve", "--addr", "127.0.0.1:0"}, args...), env(vars), &stdout, &stderr)
+	}()
+	var base string
+	require.Eventually(t, func() bool {
+		select {
+		case err := <-done:
+			done <- err
+			return true
+		default:
+		}
+		m := listening.FindStringSubmatch(stdout.String())
+		if m == nil {
+			return false
+		}
+		base = m[1]
+		resp, err := http.Get(base + "/healthz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	}, 20*time.Second, 20*time.Millisecond)
+	require.NotEmpty(t, base, "serve exited early; stderr:\n%s", stderr.String())
+	stop := func() error {
+		cancel()
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(20 * time.Second):
+			t.Fatal("serve did not stop within 20 s of cancellation")
+			return nil
+		}
+	}
+	t.Cleanup(func() { cancel() })
+	return base, stop
+}
+
+func TestServeRefusesUnmigratedDatabase(t *testing.T) {
+	t.Parallel()
+	tdb := dbtest.NewEmpty(t)
+	var stderr bytes.Buffer
+	err := run(context.Background(), []string{"herald", "serve", "--addr", "127.0.0.1:0"},
+		env(map[string]string{"DATABASE_URL": tdb.URL}), io.Discard, &stderr)
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "not migrated")
+	require.Contains(t, err.Error(), "herald migrate")
+}
+
+func TestMigrateThenServe(t *testing.T) {
+	t.Parallel()
+	tdb := dbtest.NewEmpty(t)
+	vars := map[string]string{"DATABASE_URL": tdb.URL, "HERALD_API_KEYS": "short-key-ignored-0000, " + testAPIKey}
+
+	var out bytes.Buffer
+	require.NoError(t, run(context.Background(), []string{"herald", "migrate"}, env(vars), &out, io.Discard))
+	require.Contains(t, out.String(), "applied")
+	out.Reset()
+	require.NoError(t, run(context.Background(), []string{"herald", "migrate"}, env(vars), &out, io.Discard))
+	require.Contains(t, out.String(), "up to date")
+
+	base, stop := startServe(t, vars)
+	resp, err := http.Get(base + "/readyz")
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+
+	req, err := http.NewRequest(http.MethodPost, base+"/v1/devices",
+		strings.NewReader(`{"user_id":"u1","channel":"fcm","token":"tok"}`))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+testAPIKey)
+	resp, err = http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusCreated, resp.StatusCode)
+
+	require.NoError(t, stop(), "a signal ends serve cleanly")
+}
+
+func TestServeMigratesWithFlag(t *testing.T) {
+	t.Parallel()
+	tdb := dbtest.NewEmpty(t)
+	base, stop := startServe(t, map[string]string{"DATABASE_URL": tdb.URL}, "--migrate")
+	resp, err := http.Get(base + "/readyz")
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	// Without API keys every /v1 call is refused.
+	resp, err = http.Get(base + "/v1/users/u1/devices")
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusUnauthorized, resp.StatusCode)
+	require.NoError(t, stop())
+}
+
+func TestRunRejectsBadConfiguration(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cases := []struct {
+		name string
+		args []string
+		vars map[string]string
+		want string
+	}{
+		{"no command", []string{"herald"}, nil, "no command"},
+		{"unknown command", []string{"herald", "launch"}, nil, `unknown command "launch"`},
+		{"serve without database", []string{"herald", "serve"}, nil, "DATABASE_URL is not set"},
+		{"migrate without database", []string{"herald", "migrate"}, nil, "DATABASE_URL is not set"},
+		{"bad role", []string{"herald", "serve", "--role", "boss"}, map[string]string{"DATABASE_URL": "postgres:///x"}, `--role "boss"`},
+		{"short api key", []string{"herald", "serve"}, map[string]string{"DATABASE_URL": "postgres:///x", "HERALD_API_KEYS": "abc"}, "at least 16"},
+		{"bad log level", []string{"herald", "serve"}, map[string]string{"DATABASE_URL": "postgres:///x", "HERALD_LOG_LEVEL": "loud"}, "HERALD_LOG_LEVEL"},
+		{"bad flag", []string{"herald", "serve", "--nope"}, nil, "not defined"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			err := run(ctx, tc.args, env(tc.vars), io.Discard, io.Discard)
+			require.Error(t, err)
+			require.Contains(t, err.Error(), tc.want)
+		})
+	}
+}
