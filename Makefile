@@ -54,9 +54,10 @@ run: build $(DEV)/api-key $(DEV)/admin-password
 	@url=$$($(MAKE) -s db/start); \
 	key=$$(cat $(DEV)/api-key); pass=$$(cat $(DEV)/admin-password); \
 	addr=$${HERALD_ADDR:-127.0.0.1:8080}; \
-	DATABASE_URL=$$url bin/herald migrate; \
+	DATABASE_URL=$$url HERALD_LOG_FORMAT=$${HERALD_LOG_FORMAT:-text} bin/herald migrate; \
 	echo; \
-	echo "  Herald:       http://$$addr   (dashboard: user admin, password $$pass)"; \
+	echo "  Herald:       http://$$addr"; \
+	echo "  admin:        user admin, password $$pass"; \
 	echo "  API key:      $$key"; \
 	echo "  try:          curl -H 'Authorization: Bearer $$key' http://$$addr/v1/users/u_1/devices"; \
 	echo "  database:     $$url"; \
