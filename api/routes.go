@@ -18,4 +18,11 @@ func (s *Server) routes() {
 	v1.GET("/segments/:segment_id", s.getSegment)
 	v1.POST("/segments/:segment_id/members", s.addMembers)
 	v1.DELETE("/segments/:segment_id/members", s.removeMembers)
+
+	// Messages.
+	v1.POST("/messages", s.createMessage)
+	v1.GET("/messages", s.listMessages)
+	v1.GET("/messages/:message_id", s.getMessage)
+	v1.DELETE("/messages/:message_id", s.cancelMessage)
+	v1.GET("/messages/:message_id/deliveries", s.listDeliveries)
 }

@@ -9,9 +9,14 @@ import (
 	"log/slog"
 	"net/http"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/labstack/echo/v4"
 	"github.com/labstack/echo/v4/middleware"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/rivertype"
+
+	"github.com/heraldpush/herald/jobs"
 )
 
 // Config holds what the server needs.
@@ -21,9 +26,21 @@ type Config struct {
 	// APIKeys are the bearer tokens accepted on /v1/*. Empty: /v1/* refuses
 	// every request.
 	APIKeys []string
+	// River enqueues and cancels chunk jobs in the API's transactions; an
+	// insert-only client is enough.
+	River riverClient
+	// ChunkSize is the number of devices per chunk job (jobs.DefaultChunkSize
+	// when zero).
+	ChunkSize int
 	// Ready reports whether the process can serve: the database answers and
 	// is migrated. Nil means always ready.
 	Ready func(ctx context.Context) error
+}
+
+// riverClient is what the API needs of River.
+type riverClient interface {
+	InsertManyTx(ctx context.Context, tx pgx.Tx, params []river.InsertManyParams) ([]*rivertype.JobInsertResult, error)
+	JobCancelTx(ctx context.Context, tx pgx.Tx, jobID int64) (*rivertype.JobRow, error)
 }
 
 func (c *Config) validate() error {
@@ -33,6 +50,9 @@ func (c *Config) validate() error {
 	if c.Pool == nil {
 		return errors.New("api: Config.Pool is required")
 	}
+	if c.River == nil {
+		return errors.New("api: Config.River is required")
+	}
 	if c.Ready == nil {
 		c.Ready = func(context.Context) error { return nil }
 	}
@@ -41,10 +61,12 @@ func (c *Config) validate() error {
 
 // Server serves Herald's HTTP API.
 type Server struct {
-	cfg  Config
-	pool *pgxpool.Pool
-	keys apiKeys
-	echo *echo.Echo
+	cfg      Config
+	pool     *pgxpool.Pool
+	keys     apiKeys
+	river    riverClient
+	enqueuer *jobs.Enqueuer
+	echo     *echo.Echo
 }
 
 // NewServer returns the server with every route in place.
@@ -52,7 +74,10 @@ func NewServer(cfg Config) (*Server, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, pool: cfg.Pool, keys: newAPIKeys(cfg.APIKeys), echo: echo.New()}
+	s := &Server{
+		cfg: cfg, pool: cfg.Pool, keys: newAPIKeys(cfg.APIKeys), river: cfg.River,
+		enqueuer: jobs.NewEnqueuer(cfg.River, cfg.ChunkSize), echo: echo.New(),
+	}
 	e := s.echo
 	e.HideBanner, e.HidePort = true, true
 	e.HTTPErrorHandler = errorHandler(cfg.Logger)

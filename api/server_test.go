@@ -10,10 +10,13 @@ import (
 	"net/http/httptest"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
 	"github.com/stretchr/testify/require"
 
 	"github.com/heraldpush/herald/db"
 	"github.com/heraldpush/herald/db/dbtest"
+	"github.com/heraldpush/herald/jobs"
 )
 
 const testKey = "test-key-0123456789abcdef"
@@ -27,14 +30,34 @@ type bundle struct {
 
 func setup(t testing.TB) *bundle {
 	t.Helper()
-	tdb := dbtest.New(t)
-	srv, err := NewServer(Config{
-		Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Pool:    tdb.Pool,
-		APIKeys: []string{"another-key-0123456789", testKey},
-	})
+	return setupWith(t, dbtest.New(t), Config{})
+}
+
+// dbtestNew is dbtest.New, for tests that build their own Config around it.
+func dbtestNew(t testing.TB) *dbtest.DB { return dbtest.New(t) }
+
+// setupWith builds a server on tdb; cfg's zero fields get the test defaults.
+func setupWith(t testing.TB, tdb *dbtest.DB, cfg Config) *bundle {
+	t.Helper()
+	cfg.Logger, cfg.Pool = discard, tdb.Pool
+	if cfg.River == nil {
+		cfg.River = insertOnlyRiver(t, tdb)
+	}
+	cfg.APIKeys = []string{"another-key-0123456789", testKey}
+	srv, err := NewServer(cfg)
 	require.NoError(t, err)
 	return &bundle{t: t, srv: srv, db: tdb, q: db.New(tdb.Pool)}
+}
+
+var discard = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// insertOnlyRiver is the River client of an api-role process: it enqueues
+// and works nothing.
+func insertOnlyRiver(t testing.TB, tdb *dbtest.DB) *river.Client[pgx.Tx] {
+	t.Helper()
+	client, err := jobs.NewRiverClient(tdb.Pool, jobs.RiverConfig{Logger: discard})
+	require.NoError(t, err)
+	return client
 }
 
 // request describes one call; body is marshalled unless it is a string,
@@ -130,8 +153,9 @@ func TestReadinessFailsWhenNotReady(t *testing.T) {
 	t.Parallel()
 	tdb := dbtest.NewEmpty(t)
 	srv, err := NewServer(Config{
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Logger: discard,
 		Pool:   tdb.Pool,
+		River:  insertOnlyRiver(t, tdb),
 		Ready:  func(ctx context.Context) error { return db.CheckMigrated(ctx, tdb.Pool) },
 	})
 	require.NoError(t, err)
@@ -164,7 +188,7 @@ func TestAPIKeyRequired(t *testing.T) {
 func TestNoAPIKeysRefusesEverything(t *testing.T) {
 	t.Parallel()
 	tdb := dbtest.New(t)
-	srv, err := NewServer(Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Pool: tdb.Pool})
+	srv, err := NewServer(Config{Logger: discard, Pool: tdb.Pool, River: insertOnlyRiver(t, tdb)})
 	require.NoError(t, err)
 	for _, key := range []string{"", "anything-at-all-000000"} {
 		req := httptest.NewRequest(http.MethodGet, "/v1/users/u1/devices", nil)

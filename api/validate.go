@@ -153,3 +153,7 @@ func parseID(prefix, s string) (int64, bool) {
 func indexed(field string, i int, sub string) string {
 	return fmt.Sprintf("%s[%d].%s", field, i, sub)
 }
+
+const schedulePrefix = "sch_"
+
+func formatScheduleID(id int64) string { return schedulePrefix + strconv.FormatInt(id, 10) }

@@ -40,7 +40,7 @@ type IdempotencyKey struct {
 	Scope       string
 	Key         string
 	RequestHash []byte
-	MessageID   int64
+	MessageID   *int64
 	Response    []byte
 	CreatedAt   time.Time
 }
@@ -67,7 +67,23 @@ type Message struct {
 	StartedAt      *time.Time
 	SettledAt      *time.Time
 	CancelledAt    *time.Time
+	SkewP50Ms      *float64
+	SkewP95Ms      *float64
+	SkewP99Ms      *float64
+	SkewMaxMs      *float64
 	CreatedAt      time.Time
+}
+
+type MessageChunk struct {
+	MessageID       int64
+	Chunk           int32
+	JobID           int64
+	DueAt           time.Time
+	DeviceCount     int32
+	StartedAt       *time.Time
+	FirstAcceptedAt *time.Time
+	LastAcceptedAt  *time.Time
+	FinishedAt      *time.Time
 }
 
 type Payload struct {

@@ -126,6 +126,13 @@ CREATE TABLE messages (
     started_at      timestamptz,
     settled_at      timestamptz,
     cancelled_at    timestamptz,
+    -- Skew percentiles over accepted deliveries (accepted_at - due_at, in
+    -- milliseconds), written once when the message settles so that reading a
+    -- settled message never re-sorts its ledger.
+    skew_p50_ms     double precision,
+    skew_p95_ms     double precision,
+    skew_p99_ms     double precision,
+    skew_max_ms     double precision,
     created_at      timestamptz NOT NULL DEFAULT now(),
     CONSTRAINT messages_expiry CHECK (expires_at > dispatch_at),
     CONSTRAINT messages_counters CHECK (
@@ -168,10 +175,30 @@ CREATE TABLE deliveries (
     CONSTRAINT deliveries_reason CHECK (status <> 'failed' OR reason IS NOT NULL)
 );
 
--- Pages of one status (failures, mostly) in device order.
-CREATE INDEX deliveries_status_idx ON deliveries (message_id, status, device_id);
--- Deleting a device cancels what is still pending for it.
+-- No index on status: counts live on the message row, and a page of one
+-- status walks the primary key of one message (tens of thousands of rows at
+-- most), which is cheaper than maintaining a second index through every
+-- status change on the dispatch path.
+--
+-- Deleting a device cancels what is still pending for it. The index is
+-- partial, so a delivery leaves it when it settles and costs nothing after.
 CREATE INDEX deliveries_pending_device_idx ON deliveries (device_id) WHERE status = 'pending';
+
+-- The chunks of a message: the River job that carries each, the wave it
+-- belongs to, and what the worker saw, so that a slow dispatch can be broken
+-- down (pickup lag, first and last acceptance) and a cancel can find its jobs.
+CREATE TABLE message_chunks (
+    message_id        bigint NOT NULL REFERENCES messages (id) ON DELETE CASCADE,
+    chunk             integer NOT NULL,
+    job_id            bigint NOT NULL,
+    due_at            timestamptz NOT NULL,
+    device_count      integer NOT NULL,
+    started_at        timestamptz,
+    first_accepted_at timestamptz,
+    last_accepted_at  timestamptz,
+    finished_at       timestamptz,
+    PRIMARY KEY (message_id, chunk)
+);
 
 -- Idempotency keys of POST /v1/messages. The scope is a digest of the API key
 -- that used it, so two callers never share a key space.
@@ -179,8 +206,10 @@ CREATE TABLE idempotency_keys (
     scope        text NOT NULL,
     key          text NOT NULL,
     request_hash bytea NOT NULL,
-    message_id   bigint NOT NULL,
-    response     jsonb NOT NULL,
+    -- Filled in by the same transaction that claimed the key; a concurrent
+    -- retry waits on the claim and then reads them.
+    message_id   bigint,
+    response     jsonb,
     created_at   timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (scope, key)
 );

@@ -11,6 +11,7 @@ import (
 
 	"github.com/heraldpush/herald/api"
 	"github.com/heraldpush/herald/db"
+	"github.com/heraldpush/herald/jobs"
 )
 
 // shutdownGrace bounds how long in-flight requests may take to finish after
@@ -72,10 +73,16 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		logger.Warn("HERALD_ADMIN_PASSWORD is empty: the dashboard and River UI are disabled")
 	}
 
+	riverClient, err := jobs.NewRiverClient(pool, jobs.RiverConfig{Logger: logger})
+	if err != nil {
+		return err
+	}
+
 	server, err := api.NewServer(api.Config{
 		Logger:  logger,
 		Pool:    pool,
 		APIKeys: cfg.APIKeys,
+		River:   riverClient,
 		Ready: func(ctx context.Context) error {
 			if err := pool.Ping(ctx); err != nil {
 				return fmt.Errorf("database unreachable: %w", err)

@@ -1,0 +1,596 @@
+package api
+
+import (
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"strconv"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/labstack/echo/v4"
+
+	"github.com/heraldpush/herald/db"
+	"github.com/heraldpush/herald/jobs"
+	"github.com/heraldpush/herald/jobs/push"
+)
+
+const (
+	// maxAudienceUsers caps an explicit list of users.
+	maxAudienceUsers = 10_000
+	// messageBodyLimit fits 10,000 user ids of the longest kind and a payload.
+	messageBodyLimit = 4 << 20
+	// defaultLifetime is a message's lifetime when expires_at is not given.
+	defaultLifetime   = time.Hour
+	maxIdempotencyKey = 255
+)
+
+type messageRequest struct {
+	DispatchAt *string          `json:"dispatch_at"`
+	ExpiresAt  *string          `json:"expires_at"`
+	Priority   string           `json:"priority"`
+	Audience   *audienceRequest `json:"audience"`
+	Payload    *push.Content    `json:"payload"`
+
+	dispatchAt, expiresAt *time.Time
+}
+
+type audienceRequest struct {
+	Type string   `json:"type"`
+	ID   string   `json:"id,omitempty"`
+	IDs  []string `json:"ids,omitempty"`
+}
+
+// parseInstant reads an RFC 3339 timestamp that must say its offset (or Z):
+// a wall time without one names no instant.
+func parseInstant(field, s string) (time.Time, error) {
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		return time.Time{}, invalid(field, "%s must be an RFC 3339 timestamp with an offset or Z, such as 2026-09-04T09:00:00+05:30", field)
+	}
+	return t, nil
+}
+
+func (r *messageRequest) validate() error {
+	if r.DispatchAt != nil {
+		t, err := parseInstant("dispatch_at", *r.DispatchAt)
+		if err != nil {
+			return err
+		}
+		r.dispatchAt = &t
+	}
+	if r.ExpiresAt != nil {
+		t, err := parseInstant("expires_at", *r.ExpiresAt)
+		if err != nil {
+			return err
+		}
+		r.expiresAt = &t
+	}
+	if r.dispatchAt != nil && r.expiresAt != nil && !r.expiresAt.After(*r.dispatchAt) {
+		return invalid("expires_at", "expires_at must be after dispatch_at")
+	}
+	switch r.Priority {
+	case "":
+		r.Priority = jobs.PriorityBulk
+	case jobs.PriorityUrgent, jobs.PriorityBulk:
+	default:
+		return invalid("priority", "priority %q is not urgent or bulk", r.Priority)
+	}
+	if err := r.Audience.validate(); err != nil {
+		return err
+	}
+	return validatePayload(r.Payload)
+}
+
+func (a *audienceRequest) validate() error {
+	if a == nil {
+		return invalid("audience", `audience is required: {"type":"segment","id":...} or {"type":"users","ids":[...]}`)
+	}
+	switch a.Type {
+	case "segment":
+		if len(a.IDs) > 0 {
+			return invalid("audience.ids", "a segment audience takes id, not ids")
+		}
+		return checkID("audience.id", a.ID)
+	case "users":
+		if a.ID != "" {
+			return invalid("audience.id", "a users audience takes ids, not id")
+		}
+		if len(a.IDs) == 0 || len(a.IDs) > maxAudienceUsers {
+			return invalid("audience.ids", "audience.ids must hold 1 to %d user ids, not %d", maxAudienceUsers, len(a.IDs))
+		}
+		for i, id := range a.IDs {
+			if err := checkID(fmt.Sprintf("audience.ids[%d]", i), id); err != nil {
+				return err
+			}
+		}
+		return nil
+	case "":
+		return invalid("audience.type", "audience.type is required: segment or users")
+	default:
+		return invalid("audience.type", "audience.type %q is not segment or users", a.Type)
+	}
+}
+
+func validatePayload(p *push.Content) error {
+	if p == nil {
+		return invalid("payload", "payload is required")
+	}
+	if p.Title == "" && p.Body == "" && len(p.Data) == 0 {
+		return invalid("payload", "payload needs a title, a body or data")
+	}
+	for k := range p.Data {
+		switch {
+		case k == "":
+			return invalid("payload.data", "payload.data keys must not be empty")
+		case k == push.MessageIDKey || k == "aps":
+			return invalid("payload.data."+k, "payload.data key %q is reserved", k)
+		}
+	}
+	if !utf8.ValidString(p.Title) || !utf8.ValidString(p.Body) {
+		return invalid("payload", "payload text must be valid UTF-8")
+	}
+	var sizeErr *push.SizeError
+	if err := push.CheckSize(*p); errors.As(err, &sizeErr) {
+		return &Error{Status: http.StatusRequestEntityTooLarge, Code: "payload_too_large", Field: "payload",
+			Message: sizeErr.Error()}
+	} else if err != nil {
+		return invalid("payload", "payload cannot be encoded: %v", err)
+	}
+	return nil
+}
+
+// messageResponse is the body of a 202 and the head of a status response.
+type messageResponse struct {
+	MessageID      string    `json:"message_id"`
+	State          string    `json:"state"`
+	DispatchAt     time.Time `json:"dispatch_at"`
+	ExpiresAt      time.Time `json:"expires_at"`
+	Priority       string    `json:"priority"`
+	RecipientCount int32     `json:"recipient_count"`
+	DeviceCount    int32     `json:"device_count"`
+	ChunkCount     int32     `json:"chunk_count"`
+}
+
+func newMessageResponse(m db.Message) messageResponse {
+	return messageResponse{
+		MessageID: push.FormatMessageID(m.ID), State: m.State,
+		DispatchAt: m.DispatchAt.UTC(), ExpiresAt: m.ExpiresAt.UTC(), Priority: m.Priority,
+		RecipientCount: m.RecipientCount, DeviceCount: m.DeviceCount, ChunkCount: m.ChunkCount,
+	}
+}
+
+// createMessage schedules a message: validation, then one transaction that
+// claims the idempotency key, expands the audience, and stores the message,
+// its payload, its ledger and its chunk jobs.
+func (s *Server) createMessage(c echo.Context) error {
+	key := c.Request().Header.Get("Idempotency-Key")
+	if len(key) > maxIdempotencyKey {
+		return invalid("Idempotency-Key", "the Idempotency-Key header is longer than %d characters", maxIdempotencyKey)
+	}
+	var req messageRequest
+	if err := decode(c, messageBodyLimit, &req); err != nil {
+		return err
+	}
+	audienceJSON, err := json.Marshal(req.Audience)
+	if err != nil {
+		return fmt.Errorf("encode audience: %w", err)
+	}
+	// The request's identity for idempotency: its canonical encoding, so
+	// that the same request sent with other spacing or key order matches.
+	canonical, err := json.Marshal(req)
+	if err != nil {
+		return fmt.Errorf("encode request: %w", err)
+	}
+	hash := sha256.Sum256(canonical)
+
+	ctx := c.Request().Context()
+	scope := callerScope(ctx)
+	var body []byte
+	err = db.InTx(ctx, s.pool, func(tx pgx.Tx) error {
+		q := db.New(tx)
+		if key != "" {
+			if _, err := q.ClaimIdempotencyKey(ctx, db.ClaimIdempotencyKeyParams{Scope: scope, Key: key, RequestHash: hash[:]}); err != nil {
+				if db.Translate(err) != db.ErrNotFound {
+					return fmt.Errorf("claim idempotency key: %w", err)
+				}
+				// Taken, by a request that has committed: replay or refuse.
+				prior, err := q.GetIdempotencyKey(ctx, db.GetIdempotencyKeyParams{Scope: scope, Key: key})
+				if err != nil {
+					return fmt.Errorf("read idempotency key: %w", err)
+				}
+				if string(prior.RequestHash) != string(hash[:]) {
+					return &Error{Status: http.StatusConflict, Code: "idempotency_key_reused",
+						Message: "this Idempotency-Key was used with a different request body"}
+				}
+				body = prior.Response
+				return nil
+			}
+		}
+		now, err := q.DatabaseNow(ctx)
+		if err != nil {
+			return fmt.Errorf("read clock: %w", err)
+		}
+		dispatchAt := now
+		if req.dispatchAt != nil {
+			dispatchAt = *req.dispatchAt
+		}
+		expiresAt := dispatchAt.Add(defaultLifetime)
+		if req.expiresAt != nil {
+			expiresAt = *req.expiresAt
+		}
+		if !expiresAt.After(now) {
+			return invalid("expires_at", "the message would expire at %s, which has passed", expiresAt.UTC().Format(time.RFC3339))
+		}
+		msg, err := s.enqueuer.Create(ctx, tx, jobs.NewMessage{
+			Priority:     req.Priority,
+			DispatchAt:   dispatchAt,
+			ExpiresAt:    expiresAt,
+			Audience:     jobs.Audience{SegmentID: req.Audience.ID, UserIDs: req.Audience.IDs},
+			AudienceJSON: audienceJSON,
+			Content:      *req.Payload,
+		})
+		if errors.Is(err, jobs.ErrUnknownSegment) {
+			return invalid("audience.id", "segment %q does not exist", req.Audience.ID)
+		}
+		if err != nil {
+			return fmt.Errorf("schedule message: %w", err)
+		}
+		if body, err = json.Marshal(newMessageResponse(msg)); err != nil {
+			return fmt.Errorf("encode response: %w", err)
+		}
+		if key != "" {
+			if err := q.CompleteIdempotencyKey(ctx, db.CompleteIdempotencyKeyParams{
+				Scope: scope, Key: key, MessageID: &msg.ID, Response: body,
+			}); err != nil {
+				return fmt.Errorf("record idempotency key: %w", err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	var head struct {
+		MessageID string `json:"message_id"`
+	}
+	if err := json.Unmarshal(body, &head); err != nil {
+		return fmt.Errorf("read response: %w", err)
+	}
+	c.Response().Header().Set(echo.HeaderLocation, "/v1/messages/"+head.MessageID)
+	return c.JSONBlob(http.StatusAccepted, body)
+}
+
+type deliveryCounts struct {
+	Total     int32 `json:"total"`
+	Accepted  int32 `json:"accepted"`
+	Failed    int32 `json:"failed"`
+	Expired   int32 `json:"expired"`
+	Cancelled int32 `json:"cancelled"`
+	Pending   int32 `json:"pending"`
+}
+
+func countsOf(m db.Message) deliveryCounts {
+	return deliveryCounts{
+		Total: m.DeviceCount, Accepted: m.AcceptedCount, Failed: m.FailedCount,
+		Expired: m.ExpiredCount, Cancelled: m.CancelledCount, Pending: m.PendingCount,
+	}
+}
+
+type skewSummary struct {
+	P50 float64 `json:"p50"`
+	P95 float64 `json:"p95"`
+	P99 float64 `json:"p99"`
+	Max float64 `json:"max"`
+}
+
+type wave struct {
+	DispatchAt time.Time `json:"dispatch_at"`
+	Devices    int32     `json:"devices"`
+}
+
+type messageStatus struct {
+	messageResponse
+	ScheduleID *string        `json:"schedule_id"`
+	CreatedAt  time.Time      `json:"created_at"`
+	StartedAt  *time.Time     `json:"started_at"`
+	SettledAt  *time.Time     `json:"settled_at"`
+	Deliveries deliveryCounts `json:"deliveries"`
+	SkewMs     *skewSummary   `json:"skew_ms"`
+	Waves      []wave         `json:"waves,omitempty"`
+}
+
+func newMessageStatus(m db.Message) messageStatus {
+	st := messageStatus{
+		messageResponse: newMessageResponse(m),
+		CreatedAt:       m.CreatedAt.UTC(),
+		StartedAt:       utcPtr(m.StartedAt),
+		SettledAt:       utcPtr(m.SettledAt),
+		Deliveries:      countsOf(m),
+	}
+	if m.ScheduleID != nil {
+		id := formatScheduleID(*m.ScheduleID)
+		st.ScheduleID = &id
+	}
+	if m.SkewMaxMs != nil {
+		st.SkewMs = &skewSummary{P50: *m.SkewP50Ms, P95: *m.SkewP95Ms, P99: *m.SkewP99Ms, Max: *m.SkewMaxMs}
+	}
+	return st
+}
+
+// getMessage reads one message row; only while a message is dispatching and
+// has accepted deliveries are its skew percentiles computed from the ledger
+// (once settled they are stored on the row).
+func (s *Server) getMessage(c echo.Context) error {
+	ctx := c.Request().Context()
+	raw := c.Param("message_id")
+	id, ok := push.ParseMessageID(raw)
+	if !ok {
+		return notFound("message", raw)
+	}
+	q := db.New(s.pool)
+	m, err := q.GetMessage(ctx, id)
+	if err != nil {
+		if db.Translate(err) == db.ErrNotFound {
+			return notFound("message", raw)
+		}
+		return fmt.Errorf("read message: %w", err)
+	}
+	st := newMessageStatus(m)
+	if st.SkewMs == nil && m.AcceptedCount > 0 {
+		sk, err := q.MessageSkew(ctx, id)
+		if err != nil {
+			return fmt.Errorf("read skew: %w", err)
+		}
+		if sk.Accepted > 0 {
+			st.SkewMs = &skewSummary{P50: round1(sk.P50), P95: round1(sk.P95), P99: round1(sk.P99), Max: round1(sk.Max)}
+		}
+	}
+	if m.LocalTime != nil {
+		rows, err := q.MessageWaves(ctx, id)
+		if err != nil {
+			return fmt.Errorf("read waves: %w", err)
+		}
+		for _, r := range rows {
+			st.Waves = append(st.Waves, wave{DispatchAt: r.DueAt.UTC(), Devices: r.Devices})
+		}
+	}
+	return c.JSON(http.StatusOK, st)
+}
+
+// cancelMessage cancels a message before its first chunk starts: every
+// pending delivery becomes cancelled and its chunk jobs are cancelled in the
+// same transaction. Once a chunk has started the answer is 409 with the
+// counts so far; the state guard in CancelMessage makes the race with the
+// first chunk resolve one way.
+func (s *Server) cancelMessage(c echo.Context) error {
+	ctx := c.Request().Context()
+	raw := c.Param("message_id")
+	id, ok := push.ParseMessageID(raw)
+	if !ok {
+		return notFound("message", raw)
+	}
+	err := db.InTx(ctx, s.pool, func(tx pgx.Tx) error {
+		q := db.New(tx)
+		if _, err := q.CancelMessage(ctx, id); err != nil {
+			if db.Translate(err) != db.ErrNotFound {
+				return fmt.Errorf("cancel message: %w", err)
+			}
+			m, err := q.GetMessage(ctx, id)
+			if err != nil {
+				if db.Translate(err) == db.ErrNotFound {
+					return notFound("message", raw)
+				}
+				return fmt.Errorf("read message: %w", err)
+			}
+			if m.State == jobs.StateCancelled {
+				return nil // Cancelling twice is not an error.
+			}
+			return &Error{Status: http.StatusConflict, Code: "already_dispatching",
+				Message: fmt.Sprintf("message %s is %s; deliveries may have been made", raw, m.State),
+				Extra:   map[string]any{"state": m.State, "deliveries": countsOf(m)}}
+		}
+		if _, err := q.CancelPendingDeliveries(ctx, id); err != nil {
+			return fmt.Errorf("cancel deliveries: %w", err)
+		}
+		jobIDs, err := q.MessageChunkJobs(ctx, id)
+		if err != nil {
+			return fmt.Errorf("find chunk jobs: %w", err)
+		}
+		for _, jobID := range jobIDs {
+			if _, err := s.river.JobCancelTx(ctx, tx, jobID); err != nil {
+				return fmt.Errorf("cancel chunk job %d: %w", jobID, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	return c.NoContent(http.StatusNoContent)
+}
+
+const (
+	defaultPageSize = 100
+	maxPageSize     = 1000
+)
+
+// pageSize reads the limit query parameter.
+func pageSize(c echo.Context) (int32, error) {
+	s := c.QueryParam("limit")
+	if s == "" {
+		return defaultPageSize, nil
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 || n > maxPageSize {
+		return 0, invalid("limit", "limit must be a whole number from 1 to %d", maxPageSize)
+	}
+	return int32(n), nil
+}
+
+// cursor is the opaque position of a page: the last row's key and the
+// filter it was made under, so a cursor is never used with another filter.
+type cursor struct {
+	After  int64  `json:"a"`
+	Filter string `json:"f,omitempty"`
+}
+
+func encodeCursor(c cursor) *string {
+	raw, _ := json.Marshal(c)
+	s := base64.RawURLEncoding.EncodeToString(raw)
+	return &s
+}
+
+func decodeCursor(s, filter string) (cursor, error) {
+	var c cursor
+	raw, err := base64.RawURLEncoding.DecodeString(s)
+	if err == nil {
+		err = json.Unmarshal(raw, &c)
+	}
+	if err != nil || c.After <= 0 || c.Filter != filter {
+		return cursor{}, invalid("cursor", "cursor is not one this listing returned")
+	}
+	return c, nil
+}
+
+var deliveryStatuses = map[string]bool{"pending": true, "accepted": true, "failed": true, "expired": true, "cancelled": true}
+
+type deliveryItem struct {
+	UserID      string     `json:"user_id"`
+	DeviceID    string     `json:"device_id"`
+	Channel     string     `json:"channel"`
+	Status      string     `json:"status"`
+	Reason      *string    `json:"reason"`
+	AttemptedAt *time.Time `json:"attempted_at"`
+	AcceptedAt  *time.Time `json:"accepted_at"`
+	SkewMs      *float64   `json:"skew_ms"`
+}
+
+type deliveryPage struct {
+	Items      []deliveryItem `json:"items"`
+	NextCursor *string        `json:"next_cursor"`
+}
+
+// listDeliveries pages through a message's ledger in device order. Keyset
+// pagination: a page starts after the last device of the previous one, so
+// pages never repeat or skip a row, whatever changes in between.
+func (s *Server) listDeliveries(c echo.Context) error {
+	ctx := c.Request().Context()
+	raw := c.Param("message_id")
+	id, ok := push.ParseMessageID(raw)
+	if !ok {
+		return notFound("message", raw)
+	}
+	status := c.QueryParam("status")
+	if status != "" && !deliveryStatuses[status] {
+		return invalid("status", "status %q is not one of pending, accepted, failed, expired, cancelled", status)
+	}
+	limit, err := pageSize(c)
+	if err != nil {
+		return err
+	}
+	var after int64
+	if s := c.QueryParam("cursor"); s != "" {
+		cur, err := decodeCursor(s, "deliveries:"+raw+":"+status)
+		if err != nil {
+			return err
+		}
+		after = cur.After
+	}
+	q := db.New(s.pool)
+	if _, err := q.GetMessage(ctx, id); err != nil {
+		if db.Translate(err) == db.ErrNotFound {
+			return notFound("message", raw)
+		}
+		return fmt.Errorf("read message: %w", err)
+	}
+	params := db.ListDeliveriesParams{MessageID: id, AfterDeviceID: after, PageSize: limit + 1}
+	if status != "" {
+		params.Status = &status
+	}
+	rows, err := q.ListDeliveries(ctx, params)
+	if err != nil {
+		return fmt.Errorf("list deliveries: %w", err)
+	}
+	page := deliveryPage{Items: make([]deliveryItem, 0, min(len(rows), int(limit)))}
+	for i, r := range rows {
+		if i == int(limit) {
+			page.NextCursor = encodeCursor(cursor{After: rows[i-1].DeviceID, Filter: "deliveries:" + raw + ":" + status})
+			break
+		}
+		item := deliveryItem{
+			UserID: r.UserID, DeviceID: formatDeviceID(r.DeviceID), Channel: r.Channel, Status: r.Status,
+			Reason: r.Reason, AttemptedAt: utcPtr(r.AttemptedAt), AcceptedAt: utcPtr(r.AcceptedAt),
+		}
+		if r.AcceptedAt != nil {
+			skew := round1(float64(r.AcceptedAt.Sub(r.DueAt).Microseconds()) / 1000)
+			item.SkewMs = &skew
+		}
+		page.Items = append(page.Items, item)
+	}
+	return c.JSON(http.StatusOK, page)
+}
+
+var messageStates = map[string]bool{
+	jobs.StateScheduled: true, jobs.StateDispatching: true, jobs.StateDispatched: true,
+	jobs.StateCancelled: true, jobs.StateExpired: true,
+}
+
+type messagePage struct {
+	Items      []messageStatus `json:"items"`
+	NextCursor *string         `json:"next_cursor"`
+}
+
+// listMessages pages through messages, newest first.
+func (s *Server) listMessages(c echo.Context) error {
+	ctx := c.Request().Context()
+	state := c.QueryParam("state")
+	if state != "" && !messageStates[state] {
+		return invalid("state", "state %q is not one of scheduled, dispatching, dispatched, cancelled, expired", state)
+	}
+	scheduleParam := c.QueryParam("schedule_id")
+	limit, err := pageSize(c)
+	if err != nil {
+		return err
+	}
+	filter := "messages:" + state + ":" + scheduleParam
+	params := db.ListMessagesParams{BeforeID: 1<<63 - 1, PageSize: limit + 1}
+	if state != "" {
+		params.State = &state
+	}
+	if scheduleParam != "" {
+		sid, ok := parseID(schedulePrefix, scheduleParam)
+		if !ok {
+			return invalid("schedule_id", "schedule_id %q is not a schedule id", scheduleParam)
+		}
+		params.ScheduleID = &sid
+	}
+	if s := c.QueryParam("cursor"); s != "" {
+		cur, err := decodeCursor(s, filter)
+		if err != nil {
+			return err
+		}
+		params.BeforeID = cur.After
+	}
+	rows, err := db.New(s.pool).ListMessages(ctx, params)
+	if err != nil {
+		return fmt.Errorf("list messages: %w", err)
+	}
+	page := messagePage{Items: make([]messageStatus, 0, min(len(rows), int(limit)))}
+	for i, m := range rows {
+		if i == int(limit) {
+			page.NextCursor = encodeCursor(cursor{After: rows[i-1].ID, Filter: filter})
+			break
+		}
+		page.Items = append(page.Items, newMessageStatus(m))
+	}
+	return c.JSON(http.StatusOK, page)
+}
+
+// round1 rounds milliseconds to a tenth, the precision skew is reported in.
+func round1(f float64) float64 { return math.Round(f*10) / 10 }

@@ -1,0 +1,141 @@
+-- name: DatabaseNow :one
+-- The database's clock is Herald's one authoritative clock: dispatch times
+-- are compared with it, never with a host's.
+SELECT clock_timestamp()::timestamptz AS now;
+
+-- name: InsertPayload :one
+INSERT INTO payloads (content) VALUES (@content) RETURNING id;
+
+-- name: GetPayload :one
+SELECT content FROM payloads WHERE id = @id;
+
+-- name: SegmentExists :one
+SELECT EXISTS (SELECT 1 FROM segments WHERE id = @id)::boolean;
+
+-- name: AudienceOfUsers :many
+-- The active devices of the given users, with each user's time zone.
+SELECT d.id, d.user_id, d.channel, d.token, d.p256dh, d.auth, u.timezone
+FROM devices d
+JOIN users u ON u.id = d.user_id
+WHERE d.user_id = ANY (@user_ids::text[]) AND d.status = 'active'
+ORDER BY d.user_id, d.id;
+
+-- name: AudienceOfSegment :many
+-- The active devices of a segment's members, with each user's time zone.
+SELECT d.id, d.user_id, d.channel, d.token, d.p256dh, d.auth, u.timezone
+FROM segment_members m
+JOIN devices d ON d.user_id = m.user_id AND d.status = 'active'
+JOIN users u ON u.id = m.user_id
+WHERE m.segment_id = @segment_id
+ORDER BY d.user_id, d.id;
+
+-- name: InsertMessage :one
+INSERT INTO messages (
+    state, priority, dispatch_at, expires_at, payload_id, audience, local_time,
+    recipient_count, device_count, chunk_count, pending_count,
+    schedule_id, schedule_run_at, settled_at
+) VALUES (
+    @state, @priority, @dispatch_at, @expires_at, @payload_id, @audience, @local_time,
+    @recipient_count, @device_count, @chunk_count, @device_count,
+    @schedule_id, @schedule_run_at, @settled_at
+)
+RETURNING *;
+
+-- name: InsertDeliveries :copyfrom
+INSERT INTO deliveries (message_id, device_id, user_id, channel, chunk, due_at)
+VALUES (@message_id, @device_id, @user_id, @channel, @chunk, @due_at);
+
+-- name: InsertMessageChunks :exec
+INSERT INTO message_chunks (message_id, chunk, job_id, due_at, device_count)
+SELECT @message_id, unnest(@chunks::integer[]), unnest(@job_ids::bigint[]),
+       unnest(@due_ats::timestamptz[]), unnest(@device_counts::integer[]);
+
+-- name: GetMessage :one
+SELECT * FROM messages WHERE id = @id;
+
+-- name: MessageSkew :one
+-- Skew percentiles of a message's accepted deliveries, in milliseconds,
+-- computed from the ledger (used until the message settles and they are
+-- stored on it).
+SELECT count(*)::integer AS accepted,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY skew)::double precision AS p50,
+       percentile_cont(0.95) WITHIN GROUP (ORDER BY skew)::double precision AS p95,
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY skew)::double precision AS p99,
+       coalesce(max(skew), 0)::double precision AS max
+FROM (
+    SELECT extract(epoch FROM accepted_at - due_at) * 1000 AS skew
+    FROM deliveries
+    WHERE message_id = @message_id AND status = 'accepted'
+) s;
+
+-- name: MessageWaves :many
+SELECT due_at, sum(device_count)::integer AS devices
+FROM message_chunks
+WHERE message_id = @message_id
+GROUP BY due_at
+ORDER BY due_at;
+
+-- name: MessageChunkJobs :many
+SELECT job_id FROM message_chunks WHERE message_id = @message_id ORDER BY chunk;
+
+-- name: ListDeliveries :many
+-- One page of a message's deliveries in device order, after a cursor, of
+-- one status or of all.
+SELECT device_id, user_id, channel, status, reason, attempted_at, accepted_at, due_at
+FROM deliveries
+WHERE message_id = @message_id
+  AND device_id > @after_device_id
+  AND (sqlc.narg('status')::text IS NULL OR status = sqlc.narg('status')::text)
+ORDER BY device_id
+LIMIT @page_size;
+
+-- name: ListMessages :many
+-- One page of messages, newest first, before a cursor, with optional filters.
+SELECT *
+FROM messages
+WHERE id < @before_id
+  AND (sqlc.narg('state')::text IS NULL OR state = sqlc.narg('state')::text)
+  AND (sqlc.narg('schedule_id')::bigint IS NULL OR schedule_id = sqlc.narg('schedule_id')::bigint)
+ORDER BY id DESC
+LIMIT @page_size;
+
+-- name: CancelMessage :one
+-- Cancels a message that has not started. The guard on state is what
+-- settles a race with the first chunk: whichever updates the row first wins,
+-- and the other finds the state changed.
+UPDATE messages
+SET state = 'cancelled',
+    cancelled_at = clock_timestamp(),
+    settled_at = clock_timestamp(),
+    cancelled_count = cancelled_count + pending_count,
+    pending_count = 0
+WHERE id = @id AND state = 'scheduled'
+RETURNING *;
+
+-- name: CancelPendingDeliveries :execrows
+UPDATE deliveries SET status = 'cancelled'
+WHERE message_id = @message_id AND status = 'pending';
+
+-- name: ClaimIdempotencyKey :one
+-- Claims a key for this transaction. A concurrent claim of the same key
+-- waits here until this transaction ends, then finds the key taken.
+INSERT INTO idempotency_keys (scope, key, request_hash)
+VALUES (@scope, @key, @request_hash)
+ON CONFLICT (scope, key) DO NOTHING
+RETURNING true AS claimed;
+
+-- name: GetIdempotencyKey :one
+SELECT request_hash, message_id, response FROM idempotency_keys WHERE scope = @scope AND key = @key;
+
+-- name: CompleteIdempotencyKey :exec
+UPDATE idempotency_keys SET message_id = @message_id, response = @response
+WHERE scope = @scope AND key = @key;
+
+-- name: StartMessage :one
+-- A chunk's first act: mark the message dispatching, unless it was cancelled
+-- (or expired) first. No row means the chunk must send nothing.
+UPDATE messages
+SET state = 'dispatching',
+    started_at = coalesce(started_at, clock_timestamp())
+WHERE id = @id AND state IN ('scheduled', 'dispatching')
+RETURNING state, started_at;

@@ -1,0 +1,34 @@
+package db
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// PromoteDueJobs makes jobs of the given queues that are scheduled (or
+// waiting to retry) within horizon available, keeping their scheduled_at:
+// River's fetch still waits for that instant, so the job starts on time
+// without waiting for River's leader to schedule it. At most limit jobs are
+// promoted per call; rows another promoter holds are skipped.
+//
+// It is the one place Herald writes River's table, and only its state
+// column, in a transition River makes itself.
+func PromoteDueJobs(ctx context.Context, q DBTX, queues []string, horizon time.Duration, limit int) (int64, error) {
+	tag, err := q.Exec(ctx, `
+		WITH due AS (
+			SELECT id FROM river_job
+			WHERE state IN ('scheduled', 'retryable')
+			  AND queue = ANY ($1::text[])
+			  AND scheduled_at <= now() + $2::interval
+			ORDER BY scheduled_at
+			LIMIT $3
+			FOR UPDATE SKIP LOCKED
+		)
+		UPDATE river_job j SET state = 'available'
+		FROM due WHERE j.id = due.id`, queues, horizon, limit)
+	if err != nil {
+		return 0, fmt.Errorf("promote due jobs: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}

@@ -1,0 +1,131 @@
+package jobs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/riverqueue/river/rivertype"
+)
+
+// Lanes: each priority has its own River queue and its own workers, so that
+// a one-device urgent message never waits behind a bulk fan-out.
+const (
+	QueueUrgent = "urgent"
+	QueueBulk   = "bulk"
+)
+
+// Priorities a message may have; each names its lane.
+const (
+	PriorityUrgent = "urgent"
+	PriorityBulk   = "bulk"
+)
+
+func laneQueue(priority string) string {
+	if priority == PriorityUrgent {
+		return QueueUrgent
+	}
+	return QueueBulk
+}
+
+// RiverConfig configures Herald's River client.
+type RiverConfig struct {
+	Logger *slog.Logger
+	// Workers holds the job workers. Nil makes an insert-only client (the
+	// api role), which enqueues but works nothing.
+	Workers *river.Workers
+	// UrgentWorkers and BulkWorkers are each lane's concurrent chunk jobs
+	// per process. Defaults 10 and 10.
+	UrgentWorkers, BulkWorkers int
+	// FetchPollInterval is how often each lane looks for due chunks; it
+	// bounds the lag between a chunk's time and its start. Default 50 ms.
+	FetchPollInterval time.Duration
+	// Lookahead is how long before its time a chunk is made available to
+	// fetch (fetching still waits for its time). Default 10 s.
+	Lookahead time.Duration
+}
+
+func (c *RiverConfig) setDefaults() {
+	if c.UrgentWorkers <= 0 {
+		c.UrgentWorkers = 10
+	}
+	if c.BulkWorkers <= 0 {
+		c.BulkWorkers = 10
+	}
+	if c.FetchPollInterval <= 0 {
+		c.FetchPollInterval = 50 * time.Millisecond
+	}
+	if c.Lookahead <= 0 {
+		c.Lookahead = 10 * time.Second
+	}
+}
+
+// NewRiverClient returns the River client for pool, with the urgent and bulk
+// lanes when it has workers.
+//
+// River makes a job scheduled for later available only from its leader's
+// scheduler, every 5 s with a 5 s look-ahead, so a chunk can start up to 5 s
+// late (and 10-20 s late while leadership changes hands). Its fetch query,
+// though, takes only jobs whose scheduled_at has come. Herald therefore
+// inserts chunk jobs due within Lookahead as available with their future
+// scheduled_at (availableSoon), and every worker process promotes chunks as
+// they come within Lookahead (Promoter); the lanes poll every
+// FetchPollInterval. A chunk then starts within about one poll interval of
+// its time, whatever the leader is doing.
+func NewRiverClient(pool *pgxpool.Pool, cfg RiverConfig) (*river.Client[pgx.Tx], error) {
+	if cfg.Logger == nil {
+		return nil, errors.New("jobs: RiverConfig.Logger is required")
+	}
+	cfg.setDefaults()
+	rc := &river.Config{
+		Logger:     cfg.Logger,
+		Middleware: []rivertype.Middleware{&availableSoon{lookahead: cfg.Lookahead, now: time.Now}},
+	}
+	if cfg.Workers != nil {
+		rc.Workers = cfg.Workers
+		rc.Queues = map[string]river.QueueConfig{
+			QueueUrgent: {MaxWorkers: cfg.UrgentWorkers, FetchPollInterval: cfg.FetchPollInterval, FetchCooldown: cfg.FetchPollInterval / 5},
+			QueueBulk:   {MaxWorkers: cfg.BulkWorkers, FetchPollInterval: cfg.FetchPollInterval, FetchCooldown: cfg.FetchPollInterval / 5},
+		}
+		rc.FetchPollInterval = cfg.FetchPollInterval
+		rc.FetchCooldown = cfg.FetchPollInterval / 5
+	} else {
+		// Insert-only: the job kinds are not registered here, so River
+		// cannot check them.
+		rc.SkipUnknownJobCheck = true
+	}
+	client, err := river.NewClient(riverpgxv5.New(pool), rc)
+	if err != nil {
+		return nil, fmt.Errorf("river client: %w", err)
+	}
+	return client, nil
+}
+
+// availableSoon is the insert middleware that makes chunk jobs due within
+// lookahead available at once, keeping their scheduled_at: River's fetch
+// waits for it, so they start on time without its scheduler. It reads the
+// host clock, which only decides between this path and the Promoter's; the
+// start time itself is judged by the database's clock.
+type availableSoon struct {
+	river.MiddlewareDefaults
+	lookahead time.Duration
+	now       func() time.Time
+}
+
+func (m *availableSoon) InsertMany(ctx context.Context, params []*rivertype.JobInsertParams,
+	doInner func(context.Context) ([]*rivertype.JobInsertResult, error),
+) ([]*rivertype.JobInsertResult, error) {
+	horizon := m.now().Add(m.lookahead)
+	for _, p := range params {
+		if p.Kind == FanOutKind && p.State == rivertype.JobStateScheduled && p.ScheduledAt != nil && !p.ScheduledAt.After(horizon) {
+			p.State = rivertype.JobStateAvailable
+		}
+	}
+	return doInner(ctx)
+}

@@ -1,0 +1,27 @@
+package push
+
+import (
+	"strconv"
+	"strings"
+)
+
+// messageIDPrefix marks Herald's message ids, which double as collapse keys.
+const messageIDPrefix = "msg_"
+
+// FormatMessageID returns the external id of message n, as the API shows it
+// and as every push carries it.
+func FormatMessageID(n int64) string { return messageIDPrefix + strconv.FormatInt(n, 10) }
+
+// ParseMessageID reads an external message id; ok is false for anything
+// that is not one.
+func ParseMessageID(s string) (int64, bool) {
+	rest, ok := strings.CutPrefix(s, messageIDPrefix)
+	if !ok {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(rest, 10, 64)
+	if err != nil || n <= 0 || strconv.FormatInt(n, 10) != rest {
+		return 0, false
+	}
+	return n, true
+}
