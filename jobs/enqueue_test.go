@@ -1,0 +1,148 @@
+package jobs
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
+	"github.com/stretchr/testify/require"
+
+	"github.com/heraldpush/herald/db"
+	"github.com/heraldpush/herald/db/dbtest"
+	"github.com/heraldpush/herald/jobs/push"
+)
+
+var discard = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// registerUsers gives users u0..u(n-1) one FCM device each.
+func registerUsers(t *testing.T, q *db.Queries, prefix string, n int) []string {
+	t.Helper()
+	ctx := context.Background()
+	users := make([]string, n)
+	p := db.RegisterDevicesParams{}
+	for i := range users {
+		users[i] = fmt.Sprintf("%s%03d", prefix, i)
+		p.UserIds = append(p.UserIds, users[i])
+		p.Channels = append(p.Channels, "fcm")
+		p.Tokens = append(p.Tokens, "tok-"+users[i])
+		p.P256dhs = append(p.P256dhs, "")
+		p.Auths = append(p.Auths, "")
+	}
+	require.NoError(t, q.EnsureUsers(ctx, users))
+	_, err := q.RegisterDevices(ctx, p)
+	require.NoError(t, err)
+	return users
+}
+
+// startRecorder is a chunk worker that only records when each chunk
+// started, by the database's clock (River sets attempted_at with now() in
+// its fetch), against the instant it was scheduled for.
+type startRecorder struct {
+	river.WorkerDefaults[FanOutArgs]
+	mu     sync.Mutex
+	starts map[int64]time.Duration // message id -> attempted_at - scheduled_at
+}
+
+func (r *startRecorder) Work(_ context.Context, job *river.Job[FanOutArgs]) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.starts[job.Args.MessageID] = job.AttemptedAt.Sub(job.ScheduledAt)
+	return nil
+}
+
+func (r *startRecorder) lag(id int64) (time.Duration, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	d, ok := r.starts[id]
+	return d, ok
+}
+
+// TestChunksStartOnTime schedules chunks 1 s, 3 s and 8 s ahead and checks
+// that none starts before its time and each starts well inside River's own
+// 5 s scheduling cadence. It runs once with the default look-ahead (every
+// chunk inserted available) and once with a short one (the later chunks
+// inserted scheduled and made available by the promoter).
+func TestChunksStartOnTime(t *testing.T) {
+	t.Parallel()
+	for _, lookahead := range []time.Duration{10 * time.Second, 2 * time.Second} {
+		t.Run(fmt.Sprintf("lookahead %s", lookahead), func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			tdb := dbtest.New(t)
+			q := db.New(tdb.Pool)
+			users := registerUsers(t, q, "u", 3)
+
+			rec := &startRecorder{starts: map[int64]time.Duration{}}
+			workers := river.NewWorkers()
+			river.AddWorker(workers, rec)
+			client, err := NewRiverClient(tdb.Pool, RiverConfig{Logger: discard, Workers: workers, Lookahead: lookahead})
+			require.NoError(t, err)
+			require.NoError(t, client.Start(ctx))
+			defer func() { _ = client.Stop(context.Background()) }()
+			promoter := &Promoter{Pool: tdb.Pool, Logger: discard, Lookahead: lookahead, Interval: 200 * time.Millisecond}
+			go promoter.Run(ctx)
+
+			enq := NewEnqueuer(client, 0)
+			now, err := q.DatabaseNow(ctx)
+			require.NoError(t, err)
+			ids := map[time.Duration]int64{}
+			for _, ahead := range []time.Duration{time.Second, 3 * time.Second, 8 * time.Second} {
+				var msg db.Message
+				require.NoError(t, db.InTx(ctx, tdb.Pool, func(tx pgx.Tx) error {
+					msg, err = enq.Create(ctx, tx, NewMessage{
+						Priority: PriorityBulk, DispatchAt: now.Add(ahead), ExpiresAt: now.Add(ahead + time.Hour),
+						Audience: Audience{UserIDs: users}, AudienceJSON: []byte(`{}`),
+						Content: push.Content{Title: "t"},
+					})
+					return err
+				}))
+				ids[ahead] = msg.ID
+			}
+
+			for ahead, id := range ids {
+				var lag time.Duration
+				require.Eventually(t, func() bool {
+					var ok bool
+					lag, ok = rec.lag(id)
+					return ok
+				}, ahead+10*time.Second, 10*time.Millisecond, "the chunk %s ahead never started", ahead)
+				t.Logf("chunk scheduled %s ahead started %s after its time", ahead, lag)
+				require.GreaterOrEqual(t, lag, time.Duration(0), "a chunk started before its time")
+				require.Less(t, lag, 1500*time.Millisecond, "a chunk started late")
+			}
+		})
+	}
+}
+
+func TestCut(t *testing.T) {
+	t.Parallel()
+	a, b := time.Unix(100, 0), time.Unix(200, 0)
+	var targets []target
+	for i := range 7 {
+		due := a
+		if i%2 == 1 {
+			due = b
+		}
+		targets = append(targets, target{Target: Target{DeviceID: int64(i)}, dueAt: due})
+	}
+	chunks := cut(targets, 2)
+	// Due a: devices 0, 2, 4, 6; due b: 1, 3, 5. Never mixed, at most 2 each.
+	var got [][]int64
+	for _, c := range chunks {
+		var ids []int64
+		for _, tg := range c.targets {
+			require.True(t, tg.dueAt.Equal(c.dueAt))
+			ids = append(ids, tg.DeviceID)
+		}
+		got = append(got, ids)
+	}
+	require.Equal(t, [][]int64{{0, 2}, {1, 3}, {4, 6}, {5}}, got)
+	require.Empty(t, cut(nil, 500))
+}
