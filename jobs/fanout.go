@@ -1,13 +1,21 @@
 package jobs
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
+
+	"github.com/heraldpush/herald/db"
+	"github.com/heraldpush/herald/jobs/push"
 )
 
 // FanOutKind is the River kind of a chunk job.
@@ -128,4 +136,292 @@ func (a FanOutArgs) InsertOpts() river.InsertOpts {
 		Queue:      laneQueue(a.Priority),
 		UniqueOpts: river.UniqueOpts{ByArgs: true},
 	}
+}
+
+// sender sends one message to many devices of one channel: a provider. It
+// fills results[i] for targets[i], asking allow before each request; a send
+// that allow refuses is left unattempted (zero Result.At) and parked. It
+// bounds its own requests in flight.
+type sender interface {
+	Send(ctx context.Context, m *push.Message, targets []push.Target, results []push.Result, allow func() bool)
+}
+
+// FanOutConfig holds what the chunk worker needs.
+type FanOutConfig struct {
+	Pool   *pgxpool.Pool
+	Logger *slog.Logger
+	Clock  *Clock
+	// Providers by channel (apns, fcm, webpush); a channel without one is
+	// disabled, and its deliveries fail with channel_disabled.
+	Providers map[string]sender
+	// Breakers by channel; one is made for every provider without one.
+	Breakers map[string]*Breaker
+	// Timeout bounds one attempt of a chunk. Default 30 s.
+	Timeout time.Duration
+}
+
+// FanOutWorker turns a chunk into pushes: it checks expiry, marks the
+// message dispatching (unless a cancel won), skips devices already settled
+// by an earlier attempt, sends to every provider at once, and writes the
+// whole chunk's results in one transaction.
+type FanOutWorker struct {
+	river.WorkerDefaults[FanOutArgs]
+	cfg      FanOutConfig
+	messages *messageCache
+}
+
+// NewFanOutWorker returns the chunk worker.
+func NewFanOutWorker(cfg FanOutConfig) *FanOutWorker {
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 30 * time.Second
+	}
+	if cfg.Breakers == nil {
+		cfg.Breakers = map[string]*Breaker{}
+	}
+	for channel := range cfg.Providers {
+		if cfg.Breakers[channel] == nil {
+			cfg.Breakers[channel] = NewBreaker(BreakerConfig{})
+		}
+	}
+	return &FanOutWorker{cfg: cfg, messages: newMessageCache(cfg.Pool, 64)}
+}
+
+// Timeout bounds one attempt. River's rescuer must not retry a chunk whose
+// worker may still be sending, so the client's RescueStuckJobsAfter is set
+// above it (see NewRiverClient).
+func (w *FanOutWorker) Timeout(*river.Job[FanOutArgs]) time.Duration { return w.cfg.Timeout }
+
+// Work sends one chunk.
+func (w *FanOutWorker) Work(ctx context.Context, job *river.Job[FanOutArgs]) error {
+	a := job.Args
+	startedAt := w.cfg.Clock.Now()
+	log := w.cfg.Logger.With("message_id", push.FormatMessageID(a.MessageID), "chunk", a.Chunk, "attempt", job.Attempt)
+
+	if !startedAt.Before(a.ExpiresAt) {
+		// Past its lifetime nothing is sent: what is pending expires.
+		return w.expire(ctx, a, startedAt)
+	}
+
+	q := db.New(w.cfg.Pool)
+	if _, err := q.StartMessage(ctx, a.MessageID); err != nil {
+		if db.Translate(err) == db.ErrNotFound {
+			log.InfoContext(ctx, "chunk skipped: its message is no longer sendable")
+			return nil
+		}
+		return fmt.Errorf("start message: %w", err)
+	}
+
+	ids := make([]int64, len(a.Targets))
+	for i, t := range a.Targets {
+		ids[i] = t.DeviceID
+	}
+	rows, err := q.ChunkPending(ctx, db.ChunkPendingParams{MessageID: a.MessageID, DeviceIds: ids})
+	if err != nil {
+		return fmt.Errorf("read chunk ledger: %w", err)
+	}
+	if len(rows) == 0 {
+		return w.finish(ctx, a, startedAt, nil)
+	}
+	pending := make(map[int64]bool, len(rows))
+	for _, r := range rows {
+		pending[r.DeviceID] = true
+	}
+
+	msg, err := w.messages.get(ctx, a)
+	if err != nil {
+		return err
+	}
+
+	// Group the pending targets by channel and send to every provider at
+	// once; each provider bounds its own concurrency.
+	byChannel := map[string][]int{}
+	for i, t := range a.Targets {
+		if pending[t.DeviceID] {
+			byChannel[t.Channel] = append(byChannel[t.Channel], i)
+		}
+	}
+	results := make([]push.Result, len(a.Targets))
+	var wg sync.WaitGroup
+	for channel, idx := range byChannel {
+		provider, ok := w.cfg.Providers[channel]
+		if !ok {
+			now := time.Now()
+			for _, i := range idx {
+				results[i] = push.Result{At: now, Reason: push.ReasonChannelDisabled, Detail: channel + " is not configured"}
+			}
+			continue
+		}
+		breaker := w.cfg.Breakers[channel]
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			targets := make([]push.Target, len(idx))
+			for j, i := range idx {
+				t := a.Targets[i]
+				targets[j] = push.Target{DeviceID: t.DeviceID, Token: t.Token, P256dh: t.P256dh, Auth: t.Auth}
+			}
+			out := make([]push.Result, len(idx))
+			provider.Send(ctx, msg, targets, out, breaker.Allow)
+			for j, i := range idx {
+				r := out[j]
+				switch {
+				case r.At.IsZero():
+				case r.Reason.Transient():
+					breaker.Failure(r.Detail)
+				default:
+					breaker.Success()
+				}
+				results[i] = r
+			}
+		}()
+	}
+	wg.Wait()
+	return w.finish(ctx, a, startedAt, results)
+}
+
+// finish writes a chunk's results, evicts dead tokens, settles the message
+// when nothing of it is pending any more, and snoozes the chunk when some of
+// its deliveries were parked.
+func (w *FanOutWorker) finish(ctx context.Context, a FanOutArgs, startedAt time.Time, results []push.Result) error {
+	p := db.RecordResultsParams{MessageID: a.MessageID}
+	var (
+		evictIDs              []int64
+		evictReasons          []string
+		parked                map[string]bool
+		firstAccept, lastSeen *time.Time
+	)
+	for i, r := range results {
+		if r.At.IsZero() {
+			// Not part of this attempt (settled before), or parked: the
+			// provider's breaker refused the send.
+			if r.Reason != push.ReasonNone {
+				if parked == nil {
+					parked = map[string]bool{}
+				}
+				parked[a.Targets[i].Channel] = true
+			}
+			continue
+		}
+		at := w.cfg.Clock.ToDB(r.At)
+		status, acceptedUs := "failed", int64(0)
+		switch {
+		case r.Accepted:
+			status, acceptedUs = "accepted", at.UnixMicro()
+			if firstAccept == nil || at.Before(*firstAccept) {
+				firstAccept = &at
+			}
+			if lastSeen == nil || at.After(*lastSeen) {
+				lastSeen = &at
+			}
+		case r.Reason.Transient():
+			// Attempted, not settled: it waits for the breaker and is
+			// retried when the chunk wakes, until it expires.
+			status = "pending"
+			if parked == nil {
+				parked = map[string]bool{}
+			}
+			parked[a.Targets[i].Channel] = true
+		}
+		p.DeviceIds = append(p.DeviceIds, a.Targets[i].DeviceID)
+		p.Statuses = append(p.Statuses, status)
+		p.Reasons = append(p.Reasons, string(r.Reason))
+		p.AttemptedUs = append(p.AttemptedUs, at.UnixMicro())
+		p.AcceptedUs = append(p.AcceptedUs, acceptedUs)
+		if !r.Accepted && r.Reason.Evicts() {
+			evictIDs = append(evictIDs, a.Targets[i].DeviceID)
+			evictReasons = append(evictReasons, string(r.Reason))
+		}
+	}
+
+	finishedAt := w.cfg.Clock.Now()
+	err := db.InTx(ctx, w.cfg.Pool, func(tx pgx.Tx) error {
+		q := db.New(tx)
+		if _, err := q.LockMessage(ctx, a.MessageID); err != nil {
+			return fmt.Errorf("lock message: %w", err)
+		}
+		res, err := q.RecordResults(ctx, p)
+		if err != nil {
+			return fmt.Errorf("record results: %w", err)
+		}
+		if len(evictIDs) > 0 {
+			if _, err := q.EvictDevices(ctx, db.EvictDevicesParams{Ids: evictIDs, Reasons: evictReasons, SentAfter: startedAt}); err != nil {
+				return fmt.Errorf("evict devices: %w", err)
+			}
+		}
+		chunk := db.RecordChunkParams{
+			MessageID: a.MessageID, Chunk: int32(a.Chunk), StartedAt: &startedAt,
+			FirstAcceptedAt: firstAccept, LastAcceptedAt: lastSeen,
+		}
+		if parked == nil {
+			chunk.FinishedAt = &finishedAt
+		}
+		if err := q.RecordChunk(ctx, chunk); err != nil {
+			return fmt.Errorf("record chunk: %w", err)
+		}
+		if res.PendingCount == 0 {
+			if _, err := q.SettleMessage(ctx, a.MessageID); err != nil && db.Translate(err) != db.ErrNotFound {
+				return fmt.Errorf("settle message: %w", err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if parked == nil {
+		return nil
+	}
+	// Sleep until the first parked provider lets a send through again, but
+	// never past the chunk's expiry, when what is still pending expires.
+	wait := time.Duration(-1)
+	for channel := range parked {
+		if d := w.cfg.Breakers[channel].RetryIn(); wait < 0 || d < wait {
+			wait = d
+		}
+	}
+	wait = max(wait, 100*time.Millisecond)
+	if untilExpiry := a.ExpiresAt.Sub(w.cfg.Clock.Now()); untilExpiry < wait {
+		wait = max(untilExpiry, 0)
+	}
+	return river.JobSnooze(wait)
+}
+
+// expire marks what is still pending in the chunk expired and settles the
+// message if that was the last of it.
+func (w *FanOutWorker) expire(ctx context.Context, a FanOutArgs, at time.Time) error {
+	ids := make([]int64, len(a.Targets))
+	for i, t := range a.Targets {
+		ids[i] = t.DeviceID
+	}
+	return db.InTx(ctx, w.cfg.Pool, func(tx pgx.Tx) error {
+		q := db.New(tx)
+		if _, err := q.LockMessage(ctx, a.MessageID); err != nil {
+			return fmt.Errorf("lock message: %w", err)
+		}
+		rows, err := q.ChunkPending(ctx, db.ChunkPendingParams{MessageID: a.MessageID, DeviceIds: ids})
+		if err != nil {
+			return fmt.Errorf("read chunk ledger: %w", err)
+		}
+		p := db.RecordResultsParams{MessageID: a.MessageID}
+		for _, r := range rows {
+			p.DeviceIds = append(p.DeviceIds, r.DeviceID)
+			p.Statuses = append(p.Statuses, "expired")
+			p.Reasons = append(p.Reasons, "")
+			p.AttemptedUs = append(p.AttemptedUs, 0)
+			p.AcceptedUs = append(p.AcceptedUs, 0)
+		}
+		res, err := q.RecordResults(ctx, p)
+		if err != nil {
+			return fmt.Errorf("expire deliveries: %w", err)
+		}
+		if err := q.RecordChunk(ctx, db.RecordChunkParams{MessageID: a.MessageID, Chunk: int32(a.Chunk), StartedAt: &at, FinishedAt: &at}); err != nil {
+			return fmt.Errorf("record chunk: %w", err)
+		}
+		if res.PendingCount == 0 {
+			if _, err := q.SettleMessage(ctx, a.MessageID); err != nil && db.Translate(err) != db.ErrNotFound {
+				return fmt.Errorf("settle message: %w", err)
+			}
+		}
+		return nil
+	})
 }

@@ -95,6 +95,13 @@ func NewRiverClient(pool *pgxpool.Pool, cfg RiverConfig) (*river.Client[pgx.Tx],
 		}
 		rc.FetchPollInterval = cfg.FetchPollInterval
 		rc.FetchCooldown = cfg.FetchPollInterval / 5
+		// A chunk attempt is bounded by the worker's timeout (30 s); a chunk
+		// whose process died is rescued once it has been running for a
+		// minute, so never while its first attempt may still be sending, and
+		// within about 90 s (River's rescuer looks every 30 s), not River's
+		// default hour.
+		rc.JobTimeout = 30 * time.Second
+		rc.RescueStuckJobsAfter = time.Minute
 	} else {
 		// Insert-only: the job kinds are not registered here, so River
 		// cannot check them.

@@ -1,0 +1,102 @@
+-- name: ChunkPending :many
+-- The chunk's devices that are still pending, so that a retried chunk sends
+-- only what was not settled.
+SELECT device_id, attempt
+FROM deliveries
+WHERE message_id = @message_id AND device_id = ANY (@device_ids::bigint[]) AND status = 'pending';
+
+-- name: RecordResults :one
+-- Writes one chunk's results in one statement and moves the message's
+-- counters by exactly the rows that changed: only pending rows are updated,
+-- so a result written twice (a retried chunk, a concurrent cancel) counts
+-- once. A row may stay pending (parked behind an open breaker) with its
+-- attempt and last reason recorded. Times are microseconds since the epoch
+-- in the database's frame; 0 stands for none.
+WITH input AS (
+    SELECT unnest(@device_ids::bigint[]) AS device_id,
+           unnest(@statuses::text[]) AS status,
+           unnest(@reasons::text[]) AS reason,
+           unnest(@attempted_us::bigint[]) AS attempted_us,
+           unnest(@accepted_us::bigint[]) AS accepted_us
+), updated AS (
+    UPDATE deliveries d
+    SET status = i.status,
+        -- An accepted delivery has no reason; one that expires keeps the
+        -- last transient reason that held it back.
+        reason = CASE WHEN i.status = 'accepted' THEN NULL
+                      WHEN i.reason = '' THEN d.reason
+                      ELSE i.reason END,
+        attempt = d.attempt + CASE WHEN i.attempted_us = 0 THEN 0 ELSE 1 END,
+        attempted_at = CASE WHEN i.attempted_us = 0 THEN d.attempted_at
+                            ELSE to_timestamp(i.attempted_us / 1e6) END,
+        accepted_at = CASE WHEN i.accepted_us = 0 THEN NULL ELSE to_timestamp(i.accepted_us / 1e6) END
+    FROM input i
+    WHERE d.message_id = @message_id AND d.device_id = i.device_id AND d.status = 'pending'
+    RETURNING d.status
+), counts AS (
+    SELECT count(*) FILTER (WHERE status = 'accepted')::integer AS accepted,
+           count(*) FILTER (WHERE status = 'failed')::integer AS failed,
+           count(*) FILTER (WHERE status = 'expired')::integer AS expired,
+           count(*) FILTER (WHERE status = 'cancelled')::integer AS cancelled
+    FROM updated
+)
+UPDATE messages m
+SET pending_count = m.pending_count - c.accepted - c.failed - c.expired - c.cancelled,
+    accepted_count = m.accepted_count + c.accepted,
+    failed_count = m.failed_count + c.failed,
+    expired_count = m.expired_count + c.expired,
+    cancelled_count = m.cancelled_count + c.cancelled
+FROM counts c
+WHERE m.id = @message_id
+RETURNING m.pending_count, c.accepted, c.failed, c.expired;
+
+-- name: EvictDevices :execrows
+-- Evicts the devices whose tokens a provider called dead, unless they
+-- registered again after the send began.
+UPDATE devices
+SET status = 'evicted', evicted_reason = v.reason, evicted_at = clock_timestamp(), updated_at = clock_timestamp()
+FROM (SELECT unnest(@ids::bigint[]) AS id, unnest(@reasons::text[]) AS reason) v
+WHERE devices.id = v.id AND devices.status = 'active' AND devices.updated_at < @sent_after;
+
+-- name: RecordChunk :exec
+-- What the worker saw of its chunk, for the dispatch breakdown.
+UPDATE message_chunks
+SET started_at = coalesce(started_at, @started_at),
+    first_accepted_at = CASE WHEN sqlc.narg('first_accepted_at')::timestamptz IS NULL THEN first_accepted_at
+                             ELSE least(coalesce(first_accepted_at, 'infinity'), sqlc.narg('first_accepted_at')::timestamptz) END,
+    last_accepted_at = CASE WHEN sqlc.narg('last_accepted_at')::timestamptz IS NULL THEN last_accepted_at
+                            ELSE greatest(coalesce(last_accepted_at, '-infinity'), sqlc.narg('last_accepted_at')::timestamptz) END,
+    finished_at = sqlc.narg('finished_at')
+WHERE message_id = @message_id AND chunk = @chunk;
+
+-- name: SettleMessage :one
+-- Settles a message whose last pending delivery has settled: dispatched, or
+-- expired when nothing was sent at all. Its skew percentiles are stored on
+-- it now, once, so that reading it later never sorts its ledger.
+WITH skew AS (
+    SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY s) AS p50,
+           percentile_cont(0.95) WITHIN GROUP (ORDER BY s) AS p95,
+           percentile_cont(0.99) WITHIN GROUP (ORDER BY s) AS p99,
+           max(s) AS mx
+    FROM (
+        SELECT extract(epoch FROM accepted_at - due_at) * 1000 AS s
+        FROM deliveries
+        WHERE message_id = @message_id AND status = 'accepted'
+    ) a
+)
+UPDATE messages m
+SET state = CASE WHEN m.accepted_count + m.failed_count = 0 AND m.expired_count > 0 THEN 'expired' ELSE 'dispatched' END,
+    settled_at = clock_timestamp(),
+    skew_p50_ms = round(skew.p50::numeric, 1)::double precision,
+    skew_p95_ms = round(skew.p95::numeric, 1)::double precision,
+    skew_p99_ms = round(skew.p99::numeric, 1)::double precision,
+    skew_max_ms = round(skew.mx::numeric, 1)::double precision
+FROM skew
+WHERE m.id = @message_id AND m.pending_count = 0 AND m.state IN ('scheduled', 'dispatching')
+RETURNING m.state;
+
+-- name: LockMessage :one
+-- Takes the message's row lock first, so that every transaction that
+-- changes a message and its ledger locks them in the same order (message,
+-- then deliveries) and none can deadlock another.
+SELECT state, expires_at FROM messages WHERE id = @id FOR UPDATE;

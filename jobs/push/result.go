@@ -1,0 +1,94 @@
+package push
+
+import (
+	"time"
+)
+
+// Reason says why a delivery failed, in the contract's words.
+type Reason string
+
+// The reasons a delivery can fail. Unregistered and BadToken are permanent
+// and evict the device; RateLimited and ProviderUnavailable are transient
+// and feed the provider's circuit breaker instead of being retried at once.
+const (
+	ReasonNone                Reason = ""
+	ReasonUnregistered        Reason = "unregistered"
+	ReasonBadToken            Reason = "bad_token"
+	ReasonPayloadRejected     Reason = "payload_rejected"
+	ReasonRateLimited         Reason = "rate_limited"
+	ReasonProviderUnavailable Reason = "provider_unavailable"
+	ReasonChannelDisabled     Reason = "channel_disabled"
+	ReasonInternal            Reason = "internal"
+)
+
+// Transient reports whether a failure may go away by itself: the provider
+// was down, slow or rate limiting, and the same send may succeed later.
+func (r Reason) Transient() bool {
+	return r == ReasonRateLimited || r == ReasonProviderUnavailable
+}
+
+// Evicts reports whether the failure means the device's token is dead.
+func (r Reason) Evicts() bool {
+	return r == ReasonUnregistered || r == ReasonBadToken
+}
+
+// Message is what a provider sends to every device of one message (one
+// chunk's worth at a time), encoded once and shared.
+type Message struct {
+	// ID is the Herald message id ("msg_42"); it is every push's collapse
+	// key and travels as herald_message_id in its data.
+	ID string
+	// Urgent selects the providers' high priority.
+	Urgent  bool
+	Content Content
+	// ExpiresAt bounds the providers' time to live.
+	ExpiresAt time.Time
+	// APNs and WebPush are Content encoded once for those channels (see
+	// APNsPayload and WebPushPayload); FCMData is the FCM data map.
+	APNs    []byte
+	WebPush []byte
+	FCMData map[string]string
+}
+
+// NewMessage encodes content for every channel, once.
+func NewMessage(id string, urgent bool, content Content, expiresAt time.Time) (*Message, error) {
+	apns, err := APNsPayload(content, id)
+	if err != nil {
+		return nil, err
+	}
+	web, err := WebPushPayload(content, id)
+	if err != nil {
+		return nil, err
+	}
+	return &Message{
+		ID: id, Urgent: urgent, Content: content, ExpiresAt: expiresAt,
+		APNs: apns, WebPush: web, FCMData: FCMData(content, id),
+	}, nil
+}
+
+// TTL is the message's remaining lifetime at now, never negative, which
+// providers carry so that a device offline until after expiry never shows it.
+func (m *Message) TTL(now time.Time) time.Duration {
+	return max(m.ExpiresAt.Sub(now), 0)
+}
+
+// Target is one device to send to.
+type Target struct {
+	DeviceID int64
+	// Token is the APNs or FCM token, or the Web Push endpoint.
+	Token string
+	// P256dh and Auth are a Web Push subscription's keys (base64url).
+	P256dh, Auth string
+}
+
+// Result is the outcome of one send.
+type Result struct {
+	// Accepted is true when the provider took the push.
+	Accepted bool
+	// At is when the provider answered, by the host's clock.
+	At time.Time
+	// Reason says why it was not accepted.
+	Reason Reason
+	// Detail is the provider's own words, for logs.
+	Detail string
+}

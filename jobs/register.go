@@ -1,0 +1,11 @@
+package jobs
+
+import "github.com/riverqueue/river"
+
+// Register adds Herald's job workers to workers and returns the chunk
+// worker, whose breakers the API reports.
+func Register(workers *river.Workers, fanOut FanOutConfig) *FanOutWorker {
+	w := NewFanOutWorker(fanOut)
+	river.AddWorker(workers, w)
+	return w
+}
