@@ -15,6 +15,7 @@ const usage = `herald: scheduled push reminders
 Usage:
   herald serve [--role all|api|worker] [--migrate] [--addr ADDR]
   herald migrate
+  herald fakepush [--addr ADDR] [--latency D] [--tls-dir DIR]
   herald version
 
 Configuration is read from the environment (DATABASE_URL, HERALD_ADDR,
@@ -37,6 +38,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return runServe(ctx, rest, getenv, stdout, stderr)
 	case "migrate":
 		return runMigrate(ctx, rest, getenv, stdout, stderr)
+	case "fakepush":
+		return runFakepush(ctx, rest, getenv, stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, version)
 		return nil

@@ -1,0 +1,346 @@
+package fake
+
+import (
+	"encoding/json"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"strings"
+)
+
+// APNs limits, from Apple's "Sending notification requests to APNs".
+const (
+	apnsMaxPayload     = 4096
+	apnsMaxVoIPPayload = 5120
+	apnsMaxCollapseID  = 64
+	apnsTokenLifetime  = 3600 // seconds; older provider tokens are ExpiredProviderToken
+	apnsClockSkew      = 60   // seconds of future iat tolerated
+)
+
+// The reasons fakepush answers with, spelled as Apple spells them.
+const (
+	reasonBadCollapseID          = "BadCollapseId"
+	reasonBadDeviceToken         = "BadDeviceToken"
+	reasonBadExpirationDate      = "BadExpirationDate"
+	reasonBadMessageID           = "BadMessageId"
+	reasonBadPriority            = "BadPriority"
+	reasonBadPayload             = "BadPayload"
+	reasonBadPath                = "BadPath"
+	reasonExpiredProviderToken   = "ExpiredProviderToken"
+	reasonInvalidProviderToken   = "InvalidProviderToken"
+	reasonInvalidPushType        = "InvalidPushType"
+	reasonMethodNotAllowed       = "MethodNotAllowed"
+	reasonMissingDeviceToken     = "MissingDeviceToken"
+	reasonMissingProviderToken   = "MissingProviderToken"
+	reasonMissingTopic           = "MissingTopic"
+	reasonPayloadEmpty           = "PayloadEmpty"
+	reasonPayloadTooLarge        = "PayloadTooLarge"
+	reasonServiceUnavailable     = "ServiceUnavailable"
+	reasonTooManyRequests        = "TooManyRequests"
+	reasonTopicDisallowed        = "TopicDisallowed"
+	reasonUnregistered           = "Unregistered"
+	reasonInternalServerError    = "InternalServerError"
+	reasonIdleTimeout            = "IdleTimeout"
+	reasonDeviceTokenNotForTopic = "DeviceTokenNotForTopic"
+)
+
+// apnsErrorBodies pre-renders {"reason":...} for every reason, so that a rejection
+// costs no encoding.
+func apnsErrorBodies() map[string][]byte {
+	m := make(map[string][]byte)
+	for _, r := range []string{
+		reasonBadCollapseID, reasonBadDeviceToken, reasonBadExpirationDate, reasonBadMessageID,
+		reasonBadPriority, reasonBadPayload, reasonBadPath, reasonExpiredProviderToken,
+		reasonInvalidProviderToken, reasonInvalidPushType, reasonMethodNotAllowed,
+		reasonMissingDeviceToken, reasonMissingProviderToken, reasonMissingTopic, reasonPayloadEmpty,
+		reasonPayloadTooLarge, reasonServiceUnavailable, reasonTooManyRequests, reasonTopicDisallowed,
+		reasonInternalServerError, reasonIdleTimeout, reasonDeviceTokenNotForTopic,
+	} {
+		m[r] = []byte(`{"reason":"` + r + `"}`)
+	}
+	return m
+}
+
+// apnsTopicSuffix maps each push type to the suffix Apple requires on the bundle
+// id in apns-topic.
+func apnsTopicSuffix(pushType string) (suffix string, ok bool) {
+	switch pushType {
+	case "", "alert", "background", "location", "mdm":
+		return "", true
+	case "widgets":
+		return ".push-type.widgets", true
+	case "voip":
+		return ".voip", true
+	case "complication":
+		return ".complication", true
+	case "fileprovider":
+		return ".pushkit.fileprovider", true
+	case "liveactivity":
+		return ".push-type.liveactivity", true
+	case "pushtotalk":
+		return ".voip-ptt", true
+	}
+	return "", false
+}
+
+func (s *Server) handleAPNs(w http.ResponseWriter, r *http.Request) {
+	at := s.cfg.Now().UnixNano()
+	cnt := &s.counters[APNs]
+	cnt.received.Add(1)
+
+	pushType := headerValue(r.Header, "Apns-Push-Type")
+	limit := apnsMaxPayload
+	if pushType == "voip" {
+		limit = apnsMaxVoIPPayload
+	}
+	buf, body, tooLarge, err := s.readBody(r, limit)
+	defer s.putBuffer(buf)
+	if err != nil {
+		return // the client went away mid-body
+	}
+	b := s.behaviourOf(APNs)
+	if !wait(r.Context(), b.latency) {
+		return
+	}
+	switch b.mode {
+	case ModeUnavailable:
+		s.apnsReject(w, http.StatusServiceUnavailable, reasonServiceUnavailable)
+		return
+	case ModeRateLimited:
+		s.apnsReject(w, http.StatusTooManyRequests, reasonTooManyRequests)
+		return
+	}
+
+	if status, reason := s.checkProviderToken(headerValue(r.Header, "Authorization")); status != 0 {
+		s.apnsReject(w, status, reason)
+		return
+	}
+	topic := headerValue(r.Header, "Apns-Topic")
+	suffix, knownType := apnsTopicSuffix(pushType)
+	switch {
+	case !knownType:
+		s.apnsReject(w, http.StatusBadRequest, reasonInvalidPushType)
+		return
+	case topic == "":
+		s.apnsReject(w, http.StatusBadRequest, reasonMissingTopic)
+		return
+	case topic != s.cfg.APNsTopic+suffix:
+		s.apnsReject(w, http.StatusBadRequest, reasonTopicDisallowed)
+		return
+	}
+	if p := headerValue(r.Header, "Apns-Priority"); p != "" && p != "10" && p != "5" && p != "1" {
+		s.apnsReject(w, http.StatusBadRequest, reasonBadPriority)
+		return
+	}
+	if e := headerValue(r.Header, "Apns-Expiration"); e != "" {
+		if n, err := strconv.ParseInt(e, 10, 64); err != nil || n < 0 {
+			s.apnsReject(w, http.StatusBadRequest, reasonBadExpirationDate)
+			return
+		}
+	}
+	apnsID := headerValue(r.Header, "Apns-Id")
+	if apnsID != "" && !isCanonicalUUID(apnsID) {
+		s.apnsReject(w, http.StatusBadRequest, reasonBadMessageID)
+		return
+	}
+	collapseID := headerValue(r.Header, "Apns-Collapse-Id")
+	if len(collapseID) > apnsMaxCollapseID {
+		s.apnsReject(w, http.StatusBadRequest, reasonBadCollapseID)
+		return
+	}
+	token := r.PathValue("token")
+	if !isHex(token) {
+		s.apnsReject(w, http.StatusBadRequest, reasonBadDeviceToken)
+		return
+	}
+	if tooLarge {
+		s.apnsReject(w, http.StatusRequestEntityTooLarge, reasonPayloadTooLarge)
+		return
+	}
+	if len(body) == 0 {
+		s.apnsReject(w, http.StatusBadRequest, reasonPayloadEmpty)
+		return
+	}
+	var aps, messageID []byte
+	valid := forEachField(body, func(key, value []byte) {
+		switch string(key) {
+		case "aps":
+			aps = value
+		case "herald_message_id":
+			messageID = value
+		}
+	})
+	if !valid || len(aps) == 0 || aps[0] != '{' {
+		s.apnsReject(w, http.StatusBadRequest, reasonBadPayload)
+		return
+	}
+	if strings.HasPrefix(token, "dead") {
+		s.apnsUnregistered(w, at)
+		return
+	}
+
+	if s.rec.add(APNs, token, jsonString(messageID), collapseID, at) {
+		cnt.duplicates.Add(1)
+	}
+	cnt.accepted.Add(1)
+	if apnsID == "" {
+		apnsID = newUUID()
+	}
+	w.Header()["Apns-Id"] = []string{apnsID}
+	w.WriteHeader(http.StatusOK)
+}
+
+// handleAPNsBadRequestLine answers what the device route does not match with
+// Apple's 405 or 404 body.
+func (s *Server) handleAPNsBadRequestLine(w http.ResponseWriter, r *http.Request) {
+	s.counters[APNs].received.Add(1)
+	switch {
+	case r.Method != http.MethodPost:
+		s.apnsReject(w, http.StatusMethodNotAllowed, reasonMethodNotAllowed)
+	case r.URL.Path == "/3/device/" || r.URL.Path == "/3/device":
+		s.apnsReject(w, http.StatusBadRequest, reasonMissingDeviceToken)
+	default:
+		s.apnsReject(w, http.StatusNotFound, reasonBadPath)
+	}
+}
+
+// checkProviderToken verifies an APNs provider token ("bearer <JWT>") the way
+// Apple does: ES256, signed by the key fakepush issued, kid naming that key, iss
+// naming the team, and iat within the last hour.
+func (s *Server) checkProviderToken(authz string) (status int, reason string) {
+	if authz == "" {
+		return http.StatusForbidden, reasonMissingProviderToken
+	}
+	scheme, token, ok := strings.Cut(authz, " ")
+	if !ok || !strings.EqualFold(scheme, "bearer") || token == "" {
+		return http.StatusForbidden, reasonInvalidProviderToken
+	}
+	iat, ok := s.apnsTokens.get(token)
+	if !ok {
+		j, err := parseJWS(token)
+		if err != nil || j.header.Kid != s.creds.apnsKeyID || !j.verifyES256(&s.creds.apnsKey.PublicKey) {
+			return http.StatusForbidden, reasonInvalidProviderToken
+		}
+		claims, err := j.decodeClaims()
+		if err != nil || claims.Iss != s.creds.apnsTeamID || claims.Iat <= 0 {
+			return http.StatusForbidden, reasonInvalidProviderToken
+		}
+		iat = int64(claims.Iat)
+		s.apnsTokens.put(token, iat)
+	}
+	now := s.cfg.Now().Unix()
+	switch {
+	case iat > now+apnsClockSkew:
+		return http.StatusForbidden, reasonInvalidProviderToken
+	case now-iat > apnsTokenLifetime:
+		return http.StatusForbidden, reasonExpiredProviderToken
+	}
+	return 0, ""
+}
+
+func (s *Server) apnsReject(w http.ResponseWriter, status int, reason string) {
+	s.counters[APNs].rejected.Add(1)
+	h := w.Header()
+	h["Content-Type"] = s.jsonType
+	h["Apns-Id"] = []string{newUUID()}
+	w.WriteHeader(status)
+	w.Write(s.apnsBodies[reason])
+}
+
+// apnsUnregistered answers 410 with the time (in milliseconds) at which Apple
+// last knew the token to be invalid; fakepush says "now".
+func (s *Server) apnsUnregistered(w http.ResponseWriter, at int64) {
+	s.counters[APNs].rejected.Add(1)
+	var buf [64]byte
+	b := append(buf[:0], `{"reason":"Unregistered","timestamp":`...)
+	b = strconv.AppendInt(b, at/1e6, 10)
+	b = append(b, '}')
+	h := w.Header()
+	h["Content-Type"] = s.jsonType
+	h["Apns-Id"] = []string{newUUID()}
+	w.WriteHeader(http.StatusGone)
+	w.Write(b)
+}
+
+// headerValue is Header.Get for a key already in canonical form, as net/http
+// stores incoming keys; it skips Get's canonicalization of the key per call.
+func headerValue(h http.Header, canonicalKey string) string {
+	if v := h[canonicalKey]; len(v) > 0 {
+		return v[0]
+	}
+	return ""
+}
+
+func isHex(s string) bool {
+	if s == "" || len(s) > 200 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F') {
+			return false
+		}
+	}
+	return true
+}
+
+// isCanonicalUUID accepts the 8-4-4-4-12 hex form Apple requires for apns-id.
+func isCanonicalUUID(s string) bool {
+	if len(s) != 36 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		switch i {
+		case 8, 13, 18, 23:
+			if s[i] != '-' {
+				return false
+			}
+		default:
+			if !isHex(s[i : i+1]) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// newUUID returns a random version 4 UUID. apns-id need not be unpredictable, so
+// the cheap runtime generator serves.
+func newUUID() string {
+	const hexDigits = "0123456789abcdef"
+	var u [16]byte
+	hi, lo := rand.Uint64(), rand.Uint64()
+	for i := range 8 {
+		u[i] = byte(hi >> (8 * i))
+		u[8+i] = byte(lo >> (8 * i))
+	}
+	u[6] = u[6]&0x0f | 0x40
+	u[8] = u[8]&0x3f | 0x80
+	var out [36]byte
+	j := 0
+	for i, c := range u {
+		if i == 4 || i == 6 || i == 8 || i == 10 {
+			out[j] = '-'
+			j++
+		}
+		out[j], out[j+1] = hexDigits[c>>4], hexDigits[c&0x0f]
+		j += 2
+	}
+	return string(out[:])
+}
+
+// jsonString returns the value of a raw JSON string, or "" for anything else:
+// a missing or non-string herald_message_id is recorded as none.
+func jsonString(raw json.RawMessage) string {
+	if len(raw) < 2 || raw[0] != '"' {
+		return ""
+	}
+	if i := strings.IndexByte(string(raw[1:]), '\\'); i < 0 && raw[len(raw)-1] == '"' {
+		return string(raw[1 : len(raw)-1]) // the common case needs no unescaping
+	}
+	var s string
+	if json.Unmarshal(raw, &s) != nil {
+		return ""
+	}
+	return s
+}

@@ -1,0 +1,201 @@
+package fake
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"time"
+)
+
+// Mode is how a channel answers, switched at run time through /_control.
+type Mode string
+
+// The modes. Unavailable and RateLimited answer every push with the provider's
+// own 503 or 429 body, as the real services do when they shed load.
+const (
+	ModeOK          Mode = "ok"
+	ModeUnavailable Mode = "unavailable"
+	ModeRateLimited Mode = "rate_limited"
+)
+
+// Control is the body of POST /_control. Absent fields leave the channel's
+// current setting unchanged.
+type Control struct {
+	Channel   string `json:"channel"`
+	Mode      Mode   `json:"mode,omitempty"`
+	LatencyMS *int   `json:"latency_ms,omitempty"`
+	// RetryAfterS sets the Retry-After header on 429 and 503 answers. Zero (the
+	// default) sends Retry-After: 1 on 429 and none on 503, which is how FCM
+	// usually answers. Note that the Firebase SDK retries a 503 on its own (four
+	// times, up to 7 s in all) unless Retry-After exceeds two minutes.
+	RetryAfterS *int `json:"retry_after_s,omitempty"`
+}
+
+// ChannelControl is one channel's current behaviour as GET /_control reports it.
+type ChannelControl struct {
+	Channel     string `json:"channel"`
+	Mode        Mode   `json:"mode"`
+	LatencyMS   int    `json:"latency_ms"`
+	RetryAfterS int    `json:"retry_after_s"`
+}
+
+// behaviour is a channel's current mode and latency. It is replaced whole, so a
+// request reads one consistent value with a single atomic load.
+type behaviour struct {
+	mode       Mode
+	latency    time.Duration
+	retryAfter int
+}
+
+func (s *Server) behaviourOf(ch Channel) *behaviour { return s.behaviour[ch].Load() }
+
+func (s *Server) resetBehaviour() {
+	for ch := range numChannels {
+		s.behaviour[ch].Store(&behaviour{mode: ModeOK, latency: s.cfg.Latency})
+	}
+}
+
+// SetControl changes one channel's behaviour, as POST /_control does.
+func (s *Server) SetControl(c Control) error {
+	ch, ok := parseChannel(c.Channel)
+	if !ok {
+		return fmt.Errorf("channel must be apns, fcm or webpush, got %q", c.Channel)
+	}
+	next := *s.behaviourOf(ch)
+	switch c.Mode {
+	case "":
+	case ModeOK, ModeUnavailable, ModeRateLimited:
+		next.mode = c.Mode
+	default:
+		return fmt.Errorf("mode must be ok, unavailable or rate_limited, got %q", c.Mode)
+	}
+	if c.LatencyMS != nil {
+		if *c.LatencyMS < 0 {
+			return fmt.Errorf("latency_ms must not be negative, got %d", *c.LatencyMS)
+		}
+		next.latency = time.Duration(*c.LatencyMS) * time.Millisecond
+	}
+	if c.RetryAfterS != nil {
+		if *c.RetryAfterS < 0 {
+			return fmt.Errorf("retry_after_s must not be negative, got %d", *c.RetryAfterS)
+		}
+		next.retryAfter = *c.RetryAfterS
+	}
+	s.behaviour[ch].Store(&next)
+	return nil
+}
+
+// Controls returns every channel's current behaviour.
+func (s *Server) Controls() []ChannelControl {
+	out := make([]ChannelControl, 0, numChannels)
+	for ch := range numChannels {
+		b := s.behaviourOf(ch)
+		out = append(out, ChannelControl{
+			Channel:     ch.String(),
+			Mode:        b.mode,
+			LatencyMS:   int(b.latency / time.Millisecond),
+			RetryAfterS: b.retryAfter,
+		})
+	}
+	return out
+}
+
+// Stats returns the counters of every channel and fakepush's own CPU use since
+// start or the last Reset.
+func (s *Server) Stats() Stats {
+	load := func(ch Channel) ChannelStats {
+		c := &s.counters[ch]
+		return ChannelStats{
+			Received:   c.received.Load(),
+			Accepted:   c.accepted.Load(),
+			Rejected:   c.rejected.Load(),
+			Duplicates: c.duplicates.Load(),
+		}
+	}
+	st := Stats{APNs: load(APNs), FCM: load(FCM), WebPush: load(WebPush)}
+	st.Process.CPUMicros = (processCPU() - s.cpuBase.Load()) / 1e3
+	st.Process.Requests = st.APNs.Received + st.FCM.Received + st.WebPush.Received
+	if st.Process.Requests > 0 {
+		st.Process.CPUMicrosPerPush = float64(st.Process.CPUMicros) / float64(st.Process.Requests)
+	}
+	return st
+}
+
+// Receipts lists the accepted pushes that carried messageID, in arrival order.
+func (s *Server) Receipts(messageID string) []Receipt { return s.rec.receipts(messageID) }
+
+// Reset forgets every recorded push and counter and puts every channel back to
+// mode ok with the configured latency: the state of a fresh start, minus the keys.
+func (s *Server) Reset() {
+	s.rec.reset()
+	for ch := range numChannels {
+		c := &s.counters[ch]
+		c.received.Store(0)
+		c.accepted.Store(0)
+		c.rejected.Store(0)
+		c.duplicates.Store(0)
+	}
+	s.resetBehaviour()
+	s.cpuBase.Store(processCPU())
+}
+
+func (s *Server) handleStats(w http.ResponseWriter, _ *http.Request) {
+	s.writeJSON(w, http.StatusOK, s.Stats())
+}
+
+func (s *Server) handleReceipts(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	if !q.Has("message_id") {
+		s.writeJSON(w, http.StatusBadRequest, controlError("query parameter message_id is required"))
+		return
+	}
+	s.writeJSON(w, http.StatusOK, s.Receipts(q.Get("message_id")))
+}
+
+func (s *Server) handleReset(w http.ResponseWriter, _ *http.Request) {
+	s.Reset()
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) handleGetControl(w http.ResponseWriter, _ *http.Request) {
+	s.writeJSON(w, http.StatusOK, s.Controls())
+}
+
+func (s *Server) handleControl(w http.ResponseWriter, r *http.Request) {
+	var c Control
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4<<10))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&c); err != nil {
+		s.writeJSON(w, http.StatusBadRequest, controlError("invalid JSON: "+err.Error()))
+		return
+	}
+	if err := s.SetControl(c); err != nil {
+		s.writeJSON(w, http.StatusBadRequest, controlError(err.Error()))
+		return
+	}
+	ch, _ := parseChannel(c.Channel)
+	s.writeJSON(w, http.StatusOK, s.Controls()[ch])
+}
+
+// controlError is the error body of the control endpoints, shaped like Herald's
+// own API errors.
+func controlError(msg string) any {
+	type body struct {
+		Code    string `json:"code"`
+		Message string `json:"message"`
+	}
+	return map[string]body{"error": {Code: "invalid_request", Message: msg}}
+}
+
+// writeJSON encodes v; it serves the control endpoints, whose bodies are built per
+// request. Provider endpoints write pre-built bytes instead.
+func (s *Server) writeJSON(w http.ResponseWriter, status int, v any) {
+	data, err := json.Marshal(v)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header()["Content-Type"] = s.jsonType
+	w.WriteHeader(status)
+	w.Write(data)
+}

@@ -1,0 +1,543 @@
+package fake
+
+import (
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+)
+
+// FCM and Google OAuth constants.
+const (
+	fcmErrorType       = "type.googleapis.com/google.firebase.fcm.v1.FcmError"
+	fcmMaxRequest      = 64 << 10 // bytes of request body read; Google's real limit is far higher
+	fcmMaxMessage      = 4096     // bytes of data plus notification, FCM's payload limit
+	fcmTokenLifetime   = 3600     // seconds an access token is valid, as Google issues them
+	jwtBearerGrantType = "urn:ietf:params:oauth:grant-type:jwt-bearer"
+	accessTokenPrefix  = "ya29.fake-"
+)
+
+// fcmBodies are the FCM error bodies that do not vary, rendered once.
+type fcmBodies struct {
+	unauthenticated, unregistered, unavailable, quotaExceeded []byte
+}
+
+func newFCMBodies() fcmBodies {
+	return fcmBodies{
+		unauthenticated: fcmErrorBody(http.StatusUnauthorized, "UNAUTHENTICATED", "",
+			"Request had invalid authentication credentials. Expected OAuth 2 access token, login cookie or other valid authentication credential. See https://developers.google.com/identity/sign-in/web/devconsole-project."),
+		unregistered:  fcmErrorBody(http.StatusNotFound, "NOT_FOUND", "UNREGISTERED", "Requested entity was not found."),
+		unavailable:   fcmErrorBody(http.StatusServiceUnavailable, "UNAVAILABLE", "UNAVAILABLE", "The service is currently unavailable."),
+		quotaExceeded: fcmErrorBody(http.StatusTooManyRequests, "RESOURCE_EXHAUSTED", "QUOTA_EXCEEDED", "Quota exceeded for quota metric 'Send requests' and limit 'Send requests per minute'."),
+	}
+}
+
+// fcmErrorBody renders Google's error shape. FCM adds an FcmError detail naming
+// its own error code, which is what the Firebase SDK's IsUnregistered and friends
+// look at; plain Google errors (bad credentials) carry no details.
+func fcmErrorBody(code int, status, fcmCode, message string) []byte {
+	type detail struct {
+		Type      string `json:"@type"`
+		ErrorCode string `json:"errorCode"`
+	}
+	type googleError struct {
+		Code    int      `json:"code"`
+		Message string   `json:"message"`
+		Status  string   `json:"status"`
+		Details []detail `json:"details,omitempty"`
+	}
+	e := googleError{Code: code, Message: message, Status: status}
+	if fcmCode != "" {
+		e.Details = []detail{{Type: fcmErrorType, ErrorCode: fcmCode}}
+	}
+	data, _ := json.Marshal(map[string]googleError{"error": e}) // cannot fail: plain strings
+	return data
+}
+
+// handleToken is Google's OAuth 2.0 token endpoint for the JWT-bearer grant
+// (RFC 7523), which service-account credentials use: the client signs a JWT with
+// its private key and trades it for an access token.
+func (s *Server) handleToken(w http.ResponseWriter, r *http.Request) {
+	buf, body, tooLarge, err := s.readBody(r, 16<<10)
+	defer s.putBuffer(buf)
+	if err != nil {
+		return
+	}
+	if tooLarge {
+		s.oauthError(w, "invalid_request", "Request too large.")
+		return
+	}
+	form, err := url.ParseQuery(string(body))
+	if err != nil {
+		s.oauthError(w, "invalid_request", "Malformed form body.")
+		return
+	}
+	if gt := form.Get("grant_type"); gt != jwtBearerGrantType {
+		s.oauthError(w, "unsupported_grant_type", "Invalid grant_type: "+gt)
+		return
+	}
+	j, err := parseJWS(form.Get("assertion"))
+	if err != nil || !j.verifyRS256(&s.creds.fcmKey.PublicKey) {
+		s.oauthError(w, "invalid_grant", "Invalid JWT Signature.")
+		return
+	}
+	if j.header.Kid != "" && j.header.Kid != s.creds.fcmKeyID {
+		s.oauthError(w, "invalid_grant", "Invalid grant: account not found")
+		return
+	}
+	claims, err := j.decodeClaims()
+	if err != nil {
+		s.oauthError(w, "invalid_grant", "Invalid JWT.")
+		return
+	}
+	now := s.cfg.Now().Unix()
+	switch {
+	case claims.Iss != s.creds.clientEmail(s.cfg.FCMProjectID):
+		s.oauthError(w, "invalid_grant", "Invalid grant: account not found")
+		return
+	case claims.Aud != s.baseURL+"/token":
+		s.oauthError(w, "invalid_grant", "Invalid JWT: Failed audience check. The right audience is "+s.baseURL+"/token")
+		return
+	case int64(claims.Exp) <= now || int64(claims.Iat) > now+60 || claims.Exp-claims.Iat > fcmTokenLifetime:
+		s.oauthError(w, "invalid_grant", "Invalid JWT: Token must be a short-lived token (60 minutes) and in a reasonable timeframe. Check your iat and exp values in the JWT claim.")
+		return
+	case !hasFCMScope(claims.Scope):
+		s.oauthError(w, "invalid_scope", "Invalid OAuth scope or ID token audience provided.")
+		return
+	}
+	token, err := s.mintAccessToken(now + fcmTokenLifetime)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	s.writeJSON(w, http.StatusOK, map[string]any{
+		"access_token": token,
+		"expires_in":   fcmTokenLifetime,
+		"token_type":   "Bearer",
+	})
+}
+
+func hasFCMScope(scopes string) bool {
+	for sc := range strings.FieldsSeq(scopes) {
+		if sc == "https://www.googleapis.com/auth/firebase.messaging" || sc == "https://www.googleapis.com/auth/cloud-platform" {
+			return true
+		}
+	}
+	return false
+}
+
+func (s *Server) oauthError(w http.ResponseWriter, code, desc string) {
+	s.writeJSON(w, http.StatusBadRequest, map[string]string{"error": code, "error_description": desc})
+}
+
+// mintAccessToken returns a self-validating access token: its expiry and a nonce,
+// MACed with the directory's secret. Validation needs no stored state, so tokens
+// stay valid across a fakepush restart, as Google's do across Google's.
+func (s *Server) mintAccessToken(exp int64) (string, error) {
+	var raw [16]byte
+	binary.BigEndian.PutUint64(raw[:8], uint64(exp))
+	if _, err := rand.Read(raw[8:]); err != nil {
+		return "", fmt.Errorf("mint access token: %w", err)
+	}
+	return accessTokenPrefix + b64(raw[:]) + "." + b64(s.accessTokenMAC(raw[:])), nil
+}
+
+func (s *Server) accessTokenMAC(raw []byte) []byte {
+	m := hmac.New(sha256.New, s.creds.secret)
+	m.Write([]byte("fcm-access-token\x00"))
+	m.Write(raw)
+	return m.Sum(nil)[:16]
+}
+
+// checkAccessToken validates "Bearer <token>" as minted by mintAccessToken.
+func (s *Server) checkAccessToken(authz string) bool {
+	scheme, token, ok := strings.Cut(authz, " ")
+	if !ok || !strings.EqualFold(scheme, "bearer") || !strings.HasPrefix(token, accessTokenPrefix) {
+		return false
+	}
+	payload, mac, ok := strings.Cut(token[len(accessTokenPrefix):], ".")
+	if !ok {
+		return false
+	}
+	var raw [16]byte
+	var sum [16]byte
+	if n, err := base64.RawURLEncoding.Decode(raw[:], []byte(payload)); err != nil || n != len(raw) {
+		return false
+	}
+	if n, err := base64.RawURLEncoding.Decode(sum[:], []byte(mac)); err != nil || n != len(sum) {
+		return false
+	}
+	if !hmac.Equal(sum[:], s.accessTokenMAC(raw[:])) {
+		return false
+	}
+	return int64(binary.BigEndian.Uint64(raw[:8])) > s.cfg.Now().Unix()
+}
+
+// fcmSend is what fakepush keeps of a messages:send body once validated.
+type fcmSend struct {
+	validateOnly            bool
+	token, topic, condition string
+	messageID, collapseKey  string
+}
+
+func (s *Server) handleFCMSend(w http.ResponseWriter, r *http.Request) {
+	at := s.cfg.Now().UnixNano()
+	cnt := &s.counters[FCM]
+	cnt.received.Add(1)
+
+	buf, body, tooLarge, err := s.readBody(r, fcmMaxRequest)
+	defer s.putBuffer(buf)
+	if err != nil {
+		return
+	}
+	b := s.behaviourOf(FCM)
+	if !wait(r.Context(), b.latency) {
+		return
+	}
+	switch b.mode {
+	case ModeUnavailable:
+		if b.retryAfter > 0 {
+			w.Header()["Retry-After"] = []string{strconv.Itoa(b.retryAfter)}
+		}
+		s.fcmReject(w, http.StatusServiceUnavailable, s.fcmBodies.unavailable)
+		return
+	case ModeRateLimited:
+		w.Header()["Retry-After"] = []string{strconv.Itoa(max(b.retryAfter, 1))}
+		s.fcmReject(w, http.StatusTooManyRequests, s.fcmBodies.quotaExceeded)
+		return
+	}
+
+	if !s.checkAccessToken(r.Header.Get("Authorization")) {
+		s.fcmReject(w, http.StatusUnauthorized, s.fcmBodies.unauthenticated)
+		return
+	}
+	project := r.PathValue("project")
+	if project != s.cfg.FCMProjectID {
+		s.fcmReject(w, http.StatusForbidden, fcmErrorBody(http.StatusForbidden, "PERMISSION_DENIED", "",
+			"Permission 'cloudmessaging.messages.create' denied on resource '//cloudresourcemanager.googleapis.com/projects/"+project+"' (or it may not exist)."))
+		return
+	}
+	if tooLarge {
+		s.fcmInvalid(w, "Request payload size exceeds the limit.")
+		return
+	}
+	req, problem := parseFCMSend(body)
+	if problem != "" {
+		s.fcmInvalid(w, problem)
+		return
+	}
+	if strings.HasPrefix(req.token, "dead") {
+		s.fcmReject(w, http.StatusNotFound, s.fcmBodies.unregistered)
+		return
+	}
+
+	var name []byte
+	if req.validateOnly {
+		// A dry run is validated and answered but delivers nothing, so it is
+		// counted as accepted and not recorded.
+		name = append([]byte(`{"name":"projects/`), project...)
+		name = append(name, `/messages/fake_message_id"}`...)
+	} else {
+		target := req.token
+		if target == "" {
+			target = "/topics/" + req.topic
+			if req.condition != "" {
+				target = req.condition
+			}
+		}
+		if s.rec.add(FCM, target, req.messageID, req.collapseKey, at) {
+			cnt.duplicates.Add(1)
+		}
+		// FCM message ids look like "0:1500415314455276%31bd1c9631bd1c96".
+		name = make([]byte, 0, 64+len(project))
+		name = append(name, `{"name":"projects/`...)
+		name = append(name, project...)
+		name = append(name, "/messages/0:"...)
+		name = strconv.AppendInt(name, at/1e3, 10)
+		name = append(name, '%')
+		name = strconv.AppendUint(name, s.fcmSeq.Add(1), 16)
+		name = append(name, `"}`...)
+	}
+	cnt.accepted.Add(1)
+	w.Header()["Content-Type"] = s.jsonType
+	w.WriteHeader(http.StatusOK)
+	w.Write(name)
+}
+
+func (s *Server) fcmReject(w http.ResponseWriter, status int, body []byte) {
+	s.counters[FCM].rejected.Add(1)
+	w.Header()["Content-Type"] = s.jsonType
+	w.WriteHeader(status)
+	w.Write(body)
+}
+
+func (s *Server) fcmInvalid(w http.ResponseWriter, message string) {
+	s.fcmReject(w, http.StatusBadRequest, fcmErrorBody(http.StatusBadRequest, "INVALID_ARGUMENT", "INVALID_ARGUMENT", message))
+}
+
+// parseFCMSend validates a messages:send body as FCM does and returns FCM's
+// wording of the first problem found. FCM reads the body as protobuf JSON: field
+// names are exact (proto or lowerCamelCase), unknown names and wrong types are
+// errors, and null stands for an absent field. The body is walked with
+// forEachField rather than decoded into structs; see its comment for why.
+func parseFCMSend(body []byte) (fcmSend, string) {
+	var req fcmSend
+	p := fcmParser{}
+	var message []byte
+	if !forEachField(body, func(k, v []byte) {
+		switch string(k) {
+		case "validate_only", "validateOnly":
+			req.validateOnly = p.boolean("validate_only", v)
+		case "message":
+			message = v
+		default:
+			p.unknown(k, "")
+		}
+	}) {
+		return req, "Invalid JSON payload received. Expected a JSON object."
+	}
+	if p.problem != "" {
+		return req, p.problem
+	}
+	if isNull(message) {
+		return req, "Request contains an invalid argument."
+	}
+	var data, notification, android []byte
+	if !p.object("message", message, func(k, v []byte) {
+		switch string(k) {
+		case "token":
+			req.token = p.str("message.token", v)
+		case "topic":
+			req.topic = p.str("message.topic", v)
+		case "condition":
+			req.condition = p.str("message.condition", v)
+		case "name":
+			p.str("message.name", v)
+		case "data":
+			data = v
+		case "notification":
+			notification = v
+			p.object("message.notification", v, nil)
+		case "android":
+			android = v
+		case "webpush", "apns", "fcm_options", "fcmOptions":
+			p.object("message."+string(k), v, nil)
+		default:
+			p.unknown(k, "message")
+		}
+	}) || p.problem != "" {
+		return req, p.problem
+	}
+
+	size := 0
+	req.messageID = p.data("message.data", data, &size)
+	if !isNull(notification) {
+		size += len(notification)
+	}
+	var ttl, priority, androidNotification []byte
+	p.object("message.android", android, func(k, v []byte) {
+		switch string(k) {
+		case "collapse_key", "collapseKey":
+			req.collapseKey = p.str("message.android.collapse_key", v)
+		case "priority":
+			priority = v
+		case "ttl":
+			ttl = v
+		case "restricted_package_name", "restrictedPackageName":
+			p.str("message.android.restricted_package_name", v)
+		case "data":
+			// An Android data map replaces the message's on Android devices.
+			if id := p.data("message.android.data", v, &size); id != "" {
+				req.messageID = id
+			}
+		case "notification":
+			androidNotification = v
+			p.object("message.android.notification", v, nil)
+		case "fcm_options", "fcmOptions":
+			p.object("message.android.fcm_options", v, nil)
+		case "direct_boot_ok", "directBootOk", "bandwidth_constrained_ok", "bandwidthConstrainedOk",
+			"restricted_satellite_ok", "restrictedSatelliteOk":
+			p.boolean("message.android."+string(k), v)
+		default:
+			p.unknown(k, "message.android")
+		}
+	})
+	if p.problem != "" {
+		return req, p.problem
+	}
+	if t := p.str("message.android.ttl", ttl); t != "" && !isProtoDuration(t) {
+		return req, fmt.Sprintf("Invalid value at 'message.android.ttl' (type.googleapis.com/google.protobuf.Duration), %s", ttl)
+	}
+	if pr := strings.ToLower(p.str("message.android.priority", priority)); pr != "" && pr != "normal" && pr != "high" {
+		return req, fmt.Sprintf("Invalid value at 'message.android.priority' (type.googleapis.com/google.firebase.fcm.v1.AndroidMessagePriority), %s", priority)
+	}
+	if req.collapseKey == "" && !isNull(androidNotification) {
+		// The notification tag collapses displayed notifications the same way.
+		forEachField(androidNotification, func(k, v []byte) {
+			if string(k) == "tag" {
+				req.collapseKey = jsonString(v)
+			}
+		})
+	}
+	if p.problem != "" {
+		return req, p.problem
+	}
+
+	targets := 0
+	for _, t := range []string{req.token, req.topic, req.condition} {
+		if t != "" {
+			targets++
+		}
+	}
+	switch {
+	case targets == 0:
+		return req, "Recipient of the message is not set."
+	case targets > 1:
+		return req, "Exactly one of token, topic or condition must be set."
+	case req.token != "" && !isFCMToken(req.token):
+		return req, "The registration token is not a valid FCM registration token"
+	case req.topic != "" && !isFCMTopic(req.topic):
+		return req, "Invalid topic name: " + req.topic
+	case size > fcmMaxMessage:
+		return req, "Message is too big"
+	}
+	return req, ""
+}
+
+// fcmParser collects the first problem met while walking a messages:send body,
+// worded as Google's protobuf JSON parser words it.
+type fcmParser struct {
+	problem string
+}
+
+func (p *fcmParser) fail(msg string) {
+	if p.problem == "" {
+		p.problem = msg
+	}
+}
+
+func (p *fcmParser) unknown(name []byte, at string) {
+	if at == "" {
+		p.fail(fmt.Sprintf("Invalid JSON payload received. Unknown name %q: Cannot find field.", name))
+		return
+	}
+	p.fail(fmt.Sprintf("Invalid JSON payload received. Unknown name %q at '%s': Cannot find field.", name, at))
+}
+
+// str returns a string field's value; null or absent is "".
+func (p *fcmParser) str(field string, v []byte) string {
+	if isNull(v) {
+		return ""
+	}
+	if v[0] != '"' {
+		p.fail(fmt.Sprintf("Invalid value at '%s' (TYPE_STRING), %s", field, v))
+		return ""
+	}
+	return jsonString(v)
+}
+
+func (p *fcmParser) boolean(field string, v []byte) bool {
+	switch string(v) {
+	case "true":
+		return true
+	case "false", "null":
+		return false
+	}
+	p.fail(fmt.Sprintf("Invalid value at '%s' (TYPE_BOOL), %s", field, v))
+	return false
+}
+
+// object checks that v is an object (or null) and walks it with fn, if given.
+// It reports false when v is present but not an object.
+func (p *fcmParser) object(field string, v []byte, fn func(k, v []byte)) bool {
+	if isNull(v) {
+		return true
+	}
+	if v[0] != '{' {
+		p.fail(fmt.Sprintf("Invalid value at '%s' (TYPE_MESSAGE), %s", field, v))
+		return false
+	}
+	if fn != nil {
+		forEachField(v, fn)
+	}
+	return true
+}
+
+// data checks a data map: string values only and no reserved keys, as FCM
+// requires. It adds the map's size to *size and returns its herald_message_id.
+func (p *fcmParser) data(field string, v []byte, size *int) string {
+	id := ""
+	i := 0
+	p.object(field, v, func(k, val []byte) {
+		if len(val) == 0 || val[0] != '"' {
+			p.fail(fmt.Sprintf("Invalid value at '%s[%d].value' (TYPE_STRING), %s", field, i, val))
+		}
+		key := string(k)
+		if key == "from" || key == "message_type" || strings.HasPrefix(key, "google") || strings.HasPrefix(key, "gcm") {
+			p.fail("Invalid data payload key: " + key)
+		}
+		if key == "herald_message_id" {
+			id = jsonString(val)
+		}
+		*size += len(k) + len(val) - 2
+		i++
+	})
+	return id
+}
+
+// isFCMToken accepts the characters registration tokens are made of (base64url
+// and ':'), so that an obviously mangled token fails as it would at Google.
+func isFCMToken(t string) bool {
+	if len(t) > 4096 {
+		return false
+	}
+	for i := 0; i < len(t); i++ {
+		c := t[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == ':' || c == '.') {
+			return false
+		}
+	}
+	return true
+}
+
+func isFCMTopic(t string) bool {
+	for i := 0; i < len(t); i++ {
+		c := t[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("-_.~%", c) >= 0) {
+			return false
+		}
+	}
+	return true
+}
+
+// isProtoDuration accepts protobuf's JSON duration: seconds with up to nine
+// fractional digits and an "s", such as "30s" or "3.5s".
+func isProtoDuration(d string) bool {
+	num, ok := strings.CutSuffix(d, "s")
+	if !ok || num == "" {
+		return false
+	}
+	whole, frac, hasFrac := strings.Cut(num, ".")
+	if whole == "" || !allDigits(whole) || len(whole) > 12 {
+		return false
+	}
+	return !hasFrac || frac != "" && len(frac) <= 9 && allDigits(frac)
+}
+
+func allDigits(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+func isNull(raw []byte) bool { return len(raw) == 0 || string(raw) == "null" }

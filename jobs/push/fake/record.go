@@ -1,0 +1,255 @@
+package fake
+
+import (
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Channel is one of the three push providers fakepush imitates.
+type Channel uint8
+
+// The channels, in the order /_stats lists them.
+const (
+	APNs Channel = iota
+	FCM
+	WebPush
+	numChannels
+)
+
+// String returns the channel's name as the contract spells it.
+func (c Channel) String() string {
+	switch c {
+	case APNs:
+		return "apns"
+	case FCM:
+		return "fcm"
+	case WebPush:
+		return "webpush"
+	}
+	return "unknown"
+}
+
+// parseChannel is the inverse of Channel.String.
+func parseChannel(s string) (Channel, bool) {
+	for c := range numChannels {
+		if c.String() == s {
+			return c, true
+		}
+	}
+	return 0, false
+}
+
+// ChannelStats counts one channel's push requests. Received counts every request
+// that reached a provider endpoint; each then ends Accepted or Rejected, except a
+// request whose client went away during the injected latency, which is neither.
+type ChannelStats struct {
+	Received int64 `json:"received"`
+	Accepted int64 `json:"accepted"`
+	Rejected int64 `json:"rejected"`
+	// Duplicates counts accepted pushes whose (channel, token, herald_message_id)
+	// had been accepted before: what a device would show twice without collapsing.
+	Duplicates int64 `json:"duplicates"`
+}
+
+// ProcessStats is fakepush's own CPU use since start or the last reset, so that a
+// benchmark sharing the machine can subtract it.
+type ProcessStats struct {
+	CPUMicros        int64   `json:"cpu_us"`
+	Requests         int64   `json:"requests"`
+	CPUMicrosPerPush float64 `json:"cpu_us_per_request"`
+}
+
+// Stats is the body of GET /_stats.
+type Stats struct {
+	APNs    ChannelStats `json:"apns"`
+	FCM     ChannelStats `json:"fcm"`
+	WebPush ChannelStats `json:"webpush"`
+	Process ProcessStats `json:"process"`
+}
+
+// Receipt is one accepted push as GET /_receipts lists it.
+type Receipt struct {
+	Channel     string    `json:"channel"`
+	Token       string    `json:"token"`
+	CollapseKey string    `json:"collapse_key,omitempty"`
+	ReceivedAt  time.Time `json:"received_at"`
+}
+
+// counters are the lock-free per-channel tallies behind ChannelStats.
+type counters struct {
+	received, accepted, rejected, duplicates atomic.Int64
+}
+
+// recorder keeps every accepted push in about 16 bytes plus its share of interned
+// strings: tokens and message ids are stored once and referred to by index, and
+// times are Unix nanoseconds. A million pushes to a few thousand devices thus take
+// some 20 MB, and nothing is kept per push that is not needed to answer /_receipts
+// and to count duplicates.
+type recorder struct {
+	mu sync.Mutex
+	// tokenIdx maps a channel's token (for Web Push, the subscription id) to its
+	// index in tokens. One map per channel keeps lookups allocation-free.
+	tokenIdx [numChannels]map[string]uint32
+	tokens   []tokenEntry
+	// strIdx interns message ids and collapse keys; index 0 is the empty string.
+	strIdx map[string]uint32
+	strs   []stringEntry
+	// seen holds token<<32|message for every accepted push with a message id.
+	seen pairSet
+
+	// webPushBase turns a subscription id back into the endpoint a client used.
+	webPushBase string
+}
+
+type tokenEntry struct {
+	name    string
+	channel Channel
+}
+
+type stringEntry struct {
+	s string
+	// receipts are the pushes carrying this string as their message id.
+	receipts []compactReceipt
+}
+
+type compactReceipt struct {
+	at       int64
+	token    uint32
+	collapse uint32
+}
+
+func newRecorder(webPushBase string) *recorder {
+	r := &recorder{webPushBase: webPushBase}
+	r.resetLocked()
+	return r
+}
+
+func (r *recorder) reset() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.resetLocked()
+}
+
+func (r *recorder) resetLocked() {
+	for c := range r.tokenIdx {
+		r.tokenIdx[c] = make(map[string]uint32)
+	}
+	r.tokens = r.tokens[:0:0]
+	r.strIdx = map[string]uint32{"": 0}
+	r.strs = []stringEntry{{}}
+	r.seen = newPairSet()
+}
+
+// add records an accepted push and reports whether it is a duplicate. at is Unix
+// nanoseconds. The strings may point into request buffers: they are copied only
+// when first seen.
+func (r *recorder) add(ch Channel, token, messageID, collapseKey string, at int64) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+
+	t, ok := r.tokenIdx[ch][token]
+	if !ok {
+		t = uint32(len(r.tokens))
+		key := strings.Clone(token)
+		name := key
+		if ch == WebPush {
+			name = r.webPushBase + key
+		}
+		r.tokenIdx[ch][key] = t
+		r.tokens = append(r.tokens, tokenEntry{name: name, channel: ch})
+	}
+	m := r.internLocked(messageID)
+	c := m
+	if collapseKey != messageID {
+		c = r.internLocked(collapseKey)
+	}
+	r.strs[m].receipts = append(r.strs[m].receipts, compactReceipt{at: at, token: t, collapse: c})
+
+	if m == 0 {
+		return false // without a message id there is nothing to be a duplicate of
+	}
+	return !r.seen.insert(uint64(t)<<32 | uint64(m))
+}
+
+func (r *recorder) internLocked(s string) uint32 {
+	if i, ok := r.strIdx[s]; ok {
+		return i
+	}
+	i := uint32(len(r.strs))
+	s = strings.Clone(s)
+	r.strIdx[s] = i
+	r.strs = append(r.strs, stringEntry{s: s})
+	return i
+}
+
+// receipts lists the pushes recorded for messageID in arrival order. The empty id
+// lists pushes that carried none.
+func (r *recorder) receipts(messageID string) []Receipt {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	m, ok := r.strIdx[messageID]
+	if !ok {
+		return []Receipt{}
+	}
+	list := r.strs[m].receipts
+	out := make([]Receipt, len(list))
+	for i, cr := range list {
+		tok := r.tokens[cr.token]
+		out[i] = Receipt{
+			Channel:     tok.channel.String(),
+			Token:       tok.name,
+			CollapseKey: r.strs[cr.collapse].s,
+			ReceivedAt:  time.Unix(0, cr.at).UTC(),
+		}
+	}
+	return out
+}
+
+// pairSet is an open-addressing hash set of non-zero uint64 keys. Go's map spends
+// close to 40 bytes on each uint64 key; this spends 8 to 16, which is what keeps
+// a million recorded pushes small. Keys are never zero because message index 0
+// (no message id) is never inserted.
+type pairSet struct {
+	slots []uint64
+	n     int
+	shift uint // 64 - log2(len(slots))
+}
+
+func newPairSet() pairSet {
+	const bits = 10
+	return pairSet{slots: make([]uint64, 1<<bits), shift: 64 - bits}
+}
+
+// insert adds k and reports whether it was absent.
+func (p *pairSet) insert(k uint64) bool {
+	if 4*(p.n+1) > 3*len(p.slots) {
+		p.grow()
+	}
+	mask := uint64(len(p.slots) - 1)
+	// Fibonacci hashing spreads the structured keys (small token and message
+	// indexes) over the table; linear probing then stays short at 3/4 load.
+	for i := (k * 0x9E3779B97F4A7C15) >> p.shift; ; i = (i + 1) & mask {
+		switch p.slots[i] {
+		case 0:
+			p.slots[i] = k
+			p.n++
+			return true
+		case k:
+			return false
+		}
+	}
+}
+
+func (p *pairSet) grow() {
+	old := p.slots
+	p.slots = make([]uint64, 2*len(old))
+	p.shift--
+	p.n = 0
+	for _, k := range old {
+		if k != 0 {
+			p.insert(k)
+		}
+	}
+}

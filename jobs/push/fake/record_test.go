@@ -1,0 +1,95 @@
+package fake
+
+import (
+	"fmt"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestRecorderDuplicates(t *testing.T) {
+	t.Parallel()
+	r := newRecorder("https://fake/webpush/")
+	tests := []struct {
+		ch          Channel
+		token, msg  string
+		wantDup     bool
+		description string
+	}{
+		{APNs, "t1", "m1", false, "first push"},
+		{APNs, "t1", "m1", true, "same channel, token and message"},
+		{FCM, "t1", "m1", false, "same token string on another channel"},
+		{APNs, "t1", "m2", false, "another message"},
+		{APNs, "t2", "m1", false, "another token"},
+		{APNs, "t3", "", false, "no message id"},
+		{APNs, "t3", "", false, "no message id, again: nothing to be a duplicate of"},
+		{WebPush, "id1", "m1", false, "web push"},
+		{WebPush, "id1", "m1", true, "web push again"},
+	}
+	for i, tt := range tests {
+		require.Equal(t, tt.wantDup, r.add(tt.ch, tt.token, tt.msg, "c-"+tt.msg, int64(i)), tt.description)
+	}
+	got := r.receipts("m1")
+	require.Len(t, got, 6)
+	require.Equal(t, Receipt{Channel: "apns", Token: "t1", CollapseKey: "c-m1", ReceivedAt: time.Unix(0, 0).UTC()}, got[0])
+	require.Equal(t, "https://fake/webpush/id1", got[4].Token)
+	require.Len(t, r.receipts(""), 2)
+	require.Empty(t, r.receipts("never"))
+
+	r.reset()
+	require.Empty(t, r.receipts("m1"))
+	require.False(t, r.add(APNs, "t1", "m1", "", 0))
+}
+
+// TestRecorderMemoryIsBounded records a million pushes, a bench-sized run many
+// times over, and checks they fit in a few tens of bytes each.
+func TestRecorderMemoryIsBounded(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("records a million pushes")
+	}
+	const pushes, devices, messages = 1_000_000, 50_000, 20
+	tokens := make([]string, devices)
+	for i := range tokens {
+		tokens[i] = fmt.Sprintf("%064x", i)
+	}
+	ids := make([]string, messages)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("msg_%026d", i)
+	}
+
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	r := newRecorder("")
+	dups := 0
+	for i := range pushes {
+		// Every device gets every message once, then the pattern repeats.
+		if r.add(Channel(i%3), tokens[i%devices], ids[(i/devices)%messages], ids[(i/devices)%messages], int64(i)) {
+			dups++
+		}
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	runtime.KeepAlive(r)
+
+	require.Zero(t, dups, "each (token, message) pair occurs once")
+	require.Len(t, r.receipts(ids[3]), devices)
+	grown := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+	t.Logf("heap grew by %.1f MB for %d pushes (%.0f bytes per push)", float64(grown)/1e6, pushes, float64(grown)/pushes)
+	require.Less(t, grown, int64(64<<20))
+}
+
+func BenchmarkRecorderAdd(b *testing.B) {
+	r := newRecorder("")
+	tokens := make([]string, 10_000)
+	for i := range tokens {
+		tokens[i] = fmt.Sprintf("%064x", i)
+	}
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		r.add(APNs, tokens[i%len(tokens)], "msg_1", "msg_1", int64(i))
+	}
+}

@@ -1,0 +1,348 @@
+// Package fake is fakepush: a local stand-in for APNs, FCM HTTP v1 and Web Push that
+// speaks their wire protocols over HTTPS with HTTP/2, so that the real client SDKs
+// talk to it unchanged. It checks what the real providers check (signed tokens,
+// headers, payload limits, encryption), answers with their status codes and error
+// bodies, and records every accepted push for tests and benchmarks to read back.
+//
+// A Server is started in-process by tests of other packages, or by `herald fakepush`.
+// Everything a client needs (the CA, the provider credentials and the URLs) is
+// written into one directory, together with an env file naming it all.
+package fake
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Server is one fakepush instance. Create it with New, then call Start.
+type Server struct {
+	cfg   Config
+	dir   string // absolute Config.TLSDir
+	ca    *certAuthority
+	creds *credentials
+	pool  *x509.CertPool
+	vapid *ecdsa.PublicKey
+
+	// Set by Start and read-only afterwards.
+	baseURL string
+	env     map[string]string
+	http    *http.Server
+	served  chan struct{} // closed when Serve returns
+	started atomic.Bool
+
+	closeOnce sync.Once
+	closeErr  error
+
+	rec       *recorder
+	counters  [numChannels]counters
+	behaviour [numChannels]atomic.Pointer[behaviour]
+	cpuBase   atomic.Int64 // process CPU nanoseconds at start or last reset
+
+	apnsTokens  tokenCache
+	subKeys     subscriptionCache
+	apnsBodies  map[string][]byte
+	fcmBodies   fcmBodies
+	fcmSeq      atomic.Uint64 // numbers FCM message names
+	webPushSeq  atomic.Uint64 // numbers Web Push messages for their Location
+	decryptSeq  atomic.Uint64 // counts Web Push bodies for decrypt sampling
+	bodyBuffers sync.Pool     // *[]byte for request bodies, which are all small
+
+	// jsonType is the Content-Type value of every JSON response. net/http never
+	// modifies header slices, so one serves all requests without an allocation.
+	jsonType []string
+}
+
+// New prepares a server: it fills in and validates cfg, creates the TLS directory,
+// and loads or creates the CA and every provider key in it. It does not listen.
+func New(cfg Config) (*Server, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	dir, err := filepath.Abs(cfg.TLSDir)
+	if err != nil {
+		return nil, fmt.Errorf("fakepush: TLS dir: %w", err)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("fakepush: TLS dir: %w", err)
+	}
+	ca, err := loadOrCreateCA(dir, cfg.Now())
+	if err != nil {
+		return nil, fmt.Errorf("fakepush: %w", err)
+	}
+	creds, err := loadOrCreateCredentials(dir)
+	if err != nil {
+		return nil, fmt.Errorf("fakepush: %w", err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(ca.cert)
+
+	s := &Server{
+		cfg:        cfg,
+		dir:        dir,
+		ca:         ca,
+		creds:      creds,
+		pool:       pool,
+		vapid:      &creds.vapidKey.PublicKey,
+		served:     make(chan struct{}),
+		rec:        newRecorder(""),
+		apnsBodies: apnsErrorBodies(),
+		fcmBodies:  newFCMBodies(),
+		jsonType:   []string{"application/json"},
+	}
+	s.apnsTokens.m = make(map[string]int64)
+	s.subKeys.m = make(map[string]subscriptionKeys)
+	s.bodyBuffers.New = func() any {
+		b := make([]byte, 0, 8<<10)
+		return &b
+	}
+	s.resetBehaviour()
+	s.cpuBase.Store(processCPU())
+	return s, nil
+}
+
+// Start listens on Config.Addr, writes the service-account file and DIR/env with
+// the address actually bound, and serves in the background until Close is called
+// or ctx is done. It returns once the server accepts connections.
+func (s *Server) Start(ctx context.Context) error {
+	if !s.started.CompareAndSwap(false, true) {
+		return errors.New("fakepush: already started")
+	}
+	ln, err := (&net.ListenConfig{}).Listen(ctx, "tcp", s.cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("fakepush: listen: %w", err)
+	}
+	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	host := s.cfg.Hostname
+	if host == "" {
+		host, _, _ = net.SplitHostPort(s.cfg.Addr)
+		if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
+			host = "127.0.0.1"
+		}
+	}
+	s.baseURL = "https://" + net.JoinHostPort(host, port)
+	s.rec = newRecorder(s.baseURL + "/webpush/")
+
+	cert, err := s.ca.serverCertificate(host, s.cfg.Now())
+	if err != nil {
+		ln.Close()
+		return fmt.Errorf("fakepush: %w", err)
+	}
+	if err := s.writeClientFiles(); err != nil {
+		ln.Close()
+		return fmt.Errorf("fakepush: %w", err)
+	}
+
+	s.http = &http.Server{
+		Handler: s.routes(),
+		TLSConfig: &tls.Config{
+			Certificates: []tls.Certificate{cert},
+			MinVersion:   tls.VersionTLS12,
+		},
+		// APNs keeps connections for hours; an idle limit still reaps clients that
+		// vanished without closing.
+		IdleTimeout:       10 * time.Minute,
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          slog.NewLogLogger(s.cfg.Logger.Handler(), slog.LevelWarn),
+		HTTP2: &http.HTTP2Config{
+			MaxConcurrentStreams: s.cfg.MaxConcurrentStreams,
+		},
+	}
+	go func() {
+		defer close(s.served)
+		if err := s.http.ServeTLS(ln, "", ""); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.cfg.Logger.Error("fakepush: serve", "err", err)
+		}
+	}()
+	context.AfterFunc(ctx, func() { s.Close() })
+	return nil
+}
+
+// routes lists every endpoint fakepush serves, in one place.
+func (s *Server) routes() http.Handler {
+	mux := http.NewServeMux()
+
+	// APNs (token-based provider API).
+	mux.HandleFunc("POST /3/device/{token}", s.handleAPNs)
+	mux.HandleFunc("/3/", s.handleAPNsBadRequestLine)
+
+	// FCM HTTP v1, with Google's OAuth 2.0 token endpoint beside it.
+	mux.HandleFunc("POST /token", s.handleToken)
+	mux.HandleFunc("POST /v1/projects/{project}/messages:send", s.handleFCMSend)
+
+	// Web Push (RFC 8030 push service, RFC 8291 encryption, RFC 8292 VAPID).
+	mux.HandleFunc("POST /_webpush/subscriptions", s.handleMintSubscription)
+	mux.HandleFunc("POST /webpush/{id}", s.handleWebPush)
+
+	// Control and inspection.
+	mux.HandleFunc("GET /_stats", s.handleStats)
+	mux.HandleFunc("GET /_receipts", s.handleReceipts)
+	mux.HandleFunc("POST /_reset", s.handleReset)
+	mux.HandleFunc("GET /_control", s.handleGetControl)
+	mux.HandleFunc("POST /_control", s.handleControl)
+	return mux
+}
+
+// writeClientFiles writes what a client needs beside the keys New wrote: the
+// service account (its token_uri depends on the bound port) and DIR/env.
+func (s *Server) writeClientFiles() error {
+	saPath := filepath.Join(s.dir, fileFCMAccount)
+	if err := s.creds.writeServiceAccount(saPath, s.cfg.FCMProjectID, s.baseURL+"/token"); err != nil {
+		return err
+	}
+	s.env = map[string]string{
+		EnvAPNsKeyFile:        filepath.Join(s.dir, fileAPNsKey),
+		EnvAPNsKeyID:          s.creds.apnsKeyID,
+		EnvAPNsTeamID:         s.creds.apnsTeamID,
+		EnvAPNsTopic:          s.cfg.APNsTopic,
+		EnvAPNsHost:           s.baseURL,
+		EnvFCMCredentialsFile: saPath,
+		EnvFCMEndpoint:        s.baseURL + "/v1",
+		EnvVAPIDPublicKey:     b64(s.creds.vapidPublic),
+		EnvVAPIDPrivateKey:    b64(s.creds.vapidPrivate),
+		EnvVAPIDSubject:       s.cfg.VAPIDSubject,
+		EnvSSLCertFile:        filepath.Join(s.dir, fileCACert),
+	}
+	return writeFileAtomic(s.EnvFile(), encodeEnvFile(s.env), 0o600)
+}
+
+// Close stops the server, letting in-flight requests finish for a few seconds.
+// It is safe to call more than once and before Start.
+func (s *Server) Close() error {
+	s.closeOnce.Do(func() {
+		if !s.started.Load() || s.http == nil {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := s.http.Shutdown(ctx); err != nil {
+			s.closeErr = s.http.Close()
+		}
+		<-s.served
+	})
+	return s.closeErr
+}
+
+// URL is the base URL clients use, such as https://127.0.0.1:8443. It is known
+// once Start has returned.
+func (s *Server) URL() string { return s.baseURL }
+
+// CertPool returns a pool holding fakepush's CA, for a client's tls.Config.RootCAs.
+func (s *Server) CertPool() *x509.CertPool { return s.pool.Clone() }
+
+// CACertPEM returns the CA certificate in PEM, the content of DIR/ca.pem.
+func (s *Server) CACertPEM() []byte { return append([]byte(nil), s.ca.pem...) }
+
+// Dir is the absolute path of the TLS directory.
+func (s *Server) Dir() string { return s.dir }
+
+// EnvFile is the path of DIR/env.
+func (s *Server) EnvFile() string { return filepath.Join(s.dir, fileEnv) }
+
+// Env returns the variables written to DIR/env: all a Herald process needs to use
+// this server. It is known once Start has returned.
+func (s *Server) Env() map[string]string { return maps.Clone(s.env) }
+
+// HTTPClient returns a client that trusts fakepush's CA and speaks HTTP/2, for
+// tests and for the control endpoints.
+func (s *Server) HTTPClient() *http.Client {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.TLSClientConfig = &tls.Config{RootCAs: s.pool.Clone()}
+	t.ForceAttemptHTTP2 = true
+	return &http.Client{Transport: t}
+}
+
+// readBody reads at most limit bytes of a request body into a pooled buffer and
+// reports whether there was more. The caller returns the buffer with putBuffer.
+func (s *Server) readBody(r *http.Request, limit int) (buf *[]byte, body []byte, tooLarge bool, err error) {
+	buf = s.bodyBuffers.Get().(*[]byte)
+	if r.ContentLength > int64(limit) {
+		return buf, nil, true, nil
+	}
+	b := (*buf)[:0]
+	for {
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)]
+		}
+		n, rerr := r.Body.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if len(b) > limit {
+			*buf = b
+			return buf, nil, true, nil
+		}
+		if rerr == io.EOF {
+			*buf = b
+			return buf, b, false, nil
+		}
+		if rerr != nil {
+			*buf = b
+			return buf, nil, false, rerr
+		}
+	}
+}
+
+func (s *Server) putBuffer(buf *[]byte) {
+	// Bodies are capped at a few KiB except for odd clients; a buffer grown far
+	// beyond that is left to the collector rather than kept forever.
+	if cap(*buf) <= 64<<10 {
+		*buf = (*buf)[:0]
+		s.bodyBuffers.Put(buf)
+	}
+}
+
+// tokenCache remembers provider tokens whose signature has been verified, keyed
+// by the whole token, so that a client reusing its token (apns2 does so for 50
+// minutes) costs a map lookup instead of an ECDSA verification per push. Expiry
+// is still checked on every use from the stored issue time.
+type tokenCache struct {
+	mu sync.RWMutex
+	m  map[string]int64 // token -> iat, Unix seconds
+}
+
+func (c *tokenCache) get(token string) (int64, bool) {
+	c.mu.RLock()
+	iat, ok := c.m[token]
+	c.mu.RUnlock()
+	return iat, ok
+}
+
+func (c *tokenCache) put(token string, iat int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	// Real clients hold one token per key; a bound keeps a misbehaving one (a new
+	// token per request) from growing the map without limit.
+	if len(c.m) >= 1024 {
+		clear(c.m)
+	}
+	c.m[token] = iat
+}
+
+// wait sleeps for the injected latency on a timer and reports false if the client
+// gave up first.
+func wait(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return true
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}

@@ -1,0 +1,482 @@
+package fake
+
+import (
+	"bytes"
+	"crypto/aes"
+	"crypto/cipher"
+	"crypto/ecdh"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/hkdf"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+)
+
+// Web Push limits and formats.
+const (
+	webPushMaxBody      = 4096 // RFC 8030 section 7.2: push services must accept at least this, most reject more
+	webPushMaxTopic     = 32   // RFC 8030 section 5.4
+	vapidMaxLifetime    = 24 * 3600
+	subscriptionNonce   = 12 // bytes, 16 base64url characters
+	subscriptionTag     = 9  // bytes, 12 base64url characters
+	subscriptionIDChars = 16 + 12
+	deadPrefix          = "dead"
+)
+
+// Subscription is a PushSubscription as a browser's toJSON() renders it, the
+// shape Herald's device registration takes.
+type Subscription struct {
+	Endpoint       string           `json:"endpoint"`
+	ExpirationTime *int64           `json:"expirationTime"`
+	Keys           SubscriptionKeys `json:"keys"`
+}
+
+// SubscriptionKeys are the user agent's public key and authentication secret,
+// both unpadded base64url.
+type SubscriptionKeys struct {
+	P256dh string `json:"p256dh"`
+	Auth   string `json:"auth"`
+}
+
+// subscriptionKeys are the private half of a subscription, which fakepush keeps
+// in the role of the browser.
+type subscriptionKeys struct {
+	priv *ecdh.PrivateKey
+	pub  []byte
+	auth []byte
+}
+
+// MintSubscription creates a subscription as a browser would on
+// pushManager.subscribe() with fakepush's VAPID key. A dead subscription has an
+// id starting with "dead", so that pushes to it answer 410 Gone.
+//
+// Subscriptions are stateless: the id carries a MAC, and the keys are derived
+// from the id and the directory's secret. Minting a million costs no memory, and
+// they stay valid across restarts like the rest of the credentials.
+func (s *Server) MintSubscription(dead bool) (Subscription, error) {
+	id, err := s.newSubscriptionID(dead)
+	if err != nil {
+		return Subscription{}, err
+	}
+	keys, err := s.subscriptionKeys(id)
+	if err != nil {
+		return Subscription{}, err
+	}
+	return Subscription{
+		Endpoint: s.baseURL + "/webpush/" + id,
+		Keys:     SubscriptionKeys{P256dh: b64(keys.pub), Auth: b64(keys.auth)},
+	}, nil
+}
+
+func (s *Server) newSubscriptionID(dead bool) (string, error) {
+	for {
+		var nonce [subscriptionNonce]byte
+		if _, err := rand.Read(nonce[:]); err != nil {
+			return "", fmt.Errorf("mint subscription: %w", err)
+		}
+		body := b64(nonce[:])
+		if strings.HasPrefix(body, deadPrefix) {
+			continue // a live id must never look dead
+		}
+		id := body + b64(s.subscriptionMAC(body))
+		if dead {
+			id = deadPrefix + id
+		}
+		return id, nil
+	}
+}
+
+func (s *Server) subscriptionMAC(body string) []byte {
+	m := hmac.New(sha256.New, s.creds.secret)
+	m.Write([]byte("webpush-subscription\x00"))
+	m.Write([]byte(body))
+	return m.Sum(nil)[:subscriptionTag]
+}
+
+// knownSubscription reports whether id was minted by a fakepush with this
+// directory's secret.
+func (s *Server) knownSubscription(id string) bool {
+	body := strings.TrimPrefix(id, deadPrefix)
+	if len(body) != subscriptionIDChars {
+		return false
+	}
+	var tag [subscriptionTag]byte
+	n, err := base64.RawURLEncoding.Decode(tag[:], []byte(body[16:]))
+	return err == nil && n == len(tag) && hmac.Equal(tag[:], s.subscriptionMAC(body[:16]))
+}
+
+// subscription returns the keys of a subscription id and whether fakepush minted
+// it. Deriving keys costs a P-256 scalar multiplication, so recently used ones
+// are cached; the cache is cleared when full, which bounds it at a few MB.
+func (s *Server) subscription(id string) (subscriptionKeys, bool, error) {
+	s.subKeys.mu.RLock()
+	keys, ok := s.subKeys.m[id]
+	s.subKeys.mu.RUnlock()
+	if ok {
+		return keys, true, nil
+	}
+	if !s.knownSubscription(id) {
+		return subscriptionKeys{}, false, nil
+	}
+	keys, err := s.subscriptionKeys(id)
+	if err != nil {
+		return subscriptionKeys{}, true, err
+	}
+	s.subKeys.mu.Lock()
+	if len(s.subKeys.m) >= 16384 {
+		clear(s.subKeys.m)
+	}
+	s.subKeys.m[strings.Clone(id)] = keys
+	s.subKeys.mu.Unlock()
+	return keys, true, nil
+}
+
+// subscriptionCache maps subscription ids to their derived keys.
+type subscriptionCache struct {
+	mu sync.RWMutex
+	m  map[string]subscriptionKeys
+}
+
+func (s *Server) subscriptionKeys(id string) (subscriptionKeys, error) {
+	var priv *ecdh.PrivateKey
+	// A 32-byte string is a valid P-256 scalar unless it is zero or at least the
+	// group order, which happens with probability 2^-32; try the next counter then.
+	for ctr := byte(0); priv == nil; ctr++ {
+		d, err := hkdf.Key(sha256.New, s.creds.secret, nil, "webpush-ua-key\x00"+id+"\x00"+string(rune(ctr)), 32)
+		if err != nil {
+			return subscriptionKeys{}, err
+		}
+		priv, _ = ecdh.P256().NewPrivateKey(d)
+	}
+	auth, err := hkdf.Key(sha256.New, s.creds.secret, nil, "webpush-auth\x00"+id, 16)
+	if err != nil {
+		return subscriptionKeys{}, err
+	}
+	return subscriptionKeys{priv: priv, pub: priv.PublicKey().Bytes(), auth: auth}, nil
+}
+
+func (s *Server) handleMintSubscription(w http.ResponseWriter, r *http.Request) {
+	var opts struct {
+		Dead bool `json:"dead"`
+	}
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4<<10))
+	dec.DisallowUnknownFields()
+	// An empty body is fine: it asks for an ordinary live subscription.
+	if err := dec.Decode(&opts); err != nil && !errors.Is(err, io.EOF) {
+		s.writeJSON(w, http.StatusBadRequest, controlError("invalid JSON: "+err.Error()))
+		return
+	}
+	sub, err := s.MintSubscription(opts.Dead)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	s.writeJSON(w, http.StatusCreated, sub)
+}
+
+// handleWebPush is a push service's push resource (RFC 8030 section 5).
+func (s *Server) handleWebPush(w http.ResponseWriter, r *http.Request) {
+	at := s.cfg.Now().UnixNano()
+	cnt := &s.counters[WebPush]
+	cnt.received.Add(1)
+
+	buf, body, tooLarge, err := s.readBody(r, webPushMaxBody)
+	defer s.putBuffer(buf)
+	if err != nil {
+		return
+	}
+	b := s.behaviourOf(WebPush)
+	if !wait(r.Context(), b.latency) {
+		return
+	}
+	switch b.mode {
+	case ModeUnavailable:
+		if b.retryAfter > 0 {
+			w.Header()["Retry-After"] = []string{strconv.Itoa(b.retryAfter)}
+		}
+		s.webPushReject(w, http.StatusServiceUnavailable, 201, "Service Unavailable", "Service temporarily unavailable.")
+		return
+	case ModeRateLimited:
+		w.Header()["Retry-After"] = []string{strconv.Itoa(max(b.retryAfter, 1))}
+		s.webPushReject(w, http.StatusTooManyRequests, 900, "Too Many Requests", "Too many requests for this subscription.")
+		return
+	}
+
+	id := r.PathValue("id")
+	if strings.HasPrefix(id, deadPrefix) {
+		s.webPushReject(w, http.StatusGone, 103, "Gone", "Subscription has expired or been unsubscribed.")
+		return
+	}
+	keys, known, err := s.subscription(id)
+	if err != nil {
+		s.webPushReject(w, http.StatusInternalServerError, 999, "Internal Server Error", err.Error())
+		return
+	}
+	if !known {
+		s.webPushReject(w, http.StatusNotFound, 102, "Not Found", "Unknown subscription.")
+		return
+	}
+	if status, msg := s.checkVAPID(r.Header.Get("Authorization"), "https://"+r.Host); status != 0 {
+		s.webPushReject(w, status, 109, http.StatusText(status), msg)
+		return
+	}
+	ttl := r.Header.Get("TTL")
+	if ttl == "" {
+		s.webPushReject(w, http.StatusBadRequest, 111, "Bad Request", "Missing TTL header.")
+		return
+	}
+	if n, err := strconv.ParseInt(ttl, 10, 64); err != nil || n < 0 {
+		s.webPushReject(w, http.StatusBadRequest, 112, "Bad Request", "Invalid TTL header.")
+		return
+	}
+	switch r.Header.Get("Urgency") {
+	case "", "very-low", "low", "normal", "high":
+	default:
+		s.webPushReject(w, http.StatusBadRequest, 110, "Bad Request", "Invalid Urgency header.")
+		return
+	}
+	topic := r.Header.Get("Topic")
+	if len(topic) > webPushMaxTopic || !isBase64URL(topic) {
+		s.webPushReject(w, http.StatusBadRequest, 113, "Bad Request", "Topic must be at most 32 base64url characters.")
+		return
+	}
+	if tooLarge {
+		s.webPushReject(w, http.StatusRequestEntityTooLarge, 104, "Payload Too Large", "Body is larger than 4096 bytes.")
+		return
+	}
+
+	messageID := ""
+	if len(body) > 0 {
+		if !strings.EqualFold(r.Header.Get("Content-Encoding"), "aes128gcm") {
+			s.webPushReject(w, http.StatusBadRequest, 110, "Bad Request", "Content-Encoding must be aes128gcm.")
+			return
+		}
+		if s.decryptSeq.Add(1)%uint64(s.cfg.DecryptOneIn) == 0 {
+			pbuf := s.bodyBuffers.Get().(*[]byte)
+			plain, err := decryptAES128GCM(body, keys, (*pbuf)[:0])
+			if err != nil {
+				s.putBuffer(pbuf)
+				s.webPushReject(w, http.StatusBadRequest, 110, "Bad Request", "Could not decrypt the message: "+err.Error())
+				return
+			}
+			messageID = webPushMessageID(plain)
+			*pbuf = plain
+			s.putBuffer(pbuf)
+		} else {
+			// Sampled out: Herald puts the message id in Topic too, which is the
+			// best a benchmark can record without paying for decryption.
+			messageID = topic
+		}
+	}
+
+	if s.rec.add(WebPush, id, messageID, topic, at) {
+		cnt.duplicates.Add(1)
+	}
+	cnt.accepted.Add(1)
+	h := w.Header()
+	h["Location"] = []string{s.baseURL + "/_webpush/messages/" + strconv.FormatUint(s.webPushSeq.Add(1), 36)}
+	h["Ttl"] = []string{ttl}
+	w.WriteHeader(http.StatusCreated)
+}
+
+// checkVAPID verifies an RFC 8292 "vapid t=<JWT>, k=<key>" header: an ES256 JWT
+// signed by k for this push service's origin, expiring within a day, with a
+// contact. A valid token from another key than the subscription's gets 403.
+func (s *Server) checkVAPID(authz, origin string) (status int, msg string) {
+	scheme, params, ok := strings.Cut(authz, " ")
+	if !ok || !strings.EqualFold(scheme, "vapid") {
+		return http.StatusUnauthorized, "Missing or malformed VAPID Authorization header."
+	}
+	var t, k string
+	for p := range strings.SplitSeq(params, ",") {
+		name, val, _ := strings.Cut(strings.TrimSpace(p), "=")
+		switch name {
+		case "t":
+			t = val
+		case "k":
+			k = val
+		}
+	}
+	if t == "" || k == "" {
+		return http.StatusUnauthorized, "VAPID header needs both t= and k=."
+	}
+	key, err := base64.RawURLEncoding.DecodeString(strings.TrimRight(k, "="))
+	if err != nil {
+		return http.StatusUnauthorized, "VAPID k= is not base64url."
+	}
+	bound := bytes.Equal(key, s.creds.vapidPublic)
+	pub := s.vapid
+	if !bound {
+		if pub, err = ecdsa.ParseUncompressedPublicKey(elliptic.P256(), key); err != nil {
+			return http.StatusUnauthorized, "VAPID k= is not a P-256 public key."
+		}
+	}
+	j, err := parseJWS(t)
+	if err != nil || !j.verifyES256(pub) {
+		return http.StatusUnauthorized, "VAPID signature does not verify."
+	}
+	claims, err := j.decodeClaims()
+	if err != nil {
+		return http.StatusUnauthorized, "VAPID claims are not JSON."
+	}
+	now := s.cfg.Now().Unix()
+	switch {
+	case claims.Aud != origin && claims.Aud != strings.TrimSuffix(origin, ":443"):
+		return http.StatusUnauthorized, "VAPID aud must be " + origin + "."
+	case int64(claims.Exp) <= now:
+		return http.StatusUnauthorized, "VAPID token has expired."
+	case int64(claims.Exp) > now+vapidMaxLifetime:
+		return http.StatusUnauthorized, "VAPID exp is more than 24 hours ahead."
+	case !strings.HasPrefix(claims.Sub, "mailto:") && !strings.HasPrefix(claims.Sub, "https:"):
+		return http.StatusUnauthorized, "VAPID sub must be a mailto: or https: contact."
+	case !bound:
+		return http.StatusForbidden, "VAPID key is not the subscription's application server key."
+	}
+	return 0, ""
+}
+
+func (s *Server) webPushReject(w http.ResponseWriter, status, errno int, errText, msg string) {
+	s.counters[WebPush].rejected.Add(1)
+	body := make([]byte, 0, 96+len(msg))
+	body = append(body, `{"code":`...)
+	body = strconv.AppendInt(body, int64(status), 10)
+	body = append(body, `,"errno":`...)
+	body = strconv.AppendInt(body, int64(errno), 10)
+	body = append(body, `,"error":`...)
+	body = strconv.AppendQuote(body, errText)
+	body = append(body, `,"message":`...)
+	body = strconv.AppendQuote(body, msg)
+	body = append(body, '}')
+	w.Header()["Content-Type"] = s.jsonType
+	w.WriteHeader(status)
+	w.Write(body)
+}
+
+// decryptAES128GCM opens an RFC 8291 message: an RFC 8188 aes128gcm header whose
+// key id is the sender's ephemeral public key, then a single record. It appends
+// the plaintext, without padding, to dst.
+func decryptAES128GCM(body []byte, keys subscriptionKeys, dst []byte) ([]byte, error) {
+	const header = 16 + 4 + 1
+	if len(body) < header {
+		return nil, errors.New("shorter than the aes128gcm header")
+	}
+	salt := body[:16]
+	rs := binary.BigEndian.Uint32(body[16:20])
+	idlen := int(body[20])
+	if idlen != 65 || len(body) < header+idlen {
+		return nil, errors.New("key id is not an uncompressed P-256 key")
+	}
+	asPub := body[header : header+idlen]
+	ciphertext := body[header+idlen:]
+	if rs < 18 || uint64(len(ciphertext)) > uint64(rs) {
+		return nil, errors.New("a push message must be a single record")
+	}
+	if len(ciphertext) < 17 {
+		return nil, errors.New("record is too short")
+	}
+	pub, err := ecdh.P256().NewPublicKey(asPub)
+	if err != nil {
+		return nil, errors.New("key id is not a P-256 point")
+	}
+	secret, err := keys.priv.ECDH(pub)
+	if err != nil {
+		return nil, err
+	}
+	// RFC 8291 section 3.4: the input keying material binds both public keys and
+	// the authentication secret; RFC 8188 then derives key and nonce from it.
+	prkKey, err := hkdf.Extract(sha256.New, secret, keys.auth)
+	if err != nil {
+		return nil, err
+	}
+	info := make([]byte, 0, 14+65+65)
+	info = append(info, "WebPush: info\x00"...)
+	info = append(append(info, keys.pub...), asPub...)
+	ikm, err := hkdf.Expand(sha256.New, prkKey, string(info), 32)
+	if err != nil {
+		return nil, err
+	}
+	prk, err := hkdf.Extract(sha256.New, ikm, salt)
+	if err != nil {
+		return nil, err
+	}
+	cek, err := hkdf.Expand(sha256.New, prk, "Content-Encoding: aes128gcm\x00", 16)
+	if err != nil {
+		return nil, err
+	}
+	nonce, err := hkdf.Expand(sha256.New, prk, "Content-Encoding: nonce\x00", 12)
+	if err != nil {
+		return nil, err
+	}
+	block, err := aes.NewCipher(cek)
+	if err != nil {
+		return nil, err
+	}
+	gcm, err := cipher.NewGCM(block)
+	if err != nil {
+		return nil, err
+	}
+	plain, err := gcm.Open(dst, nonce, ciphertext, nil)
+	if err != nil {
+		return nil, errors.New("authentication tag does not match")
+	}
+	// The last record ends with the delimiter 0x02 followed by zero padding.
+	i := len(plain) - 1
+	for i >= 0 && plain[i] == 0 {
+		i--
+	}
+	if i < 0 || plain[i] != 2 {
+		return nil, errors.New("missing last-record padding delimiter")
+	}
+	return plain[:i], nil
+}
+
+// webPushMessageID reads herald_message_id from a decrypted payload, at the top
+// level or inside "data". A payload that is not JSON carries none.
+func webPushMessageID(plain []byte) string {
+	var top, data []byte
+	forEachField(plain, func(key, value []byte) {
+		switch string(key) {
+		case "herald_message_id":
+			top = value
+		case "data":
+			data = value
+		}
+	})
+	if id := jsonString(top); id != "" {
+		return id
+	}
+	if len(data) == 0 || data[0] != '{' {
+		return ""
+	}
+	var nested []byte
+	forEachField(data, func(key, value []byte) {
+		if string(key) == "herald_message_id" {
+			nested = value
+		}
+	})
+	return jsonString(nested)
+}
+
+func isBase64URL(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// b64 is the unpadded base64url encoding VAPID and Web Push keys use.
+func b64(b []byte) string { return base64.RawURLEncoding.EncodeToString(b) }
