@@ -1,16 +1,11 @@
 package fake
 
 import (
-	"bufio"
 	"context"
 	"flag"
 	"fmt"
 	"io"
 	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -173,41 +168,18 @@ func benchTokens(n int) []string {
 // returns a bundle built from the DIR/env it writes.
 func startChildFakepush(b *testing.B, decryptOneIn int) *bundle {
 	b.Helper()
-	dir := b.TempDir()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestFakepushChildProcess$", "--", "fakepush-child", dir, strconv.Itoa(decryptOneIn))
-	stdin, err := cmd.StdinPipe()
+	child, err := StartChild("TestFakepushChildProcess", b.TempDir(), decryptOneIn)
 	require.NoError(b, err)
-	stdout, err := cmd.StdoutPipe()
-	require.NoError(b, err)
-	cmd.Stderr = os.Stderr
-	require.NoError(b, cmd.Start())
-	b.Cleanup(func() {
-		stdin.Close() // the child exits when its stdin closes
-		cmd.Wait()
-	})
-	lines := bufio.NewScanner(stdout)
-	for lines.Scan() && lines.Text() != "fakepush-ready" {
-	}
-	require.NoError(b, lines.Err())
-	go io.Copy(io.Discard, stdout)
-	data, err := os.ReadFile(filepath.Join(dir, fileEnv))
-	require.NoError(b, err)
-	return bundleFromEnv(b, ParseEnvFile(data))
+	b.Cleanup(func() { child.Stop() })
+	return bundleFromEnv(b, child.Env)
 }
 
 // TestFakepushChildProcess is the server half of the benchmarks; it does nothing
 // unless started by startChildFakepush.
 func TestFakepushChildProcess(t *testing.T) {
-	args := flag.Args()
-	if len(args) != 3 || args[0] != "fakepush-child" {
+	child, err := ServeChild(flag.Args())
+	if !child {
 		t.Skip("runs only as the benchmarks' child process")
 	}
-	decryptOneIn, err := strconv.Atoi(args[2])
 	require.NoError(t, err)
-	srv, err := New(Config{Addr: "127.0.0.1:0", TLSDir: args[1], DecryptOneIn: decryptOneIn})
-	require.NoError(t, err)
-	require.NoError(t, srv.Start(context.Background()))
-	fmt.Println("fakepush-ready")
-	io.Copy(io.Discard, os.Stdin)
-	require.NoError(t, srv.Close())
 }

@@ -1,0 +1,217 @@
+// Package apns sends Herald's pushes to Apple Push Notification service
+// through sideshow/apns2 with token-based authentication, over a small pool
+// of HTTP/2 connections that Warm opens before traffic arrives and pings keep
+// open.
+package apns
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sideshow/apns2"
+	"github.com/sideshow/apns2/token"
+	"golang.org/x/net/http2"
+
+	"github.com/heraldpush/herald/jobs/push"
+)
+
+// Connection health: a connection that has read nothing for pingAfter is
+// pinged, and closed if the ping is not answered within pingTimeout, so that
+// a connection silently dropped by a middlebox is replaced before a push
+// needs it rather than after a push has timed out on it.
+const (
+	pingAfter   = 30 * time.Second
+	pingTimeout = 10 * time.Second
+)
+
+// maxTokenLen bounds a device token; Apple's are 64 hex digits today and
+// documented as variable length, fakepush accepts up to 200.
+const maxTokenLen = 200
+
+// Provider sends to APNs. It is safe for concurrent use; all Send calls share
+// its connections and its in-flight limit.
+type Provider struct {
+	cfg        Config
+	clients    []*apns2.Client
+	transports []*http2.Transport
+	next       atomic.Uint64
+	// slots holds one token per request in flight, bounding them across all
+	// concurrent Send calls.
+	slots chan struct{}
+}
+
+// New loads the signing key and prepares the connection pool. It does not
+// connect; Warm does.
+func New(cfg Config) (*Provider, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	key, err := token.AuthKeyFromFile(cfg.KeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("apns config: KeyFile (APNS_KEY_FILE) %s: %w", cfg.KeyFile, err)
+	}
+	// One provider token serves every connection: Apple refuses tokens
+	// refreshed more often than every 20 minutes, and apns2 renews this one
+	// under its lock before it ages out. Signing it now makes a broken key
+	// fail here, not on the first push.
+	tok := &token.Token{AuthKey: key, KeyID: cfg.KeyID, TeamID: cfg.TeamID}
+	if _, err := tok.Generate(); err != nil {
+		return nil, fmt.Errorf("apns config: KeyFile (APNS_KEY_FILE): sign a provider token: %w", err)
+	}
+	p := &Provider{cfg: cfg, slots: make(chan struct{}, cfg.MaxInFlight)}
+	for range cfg.Connections {
+		// Each client has its own transport, and so its own connection: one
+		// transport would multiplex everything onto a single connection.
+		// StrictMaxConcurrentStreams stays false, so that should Apple ever
+		// advertise fewer streams than MaxInFlight needs, the transport
+		// dials another connection instead of queueing requests behind the
+		// limit.
+		tr := &http2.Transport{
+			TLSClientConfig: &tls.Config{RootCAs: cfg.RootCAs, MinVersion: tls.VersionTLS12},
+			ReadIdleTimeout: pingAfter,
+			PingTimeout:     pingTimeout,
+		}
+		p.transports = append(p.transports, tr)
+		p.clients = append(p.clients, &apns2.Client{
+			Host:  cfg.Host,
+			Token: tok,
+			// No client timeout: each request carries its own deadline.
+			HTTPClient: &http.Client{Transport: tr},
+		})
+	}
+	return p, nil
+}
+
+// Warm opens every connection of the pool, concurrently, so that the first
+// push of a message pays no TLS handshake. It sends one request per
+// connection without a device token, which Apple answers with an error at no
+// cost to anyone; any answer proves the connection.
+func (p *Provider) Warm(ctx context.Context) error {
+	errs := make([]error, len(p.clients))
+	var wg sync.WaitGroup
+	for i, c := range p.clients {
+		wg.Go(func() {
+			rctx, cancel := context.WithTimeout(ctx, p.cfg.RequestTimeout)
+			defer cancel()
+			n := &apns2.Notification{Topic: p.cfg.Topic, PushType: apns2.PushTypeAlert, Payload: []byte(`{}`)}
+			if _, err := c.PushWithContext(rctx, n); err != nil {
+				errs[i] = fmt.Errorf("apns: warm connection %d: %w", i, err)
+			}
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// Close closes the pool's idle connections. Call it once no Send is running.
+func (p *Provider) Close() {
+	for _, tr := range p.transports {
+		tr.CloseIdleConnections()
+	}
+}
+
+// parked is the result of a send the circuit breaker did not allow: a reason
+// but no time, because nothing was attempted.
+func parked() push.Result {
+	return push.Result{Reason: push.ReasonProviderUnavailable, Detail: "parked: circuit breaker open"}
+}
+
+// Send pushes m to every target, filling results[i] for targets[i]. It asks
+// allow before each request and, once allow refuses, parks the rest without
+// asking again. Requests run concurrently within the Provider's in-flight
+// limit, each bounded by RequestTimeout; Send returns when all have answered.
+func (p *Provider) Send(ctx context.Context, m *push.Message, targets []push.Target, results []push.Result, allow func() bool) {
+	// The notification is the same for every device but its token; each
+	// request gets a copy. The payload was encoded once, with the message.
+	n := apns2.Notification{
+		Topic:      p.cfg.Topic,
+		CollapseID: m.ID,
+		Expiration: m.ExpiresAt,
+		Priority:   apns2.PriorityLow,
+		PushType:   apns2.PushTypeAlert,
+		Payload:    m.APNs,
+	}
+	if m.Urgent {
+		n.Priority = apns2.PriorityHigh
+	}
+
+	var wg sync.WaitGroup
+	refused := false
+	for i, t := range targets {
+		if refused {
+			results[i] = parked()
+			continue
+		}
+		if !validToken(t.Token) {
+			// A token that would change the request's path is never sent:
+			// with '/', '?' or '#' in it, Apple would read another path or
+			// even another device's token.
+			results[i] = push.Result{At: time.Now(), Reason: push.ReasonBadToken, Detail: "not an APNs device token"}
+			continue
+		}
+		select {
+		case p.slots <- struct{}{}:
+		case <-ctx.Done():
+			for j := i; j < len(targets); j++ {
+				results[j] = push.Result{Reason: push.ReasonProviderUnavailable, Detail: "not sent: " + ctx.Err().Error()}
+			}
+			wg.Wait()
+			return
+		}
+		// Asked with a slot in hand, just before the request starts, so
+		// that a breaker that opened while Send waited for a slot is seen.
+		if !allow() {
+			<-p.slots
+			refused = true
+			results[i] = parked()
+			continue
+		}
+		n := n
+		n.DeviceToken = t.Token
+		wg.Go(func() {
+			defer func() { <-p.slots }()
+			results[i] = p.push(ctx, &n)
+		})
+	}
+	wg.Wait()
+}
+
+// push sends one notification on the next connection of the pool.
+func (p *Provider) push(ctx context.Context, n *apns2.Notification) push.Result {
+	c := p.clients[p.next.Add(1)%uint64(len(p.clients))]
+	rctx, cancel := context.WithTimeout(ctx, p.cfg.RequestTimeout)
+	res, err := c.PushWithContext(rctx, n)
+	cancel()
+	at := time.Now()
+	switch {
+	case err != nil:
+		return push.Result{At: at, Reason: errorReason(err), Detail: err.Error()}
+	case res.StatusCode == http.StatusOK:
+		return push.Result{At: at, Accepted: true}
+	}
+	return push.Result{At: at, Reason: reasonFor(res.StatusCode, res.Reason), Detail: strconv.Itoa(res.StatusCode) + " " + res.Reason}
+}
+
+// validToken reports whether t can go into the request path as it is:
+// letters and digits only. Apple's tokens are hex; whether this one is, and
+// whether it is live, is Apple's to answer.
+func validToken(t string) bool {
+	if t == "" || len(t) > maxTokenLen {
+		return false
+	}
+	for i := 0; i < len(t); i++ {
+		c := t[i]
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z') {
+			return false
+		}
+	}
+	return true
+}

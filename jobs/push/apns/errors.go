@@ -1,0 +1,64 @@
+package apns
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+
+	"github.com/sideshow/apns2"
+
+	"github.com/heraldpush/herald/jobs/push"
+)
+
+// reasonFor maps an APNs answer other than 200 to the contract's reasons.
+// Apple's reason string decides where it is specific; the status code
+// decides the rest.
+//
+// The permanent token failures evict the device: 410 (Unregistered,
+// ExpiredToken), BadDeviceToken and MissingDeviceToken (the token is not one,
+// or belongs to the other APNs environment). Failures of our own request or
+// credentials (403 token problems, a bad topic, priority or collapse id) are
+// internal: evicting a device for them would punish it for Herald's
+// misconfiguration. DeviceTokenNotForTopic is one of those too: a token of
+// another app is rare, and a wrong APNS_TOPIC says it for every device at
+// once, which must not evict them all.
+func reasonFor(status int, reason string) push.Reason {
+	switch reason {
+	case apns2.ReasonUnregistered, apns2.ReasonExpiredToken:
+		return push.ReasonUnregistered
+	case apns2.ReasonBadDeviceToken, apns2.ReasonMissingDeviceToken:
+		return push.ReasonBadToken
+	case apns2.ReasonPayloadTooLarge, apns2.ReasonPayloadEmpty, "BadPayload":
+		return push.ReasonPayloadRejected
+	case apns2.ReasonTooManyRequests, apns2.ReasonTooManyProviderTokenUpdates:
+		// Too many provider token updates is Herald's doing, but it passes
+		// by itself; backing off through the breaker is the right response.
+		return push.ReasonRateLimited
+	case apns2.ReasonServiceUnavailable, apns2.ReasonShutdown, apns2.ReasonInternalServerError, apns2.ReasonIdleTimeout:
+		return push.ReasonProviderUnavailable
+	}
+	switch {
+	case status == http.StatusGone:
+		return push.ReasonUnregistered
+	case status == http.StatusRequestEntityTooLarge:
+		return push.ReasonPayloadRejected
+	case status == http.StatusTooManyRequests:
+		return push.ReasonRateLimited
+	case status >= 500:
+		return push.ReasonProviderUnavailable
+	}
+	return push.ReasonInternal
+}
+
+// errorReason maps an error from apns2, which means no answer was read: the
+// connection failed, the request timed out, or the context ended. The one
+// exception is a payload apns2 could not encode, which no retry will fix.
+func errorReason(err error) push.Reason {
+	// A response body apns2 cannot decode is a *json.SyntaxError without
+	// the MarshalerError around it: the provider's fault, not the payload's.
+	var marshal *json.MarshalerError
+	if errors.As(err, &marshal) {
+		return push.ReasonPayloadRejected
+	}
+	return push.ReasonProviderUnavailable
+}

@@ -1,0 +1,112 @@
+package fcm
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"firebase.google.com/go/v4/errorutils"
+
+	"github.com/heraldpush/herald/jobs/push"
+)
+
+// fcmErrorType marks the detail in which FCM names its own error code.
+const fcmErrorType = "type.googleapis.com/google.firebase.fcm.v1.FcmError"
+
+// classify maps an error from the SDK's Send to the contract's reasons and
+// the provider's words. An error with an HTTP answer is judged by the answer,
+// which reasonFor reads the way the SDK's messaging.Is... helpers do (those
+// helpers need the SDK's own error value, unwrapped; reading the answer keeps
+// the mapping a pure, table-tested function). Without an answer, only the
+// request's context can have ended it (failFast turns every other transport
+// failure into an answer); anything else failed in the SDK before a request
+// was made, which is Herald's doing.
+func classify(err error) (push.Reason, string) {
+	if resp := errorutils.HTTPResponse(err); resp != nil {
+		body, _ := io.ReadAll(resp.Body) // a buffered copy: cannot fail
+		return reasonFor(resp.StatusCode, body)
+	}
+	switch {
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled),
+		errorutils.IsDeadlineExceeded(err), errorutils.IsUnavailable(err), errorutils.IsUnknown(err):
+		return push.ReasonProviderUnavailable, err.Error()
+	}
+	return push.ReasonInternal, err.Error()
+}
+
+// googleError is the error body of Google APIs, with FCM's detail.
+type googleError struct {
+	Error struct {
+		Message string `json:"message"`
+		Status  string `json:"status"`
+		Details []struct {
+			Type      string `json:"@type"`
+			ErrorCode string `json:"errorCode"`
+		} `json:"details"`
+	} `json:"error"`
+}
+
+// reasonFor maps an FCM error answer to a reason, and says it in FCM's words:
+// the status, FCM's own error code where it gives one, and the message.
+//
+// UNREGISTERED is the dead token. An INVALID_ARGUMENT about the registration
+// token is bad_token: it will never deliver, so the device is evicted.
+// SENDER_ID_MISMATCH (the token belongs to another Firebase project) is
+// internal: a wrong credentials file says it for every device at once, which
+// must not evict them all.
+// Any other INVALID_ARGUMENT is about the message: payload_rejected.
+// QUOTA_EXCEEDED and 429 are rate_limited; UNAVAILABLE, INTERNAL and 5xx are
+// provider_unavailable. Authentication and permission failures (401, 403,
+// THIRD_PARTY_AUTH_ERROR for the APNs key held by Firebase) are Herald's
+// configuration: internal, never an eviction.
+func reasonFor(status int, body []byte) (push.Reason, string) {
+	var ge googleError
+	json.Unmarshal(body, &ge) // a body that is not Google's leaves the status to decide
+	code := ""
+	for _, d := range ge.Error.Details {
+		if d.Type == fcmErrorType {
+			code = d.ErrorCode
+			break
+		}
+	}
+	detail := strconv.Itoa(status)
+	for _, part := range []string{ge.Error.Status, code} {
+		if part != "" && !strings.Contains(detail, part) {
+			detail += " " + part
+		}
+	}
+	if msg := ge.Error.Message; msg != "" {
+		detail += ": " + msg
+	}
+
+	switch code {
+	case "UNREGISTERED":
+		return push.ReasonUnregistered, detail
+	case "SENDER_ID_MISMATCH":
+		return push.ReasonInternal, detail
+	case "QUOTA_EXCEEDED":
+		return push.ReasonRateLimited, detail
+	case "UNAVAILABLE", "INTERNAL":
+		return push.ReasonProviderUnavailable, detail
+	case "THIRD_PARTY_AUTH_ERROR", "APNS_AUTH_ERROR":
+		return push.ReasonInternal, detail
+	}
+	switch {
+	case code == "INVALID_ARGUMENT" || ge.Error.Status == "INVALID_ARGUMENT" || status == http.StatusBadRequest:
+		if strings.Contains(strings.ToLower(ge.Error.Message), "registration token") {
+			return push.ReasonBadToken, detail
+		}
+		return push.ReasonPayloadRejected, detail
+	case status == http.StatusRequestEntityTooLarge:
+		return push.ReasonPayloadRejected, detail
+	case status == http.StatusTooManyRequests || ge.Error.Status == "RESOURCE_EXHAUSTED":
+		return push.ReasonRateLimited, detail
+	case status >= 500:
+		return push.ReasonProviderUnavailable, detail
+	}
+	return push.ReasonInternal, detail
+}

@@ -1,0 +1,301 @@
+// Package fcm sends Herald's pushes through Firebase Cloud Messaging's HTTP v1
+// API with the Firebase Admin SDK, over a few HTTP/2 connections that Warm
+// opens (with an access token) before traffic arrives, and with one request
+// per send: the SDK's own retries are cut short (see failFast).
+package fcm
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	firebase "firebase.google.com/go/v4"
+	"firebase.google.com/go/v4/messaging"
+	"golang.org/x/net/http2"
+	"golang.org/x/oauth2"
+	"golang.org/x/oauth2/google"
+	"google.golang.org/api/option"
+
+	"github.com/heraldpush/herald/jobs/push"
+)
+
+// scope is the OAuth 2.0 scope FCM's send endpoint requires.
+const scope = "https://www.googleapis.com/auth/firebase.messaging"
+
+// Connection health: a connection that has read nothing for pingAfter is
+// pinged, and closed if the ping is not answered within pingTimeout.
+const (
+	pingAfter   = 30 * time.Second
+	pingTimeout = 10 * time.Second
+)
+
+// warmTopic is the topic of Warm's dry run. A dry run delivers nothing, so
+// nobody need be subscribed to it.
+const warmTopic = "herald-warm"
+
+// Provider sends to FCM. It is safe for concurrent use; all Send calls share
+// its connections and its in-flight limit.
+type Provider struct {
+	cfg    Config
+	client *messaging.Client
+	sends  *pool
+	tokens *http.Transport
+	slots  chan struct{}
+}
+
+// New reads the service-account file and builds the SDK client on Herald's
+// own HTTP/2 transports. It does not connect; Warm does. ctx is used only
+// while New runs.
+func New(ctx context.Context, cfg Config) (*Provider, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	data, err := os.ReadFile(cfg.CredentialsFile)
+	if err != nil {
+		return nil, fmt.Errorf("fcm config: CredentialsFile (FCM_CREDENTIALS_FILE): %w", err)
+	}
+
+	// Access tokens come from the file's token_uri over a client of their
+	// own: an ordinary transport (the token endpoint need not speak HTTP/2)
+	// that trusts RootCAs, with a timeout because oauth2 fetches tokens
+	// without the request's context. The token source outlives New, so its
+	// context must not end with New's.
+	tlsConfig := &tls.Config{RootCAs: cfg.RootCAs, MinVersion: tls.VersionTLS12}
+	tokens := &http.Transport{
+		Proxy:               http.ProxyFromEnvironment,
+		TLSClientConfig:     tlsConfig.Clone(),
+		ForceAttemptHTTP2:   true,
+		TLSHandshakeTimeout: cfg.RequestTimeout,
+		IdleConnTimeout:     90 * time.Second,
+	}
+	tokenCtx := context.WithValue(context.WithoutCancel(ctx), oauth2.HTTPClient, &http.Client{Transport: tokens, Timeout: cfg.RequestTimeout})
+	creds, err := google.CredentialsFromJSONWithType(tokenCtx, data, google.ServiceAccount, scope)
+	if err != nil {
+		return nil, fmt.Errorf("fcm config: CredentialsFile (FCM_CREDENTIALS_FILE) %s: %w", cfg.CredentialsFile, err)
+	}
+	if creds.ProjectID == "" {
+		return nil, fmt.Errorf("fcm config: CredentialsFile (FCM_CREDENTIALS_FILE) %s has no project_id", cfg.CredentialsFile)
+	}
+
+	// The SDK's default client opens a connection per request in a burst.
+	// Herald's multiplexes requests over a few HTTP/2 connections instead,
+	// as many as MaxInFlight needs at Google's streams per connection, each
+	// on a transport of its own so that Warm can open every one of them.
+	sends := &pool{}
+	for range (cfg.MaxInFlight + streamsPerConnection - 1) / streamsPerConnection {
+		sends.transports = append(sends.transports, &http2.Transport{
+			TLSClientConfig: tlsConfig,
+			ReadIdleTimeout: pingAfter,
+			PingTimeout:     pingTimeout,
+		})
+	}
+	hc := &http.Client{Transport: failFast{base: &oauth2.Transport{Source: tokenSource{src: creds.TokenSource}, Base: sends}}}
+	app, err := firebase.NewApp(ctx, &firebase.Config{ProjectID: creds.ProjectID},
+		option.WithHTTPClient(hc), option.WithEndpoint(cfg.Endpoint))
+	if err != nil {
+		return nil, fmt.Errorf("fcm: %w", err)
+	}
+	client, err := app.Messaging(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("fcm: %w", err)
+	}
+	return &Provider{
+		cfg: cfg, client: client, sends: sends, tokens: tokens,
+		slots: make(chan struct{}, cfg.MaxInFlight),
+	}, nil
+}
+
+// Warm fetches an access token and opens every connection to FCM, with one
+// dry run to a topic per connection, which FCM validates end to end
+// (credentials, project, message) without delivering anything. The first
+// push of a message then pays neither the token exchange nor a TLS
+// handshake.
+func (p *Provider) Warm(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.RequestTimeout)
+	defer cancel()
+	// The token first, so that the dry runs do not queue for it one by one.
+	if _, err := p.client.SendDryRun(ctx, warmMessage()); err != nil {
+		return fmt.Errorf("fcm: warm: %w", err)
+	}
+	// The pool hands each request the next connection, so one dry run per
+	// remaining connection, concurrently, reaches every one.
+	errs := make([]error, len(p.sends.transports)-1)
+	var wg sync.WaitGroup
+	for i := range errs {
+		wg.Go(func() {
+			if _, err := p.client.SendDryRun(ctx, warmMessage()); err != nil {
+				errs[i] = fmt.Errorf("fcm: warm: %w", err)
+			}
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// warmMessage is Warm's dry run: a data message to a topic.
+func warmMessage() *messaging.Message {
+	return &messaging.Message{Topic: warmTopic, Data: map[string]string{"herald": "warm"}}
+}
+
+// Close closes idle connections. Call it once no Send is running.
+func (p *Provider) Close() {
+	for _, t := range p.sends.transports {
+		t.CloseIdleConnections()
+	}
+	p.tokens.CloseIdleConnections()
+}
+
+// streamsPerConnection is how many concurrent streams Google's front ends
+// allow on one HTTP/2 connection.
+const streamsPerConnection = 100
+
+// pool spreads requests over its transports in turn, one connection each.
+// With StrictMaxConcurrentStreams off, a transport whose connection is full
+// dials another rather than making requests wait, so the pool never hangs;
+// sized to MaxInFlight it never needs to.
+type pool struct {
+	transports []*http2.Transport
+	next       atomic.Uint64
+}
+
+func (p *pool) RoundTrip(r *http.Request) (*http.Response, error) {
+	return p.transports[p.next.Add(1)%uint64(len(p.transports))].RoundTrip(r)
+}
+
+// parked is the result of a send the circuit breaker did not allow: a reason
+// but no time, because nothing was attempted.
+func parked() push.Result {
+	return push.Result{Reason: push.ReasonProviderUnavailable, Detail: "parked: circuit breaker open"}
+}
+
+// Send pushes m to every target, filling results[i] for targets[i]. It asks
+// allow before each request and, once allow refuses, parks the rest without
+// asking again. Requests run concurrently within the Provider's in-flight
+// limit, each bounded by RequestTimeout; Send returns when all have answered.
+//
+// Each device is one SDK Send rather than a share of SendEachForMulticast:
+// the wire traffic is the same (the SDK sends one request per token either
+// way), but this way allow is asked before every request, the in-flight
+// limit is the Provider's rather than 50 per call, and each result carries
+// the time its own answer arrived, which the skew figures are made of.
+func (p *Provider) Send(ctx context.Context, m *push.Message, targets []push.Target, results []push.Result, allow func() bool) {
+	base := p.message(m, time.Now())
+	var wg sync.WaitGroup
+	refused := false
+	for i, t := range targets {
+		if refused {
+			results[i] = parked()
+			continue
+		}
+		if t.Token == "" {
+			results[i] = push.Result{At: time.Now(), Reason: push.ReasonBadToken, Detail: "empty FCM registration token"}
+			continue
+		}
+		select {
+		case p.slots <- struct{}{}:
+		case <-ctx.Done():
+			for j := i; j < len(targets); j++ {
+				results[j] = push.Result{Reason: push.ReasonProviderUnavailable, Detail: "not sent: " + ctx.Err().Error()}
+			}
+			wg.Wait()
+			return
+		}
+		// Asked with a slot in hand, just before the request starts, so
+		// that a breaker that opened while Send waited for a slot is seen.
+		if !allow() {
+			<-p.slots
+			refused = true
+			results[i] = parked()
+			continue
+		}
+		msg := base
+		msg.Token = t.Token
+		wg.Go(func() {
+			defer func() { <-p.slots }()
+			results[i] = p.send(ctx, &msg)
+		})
+	}
+	wg.Wait()
+}
+
+// send sends one message.
+func (p *Provider) send(ctx context.Context, msg *messaging.Message) push.Result {
+	rctx, cancel := context.WithTimeout(ctx, p.cfg.RequestTimeout)
+	_, err := p.client.Send(rctx, msg)
+	cancel()
+	at := time.Now()
+	if err == nil {
+		return push.Result{At: at, Accepted: true}
+	}
+	reason, detail := classify(err)
+	return push.Result{At: at, Reason: reason, Detail: detail}
+}
+
+// message builds what every device of one Send shares: everything but the
+// token. The parts are pointers the SDK only reads, so the per-device copies
+// share them.
+func (p *Provider) message(m *push.Message, now time.Time) messaging.Message {
+	androidPriority, apnsPriority, urgency := "normal", "5", "normal"
+	if m.Urgent {
+		androidPriority, apnsPriority, urgency = "high", "10", "high"
+	}
+	msg := messaging.Message{
+		Data:         m.FCMData,
+		Notification: &messaging.Notification{Title: m.Content.Title, Body: m.Content.Body},
+		Android: &messaging.AndroidConfig{
+			CollapseKey:  m.ID,
+			Priority:     androidPriority,
+			Notification: &messaging.AndroidNotification{Tag: m.ID},
+		},
+		APNS: &messaging.APNSConfig{Headers: map[string]string{"apns-collapse-id": m.ID, "apns-priority": apnsPriority}},
+		Webpush: &messaging.WebpushConfig{Headers: map[string]string{
+			"Urgency": urgency,
+			"Topic":   topicOf(m.ID),
+		}},
+	}
+	// Without an expiry FCM's own default lifetime applies; Herald's
+	// messages always have one.
+	if !m.ExpiresAt.IsZero() {
+		ttl := ttlOf(m, now)
+		msg.Android.TTL = &ttl
+		msg.APNS.Headers["apns-expiration"] = strconv.FormatInt(m.ExpiresAt.Unix(), 10)
+		msg.Webpush.Headers["TTL"] = strconv.FormatInt(int64(ttl/time.Second), 10)
+	}
+	return msg
+}
+
+// ttlOf is the message's remaining lifetime in whole seconds, rounded up so
+// that a message with a moment left is not sent as "now or never".
+func ttlOf(m *push.Message, now time.Time) time.Duration {
+	return (m.TTL(now) + time.Second - 1).Truncate(time.Second)
+}
+
+// topicOf is the Web Push Topic for message id: the id itself when it is at
+// most 32 base64url characters, as Herald's are, else a digest of it.
+func topicOf(id string) string {
+	if len(id) <= 32 && isBase64URL(id) {
+		return id
+	}
+	sum := sha256.Sum256([]byte(id))
+	return base64.RawURLEncoding.EncodeToString(sum[:24])
+}
+
+func isBase64URL(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return s != ""
+}

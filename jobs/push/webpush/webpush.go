@@ -1,0 +1,279 @@
+// Package webpush sends Herald's pushes to browsers' push services with
+// SherClockHolmes/webpush-go: RFC 8291 encryption, RFC 8292 VAPID, over one
+// shared HTTP/2-capable client.
+package webpush
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"encoding/base64"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	webpush "github.com/SherClockHolmes/webpush-go"
+
+	"github.com/heraldpush/herald/jobs/push"
+)
+
+// Connection health: a connection that has read nothing for pingAfter is
+// pinged, and closed if the ping is not answered within pingTimeout.
+const (
+	pingAfter   = 30 * time.Second
+	pingTimeout = 10 * time.Second
+)
+
+// recordOverhead is what webpush-go adds to a plaintext when it fills a
+// record exactly: its header (16-byte salt, 4-byte record size, 1-byte key id
+// length, 65-byte key), the padding delimiter and the 16-byte tag. webpush-go
+// counts the header into the record size, so a RecordSize of plaintext plus
+// recordOverhead is the smallest it accepts, and yields a body of exactly
+// that many bytes with no padding. RFC 8291 only requires the record size to
+// exceed plaintext, delimiter, padding and tag, which this does.
+const recordOverhead = 16 + 4 + 1 + 65 + 1 + 16
+
+// maxDetail bounds how much of a push service's error body a result keeps.
+const maxDetail = 200
+
+// Provider sends to Web Push services. It is safe for concurrent use; all
+// Send calls share its client and its in-flight limit.
+type Provider struct {
+	cfg        Config
+	subscriber string
+	transport  *http.Transport
+	client     *http.Client
+	// slots holds one token per request in flight, bounding them across all
+	// concurrent Send calls.
+	slots chan struct{}
+	// padRecords pads every record to webpush-go's default 4096 bytes, as
+	// the library does when no RecordSize is given; the benchmark compares.
+	padRecords bool
+}
+
+// New validates the VAPID keys and builds the shared client. It does not
+// connect: push services are known only from the subscriptions sent to.
+func New(cfg Config) (*Provider, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	// webpush-go would otherwise make an http.Client per push, and
+	// net/http keeps only two idle connections per host by default: a
+	// burst to one push service would dial hundreds. HTTP/2 multiplexes
+	// the burst over few connections; the idle limit keeps those that
+	// were needed.
+	tr := &http.Transport{
+		Proxy:               http.ProxyFromEnvironment,
+		TLSClientConfig:     &tls.Config{RootCAs: cfg.RootCAs, MinVersion: tls.VersionTLS12},
+		ForceAttemptHTTP2:   true,
+		MaxIdleConnsPerHost: cfg.MaxInFlight,
+		IdleConnTimeout:     90 * time.Second,
+		TLSHandshakeTimeout: cfg.RequestTimeout,
+		HTTP2:               &http.HTTP2Config{SendPingTimeout: pingAfter, PingTimeout: pingTimeout},
+	}
+	return &Provider{
+		cfg:        cfg,
+		subscriber: subscriber(cfg.Subject),
+		transport:  tr,
+		client:     &http.Client{Transport: tr},
+		slots:      make(chan struct{}, cfg.MaxInFlight),
+	}, nil
+}
+
+// Warm does nothing: which push services a message goes to is known only
+// from its subscriptions, so there is no connection to open ahead of them.
+func (p *Provider) Warm(context.Context) error { return nil }
+
+// Close closes idle connections. Call it once no Send is running.
+func (p *Provider) Close() { p.transport.CloseIdleConnections() }
+
+// parked is the result of a send the circuit breaker did not allow: a reason
+// but no time, because nothing was attempted.
+func parked() push.Result {
+	return push.Result{Reason: push.ReasonProviderUnavailable, Detail: "parked: circuit breaker open"}
+}
+
+// Send pushes m to every target, filling results[i] for targets[i]. It asks
+// allow before each request and, once allow refuses, parks the rest without
+// asking again. Requests run concurrently within the Provider's in-flight
+// limit, each bounded by RequestTimeout; Send returns when all have answered.
+func (p *Provider) Send(ctx context.Context, m *push.Message, targets []push.Target, results []push.Result, allow func() bool) {
+	urgency := webpush.UrgencyNormal
+	if m.Urgent {
+		urgency = webpush.UrgencyHigh
+	}
+	recordSize := uint32(len(m.WebPush) + recordOverhead)
+	if p.padRecords {
+		recordSize = webpush.MaxRecordSize
+	}
+	// The options are the same for every subscription, and webpush-go only
+	// reads them.
+	opts := &webpush.Options{
+		HTTPClient:      doer{p.client},
+		RecordSize:      recordSize,
+		Subscriber:      p.subscriber,
+		Topic:           topicOf(m.ID),
+		TTL:             ttlSeconds(m, time.Now()),
+		Urgency:         urgency,
+		VAPIDPublicKey:  p.cfg.VAPIDPublicKey,
+		VAPIDPrivateKey: p.cfg.VAPIDPrivateKey,
+	}
+
+	var wg sync.WaitGroup
+	refused := false
+	for i, t := range targets {
+		if refused {
+			results[i] = parked()
+			continue
+		}
+		if !strings.HasPrefix(t.Token, "https://") {
+			// Herald posts only to push services over TLS, never to
+			// whatever a stored endpoint names.
+			results[i] = push.Result{At: time.Now(), Reason: push.ReasonBadToken, Detail: "endpoint is not an https:// URL"}
+			continue
+		}
+		select {
+		case p.slots <- struct{}{}:
+		case <-ctx.Done():
+			for j := i; j < len(targets); j++ {
+				results[j] = push.Result{Reason: push.ReasonProviderUnavailable, Detail: "not sent: " + ctx.Err().Error()}
+			}
+			wg.Wait()
+			return
+		}
+		// Asked with a slot in hand, just before the request starts, so
+		// that a breaker that opened while Send waited for a slot is seen.
+		if !allow() {
+			<-p.slots
+			refused = true
+			results[i] = parked()
+			continue
+		}
+		wg.Go(func() {
+			defer func() { <-p.slots }()
+			results[i] = p.send(ctx, m.WebPush, &t, opts)
+		})
+	}
+	wg.Wait()
+}
+
+// send encrypts and posts one push.
+func (p *Provider) send(ctx context.Context, payload []byte, t *push.Target, opts *webpush.Options) push.Result {
+	// webpush-go appends the padding delimiter and padding to the slice it
+	// is given, which would write into the shared payload's spare capacity
+	// from many goroutines. Each send gets its own copy, with exactly the
+	// capacity the padding needs so that appending never reallocates.
+	body := make([]byte, len(payload), max(int(opts.RecordSize)-(recordOverhead-1), len(payload)+1))
+	copy(body, payload)
+	sub := &webpush.Subscription{Endpoint: t.Token, Keys: webpush.Keys{Auth: t.Auth, P256dh: t.P256dh}}
+
+	rctx, cancel := context.WithTimeout(ctx, p.cfg.RequestTimeout)
+	defer cancel()
+	resp, err := webpush.SendNotificationWithContext(rctx, body, sub, opts)
+	if err != nil {
+		return push.Result{At: time.Now(), Reason: errorReason(err), Detail: err.Error()}
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
+		at := time.Now()
+		// Drained, so that an HTTP/1.1 connection can be reused.
+		io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
+		return push.Result{At: at, Accepted: true}
+	}
+	at := time.Now()
+	words, _ := io.ReadAll(io.LimitReader(resp.Body, maxDetail))
+	detail := strconv.Itoa(resp.StatusCode)
+	if w := strings.TrimSpace(string(words)); w != "" {
+		detail += " " + w
+	}
+	return push.Result{At: at, Reason: reasonFor(resp.StatusCode), Detail: detail}
+}
+
+// doer is the client webpush-go sends with. It marks the errors that come
+// from the network, so that they can be told from webpush-go's own, which
+// happen before anything is sent.
+type doer struct {
+	c *http.Client
+}
+
+func (d doer) Do(r *http.Request) (*http.Response, error) {
+	resp, err := d.c.Do(r)
+	if err != nil {
+		return nil, &transportError{err: err}
+	}
+	return resp, nil
+}
+
+// transportError is a request that got no answer.
+type transportError struct {
+	err error
+}
+
+func (e *transportError) Error() string { return e.err.Error() }
+func (e *transportError) Unwrap() error { return e.err }
+
+// ttlSeconds is the message's remaining lifetime in whole seconds, rounded up:
+// a TTL of 0 tells the push service to drop the message unless the browser
+// is connected right now, which only an expired message deserves.
+func ttlSeconds(m *push.Message, now time.Time) int {
+	return int((m.TTL(now) + time.Second - 1) / time.Second)
+}
+
+// topicOf is the Topic that collapses a message's pushes: the message id
+// itself when it is at most 32 base64url characters, as Herald's are, else a
+// 32-character digest of it.
+func topicOf(id string) string {
+	if len(id) <= 32 && isBase64URL(id) {
+		return id
+	}
+	sum := sha256.Sum256([]byte(id))
+	return base64.RawURLEncoding.EncodeToString(sum[:24])
+}
+
+func isBase64URL(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return s != ""
+}
+
+// errorReason maps an error from webpush-go. A request without an answer is
+// the service's trouble. Everything else failed before a request was made:
+// the payload did not fit the record, or the subscription's keys are not
+// keys (not base64, not a point on the curve), which no retry will fix.
+func errorReason(err error) push.Reason {
+	var te *transportError
+	switch {
+	case errors.As(err, &te):
+		return push.ReasonProviderUnavailable
+	case errors.Is(err, webpush.ErrMaxPadExceeded):
+		return push.ReasonPayloadRejected
+	}
+	return push.ReasonBadToken
+}
+
+// reasonFor maps a push service's answer other than 2xx. 404 and 410 are the
+// subscription gone (RFC 8030 section 7.3). 400 and 413 refuse the message
+// itself. 401 and 403 refuse Herald's VAPID credentials, which is Herald's
+// configuration and never the device's fault.
+func reasonFor(status int) push.Reason {
+	switch {
+	case status == http.StatusNotFound || status == http.StatusGone:
+		return push.ReasonUnregistered
+	case status == http.StatusBadRequest || status == http.StatusRequestEntityTooLarge:
+		return push.ReasonPayloadRejected
+	case status == http.StatusTooManyRequests:
+		return push.ReasonRateLimited
+	case status >= 500:
+		return push.ReasonProviderUnavailable
+	}
+	return push.ReasonInternal
+}
