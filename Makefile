@@ -50,20 +50,29 @@ $(DEV)/admin-password:
 	@mkdir -p $(DEV)
 	@umask 077; head -c 12 /dev/urandom | base64 | tr '+/' '-_' > $@
 
+# make run also starts `herald fakepush` (the local APNs, FCM and Web Push)
+# and points Herald at it, so pushes flow without any real credentials.
 run: build $(DEV)/api-key $(DEV)/admin-password
 	@url=$$($(MAKE) -s db/start); \
 	key=$$(cat $(DEV)/api-key); pass=$$(cat $(DEV)/admin-password); \
-	addr=$${HERALD_ADDR:-127.0.0.1:8080}; \
+	addr=$${HERALD_ADDR:-127.0.0.1:8080}; fpaddr=$${FAKEPUSH_ADDR:-127.0.0.1:8443}; \
 	DATABASE_URL=$$url HERALD_LOG_FORMAT=$${HERALD_LOG_FORMAT:-text} bin/herald migrate; \
+	rm -f $(DEV)/fakepush/env; \
+	bin/herald fakepush --addr $$fpaddr --tls-dir $(DEV)/fakepush --latency $${FAKEPUSH_LATENCY:-20ms} & fp=$$!; \
+	trap 'kill $$fp 2>/dev/null' EXIT INT TERM; \
+	for i in $$(seq 100); do [ -s $(DEV)/fakepush/env ] && break; sleep 0.1; done; \
+	[ -s $(DEV)/fakepush/env ] || { echo "fakepush did not start"; exit 1; }; \
+	set -a; . $(DEV)/fakepush/env; set +a; \
 	echo; \
 	echo "  Herald:       http://$$addr"; \
 	echo "  admin:        user admin, password $$pass"; \
 	echo "  API key:      $$key"; \
-	echo "  try:          curl -H 'Authorization: Bearer $$key' http://$$addr/v1/users/u_1/devices"; \
+	echo "  try:          curl -H 'Authorization: Bearer $$key' http://$$addr/v1/providers"; \
+	echo "  fakepush:     https://$$fpaddr  (curl -k https://$$fpaddr/_stats)"; \
 	echo "  database:     $$url"; \
 	echo; \
 	DATABASE_URL=$$url HERALD_ADDR=$$addr HERALD_API_KEYS=$$key HERALD_ADMIN_PASSWORD=$$pass \
-		HERALD_LOG_FORMAT=$${HERALD_LOG_FORMAT:-text} exec bin/herald serve
+		HERALD_LOG_FORMAT=$${HERALD_LOG_FORMAT:-text} bin/herald serve
 
 test: generate/check vet test/go
 

@@ -5,6 +5,9 @@ func (s *Server) routes() {
 	e := s.echo
 	e.GET("/healthz", s.healthz)
 	e.GET("/readyz", s.readyz)
+	if s.cfg.WorkerOnly {
+		return
+	}
 
 	v1 := e.Group("/v1", s.keys.requireAPIKey)
 
@@ -25,4 +28,7 @@ func (s *Server) routes() {
 	v1.GET("/messages/:message_id", s.getMessage)
 	v1.DELETE("/messages/:message_id", s.cancelMessage)
 	v1.GET("/messages/:message_id/deliveries", s.listDeliveries)
+
+	// Operations.
+	v1.GET("/providers", s.listProviders)
 }

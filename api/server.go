@@ -32,6 +32,11 @@ type Config struct {
 	// ChunkSize is the number of devices per chunk job (jobs.DefaultChunkSize
 	// when zero).
 	ChunkSize int
+	// Configured says which channels this process has credentials for.
+	Configured map[string]bool
+	// WorkerOnly serves only health, readiness and metrics: the process
+	// works chunks and takes no API calls.
+	WorkerOnly bool
 	// Ready reports whether the process can serve: the database answers and
 	// is migrated. Nil means always ready.
 	Ready func(ctx context.Context) error

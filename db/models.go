@@ -92,6 +92,18 @@ type Payload struct {
 	CreatedAt time.Time
 }
 
+type ProviderStatus struct {
+	ProcessID   string
+	Channel     string
+	Configured  bool
+	State       string
+	LastError   *string
+	LastErrorAt *time.Time
+	Sends       int64
+	Failures    int64
+	UpdatedAt   time.Time
+}
+
 type Schedule struct {
 	ID               int64
 	Cron             string

@@ -42,6 +42,8 @@ type Breaker struct {
 	probing   bool
 	lastError string
 	lastErrAt time.Time
+	// Totals since start, for error rates.
+	answered, transient int64
 }
 
 // NewBreaker returns a closed breaker.
@@ -86,6 +88,7 @@ func (b *Breaker) Allow() bool {
 func (b *Breaker) Success() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.answered++
 	b.failures = 0
 	if b.state == BreakerHalfOpen {
 		b.state, b.probing, b.cooldown = BreakerClosed, false, b.cfg.Cooldown
@@ -98,6 +101,8 @@ func (b *Breaker) Failure(detail string) {
 	defer b.mu.Unlock()
 	now := b.cfg.Now()
 	b.lastError, b.lastErrAt = detail, now
+	b.answered++
+	b.transient++
 	b.failures++
 	switch b.state {
 	case BreakerHalfOpen:
@@ -131,11 +136,14 @@ type BreakerStatus struct {
 	State       string
 	LastError   string
 	LastErrorAt time.Time
+	// Sends counts attempted sends, Failures the transient failures among
+	// them, since the process started.
+	Sends, Failures int64
 }
 
 // Status returns the breaker's state and its last transient error.
 func (b *Breaker) Status() BreakerStatus {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return BreakerStatus{State: b.state, LastError: b.lastError, LastErrorAt: b.lastErrAt}
+	return BreakerStatus{State: b.state, LastError: b.lastError, LastErrorAt: b.lastErrAt, Sends: b.answered, Failures: b.transient}
 }

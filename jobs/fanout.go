@@ -138,11 +138,11 @@ func (a FanOutArgs) InsertOpts() river.InsertOpts {
 	}
 }
 
-// sender sends one message to many devices of one channel: a provider. It
+// Sender sends one message to many devices of one channel: a provider. It
 // fills results[i] for targets[i], asking allow before each request; a send
 // that allow refuses is left unattempted (zero Result.At) and parked. It
 // bounds its own requests in flight.
-type sender interface {
+type Sender interface {
 	Send(ctx context.Context, m *push.Message, targets []push.Target, results []push.Result, allow func() bool)
 }
 
@@ -151,9 +151,14 @@ type FanOutConfig struct {
 	Pool   *pgxpool.Pool
 	Logger *slog.Logger
 	Clock  *Clock
-	// Providers by channel (apns, fcm, webpush); a channel without one is
-	// disabled, and its deliveries fail with channel_disabled.
-	Providers map[string]sender
+	// Providers by channel (apns, fcm, webpush) for the bulk lane; a channel
+	// without one is disabled, and its deliveries fail with channel_disabled.
+	Providers map[string]Sender
+	// UrgentProviders are the urgent lane's own provider clients, with
+	// their own connections and in-flight limits, so that an urgent push
+	// never queues behind a bulk fan-out inside a provider client either.
+	// Nil: the urgent lane shares Providers.
+	UrgentProviders map[string]Sender
 	// Breakers by channel; one is made for every provider without one.
 	Breakers map[string]*Breaker
 	// Timeout bounds one attempt of a chunk. Default 30 s.
@@ -240,10 +245,14 @@ func (w *FanOutWorker) Work(ctx context.Context, job *river.Job[FanOutArgs]) err
 			byChannel[t.Channel] = append(byChannel[t.Channel], i)
 		}
 	}
+	providers := w.cfg.Providers
+	if a.Priority == PriorityUrgent && w.cfg.UrgentProviders != nil {
+		providers = w.cfg.UrgentProviders
+	}
 	results := make([]push.Result, len(a.Targets))
 	var wg sync.WaitGroup
 	for channel, idx := range byChannel {
-		provider, ok := w.cfg.Providers[channel]
+		provider, ok := providers[channel]
 		if !ok {
 			now := time.Now()
 			for _, i := range idx {
@@ -425,3 +434,6 @@ func (w *FanOutWorker) expire(ctx context.Context, a FanOutArgs, at time.Time) e
 		return nil
 	})
 }
+
+// Breakers returns the worker's circuit breakers by channel.
+func (w *FanOutWorker) Breakers() map[string]*Breaker { return w.cfg.Breakers }

@@ -3,7 +3,9 @@ package main
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
+	"time"
 )
 
 // config is the environment's configuration of a Herald process (CONTRACT
@@ -13,7 +15,29 @@ type config struct {
 	Addr          string
 	APIKeys       []string
 	AdminPassword string
+
+	APNs    apnsConfig
+	FCM     fcmConfig
+	WebPush webPushConfig
+	// CertFile is SSL_CERT_FILE: a CA bundle trusted besides the system's
+	// (how a test or `make run` trusts fakepush).
+	CertFile string
+
+	// Tuning, with defaults chosen in jobs (see README, "Sizing").
+	ChunkSize                  int
+	UrgentWorkers, BulkWorkers int
+	FetchPollInterval          time.Duration
 }
+
+type apnsConfig struct{ KeyFile, KeyID, TeamID, Topic, Host string }
+
+type fcmConfig struct{ CredentialsFile, Endpoint string }
+
+type webPushConfig struct{ PublicKey, PrivateKey, Subject string }
+
+func (c apnsConfig) enabled() bool    { return c.KeyFile != "" }
+func (c fcmConfig) enabled() bool     { return c.CredentialsFile != "" }
+func (c webPushConfig) enabled() bool { return c.PrivateKey != "" }
 
 // loadConfig reads the configuration from getenv, filling defaults in one
 // place. It checks shapes, not reachability.
@@ -22,6 +46,13 @@ func loadConfig(getenv func(string) string) (config, error) {
 		DatabaseURL:   getenv("DATABASE_URL"),
 		Addr:          getenv("HERALD_ADDR"),
 		AdminPassword: getenv("HERALD_ADMIN_PASSWORD"),
+		APNs: apnsConfig{
+			KeyFile: getenv("APNS_KEY_FILE"), KeyID: getenv("APNS_KEY_ID"), TeamID: getenv("APNS_TEAM_ID"),
+			Topic: getenv("APNS_TOPIC"), Host: getenv("APNS_HOST"),
+		},
+		FCM:      fcmConfig{CredentialsFile: getenv("FCM_CREDENTIALS_FILE"), Endpoint: getenv("FCM_ENDPOINT")},
+		WebPush:  webPushConfig{PublicKey: getenv("VAPID_PUBLIC_KEY"), PrivateKey: getenv("VAPID_PRIVATE_KEY"), Subject: getenv("VAPID_SUBJECT")},
+		CertFile: getenv("SSL_CERT_FILE"),
 	}
 	if c.Addr == "" {
 		c.Addr = "127.0.0.1:8080"
@@ -31,7 +62,65 @@ func loadConfig(getenv func(string) string) (config, error) {
 			c.APIKeys = append(c.APIKeys, k)
 		}
 	}
-	return c, nil
+	var err error
+	if c.ChunkSize, err = intVar(getenv, "HERALD_CHUNK_SIZE", 1, 10_000); err != nil {
+		return c, err
+	}
+	if c.UrgentWorkers, err = intVar(getenv, "HERALD_URGENT_WORKERS", 1, 1000); err != nil {
+		return c, err
+	}
+	if c.BulkWorkers, err = intVar(getenv, "HERALD_BULK_WORKERS", 1, 1000); err != nil {
+		return c, err
+	}
+	if s := getenv("HERALD_FETCH_POLL_INTERVAL"); s != "" {
+		if c.FetchPollInterval, err = time.ParseDuration(s); err != nil || c.FetchPollInterval < time.Millisecond {
+			return c, fmt.Errorf("HERALD_FETCH_POLL_INTERVAL: %q is not a duration of at least 1ms", s)
+		}
+	}
+	return c, c.validateProviders()
+}
+
+// intVar reads an optional whole number within [lo, hi]; 0 when unset.
+func intVar(getenv func(string) string, name string, lo, hi int) (int, error) {
+	s := getenv(name)
+	if s == "" {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < lo || n > hi {
+		return 0, fmt.Errorf("%s: %q is not a whole number from %d to %d", name, s, lo, hi)
+	}
+	return n, nil
+}
+
+// validateProviders refuses a half-configured provider: naming the missing
+// variable at startup beats failing every send later.
+func (c config) validateProviders() error {
+	if c.APNs.enabled() {
+		if err := requireAll("APNS_KEY_FILE", "APNs",
+			[2]string{"APNS_KEY_ID", c.APNs.KeyID}, [2]string{"APNS_TEAM_ID", c.APNs.TeamID},
+			[2]string{"APNS_TOPIC", c.APNs.Topic}); err != nil {
+			return err
+		}
+	}
+	if c.WebPush.enabled() {
+		if err := requireAll("VAPID_PRIVATE_KEY", "Web Push",
+			[2]string{"VAPID_PUBLIC_KEY", c.WebPush.PublicKey}, [2]string{"VAPID_SUBJECT", c.WebPush.Subject}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// requireAll returns an error naming the first of vars (name, value) that
+// is empty, given that trigger turned provider on.
+func requireAll(trigger, provider string, vars ...[2]string) error {
+	for _, v := range vars {
+		if v[1] == "" {
+			return fmt.Errorf("%s is set but %s is not: set it, or unset %s to disable %s", trigger, v[0], trigger, provider)
+		}
+	}
+	return nil
 }
 
 func (c config) requireDatabase() error {

@@ -2,25 +2,33 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
 
 	"github.com/heraldpush/herald/api"
 	"github.com/heraldpush/herald/db"
 	"github.com/heraldpush/herald/jobs"
 )
 
-// shutdownGrace bounds how long in-flight requests may take to finish after
-// a signal.
+// shutdownGrace bounds how long in-flight requests and chunks may take to
+// finish after a signal; a chunk still running then is cancelled and River
+// retries it later (its settled deliveries are skipped).
 const shutdownGrace = 15 * time.Second
 
-// runServe runs the API (and, as later parts land, the workers) until ctx is
-// cancelled, then shuts down in order: stop accepting, finish requests,
-// close the pool.
+// runServe runs the API and the chunk workers (or one of them, by --role)
+// until ctx is cancelled, then shuts down in order: stop accepting requests,
+// let running chunks finish, close the providers and the pool.
 func runServe(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	cfg, err := loadConfig(getenv)
 	if err != nil {
@@ -38,6 +46,7 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 	default:
 		return fmt.Errorf("--role %q is not one of all, api, worker", *role)
 	}
+	works := *role != "api"
 	if err := cfg.requireDatabase(); err != nil {
 		return err
 	}
@@ -66,23 +75,78 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		return err
 	}
 
-	if len(cfg.APIKeys) == 0 {
+	if *role != "worker" && len(cfg.APIKeys) == 0 {
 		logger.Warn("HERALD_API_KEYS is empty: every /v1 request will be refused with 401")
 	}
 	if cfg.AdminPassword == "" {
 		logger.Warn("HERALD_ADMIN_PASSWORD is empty: the dashboard and River UI are disabled")
 	}
 
-	riverClient, err := jobs.NewRiverClient(pool, jobs.RiverConfig{Logger: logger})
+	// Background loops run until stop() and are waited for at shutdown.
+	bgCtx, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopBackground()
+	var background []func()
+	goBackground := func(f func(context.Context)) {
+		done := make(chan struct{})
+		go func() { defer close(done); f(bgCtx) }()
+		background = append(background, func() { <-done })
+	}
+
+	riverCfg := jobs.RiverConfig{
+		Logger: logger, UrgentWorkers: cfg.UrgentWorkers, BulkWorkers: cfg.BulkWorkers,
+		FetchPollInterval: cfg.FetchPollInterval,
+	}
+	if works {
+		roots, err := rootCAs(cfg.CertFile)
+		if err != nil {
+			return err
+		}
+		logDisabledChannels(ctx, cfg, logger)
+		bulk, err := buildProviders(ctx, cfg, roots, logger, "bulk")
+		if err != nil {
+			return err
+		}
+		defer bulk.close()
+		urgent, err := buildProviders(ctx, cfg, roots, logger, "urgent")
+		if err != nil {
+			return err
+		}
+		defer urgent.close()
+		clock := jobs.NewClock(pool, logger)
+		if err := clock.Measure(ctx); err != nil {
+			return fmt.Errorf("measure the database clock: %w", err)
+		}
+		logger.Info("database clock offset measured", "offset", clock.Offset())
+		workers := river.NewWorkers()
+		worker := jobs.Register(workers, jobs.FanOutConfig{
+			Pool: pool, Logger: logger, Clock: clock,
+			Providers: bulk.byChannel, UrgentProviders: urgent.byChannel,
+		})
+		riverCfg.Workers = workers
+		goBackground(func(ctx context.Context) { clock.Run(ctx, 30*time.Second) })
+		goBackground((&jobs.Promoter{Pool: pool, Logger: logger}).Run)
+		goBackground((&jobs.StatusReporter{
+			Pool: pool, Logger: logger, ProcessID: processID(), Breakers: worker.Breakers(),
+		}).Run)
+	}
+	riverClient, err := jobs.NewRiverClient(pool, riverCfg)
 	if err != nil {
 		return err
 	}
+	if works {
+		if err := riverClient.Start(ctx); err != nil {
+			return fmt.Errorf("start River: %w", err)
+		}
+	}
 
 	server, err := api.NewServer(api.Config{
-		Logger:  logger,
-		Pool:    pool,
-		APIKeys: cfg.APIKeys,
-		River:   riverClient,
+		Logger:     logger,
+		Pool:       pool,
+		APIKeys:    cfg.APIKeys,
+		River:      riverClient,
+		ChunkSize:  cfg.ChunkSize,
+		Configured: map[string]bool{"apns": cfg.APNs.enabled(), "fcm": cfg.FCM.enabled(), "webpush": cfg.WebPush.enabled()},
+		WorkerOnly: *role == "worker",
 		Ready: func(ctx context.Context) error {
 			if err := pool.Ping(ctx); err != nil {
 				return fmt.Errorf("database unreachable: %w", err)
@@ -117,9 +181,40 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 	logger.Info("shutting down")
 	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownGrace)
 	defer cancel()
+	var errs []error
 	if err := httpServer.Shutdown(shutdownCtx); err != nil {
-		return fmt.Errorf("shutdown: %w", err)
+		errs = append(errs, fmt.Errorf("shutdown http: %w", err))
+	}
+	if works {
+		stopRiver(shutdownCtx, riverClient, logger)
+	}
+	stopBackground()
+	for _, wait := range background {
+		wait()
 	}
 	logger.Info("stopped")
-	return nil
+	return errors.Join(errs...)
+}
+
+// stopRiver lets running chunks finish within the grace period, then
+// cancels what is left: River retries a cancelled chunk, and its settled
+// deliveries are skipped.
+func stopRiver(ctx context.Context, client *river.Client[pgx.Tx], logger *slog.Logger) {
+	if err := client.Stop(ctx); err != nil {
+		logger.Warn("chunks still running at the end of the grace period; cancelling them", "error", err)
+		cancelCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := client.StopAndCancel(cancelCtx); err != nil {
+			logger.Error("River did not stop", "error", err)
+		}
+	}
+}
+
+// processID names this process in provider status reports: host and pid,
+// plus a random suffix so that a restarted process is a new reporter.
+func processID() string {
+	host, _ := os.Hostname()
+	b := make([]byte, 3)
+	_, _ = rand.Read(b)
+	return fmt.Sprintf("%s/%d/%s", host, os.Getpid(), hex.EncodeToString(b))
 }

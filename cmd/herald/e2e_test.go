@@ -1,0 +1,313 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/heraldpush/herald/db/dbtest"
+	"github.com/heraldpush/herald/jobs/push/fake"
+)
+
+// e2e is a running Herald (run() in-process, real PostgreSQL) wired to an
+// in-process fakepush over real HTTP/2 and TLS.
+type e2e struct {
+	t    *testing.T
+	fake *fake.Server
+	base string
+	stop func() error
+}
+
+// startE2E starts fakepush and `herald serve --migrate` with fakepush's env.
+// drop removes variables from that env (to disable a channel); extra adds
+// or overrides.
+func startE2E(t *testing.T, extra map[string]string, drop ...string) *e2e {
+	t.Helper()
+	fp, err := fake.New(fake.Config{Addr: "127.0.0.1:0", TLSDir: t.TempDir(), Latency: 5 * time.Millisecond})
+	require.NoError(t, err)
+	require.NoError(t, fp.Start(context.Background()))
+	t.Cleanup(func() { _ = fp.Close() })
+
+	tdb := dbtest.NewEmpty(t)
+	vars := fp.Env()
+	for _, k := range drop {
+		delete(vars, k)
+	}
+	vars["DATABASE_URL"] = tdb.URL
+	vars["HERALD_API_KEYS"] = testAPIKey
+	vars["HERALD_LOG_LEVEL"] = "warn"
+	maps.Copy(vars, extra)
+	base, stop := startServe(t, vars, "--migrate")
+	return &e2e{t: t, fake: fp, base: base, stop: stop}
+}
+
+// call makes an API call and decodes the JSON answer.
+func (e *e2e) call(method, path string, body any) (int, map[string]any) {
+	e.t.Helper()
+	var rd *bytes.Reader
+	if body != nil {
+		raw, err := json.Marshal(body)
+		require.NoError(e.t, err)
+		rd = bytes.NewReader(raw)
+	} else {
+		rd = bytes.NewReader(nil)
+	}
+	req, err := http.NewRequest(method, e.base+path, rd)
+	require.NoError(e.t, err)
+	req.Header.Set("Authorization", "Bearer "+testAPIKey)
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(e.t, err)
+	defer resp.Body.Close()
+	var out map[string]any
+	if resp.StatusCode != http.StatusNoContent {
+		require.NoError(e.t, json.NewDecoder(resp.Body).Decode(&out))
+	}
+	return resp.StatusCode, out
+}
+
+func (e *e2e) must(status int, method, path string, body any) map[string]any {
+	e.t.Helper()
+	got, out := e.call(method, path, body)
+	require.Equal(e.t, status, got, "%s %s: %v", method, path, out)
+	return out
+}
+
+// settle waits until a message is no longer scheduled or dispatching.
+func (e *e2e) settle(id string, within time.Duration) map[string]any {
+	e.t.Helper()
+	var st map[string]any
+	require.Eventually(e.t, func() bool {
+		st = e.must(http.StatusOK, http.MethodGet, "/v1/messages/"+id, nil)
+		return st["state"] != "scheduled" && st["state"] != "dispatching"
+	}, within, 20*time.Millisecond, "message %s did not settle", id)
+	return st
+}
+
+func (e *e2e) deliveries(id, status string) []map[string]any {
+	e.t.Helper()
+	var out []map[string]any
+	cursor := ""
+	for {
+		path := "/v1/messages/" + id + "/deliveries?limit=1000&status=" + status
+		if cursor != "" {
+			path += "&cursor=" + cursor
+		}
+		page := e.must(http.StatusOK, http.MethodGet, path, nil)
+		for _, it := range page["items"].([]any) {
+			out = append(out, it.(map[string]any))
+		}
+		next, _ := page["next_cursor"].(string)
+		if next == "" {
+			return out
+		}
+		cursor = next
+	}
+}
+
+func hexToken(prefix string) string {
+	b := make([]byte, 32)
+	_, _ = rand.Read(b)
+	return (prefix + hex.EncodeToString(b))[:64]
+}
+
+// register gives user one device per channel; dead tokens when dead.
+func (e *e2e) register(user string, dead bool) {
+	e.t.Helper()
+	prefix := ""
+	if dead {
+		prefix = "dead"
+	}
+	sub, err := e.fake.MintSubscription(dead)
+	require.NoError(e.t, err)
+	e.must(http.StatusCreated, http.MethodPost, "/v1/devices", map[string]any{"user_id": user, "channel": "apns", "token": hexToken(prefix)})
+	e.must(http.StatusCreated, http.MethodPost, "/v1/devices", map[string]any{"user_id": user, "channel": "fcm", "token": prefix + "fcm-" + hexToken("")})
+	e.must(http.StatusCreated, http.MethodPost, "/v1/devices", map[string]any{"user_id": user, "channel": "webpush", "subscription": sub})
+}
+
+func TestE2EDeliversOncePerDeviceAndEvictsDeadTokens(t *testing.T) {
+	t.Parallel()
+	e := startE2E(t, nil)
+	for _, u := range []string{"ann", "bob", "cy"} {
+		e.register(u, false)
+	}
+	e.register("dee", true)
+
+	msg := e.must(http.StatusAccepted, http.MethodPost, "/v1/messages", map[string]any{
+		"priority": "urgent",
+		"audience": map[string]any{"type": "users", "ids": []string{"ann", "bob", "cy", "dee"}},
+		"payload":  map[string]any{"title": "Standup", "body": "now", "data": map[string]any{"room": "blue"}},
+	})
+	id := msg["message_id"].(string)
+	require.EqualValues(t, 12, msg["device_count"])
+	st := e.settle(id, 30*time.Second)
+	require.Equal(t, "dispatched", st["state"])
+	require.Equal(t, map[string]any{"total": 12.0, "accepted": 9.0, "failed": 3.0, "expired": 0.0, "cancelled": 0.0, "pending": 0.0}, st["deliveries"])
+	require.NotNil(t, st["skew_ms"])
+	require.NotNil(t, st["started_at"])
+	require.NotNil(t, st["settled_at"])
+
+	// fakepush took each live device's push exactly once, with the
+	// message id as collapse key.
+	receipts := e.fake.Receipts(id)
+	require.Len(t, receipts, 9)
+	seen := map[string]bool{}
+	for _, r := range receipts {
+		key := r.Channel + "/" + r.Token
+		require.False(t, seen[key], "device %s got the message twice", key)
+		seen[key] = true
+	}
+	stats := e.fake.Stats()
+	require.Zero(t, stats.APNs.Duplicates+stats.FCM.Duplicates+stats.WebPush.Duplicates)
+
+	for _, d := range e.deliveries(id, "accepted") {
+		require.NotNil(t, d["accepted_at"])
+		require.GreaterOrEqual(t, d["skew_ms"].(float64), 0.0)
+	}
+	failed := e.deliveries(id, "failed")
+	require.Len(t, failed, 3)
+	for _, d := range failed {
+		require.Equal(t, "dee", d["user_id"])
+		require.Equal(t, "unregistered", d["reason"])
+	}
+
+	// Dee's devices are evicted, and the next message skips them.
+	list := e.must(http.StatusOK, http.MethodGet, "/v1/users/dee/devices", nil)
+	for _, d := range list["items"].([]any) {
+		require.Equal(t, "evicted", d.(map[string]any)["status"])
+		require.Equal(t, "unregistered", d.(map[string]any)["evicted_reason"])
+	}
+	next := e.must(http.StatusAccepted, http.MethodPost, "/v1/messages", map[string]any{
+		"audience": map[string]any{"type": "users", "ids": []string{"ann", "bob", "cy", "dee"}},
+		"payload":  map[string]any{"title": "again"},
+	})
+	require.EqualValues(t, 9, next["device_count"])
+	require.Equal(t, "dispatched", e.settle(next["message_id"].(string), 30*time.Second)["state"])
+}
+
+func TestE2EDisabledChannelFailsLoudly(t *testing.T) {
+	t.Parallel()
+	e := startE2E(t, nil, "VAPID_PUBLIC_KEY", "VAPID_PRIVATE_KEY", "VAPID_SUBJECT")
+	e.register("ann", false)
+	providers := e.must(http.StatusOK, http.MethodGet, "/v1/providers", nil)
+	require.Equal(t, false, providers["webpush"].(map[string]any)["configured"])
+	require.Equal(t, true, providers["apns"].(map[string]any)["configured"])
+
+	msg := e.must(http.StatusAccepted, http.MethodPost, "/v1/messages", map[string]any{
+		"audience": map[string]any{"type": "users", "ids": []string{"ann"}},
+		"payload":  map[string]any{"title": "hi"},
+	})
+	id := msg["message_id"].(string)
+	st := e.settle(id, 30*time.Second)
+	require.Equal(t, map[string]any{"total": 3.0, "accepted": 2.0, "failed": 1.0, "expired": 0.0, "cancelled": 0.0, "pending": 0.0}, st["deliveries"])
+	failed := e.deliveries(id, "failed")
+	require.Len(t, failed, 1)
+	require.Equal(t, "webpush", failed[0]["channel"])
+	require.Equal(t, "channel_disabled", failed[0]["reason"])
+}
+
+func TestE2EProviderDownForTheWholeLifetime(t *testing.T) {
+	t.Parallel()
+	e := startE2E(t, nil)
+	require.NoError(t, e.fake.SetControl(fake.Control{Channel: "apns", Mode: fake.ModeUnavailable}))
+	const devices = 40
+	var batch []map[string]any
+	var users []string
+	for i := range devices {
+		u := fmt.Sprintf("u%d", i)
+		users = append(users, u)
+		batch = append(batch, map[string]any{"user_id": u, "channel": "apns", "token": hexToken("")})
+	}
+	e.must(http.StatusOK, http.MethodPost, "/v1/devices/batch", map[string]any{"devices": batch})
+
+	// Warming connections at startup made requests of its own.
+	before := e.fake.Stats().APNs.Received
+	lifetime := 4 * time.Second
+	now := time.Now()
+	msg := e.must(http.StatusAccepted, http.MethodPost, "/v1/messages", map[string]any{
+		"dispatch_at": now.Format(time.RFC3339Nano),
+		"expires_at":  now.Add(lifetime).Format(time.RFC3339Nano),
+		"audience":    map[string]any{"type": "users", "ids": users},
+		"payload":     map[string]any{"title": "down"},
+	})
+	id := msg["message_id"].(string)
+	st := e.settle(id, lifetime+20*time.Second)
+	require.Equal(t, "expired", st["state"])
+	require.Equal(t, map[string]any{"total": 40.0, "accepted": 0.0, "failed": 0.0, "expired": 40.0, "cancelled": 0.0, "pending": 0.0}, st["deliveries"])
+	for _, d := range e.deliveries(id, "expired") {
+		require.Equal(t, "provider_unavailable", d["reason"], "an expired delivery says what held it back")
+	}
+
+	// The provider saw the first burst (sends already in flight when the
+	// breaker opened) and then only the breaker's probes: one after 1 s,
+	// 2 s after that, within the 4 s lifetime; never a retry storm.
+	received := e.fake.Stats().APNs.Received - before
+	t.Logf("fakepush received %d APNs requests for %d devices over a %s lifetime", received, devices, lifetime)
+	require.LessOrEqual(t, received, int64(devices+3))
+
+	providers := e.must(http.StatusOK, http.MethodGet, "/v1/providers", nil)
+	apns := providers["apns"].(map[string]any)
+	require.Contains(t, []any{"open", "half_open"}, apns["state"], "%v", apns)
+	require.NotEmpty(t, apns["last_error"])
+}
+
+func TestE2EUrgentIsNotBlockedByBulk(t *testing.T) {
+	t.Parallel()
+	e := startE2E(t, nil)
+	// A provider round trip of 20 ms makes the bulk fan-out take a while.
+	latency := 20
+	require.NoError(t, e.fake.SetControl(fake.Control{Channel: "fcm", LatencyMS: &latency}))
+
+	const bulkDevices = 5000
+	var users []string
+	for start := 0; start < bulkDevices; start += 2500 {
+		var batch []map[string]any
+		for i := start; i < start+2500; i++ {
+			u := fmt.Sprintf("b%d", i)
+			users = append(users, u)
+			batch = append(batch, map[string]any{"user_id": u, "channel": "fcm", "token": fmt.Sprintf("bulk-token-%d", i)})
+		}
+		e.must(http.StatusOK, http.MethodPost, "/v1/devices/batch", map[string]any{"devices": batch})
+	}
+	e.must(http.StatusCreated, http.MethodPost, "/v1/devices", map[string]any{"user_id": "otp", "channel": "fcm", "token": "urgent-token"})
+
+	bulk := e.must(http.StatusAccepted, http.MethodPost, "/v1/messages", map[string]any{
+		"priority": "bulk",
+		"audience": map[string]any{"type": "users", "ids": users},
+		"payload":  map[string]any{"title": "digest"},
+	})
+	// Once the bulk message is dispatching, the urgent one goes out.
+	bulkID := bulk["message_id"].(string)
+	require.Eventually(t, func() bool {
+		return e.must(http.StatusOK, http.MethodGet, "/v1/messages/"+bulkID, nil)["state"] == "dispatching"
+	}, 20*time.Second, 5*time.Millisecond)
+	urgent := e.must(http.StatusAccepted, http.MethodPost, "/v1/messages", map[string]any{
+		"priority": "urgent",
+		"audience": map[string]any{"type": "users", "ids": []string{"otp"}},
+		"payload":  map[string]any{"title": "code 123456"},
+	})
+	urgentID := urgent["message_id"].(string)
+
+	urgentSt := e.settle(urgentID, 30*time.Second)
+	bulkSt := e.settle(bulkID, 60*time.Second)
+	require.EqualValues(t, 1, urgentSt["deliveries"].(map[string]any)["accepted"])
+	require.EqualValues(t, bulkDevices, bulkSt["deliveries"].(map[string]any)["accepted"])
+
+	urgentAt, err := time.Parse(time.RFC3339Nano, e.deliveries(urgentID, "accepted")[0]["accepted_at"].(string))
+	require.NoError(t, err)
+	bulkSettled, err := time.Parse(time.RFC3339Nano, bulkSt["settled_at"].(string))
+	require.NoError(t, err)
+	t.Logf("urgent skew %v ms; bulk skew %v", urgentSt["skew_ms"].(map[string]any)["max"], bulkSt["skew_ms"])
+	require.True(t, urgentAt.Before(bulkSettled), "the urgent push waited for the bulk fan-out to finish")
+}

@@ -1,0 +1,110 @@
+package main
+
+import (
+	"context"
+	"crypto/x509"
+	"fmt"
+	"log/slog"
+	"os"
+
+	"github.com/heraldpush/herald/jobs"
+	"github.com/heraldpush/herald/jobs/push/apns"
+	"github.com/heraldpush/herald/jobs/push/fcm"
+	"github.com/heraldpush/herald/jobs/push/webpush"
+)
+
+// providers are the configured push providers of a worker process, keyed by
+// channel, with what must be closed at shutdown.
+type providers struct {
+	byChannel map[string]jobs.Sender
+	closers   []func()
+}
+
+func (p *providers) close() {
+	for _, c := range p.closers {
+		c()
+	}
+}
+
+// rootCAs is the system's CA pool plus SSL_CERT_FILE's certificates, read
+// through getenv so that in-process tests can point Herald at a fakepush.
+func rootCAs(certFile string) (*x509.CertPool, error) {
+	pool, err := x509.SystemCertPool()
+	if err != nil {
+		pool = x509.NewCertPool()
+	}
+	if certFile == "" {
+		return pool, nil
+	}
+	pem, err := os.ReadFile(certFile)
+	if err != nil {
+		return nil, fmt.Errorf("SSL_CERT_FILE: %w", err)
+	}
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("SSL_CERT_FILE: %s holds no PEM certificate", certFile)
+	}
+	return pool, nil
+}
+
+// logDisabledChannels says at startup which channels have no credentials: their
+// deliveries fail with channel_disabled, never silently.
+func logDisabledChannels(ctx context.Context, cfg config, logger *slog.Logger) {
+	if !cfg.APNs.enabled() {
+		logger.WarnContext(ctx, "APNs is not configured (APNS_KEY_FILE): APNs deliveries will fail with channel_disabled")
+	}
+	if !cfg.FCM.enabled() {
+		logger.WarnContext(ctx, "FCM is not configured (FCM_CREDENTIALS_FILE): FCM deliveries will fail with channel_disabled")
+	}
+	if !cfg.WebPush.enabled() {
+		logger.WarnContext(ctx, "Web Push is not configured (VAPID_PRIVATE_KEY): Web Push deliveries will fail with channel_disabled")
+	}
+}
+
+// warmer is a provider that can open its connections ahead of traffic.
+type warmer interface {
+	jobs.Sender
+	Warm(ctx context.Context) error
+	Close()
+}
+
+// buildProviders makes a provider client for every configured channel and
+// warms its connections, so that the first push of the first message pays
+// no handshake. Each lane gets its own set (see jobs.FanOutConfig).
+func buildProviders(ctx context.Context, cfg config, roots *x509.CertPool, logger *slog.Logger, lane string) (*providers, error) {
+	p := &providers{byChannel: map[string]jobs.Sender{}}
+	add := func(channel string, w warmer, err error) error {
+		if err != nil {
+			return fmt.Errorf("%s: %w", channel, err)
+		}
+		p.byChannel[channel], p.closers = w, append(p.closers, w.Close)
+		if err := w.Warm(ctx); err != nil {
+			logger.WarnContext(ctx, "provider connections could not be warmed; they will open on first use",
+				"channel", channel, "lane", lane, "error", err)
+		}
+		return nil
+	}
+	var err error
+	if cfg.APNs.enabled() {
+		a, e := apns.New(apns.Config{
+			KeyFile: cfg.APNs.KeyFile, KeyID: cfg.APNs.KeyID, TeamID: cfg.APNs.TeamID,
+			Topic: cfg.APNs.Topic, Host: cfg.APNs.Host, RootCAs: roots,
+		})
+		err = add("apns", a, e)
+	}
+	if err == nil && cfg.FCM.enabled() {
+		f, e := fcm.New(ctx, fcm.Config{CredentialsFile: cfg.FCM.CredentialsFile, Endpoint: cfg.FCM.Endpoint, RootCAs: roots})
+		err = add("fcm", f, e)
+	}
+	if err == nil && cfg.WebPush.enabled() {
+		w, e := webpush.New(webpush.Config{
+			VAPIDPublicKey: cfg.WebPush.PublicKey, VAPIDPrivateKey: cfg.WebPush.PrivateKey,
+			Subject: cfg.WebPush.Subject, RootCAs: roots,
+		})
+		err = add("webpush", w, e)
+	}
+	if err != nil {
+		p.close()
+		return nil, err
+	}
+	return p, nil
+}

@@ -1,0 +1,62 @@
+package jobs
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/heraldpush/herald/db"
+)
+
+// Channels Herald sends through, in the order status is reported.
+var Channels = []string{"apns", "fcm", "webpush"}
+
+// StatusReporter publishes this process's breaker states to the database
+// every Interval, so that any process can answer GET /v1/providers for the
+// whole deployment.
+type StatusReporter struct {
+	Pool      *pgxpool.Pool
+	Logger    *slog.Logger
+	ProcessID string
+	// Breakers by channel; a channel without one is not configured here.
+	Breakers map[string]*Breaker
+	Interval time.Duration
+}
+
+// Run reports until ctx is done.
+func (r *StatusReporter) Run(ctx context.Context) {
+	interval := r.Interval
+	if interval <= 0 {
+		interval = 2 * time.Second
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	q := db.New(r.Pool)
+	for n := 0; ; n++ {
+		for _, channel := range Channels {
+			p := db.UpsertProviderStatusParams{ProcessID: r.ProcessID, Channel: channel, State: BreakerClosed}
+			if b := r.Breakers[channel]; b != nil {
+				st := b.Status()
+				p.Configured, p.State, p.Sends, p.Failures = true, st.State, st.Sends, st.Failures
+				if st.LastError != "" {
+					p.LastError, p.LastErrorAt = &st.LastError, &st.LastErrorAt
+				}
+			}
+			if err := q.UpsertProviderStatus(ctx, p); err != nil && ctx.Err() == nil {
+				r.Logger.WarnContext(ctx, "report provider status", "error", err)
+			}
+		}
+		if n%1800 == 0 {
+			if err := q.DeleteStaleProviderStatus(ctx); err != nil && ctx.Err() == nil {
+				r.Logger.WarnContext(ctx, "delete stale provider status", "error", err)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
