@@ -191,6 +191,15 @@ func NewFanOutWorker(cfg FanOutConfig) *FanOutWorker {
 	return &FanOutWorker{cfg: cfg, messages: newMessageCache(cfg.Pool, 64)}
 }
 
+// recordTimeout bounds the write of a chunk's results.
+const recordTimeout = 10 * time.Second
+
+// sendBudget is how long a chunk attempt may spend sending: its timeout less
+// a reserve for recording the results (a quarter of the timeout, at most 5 s).
+func (w *FanOutWorker) sendBudget() time.Duration {
+	return w.cfg.Timeout - min(w.cfg.Timeout/4, 5*time.Second)
+}
+
 // Timeout bounds one attempt. River's rescuer must not retry a chunk whose
 // worker may still be sending, so the client's RescueStuckJobsAfter is set
 // above it (see NewRiverClient).
@@ -249,6 +258,11 @@ func (w *FanOutWorker) Work(ctx context.Context, job *river.Job[FanOutArgs]) err
 	if a.Priority == PriorityUrgent && w.cfg.UrgentProviders != nil {
 		providers = w.cfg.UrgentProviders
 	}
+	// Sending stops early enough to leave time to record what was sent: a
+	// chunk that ran out of time still writes its results, so its retry
+	// sends only what was not answered.
+	sendCtx, cancel := context.WithTimeout(ctx, w.sendBudget())
+	defer cancel()
 	results := make([]push.Result, len(a.Targets))
 	var wg sync.WaitGroup
 	for channel, idx := range byChannel {
@@ -270,7 +284,7 @@ func (w *FanOutWorker) Work(ctx context.Context, job *river.Job[FanOutArgs]) err
 				targets[j] = push.Target{DeviceID: t.DeviceID, Token: t.Token, P256dh: t.P256dh, Auth: t.Auth}
 			}
 			out := make([]push.Result, len(idx))
-			provider.Send(ctx, msg, targets, out, breaker.Allow)
+			provider.Send(sendCtx, msg, targets, out, breaker.Allow)
 			for j, i := range idx {
 				r := out[j]
 				switch {
@@ -343,6 +357,11 @@ func (w *FanOutWorker) finish(ctx context.Context, a FanOutArgs, startedAt time.
 	}
 
 	finishedAt := w.cfg.Clock.Now()
+	// Record even when the attempt's context is done (timeout, shutdown):
+	// pushes that were sent must be written, or the retry sends them again.
+	writeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
+	defer cancel()
+	ctx = writeCtx
 	err := db.InTx(ctx, w.cfg.Pool, func(tx pgx.Tx) error {
 		q := db.New(tx)
 		if _, err := q.LockMessage(ctx, a.MessageID); err != nil {

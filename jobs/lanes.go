@@ -49,6 +49,10 @@ type RiverConfig struct {
 	// Lookahead is how long before its time a chunk is made available to
 	// fetch (fetching still waits for its time). Default 10 s.
 	Lookahead time.Duration
+	// ChunkTimeout bounds a chunk attempt (default 30 s); RescueAfter is
+	// how long a chunk may run before River, finding its process gone,
+	// retries it (default 1 min). RescueAfter must exceed ChunkTimeout.
+	ChunkTimeout, RescueAfter time.Duration
 }
 
 func (c *RiverConfig) setDefaults() {
@@ -63,6 +67,12 @@ func (c *RiverConfig) setDefaults() {
 	}
 	if c.Lookahead <= 0 {
 		c.Lookahead = 10 * time.Second
+	}
+	if c.ChunkTimeout <= 0 {
+		c.ChunkTimeout = 30 * time.Second
+	}
+	if c.RescueAfter <= 0 {
+		c.RescueAfter = time.Minute
 	}
 }
 
@@ -95,13 +105,13 @@ func NewRiverClient(pool *pgxpool.Pool, cfg RiverConfig) (*river.Client[pgx.Tx],
 		}
 		rc.FetchPollInterval = cfg.FetchPollInterval
 		rc.FetchCooldown = cfg.FetchPollInterval / 5
-		// A chunk attempt is bounded by the worker's timeout (30 s); a chunk
-		// whose process died is rescued once it has been running for a
-		// minute, so never while its first attempt may still be sending, and
-		// within about 90 s (River's rescuer looks every 30 s), not River's
-		// default hour.
-		rc.JobTimeout = 30 * time.Second
-		rc.RescueStuckJobsAfter = time.Minute
+		// A chunk attempt is bounded by ChunkTimeout (30 s); a chunk whose
+		// process died is rescued once it has been running for RescueAfter
+		// (a minute), so never while its first attempt may still be sending,
+		// and within about 90 s (River's rescuer looks every 30 s), not
+		// River's default hour.
+		rc.JobTimeout = cfg.ChunkTimeout
+		rc.RescueStuckJobsAfter = cfg.RescueAfter
 	} else {
 		// Insert-only: the job kinds are not registered here, so River
 		// cannot check them.

@@ -27,6 +27,11 @@ type config struct {
 	ChunkSize                  int
 	UrgentWorkers, BulkWorkers int
 	FetchPollInterval          time.Duration
+	// ChunkTimeout bounds one attempt of a chunk; RescueAfter is when River
+	// retries a chunk whose process died. RescueAfter must exceed
+	// ChunkTimeout, so that a chunk is never retried while its first attempt
+	// may still be sending.
+	ChunkTimeout, RescueAfter time.Duration
 }
 
 type apnsConfig struct{ KeyFile, KeyID, TeamID, Topic, Host string }
@@ -72,10 +77,17 @@ func loadConfig(getenv func(string) string) (config, error) {
 	if c.BulkWorkers, err = intVar(getenv, "HERALD_BULK_WORKERS", 1, 1000); err != nil {
 		return c, err
 	}
-	if s := getenv("HERALD_FETCH_POLL_INTERVAL"); s != "" {
-		if c.FetchPollInterval, err = time.ParseDuration(s); err != nil || c.FetchPollInterval < time.Millisecond {
-			return c, fmt.Errorf("HERALD_FETCH_POLL_INTERVAL: %q is not a duration of at least 1ms", s)
-		}
+	if c.FetchPollInterval, err = durationVar(getenv, "HERALD_FETCH_POLL_INTERVAL", 0, time.Millisecond); err != nil {
+		return c, err
+	}
+	if c.ChunkTimeout, err = durationVar(getenv, "HERALD_CHUNK_TIMEOUT", 30*time.Second, time.Second); err != nil {
+		return c, err
+	}
+	if c.RescueAfter, err = durationVar(getenv, "HERALD_RESCUE_AFTER", time.Minute, time.Second); err != nil {
+		return c, err
+	}
+	if c.RescueAfter <= c.ChunkTimeout {
+		return c, fmt.Errorf("HERALD_RESCUE_AFTER (%s) must be longer than HERALD_CHUNK_TIMEOUT (%s), or a chunk could be retried while its first attempt is still sending", c.RescueAfter, c.ChunkTimeout)
 	}
 	return c, c.validateProviders()
 }
@@ -91,6 +103,19 @@ func intVar(getenv func(string) string, name string, lo, hi int) (int, error) {
 		return 0, fmt.Errorf("%s: %q is not a whole number from %d to %d", name, s, lo, hi)
 	}
 	return n, nil
+}
+
+// durationVar reads an optional duration of at least lo; def when unset.
+func durationVar(getenv func(string) string, name string, def, lo time.Duration) (time.Duration, error) {
+	s := getenv(name)
+	if s == "" {
+		return def, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d < lo {
+		return 0, fmt.Errorf("%s: %q is not a duration of at least %s", name, s, lo)
+	}
+	return d, nil
 }
 
 // validateProviders refuses a half-configured provider: naming the missing

@@ -95,6 +95,7 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 	riverCfg := jobs.RiverConfig{
 		Logger: logger, UrgentWorkers: cfg.UrgentWorkers, BulkWorkers: cfg.BulkWorkers,
 		FetchPollInterval: cfg.FetchPollInterval,
+		ChunkTimeout:      cfg.ChunkTimeout, RescueAfter: cfg.RescueAfter,
 	}
 	if works {
 		roots, err := rootCAs(cfg.CertFile)
@@ -119,7 +120,7 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		logger.Info("database clock offset measured", "offset", clock.Offset())
 		workers := river.NewWorkers()
 		worker := jobs.Register(workers, jobs.FanOutConfig{
-			Pool: pool, Logger: logger, Clock: clock,
+			Pool: pool, Logger: logger, Clock: clock, Timeout: cfg.ChunkTimeout,
 			Providers: bulk.byChannel, UrgentProviders: urgent.byChannel,
 		})
 		riverCfg.Workers = workers

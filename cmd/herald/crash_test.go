@@ -1,0 +1,195 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/heraldpush/herald/db/dbtest"
+	"github.com/heraldpush/herald/jobs/push/fake"
+)
+
+// workerProcess is `herald serve --role worker` in a process of its own.
+type workerProcess struct {
+	cmd *exec.Cmd
+	out *syncBuffer
+}
+
+// startWorker re-executes the test binary as a Herald worker with vars as
+// its whole environment (plus PATH).
+func startWorker(t *testing.T, vars map[string]string) *workerProcess {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "serve", "--role", "worker", "--addr", "127.0.0.1:0")
+	cmd.Env = []string{childEnv + "=1", "PATH=" + os.Getenv("PATH")}
+	for k, v := range vars {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	w := &workerProcess{cmd: cmd, out: &syncBuffer{}}
+	cmd.Stdout, cmd.Stderr = w.out, w.out
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		if t.Failed() {
+			t.Logf("worker output:\n%s", w.out.String())
+		}
+	})
+	return w
+}
+
+// kill ends the worker the hard way, as a crash or an OOM kill would.
+func (w *workerProcess) kill(t *testing.T) {
+	t.Helper()
+	require.NoError(t, w.cmd.Process.Signal(syscall.SIGKILL))
+	_ = w.cmd.Wait()
+}
+
+// fanOutSetup is an API-only Herald in-process, a fakepush and the
+// environment for worker processes, with n devices registered (half APNs,
+// half FCM) for n users.
+type fanOutSetup struct {
+	*e2e
+	db    *dbtest.DB
+	vars  map[string]string
+	users []string
+}
+
+func newFanOutSetup(t *testing.T, n int) *fanOutSetup {
+	t.Helper()
+	fp, err := fake.New(fake.Config{Addr: "127.0.0.1:0", TLSDir: t.TempDir(), Latency: 20 * time.Millisecond})
+	require.NoError(t, err)
+	require.NoError(t, fp.Start(context.Background()))
+	t.Cleanup(func() { _ = fp.Close() })
+
+	tdb := dbtest.NewEmpty(t)
+	vars := fp.Env()
+	vars["DATABASE_URL"] = tdb.URL
+	vars["HERALD_API_KEYS"] = testAPIKey
+	vars["HERALD_LOG_LEVEL"] = "warn"
+	// Short enough that the test sees a dead worker's chunks rescued within
+	// seconds rather than River's minute; the rescuer still only retries a
+	// chunk whose attempt is over.
+	vars["HERALD_CHUNK_TIMEOUT"] = "10s"
+	vars["HERALD_RESCUE_AFTER"] = "12s"
+	apiVars := map[string]string{}
+	for k, v := range vars {
+		apiVars[k] = v
+	}
+	base, stop := startServe(t, apiVars, "--migrate", "--role", "api")
+	t.Cleanup(func() { _ = stop() })
+	s := &fanOutSetup{e2e: &e2e{t: t, fake: fp, base: base, stop: stop}, db: tdb, vars: vars}
+
+	for start := 0; start < n; start += 10_000 {
+		var batch []map[string]any
+		for i := start; i < min(start+10_000, n); i++ {
+			u := fmt.Sprintf("u%d", i)
+			s.users = append(s.users, u)
+			if i%2 == 0 {
+				batch = append(batch, map[string]any{"user_id": u, "channel": "apns", "token": fmt.Sprintf("%064x", i)})
+			} else {
+				batch = append(batch, map[string]any{"user_id": u, "channel": "fcm", "token": fmt.Sprintf("fcm-token-%d", i)})
+			}
+		}
+		s.must(http.StatusOK, http.MethodPost, "/v1/devices/batch", map[string]any{"devices": batch})
+	}
+	return s
+}
+
+func (s *fanOutSetup) schedule() string {
+	s.t.Helper()
+	status, seg := s.call(http.MethodPut, "/v1/segments/all", map[string]any{"name": "all"})
+	if status == http.StatusCreated {
+		for start := 0; start < len(s.users); start += 10_000 {
+			s.must(http.StatusOK, http.MethodPost, "/v1/segments/all/members", map[string]any{"user_ids": s.users[start:min(start+10_000, len(s.users))]})
+		}
+	} else {
+		require.Equal(s.t, http.StatusOK, status, seg)
+	}
+	msg := s.must(http.StatusAccepted, http.MethodPost, "/v1/messages", map[string]any{
+		"audience": map[string]any{"type": "segment", "id": "all"},
+		"payload":  map[string]any{"title": "digest", "body": "twenty thousand of these"},
+	})
+	return msg["message_id"].(string)
+}
+
+func (s *fanOutSetup) accepted() int64 {
+	st := s.fake.Stats()
+	return st.APNs.Accepted + st.FCM.Accepted
+}
+
+// checkOnceEach checks the ledger and fakepush after a fan-out: every device
+// settled exactly once (accepted), and any push fakepush took twice carried
+// the message id as its collapse key, so the device showed it once.
+func (s *fanOutSetup) checkOnceEach(id string, devices int) (duplicates int) {
+	s.t.Helper()
+	st := s.settle(id, 3*time.Minute)
+	require.Equal(s.t, "dispatched", st["state"])
+	require.Equal(s.t, map[string]any{"total": float64(devices), "accepted": float64(devices), "failed": 0.0, "expired": 0.0, "cancelled": 0.0, "pending": 0.0}, st["deliveries"])
+	require.Len(s.t, s.deliveries(id, "accepted"), devices, "one ledger row per device, each accepted")
+
+	receipts := s.fake.Receipts(id)
+	perDevice := map[string]int{}
+	for _, r := range receipts {
+		require.Equal(s.t, id, r.CollapseKey)
+		perDevice[r.Channel+"/"+r.Token]++
+	}
+	require.Len(s.t, perDevice, devices, "every device got the push")
+	stats := s.fake.Stats()
+	return int(stats.APNs.Duplicates + stats.FCM.Duplicates)
+}
+
+// TestCrashMidFanOut kills -9 the only worker in the middle of a
+// 20,000-device fan-out and starts another: the message still ends with
+// every device settled once, and the pushes sent twice are at most what was
+// in flight (chunks started but not recorded) at the kill.
+func TestCrashMidFanOut(t *testing.T) {
+	t.Parallel()
+	const devices = 20_000
+	s := newFanOutSetup(t, devices)
+	id := s.schedule()
+
+	first := startWorker(t, s.vars)
+	require.Eventually(t, func() bool { return s.accepted() >= devices/4 }, 2*time.Minute, 5*time.Millisecond,
+		"the first worker never got going:\n%s", first.out.String())
+	first.kill(t)
+	atKill := s.accepted()
+	t.Logf("killed the worker with %d of %d pushes accepted", atKill, devices)
+	require.Less(t, atKill, int64(devices), "the fan-out finished before the kill; the test proved nothing")
+
+	startWorker(t, s.vars)
+	dups := s.checkOnceEach(id, devices)
+	// In flight at the kill: at most every bulk worker's chunk (10 × 500).
+	t.Logf("duplicates after the crash: %d", dups)
+	require.LessOrEqual(t, dups, 10*500)
+}
+
+// TestTwoWorkersShareTheFanOut runs two worker processes on one database:
+// they split the chunks and no device gets the push twice.
+func TestTwoWorkersShareTheFanOut(t *testing.T) {
+	t.Parallel()
+	const devices = 20_000
+	s := newFanOutSetup(t, devices)
+	a := startWorker(t, s.vars)
+	b := startWorker(t, s.vars)
+	// Both must be up (listening) before the message is due.
+	for _, w := range []*workerProcess{a, b} {
+		require.Eventually(t, func() bool { return strings.Contains(w.out.String(), "listening on") }, time.Minute, 10*time.Millisecond)
+	}
+	id := s.schedule()
+	require.Zero(t, s.checkOnceEach(id, devices))
+
+	// Both processes worked chunks of it.
+	var clients int
+	require.NoError(t, s.db.Pool.QueryRow(context.Background(),
+		"SELECT count(DISTINCT attempted_by[array_length(attempted_by, 1)]) FROM river_job WHERE kind = 'fan_out'").Scan(&clients))
+	require.Equal(t, 2, clients, "both workers should have taken chunks")
+}
+
