@@ -192,4 +192,3 @@ func TestTwoWorkersShareTheFanOut(t *testing.T) {
 		"SELECT count(DISTINCT attempted_by[array_length(attempted_by, 1)]) FROM river_job WHERE kind = 'fan_out'").Scan(&clients))
 	require.Equal(t, 2, clients, "both workers should have taken chunks")
 }
-
