@@ -11,13 +11,14 @@ DEV := .dev
 # that is all of them today.
 RACE ?= -race
 
-.PHONY: help build run test test/go generate generate/check vet fmt \
+.PHONY: help build run test test/go bench generate generate/check vet fmt \
 	db/start db/stop db/reset db/test/start db/test/stop clean
 
 help:
 	@echo "make run      start a local PostgreSQL, migrate, and serve Herald with a development API key"
 	@echo "make test     start a PostgreSQL in RAM if needed, check generated code, vet, and run every test"
 	@echo "make build    build bin/herald"
+	@echo "make bench    the dispatch benchmark; the JSON result ends up in bench/results/latest.json"
 	@echo "make generate regenerate db/ from db/queries/*.sql with sqlc"
 	@echo "make db/start | db/stop | db/reset   the development database"
 
@@ -73,6 +74,13 @@ run: build $(DEV)/api-key $(DEV)/admin-password
 	echo; \
 	DATABASE_URL=$$url HERALD_ADDR=$$addr HERALD_API_KEYS=$$key HERALD_ADMIN_PASSWORD=$$pass \
 		HERALD_LOG_FORMAT=$${HERALD_LOG_FORMAT:-text} bin/herald serve
+
+# The dispatch benchmark, on the development cluster (durable, like
+# production): a fresh database, fakepush and Herald in processes of their
+# own. Flags go through BENCH_FLAGS, e.g. make bench BENCH_FLAGS='--users 20000'.
+bench: build
+	@url=$$($(MAKE) -s db/start); \
+	DATABASE_URL=$$url bin/herald bench $(BENCH_FLAGS)
 
 test: generate/check vet test/go
 

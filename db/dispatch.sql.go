@@ -97,7 +97,8 @@ SET started_at = coalesce(started_at, $1),
                              ELSE least(coalesce(first_accepted_at, 'infinity'), $2::timestamptz) END,
     last_accepted_at = CASE WHEN $3::timestamptz IS NULL THEN last_accepted_at
                             ELSE greatest(coalesce(last_accepted_at, '-infinity'), $3::timestamptz) END,
-    finished_at = $4
+    finished_at = $4,
+    recorded_at = clock_timestamp()
 WHERE message_id = $5 AND chunk = $6
 `
 

@@ -84,6 +84,7 @@ type MessageChunk struct {
 	FirstAcceptedAt *time.Time
 	LastAcceptedAt  *time.Time
 	FinishedAt      *time.Time
+	RecordedAt      *time.Time
 }
 
 type Payload struct {

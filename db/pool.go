@@ -3,6 +3,8 @@ package db
 import (
 	"context"
 	"fmt"
+	"net/url"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -51,4 +53,20 @@ type TxBeginner interface {
 // only its queries, so that River jobs can be inserted in it too.
 func InTx(ctx context.Context, b TxBeginner, fn func(tx pgx.Tx) error) error {
 	return Translate(pgx.BeginFunc(ctx, b, fn))
+}
+
+// WithDatabase returns url pointed at another database on the same server,
+// keeping every other setting (TLS, password, socket directory). It takes
+// both URL and keyword/value forms.
+func WithDatabase(raw, name string) (string, error) {
+	if strings.HasPrefix(raw, "postgres://") || strings.HasPrefix(raw, "postgresql://") {
+		u, err := url.Parse(raw)
+		if err != nil {
+			return "", fmt.Errorf("parse database url: %w", err)
+		}
+		u.Path = "/" + name
+		return u.String(), nil
+	}
+	// Keyword/value form: a later keyword overrides an earlier one.
+	return raw + " dbname=" + name, nil
 }

@@ -196,7 +196,10 @@ CREATE TABLE message_chunks (
     started_at        timestamptz,
     first_accepted_at timestamptz,
     last_accepted_at  timestamptz,
+    -- When the worker finished sending, and when its results were written
+    -- (inside the writing transaction): the difference is the ledger write.
     finished_at       timestamptz,
+    recorded_at       timestamptz,
     PRIMARY KEY (message_id, chunk)
 );
 

@@ -16,6 +16,7 @@ Usage:
   herald serve [--role all|api|worker] [--migrate] [--addr ADDR]
   herald migrate
   herald fakepush [--addr ADDR] [--latency D] [--tls-dir DIR]
+  herald bench [--users N] [--latency D] [--mix 45,45,10] [--profile DIR]
   herald version
 
 Configuration is read from the environment (DATABASE_URL, HERALD_ADDR,
@@ -40,6 +41,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return runMigrate(ctx, rest, getenv, stdout, stderr)
 	case "fakepush":
 		return runFakepush(ctx, rest, getenv, stdout, stderr)
+	case "bench":
+		return runBench(ctx, rest, getenv, stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, version)
 		return nil

@@ -5,7 +5,6 @@ import (
 	"context"
 	"io"
 	"net/http"
-	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -41,8 +40,6 @@ func env(vars map[string]string) func(string) string {
 	return func(k string) string { return vars[k] }
 }
 
-var listening = regexp.MustCompile(`listening on (http://\S+)`)
-
 // startServe runs `herald serve` in-process and returns its base URL once it
 // answers /healthz, and a function that stops it and returns run's error.
 func startServe(t *testing.T, vars map[string]string, args ...string) (string, func() error) {
@@ -61,7 +58,7 @@ func startServe(t *testing.T, vars map[string]string, args ...string) (string, f
 			return true
 		default:
 		}
-		m := listening.FindStringSubmatch(stdout.String())
+		m := listeningLine.FindStringSubmatch(stdout.String())
 		if m == nil {
 			return false
 		}

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"runtime/pprof"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -38,9 +39,16 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 	role := fs.String("role", "all", "what this process does: all, api or worker")
 	migrate := fs.Bool("migrate", false, "apply migrations before serving")
 	fs.StringVar(&cfg.Addr, "addr", cfg.Addr, "listen address (HERALD_ADDR)")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	memProfile := fs.String("memprofile", "", "write a heap profile to this file at shutdown")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	stopProfiles, err := startProfiles(*cpuProfile, *memProfile)
+	if err != nil {
+		return err
+	}
+	defer stopProfiles()
 	switch *role {
 	case "all", "api", "worker":
 	default:
@@ -195,6 +203,35 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 	}
 	logger.Info("stopped")
 	return errors.Join(errs...)
+}
+
+// startProfiles starts a CPU profile and returns the function that stops
+// it and writes the heap profile, for `herald bench --profile`.
+func startProfiles(cpuFile, memFile string) (func(), error) {
+	var cpu *os.File
+	if cpuFile != "" {
+		f, err := os.Create(cpuFile)
+		if err != nil {
+			return nil, fmt.Errorf("cpu profile: %w", err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("cpu profile: %w", err)
+		}
+		cpu = f
+	}
+	return func() {
+		if cpu != nil {
+			pprof.StopCPUProfile()
+			cpu.Close()
+		}
+		if memFile != "" {
+			if f, err := os.Create(memFile); err == nil {
+				_ = pprof.WriteHeapProfile(f)
+				f.Close()
+			}
+		}
+	}, nil
 }
 
 // stopRiver lets running chunks finish within the grace period, then

@@ -14,9 +14,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/url"
 	"os"
-	"strings"
 	"sync"
 	"testing"
 
@@ -93,7 +91,7 @@ func clone(tb testing.TB, migrated bool) *DB {
 		tb.Fatalf("dbtest: create database: %v", err)
 	}
 
-	url, err := withDatabase(admin, name)
+	url, err := db.WithDatabase(admin, name)
 	if err != nil {
 		tb.Fatalf("dbtest: %v", err)
 	}
@@ -158,7 +156,7 @@ func ensureTemplate(ctx context.Context, admin string) (string, error) {
 	if _, err := conn.Exec(ctx, fmt.Sprintf("CREATE DATABASE %s TEMPLATE template0", pgx.Identifier{scratch}.Sanitize())); err != nil {
 		return "", err
 	}
-	url, err := withDatabase(admin, scratch)
+	url, err := db.WithDatabase(admin, scratch)
 	if err != nil {
 		return "", err
 	}
@@ -176,21 +174,6 @@ func ensureTemplate(ctx context.Context, admin string) (string, error) {
 		return "", err
 	}
 	return name, nil
-}
-
-// withDatabase returns url pointed at another database on the same server,
-// keeping every other setting (TLS, password, socket directory).
-func withDatabase(raw, name string) (string, error) {
-	if strings.HasPrefix(raw, "postgres://") || strings.HasPrefix(raw, "postgresql://") {
-		u, err := url.Parse(raw)
-		if err != nil {
-			return "", fmt.Errorf("parse DATABASE_URL: %w", err)
-		}
-		u.Path = "/" + name
-		return u.String(), nil
-	}
-	// Keyword/value form: a later keyword overrides an earlier one.
-	return raw + " dbname=" + name, nil
 }
 
 func randomHex(n int) string {

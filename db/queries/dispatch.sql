@@ -66,7 +66,8 @@ SET started_at = coalesce(started_at, @started_at),
                              ELSE least(coalesce(first_accepted_at, 'infinity'), sqlc.narg('first_accepted_at')::timestamptz) END,
     last_accepted_at = CASE WHEN sqlc.narg('last_accepted_at')::timestamptz IS NULL THEN last_accepted_at
                             ELSE greatest(coalesce(last_accepted_at, '-infinity'), sqlc.narg('last_accepted_at')::timestamptz) END,
-    finished_at = sqlc.narg('finished_at')
+    finished_at = sqlc.narg('finished_at'),
+    recorded_at = clock_timestamp()
 WHERE message_id = @message_id AND chunk = @chunk;
 
 -- name: SettleMessage :one
