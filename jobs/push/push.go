@@ -6,6 +6,8 @@
 package push
 
 import (
+	"crypto/sha256"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 )
@@ -70,6 +72,32 @@ type webPushBody struct {
 // WebPushPayload encodes c as the plaintext of a Web Push message.
 func WebPushPayload(c Content, messageID string) ([]byte, error) {
 	return json.Marshal(webPushBody{Title: c.Title, Body: c.Body, Data: c.Data, MessageID: messageID})
+}
+
+// maxTopicLen is the longest Topic RFC 8030 allows: 32 base64url characters.
+const maxTopicLen = 32
+
+// WebPushTopic is the Web Push Topic that collapses message id's pushes,
+// which FCM's webpush headers carry too: the id itself when it is a valid
+// Topic, at most 32 base64url characters as Herald's ids are, else a
+// 32-character digest of it, so that any id still collapses.
+func WebPushTopic(id string) string {
+	if len(id) <= maxTopicLen && isBase64URL(id) {
+		return id
+	}
+	sum := sha256.Sum256([]byte(id))
+	return base64.RawURLEncoding.EncodeToString(sum[:24])
+}
+
+// isBase64URL reports whether s is non-empty and all base64url characters.
+func isBase64URL(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return s != ""
 }
 
 // fcmPayload is the part of an FCM message that counts against its size

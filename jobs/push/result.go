@@ -1,6 +1,7 @@
 package push
 
 import (
+	"net/http"
 	"time"
 )
 
@@ -25,6 +26,20 @@ const (
 // was down, slow or rate limiting, and the same send may succeed later.
 func (r Reason) Transient() bool {
 	return r == ReasonRateLimited || r == ReasonProviderUnavailable
+}
+
+// StatusReason is the reason an HTTP answer other than 2xx gives when the
+// provider said nothing more specific: 429 asks Herald to slow down, 5xx is
+// the provider's own trouble, and anything else is taken for a fault in
+// Herald's request or credentials, which must never evict a device.
+func StatusReason(status int) Reason {
+	switch {
+	case status == http.StatusTooManyRequests:
+		return ReasonRateLimited
+	case status >= 500:
+		return ReasonProviderUnavailable
+	}
+	return ReasonInternal
 }
 
 // Evicts reports whether the failure means the device's token is dead.

@@ -42,9 +42,9 @@ type Provider struct {
 	clients    []*apns2.Client
 	transports []*http2.Transport
 	next       atomic.Uint64
-	// slots holds one token per request in flight, bounding them across all
-	// concurrent Send calls.
-	slots chan struct{}
+	// limiter bounds the requests in flight across all concurrent Send
+	// calls.
+	limiter *push.Limiter
 }
 
 // New loads the signing key and prepares the connection pool. It does not
@@ -66,7 +66,7 @@ func New(cfg Config) (*Provider, error) {
 	if _, err := tok.Generate(); err != nil {
 		return nil, fmt.Errorf("apns config: KeyFile (APNS_KEY_FILE): sign a provider token: %w", err)
 	}
-	p := &Provider{cfg: cfg, slots: make(chan struct{}, cfg.MaxInFlight)}
+	p := &Provider{cfg: cfg, limiter: push.NewLimiter(cfg.MaxInFlight)}
 	for range cfg.Connections {
 		// Each client has its own transport, and so its own connection: one
 		// transport would multiplex everything onto a single connection.
@@ -118,16 +118,11 @@ func (p *Provider) Close() {
 	}
 }
 
-// parked is the result of a send the circuit breaker did not allow: a reason
-// but no time, because nothing was attempted.
-func parked() push.Result {
-	return push.Result{Reason: push.ReasonProviderUnavailable, Detail: "parked: circuit breaker open"}
-}
-
-// Send pushes m to every target, filling results[i] for targets[i]. It asks
-// allow before each request and, once allow refuses, parks the rest without
-// asking again. Requests run concurrently within the Provider's in-flight
-// limit, each bounded by RequestTimeout; Send returns when all have answered.
+// Send pushes m to every target, filling results[i] for targets[i], in the
+// way push.Limiter.Send describes: within the Provider's in-flight limit,
+// asking allow before each request and parking the rest once it refuses.
+// Each request is bounded by RequestTimeout; Send returns when all have
+// answered.
 func (p *Provider) Send(ctx context.Context, m *push.Message, targets []push.Target, results []push.Result, allow func() bool) {
 	// The notification is the same for every device but its token; each
 	// request gets a copy. The payload was encoded once, with the message.
@@ -143,45 +138,21 @@ func (p *Provider) Send(ctx context.Context, m *push.Message, targets []push.Tar
 		n.Priority = apns2.PriorityHigh
 	}
 
-	var wg sync.WaitGroup
-	refused := false
-	for i, t := range targets {
-		if refused {
-			results[i] = parked()
-			continue
-		}
-		if !validToken(t.Token) {
-			// A token that would change the request's path is never sent:
-			// with '/', '?' or '#' in it, Apple would read another path or
-			// even another device's token.
-			results[i] = push.Result{At: time.Now(), Reason: push.ReasonBadToken, Detail: "not an APNs device token"}
-			continue
-		}
-		select {
-		case p.slots <- struct{}{}:
-		case <-ctx.Done():
-			for j := i; j < len(targets); j++ {
-				results[j] = push.Result{Reason: push.ReasonProviderUnavailable, Detail: "not sent: " + ctx.Err().Error()}
-			}
-			wg.Wait()
-			return
-		}
-		// Asked with a slot in hand, just before the request starts, so
-		// that a breaker that opened while Send waited for a slot is seen.
-		if !allow() {
-			<-p.slots
-			refused = true
-			results[i] = parked()
-			continue
-		}
+	p.limiter.Send(ctx, targets, results, allow, rejectToken, func(t push.Target) push.Result {
 		n := n
 		n.DeviceToken = t.Token
-		wg.Go(func() {
-			defer func() { <-p.slots }()
-			results[i] = p.push(ctx, &n)
-		})
+		return p.push(ctx, &n)
+	})
+}
+
+// rejectToken refuses a token that would change the request's path: with
+// '/', '?' or '#' in it, Apple would read another path or even another
+// device's token.
+func rejectToken(t push.Target) (push.Result, bool) {
+	if validToken(t.Token) {
+		return push.Result{}, false
 	}
-	wg.Wait()
+	return push.Result{At: time.Now(), Reason: push.ReasonBadToken, Detail: "not an APNs device token"}, true
 }
 
 // push sends one notification on the next connection of the pool.

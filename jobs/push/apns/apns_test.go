@@ -2,14 +2,12 @@ package apns
 
 import (
 	"context"
+	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"net/http/httptrace"
 	"net/url"
-	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,132 +15,37 @@ import (
 
 	"github.com/heraldpush/herald/jobs/push"
 	"github.com/heraldpush/herald/jobs/push/fake"
+	"github.com/heraldpush/herald/jobs/push/pushtest"
 )
 
-// bundle is what most tests need: an in-process fakepush, a client that
-// trusts it for its control endpoints, and a Provider pointed at it.
-type bundle struct {
-	srv    *fake.Server
-	url    string
-	client *http.Client
-	cfg    Config
-	p      *Provider
+// harness describes this package to pushtest's shared tests and benchmark.
+func harness() *pushtest.Harness[Config, *Provider] {
+	return &pushtest.Harness[Config, *Provider]{
+		Channel: fake.APNs,
+		Config:  configFromEnv,
+		New:     New,
+		// Tokens shaped like Apple's: 64 hex digits.
+		Targets: pushtest.TokenTargets("%064x"),
+	}
 }
 
-func setup(t testing.TB, configure ...func(*Config)) *bundle {
-	t.Helper()
-	srv, err := fake.New(fake.Config{Addr: "127.0.0.1:0", TLSDir: t.TempDir()})
-	require.NoError(t, err)
-	require.NoError(t, srv.Start(context.Background()))
-	t.Cleanup(func() { srv.Close() })
-	cfg := configFromEnv(srv.Env())
-	cfg.RootCAs = srv.CertPool()
-	for _, c := range configure {
-		c(&cfg)
-	}
-	p, err := New(cfg)
-	require.NoError(t, err)
-	t.Cleanup(p.Close)
-	return &bundle{srv: srv, url: srv.URL(), client: srv.HTTPClient(), cfg: cfg, p: p}
+// setup starts an in-process fakepush and a Provider pointed at it.
+func setup(t testing.TB, configure ...func(*Config)) *pushtest.Bundle[Config, *Provider] {
+	return harness().Setup(t, configure...)
 }
 
 // configFromEnv is what cmd/ does with the variables fakepush writes.
-func configFromEnv(env map[string]string) Config {
+func configFromEnv(env map[string]string, roots *x509.CertPool, limits pushtest.Limits) Config {
 	return Config{
-		KeyFile: env[fake.EnvAPNsKeyFile],
-		KeyID:   env[fake.EnvAPNsKeyID],
-		TeamID:  env[fake.EnvAPNsTeamID],
-		Topic:   env[fake.EnvAPNsTopic],
-		Host:    env[fake.EnvAPNsHost],
+		KeyFile:        env[fake.EnvAPNsKeyFile],
+		KeyID:          env[fake.EnvAPNsKeyID],
+		TeamID:         env[fake.EnvAPNsTeamID],
+		Topic:          env[fake.EnvAPNsTopic],
+		Host:           env[fake.EnvAPNsHost],
+		RootCAs:        roots,
+		MaxInFlight:    limits.MaxInFlight,
+		RequestTimeout: limits.RequestTimeout,
 	}
-}
-
-func (b *bundle) control(t testing.TB, body string) {
-	t.Helper()
-	resp, err := b.client.Post(b.url+"/_control", "application/json", strings.NewReader(body))
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	require.Equal(t, http.StatusOK, resp.StatusCode)
-}
-
-func (b *bundle) getJSON(t testing.TB, path string, v any) {
-	t.Helper()
-	resp, err := b.client.Get(b.url + path)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	require.Equal(t, http.StatusOK, resp.StatusCode)
-	require.NoError(t, json.NewDecoder(resp.Body).Decode(v))
-}
-
-func (b *bundle) stats(t testing.TB) fake.ChannelStats {
-	t.Helper()
-	var st fake.Stats
-	b.getJSON(t, "/_stats", &st)
-	return st.APNs
-}
-
-func (b *bundle) receipts(t testing.TB, messageID string) []fake.Receipt {
-	t.Helper()
-	var rs []fake.Receipt
-	b.getJSON(t, "/_receipts?message_id="+url.QueryEscape(messageID), &rs)
-	return rs
-}
-
-func message(t testing.TB, id string, urgent bool) *push.Message {
-	t.Helper()
-	m, err := push.NewMessage(id, urgent, push.Content{Title: "Reminder", Body: "Your appointment is at 09:00"}, time.Now().Add(time.Hour).Truncate(time.Second))
-	require.NoError(t, err)
-	return m
-}
-
-func targets(tokens ...string) []push.Target {
-	ts := make([]push.Target, len(tokens))
-	for i, tok := range tokens {
-		ts[i] = push.Target{DeviceID: int64(i + 1), Token: tok}
-	}
-	return ts
-}
-
-func hexTokens(n int) []string {
-	tokens := make([]string, n)
-	for i := range tokens {
-		tokens[i] = fmt.Sprintf("%064x", i+1)
-	}
-	return tokens
-}
-
-func allowAll() bool { return true }
-
-func (b *bundle) send(m *push.Message, ts []push.Target) []push.Result {
-	results := make([]push.Result, len(ts))
-	b.p.Send(context.Background(), m, ts, results, allowAll)
-	return results
-}
-
-func TestSendAccepted(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	m := message(t, "msg_1", true)
-	tokens := hexTokens(3)
-
-	before := time.Now()
-	results := b.send(m, targets(tokens...))
-	after := time.Now()
-
-	for i, r := range results {
-		require.True(t, r.Accepted, "target %d: %+v", i, r)
-		require.Equal(t, push.ReasonNone, r.Reason)
-		require.WithinRange(t, r.At, before, after)
-	}
-	receipts := b.receipts(t, m.ID)
-	require.Len(t, receipts, 3)
-	var got []string
-	for _, rc := range receipts {
-		require.Equal(t, "apns", rc.Channel)
-		require.Equal(t, m.ID, rc.CollapseKey)
-		got = append(got, rc.Token)
-	}
-	require.ElementsMatch(t, tokens, got)
 }
 
 // headerRecorder keeps the headers of every request it passes on.
@@ -162,19 +65,19 @@ func (h *headerRecorder) RoundTrip(r *http.Request) (*http.Response, error) {
 func TestSendHeaders(t *testing.T) {
 	t.Parallel()
 	b := setup(t, func(c *Config) { c.Connections = 1 })
-	rec := &headerRecorder{base: b.p.clients[0].HTTPClient.Transport}
-	b.p.clients[0].HTTPClient.Transport = rec
+	rec := &headerRecorder{base: b.P.clients[0].HTTPClient.Transport}
+	b.P.clients[0].HTTPClient.Transport = rec
 
 	for _, urgent := range []bool{true, false} {
-		m := message(t, fmt.Sprintf("msg_%t", urgent), urgent)
-		results := b.send(m, targets(hexTokens(1)...))
+		m := pushtest.Message(t, fmt.Sprintf("msg_%t", urgent), urgent)
+		results := b.Send(m, b.Targets(t, 1))
 		require.True(t, results[0].Accepted, "%+v", results[0])
 
 		h := rec.seen[len(rec.seen)-1]
 		require.Equal(t, m.ID, h.Get("apns-collapse-id"))
 		require.Equal(t, fmt.Sprint(m.ExpiresAt.Unix()), h.Get("apns-expiration"))
 		require.Equal(t, "alert", h.Get("apns-push-type"))
-		require.Equal(t, b.cfg.Topic, h.Get("apns-topic"))
+		require.Equal(t, b.Cfg.Topic, h.Get("apns-topic"))
 		want := "5"
 		if urgent {
 			want = "10"
@@ -183,12 +86,22 @@ func TestSendHeaders(t *testing.T) {
 	}
 }
 
+// TestSend runs the scenarios pushtest holds for every provider, with what
+// this one makes of fakepush's failure modes.
+func TestSend(t *testing.T) {
+	t.Parallel()
+	harness().Run(t,
+		pushtest.Trouble{Mode: fake.ModeUnavailable, Reason: push.ReasonProviderUnavailable, Detail: "503 ServiceUnavailable"},
+		pushtest.Trouble{Mode: fake.ModeRateLimited, Reason: push.ReasonRateLimited, Detail: "429 TooManyRequests"},
+	)
+}
+
 func TestSendFailures(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	m := message(t, "msg_2", false)
-	live := hexTokens(1)[0]
-	results := b.send(m, targets(
+	m := pushtest.Message(t, "msg_2", false)
+	live := b.Targets(t, 1)[0].Token
+	results := b.Send(m, pushtest.Targets(
 		live,
 		"dead"+live[4:],
 		"nothexatall",  // judged by the provider
@@ -204,148 +117,7 @@ func TestSendFailures(t *testing.T) {
 	}
 	require.Contains(t, results[1].Detail, "Unregistered")
 	require.Contains(t, results[2].Detail, "BadDeviceToken")
-	require.Equal(t, int64(3), b.stats(t).Received, "tokens that would change the path are never sent")
-}
-
-func TestSendProviderTrouble(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct {
-		mode   string
-		reason push.Reason
-		detail string
-	}{
-		{"unavailable", push.ReasonProviderUnavailable, "503 ServiceUnavailable"},
-		{"rate_limited", push.ReasonRateLimited, "429 TooManyRequests"},
-	} {
-		t.Run(tc.mode, func(t *testing.T) {
-			t.Parallel()
-			b := setup(t)
-			b.control(t, `{"channel":"apns","mode":"`+tc.mode+`"}`)
-			start := time.Now()
-			results := b.send(message(t, "msg_3", true), targets(hexTokens(5)...))
-			require.Less(t, time.Since(start), time.Second, "a failing provider answers at once and is not retried")
-			for _, r := range results {
-				require.False(t, r.Accepted)
-				require.Equal(t, tc.reason, r.Reason)
-				require.Equal(t, tc.detail, r.Detail)
-				require.False(t, r.At.IsZero())
-			}
-			require.Equal(t, int64(5), b.stats(t).Received)
-		})
-	}
-}
-
-func TestSendTimeout(t *testing.T) {
-	t.Parallel()
-	b := setup(t, func(c *Config) { c.RequestTimeout = 100 * time.Millisecond })
-	b.control(t, `{"channel":"apns","latency_ms":5000}`)
-	start := time.Now()
-	results := b.send(message(t, "msg_4", true), targets(hexTokens(3)...))
-	require.Less(t, time.Since(start), 2*time.Second, "a hung provider does not hold the chunk")
-	for _, r := range results {
-		require.Equal(t, push.ReasonProviderUnavailable, r.Reason)
-		require.Contains(t, r.Detail, "deadline exceeded")
-		require.False(t, r.At.IsZero())
-	}
-}
-
-func TestSendParked(t *testing.T) {
-	t.Parallel()
-
-	t.Run("BreakerOpen", func(t *testing.T) {
-		t.Parallel()
-		b := setup(t)
-		results := make([]push.Result, 4)
-		b.p.Send(context.Background(), message(t, "msg_5", true), targets(hexTokens(4)...), results, func() bool { return false })
-		for _, r := range results {
-			require.Equal(t, push.Result{Reason: push.ReasonProviderUnavailable, Detail: "parked: circuit breaker open"}, r)
-		}
-		require.Zero(t, b.stats(t).Received)
-	})
-
-	t.Run("OpensMidway", func(t *testing.T) {
-		t.Parallel()
-		b := setup(t)
-		var asked atomic.Int32
-		allow := func() bool { return asked.Add(1) <= 2 }
-		results := make([]push.Result, 5)
-		b.p.Send(context.Background(), message(t, "msg_6", true), targets(hexTokens(5)...), results, allow)
-		require.True(t, results[0].Accepted)
-		require.True(t, results[1].Accepted)
-		for _, r := range results[2:] {
-			require.True(t, r.At.IsZero(), "parked sends are not attempted")
-			require.Equal(t, push.ReasonProviderUnavailable, r.Reason)
-		}
-		require.Equal(t, int32(3), asked.Load(), "allow is not asked again once it refused")
-		require.Equal(t, int64(2), b.stats(t).Received)
-	})
-}
-
-// inFlightTrace counts requests between getting a connection and reading
-// the first byte of their answer, and keeps the peak.
-func inFlightTrace(ctx context.Context, now, peak *atomic.Int64) context.Context {
-	return httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
-		GotConn: func(httptrace.GotConnInfo) {
-			n := now.Add(1)
-			for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
-			}
-		},
-		GotFirstResponseByte: func() { now.Add(-1) },
-	})
-}
-
-func TestSendManyTargets(t *testing.T) {
-	t.Parallel()
-	b := setup(t, func(c *Config) { c.MaxInFlight = 16 })
-	b.control(t, `{"channel":"apns","latency_ms":2}`)
-	var now, peak atomic.Int64
-	ctx := inFlightTrace(context.Background(), &now, &peak)
-	m := message(t, "msg_7", false)
-
-	// Two chunks at once share the Provider's limit.
-	done := make(chan []push.Result, 2)
-	for range 2 {
-		go func() {
-			ts := targets(hexTokens(2000)...)
-			results := make([]push.Result, len(ts))
-			b.p.Send(ctx, m, ts, results, allowAll)
-			done <- results
-		}()
-	}
-	for range 2 {
-		select {
-		case results := <-done:
-			for i, r := range results {
-				require.True(t, r.Accepted, "target %d: %+v", i, r)
-			}
-		case <-time.After(60 * time.Second):
-			t.Fatal("Send hung")
-		}
-	}
-	require.LessOrEqual(t, peak.Load(), int64(16))
-	require.Greater(t, peak.Load(), int64(1), "requests ran concurrently")
-	require.Equal(t, int64(4000), b.stats(t).Accepted)
-}
-
-// firstSendReused reports, for each request of one Send, whether it ran on a
-// connection that had been used before.
-func firstSendReused(t *testing.T, b *bundle, n int) []bool {
-	t.Helper()
-	var mu sync.Mutex
-	var reused []bool
-	ctx := httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{
-		GotConn: func(info httptrace.GotConnInfo) {
-			mu.Lock()
-			reused = append(reused, info.Reused)
-			mu.Unlock()
-		},
-	})
-	results := make([]push.Result, n)
-	b.p.Send(ctx, message(t, "msg_8", true), targets(hexTokens(n)...), results, allowAll)
-	for _, r := range results {
-		require.True(t, r.Accepted)
-	}
-	return reused
+	require.Equal(t, int64(3), b.Stats(t).Received, "tokens that would change the path are never sent")
 }
 
 func TestWarm(t *testing.T) {
@@ -354,22 +126,22 @@ func TestWarm(t *testing.T) {
 	t.Run("Warmed", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, func(c *Config) { c.Connections = 3 })
-		require.NoError(t, b.p.Warm(context.Background()))
-		require.Equal(t, int64(3), b.stats(t).Received, "one request per connection")
+		require.NoError(t, b.P.Warm(context.Background()))
+		require.Equal(t, int64(3), b.Stats(t).Received, "one request per connection")
 		// One push per connection: round robin puts each on its own.
-		require.Equal(t, []bool{true, true, true}, firstSendReused(t, b, 3))
+		require.Equal(t, []bool{true, true, true}, pushtest.FirstSendReused(t, b, 3))
 	})
 
 	t.Run("Cold", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, func(c *Config) { c.Connections = 1 })
-		require.Equal(t, []bool{false}, firstSendReused(t, b, 1))
+		require.Equal(t, []bool{false}, pushtest.FirstSendReused(t, b, 1))
 	})
 
 	t.Run("Unreachable", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, func(c *Config) { c.Host = "https://127.0.0.1:1" })
-		require.ErrorContains(t, b.p.Warm(context.Background()), "apns: warm connection 0")
+		require.ErrorContains(t, b.P.Warm(context.Background()), "apns: warm connection 0")
 	})
 }
 

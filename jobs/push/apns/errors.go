@@ -42,12 +42,8 @@ func reasonFor(status int, reason string) push.Reason {
 		return push.ReasonUnregistered
 	case status == http.StatusRequestEntityTooLarge:
 		return push.ReasonPayloadRejected
-	case status == http.StatusTooManyRequests:
-		return push.ReasonRateLimited
-	case status >= 500:
-		return push.ReasonProviderUnavailable
 	}
-	return push.ReasonInternal
+	return push.StatusReason(status)
 }
 
 // errorReason maps an error from apns2, which means no answer was read: the

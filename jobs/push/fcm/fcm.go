@@ -6,9 +6,7 @@ package fcm
 
 import (
 	"context"
-	"crypto/sha256"
 	"crypto/tls"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"net/http"
@@ -49,7 +47,9 @@ type Provider struct {
 	client *messaging.Client
 	sends  *pool
 	tokens *http.Transport
-	slots  chan struct{}
+	// limiter bounds the requests in flight across all concurrent Send
+	// calls.
+	limiter *push.Limiter
 }
 
 // New reads the service-account file and builds the SDK client on Herald's
@@ -111,7 +111,7 @@ func New(ctx context.Context, cfg Config) (*Provider, error) {
 	}
 	return &Provider{
 		cfg: cfg, client: client, sends: sends, tokens: tokens,
-		slots: make(chan struct{}, cfg.MaxInFlight),
+		limiter: push.NewLimiter(cfg.MaxInFlight),
 	}, nil
 }
 
@@ -172,16 +172,11 @@ func (p *pool) RoundTrip(r *http.Request) (*http.Response, error) {
 	return p.transports[p.next.Add(1)%uint64(len(p.transports))].RoundTrip(r)
 }
 
-// parked is the result of a send the circuit breaker did not allow: a reason
-// but no time, because nothing was attempted.
-func parked() push.Result {
-	return push.Result{Reason: push.ReasonProviderUnavailable, Detail: "parked: circuit breaker open"}
-}
-
-// Send pushes m to every target, filling results[i] for targets[i]. It asks
-// allow before each request and, once allow refuses, parks the rest without
-// asking again. Requests run concurrently within the Provider's in-flight
-// limit, each bounded by RequestTimeout; Send returns when all have answered.
+// Send pushes m to every target, filling results[i] for targets[i], in the
+// way push.Limiter.Send describes: within the Provider's in-flight limit,
+// asking allow before each request and parking the rest once it refuses.
+// Each request is bounded by RequestTimeout; Send returns when all have
+// answered.
 //
 // Each device is one SDK Send rather than a share of SendEachForMulticast:
 // the wire traffic is the same (the SDK sends one request per token either
@@ -190,42 +185,20 @@ func parked() push.Result {
 // the time its own answer arrived, which the skew figures are made of.
 func (p *Provider) Send(ctx context.Context, m *push.Message, targets []push.Target, results []push.Result, allow func() bool) {
 	base := p.message(m, time.Now())
-	var wg sync.WaitGroup
-	refused := false
-	for i, t := range targets {
-		if refused {
-			results[i] = parked()
-			continue
-		}
-		if t.Token == "" {
-			results[i] = push.Result{At: time.Now(), Reason: push.ReasonBadToken, Detail: "empty FCM registration token"}
-			continue
-		}
-		select {
-		case p.slots <- struct{}{}:
-		case <-ctx.Done():
-			for j := i; j < len(targets); j++ {
-				results[j] = push.Result{Reason: push.ReasonProviderUnavailable, Detail: "not sent: " + ctx.Err().Error()}
-			}
-			wg.Wait()
-			return
-		}
-		// Asked with a slot in hand, just before the request starts, so
-		// that a breaker that opened while Send waited for a slot is seen.
-		if !allow() {
-			<-p.slots
-			refused = true
-			results[i] = parked()
-			continue
-		}
+	p.limiter.Send(ctx, targets, results, allow, rejectToken, func(t push.Target) push.Result {
 		msg := base
 		msg.Token = t.Token
-		wg.Go(func() {
-			defer func() { <-p.slots }()
-			results[i] = p.send(ctx, &msg)
-		})
+		return p.send(ctx, &msg)
+	})
+}
+
+// rejectToken refuses an empty token, which the SDK would refuse itself
+// before sending anything.
+func rejectToken(t push.Target) (push.Result, bool) {
+	if t.Token != "" {
+		return push.Result{}, false
 	}
-	wg.Wait()
+	return push.Result{At: time.Now(), Reason: push.ReasonBadToken, Detail: "empty FCM registration token"}, true
 }
 
 // send sends one message.
@@ -260,7 +233,7 @@ func (p *Provider) message(m *push.Message, now time.Time) messaging.Message {
 		APNS: &messaging.APNSConfig{Headers: map[string]string{"apns-collapse-id": m.ID, "apns-priority": apnsPriority}},
 		Webpush: &messaging.WebpushConfig{Headers: map[string]string{
 			"Urgency": urgency,
-			"Topic":   topicOf(m.ID),
+			"Topic":   push.WebPushTopic(m.ID),
 		}},
 	}
 	// Without an expiry FCM's own default lifetime applies; Herald's
@@ -278,24 +251,4 @@ func (p *Provider) message(m *push.Message, now time.Time) messaging.Message {
 // that a message with a moment left is not sent as "now or never".
 func ttlOf(m *push.Message, now time.Time) time.Duration {
 	return (m.TTL(now) + time.Second - 1).Truncate(time.Second)
-}
-
-// topicOf is the Web Push Topic for message id: the id itself when it is at
-// most 32 base64url characters, as Herald's are, else a digest of it.
-func topicOf(id string) string {
-	if len(id) <= 32 && isBase64URL(id) {
-		return id
-	}
-	sum := sha256.Sum256([]byte(id))
-	return base64.RawURLEncoding.EncodeToString(sum[:24])
-}
-
-func isBase64URL(s string) bool {
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
-			return false
-		}
-	}
-	return s != ""
 }

@@ -5,15 +5,12 @@ package webpush
 
 import (
 	"context"
-	"crypto/sha256"
 	"crypto/tls"
-	"encoding/base64"
 	"errors"
 	"io"
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	webpush "github.com/SherClockHolmes/webpush-go"
@@ -47,9 +44,9 @@ type Provider struct {
 	subscriber string
 	transport  *http.Transport
 	client     *http.Client
-	// slots holds one token per request in flight, bounding them across all
-	// concurrent Send calls.
-	slots chan struct{}
+	// limiter bounds the requests in flight across all concurrent Send
+	// calls.
+	limiter *push.Limiter
 	// padRecords pads every record to webpush-go's default 4096 bytes, as
 	// the library does when no RecordSize is given; the benchmark compares.
 	padRecords bool
@@ -81,7 +78,7 @@ func New(cfg Config) (*Provider, error) {
 		subscriber: subscriber(cfg.Subject),
 		transport:  tr,
 		client:     &http.Client{Transport: tr},
-		slots:      make(chan struct{}, cfg.MaxInFlight),
+		limiter:    push.NewLimiter(cfg.MaxInFlight),
 	}, nil
 }
 
@@ -92,16 +89,11 @@ func (p *Provider) Warm(context.Context) error { return nil }
 // Close closes idle connections. Call it once no Send is running.
 func (p *Provider) Close() { p.transport.CloseIdleConnections() }
 
-// parked is the result of a send the circuit breaker did not allow: a reason
-// but no time, because nothing was attempted.
-func parked() push.Result {
-	return push.Result{Reason: push.ReasonProviderUnavailable, Detail: "parked: circuit breaker open"}
-}
-
-// Send pushes m to every target, filling results[i] for targets[i]. It asks
-// allow before each request and, once allow refuses, parks the rest without
-// asking again. Requests run concurrently within the Provider's in-flight
-// limit, each bounded by RequestTimeout; Send returns when all have answered.
+// Send pushes m to every target, filling results[i] for targets[i], in the
+// way push.Limiter.Send describes: within the Provider's in-flight limit,
+// asking allow before each request and parking the rest once it refuses.
+// Each request is bounded by RequestTimeout; Send returns when all have
+// answered.
 func (p *Provider) Send(ctx context.Context, m *push.Message, targets []push.Target, results []push.Result, allow func() bool) {
 	urgency := webpush.UrgencyNormal
 	if m.Urgent {
@@ -117,49 +109,26 @@ func (p *Provider) Send(ctx context.Context, m *push.Message, targets []push.Tar
 		HTTPClient:      doer{p.client},
 		RecordSize:      recordSize,
 		Subscriber:      p.subscriber,
-		Topic:           topicOf(m.ID),
+		Topic:           push.WebPushTopic(m.ID),
 		TTL:             ttlSeconds(m, time.Now()),
 		Urgency:         urgency,
 		VAPIDPublicKey:  p.cfg.VAPIDPublicKey,
 		VAPIDPrivateKey: p.cfg.VAPIDPrivateKey,
 	}
 
-	var wg sync.WaitGroup
-	refused := false
-	for i, t := range targets {
-		if refused {
-			results[i] = parked()
-			continue
-		}
-		if !strings.HasPrefix(t.Token, "https://") {
-			// Herald posts only to push services over TLS, never to
-			// whatever a stored endpoint names.
-			results[i] = push.Result{At: time.Now(), Reason: push.ReasonBadToken, Detail: "endpoint is not an https:// URL"}
-			continue
-		}
-		select {
-		case p.slots <- struct{}{}:
-		case <-ctx.Done():
-			for j := i; j < len(targets); j++ {
-				results[j] = push.Result{Reason: push.ReasonProviderUnavailable, Detail: "not sent: " + ctx.Err().Error()}
-			}
-			wg.Wait()
-			return
-		}
-		// Asked with a slot in hand, just before the request starts, so
-		// that a breaker that opened while Send waited for a slot is seen.
-		if !allow() {
-			<-p.slots
-			refused = true
-			results[i] = parked()
-			continue
-		}
-		wg.Go(func() {
-			defer func() { <-p.slots }()
-			results[i] = p.send(ctx, m.WebPush, &t, opts)
-		})
+	p.limiter.Send(ctx, targets, results, allow, rejectEndpoint, func(t push.Target) push.Result {
+		return p.send(ctx, m.WebPush, &t, opts)
+	})
+}
+
+// rejectEndpoint refuses an endpoint that is not an https:// URL: Herald
+// posts only to push services over TLS, never to whatever a stored endpoint
+// names.
+func rejectEndpoint(t push.Target) (push.Result, bool) {
+	if strings.HasPrefix(t.Token, "https://") {
+		return push.Result{}, false
 	}
-	wg.Wait()
+	return push.Result{At: time.Now(), Reason: push.ReasonBadToken, Detail: "endpoint is not an https:// URL"}, true
 }
 
 // send encrypts and posts one push.
@@ -224,27 +193,6 @@ func ttlSeconds(m *push.Message, now time.Time) int {
 	return int((m.TTL(now) + time.Second - 1) / time.Second)
 }
 
-// topicOf is the Topic that collapses a message's pushes: the message id
-// itself when it is at most 32 base64url characters, as Herald's are, else a
-// 32-character digest of it.
-func topicOf(id string) string {
-	if len(id) <= 32 && isBase64URL(id) {
-		return id
-	}
-	sum := sha256.Sum256([]byte(id))
-	return base64.RawURLEncoding.EncodeToString(sum[:24])
-}
-
-func isBase64URL(s string) bool {
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
-			return false
-		}
-	}
-	return s != ""
-}
-
 // errorReason maps an error from webpush-go. A request without an answer is
 // the service's trouble. Everything else failed before a request was made:
 // the payload did not fit the record, or the subscription's keys are not
@@ -270,10 +218,6 @@ func reasonFor(status int) push.Reason {
 		return push.ReasonUnregistered
 	case status == http.StatusBadRequest || status == http.StatusRequestEntityTooLarge:
 		return push.ReasonPayloadRejected
-	case status == http.StatusTooManyRequests:
-		return push.ReasonRateLimited
-	case status >= 500:
-		return push.ReasonProviderUnavailable
 	}
-	return push.ReasonInternal
+	return push.StatusReason(status)
 }

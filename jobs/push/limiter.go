@@ -1,0 +1,80 @@
+package push
+
+import (
+	"context"
+	"sync"
+)
+
+// Limiter runs the send loop every provider shares: it bounds the requests in
+// flight across all concurrent Sends of one provider, asks the circuit
+// breaker before each request, and parks what the breaker will not let
+// through. Providers differ only in how one request is made and in which
+// targets they refuse locally, so those are what they pass to Send.
+type Limiter struct {
+	// slots holds one token per request in flight.
+	slots chan struct{}
+}
+
+// NewLimiter returns a Limiter that lets at most maxInFlight requests run at
+// once. Providers validate maxInFlight, so it is at least 1.
+func NewLimiter(maxInFlight int) *Limiter {
+	return &Limiter{slots: make(chan struct{}, maxInFlight)}
+}
+
+// parked is the result of a send the circuit breaker did not allow: a reason
+// but no time, because nothing was attempted.
+func parked() Result {
+	return Result{Reason: ReasonProviderUnavailable, Detail: "parked: circuit breaker open"}
+}
+
+// Send makes one request per target, filling results[i] for targets[i], and
+// returns when every request has answered. results must be as long as
+// targets.
+//
+// For each target in order:
+//   - once allow has refused, the target is parked without asking again;
+//   - reject, which may be nil, is asked first: a target it refuses gets its
+//     result and no request, so a token that cannot be sent as it is never
+//     reaches the network;
+//   - Send waits for a slot; if ctx ends first, this target and every one
+//     after it get a "not sent" result without a time;
+//   - allow is asked with the slot in hand, just before the request starts,
+//     so that a breaker that opened while Send waited for a slot is seen;
+//   - send runs on its own goroutine and its result is the target's.
+func (l *Limiter) Send(ctx context.Context, targets []Target, results []Result, allow func() bool,
+	reject func(Target) (Result, bool), send func(Target) Result) {
+	var wg sync.WaitGroup
+	refused := false
+	for i, t := range targets {
+		if refused {
+			results[i] = parked()
+			continue
+		}
+		if reject != nil {
+			if r, ok := reject(t); ok {
+				results[i] = r
+				continue
+			}
+		}
+		select {
+		case l.slots <- struct{}{}:
+		case <-ctx.Done():
+			for j := i; j < len(targets); j++ {
+				results[j] = Result{Reason: ReasonProviderUnavailable, Detail: "not sent: " + ctx.Err().Error()}
+			}
+			wg.Wait()
+			return
+		}
+		if !allow() {
+			<-l.slots
+			refused = true
+			results[i] = parked()
+			continue
+		}
+		wg.Go(func() {
+			defer func() { <-l.slots }()
+			results[i] = send(t)
+		})
+	}
+	wg.Wait()
+}

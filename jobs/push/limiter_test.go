@@ -1,0 +1,240 @@
+package push
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// sent is what the tests' send func answers: accepted, naming the token, so
+// that a result shows which target it was made for.
+func sent(t Target) Result { return Result{Accepted: true, Detail: "sent " + t.Token} }
+
+// rejectBad refuses the token "bad" the way a provider refuses a token it
+// cannot put on the wire.
+func rejectBad(t Target) (Result, bool) {
+	if t.Token != "bad" {
+		return Result{}, false
+	}
+	return Result{Reason: ReasonBadToken, Detail: "rejected"}, true
+}
+
+func tokens(ts ...string) []Target {
+	out := make([]Target, len(ts))
+	for i, tok := range ts {
+		out[i] = Target{DeviceID: int64(i + 1), Token: tok}
+	}
+	return out
+}
+
+func TestLimiterSend(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		targets []Target
+		reject  func(Target) (Result, bool)
+		// allows answers allow's calls in turn.
+		allows []bool
+		want   []Result
+		// asked is how often allow must have been asked.
+		asked int
+	}{
+		{
+			name:    "AllSent",
+			targets: tokens("a", "b", "c"),
+			allows:  []bool{true, true, true},
+			want:    []Result{{Accepted: true, Detail: "sent a"}, {Accepted: true, Detail: "sent b"}, {Accepted: true, Detail: "sent c"}},
+			asked:   3,
+		},
+		{
+			name:    "NoTargets",
+			targets: nil,
+			want:    []Result{},
+		},
+		{
+			name:    "RejectedWithoutRequest",
+			targets: tokens("a", "bad", "c"),
+			reject:  rejectBad,
+			allows:  []bool{true, true},
+			want:    []Result{{Accepted: true, Detail: "sent a"}, {Reason: ReasonBadToken, Detail: "rejected"}, {Accepted: true, Detail: "sent c"}},
+			asked:   2,
+		},
+		{
+			name:    "NilReject",
+			targets: tokens("bad"),
+			allows:  []bool{true},
+			want:    []Result{{Accepted: true, Detail: "sent bad"}},
+			asked:   1,
+		},
+		{
+			name:    "BreakerOpen",
+			targets: tokens("a", "b"),
+			allows:  []bool{false},
+			want:    []Result{parked(), parked()},
+			asked:   1,
+		},
+		{
+			// Once allow refused, even a target reject would refuse is
+			// parked, and allow is not asked again.
+			name:    "OpensMidway",
+			targets: tokens("a", "b", "bad", "d"),
+			reject:  rejectBad,
+			allows:  []bool{true, false},
+			want:    []Result{{Accepted: true, Detail: "sent a"}, parked(), parked(), parked()},
+			asked:   2,
+		},
+		{
+			// A rejected target does not ask allow, so the breaker's
+			// refusal falls on the next target that would be sent.
+			name:    "RejectedBeforeRefusal",
+			targets: tokens("bad", "b", "c"),
+			reject:  rejectBad,
+			allows:  []bool{false},
+			want:    []Result{{Reason: ReasonBadToken, Detail: "rejected"}, parked(), parked()},
+			asked:   1,
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var asked atomic.Int32
+			allow := func() bool {
+				n := int(asked.Add(1))
+				require.LessOrEqual(t, n, len(tc.allows), "allow asked too often")
+				return tc.allows[n-1]
+			}
+			results := make([]Result, len(tc.targets))
+			NewLimiter(len(tc.targets)+1).Send(context.Background(), tc.targets, results, allow, tc.reject, sent)
+			require.Equal(t, tc.want, results)
+			require.Equal(t, tc.asked, int(asked.Load()))
+			for i, r := range results {
+				if r == parked() {
+					require.True(t, r.At.IsZero(), "target %d: a parked send has no time", i)
+				}
+			}
+		})
+	}
+}
+
+func TestLimiterSendParkedResult(t *testing.T) {
+	t.Parallel()
+	// Providers' callers and tests depend on this exact value: the reason
+	// feeds the breaker, and the zero time says nothing was attempted.
+	require.Equal(t, Result{Reason: ReasonProviderUnavailable, Detail: "parked: circuit breaker open"}, parked())
+}
+
+func TestLimiterSendCanceled(t *testing.T) {
+	t.Parallel()
+	// One slot, held by the first target's request until release closes, so
+	// that Send is waiting for a slot when ctx ends.
+	l := NewLimiter(1)
+	started, release := make(chan struct{}), make(chan struct{})
+	send := func(t Target) Result {
+		if t.Token == "a" {
+			close(started)
+			<-release
+		}
+		return sent(t)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	results := make([]Result, 4)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		l.Send(ctx, tokens("a", "b", "bad", "d"), results, func() bool { return true }, rejectBad, send)
+	}()
+	<-started
+	cancel()
+	select {
+	case <-done:
+		t.Fatal("Send returned before the request in flight answered")
+	case <-time.After(20 * time.Millisecond):
+	}
+	close(release)
+	<-done
+
+	notSent := Result{Reason: ReasonProviderUnavailable, Detail: "not sent: context canceled"}
+	require.Equal(t, []Result{{Accepted: true, Detail: "sent a"}, notSent, notSent, notSent}, results,
+		"every target from the one waiting for a slot on is not sent, even one reject would refuse")
+}
+
+func TestLimiterSendAllowWithSlotInHand(t *testing.T) {
+	t.Parallel()
+	// With one slot, allow holding it means no request can be in flight
+	// while allow is asked: a breaker that opened while Send waited is seen
+	// before the next request starts.
+	l := NewLimiter(1)
+	var inFlight atomic.Int32
+	allow := func() bool {
+		require.Zero(t, inFlight.Load(), "allow was asked without the slot")
+		return true
+	}
+	send := func(t Target) Result {
+		inFlight.Add(1)
+		defer inFlight.Add(-1)
+		time.Sleep(time.Millisecond)
+		return sent(t)
+	}
+	results := make([]Result, 5)
+	l.Send(context.Background(), tokens("a", "b", "c", "d", "e"), results, allow, nil, send)
+	for i, r := range results {
+		require.True(t, r.Accepted, "target %d", i)
+	}
+}
+
+func TestLimiterSendRefusalFreesSlot(t *testing.T) {
+	t.Parallel()
+	// A refused allow hands its slot back: otherwise every refusal would
+	// shrink the limit shared by later Sends until they hung.
+	l := NewLimiter(1)
+	results := make([]Result, 1)
+	for range 3 {
+		l.Send(context.Background(), tokens("a"), results, func() bool { return false }, nil, sent)
+		require.Equal(t, parked(), results[0])
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		l.Send(context.Background(), tokens("a"), results, func() bool { return true }, nil, sent)
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Send hung: a refusal kept its slot")
+	}
+	require.True(t, results[0].Accepted)
+}
+
+func TestLimiterSendBound(t *testing.T) {
+	t.Parallel()
+	const limit = 4
+	l := NewLimiter(limit)
+	var now, peak atomic.Int32
+	send := func(t Target) Result {
+		n := now.Add(1)
+		for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+		}
+		time.Sleep(time.Millisecond)
+		now.Add(-1)
+		return sent(t)
+	}
+	ts := make([]Target, 100)
+	// Two Sends at once share the limit, as two chunks share a Provider's.
+	done := make(chan []Result, 2)
+	for range 2 {
+		go func() {
+			results := make([]Result, len(ts))
+			l.Send(context.Background(), ts, results, func() bool { return true }, nil, send)
+			done <- results
+		}()
+	}
+	for range 2 {
+		for i, r := range <-done {
+			require.True(t, r.Accepted, "target %d", i)
+		}
+	}
+	require.LessOrEqual(t, peak.Load(), int32(limit))
+	require.Greater(t, peak.Load(), int32(1), "requests ran concurrently")
+}
