@@ -41,7 +41,9 @@ type RiverConfig struct {
 	// api role), which enqueues but works nothing.
 	Workers *river.Workers
 	// UrgentWorkers and BulkWorkers are each lane's concurrent chunk jobs
-	// per process. Defaults 10 and 10.
+	// per process. Defaults 10 and 50: enough bulk workers that every chunk
+	// of a 25,000-device message starts at once, leaving the providers'
+	// in-flight limits to bound the real concurrency (see README, Sizing).
 	UrgentWorkers, BulkWorkers int
 	// FetchPollInterval is how often each lane looks for due chunks; it
 	// bounds the lag between a chunk's time and its start. Default 50 ms.
@@ -60,7 +62,7 @@ func (c *RiverConfig) setDefaults() {
 		c.UrgentWorkers = 10
 	}
 	if c.BulkWorkers <= 0 {
-		c.BulkWorkers = 10
+		c.BulkWorkers = 50
 	}
 	if c.FetchPollInterval <= 0 {
 		c.FetchPollInterval = 50 * time.Millisecond

@@ -702,7 +702,7 @@ func (b *bench) blast(ctx context.Context, pool interface {
 		return 0, 0, err
 	}
 
-	workers := 10
+	workers := 50 // jobs.RiverConfig's default
 	if n, err := strconv.Atoi(b.getenv("HERALD_BULK_WORKERS")); err == nil && n > 0 {
 		workers = n
 	}

@@ -3,6 +3,8 @@ package push
 import (
 	"context"
 	"sync"
+
+	"golang.org/x/sync/semaphore"
 )
 
 // Limiter runs the send loop every provider shares: it bounds the requests in
@@ -13,12 +15,19 @@ import (
 type Limiter struct {
 	// slots holds one token per request in flight.
 	slots chan struct{}
+	// turn makes concurrent Sends take their slots one Send after another,
+	// in the order they asked (the semaphore is FIFO): the first Send's
+	// requests all start before the second's, so Sends finish in order
+	// instead of all at the end, and their callers can record results as
+	// they come. Requests still overlap fully: a Send's slots go back one
+	// by one as its requests answer.
+	turn *semaphore.Weighted
 }
 
 // NewLimiter returns a Limiter that lets at most maxInFlight requests run at
 // once. Providers validate maxInFlight, so it is at least 1.
 func NewLimiter(maxInFlight int) *Limiter {
-	return &Limiter{slots: make(chan struct{}, maxInFlight)}
+	return &Limiter{slots: make(chan struct{}, maxInFlight), turn: semaphore.NewWeighted(1)}
 }
 
 // parked is the result of a send the circuit breaker did not allow: a reason
@@ -44,6 +53,17 @@ func parked() Result {
 func (l *Limiter) Send(ctx context.Context, targets []Target, results []Result, allow func() bool,
 	reject func(Target) (Result, bool), send func(Target) Result) {
 	var wg sync.WaitGroup
+	defer wg.Wait()
+	notSent := func(from int, err error) {
+		for j := from; j < len(targets); j++ {
+			results[j] = Result{Reason: ReasonProviderUnavailable, Detail: "not sent: " + err.Error()}
+		}
+	}
+	if err := l.turn.Acquire(ctx, 1); err != nil {
+		notSent(0, err)
+		return
+	}
+	defer l.turn.Release(1)
 	refused := false
 	for i, t := range targets {
 		if refused {
@@ -59,10 +79,7 @@ func (l *Limiter) Send(ctx context.Context, targets []Target, results []Result, 
 		select {
 		case l.slots <- struct{}{}:
 		case <-ctx.Done():
-			for j := i; j < len(targets); j++ {
-				results[j] = Result{Reason: ReasonProviderUnavailable, Detail: "not sent: " + ctx.Err().Error()}
-			}
-			wg.Wait()
+			notSent(i, ctx.Err())
 			return
 		}
 		if !allow() {
@@ -76,5 +93,4 @@ func (l *Limiter) Send(ctx context.Context, targets []Target, results []Result, 
 			results[i] = send(t)
 		})
 	}
-	wg.Wait()
 }
