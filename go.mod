@@ -10,6 +10,7 @@ require (
 	github.com/riverqueue/river v0.51.2
 	github.com/riverqueue/river/riverdriver/riverpgxv5 v0.51.2
 	github.com/riverqueue/river/rivertype v0.51.2
+	github.com/robfig/cron/v3 v3.0.1
 	github.com/sideshow/apns2 v0.25.0
 	github.com/stretchr/testify v1.12.1
 	golang.org/x/net v0.62.0

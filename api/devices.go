@@ -293,9 +293,6 @@ func (s *Server) deleteDevice(c echo.Context) error {
 		if n == 0 {
 			return notFound("device", raw)
 		}
-		if err := q.LockMessagesPendingForDevice(ctx, id); err != nil {
-			return fmt.Errorf("lock messages: %w", err)
-		}
 		if err := q.CancelPendingForDevice(ctx, id); err != nil {
 			return fmt.Errorf("cancel pending deliveries: %w", err)
 		}

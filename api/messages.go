@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
@@ -376,43 +377,54 @@ func (s *Server) cancelMessage(c echo.Context) error {
 		return notFound("message", raw)
 	}
 	err := db.InTx(ctx, s.pool, func(tx pgx.Tx) error {
-		q := db.New(tx)
-		if _, err := q.CancelMessage(ctx, id); err != nil {
-			if db.Translate(err) != db.ErrNotFound {
-				return fmt.Errorf("cancel message: %w", err)
-			}
-			m, err := q.GetMessage(ctx, id)
-			if err != nil {
-				if db.Translate(err) == db.ErrNotFound {
-					return notFound("message", raw)
-				}
-				return fmt.Errorf("read message: %w", err)
-			}
-			if m.State == jobs.StateCancelled {
-				return nil // Cancelling twice is not an error.
-			}
-			return &Error{Status: http.StatusConflict, Code: "already_dispatching",
-				Message: fmt.Sprintf("message %s is %s; deliveries may have been made", raw, m.State),
-				Extra:   map[string]any{"state": m.State, "deliveries": countsOf(m)}}
+		cancelled, err := s.cancelInTx(ctx, tx, id)
+		if err != nil || cancelled {
+			return err
 		}
-		if _, err := q.CancelPendingDeliveries(ctx, id); err != nil {
-			return fmt.Errorf("cancel deliveries: %w", err)
-		}
-		jobIDs, err := q.MessageChunkJobs(ctx, id)
+		m, err := db.New(tx).GetMessage(ctx, id)
 		if err != nil {
-			return fmt.Errorf("find chunk jobs: %w", err)
-		}
-		for _, jobID := range jobIDs {
-			if _, err := s.river.JobCancelTx(ctx, tx, jobID); err != nil {
-				return fmt.Errorf("cancel chunk job %d: %w", jobID, err)
+			if db.Translate(err) == db.ErrNotFound {
+				return notFound("message", raw)
 			}
+			return fmt.Errorf("read message: %w", err)
 		}
-		return nil
+		if m.State == jobs.StateCancelled {
+			return nil // Cancelling twice is not an error.
+		}
+		return &Error{Status: http.StatusConflict, Code: "already_dispatching",
+			Message: fmt.Sprintf("message %s is %s; deliveries may have been made", raw, m.State),
+			Extra:   map[string]any{"state": m.State, "deliveries": countsOf(m)}}
 	})
 	if err != nil {
 		return err
 	}
 	return c.NoContent(http.StatusNoContent)
+}
+
+// cancelInTx cancels message id in tx if no chunk of it has started: its
+// pending deliveries and its chunk jobs are cancelled with it. It reports
+// false, changing nothing, when the message is not (or no longer) scheduled.
+func (s *Server) cancelInTx(ctx context.Context, tx pgx.Tx, id int64) (bool, error) {
+	q := db.New(tx)
+	if _, err := q.CancelMessage(ctx, id); err != nil {
+		if db.Translate(err) == db.ErrNotFound {
+			return false, nil
+		}
+		return false, fmt.Errorf("cancel message: %w", err)
+	}
+	if _, err := q.CancelPendingDeliveries(ctx, id); err != nil {
+		return false, fmt.Errorf("cancel deliveries: %w", err)
+	}
+	jobIDs, err := q.MessageChunkJobs(ctx, id)
+	if err != nil {
+		return false, fmt.Errorf("find chunk jobs: %w", err)
+	}
+	for _, jobID := range jobIDs {
+		if _, err := s.river.JobCancelTx(ctx, tx, jobID); err != nil {
+			return false, fmt.Errorf("cancel chunk job %d: %w", jobID, err)
+		}
+	}
+	return true, nil
 }
 
 const (

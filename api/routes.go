@@ -29,6 +29,13 @@ func (s *Server) routes() {
 	v1.DELETE("/messages/:message_id", s.cancelMessage)
 	v1.GET("/messages/:message_id/deliveries", s.listDeliveries)
 
+	// Recurring reminders.
+	v1.POST("/schedules", s.createSchedule)
+	v1.GET("/schedules", s.listSchedules)
+	v1.GET("/schedules/:schedule_id", s.getSchedule)
+	v1.PATCH("/schedules/:schedule_id", s.patchSchedule)
+	v1.DELETE("/schedules/:schedule_id", s.deleteSchedule)
+
 	// Operations.
 	v1.GET("/providers", s.listProviders)
 }

@@ -129,21 +129,6 @@ func (q *Queries) ListUserDevices(ctx context.Context, userID string) ([]Device,
 	return items, nil
 }
 
-const lockMessagesPendingForDevice = `-- name: LockMessagesPendingForDevice :exec
-SELECT id FROM messages
-WHERE id IN (SELECT message_id FROM deliveries WHERE device_id = $1 AND status = 'pending')
-ORDER BY id
-FOR UPDATE
-`
-
-// Locks, in id order, the messages that still have a pending delivery to the
-// device, before CancelPendingForDevice changes their ledgers: messages are
-// locked before deliveries everywhere, so this cannot deadlock a chunk.
-func (q *Queries) LockMessagesPendingForDevice(ctx context.Context, deviceID int64) error {
-	_, err := q.db.Exec(ctx, lockMessagesPendingForDevice, deviceID)
-	return err
-}
-
 const registerDevice = `-- name: RegisterDevice :one
 INSERT INTO devices (user_id, channel, token, p256dh, auth)
 VALUES ($1, $2, $3, $4, $5)

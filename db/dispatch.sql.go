@@ -48,6 +48,19 @@ func (q *Queries) ChunkPending(ctx context.Context, arg ChunkPendingParams) ([]C
 	return items, nil
 }
 
+const commitWithoutWaitingForDisk = `-- name: CommitWithoutWaitingForDisk :exec
+SET LOCAL synchronous_commit = off
+`
+
+// Lets this transaction commit without waiting for its WAL to reach disk.
+// Safe for a chunk's results: River marks the job done in a later,
+// synchronous commit, which flushes this one's WAL too; a crash before that
+// loses both, and the retried chunk resends what was not recorded.
+func (q *Queries) CommitWithoutWaitingForDisk(ctx context.Context) error {
+	_, err := q.db.Exec(ctx, commitWithoutWaitingForDisk)
+	return err
+}
+
 const evictDevices = `-- name: EvictDevices :execrows
 UPDATE devices
 SET status = 'evicted', evicted_reason = v.reason, evicted_at = clock_timestamp(), updated_at = clock_timestamp()
@@ -88,6 +101,17 @@ func (q *Queries) LockMessage(ctx context.Context, id int64) (LockMessageRow, er
 	var i LockMessageRow
 	err := row.Scan(&i.State, &i.ExpiresAt)
 	return i, err
+}
+
+const messageState = `-- name: MessageState :one
+SELECT state FROM messages WHERE id = $1
+`
+
+func (q *Queries) MessageState(ctx context.Context, id int64) (string, error) {
+	row := q.db.QueryRow(ctx, messageState, id)
+	var state string
+	err := row.Scan(&state)
+	return state, err
 }
 
 const recordChunk = `-- name: RecordChunk :exec

@@ -2,12 +2,14 @@ package db
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -51,8 +53,20 @@ type TxBeginner interface {
 // InTx runs fn in a transaction that commits when fn returns nil and rolls
 // back otherwise. Errors are translated. fn gets the transaction itself, not
 // only its queries, so that River jobs can be inserted in it too.
+//
+// A transaction PostgreSQL aborted as a deadlock victim or a serialization
+// failure is run again, up to three times in all: fn must do nothing but
+// database work through tx, so that running it again is safe.
 func InTx(ctx context.Context, b TxBeginner, fn func(tx pgx.Tx) error) error {
-	return Translate(pgx.BeginFunc(ctx, b, fn))
+	var err error
+	for attempt := 0; attempt < 3; attempt++ {
+		err = pgx.BeginFunc(ctx, b, fn)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || (pgErr.Code != "40P01" && pgErr.Code != "40001") {
+			break
+		}
+	}
+	return Translate(err)
 }
 
 // WithDatabase returns url pointed at another database on the same server,

@@ -42,6 +42,9 @@ type NewMessage struct {
 	// AudienceJSON is the audience as the caller gave it, kept for display.
 	AudienceJSON []byte
 	Content      push.Content
+	// PayloadID reuses a stored payload (a schedule's, for each of its
+	// runs) instead of storing Content again.
+	PayloadID int64
 	// ScheduleID and ScheduleRunAt tie a message to the schedule run that
 	// made it.
 	ScheduleID    *int64
@@ -88,13 +91,9 @@ func (e *Enqueuer) Create(ctx context.Context, tx pgx.Tx, m NewMessage) (db.Mess
 	if err != nil {
 		return db.Message{}, err
 	}
-	content, err := json.Marshal(m.Content)
+	payloadID, err := storePayload(ctx, q, m)
 	if err != nil {
-		return db.Message{}, fmt.Errorf("encode payload: %w", err)
-	}
-	payloadID, err := q.InsertPayload(ctx, content)
-	if err != nil {
-		return db.Message{}, fmt.Errorf("store payload: %w", err)
+		return db.Message{}, err
 	}
 
 	chunks := cut(targets, e.chunkSize)
@@ -170,6 +169,46 @@ func (e *Enqueuer) Create(ctx context.Context, tx pgx.Tx, m NewMessage) (db.Mess
 	}
 	if err := q.InsertMessageChunks(ctx, chunkParams); err != nil {
 		return db.Message{}, fmt.Errorf("record chunks: %w", err)
+	}
+	return msg, nil
+}
+
+// storePayload stores m's content, unless m reuses a stored payload.
+func storePayload(ctx context.Context, q *db.Queries, m NewMessage) (int64, error) {
+	if m.PayloadID != 0 {
+		return m.PayloadID, nil
+	}
+	content, err := json.Marshal(m.Content)
+	if err != nil {
+		return 0, fmt.Errorf("encode payload: %w", err)
+	}
+	id, err := q.InsertPayload(ctx, content)
+	if err != nil {
+		return 0, fmt.Errorf("store payload: %w", err)
+	}
+	return id, nil
+}
+
+// RecordMissed stores m as a message that expired before it could be made:
+// a schedule run whose whole lifetime passed while no Herald was running. It
+// is kept so that the run's history tells the truth, and nothing is sent.
+func (e *Enqueuer) RecordMissed(ctx context.Context, tx pgx.Tx, m NewMessage) (db.Message, error) {
+	q := db.New(tx)
+	payloadID, err := storePayload(ctx, q, m)
+	if err != nil {
+		return db.Message{}, err
+	}
+	now, err := q.DatabaseNow(ctx)
+	if err != nil {
+		return db.Message{}, fmt.Errorf("read clock: %w", err)
+	}
+	msg, err := q.InsertMessage(ctx, db.InsertMessageParams{
+		State: StateExpired, Priority: m.Priority, DispatchAt: m.DispatchAt, ExpiresAt: m.ExpiresAt,
+		PayloadID: payloadID, Audience: m.AudienceJSON, ScheduleID: m.ScheduleID, ScheduleRunAt: m.ScheduleRunAt,
+		SettledAt: &now,
+	})
+	if err != nil {
+		return db.Message{}, fmt.Errorf("store missed run: %w", err)
 	}
 	return msg, nil
 }

@@ -55,6 +55,10 @@ type RiverConfig struct {
 	// how long a chunk may run before River, finding its process gone,
 	// retries it (default 1 min). RescueAfter must exceed ChunkTimeout.
 	ChunkTimeout, RescueAfter time.Duration
+	// MaterializeEvery is how often River's leader runs the schedule
+	// materializer (default 15 s); it is a fraction of the schedule lead, so
+	// a run is made several passes before it is due.
+	MaterializeEvery time.Duration
 }
 
 func (c *RiverConfig) setDefaults() {
@@ -75,6 +79,9 @@ func (c *RiverConfig) setDefaults() {
 	}
 	if c.RescueAfter <= 0 {
 		c.RescueAfter = time.Minute
+	}
+	if c.MaterializeEvery <= 0 {
+		c.MaterializeEvery = 15 * time.Second
 	}
 }
 
@@ -104,7 +111,14 @@ func NewRiverClient(pool *pgxpool.Pool, cfg RiverConfig) (*river.Client[pgx.Tx],
 		rc.Queues = map[string]river.QueueConfig{
 			QueueUrgent: {MaxWorkers: cfg.UrgentWorkers, FetchPollInterval: cfg.FetchPollInterval, FetchCooldown: cfg.FetchPollInterval / 5},
 			QueueBulk:   {MaxWorkers: cfg.BulkWorkers, FetchPollInterval: cfg.FetchPollInterval, FetchCooldown: cfg.FetchPollInterval / 5},
+			// Maintenance (the schedule materializer) runs off the lanes.
+			river.QueueDefault: {MaxWorkers: 2},
 		}
+		rc.PeriodicJobs = []*river.PeriodicJob{river.NewPeriodicJob(
+			river.PeriodicInterval(cfg.MaterializeEvery),
+			func() (river.JobArgs, *river.InsertOpts) { return MaterializeArgs{}, nil },
+			&river.PeriodicJobOpts{RunOnStart: true},
+		)}
 		rc.FetchPollInterval = cfg.FetchPollInterval
 		rc.FetchCooldown = cfg.FetchPollInterval / 5
 		// A chunk attempt is bounded by ChunkTimeout (30 s); a chunk whose

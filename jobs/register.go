@@ -4,8 +4,9 @@ import "github.com/riverqueue/river"
 
 // Register adds Herald's job workers to workers and returns the chunk
 // worker, whose breakers the API reports.
-func Register(workers *river.Workers, fanOut FanOutConfig) *FanOutWorker {
+func Register(workers *river.Workers, fanOut FanOutConfig, materializer *Materializer) *FanOutWorker {
 	w := NewFanOutWorker(fanOut)
 	river.AddWorker(workers, w)
+	river.AddWorker(workers, &MaterializeWorker{m: materializer})
 	return w
 }

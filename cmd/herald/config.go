@@ -32,6 +32,9 @@ type config struct {
 	// ChunkTimeout, so that a chunk is never retried while its first attempt
 	// may still be sending.
 	ChunkTimeout, RescueAfter time.Duration
+	// ScheduleLead is how long before a schedule run its message is made;
+	// MaterializeEvery is how often runs are looked for.
+	ScheduleLead, MaterializeEvery time.Duration
 }
 
 type apnsConfig struct{ KeyFile, KeyID, TeamID, Topic, Host string }
@@ -84,6 +87,12 @@ func loadConfig(getenv func(string) string) (config, error) {
 		return c, err
 	}
 	if c.RescueAfter, err = durationVar(getenv, "HERALD_RESCUE_AFTER", time.Minute, time.Second); err != nil {
+		return c, err
+	}
+	if c.ScheduleLead, err = durationVar(getenv, "HERALD_SCHEDULE_LEAD", 0, time.Second); err != nil {
+		return c, err
+	}
+	if c.MaterializeEvery, err = durationVar(getenv, "HERALD_MATERIALIZE_EVERY", 0, 100*time.Millisecond); err != nil {
 		return c, err
 	}
 	if c.RescueAfter <= c.ChunkTimeout {

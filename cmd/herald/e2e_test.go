@@ -311,3 +311,39 @@ func TestE2EUrgentIsNotBlockedByBulk(t *testing.T) {
 	t.Logf("urgent skew %v ms; bulk skew %v", urgentSt["skew_ms"].(map[string]any)["max"], bulkSt["skew_ms"])
 	require.True(t, urgentAt.Before(bulkSettled), "the urgent push waited for the bulk fan-out to finish")
 }
+
+// TestE2EScheduleEveryMinute runs a real every-minute schedule: two of its
+// runs are delivered through fakepush, each its own message with its own
+// counters.
+func TestE2EScheduleEveryMinute(t *testing.T) {
+	t.Parallel()
+	e := startE2E(t, map[string]string{"HERALD_MATERIALIZE_EVERY": "500ms", "HERALD_SCHEDULE_LEAD": "30s"})
+	e.register("ann", false)
+	sch := e.must(http.StatusCreated, http.MethodPost, "/v1/schedules", map[string]any{
+		"cron": "* * * * *", "timezone": "UTC", "ttl_seconds": 50,
+		"audience": map[string]any{"type": "users", "ids": []string{"ann"}},
+		"payload":  map[string]any{"title": "every minute"},
+	})
+	id := sch["schedule_id"].(string)
+
+	var runs []any
+	require.Eventually(t, func() bool {
+		page := e.must(http.StatusOK, http.MethodGet, "/v1/messages?state=dispatched&schedule_id="+id, nil)
+		runs = page["items"].([]any)
+		return len(runs) >= 2
+	}, 150*time.Second, 500*time.Millisecond, "two runs were not delivered")
+
+	seen := map[string]bool{}
+	for _, r := range runs[:2] {
+		m := r.(map[string]any)
+		require.Equal(t, id, m["schedule_id"])
+		require.Equal(t, map[string]any{"total": 3.0, "accepted": 3.0, "failed": 0.0, "expired": 0.0, "cancelled": 0.0, "pending": 0.0}, m["deliveries"])
+		at, err := time.Parse(time.RFC3339Nano, m["dispatch_at"].(string))
+		require.NoError(t, err)
+		require.Zero(t, at.Second(), "runs are on the minute")
+		require.False(t, seen[m["message_id"].(string)])
+		seen[m["message_id"].(string)] = true
+		require.Len(t, e.fake.Receipts(m["message_id"].(string)), 3)
+	}
+	e.must(http.StatusNoContent, http.MethodDelete, "/v1/schedules/"+id, nil)
+}

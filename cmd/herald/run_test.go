@@ -81,7 +81,12 @@ func startServe(t *testing.T, vars map[string]string, args ...string) (string, f
 			return nil
 		}
 	}
-	t.Cleanup(func() { cancel() })
+	t.Cleanup(func() {
+		cancel()
+		if t.Failed() {
+			t.Logf("herald serve's log:\n%s", stderr.String())
+		}
+	})
 	return base, stop
 }
 

@@ -104,6 +104,7 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		Logger: logger, UrgentWorkers: cfg.UrgentWorkers, BulkWorkers: cfg.BulkWorkers,
 		FetchPollInterval: cfg.FetchPollInterval,
 		ChunkTimeout:      cfg.ChunkTimeout, RescueAfter: cfg.RescueAfter,
+		MaterializeEvery: cfg.MaterializeEvery,
 	}
 	if works {
 		roots, err := rootCAs(cfg.CertFile)
@@ -127,10 +128,11 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		}
 		logger.Info("database clock offset measured", "offset", clock.Offset())
 		workers := river.NewWorkers()
+		materializer := &jobs.Materializer{Pool: pool, Logger: logger, Lead: cfg.ScheduleLead, ChunkSize: cfg.ChunkSize}
 		worker := jobs.Register(workers, jobs.FanOutConfig{
 			Pool: pool, Logger: logger, Clock: clock, Timeout: cfg.ChunkTimeout,
 			Providers: bulk.byChannel, UrgentProviders: urgent.byChannel,
-		})
+		}, materializer)
 		riverCfg.Workers = workers
 		goBackground(func(ctx context.Context) { clock.Run(ctx, 30*time.Second) })
 		goBackground((&jobs.Promoter{Pool: pool, Logger: logger}).Run)

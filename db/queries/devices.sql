@@ -53,15 +53,6 @@ ORDER BY id;
 -- name: DeleteDevice :execrows
 DELETE FROM devices WHERE id = @id;
 
--- name: LockMessagesPendingForDevice :exec
--- Locks, in id order, the messages that still have a pending delivery to the
--- device, before CancelPendingForDevice changes their ledgers: messages are
--- locked before deliveries everywhere, so this cannot deadlock a chunk.
-SELECT id FROM messages
-WHERE id IN (SELECT message_id FROM deliveries WHERE device_id = @device_id AND status = 'pending')
-ORDER BY id
-FOR UPDATE;
-
 -- name: CancelPendingForDevice :exec
 -- A deleted device is sent nothing more: its pending deliveries are cancelled
 -- and their messages' counters moved with them.

@@ -101,3 +101,13 @@ RETURNING m.state;
 -- changes a message and its ledger locks them in the same order (message,
 -- then deliveries) and none can deadlock another.
 SELECT state, expires_at FROM messages WHERE id = @id FOR UPDATE;
+
+-- name: CommitWithoutWaitingForDisk :exec
+-- Lets this transaction commit without waiting for its WAL to reach disk.
+-- Safe for a chunk's results: River marks the job done in a later,
+-- synchronous commit, which flushes this one's WAL too; a crash before that
+-- loses both, and the retried chunk resends what was not recorded.
+SET LOCAL synchronous_commit = off;
+
+-- name: MessageState :one
+SELECT state FROM messages WHERE id = @id;

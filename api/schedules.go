@@ -1,0 +1,379 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/labstack/echo/v4"
+
+	"github.com/heraldpush/herald/db"
+	"github.com/heraldpush/herald/jobs"
+	"github.com/heraldpush/herald/jobs/push"
+)
+
+const (
+	// defaultTTLSeconds is a run's lifetime when ttl_seconds is not given:
+	// a message's default lifetime.
+	defaultTTLSeconds = int(defaultLifetime / time.Second)
+	maxTTLSeconds     = 28 * 24 * 3600
+	// nextRunsShown is how many upcoming runs a schedule lists.
+	nextRunsShown = 5
+)
+
+type scheduleRequest struct {
+	Cron       string           `json:"cron"`
+	Timezone   string           `json:"timezone"`
+	Audience   *audienceRequest `json:"audience"`
+	Payload    *push.Content    `json:"payload"`
+	Priority   string           `json:"priority"`
+	TTLSeconds *int             `json:"ttl_seconds"`
+	StartsAt   *string          `json:"starts_at"`
+	EndsAt     *string          `json:"ends_at"`
+	LocalTime  bool             `json:"local_time"`
+
+	cron             *jobs.Cron
+	startsAt, endsAt *time.Time
+}
+
+func (r *scheduleRequest) validate() error {
+	if r.Timezone == "" {
+		r.Timezone = "UTC"
+	}
+	if err := checkTimezone("timezone", r.Timezone); err != nil {
+		return err
+	}
+	loc, _ := time.LoadLocation(r.Timezone)
+	if r.Cron == "" {
+		return invalid("cron", `cron is required: five fields ("0 9 * * MON-FRI") or a descriptor ("@daily")`)
+	}
+	c, err := jobs.ParseCron(r.Cron, loc)
+	if err != nil {
+		return invalid("cron", "cron %q: %v", r.Cron, err)
+	}
+	r.cron = c
+	if r.LocalTime {
+		return invalid("local_time", "local_time schedules are not available yet: per-recipient local-time delivery has not landed")
+	}
+	switch r.Priority {
+	case "":
+		r.Priority = jobs.PriorityBulk
+	case jobs.PriorityUrgent, jobs.PriorityBulk:
+	default:
+		return invalid("priority", "priority %q is not urgent or bulk", r.Priority)
+	}
+	if r.TTLSeconds == nil {
+		ttl := defaultTTLSeconds
+		r.TTLSeconds = &ttl
+	}
+	if *r.TTLSeconds < 1 || *r.TTLSeconds > maxTTLSeconds {
+		return invalid("ttl_seconds", "ttl_seconds must be from 1 to %d", maxTTLSeconds)
+	}
+	for field, src := range map[string]*string{"starts_at": r.StartsAt, "ends_at": r.EndsAt} {
+		if src == nil {
+			continue
+		}
+		t, err := parseInstant(field, *src)
+		if err != nil {
+			return err
+		}
+		if field == "starts_at" {
+			r.startsAt = &t
+		} else {
+			r.endsAt = &t
+		}
+	}
+	if r.startsAt != nil && r.endsAt != nil && !r.endsAt.After(*r.startsAt) {
+		return invalid("ends_at", "ends_at must be after starts_at")
+	}
+	if err := r.Audience.validate(); err != nil {
+		return err
+	}
+	return validatePayload(r.Payload)
+}
+
+// firstRun is a schedule's first run at or after now (and starts_at), or
+// nil when it has none before ends_at.
+func firstRun(c *jobs.Cron, now time.Time, startsAt, endsAt *time.Time) *time.Time {
+	from := now
+	if startsAt != nil && startsAt.After(from) {
+		from = *startsAt
+	}
+	next, ok := c.Next(from.Add(-time.Nanosecond))
+	if !ok || (endsAt != nil && next.After(*endsAt)) {
+		return nil
+	}
+	return &next
+}
+
+type scheduleResponse struct {
+	ScheduleID string          `json:"schedule_id"`
+	Cron       string          `json:"cron"`
+	Timezone   string          `json:"timezone"`
+	Audience   json.RawMessage `json:"audience"`
+	Priority   string          `json:"priority"`
+	TTLSeconds int32           `json:"ttl_seconds"`
+	StartsAt   *time.Time      `json:"starts_at"`
+	EndsAt     *time.Time      `json:"ends_at"`
+	LocalTime  bool            `json:"local_time"`
+	Paused     bool            `json:"paused"`
+	NextRuns   []time.Time     `json:"next_runs"`
+	CreatedAt  time.Time       `json:"created_at"`
+}
+
+func newScheduleResponse(s db.Schedule) (scheduleResponse, error) {
+	r := scheduleResponse{
+		ScheduleID: formatScheduleID(s.ID), Cron: s.Cron, Timezone: s.Timezone, Audience: s.Audience,
+		Priority: s.Priority, TTLSeconds: s.TtlSeconds, StartsAt: utcPtr(s.StartsAt), EndsAt: utcPtr(s.EndsAt),
+		LocalTime: s.LocalTime, Paused: s.Paused, NextRuns: []time.Time{}, CreatedAt: s.CreatedAt.UTC(),
+	}
+	if s.Paused || s.NextRunAt == nil {
+		return r, nil
+	}
+	loc, err := time.LoadLocation(s.Timezone)
+	if err != nil {
+		return r, err
+	}
+	c, err := jobs.ParseCron(s.Cron, loc)
+	if err != nil {
+		return r, err
+	}
+	r.NextRuns = append(r.NextRuns, s.NextRunAt.UTC())
+	for _, t := range c.NextRuns(*s.NextRunAt, nextRunsShown-1) {
+		if s.EndsAt != nil && t.After(*s.EndsAt) {
+			break
+		}
+		r.NextRuns = append(r.NextRuns, t.UTC())
+	}
+	return r, nil
+}
+
+// createSchedule stores a recurring reminder; the materializer makes each
+// run into a message ahead of its time.
+func (s *Server) createSchedule(c echo.Context) error {
+	var req scheduleRequest
+	if err := decode(c, messageBodyLimit, &req); err != nil {
+		return err
+	}
+	ctx := c.Request().Context()
+	audience, err := json.Marshal(req.Audience)
+	if err != nil {
+		return fmt.Errorf("encode audience: %w", err)
+	}
+	content, err := json.Marshal(req.Payload)
+	if err != nil {
+		return fmt.Errorf("encode payload: %w", err)
+	}
+	var sch db.Schedule
+	err = db.InTx(ctx, s.pool, func(tx pgx.Tx) error {
+		q := db.New(tx)
+		if req.Audience.Type == "segment" {
+			exists, err := q.SegmentExists(ctx, req.Audience.ID)
+			if err != nil {
+				return fmt.Errorf("find segment: %w", err)
+			}
+			if !exists {
+				return invalid("audience.id", "segment %q does not exist", req.Audience.ID)
+			}
+		}
+		now, err := q.DatabaseNow(ctx)
+		if err != nil {
+			return fmt.Errorf("read clock: %w", err)
+		}
+		payloadID, err := q.InsertPayload(ctx, content)
+		if err != nil {
+			return fmt.Errorf("store payload: %w", err)
+		}
+		sch, err = q.InsertSchedule(ctx, db.InsertScheduleParams{
+			Cron: req.Cron, Timezone: req.Timezone, Audience: audience, PayloadID: payloadID,
+			Priority: req.Priority, TtlSeconds: int32(*req.TTLSeconds), FallbackTimezone: "UTC", IfPassed: "skip",
+			StartsAt: req.startsAt, EndsAt: req.endsAt, NextRunAt: firstRun(req.cron, now, req.startsAt, req.endsAt),
+		})
+		if err != nil {
+			return fmt.Errorf("store schedule: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	resp, err := newScheduleResponse(sch)
+	if err != nil {
+		return err
+	}
+	c.Response().Header().Set(echo.HeaderLocation, "/v1/schedules/"+resp.ScheduleID)
+	return c.JSON(http.StatusCreated, resp)
+}
+
+func (s *Server) scheduleParam(c echo.Context) (int64, string, error) {
+	raw := c.Param("schedule_id")
+	id, ok := parseID(schedulePrefix, raw)
+	if !ok {
+		return 0, raw, notFound("schedule", raw)
+	}
+	return id, raw, nil
+}
+
+func (s *Server) getSchedule(c echo.Context) error {
+	id, raw, err := s.scheduleParam(c)
+	if err != nil {
+		return err
+	}
+	sch, err := db.New(s.pool).GetSchedule(c.Request().Context(), id)
+	if err != nil {
+		if db.Translate(err) == db.ErrNotFound {
+			return notFound("schedule", raw)
+		}
+		return fmt.Errorf("read schedule: %w", err)
+	}
+	resp, err := newScheduleResponse(sch)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, resp)
+}
+
+type schedulePage struct {
+	Items      []scheduleResponse `json:"items"`
+	NextCursor *string            `json:"next_cursor"`
+}
+
+func (s *Server) listSchedules(c echo.Context) error {
+	limit, err := pageSize(c)
+	if err != nil {
+		return err
+	}
+	params := db.ListSchedulesParams{BeforeID: 1<<63 - 1, PageSize: limit + 1}
+	if cur := c.QueryParam("cursor"); cur != "" {
+		cu, err := decodeCursor(cur, "schedules")
+		if err != nil {
+			return err
+		}
+		params.BeforeID = cu.After
+	}
+	rows, err := db.New(s.pool).ListSchedules(c.Request().Context(), params)
+	if err != nil {
+		return fmt.Errorf("list schedules: %w", err)
+	}
+	page := schedulePage{Items: make([]scheduleResponse, 0, min(len(rows), int(limit)))}
+	for i, sch := range rows {
+		if i == int(limit) {
+			page.NextCursor = encodeCursor(cursor{After: rows[i-1].ID, Filter: "schedules"})
+			break
+		}
+		r, err := newScheduleResponse(sch)
+		if err != nil {
+			return err
+		}
+		page.Items = append(page.Items, r)
+	}
+	return c.JSON(http.StatusOK, page)
+}
+
+type schedulePatch struct {
+	Paused *bool `json:"paused"`
+}
+
+func (p *schedulePatch) validate() error {
+	if p.Paused == nil {
+		return invalid("paused", "paused (true or false) is the one field a schedule's PATCH takes")
+	}
+	return nil
+}
+
+// patchSchedule pauses or resumes a schedule. Pausing cancels the runs
+// already made into messages that have not started; resuming starts again
+// from the next run after now.
+func (s *Server) patchSchedule(c echo.Context) error {
+	id, raw, err := s.scheduleParam(c)
+	if err != nil {
+		return err
+	}
+	var req schedulePatch
+	if err := decode(c, smallBodyLimit, &req); err != nil {
+		return err
+	}
+	ctx := c.Request().Context()
+	var sch db.Schedule
+	err = db.InTx(ctx, s.pool, func(tx pgx.Tx) error {
+		q := db.New(tx)
+		cur, err := q.GetSchedule(ctx, id)
+		if err != nil {
+			if db.Translate(err) == db.ErrNotFound {
+				return notFound("schedule", raw)
+			}
+			return fmt.Errorf("read schedule: %w", err)
+		}
+		var next *time.Time
+		if !*req.Paused {
+			now, err := q.DatabaseNow(ctx)
+			if err != nil {
+				return fmt.Errorf("read clock: %w", err)
+			}
+			loc, err := time.LoadLocation(cur.Timezone)
+			if err != nil {
+				return err
+			}
+			c, err := jobs.ParseCron(cur.Cron, loc)
+			if err != nil {
+				return err
+			}
+			next = firstRun(c, now, cur.StartsAt, cur.EndsAt)
+		}
+		if sch, err = q.SetSchedulePaused(ctx, db.SetSchedulePausedParams{ID: id, Paused: *req.Paused, NextRunAt: next}); err != nil {
+			return fmt.Errorf("update schedule: %w", err)
+		}
+		if *req.Paused {
+			return s.cancelUnstartedRuns(ctx, tx, id)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	resp, err := newScheduleResponse(sch)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, resp)
+}
+
+// deleteSchedule stops a schedule and cancels its runs that have not
+// started; its past runs stay listable by schedule_id.
+func (s *Server) deleteSchedule(c echo.Context) error {
+	id, raw, err := s.scheduleParam(c)
+	if err != nil {
+		return err
+	}
+	ctx := c.Request().Context()
+	err = db.InTx(ctx, s.pool, func(tx pgx.Tx) error {
+		n, err := db.New(tx).DeleteSchedule(ctx, id)
+		if err != nil {
+			return fmt.Errorf("delete schedule: %w", err)
+		}
+		if n == 0 {
+			return notFound("schedule", raw)
+		}
+		return s.cancelUnstartedRuns(ctx, tx, id)
+	})
+	if err != nil {
+		return err
+	}
+	return c.NoContent(http.StatusNoContent)
+}
+
+func (s *Server) cancelUnstartedRuns(ctx context.Context, tx pgx.Tx, scheduleID int64) error {
+	ids, err := db.New(tx).UnstartedRuns(ctx, &scheduleID)
+	if err != nil {
+		return fmt.Errorf("find unstarted runs: %w", err)
+	}
+	for _, id := range ids {
+		if _, err := s.cancelInTx(ctx, tx, id); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,132 @@
+package api
+
+import (
+	"context"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/heraldpush/herald/jobs"
+)
+
+func scheduleBody() map[string]any {
+	return map[string]any{
+		"cron":        "0 9 * * MON-FRI",
+		"timezone":    "Europe/Berlin",
+		"audience":    map[string]any{"type": "users", "ids": []string{"p0", "p1"}},
+		"payload":     map[string]any{"title": "Standup", "body": "in five minutes"},
+		"priority":    "bulk",
+		"ttl_seconds": 600,
+	}
+}
+
+func TestScheduleLifecycle(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.population("p", 2, 1)
+
+	rec := b.call(request{method: http.MethodPost, path: "/v1/schedules", body: scheduleBody()})
+	require.Equal(t, http.StatusCreated, rec.Code, rec.Body.String())
+	sch := decodeBody(t, rec)
+	id := sch["schedule_id"].(string)
+	require.Equal(t, "/v1/schedules/"+id, rec.Header().Get("Location"))
+	runs := sch["next_runs"].([]any)
+	require.Len(t, runs, 5)
+	berlin, err := time.LoadLocation("Europe/Berlin")
+	require.NoError(t, err)
+	var prev time.Time
+	for _, r := range runs {
+		at, err := time.Parse(time.RFC3339Nano, r.(string))
+		require.NoError(t, err)
+		local := at.In(berlin)
+		require.Equal(t, 9, local.Hour())
+		require.NotContains(t, []time.Weekday{time.Saturday, time.Sunday}, local.Weekday())
+		require.True(t, at.After(prev))
+		prev = at
+	}
+
+	status, got := b.do(http.MethodGet, "/v1/schedules/"+id, nil)
+	require.Equal(t, http.StatusOK, status)
+	require.Equal(t, sch["next_runs"], got["next_runs"])
+	_, list := b.do(http.MethodGet, "/v1/schedules", nil)
+	require.Len(t, list["items"], 1)
+
+	// Make the next run into a message, as the materializer does ahead of
+	// time, then pause: that run is cancelled, and no runs are listed.
+	first, err := time.Parse(time.RFC3339Nano, runs[0].(string))
+	require.NoError(t, err)
+	m := &jobs.Materializer{Pool: b.db.Pool, Logger: discard, Lead: time.Minute,
+		Now: func(context.Context) (time.Time, error) { return first.Add(-30 * time.Second), nil }}
+	made, err := m.Run(context.Background(), b.srv.river)
+	require.NoError(t, err)
+	require.Equal(t, 1, made)
+	_, msgs := b.do(http.MethodGet, "/v1/messages?schedule_id="+id, nil)
+	require.Len(t, msgs["items"], 1)
+	run := msgs["items"].([]any)[0].(map[string]any)
+	require.Equal(t, "scheduled", run["state"])
+	require.Equal(t, id, run["schedule_id"])
+
+	status, paused := b.do(http.MethodPatch, "/v1/schedules/"+id, map[string]any{"paused": true})
+	require.Equal(t, http.StatusOK, status, paused)
+	require.Equal(t, true, paused["paused"])
+	require.Empty(t, paused["next_runs"])
+	_, st := b.do(http.MethodGet, "/v1/messages/"+run["message_id"].(string), nil)
+	require.Equal(t, "cancelled", st["state"], "pausing cancels runs made but not started")
+
+	status, resumed := b.do(http.MethodPatch, "/v1/schedules/"+id, map[string]any{"paused": false})
+	require.Equal(t, http.StatusOK, status)
+	require.Equal(t, false, resumed["paused"])
+	require.Len(t, resumed["next_runs"], 5)
+
+	rec = b.call(request{method: http.MethodDelete, path: "/v1/schedules/" + id})
+	require.Equal(t, http.StatusNoContent, rec.Code)
+	requireError(t, b.call(request{method: http.MethodGet, path: "/v1/schedules/" + id}), http.StatusNotFound, "not_found", "")
+	requireError(t, b.call(request{method: http.MethodDelete, path: "/v1/schedules/" + id}), http.StatusNotFound, "not_found", "")
+	// Its past runs stay listable.
+	_, msgs = b.do(http.MethodGet, "/v1/messages?schedule_id="+id, nil)
+	require.Len(t, msgs["items"], 1)
+}
+
+func TestScheduleRejectsBadInput(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	with := func(k string, v any) map[string]any {
+		m := scheduleBody()
+		if v == nil {
+			delete(m, k)
+		} else {
+			m[k] = v
+		}
+		return m
+	}
+	cases := []struct {
+		name  string
+		body  any
+		field string
+	}{
+		{"no cron", with("cron", nil), "cron"},
+		{"bad cron", with("cron", "61 9 * * *"), "cron"},
+		{"every", with("cron", "@every 1m"), "cron"},
+		{"bad zone", with("timezone", "Mars/Base"), "timezone"},
+		{"bad priority", with("priority", "now"), "priority"},
+		{"ttl zero", with("ttl_seconds", 0), "ttl_seconds"},
+		{"starts without offset", with("starts_at", "2026-12-01T09:00:00"), "starts_at"},
+		{"local time", with("local_time", true), "local_time"},
+		{"no audience", with("audience", nil), "audience"},
+		{"unknown segment", with("audience", map[string]any{"type": "segment", "id": "nope"}), "audience.id"},
+		{"no payload", with("payload", nil), "payload"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			requireError(t, b.call(request{method: http.MethodPost, path: "/v1/schedules", body: tc.body}), http.StatusBadRequest, "invalid_field", tc.field)
+		})
+	}
+	m := scheduleBody()
+	m["starts_at"], m["ends_at"] = "2027-01-02T00:00:00Z", "2027-01-01T00:00:00Z"
+	requireError(t, b.call(request{method: http.MethodPost, path: "/v1/schedules", body: m}), http.StatusBadRequest, "invalid_field", "ends_at")
+	requireError(t, b.call(request{method: http.MethodPatch, path: "/v1/schedules/sch_1", body: map[string]any{}}), http.StatusBadRequest, "invalid_field", "paused")
+	requireError(t, b.call(request{method: http.MethodPatch, path: "/v1/schedules/sch_99", body: map[string]any{"paused": true}}), http.StatusNotFound, "not_found", "")
+	requireError(t, b.call(request{method: http.MethodGet, path: "/v1/schedules/nope"}), http.StatusNotFound, "not_found", "")
+}

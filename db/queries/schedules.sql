@@ -1,0 +1,49 @@
+-- name: InsertSchedule :one
+INSERT INTO schedules (cron, timezone, audience, payload_id, priority, ttl_seconds, local_time,
+                       fallback_timezone, if_passed, starts_at, ends_at, next_run_at)
+VALUES (@cron, @timezone, @audience, @payload_id, @priority, @ttl_seconds, @local_time,
+        @fallback_timezone, @if_passed, @starts_at, @ends_at, @next_run_at)
+RETURNING *;
+
+-- name: GetSchedule :one
+SELECT * FROM schedules WHERE id = @id AND deleted_at IS NULL;
+
+-- name: ListSchedules :many
+SELECT * FROM schedules
+WHERE deleted_at IS NULL AND id < @before_id
+ORDER BY id DESC
+LIMIT @page_size;
+
+-- name: SetSchedulePaused :one
+-- Pausing stops new runs; resuming starts again from the next run after
+-- now (runs that fell in the pause are skipped, not made up).
+UPDATE schedules
+SET paused = @paused,
+    next_run_at = CASE WHEN @paused::boolean THEN next_run_at ELSE @next_run_at END,
+    updated_at = clock_timestamp()
+WHERE id = @id AND deleted_at IS NULL
+RETURNING *;
+
+-- name: DeleteSchedule :execrows
+UPDATE schedules SET deleted_at = clock_timestamp(), updated_at = clock_timestamp()
+WHERE id = @id AND deleted_at IS NULL;
+
+-- name: UnstartedRuns :many
+-- A schedule's runs that have been made into messages but not started.
+SELECT id FROM messages WHERE schedule_id = @schedule_id AND state = 'scheduled' ORDER BY id;
+
+-- name: DueSchedules :many
+-- Schedules with a run within the lead, locked so that two materializers
+-- never work the same schedule at once.
+SELECT * FROM schedules
+WHERE deleted_at IS NULL AND NOT paused AND next_run_at IS NOT NULL
+  AND next_run_at <= @horizon
+ORDER BY next_run_at
+LIMIT 100
+FOR UPDATE SKIP LOCKED;
+
+-- name: AdvanceSchedule :exec
+UPDATE schedules SET next_run_at = @next_run_at, updated_at = clock_timestamp() WHERE id = @id;
+
+-- name: RunExists :one
+SELECT EXISTS (SELECT 1 FROM messages WHERE schedule_id = @schedule_id AND schedule_run_at = @run_at)::boolean;

@@ -1,0 +1,148 @@
+package jobs
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/robfig/cron/v3"
+)
+
+// cronSearchYears bounds the search for a schedule's next run: a spec that
+// matches nothing in that long (30 February) has no next run.
+const cronSearchYears = 8
+
+// Cron is a cron expression evaluated by wall-clock time in one zone: a
+// 09:00 schedule runs at 09:00 local on both sides of a DST change. robfig/cron
+// parses the expression (five fields, or @daily-style descriptors); the
+// search for the next run is Herald's own, because the rules at the edges
+// of DST are the contract's:
+//   - a wall time that does not exist (spring forward) runs at the first
+//     instant after the gap;
+//   - a wall time that happens twice (fall back) runs once, at the first.
+type Cron struct {
+	expr string
+	spec *cron.SpecSchedule
+	loc  *time.Location
+}
+
+var cronParser = cron.NewParser(cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
+
+// ParseCron parses expr for zone loc.
+func ParseCron(expr string, loc *time.Location) (*Cron, error) {
+	if strings.HasPrefix(strings.TrimSpace(expr), "@every") {
+		return nil, errors.New("@every is not a calendar schedule; use five cron fields or @hourly, @daily, @weekly, @monthly, @yearly")
+	}
+	if strings.Contains(expr, "TZ=") {
+		return nil, errors.New("give the zone in timezone, not in the expression")
+	}
+	s, err := cronParser.Parse(expr)
+	if err != nil {
+		return nil, err
+	}
+	spec, ok := s.(*cron.SpecSchedule)
+	if !ok {
+		return nil, fmt.Errorf("%q is not a calendar schedule", expr)
+	}
+	return &Cron{expr: expr, spec: spec, loc: loc}, nil
+}
+
+// wall is a wall-clock time, held as a time in UTC so that arithmetic on it
+// knows nothing of any zone's transitions.
+type wall = time.Time
+
+func wallOf(t time.Time, loc *time.Location) wall {
+	l := t.In(loc)
+	return time.Date(l.Year(), l.Month(), l.Day(), l.Hour(), l.Minute(), l.Second(), 0, time.UTC)
+}
+
+// Next returns the first run strictly after t, and false when there is none
+// within cronSearchYears.
+func (c *Cron) Next(t time.Time) (time.Time, bool) {
+	after := wallOf(t, c.loc)
+	day := time.Date(after.Year(), after.Month(), after.Day(), 0, 0, 0, 0, time.UTC)
+	end := day.AddDate(cronSearchYears, 0, 0)
+	for ; day.Before(end); day = day.AddDate(0, 0, 1) {
+		if 1<<uint(day.Month())&c.spec.Month == 0 || !c.dayMatches(day) {
+			continue
+		}
+		for h := 0; h < 24; h++ {
+			if 1<<uint(h)&c.spec.Hour == 0 {
+				continue
+			}
+			for m := 0; m < 60; m++ {
+				if 1<<uint(m)&c.spec.Minute == 0 {
+					continue
+				}
+				w := day.Add(time.Duration(h)*time.Hour + time.Duration(m)*time.Minute)
+				if !w.After(after) {
+					continue
+				}
+				run := instantOf(w, c.loc)
+				// A wall time inside a gap runs at the gap's end, which may
+				// not be after t when t is itself that instant.
+				if run.After(t) {
+					return run, true
+				}
+			}
+		}
+	}
+	return time.Time{}, false
+}
+
+// dayMatches is cron's day rule: when both day of month and day of week are
+// restricted, either may match; when one is *, both must.
+func (c *Cron) dayMatches(day wall) bool {
+	const starBit = 1 << 63
+	dom := 1<<uint(day.Day())&c.spec.Dom > 0
+	dow := 1<<uint(day.Weekday())&c.spec.Dow > 0
+	if c.spec.Dom&starBit > 0 || c.spec.Dow&starBit > 0 {
+		return dom && dow
+	}
+	return dom || dow
+}
+
+// instantOf is the instant at which loc's clocks show w: the first of two
+// when w happens twice, and the first instant after the gap when w does not
+// happen at all.
+func instantOf(w wall, loc *time.Location) time.Time {
+	t := time.Date(w.Year(), w.Month(), w.Day(), w.Hour(), w.Minute(), w.Second(), 0, loc)
+	if wallOf(t, loc).Equal(w) {
+		// Twice? The earlier instant is up to two hours before (DST shifts
+		// are 30 minutes to 2 hours).
+		for _, back := range []time.Duration{2 * time.Hour, time.Hour, 30 * time.Minute} {
+			if e := t.Add(-back); wallOf(e, loc).Equal(w) {
+				return e
+			}
+		}
+		return t
+	}
+	// In a gap: the first instant whose wall time is at or after w. Wall
+	// time only moves forward across a spring-forward transition, so a
+	// binary search over the surrounding hours finds it.
+	lo, hi := t.Add(-3*time.Hour), t.Add(3*time.Hour)
+	for hi.Sub(lo) > time.Second {
+		mid := lo.Add(hi.Sub(lo) / 2)
+		if wallOf(mid, loc).Before(w) {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	return hi.Truncate(time.Second)
+}
+
+// NextRuns lists up to n runs after t.
+func (c *Cron) NextRuns(t time.Time, n int) []time.Time {
+	var out []time.Time
+	for len(out) < n {
+		next, ok := c.Next(t)
+		if !ok {
+			break
+		}
+		out = append(out, next)
+		t = next
+	}
+	return out
+}

@@ -1,0 +1,175 @@
+package jobs
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/rivertype"
+
+	"github.com/heraldpush/herald/db"
+)
+
+// MaterializeKind is the River kind of the periodic job that turns schedule
+// runs into messages.
+const MaterializeKind = "materialize_schedules"
+
+// MaterializeArgs is the periodic materializer job; it carries nothing.
+type MaterializeArgs struct{}
+
+// Kind implements river.JobArgs.
+func (MaterializeArgs) Kind() string { return MaterializeKind }
+
+// InsertOpts keeps one materializer job waiting or running at a time: a
+// slow pass is not joined by a pile of others.
+func (MaterializeArgs) InsertOpts() river.InsertOpts {
+	return river.InsertOpts{UniqueOpts: river.UniqueOpts{ByState: []rivertype.JobState{
+		rivertype.JobStateAvailable, rivertype.JobStatePending, rivertype.JobStateRunning,
+		rivertype.JobStateScheduled, rivertype.JobStateRetryable,
+	}}}
+}
+
+// DefaultScheduleLead is how long before a run its message is made: long
+// enough that the audience is expanded and the chunks are waiting well
+// before the run's instant, short enough that devices registered since are
+// included.
+const DefaultScheduleLead = 2 * time.Minute
+
+// Materializer makes each due schedule run into an ordinary message, through
+// the same Enqueuer as POST /v1/messages, exactly once per (schedule, run):
+// schedules are locked while they are worked (two materializers skip each
+// other's), and the messages table is unique on (schedule_id,
+// schedule_run_at) should anything else slip.
+type Materializer struct {
+	Pool   *pgxpool.Pool
+	Logger *slog.Logger
+	// ChunkSize is the devices per chunk of the runs' messages.
+	ChunkSize int
+	// Lead is how far ahead runs are made (DefaultScheduleLead when zero).
+	Lead time.Duration
+	// Now is the authoritative clock; the database's when nil. Tests
+	// inject one.
+	Now func(ctx context.Context) (time.Time, error)
+}
+
+// Run makes every run due within the lead and returns how many it made.
+// A run whose lifetime (ttl_seconds) ended before it could be made is
+// recorded as an expired message and not sent; one whose lifetime has not
+// ended is sent, late, and its skew shows it.
+// Chunk jobs are enqueued through inserter, the River client.
+func (m *Materializer) Run(ctx context.Context, inserter jobInserter) (int, error) {
+	enq := NewEnqueuer(inserter, m.ChunkSize)
+	now, err := m.now(ctx)
+	if err != nil {
+		return 0, err
+	}
+	lead := m.Lead
+	if lead <= 0 {
+		lead = DefaultScheduleLead
+	}
+	made := 0
+	for {
+		n, err := m.pass(ctx, enq, now, now.Add(lead))
+		made += n
+		if err != nil || n == 0 {
+			return made, err
+		}
+	}
+}
+
+func (m *Materializer) now(ctx context.Context) (time.Time, error) {
+	if m.Now != nil {
+		return m.Now(ctx)
+	}
+	return db.New(m.Pool).DatabaseNow(ctx)
+}
+
+// pass makes at most one run of each due schedule, in one transaction.
+func (m *Materializer) pass(ctx context.Context, enq *Enqueuer, now, horizon time.Time) (int, error) {
+	made := 0
+	err := db.InTx(ctx, m.Pool, func(tx pgx.Tx) error {
+		made = 0
+		q := db.New(tx)
+		due, err := q.DueSchedules(ctx, &horizon)
+		if err != nil {
+			return fmt.Errorf("find due schedules: %w", err)
+		}
+		for _, s := range due {
+			if err := m.materialize(ctx, tx, enq, s, now); err != nil {
+				return fmt.Errorf("schedule %d: %w", s.ID, err)
+			}
+			made++
+		}
+		return nil
+	})
+	return made, err
+}
+
+func (m *Materializer) materialize(ctx context.Context, tx pgx.Tx, enq *Enqueuer, s db.Schedule, now time.Time) error {
+	q := db.New(tx)
+	runAt := *s.NextRunAt
+	loc, err := time.LoadLocation(s.Timezone)
+	if err != nil {
+		return fmt.Errorf("zone %q: %w", s.Timezone, err)
+	}
+	c, err := ParseCron(s.Cron, loc)
+	if err != nil {
+		return fmt.Errorf("cron %q: %w", s.Cron, err)
+	}
+	exists, err := q.RunExists(ctx, db.RunExistsParams{ScheduleID: &s.ID, RunAt: &runAt})
+	if err != nil {
+		return fmt.Errorf("find run: %w", err)
+	}
+	if !exists {
+		var audience struct {
+			ID  string   `json:"id"`
+			IDs []string `json:"ids"`
+		}
+		if err := json.Unmarshal(s.Audience, &audience); err != nil {
+			return fmt.Errorf("decode audience: %w", err)
+		}
+		msg := NewMessage{
+			Priority: s.Priority, DispatchAt: runAt, ExpiresAt: runAt.Add(time.Duration(s.TtlSeconds) * time.Second),
+			Audience: Audience{SegmentID: audience.ID, UserIDs: audience.IDs}, AudienceJSON: s.Audience,
+			PayloadID: s.PayloadID, ScheduleID: &s.ID, ScheduleRunAt: &runAt,
+		}
+		if !msg.ExpiresAt.After(now) {
+			_, err = enq.RecordMissed(ctx, tx, msg)
+		} else {
+			_, err = enq.Create(ctx, tx, msg)
+		}
+		if err == ErrUnknownSegment {
+			// The segment was removed since: the run reaches nobody.
+			msg.Audience = Audience{}
+			_, err = enq.Create(ctx, tx, msg)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	var next *time.Time
+	if n, ok := c.Next(runAt); ok && (s.EndsAt == nil || !n.After(*s.EndsAt)) {
+		next = &n
+	}
+	return q.AdvanceSchedule(ctx, db.AdvanceScheduleParams{ID: s.ID, NextRunAt: next})
+}
+
+// MaterializeWorker runs the Materializer as River's periodic job.
+type MaterializeWorker struct {
+	river.WorkerDefaults[MaterializeArgs]
+	m *Materializer
+}
+
+// Work makes the due runs.
+func (w *MaterializeWorker) Work(ctx context.Context, _ *river.Job[MaterializeArgs]) error {
+	n, err := w.m.Run(ctx, river.ClientFromContext[pgx.Tx](ctx))
+	if n > 0 {
+		w.m.Logger.InfoContext(ctx, "materialized schedule runs", "runs", n)
+	}
+	return err
+}

@@ -1,0 +1,229 @@
+package jobs
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/heraldpush/herald/db"
+	"github.com/heraldpush/herald/db/dbtest"
+)
+
+// schedBundle is a database with three users and a River client that only
+// enqueues, for driving the materializer with a clock of the test's own.
+type schedBundle struct {
+	t     *testing.T
+	db    *dbtest.DB
+	q     *db.Queries
+	users []string
+	now   time.Time
+	mu    sync.Mutex
+}
+
+func newSchedBundle(t *testing.T) *schedBundle {
+	tdb := dbtest.New(t)
+	q := db.New(tdb.Pool)
+	return &schedBundle{t: t, db: tdb, q: q, users: registerUsers(t, q, "s", 3)}
+}
+
+func (b *schedBundle) clock(context.Context) (time.Time, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.now, nil
+}
+
+func (b *schedBundle) setNow(t time.Time) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.now = t
+}
+
+func (b *schedBundle) materializer() (*Materializer, jobInserter) {
+	client, err := NewRiverClient(b.db.Pool, RiverConfig{Logger: discard})
+	require.NoError(b.t, err)
+	return &Materializer{Pool: b.db.Pool, Logger: discard, Lead: 2 * time.Minute, Now: b.clock}, client
+}
+
+// schedule stores a schedule whose first run is first.
+func (b *schedBundle) schedule(expr, zone string, ttl int32, first time.Time, endsAt *time.Time) db.Schedule {
+	b.t.Helper()
+	ctx := context.Background()
+	payload, err := b.q.InsertPayload(ctx, []byte(`{"title":"standup"}`))
+	require.NoError(b.t, err)
+	s, err := b.q.InsertSchedule(ctx, db.InsertScheduleParams{
+		Cron: expr, Timezone: zone, Audience: []byte(`{"type":"users","ids":["s000","s001","s002"]}`),
+		PayloadID: payload, Priority: PriorityBulk, TtlSeconds: ttl, FallbackTimezone: "UTC", IfPassed: "skip",
+		EndsAt: endsAt, NextRunAt: &first,
+	})
+	require.NoError(b.t, err)
+	return s
+}
+
+type run struct {
+	at    time.Time
+	state string
+	devs  int32
+}
+
+func (b *schedBundle) runs(scheduleID int64) []run {
+	b.t.Helper()
+	rows, err := b.db.Pool.Query(context.Background(),
+		"SELECT schedule_run_at, state, device_count FROM messages WHERE schedule_id = $1 ORDER BY schedule_run_at", scheduleID)
+	require.NoError(b.t, err)
+	defer rows.Close()
+	var out []run
+	for rows.Next() {
+		var r run
+		require.NoError(b.t, rows.Scan(&r.at, &r.state, &r.devs))
+		out = append(out, r)
+	}
+	return out
+}
+
+func TestMaterializeEachRunOnce(t *testing.T) {
+	t.Parallel()
+	b := newSchedBundle(t)
+	ctx := context.Background()
+	t0 := time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)
+	s := b.schedule("*/5 * * * *", "UTC", 600, t0, nil)
+
+	// Two minutes ahead: the 09:00 run is made, and only it.
+	b.setNow(t0.Add(-90 * time.Second))
+	m, client := b.materializer()
+	n, err := m.Run(ctx, client)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	runs := b.runs(s.ID)
+	require.Len(t, runs, 1)
+	require.True(t, runs[0].at.Equal(t0))
+	require.Equal(t, StateScheduled, runs[0].state)
+	require.EqualValues(t, 3, runs[0].devs)
+
+	// Again at the same moment: nothing new.
+	n, err = m.Run(ctx, client)
+	require.NoError(t, err)
+	require.Zero(t, n)
+
+	// A restarted process and a second one, racing, at 09:04: the 09:05
+	// run is made once.
+	b.setNow(t0.Add(4 * time.Minute))
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() {
+			m, client := b.materializer()
+			_, err := m.Run(ctx, client)
+			require.NoError(t, err)
+		})
+	}
+	wg.Wait()
+	runs = b.runs(s.ID)
+	require.Len(t, runs, 2)
+	require.True(t, runs[1].at.Equal(t0.Add(5*time.Minute)))
+	var chunks int
+	require.NoError(t, b.db.Pool.QueryRow(ctx, "SELECT count(*) FROM river_job WHERE kind = 'fan_out'").Scan(&chunks))
+	require.Equal(t, 2, chunks, "one chunk per run, never two")
+}
+
+func TestMaterializeMissedRuns(t *testing.T) {
+	t.Parallel()
+	b := newSchedBundle(t)
+	ctx := context.Background()
+	t0 := time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)
+	s := b.schedule("*/10 * * * *", "UTC", 900, t0, nil)
+
+	// Herald was down from before 09:00 until 09:52: runs 09:00 to 09:30
+	// had their 15-minute lifetime end (recorded expired, nothing sent);
+	// 09:40 and 09:50 are still alive (sent late); 09:52 + 2 min lead
+	// reaches no further run.
+	b.setNow(t0.Add(52 * time.Minute))
+	m, client := b.materializer()
+	n, err := m.Run(ctx, client)
+	require.NoError(t, err)
+	require.Equal(t, 6, n)
+	runs := b.runs(s.ID)
+	require.Len(t, runs, 6)
+	for i, r := range runs {
+		require.True(t, r.at.Equal(t0.Add(time.Duration(i)*10*time.Minute)))
+		if i < 4 {
+			require.Equal(t, StateExpired, r.state, "run %d", i)
+			require.Zero(t, r.devs)
+		} else {
+			require.Equal(t, StateScheduled, r.state, "run %d", i)
+			require.EqualValues(t, 3, r.devs)
+		}
+	}
+	sch, err := b.q.GetSchedule(ctx, s.ID)
+	require.NoError(t, err)
+	require.True(t, sch.NextRunAt.Equal(t0.Add(60*time.Minute)))
+}
+
+func TestMaterializeStopsAtEndsAt(t *testing.T) {
+	t.Parallel()
+	b := newSchedBundle(t)
+	ctx := context.Background()
+	t0 := time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)
+	ends := t0.Add(10 * time.Minute)
+	s := b.schedule("*/5 * * * *", "UTC", 600, t0, &ends)
+	m, client := b.materializer()
+	for _, at := range []time.Duration{0, 5 * time.Minute, 10 * time.Minute, 15 * time.Minute, time.Hour} {
+		b.setNow(t0.Add(at))
+		_, err := m.Run(ctx, client)
+		require.NoError(t, err)
+	}
+	runs := b.runs(s.ID)
+	require.Len(t, runs, 3, "09:00, 09:05 and 09:10, the last at ends_at")
+	sch, err := b.q.GetSchedule(ctx, s.ID)
+	require.NoError(t, err)
+	require.Nil(t, sch.NextRunAt, "nothing left to run")
+}
+
+func TestMaterializeSkipsPausedAndDeleted(t *testing.T) {
+	t.Parallel()
+	b := newSchedBundle(t)
+	ctx := context.Background()
+	t0 := time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)
+	paused := b.schedule("*/5 * * * *", "UTC", 600, t0, nil)
+	deleted := b.schedule("*/5 * * * *", "UTC", 600, t0, nil)
+	_, err := b.q.SetSchedulePaused(ctx, db.SetSchedulePausedParams{ID: paused.ID, Paused: true})
+	require.NoError(t, err)
+	_, err = b.q.DeleteSchedule(ctx, deleted.ID)
+	require.NoError(t, err)
+
+	b.setNow(t0)
+	m, client := b.materializer()
+	n, err := m.Run(ctx, client)
+	require.NoError(t, err)
+	require.Zero(t, n)
+	require.Empty(t, b.runs(paused.ID))
+	require.Empty(t, b.runs(deleted.ID))
+}
+
+// TestMaterializeAcrossBerlinDST makes the runs of a 09:00 Berlin schedule
+// over the spring-forward weekend, a day at a time.
+func TestMaterializeAcrossBerlinDST(t *testing.T) {
+	t.Parallel()
+	b := newSchedBundle(t)
+	ctx := context.Background()
+	berlin := mustZone(t, "Europe/Berlin")
+	c, err := ParseCron("0 9 * * *", berlin)
+	require.NoError(t, err)
+	first, _ := c.Next(time.Date(2026, 3, 27, 12, 0, 0, 0, berlin))
+	s := b.schedule("0 9 * * *", "Europe/Berlin", 3600, first, nil)
+	m, client := b.materializer()
+	for day := 28; day <= 30; day++ {
+		b.setNow(time.Date(2026, 3, day, 8, 59, 0, 0, berlin))
+		_, err := m.Run(ctx, client)
+		require.NoError(t, err)
+	}
+	runs := b.runs(s.ID)
+	require.Len(t, runs, 3)
+	for i, r := range runs {
+		local := r.at.In(berlin)
+		require.Equal(t, 9, local.Hour(), "run %d at %s", i, local)
+		require.Equal(t, 28+i, local.Day())
+	}
+	require.Equal(t, 23*time.Hour, runs[1].at.Sub(runs[0].at), "the spring-forward day is 23 hours long")
+}
