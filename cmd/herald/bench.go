@@ -86,6 +86,14 @@ type pair struct {
 	Max float64 `json:"max"`
 }
 
+// benchTuning are the variables a bench run passes on to its Herald
+// process, and reports when set.
+var benchTuning = []string{
+	"HERALD_CHUNK_SIZE", "HERALD_URGENT_WORKERS", "HERALD_BULK_WORKERS", "HERALD_FETCH_POLL_INTERVAL",
+	"HERALD_MAX_IN_FLIGHT_APNS", "HERALD_MAX_IN_FLIGHT_FCM", "HERALD_MAX_IN_FLIGHT_WEBPUSH",
+	"GOMAXPROCS", "GOGC", "GOMEMLIMIT",
+}
+
 // devicesPerUser is the distribution of devices per user: 1 to 5, mean 2.5.
 var devicesPerUser = []float64{0.30, 0.25, 0.20, 0.15, 0.10}
 
@@ -203,7 +211,7 @@ func (b *bench) run(ctx context.Context, admin string) (*benchResult, error) {
 		return nil, err
 	}
 	res.Tuning = map[string]string{}
-	for _, k := range []string{"HERALD_CHUNK_SIZE", "HERALD_URGENT_WORKERS", "HERALD_BULK_WORKERS", "HERALD_FETCH_POLL_INTERVAL"} {
+	for _, k := range benchTuning {
 		if v := b.getenv(k); v != "" {
 			res.Tuning[k] = v
 		}
@@ -416,7 +424,7 @@ func (b *bench) startHerald(ctx context.Context, dbURL string) error {
 	for k, v := range b.fakeEnv {
 		env = append(env, k+"="+v)
 	}
-	for _, k := range []string{"HERALD_CHUNK_SIZE", "HERALD_URGENT_WORKERS", "HERALD_BULK_WORKERS", "HERALD_FETCH_POLL_INTERVAL", "GOMAXPROCS", "GOGC", "GOMEMLIMIT"} {
+	for _, k := range benchTuning {
 		if v := b.getenv(k); v != "" {
 			env = append(env, k+"="+v)
 		}
@@ -683,7 +691,12 @@ func (b *bench) blast(ctx context.Context, pool interface {
 		return 0, 0, err
 	}
 
-	cfg, err := loadConfig(func(k string) string { return b.fakeEnv[k] })
+	cfg, err := loadConfig(func(k string) string {
+		if v, ok := b.fakeEnv[k]; ok {
+			return v
+		}
+		return b.getenv(k)
+	})
 	if err != nil {
 		return 0, 0, err
 	}

@@ -32,6 +32,10 @@ type config struct {
 	// ChunkTimeout, so that a chunk is never retried while its first attempt
 	// may still be sending.
 	ChunkTimeout, RescueAfter time.Duration
+	// MaxInFlight is each provider client's limit of requests in flight
+	// (HERALD_MAX_IN_FLIGHT_APNS, _FCM, _WEBPUSH); zero takes the
+	// provider's default.
+	MaxInFlight map[string]int
 	// ScheduleLead is how long before a schedule run its message is made;
 	// MaterializeEvery is how often runs are looked for.
 	ScheduleLead, MaterializeEvery time.Duration
@@ -88,6 +92,12 @@ func loadConfig(getenv func(string) string) (config, error) {
 	}
 	if c.RescueAfter, err = durationVar(getenv, "HERALD_RESCUE_AFTER", time.Minute, time.Second); err != nil {
 		return c, err
+	}
+	c.MaxInFlight = map[string]int{}
+	for channel, name := range map[string]string{"apns": "HERALD_MAX_IN_FLIGHT_APNS", "fcm": "HERALD_MAX_IN_FLIGHT_FCM", "webpush": "HERALD_MAX_IN_FLIGHT_WEBPUSH"} {
+		if c.MaxInFlight[channel], err = intVar(getenv, name, 1, 100_000); err != nil {
+			return c, err
+		}
 	}
 	if c.ScheduleLead, err = durationVar(getenv, "HERALD_SCHEDULE_LEAD", 0, time.Second); err != nil {
 		return c, err

@@ -87,18 +87,21 @@ func buildProviders(ctx context.Context, cfg config, roots *x509.CertPool, logge
 	if cfg.APNs.enabled() {
 		a, e := apns.New(apns.Config{
 			KeyFile: cfg.APNs.KeyFile, KeyID: cfg.APNs.KeyID, TeamID: cfg.APNs.TeamID,
-			Topic: cfg.APNs.Topic, Host: cfg.APNs.Host, RootCAs: roots,
+			Topic: cfg.APNs.Topic, Host: cfg.APNs.Host, RootCAs: roots, MaxInFlight: cfg.MaxInFlight["apns"],
 		})
 		err = add("apns", a, e)
 	}
 	if err == nil && cfg.FCM.enabled() {
-		f, e := fcm.New(ctx, fcm.Config{CredentialsFile: cfg.FCM.CredentialsFile, Endpoint: cfg.FCM.Endpoint, RootCAs: roots})
+		f, e := fcm.New(ctx, fcm.Config{
+			CredentialsFile: cfg.FCM.CredentialsFile, Endpoint: cfg.FCM.Endpoint, RootCAs: roots,
+			MaxInFlight: cfg.MaxInFlight["fcm"],
+		})
 		err = add("fcm", f, e)
 	}
 	if err == nil && cfg.WebPush.enabled() {
 		w, e := webpush.New(webpush.Config{
 			VAPIDPublicKey: cfg.WebPush.PublicKey, VAPIDPrivateKey: cfg.WebPush.PrivateKey,
-			Subject: cfg.WebPush.Subject, RootCAs: roots,
+			Subject: cfg.WebPush.Subject, RootCAs: roots, MaxInFlight: cfg.MaxInFlight["webpush"],
 		})
 		err = add("webpush", w, e)
 	}
