@@ -38,7 +38,86 @@ type messageRequest struct {
 	Audience   *audienceRequest `json:"audience"`
 	Payload    *push.Content    `json:"payload"`
 
+	// Local-time delivery: a wall time (no offset) sent at in each
+	// recipient's own zone, instead of dispatch_at.
+	DeliverAtLocal   *string `json:"deliver_at_local,omitempty"`
+	FallbackTimezone *string `json:"fallback_timezone,omitempty"`
+	IfPassed         *string `json:"if_passed,omitempty"`
+	TTLSeconds       *int    `json:"ttl_seconds,omitempty"`
+
 	dispatchAt, expiresAt *time.Time
+	local                 *localRequest
+}
+
+// localRequest is a validated local-time delivery.
+type localRequest struct {
+	wall     time.Time
+	fallback *time.Location
+	sendNow  bool
+	lifetime time.Duration
+	json     []byte
+}
+
+// wallLayouts are the forms deliver_at_local takes: a date and a wall time,
+// without offset.
+var wallLayouts = []string{"2006-01-02T15:04", "2006-01-02T15:04:05"}
+
+func (r *messageRequest) validateLocal() error {
+	if r.DeliverAtLocal == nil {
+		for field, set := range map[string]bool{"fallback_timezone": r.FallbackTimezone != nil, "if_passed": r.IfPassed != nil, "ttl_seconds": r.TTLSeconds != nil} {
+			if set {
+				return invalid(field, "%s goes with deliver_at_local", field)
+			}
+		}
+		return nil
+	}
+	if r.DispatchAt != nil {
+		return invalid("deliver_at_local", "give dispatch_at or deliver_at_local, not both")
+	}
+	if r.ExpiresAt != nil {
+		return invalid("expires_at", "a local-time message has a lifetime per wave: give ttl_seconds instead of expires_at")
+	}
+	local := &localRequest{lifetime: defaultLifetime}
+	var err error
+	for _, layout := range wallLayouts {
+		if local.wall, err = time.Parse(layout, *r.DeliverAtLocal); err == nil {
+			break
+		}
+	}
+	if err != nil {
+		return invalid("deliver_at_local", "deliver_at_local must be a wall time without offset, such as 2026-09-04T09:00")
+	}
+	fallback := "UTC"
+	if r.FallbackTimezone != nil {
+		fallback = *r.FallbackTimezone
+	}
+	if err := checkTimezone("fallback_timezone", fallback); err != nil {
+		return err
+	}
+	local.fallback, _ = time.LoadLocation(fallback)
+	ifPassed := "skip"
+	if r.IfPassed != nil {
+		ifPassed = *r.IfPassed
+	}
+	switch ifPassed {
+	case "skip":
+	case "send_now":
+		local.sendNow = true
+	default:
+		return invalid("if_passed", "if_passed %q is not skip or send_now", ifPassed)
+	}
+	if r.TTLSeconds != nil {
+		if *r.TTLSeconds < 1 || *r.TTLSeconds > maxTTLSeconds {
+			return invalid("ttl_seconds", "ttl_seconds must be from 1 to %d", maxTTLSeconds)
+		}
+		local.lifetime = time.Duration(*r.TTLSeconds) * time.Second
+	}
+	local.json, err = json.Marshal(map[string]any{
+		"deliver_at_local": *r.DeliverAtLocal, "fallback_timezone": fallback, "if_passed": ifPassed,
+		"ttl_seconds": int(local.lifetime / time.Second),
+	})
+	r.local = local
+	return err
 }
 
 type audienceRequest struct {
@@ -58,6 +137,9 @@ func parseInstant(field, s string) (time.Time, error) {
 }
 
 func (r *messageRequest) validate() error {
+	if err := r.validateLocal(); err != nil {
+		return err
+	}
 	if r.DispatchAt != nil {
 		t, err := parseInstant("dispatch_at", *r.DispatchAt)
 		if err != nil {
@@ -225,7 +307,10 @@ func (s *Server) createMessage(c echo.Context) error {
 		if req.expiresAt != nil {
 			expiresAt = *req.expiresAt
 		}
-		if !expiresAt.After(now) {
+		var local *jobs.LocalTime
+		if l := req.local; l != nil {
+			local = &jobs.LocalTime{Wall: l.wall, Fallback: l.fallback, SendNow: l.sendNow, Now: now, Lifetime: l.lifetime, JSON: l.json}
+		} else if !expiresAt.After(now) {
 			return invalid("expires_at", "the message would expire at %s, which has passed", expiresAt.UTC().Format(time.RFC3339))
 		}
 		msg, err := s.enqueuer.Create(ctx, tx, jobs.NewMessage{
@@ -235,6 +320,7 @@ func (s *Server) createMessage(c echo.Context) error {
 			Audience:     jobs.Audience{SegmentID: req.Audience.ID, UserIDs: req.Audience.IDs},
 			AudienceJSON: audienceJSON,
 			Content:      *req.Payload,
+			LocalTime:    local,
 		})
 		if errors.Is(err, jobs.ErrUnknownSegment) {
 			return invalid("audience.id", "segment %q does not exist", req.Audience.ID)

@@ -34,6 +34,10 @@ type scheduleRequest struct {
 	StartsAt   *string          `json:"starts_at"`
 	EndsAt     *string          `json:"ends_at"`
 	LocalTime  bool             `json:"local_time"`
+	// With local_time: the zone of users without one, and what happens to
+	// users whose time has passed when the run is made.
+	FallbackTimezone *string `json:"fallback_timezone"`
+	IfPassed         *string `json:"if_passed"`
 
 	cron             *jobs.Cron
 	startsAt, endsAt *time.Time
@@ -55,8 +59,25 @@ func (r *scheduleRequest) validate() error {
 		return invalid("cron", "cron %q: %v", r.Cron, err)
 	}
 	r.cron = c
-	if r.LocalTime {
-		return invalid("local_time", "local_time schedules are not available yet: per-recipient local-time delivery has not landed")
+	if !r.LocalTime {
+		if r.FallbackTimezone != nil || r.IfPassed != nil {
+			return invalid("local_time", "fallback_timezone and if_passed go with local_time: true")
+		}
+	} else {
+		if r.FallbackTimezone == nil {
+			utc := "UTC"
+			r.FallbackTimezone = &utc
+		}
+		if err := checkTimezone("fallback_timezone", *r.FallbackTimezone); err != nil {
+			return err
+		}
+		if r.IfPassed == nil {
+			skip := "skip"
+			r.IfPassed = &skip
+		}
+		if *r.IfPassed != "skip" && *r.IfPassed != "send_now" {
+			return invalid("if_passed", "if_passed %q is not skip or send_now", *r.IfPassed)
+		}
 	}
 	switch r.Priority {
 	case "":
@@ -109,6 +130,13 @@ func firstRun(c *jobs.Cron, now time.Time, startsAt, endsAt *time.Time) *time.Ti
 	return &next
 }
 
+func deref(s *string, def string) string {
+	if s == nil {
+		return def
+	}
+	return *s
+}
+
 type scheduleResponse struct {
 	ScheduleID string          `json:"schedule_id"`
 	Cron       string          `json:"cron"`
@@ -119,9 +147,12 @@ type scheduleResponse struct {
 	StartsAt   *time.Time      `json:"starts_at"`
 	EndsAt     *time.Time      `json:"ends_at"`
 	LocalTime  bool            `json:"local_time"`
-	Paused     bool            `json:"paused"`
-	NextRuns   []time.Time     `json:"next_runs"`
-	CreatedAt  time.Time       `json:"created_at"`
+	// FallbackTimezone and IfPassed apply to a local-time schedule.
+	FallbackTimezone string      `json:"fallback_timezone,omitempty"`
+	IfPassed         string      `json:"if_passed,omitempty"`
+	Paused           bool        `json:"paused"`
+	NextRuns         []time.Time `json:"next_runs"`
+	CreatedAt        time.Time   `json:"created_at"`
 }
 
 func newScheduleResponse(s db.Schedule) (scheduleResponse, error) {
@@ -129,6 +160,9 @@ func newScheduleResponse(s db.Schedule) (scheduleResponse, error) {
 		ScheduleID: formatScheduleID(s.ID), Cron: s.Cron, Timezone: s.Timezone, Audience: s.Audience,
 		Priority: s.Priority, TTLSeconds: s.TtlSeconds, StartsAt: utcPtr(s.StartsAt), EndsAt: utcPtr(s.EndsAt),
 		LocalTime: s.LocalTime, Paused: s.Paused, NextRuns: []time.Time{}, CreatedAt: s.CreatedAt.UTC(),
+	}
+	if s.LocalTime {
+		r.FallbackTimezone, r.IfPassed = s.FallbackTimezone, s.IfPassed
 	}
 	if s.Paused || s.NextRunAt == nil {
 		return r, nil
@@ -189,7 +223,8 @@ func (s *Server) createSchedule(c echo.Context) error {
 		}
 		sch, err = q.InsertSchedule(ctx, db.InsertScheduleParams{
 			Cron: req.Cron, Timezone: req.Timezone, Audience: audience, PayloadID: payloadID,
-			Priority: req.Priority, TtlSeconds: int32(*req.TTLSeconds), FallbackTimezone: "UTC", IfPassed: "skip",
+			Priority: req.Priority, TtlSeconds: int32(*req.TTLSeconds), LocalTime: req.LocalTime,
+			FallbackTimezone: deref(req.FallbackTimezone, "UTC"), IfPassed: deref(req.IfPassed, "skip"),
 			StartsAt: req.startsAt, EndsAt: req.endsAt, NextRunAt: firstRun(req.cron, now, req.startsAt, req.endsAt),
 		})
 		if err != nil {

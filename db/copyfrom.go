@@ -35,6 +35,7 @@ func (r iteratorForInsertDeliveries) Values() ([]interface{}, error) {
 		r.rows[0].Channel,
 		r.rows[0].Chunk,
 		r.rows[0].DueAt,
+		r.rows[0].Status,
 	}, nil
 }
 
@@ -43,5 +44,5 @@ func (r iteratorForInsertDeliveries) Err() error {
 }
 
 func (q *Queries) InsertDeliveries(ctx context.Context, arg []InsertDeliveriesParams) (int64, error) {
-	return q.db.CopyFrom(ctx, []string{"deliveries"}, []string{"message_id", "device_id", "user_id", "channel", "chunk", "due_at"}, &iteratorForInsertDeliveries{rows: arg})
+	return q.db.CopyFrom(ctx, []string{"deliveries"}, []string{"message_id", "device_id", "user_id", "channel", "chunk", "due_at", "status"}, &iteratorForInsertDeliveries{rows: arg})
 }

@@ -301,17 +301,18 @@ type InsertDeliveriesParams struct {
 	Channel   string
 	Chunk     int32
 	DueAt     time.Time
+	Status    string
 }
 
 const insertMessage = `-- name: InsertMessage :one
 INSERT INTO messages (
     state, priority, dispatch_at, expires_at, payload_id, audience, local_time,
-    recipient_count, device_count, chunk_count, pending_count,
+    recipient_count, device_count, chunk_count, pending_count, expired_count,
     schedule_id, schedule_run_at, settled_at
 ) VALUES (
     $1, $2, $3, $4, $5, $6, $7,
-    $8, $9, $10, $9,
-    $11, $12, $13
+    $8, $9, $10, $11, $12,
+    $13, $14, $15
 )
 RETURNING id, state, priority, dispatch_at, expires_at, payload_id, audience, local_time, recipient_count, device_count, chunk_count, pending_count, accepted_count, failed_count, expired_count, cancelled_count, schedule_id, schedule_run_at, started_at, settled_at, cancelled_at, skew_p50_ms, skew_p95_ms, skew_p99_ms, skew_max_ms, created_at
 `
@@ -327,11 +328,15 @@ type InsertMessageParams struct {
 	RecipientCount int32
 	DeviceCount    int32
 	ChunkCount     int32
+	PendingCount   int32
+	ExpiredCount   int32
 	ScheduleID     *int64
 	ScheduleRunAt  *time.Time
 	SettledAt      *time.Time
 }
 
+// Deliveries are pending, except those of a local-time message whose time
+// had passed in their zone (expired_count of them, with if_passed skip).
 func (q *Queries) InsertMessage(ctx context.Context, arg InsertMessageParams) (Message, error) {
 	row := q.db.QueryRow(ctx, insertMessage,
 		arg.State,
@@ -344,6 +349,8 @@ func (q *Queries) InsertMessage(ctx context.Context, arg InsertMessageParams) (M
 		arg.RecipientCount,
 		arg.DeviceCount,
 		arg.ChunkCount,
+		arg.PendingCount,
+		arg.ExpiredCount,
 		arg.ScheduleID,
 		arg.ScheduleRunAt,
 		arg.SettledAt,

@@ -40,16 +40,24 @@ func (q *Queries) DeleteSchedule(ctx context.Context, id int64) (int64, error) {
 const dueSchedules = `-- name: DueSchedules :many
 SELECT id, cron, timezone, audience, payload_id, priority, ttl_seconds, local_time, fallback_timezone, if_passed, starts_at, ends_at, paused, next_run_at, created_at, updated_at, deleted_at FROM schedules
 WHERE deleted_at IS NULL AND NOT paused AND next_run_at IS NOT NULL
-  AND next_run_at <= $1
+  AND next_run_at <= (CASE WHEN local_time THEN $1::timestamptz ELSE $2::timestamptz END)
 ORDER BY next_run_at
 LIMIT 100
 FOR UPDATE SKIP LOCKED
 `
 
+type DueSchedulesParams struct {
+	LocalHorizon time.Time
+	Horizon      time.Time
+}
+
 // Schedules with a run within the lead, locked so that two materializers
-// never work the same schedule at once.
-func (q *Queries) DueSchedules(ctx context.Context, horizon *time.Time) ([]Schedule, error) {
-	rows, err := q.db.Query(ctx, dueSchedules, horizon)
+// never work the same schedule at once. The runs of a local-time schedule
+// are made earlier still (local_horizon), because the zones furthest
+// east reach the wall time of a run up to 26 hours before the zone of the
+// schedule does.
+func (q *Queries) DueSchedules(ctx context.Context, arg DueSchedulesParams) ([]Schedule, error) {
+	rows, err := q.db.Query(ctx, dueSchedules, arg.LocalHorizon, arg.Horizon)
 	if err != nil {
 		return nil, err
 	}

@@ -45,10 +45,32 @@ type NewMessage struct {
 	// PayloadID reuses a stored payload (a schedule's, for each of its
 	// runs) instead of storing Content again.
 	PayloadID int64
+	// LocalTime, when set, sends to each recipient at a wall time in their
+	// own zone instead of at DispatchAt; DispatchAt and ExpiresAt are then
+	// filled in from the earliest wave.
+	LocalTime *LocalTime
 	// ScheduleID and ScheduleRunAt tie a message to the schedule run that
 	// made it.
 	ScheduleID    *int64
 	ScheduleRunAt *time.Time
+}
+
+// LocalTime is per-recipient local-time delivery: each device is due when
+// its user's clocks show Wall.
+type LocalTime struct {
+	// Wall is the wall time, as a time in UTC (its zone is ignored).
+	Wall time.Time
+	// Fallback is the zone of users without one.
+	Fallback *time.Location
+	// SendNow sends at Now to users whose Wall has passed; otherwise
+	// (if_passed skip) their deliveries end expired.
+	SendNow bool
+	// Now is the database's time when the message was made.
+	Now time.Time
+	// Lifetime is each wave's time to live.
+	Lifetime time.Duration
+	// JSON is the request's local-time part, kept on the message.
+	JSON []byte
 }
 
 // jobInserter is the part of the River client that enqueues jobs in a
@@ -77,8 +99,9 @@ func NewEnqueuer(inserter jobInserter, chunkSize int) *Enqueuer {
 // target is a resolved device with the instant it is due.
 type target struct {
 	Target
-	userID string
-	dueAt  time.Time
+	userID   string
+	timezone string
+	dueAt    time.Time
 }
 
 // Create resolves m's audience to active devices, stores the payload once,
@@ -87,9 +110,20 @@ type target struct {
 // the caller commits, and nothing is kept if it rolls back.
 func (e *Enqueuer) Create(ctx context.Context, tx pgx.Tx, m NewMessage) (db.Message, error) {
 	q := db.New(tx)
-	targets, err := resolve(ctx, q, m.Audience, m.DispatchAt)
+	all, err := resolve(ctx, q, m.Audience, m.DispatchAt)
 	if err != nil {
 		return db.Message{}, err
+	}
+	targets, passed := all, []target(nil)
+	var localJSON []byte
+	if lt := m.LocalTime; lt != nil {
+		targets, passed, err = lt.place(all)
+		if err != nil {
+			return db.Message{}, err
+		}
+		m.DispatchAt = lt.firstWave(targets, passed)
+		m.ExpiresAt = m.DispatchAt.Add(lt.Lifetime)
+		localJSON = lt.JSON
 	}
 	payloadID, err := storePayload(ctx, q, m)
 	if err != nil {
@@ -104,29 +138,45 @@ func (e *Enqueuer) Create(ctx context.Context, tx pgx.Tx, m NewMessage) (db.Mess
 		ExpiresAt:      m.ExpiresAt,
 		PayloadID:      payloadID,
 		Audience:       m.AudienceJSON,
-		RecipientCount: int32(countUsers(targets)),
-		DeviceCount:    int32(len(targets)),
+		LocalTime:      localJSON,
+		RecipientCount: int32(countUsers(all)),
+		DeviceCount:    int32(len(all)),
 		ChunkCount:     int32(len(chunks)),
+		PendingCount:   int32(len(targets)),
+		ExpiredCount:   int32(len(passed)),
 		ScheduleID:     m.ScheduleID,
 		ScheduleRunAt:  m.ScheduleRunAt,
 	}
 	if len(targets) == 0 {
-		// Nothing to send: the message is settled the moment it exists.
+		// Nothing to send: the message is settled the moment it exists,
+		// expired if every recipient's time had passed.
 		now, err := q.DatabaseNow(ctx)
 		if err != nil {
 			return db.Message{}, fmt.Errorf("read clock: %w", err)
 		}
 		params.State, params.SettledAt = StateDispatched, &now
+		if len(passed) > 0 {
+			params.State = StateExpired
+		}
 	}
 	msg, err := q.InsertMessage(ctx, params)
 	if err != nil {
 		return db.Message{}, fmt.Errorf("store message: %w", err)
 	}
+	ledger := make([]db.InsertDeliveriesParams, 0, len(all))
+	for _, t := range passed {
+		ledger = append(ledger, db.InsertDeliveriesParams{
+			MessageID: msg.ID, DeviceID: t.DeviceID, UserID: t.userID,
+			Channel: t.Channel, Chunk: -1, DueAt: t.dueAt, Status: "expired",
+		})
+	}
 	if len(targets) == 0 {
+		if _, err := q.InsertDeliveries(ctx, ledger); err != nil {
+			return db.Message{}, fmt.Errorf("write ledger: %w", err)
+		}
 		return msg, nil
 	}
 
-	ledger := make([]db.InsertDeliveriesParams, 0, len(targets))
 	jobs := make([]river.InsertManyParams, len(chunks))
 	for i, c := range chunks {
 		args := FanOutArgs{
@@ -142,7 +192,7 @@ func (e *Enqueuer) Create(ctx context.Context, tx pgx.Tx, m NewMessage) (db.Mess
 			args.Targets[j] = t.Target
 			ledger = append(ledger, db.InsertDeliveriesParams{
 				MessageID: msg.ID, DeviceID: t.DeviceID, UserID: t.userID,
-				Channel: t.Channel, Chunk: int32(i), DueAt: t.dueAt,
+				Channel: t.Channel, Chunk: int32(i), DueAt: t.dueAt, Status: "pending",
 			})
 		}
 		jobs[i] = river.InsertManyParams{Args: args, InsertOpts: &river.InsertOpts{ScheduledAt: c.dueAt}}
@@ -213,11 +263,60 @@ func (e *Enqueuer) RecordMissed(ctx context.Context, tx pgx.Tx, m NewMessage) (d
 	return msg, nil
 }
 
+// place gives each target its due instant, its user's zone's Wall, and
+// splits off those whose time has passed (unless SendNow, which makes them
+// due now).
+func (lt *LocalTime) place(all []target) (due, passed []target, err error) {
+	zones := map[string]*time.Location{}
+	wall := time.Date(lt.Wall.Year(), lt.Wall.Month(), lt.Wall.Day(), lt.Wall.Hour(), lt.Wall.Minute(), lt.Wall.Second(), 0, time.UTC)
+	for _, t := range all {
+		loc := lt.Fallback
+		if t.timezone != "" {
+			if loc = zones[t.timezone]; loc == nil {
+				if loc, err = time.LoadLocation(t.timezone); err != nil {
+					return nil, nil, fmt.Errorf("user %s's zone %q: %w", t.userID, t.timezone, err)
+				}
+				zones[t.timezone] = loc
+			}
+		}
+		t.dueAt = instantOf(wall, loc)
+		if t.dueAt.Before(lt.Now) {
+			if !lt.SendNow {
+				passed = append(passed, t)
+				continue
+			}
+			t.dueAt = lt.Now
+		}
+		due = append(due, t)
+	}
+	return due, passed, nil
+}
+
+// firstWave is the earliest due instant, which the message shows as its
+// dispatch_at; the earliest passed one when nothing is left to send.
+func (lt *LocalTime) firstWave(due, passed []target) time.Time {
+	var first time.Time
+	for _, set := range [][]target{due, passed} {
+		for _, t := range set {
+			if first.IsZero() || t.dueAt.Before(first) {
+				first = t.dueAt
+			}
+		}
+		if !first.IsZero() {
+			return first
+		}
+	}
+	return lt.Now
+}
+
 // resolve expands an audience to its active devices, each due at dispatchAt.
 func resolve(ctx context.Context, q *db.Queries, a Audience, dispatchAt time.Time) ([]target, error) {
 	var out []target
-	add := func(id int64, userID, channel, token string, p256dh, auth *string) {
+	add := func(id int64, userID, channel, token string, p256dh, auth, timezone *string) {
 		t := target{Target: Target{DeviceID: id, Channel: channel, Token: token}, userID: userID, dueAt: dispatchAt}
+		if timezone != nil {
+			t.timezone = *timezone
+		}
 		if p256dh != nil && auth != nil {
 			t.P256dh, t.Auth = *p256dh, *auth
 		}
@@ -237,7 +336,7 @@ func resolve(ctx context.Context, q *db.Queries, a Audience, dispatchAt time.Tim
 		}
 		out = make([]target, 0, len(rows))
 		for _, r := range rows {
-			add(r.ID, r.UserID, r.Channel, r.Token, r.P256dh, r.Auth)
+			add(r.ID, r.UserID, r.Channel, r.Token, r.P256dh, r.Auth, r.Timezone)
 		}
 		return out, nil
 	}
@@ -247,7 +346,7 @@ func resolve(ctx context.Context, q *db.Queries, a Audience, dispatchAt time.Tim
 	}
 	out = make([]target, 0, len(rows))
 	for _, r := range rows {
-		add(r.ID, r.UserID, r.Channel, r.Token, r.P256dh, r.Auth)
+		add(r.ID, r.UserID, r.Channel, r.Token, r.P256dh, r.Auth, r.Timezone)
 	}
 	return out, nil
 }

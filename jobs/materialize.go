@@ -34,6 +34,11 @@ func (MaterializeArgs) InsertOpts() river.InsertOpts {
 	}}}
 }
 
+// localTimeSpread is how far apart the first and the last zone reach the
+// same wall time: UTC+14 to UTC-12, and a schedule's own zone anywhere
+// between, so a local-time run is made this much earlier.
+const localTimeSpread = 26 * time.Hour
+
 // DefaultScheduleLead is how long before a run its message is made: long
 // enough that the audience is expanded and the chunks are waiting well
 // before the run's instant, short enough that devices registered since are
@@ -95,7 +100,7 @@ func (m *Materializer) pass(ctx context.Context, enq *Enqueuer, now, horizon tim
 	err := db.InTx(ctx, m.Pool, func(tx pgx.Tx) error {
 		made = 0
 		q := db.New(tx)
-		due, err := q.DueSchedules(ctx, &horizon)
+		due, err := q.DueSchedules(ctx, db.DueSchedulesParams{Horizon: horizon, LocalHorizon: horizon.Add(localTimeSpread)})
 		if err != nil {
 			return fmt.Errorf("find due schedules: %w", err)
 		}
@@ -133,12 +138,31 @@ func (m *Materializer) materialize(ctx context.Context, tx pgx.Tx, enq *Enqueuer
 		if err := json.Unmarshal(s.Audience, &audience); err != nil {
 			return fmt.Errorf("decode audience: %w", err)
 		}
+		ttl := time.Duration(s.TtlSeconds) * time.Second
 		msg := NewMessage{
-			Priority: s.Priority, DispatchAt: runAt, ExpiresAt: runAt.Add(time.Duration(s.TtlSeconds) * time.Second),
+			Priority: s.Priority, DispatchAt: runAt, ExpiresAt: runAt.Add(ttl),
 			Audience: Audience{SegmentID: audience.ID, UserIDs: audience.IDs}, AudienceJSON: s.Audience,
 			PayloadID: s.PayloadID, ScheduleID: &s.ID, ScheduleRunAt: &runAt,
 		}
-		if !msg.ExpiresAt.After(now) {
+		lastChance := msg.ExpiresAt
+		if s.LocalTime {
+			// The run's wall time, at each recipient's in their own zone;
+			// the latest zone reaches it localTimeSpread after the earliest.
+			fallback, err := time.LoadLocation(s.FallbackTimezone)
+			if err != nil {
+				return fmt.Errorf("fallback zone %q: %w", s.FallbackTimezone, err)
+			}
+			spec, _ := json.Marshal(map[string]any{
+				"deliver_at_local": wallOf(runAt, loc).Format("2006-01-02T15:04:05"), "fallback_timezone": s.FallbackTimezone,
+				"if_passed": s.IfPassed, "ttl_seconds": s.TtlSeconds,
+			})
+			msg.LocalTime = &LocalTime{
+				Wall: wallOf(runAt, loc), Fallback: fallback, SendNow: s.IfPassed == "send_now",
+				Now: now, Lifetime: ttl, JSON: spec,
+			}
+			lastChance = runAt.Add(localTimeSpread + ttl)
+		}
+		if !lastChance.After(now) {
 			_, err = enq.RecordMissed(ctx, tx, msg)
 		} else {
 			_, err = enq.Create(ctx, tx, msg)

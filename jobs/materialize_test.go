@@ -227,3 +227,47 @@ func TestMaterializeAcrossBerlinDST(t *testing.T) {
 	}
 	require.Equal(t, 23*time.Hour, runs[1].at.Sub(runs[0].at), "the spring-forward day is 23 hours long")
 }
+
+// TestMaterializeLocalTimeRun makes a local-time schedule's 09:00 run a day
+// ahead, as three waves: 09:00 in Kolkata, Berlin and New York.
+func TestMaterializeLocalTimeRun(t *testing.T) {
+	t.Parallel()
+	b := newSchedBundle(t)
+	ctx := context.Background()
+	for user, zone := range map[string]string{"s000": "Asia/Kolkata", "s001": "Europe/Berlin", "s002": "America/New_York"} {
+		_, err := b.q.UpsertUserTimezone(ctx, db.UpsertUserTimezoneParams{ID: user, Timezone: &zone})
+		require.NoError(t, err)
+	}
+	run := time.Date(2026, 12, 2, 9, 0, 0, 0, time.UTC)
+	s := b.schedule("0 9 * * *", "UTC", 600, run, nil)
+	_, err := b.db.Pool.Exec(ctx, "UPDATE schedules SET local_time = true WHERE id = $1", s.ID)
+	require.NoError(t, err)
+
+	// Two minutes ahead is too late for Kolkata; a day ahead is not.
+	b.setNow(run.Add(-21 * time.Hour))
+	m, client := b.materializer()
+	n, err := m.Run(ctx, client)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+
+	rows, err := b.q.MessageWaves(ctx, b.runs(s.ID)[0].id(t, b))
+	require.NoError(t, err)
+	var waves []time.Time
+	for _, r := range rows {
+		waves = append(waves, r.DueAt.UTC())
+		require.EqualValues(t, 1, r.Devices)
+	}
+	require.Equal(t, []time.Time{
+		time.Date(2026, 12, 2, 3, 30, 0, 0, time.UTC), // 09:00 in Kolkata
+		time.Date(2026, 12, 2, 8, 0, 0, 0, time.UTC),  // 09:00 in Berlin
+		time.Date(2026, 12, 2, 14, 0, 0, 0, time.UTC), // 09:00 in New York
+	}, waves)
+}
+
+// id finds the message of a run.
+func (r run) id(t *testing.T, b *schedBundle) int64 {
+	t.Helper()
+	var id int64
+	require.NoError(t, b.db.Pool.QueryRow(context.Background(), "SELECT id FROM messages WHERE schedule_run_at = $1", r.at).Scan(&id))
+	return id
+}

@@ -30,20 +30,22 @@ WHERE m.segment_id = @segment_id
 ORDER BY d.user_id, d.id;
 
 -- name: InsertMessage :one
+-- Deliveries are pending, except those of a local-time message whose time
+-- had passed in their zone (expired_count of them, with if_passed skip).
 INSERT INTO messages (
     state, priority, dispatch_at, expires_at, payload_id, audience, local_time,
-    recipient_count, device_count, chunk_count, pending_count,
+    recipient_count, device_count, chunk_count, pending_count, expired_count,
     schedule_id, schedule_run_at, settled_at
 ) VALUES (
     @state, @priority, @dispatch_at, @expires_at, @payload_id, @audience, @local_time,
-    @recipient_count, @device_count, @chunk_count, @device_count,
+    @recipient_count, @device_count, @chunk_count, @pending_count, @expired_count,
     @schedule_id, @schedule_run_at, @settled_at
 )
 RETURNING *;
 
 -- name: InsertDeliveries :copyfrom
-INSERT INTO deliveries (message_id, device_id, user_id, channel, chunk, due_at)
-VALUES (@message_id, @device_id, @user_id, @channel, @chunk, @due_at);
+INSERT INTO deliveries (message_id, device_id, user_id, channel, chunk, due_at, status)
+VALUES (@message_id, @device_id, @user_id, @channel, @chunk, @due_at, @status);
 
 -- name: InsertMessageChunks :exec
 INSERT INTO message_chunks (message_id, chunk, job_id, due_at, device_count)

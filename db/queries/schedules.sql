@@ -34,10 +34,13 @@ SELECT id FROM messages WHERE schedule_id = @schedule_id AND state = 'scheduled'
 
 -- name: DueSchedules :many
 -- Schedules with a run within the lead, locked so that two materializers
--- never work the same schedule at once.
+-- never work the same schedule at once. The runs of a local-time schedule
+-- are made earlier still (local_horizon), because the zones furthest
+-- east reach the wall time of a run up to 26 hours before the zone of the
+-- schedule does.
 SELECT * FROM schedules
 WHERE deleted_at IS NULL AND NOT paused AND next_run_at IS NOT NULL
-  AND next_run_at <= @horizon
+  AND next_run_at <= (CASE WHEN local_time THEN sqlc.arg(local_horizon)::timestamptz ELSE sqlc.arg(horizon)::timestamptz END)
 ORDER BY next_run_at
 LIMIT 100
 FOR UPDATE SKIP LOCKED;
