@@ -5,6 +5,7 @@ func (s *Server) routes() {
 	e := s.echo
 	e.GET("/healthz", s.healthz)
 	e.GET("/readyz", s.readyz)
+	e.GET("/openapi.yaml", s.openapi)
 	if s.cfg.WorkerOnly {
 		return
 	}

@@ -95,6 +95,7 @@ func (b *bundle) call(r request) *httptest.ResponseRecorder {
 	}
 	rec := httptest.NewRecorder()
 	b.srv.ServeHTTP(rec, req)
+	checkAgainstSpec(b.t, req, rec)
 	return rec
 }
 

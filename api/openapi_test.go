@@ -1,0 +1,117 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/getkin/kin-openapi/openapi3"
+	"github.com/getkin/kin-openapi/openapi3filter"
+	"github.com/getkin/kin-openapi/routers"
+	"github.com/getkin/kin-openapi/routers/gorillamux"
+	"github.com/stretchr/testify/require"
+)
+
+var spec struct {
+	once   sync.Once
+	doc    *openapi3.T
+	router routers.Router
+	err    error
+}
+
+// openAPIRouter loads and validates the embedded document once.
+func openAPIRouter(t testing.TB) (*openapi3.T, routers.Router) {
+	t.Helper()
+	spec.once.Do(func() {
+		loader := openapi3.NewLoader()
+		spec.doc, spec.err = loader.LoadFromData(openAPI)
+		if spec.err != nil {
+			return
+		}
+		if spec.err = spec.doc.Validate(context.Background()); spec.err != nil {
+			return
+		}
+		spec.router, spec.err = gorillamux.NewRouter(spec.doc)
+	})
+	require.NoError(t, spec.err)
+	return spec.doc, spec.router
+}
+
+// checkAgainstSpec fails the test when a response does not match the
+// OpenAPI document: every API test's calls go through it (bundle.call).
+func checkAgainstSpec(t testing.TB, req *http.Request, rec *httptest.ResponseRecorder) {
+	t.Helper()
+	_, router := openAPIRouter(t)
+	// The document's server is 127.0.0.1:8080; match the request to it.
+	r := req.Clone(context.Background())
+	r.URL.Scheme, r.URL.Host, r.Host = "http", "127.0.0.1:8080", "127.0.0.1:8080"
+	route, params, err := router.FindRoute(r)
+	if rec.Code >= 500 {
+		return // an injected failure; 500s are never part of the contract
+	}
+	if err != nil {
+		if rec.Code == http.StatusNotFound || rec.Code == http.StatusMethodNotAllowed {
+			return // a route that does not exist, on purpose
+		}
+		t.Fatalf("%s %s is not in openapi.yaml: %v", req.Method, req.URL.Path, err)
+	}
+	in := &openapi3filter.RequestValidationInput{
+		Request: r, PathParams: params, Route: route,
+		Options: &openapi3filter.Options{ExcludeRequestBody: true, ExcludeRequestQueryParams: true, AuthenticationFunc: openapi3filter.NoopAuthenticationFunc},
+	}
+	out := &openapi3filter.ResponseValidationInput{
+		RequestValidationInput: in,
+		Status:                 rec.Code,
+		Header:                 rec.Header(),
+		Body:                   io.NopCloser(bytes.NewReader(rec.Body.Bytes())),
+		Options:                &openapi3filter.Options{IncludeResponseStatus: true},
+	}
+	if err := openapi3filter.ValidateResponse(context.Background(), out); err != nil {
+		t.Fatalf("%s %s answered %d not as openapi.yaml says: %v\nbody: %s", req.Method, req.URL.Path, rec.Code, err, rec.Body.String())
+	}
+}
+
+var echoParam = regexp.MustCompile(`:([a-z_]+)`)
+
+// TestEveryRouteIsDocumented checks that each route Echo serves is in
+// openapi.yaml, and each documented operation is served.
+func TestEveryRouteIsDocumented(t *testing.T) {
+	t.Parallel()
+	doc, _ := openAPIRouter(t)
+	b := setup(t)
+	served := map[string]bool{}
+	for _, r := range b.srv.echo.Routes() {
+		switch r.Method {
+		case http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete:
+		default:
+			continue // Echo's own catch-alls
+		}
+		path := echoParam.ReplaceAllString(r.Path, "{$1}")
+		if strings.HasSuffix(path, "/*") {
+			continue
+		}
+		served[r.Method+" "+path] = true
+		item := doc.Paths.Find(path)
+		require.NotNil(t, item, "%s %s is served but not in openapi.yaml", r.Method, path)
+		require.NotNil(t, item.GetOperation(r.Method), "%s %s is served but not in openapi.yaml", r.Method, path)
+	}
+	for path, item := range doc.Paths.Map() {
+		for method := range item.Operations() {
+			require.True(t, served[method+" "+path], "%s %s is in openapi.yaml but not served", method, path)
+		}
+	}
+}
+
+func TestOpenAPIServed(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	rec := b.call(request{method: http.MethodGet, path: "/openapi.yaml", noAuth: true})
+	require.Equal(t, http.StatusOK, rec.Code)
+	require.Equal(t, openAPI, rec.Body.Bytes())
+}
