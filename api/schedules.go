@@ -167,11 +167,7 @@ func newScheduleResponse(s db.Schedule) (scheduleResponse, error) {
 	if s.Paused || s.NextRunAt == nil {
 		return r, nil
 	}
-	loc, err := time.LoadLocation(s.Timezone)
-	if err != nil {
-		return r, err
-	}
-	c, err := jobs.ParseCron(s.Cron, loc)
+	c, err := jobs.ScheduleCron(s.Cron, s.Timezone)
 	if err != nil {
 		return r, err
 	}
@@ -348,11 +344,7 @@ func (s *Server) patchSchedule(c echo.Context) error {
 			if err != nil {
 				return fmt.Errorf("read clock: %w", err)
 			}
-			loc, err := time.LoadLocation(cur.Timezone)
-			if err != nil {
-				return err
-			}
-			c, err := jobs.ParseCron(cur.Cron, loc)
+			c, err := jobs.ScheduleCron(cur.Cron, cur.Timezone)
 			if err != nil {
 				return err
 			}

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/heraldpush/herald/jobs/push"
 )
 
 // maxIDLen bounds caller-chosen ids (users, segments).
@@ -137,17 +139,7 @@ func formatDeviceID(id int64) string { return devicePrefix + strconv.FormatInt(i
 
 // parseID reads an external id; ok is false for anything that is not one,
 // which callers answer with 404, since no such resource can exist.
-func parseID(prefix, s string) (int64, bool) {
-	rest, ok := strings.CutPrefix(s, prefix)
-	if !ok {
-		return 0, false
-	}
-	n, err := strconv.ParseInt(rest, 10, 64)
-	if err != nil || n <= 0 || strconv.FormatInt(n, 10) != rest {
-		return 0, false
-	}
-	return n, true
-}
+func parseID(prefix, s string) (int64, bool) { return push.ParseID(prefix, s) }
 
 // indexed names an element of an array field, as errors report it.
 func indexed(field string, i int, sub string) string {

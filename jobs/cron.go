@@ -48,6 +48,22 @@ func ParseCron(expr string, loc *time.Location) (*Cron, error) {
 	return &Cron{expr: expr, spec: spec, loc: loc}, nil
 }
 
+// ScheduleCron parses a stored schedule's expression in its zone.
+func ScheduleCron(expr, zone string) (*Cron, error) {
+	loc, err := time.LoadLocation(zone)
+	if err != nil {
+		return nil, fmt.Errorf("zone %q: %w", zone, err)
+	}
+	c, err := ParseCron(expr, loc)
+	if err != nil {
+		return nil, fmt.Errorf("cron %q: %w", expr, err)
+	}
+	return c, nil
+}
+
+// Location is the zone the expression is evaluated in.
+func (c *Cron) Location() *time.Location { return c.loc }
+
 // wall is a wall-clock time, held as a time in UTC so that arithmetic on it
 // knows nothing of any zone's transitions.
 type wall = time.Time

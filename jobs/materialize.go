@@ -118,14 +118,11 @@ func (m *Materializer) pass(ctx context.Context, enq *Enqueuer, now, horizon tim
 func (m *Materializer) materialize(ctx context.Context, tx pgx.Tx, enq *Enqueuer, s db.Schedule, now time.Time) error {
 	q := db.New(tx)
 	runAt := *s.NextRunAt
-	loc, err := time.LoadLocation(s.Timezone)
+	c, err := ScheduleCron(s.Cron, s.Timezone)
 	if err != nil {
-		return fmt.Errorf("zone %q: %w", s.Timezone, err)
+		return err
 	}
-	c, err := ParseCron(s.Cron, loc)
-	if err != nil {
-		return fmt.Errorf("cron %q: %w", s.Cron, err)
-	}
+	loc := c.Location()
 	exists, err := q.RunExists(ctx, db.RunExistsParams{ScheduleID: &s.ID, RunAt: &runAt})
 	if err != nil {
 		return fmt.Errorf("find run: %w", err)

@@ -14,8 +14,12 @@ func FormatMessageID(n int64) string { return messageIDPrefix + strconv.FormatIn
 
 // ParseMessageID reads an external message id; ok is false for anything
 // that is not one.
-func ParseMessageID(s string) (int64, bool) {
-	rest, ok := strings.CutPrefix(s, messageIDPrefix)
+func ParseMessageID(s string) (int64, bool) { return ParseID(messageIDPrefix, s) }
+
+// ParseID reads an external id of the form prefix + a positive decimal
+// number written without leading zeros; ok is false for anything else.
+func ParseID(prefix, s string) (int64, bool) {
+	rest, ok := strings.CutPrefix(s, prefix)
 	if !ok {
 		return 0, false
 	}
