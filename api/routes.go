@@ -1,11 +1,16 @@
 package api
 
+import "github.com/labstack/echo/v4"
+
 // routes lists every route Herald serves, in one place.
 func (s *Server) routes() {
 	e := s.echo
 	e.GET("/healthz", s.healthz)
 	e.GET("/readyz", s.readyz)
 	e.GET("/openapi.yaml", s.openapi)
+	if s.cfg.Metrics != nil {
+		e.GET("/metrics", echo.WrapHandler(s.cfg.Metrics))
+	}
 	if s.cfg.WorkerOnly {
 		return
 	}

@@ -34,6 +34,8 @@ type Config struct {
 	ChunkSize int
 	// Configured says which channels this process has credentials for.
 	Configured map[string]bool
+	// Metrics serves GET /metrics (Prometheus); nil serves none.
+	Metrics http.Handler
 	// WorkerOnly serves only health, readiness and metrics: the process
 	// works chunks and takes no API calls.
 	WorkerOnly bool

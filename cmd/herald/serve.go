@@ -15,6 +15,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/riverqueue/river"
 
 	"github.com/heraldpush/herald/api"
@@ -90,6 +93,10 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		logger.Warn("HERALD_ADMIN_PASSWORD is empty: the dashboard and River UI are disabled")
 	}
 
+	// One registry for the process's metrics, served at /metrics.
+	registry := prometheus.NewRegistry()
+	registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
 	// Background loops run until stop() and are waited for at shutdown.
 	bgCtx, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopBackground()
@@ -151,6 +158,7 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 	}
 
 	server, err := api.NewServer(api.Config{
+		Metrics:    promhttp.HandlerFor(registry, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn)}),
 		Logger:     logger,
 		Pool:       pool,
 		APIKeys:    cfg.APIKeys,
