@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/riverqueue/river"
 	"github.com/stretchr/testify/require"
 
@@ -44,6 +46,9 @@ func setupWith(t testing.TB, tdb *dbtest.DB, cfg Config) *bundle {
 		cfg.River = insertOnlyRiver(t, tdb)
 	}
 	cfg.APIKeys = []string{"another-key-0123456789", testKey}
+	if cfg.Metrics == nil {
+		cfg.Metrics = promhttp.HandlerFor(prometheus.NewRegistry(), promhttp.HandlerOpts{})
+	}
 	srv, err := NewServer(cfg)
 	require.NoError(t, err)
 	return &bundle{t: t, srv: srv, db: tdb, q: db.New(tdb.Pool)}
