@@ -651,6 +651,36 @@ func (q *Queries) MessageWaves(ctx context.Context, messageID int64) ([]MessageW
 	return items, nil
 }
 
+const messagesByState = `-- name: MessagesByState :many
+SELECT state, count(*)::bigint AS messages FROM messages GROUP BY state
+`
+
+type MessagesByStateRow struct {
+	State    string
+	Messages int64
+}
+
+// How many messages are in each state, for the metrics.
+func (q *Queries) MessagesByState(ctx context.Context) ([]MessagesByStateRow, error) {
+	rows, err := q.db.Query(ctx, messagesByState)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []MessagesByStateRow{}
+	for rows.Next() {
+		var i MessagesByStateRow
+		if err := rows.Scan(&i.State, &i.Messages); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const segmentExists = `-- name: SegmentExists :one
 SELECT EXISTS (SELECT 1 FROM segments WHERE id = $1)::boolean
 `

@@ -162,6 +162,8 @@ type FanOutConfig struct {
 	Breakers map[string]*Breaker
 	// Timeout bounds one attempt of a chunk. Default 30 s.
 	Timeout time.Duration
+	// Metrics, when set, counts deliveries, skew and provider latency.
+	Metrics *Metrics
 }
 
 // FanOutWorker turns a chunk into pushes: it checks expiry, marks the
@@ -207,6 +209,7 @@ func (w *FanOutWorker) Timeout(*river.Job[FanOutArgs]) time.Duration { return w.
 // Work sends one chunk.
 func (w *FanOutWorker) Work(ctx context.Context, job *river.Job[FanOutArgs]) error {
 	a := job.Args
+	defer w.cfg.Metrics.chunkStarted(a.Priority)()
 	startedAt := w.cfg.Clock.Now()
 	log := w.cfg.Logger.With("message_id", push.FormatMessageID(a.MessageID), "chunk", a.Chunk, "attempt", job.Attempt)
 
@@ -309,6 +312,7 @@ func (w *FanOutWorker) Work(ctx context.Context, job *river.Job[FanOutArgs]) err
 				provider.Send(sendCtx, msg, targets, out, breaker.Allow)
 				for j, i := range slice {
 					r := out[j]
+					w.cfg.Metrics.requested(channel, r)
 					switch {
 					case r.At.IsZero():
 					case r.Reason.Transient():
@@ -403,6 +407,7 @@ func (w *FanOutWorker) record(ctx context.Context, a FanOutArgs, startedAt time.
 		evictReasons          []string
 		firstAccept, lastSeen *time.Time
 		parked                bool
+		counted               []settledDelivery
 	)
 	for _, i := range idx {
 		r := results[i]
@@ -432,6 +437,7 @@ func (w *FanOutWorker) record(ctx context.Context, a FanOutArgs, startedAt time.
 		p.Reasons = append(p.Reasons, string(r.Reason))
 		p.AttemptedUs = append(p.AttemptedUs, at.UnixMicro())
 		p.AcceptedUs = append(p.AcceptedUs, acceptedUs)
+		counted = append(counted, settledDelivery{a.Targets[i].Channel, status, r.Reason, at.Sub(a.DispatchAt)})
 		if !r.Accepted && r.Reason.Evicts() {
 			evictIDs = append(evictIDs, a.Targets[i].DeviceID)
 			evictReasons = append(evictReasons, string(r.Reason))
@@ -452,7 +458,7 @@ func (w *FanOutWorker) record(ctx context.Context, a FanOutArgs, startedAt time.
 	// the commit, which does not wait for the disk. The message is
 	// dispatching here, so no cancel can be holding it while waiting for
 	// this chunk's deliveries (see jobs/state.go for the lock order).
-	return db.InTx(ctx, w.cfg.Pool, func(tx pgx.Tx) error {
+	err := db.InTx(ctx, w.cfg.Pool, func(tx pgx.Tx) error {
 		q := db.New(tx)
 		if err := q.CommitWithoutWaitingForDisk(ctx); err != nil {
 			return fmt.Errorf("async commit: %w", err)
@@ -483,6 +489,10 @@ func (w *FanOutWorker) record(ctx context.Context, a FanOutArgs, startedAt time.
 		}
 		return nil
 	})
+	if err == nil {
+		w.cfg.Metrics.count(a.Priority, counted)
+	}
+	return err
 }
 
 // expire marks what is still pending in the chunk expired and settles the
@@ -492,7 +502,8 @@ func (w *FanOutWorker) expire(ctx context.Context, a FanOutArgs, at time.Time) e
 	for i, t := range a.Targets {
 		ids[i] = t.DeviceID
 	}
-	return db.InTx(ctx, w.cfg.Pool, func(tx pgx.Tx) error {
+	var counted []settledDelivery
+	err := db.InTx(ctx, w.cfg.Pool, func(tx pgx.Tx) error {
 		q := db.New(tx)
 		if _, err := q.LockMessage(ctx, a.MessageID); err != nil {
 			return fmt.Errorf("lock message: %w", err)
@@ -502,7 +513,13 @@ func (w *FanOutWorker) expire(ctx context.Context, a FanOutArgs, at time.Time) e
 			return fmt.Errorf("read chunk ledger: %w", err)
 		}
 		p := db.RecordResultsParams{MessageID: a.MessageID}
+		channels := make(map[int64]string, len(a.Targets))
+		for _, t := range a.Targets {
+			channels[t.DeviceID] = t.Channel
+		}
+		counted = counted[:0]
 		for _, r := range rows {
+			counted = append(counted, settledDelivery{channel: channels[r.DeviceID], status: "expired"})
 			p.DeviceIds = append(p.DeviceIds, r.DeviceID)
 			p.Statuses = append(p.Statuses, "expired")
 			p.Reasons = append(p.Reasons, "")
@@ -523,6 +540,10 @@ func (w *FanOutWorker) expire(ctx context.Context, a FanOutArgs, at time.Time) e
 		}
 		return nil
 	})
+	if err == nil {
+		w.cfg.Metrics.count(a.Priority, counted)
+	}
+	return err
 }
 
 // Breakers returns the worker's circuit breakers by channel.

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/require"
 
 	"github.com/heraldpush/herald/db/dbtest"
@@ -346,4 +348,69 @@ func TestE2EScheduleEveryMinute(t *testing.T) {
 		require.Len(t, e.fake.Receipts(m["message_id"].(string)), 3)
 	}
 	e.must(http.StatusNoContent, http.MethodDelete, "/v1/schedules/"+id, nil)
+}
+
+// TestE2EMetricsAfterDispatch scrapes /metrics after a dispatch and finds
+// the delivery counters, the skew histogram and the process gauges.
+func TestE2EMetricsAfterDispatch(t *testing.T) {
+	t.Parallel()
+	e := startE2E(t, nil)
+	e.register("ann", false)
+	e.register("dee", true)
+	msg := e.must(http.StatusAccepted, http.MethodPost, "/v1/messages", map[string]any{
+		"audience": map[string]any{"type": "users", "ids": []string{"ann", "dee"}},
+		"payload":  map[string]any{"title": "metrics"},
+	})
+	e.settle(msg["message_id"].(string), 30*time.Second)
+
+	resp, err := http.Get(e.base + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(resp.Body)
+	require.NoError(t, err)
+
+	value := func(name string, labels map[string]string) float64 {
+		t.Helper()
+		f, ok := families[name]
+		require.True(t, ok, "no %s in /metrics", name)
+		for _, m := range f.GetMetric() {
+			match := true
+			for k, v := range labels {
+				found := false
+				for _, l := range m.GetLabel() {
+					if l.GetName() == k && l.GetValue() == v {
+						found = true
+					}
+				}
+				match = match && found
+			}
+			if !match {
+				continue
+			}
+			switch {
+			case m.Counter != nil:
+				return m.Counter.GetValue()
+			case m.Gauge != nil:
+				return m.Gauge.GetValue()
+			case m.Histogram != nil:
+				return float64(m.Histogram.GetSampleCount())
+			}
+		}
+		t.Fatalf("no %s with %v in /metrics", name, labels)
+		return 0
+	}
+	for _, channel := range []string{"apns", "fcm", "webpush"} {
+		require.EqualValues(t, 1, value("herald_deliveries_total", map[string]string{"channel": channel, "status": "accepted", "reason": ""}))
+		require.EqualValues(t, 1, value("herald_deliveries_total", map[string]string{"channel": channel, "status": "failed", "reason": "unregistered"}))
+		require.EqualValues(t, 1, value("herald_breaker_state", map[string]string{"channel": channel, "state": "closed"}))
+		require.GreaterOrEqual(t, value("herald_provider_request_seconds", map[string]string{"channel": channel, "outcome": "accepted"}), 1.0)
+	}
+	require.EqualValues(t, 3, value("herald_delivery_skew_seconds", map[string]string{"priority": "bulk"}))
+	skew := families["herald_delivery_skew_seconds"].GetMetric()[0].GetHistogram()
+	require.Greater(t, len(skew.GetBucket()), 10, "buckets fine enough below a second")
+	require.EqualValues(t, 1, value("herald_messages", map[string]string{"state": "dispatched"}))
+	value("herald_database_clock_offset_seconds", nil)
+	value("herald_chunks_in_flight", map[string]string{"lane": "bulk"})
 }

@@ -96,6 +96,7 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 	// One registry for the process's metrics, served at /metrics.
 	registry := prometheus.NewRegistry()
 	registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	jobs.RegisterMessageMetrics(registry, pool)
 
 	// Background loops run until stop() and are waited for at shutdown.
 	bgCtx, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
@@ -137,10 +138,11 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		workers := river.NewWorkers()
 		materializer := &jobs.Materializer{Pool: pool, Logger: logger, Lead: cfg.ScheduleLead, ChunkSize: cfg.ChunkSize}
 		worker := jobs.Register(workers, jobs.FanOutConfig{
-			Pool: pool, Logger: logger, Clock: clock, Timeout: cfg.ChunkTimeout,
+			Pool: pool, Logger: logger, Clock: clock, Timeout: cfg.ChunkTimeout, Metrics: jobs.NewMetrics(registry),
 			Providers: bulk.byChannel, UrgentProviders: urgent.byChannel,
 		}, materializer)
 		riverCfg.Workers = workers
+		jobs.RegisterProcessMetrics(registry, worker.Breakers(), clock)
 		goBackground(func(ctx context.Context) { clock.Run(ctx, 30*time.Second) })
 		goBackground((&jobs.Promoter{Pool: pool, Logger: logger}).Run)
 		goBackground((&jobs.StatusReporter{

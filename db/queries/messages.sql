@@ -141,3 +141,7 @@ SET state = 'dispatching',
     started_at = coalesce(started_at, clock_timestamp())
 WHERE id = @id AND state IN ('scheduled', 'dispatching')
 RETURNING state, started_at;
+
+-- name: MessagesByState :many
+-- How many messages are in each state, for the metrics.
+SELECT state, count(*)::bigint AS messages FROM messages GROUP BY state;

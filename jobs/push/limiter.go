@@ -3,6 +3,7 @@ package push
 import (
 	"context"
 	"sync"
+	"time"
 
 	"golang.org/x/sync/semaphore"
 )
@@ -90,7 +91,10 @@ func (l *Limiter) Send(ctx context.Context, targets []Target, results []Result, 
 		}
 		wg.Go(func() {
 			defer func() { <-l.slots }()
-			results[i] = send(t)
+			start := time.Now()
+			r := send(t)
+			r.Latency = time.Since(start)
+			results[i] = r
 		})
 	}
 }

@@ -106,4 +106,7 @@ type Result struct {
 	Reason Reason
 	// Detail is the provider's own words, for logs.
 	Detail string
+	// Latency is how long the request took, for the provider latency
+	// histogram; zero when nothing was sent.
+	Latency time.Duration
 }

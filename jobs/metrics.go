@@ -1,0 +1,158 @@
+package jobs
+
+import (
+	"context"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/heraldpush/herald/db"
+	"github.com/heraldpush/herald/jobs/push"
+)
+
+// Metrics are the dispatch path's Prometheus metrics. Skew is a histogram,
+// not percentiles, so that it can be summed across processes and over time.
+type Metrics struct {
+	deliveries     *prometheus.CounterVec
+	skew           *prometheus.HistogramVec
+	latency        *prometheus.HistogramVec
+	chunksInFlight *prometheus.GaugeVec
+}
+
+// skewBuckets are fine below a second, where the SLO lives, and coarse
+// beyond it, where a delivery is late whatever its exact figure.
+var skewBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1, 1.25, 1.5, 2, 3, 5, 10, 30, 60}
+
+// NewMetrics registers the dispatch metrics on reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		deliveries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "herald_deliveries_total",
+			Help: "Deliveries settled by chunk workers, by channel, status (accepted, failed, expired) and failure reason.",
+		}, []string{"channel", "status", "reason"}),
+		skew: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "herald_delivery_skew_seconds",
+			Help:    "Provider acceptance minus the delivery's due time (database clock), per accepted delivery, by priority.",
+			Buckets: skewBuckets,
+		}, []string{"priority"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "herald_provider_request_seconds",
+			Help:    "Duration of provider requests, by channel and outcome.",
+			Buckets: prometheus.ExponentialBuckets(0.005, 2, 12),
+		}, []string{"channel", "outcome"}),
+		chunksInFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "herald_chunks_in_flight",
+			Help: "Chunk jobs being worked in this process, by lane.",
+		}, []string{"lane"}),
+	}
+	reg.MustRegister(m.deliveries, m.skew, m.latency, m.chunksInFlight)
+	return m
+}
+
+// chunkStarted counts a chunk in flight until the returned func is called.
+func (m *Metrics) chunkStarted(priority string) func() {
+	if m == nil {
+		return func() {}
+	}
+	g := m.chunksInFlight.WithLabelValues(laneQueue(priority))
+	g.Inc()
+	return g.Dec
+}
+
+// settledDelivery is one delivery a chunk wrote, for the metrics.
+type settledDelivery struct {
+	channel, status string
+	reason          push.Reason
+	skew            time.Duration
+}
+
+// count counts deliveries once their write has committed: a settled one by
+// status and reason, and an accepted one's skew. Pending ones (parked
+// behind a breaker) are not settled yet.
+func (m *Metrics) count(priority string, ds []settledDelivery) {
+	if m == nil {
+		return
+	}
+	for _, d := range ds {
+		if d.status == "pending" {
+			continue
+		}
+		m.deliveries.WithLabelValues(d.channel, d.status, string(d.reason)).Inc()
+		if d.status == "accepted" {
+			m.skew.WithLabelValues(priority).Observe(d.skew.Seconds())
+		}
+	}
+}
+
+// requested observes one provider request's duration.
+func (m *Metrics) requested(channel string, r push.Result) {
+	if m == nil || r.Latency == 0 {
+		return
+	}
+	outcome := "accepted"
+	if !r.Accepted {
+		outcome = string(r.Reason)
+	}
+	m.latency.WithLabelValues(channel, outcome).Observe(r.Latency.Seconds())
+}
+
+// RegisterProcessMetrics adds what a worker process reports about itself:
+// each breaker's state (1 for the current one) and the database clock
+// offset, both read when scraped.
+func RegisterProcessMetrics(reg prometheus.Registerer, breakers map[string]*Breaker, clock *Clock) {
+	states := []string{BreakerClosed, BreakerHalfOpen, BreakerOpen}
+	for channel, b := range breakers {
+		for _, state := range states {
+			reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+				Name:        "herald_breaker_state",
+				Help:        "1 when the provider's circuit breaker is in this state.",
+				ConstLabels: prometheus.Labels{"channel": channel, "state": state},
+			}, func() float64 {
+				if b.Status().State == state {
+					return 1
+				}
+				return 0
+			}))
+		}
+	}
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "herald_database_clock_offset_seconds",
+		Help: "The database's clock minus this host's, as last measured; dispatch times are judged by the database's.",
+	}, func() float64 { return clock.Offset().Seconds() }))
+}
+
+// messagesByState is a collector that counts messages per state in the
+// database when scraped.
+type messagesByState struct {
+	pool *pgxpool.Pool
+	desc *prometheus.Desc
+}
+
+// RegisterMessageMetrics adds the count of messages by state, read from the
+// database at each scrape (with a short timeout).
+func RegisterMessageMetrics(reg prometheus.Registerer, pool *pgxpool.Pool) {
+	reg.MustRegister(&messagesByState{pool: pool, desc: prometheus.NewDesc(
+		"herald_messages", "Messages by state, in the database.", []string{"state"}, nil)})
+}
+
+func (c *messagesByState) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *messagesByState) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	rows, err := db.New(c.pool).MessagesByState(ctx)
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(c.desc, err)
+		return
+	}
+	// Every state is reported, zero included, so that an alert on one
+	// never sees it vanish.
+	counts := map[string]int64{StateScheduled: 0, StateDispatching: 0, StateDispatched: 0, StateCancelled: 0, StateExpired: 0}
+	for _, r := range rows {
+		counts[r.State] = r.Messages
+	}
+	for state, n := range counts {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(n), state)
+	}
+}
