@@ -11,7 +11,7 @@ DEV := .dev
 # that is all of them today.
 RACE ?= -race
 
-.PHONY: help build run test test/go bench generate generate/check vet fmt \
+.PHONY: help build run test test/go chromium bench generate generate/check vet fmt \
 	db/start db/stop db/reset db/test/start db/test/stop clean
 
 help:
@@ -84,7 +84,7 @@ bench: build
 
 test: generate/check vet test/go
 
-test/go:
+test/go: chromium
 	@url=$$($(MAKE) -s db/test/start); \
 	echo "go test against $$url"; \
 	DATABASE_URL=$$url $(GO) test $(RACE) -count=1 -timeout 15m ./...
@@ -92,6 +92,23 @@ test/go:
 vet:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt would change:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
 	$(GO) vet ./...
+
+# The browser tests (cmd/herald/browser_test.go) drive Debian's chromium.
+# As root it is installed when missing, quietly, refreshing the package
+# lists only if the first try fails; elsewhere, or when that fails too, the
+# tests skip and say so loudly.
+chromium:
+	@if ! command -v chromium >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			echo "installing chromium for the browser tests"; \
+			export DEBIAN_FRONTEND=noninteractive; \
+			apt-get install -y -qq chromium >/dev/null 2>&1 || \
+				{ apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq chromium >/dev/null 2>&1; } || \
+				echo "!!! chromium could not be installed: the browser tests will be SKIPPED"; \
+		else \
+			echo "!!! chromium is missing and cannot be installed here (apt-get install chromium as root): the browser tests will be SKIPPED"; \
+		fi; \
+	fi
 
 generate:
 	cd db && $(SQLC) generate

@@ -415,19 +415,12 @@ func newMessageStatus(m db.Message) messageStatus {
 // (once settled they are stored on the row).
 func (s *Server) getMessage(c echo.Context) error {
 	ctx := c.Request().Context()
-	raw := c.Param("message_id")
-	id, ok := push.ParseMessageID(raw)
-	if !ok {
-		return notFound("message", raw)
-	}
 	q := db.New(s.pool)
-	m, err := q.GetMessage(ctx, id)
+	m, err := readMessage(c, q)
 	if err != nil {
-		if db.Translate(err) == db.ErrNotFound {
-			return notFound("message", raw)
-		}
-		return fmt.Errorf("read message: %w", err)
+		return err
 	}
+	id := m.ID
 	st := newMessageStatus(m)
 	if st.SkewMs == nil && m.AcceptedCount > 0 {
 		sk, err := q.MessageSkew(ctx, id)
@@ -448,6 +441,24 @@ func (s *Server) getMessage(c echo.Context) error {
 		}
 	}
 	return c.JSON(http.StatusOK, st)
+}
+
+// readMessage reads the message that the path's message_id names: 404 when
+// the id is malformed or unknown.
+func readMessage(c echo.Context, q *db.Queries) (db.Message, error) {
+	raw := c.Param("message_id")
+	id, ok := push.ParseMessageID(raw)
+	if !ok {
+		return db.Message{}, notFound("message", raw)
+	}
+	m, err := q.GetMessage(c.Request().Context(), id)
+	if err != nil {
+		if db.Translate(err) == db.ErrNotFound {
+			return db.Message{}, notFound("message", raw)
+		}
+		return db.Message{}, fmt.Errorf("read message: %w", err)
+	}
+	return m, nil
 }
 
 // cancelMessage cancels a message before its first chunk starts: every

@@ -93,7 +93,7 @@ func TestEveryRouteIsDocumented(t *testing.T) {
 			continue // Echo's own catch-alls
 		}
 		path := echoParam.ReplaceAllString(r.Path, "{$1}")
-		if strings.HasSuffix(path, "/*") {
+		if strings.HasSuffix(path, "/*") || dashboardRoute(path) {
 			continue
 		}
 		served[r.Method+" "+path] = true
@@ -106,6 +106,22 @@ func TestEveryRouteIsDocumented(t *testing.T) {
 			require.True(t, served[method+" "+path], "%s %s is in openapi.yaml but not served", method, path)
 		}
 	}
+}
+
+// dashboardRoute reports whether path belongs to the operators' dashboard
+// or River UI rather than the public API. openapi.yaml documents the API
+// that callers program against (/v1/*, health, readiness, metrics and the
+// document itself); the dashboard's routes are the private back end of the
+// pages embedded in the binary (and /ui/api mounts /v1 handlers that are
+// documented already), so they are left out on purpose.
+func dashboardRoute(path string) bool {
+	switch {
+	case path == "/", path == "/login", path == "/logout", path == "/riverui":
+		return true
+	case strings.HasPrefix(path, "/assets/"), strings.HasPrefix(path, "/ui/"), strings.HasPrefix(path, "/riverui/"):
+		return true
+	}
+	return false
 }
 
 func TestOpenAPIServed(t *testing.T) {

@@ -44,4 +44,41 @@ func (s *Server) routes() {
 
 	// Operations.
 	v1.GET("/providers", s.listProviders)
+
+	s.dashboardRoutes()
+}
+
+// dashboardRoutes serves the operators' pages: the dashboard (package web)
+// and River UI, behind user admin's session (session.go). The dashboard's
+// data comes from the /v1 handlers mounted a second time under /ui/api, with
+// the session and its CSRF token in place of an API key, so that no key ever
+// reaches a browser.
+func (s *Server) dashboardRoutes() {
+	e := s.echo
+	same := sameOrigin()
+	e.GET("/login", s.loginPage, s.dashboardOn)
+	e.POST("/login", s.login, s.dashboardOn, same)
+	e.POST("/logout", s.logout, s.dashboardOn, same)
+	e.GET("/", s.dashboardIndex, s.dashboardOn, s.requireSession)
+	e.GET("/assets/*", s.assets(), s.dashboardOn)
+
+	ui := e.Group("/ui/api", s.dashboardOn, same, s.requireSession, s.requireCSRF)
+	ui.GET("/session", s.sessionInfo)
+	ui.POST("/messages", s.createMessage)
+	ui.GET("/messages", s.listMessages)
+	ui.GET("/messages/:message_id", s.getMessage)
+	ui.DELETE("/messages/:message_id", s.cancelMessage)
+	ui.GET("/messages/:message_id/deliveries", s.listDeliveries)
+	ui.GET("/messages/:message_id/breakdown", s.messageBreakdown)
+	ui.GET("/schedules", s.listSchedules)
+	ui.GET("/schedules/:schedule_id", s.getSchedule)
+	ui.PATCH("/schedules/:schedule_id", s.patchSchedule)
+	ui.GET("/providers", s.listProviders)
+
+	// River UI serves its pages and its API (/riverui/api/...) itself. Its
+	// front end cannot send Herald's CSRF token, so its state-changing calls
+	// (cancel, retry, delete, pause) rely on the session cookie being
+	// SameSite=Strict and on the same-origin check.
+	e.Any("/riverui", s.riverUI, s.dashboardOn, same, s.requireSession)
+	e.Any("/riverui/*", s.riverUI, s.dashboardOn, same, s.requireSession)
 }

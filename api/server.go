@@ -1,6 +1,7 @@
 // Package api is Herald's HTTP surface: the /v1 REST API, health and
-// readiness. It validates requests, runs each in one database transaction and
-// maps every error to JSON in one place (errors.go).
+// readiness, and the operators' dashboard and River UI behind a login. It
+// validates requests, runs each in one database transaction and maps every
+// error to JSON in one place (errors.go).
 package api
 
 import (
@@ -39,6 +40,13 @@ type Config struct {
 	// WorkerOnly serves only health, readiness and metrics: the process
 	// works chunks and takes no API calls.
 	WorkerOnly bool
+	// AdminPassword is the password of user admin on the dashboard and
+	// River UI. Empty disables both: they answer 503 saying why.
+	AdminPassword string
+	// RiverUI serves River UI under /riverui/ (a started riverui.Handler
+	// whose prefix is /riverui), behind the dashboard's login. Nil answers
+	// 503.
+	RiverUI http.Handler
 	// Ready reports whether the process can serve: the database answers and
 	// is migrated. Nil means always ready.
 	Ready func(ctx context.Context) error
@@ -74,16 +82,26 @@ type Server struct {
 	river    riverClient
 	enqueuer *jobs.Enqueuer
 	echo     *echo.Echo
+	// sessions is nil while the dashboard is disabled (no admin password).
+	sessions  *sessions
+	dashboard *dashboard
 }
 
 // NewServer returns the server with every route in place.
 func NewServer(cfg Config) (*Server, error) {
-	if err := cfg.validate(); err != nil {
+	err := cfg.validate()
+	if err != nil {
 		return nil, err
 	}
 	s := &Server{
 		cfg: cfg, pool: cfg.Pool, keys: newAPIKeys(cfg.APIKeys), river: cfg.River,
 		enqueuer: jobs.NewEnqueuer(cfg.River, cfg.ChunkSize), echo: echo.New(),
+	}
+	if cfg.AdminPassword != "" {
+		s.sessions = newSessions(cfg.AdminPassword)
+	}
+	if s.dashboard, err = newDashboard(); err != nil {
+		return nil, err
 	}
 	e := s.echo
 	e.HideBanner, e.HidePort = true, true

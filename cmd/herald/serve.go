@@ -159,6 +159,14 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		}
 	}
 
+	// River UI serves where the API does, behind the dashboard's login.
+	var riverUI http.Handler
+	if cfg.AdminPassword != "" && *role != "worker" {
+		if riverUI, err = startRiverUI(bgCtx, riverClient, logger); err != nil {
+			return err
+		}
+	}
+
 	server, err := api.NewServer(api.Config{
 		Metrics:    promhttp.HandlerFor(registry, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn)}),
 		Logger:     logger,
@@ -174,6 +182,8 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 			}
 			return db.CheckMigrated(ctx, pool)
 		},
+		AdminPassword: cfg.AdminPassword,
+		RiverUI:       riverUI,
 	})
 	if err != nil {
 		return err

@@ -1,0 +1,305 @@
+package api
+
+import (
+	"crypto/tls"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+const testAdminPassword = "correct horse battery staple"
+
+// dashBundle is a server with the dashboard on and a stand-in for River UI
+// that counts the requests that reach it.
+type dashBundle struct {
+	*bundle
+	riverUIHits *atomic.Int64
+}
+
+func setupDashboard(t *testing.T) *dashBundle {
+	t.Helper()
+	hits := &atomic.Int64{}
+	stub := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		_, _ = w.Write([]byte("river ui"))
+	})
+	b := setupWith(t, dbtestNew(t), Config{AdminPassword: testAdminPassword, RiverUI: stub})
+	return &dashBundle{bundle: b, riverUIHits: hits}
+}
+
+// browse makes a request as a browser on the same site would: with the
+// session cookie (when given) and without any API key.
+func (b *dashBundle) browse(method, path, body string, session *http.Cookie, header map[string]string) *httptest.ResponseRecorder {
+	b.t.Helper()
+	req := httptest.NewRequest(method, path, strings.NewReader(body))
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if session != nil {
+		req.AddCookie(session)
+	}
+	for k, v := range header {
+		req.Header.Set(k, v)
+	}
+	rec := httptest.NewRecorder()
+	b.srv.ServeHTTP(rec, req)
+	return rec
+}
+
+func (b *dashBundle) postLogin(user, password string, mutate func(*http.Request)) *httptest.ResponseRecorder {
+	b.t.Helper()
+	form := url.Values{"username": {user}, "password": {password}, "next": {"/#/providers"}}
+	req := httptest.NewRequest(http.MethodPost, "/login", strings.NewReader(form.Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	if mutate != nil {
+		mutate(req)
+	}
+	rec := httptest.NewRecorder()
+	b.srv.ServeHTTP(rec, req)
+	return rec
+}
+
+func sessionCookieOf(t testing.TB, rec *httptest.ResponseRecorder) *http.Cookie {
+	t.Helper()
+	for _, c := range rec.Result().Cookies() {
+		if c.Name == sessionCookie {
+			return c
+		}
+	}
+	return nil
+}
+
+// login signs in and returns the session cookie and its CSRF token.
+func (b *dashBundle) login() (*http.Cookie, string) {
+	b.t.Helper()
+	rec := b.postLogin(adminUser, testAdminPassword, nil)
+	require.Equal(b.t, http.StatusSeeOther, rec.Code, rec.Body.String())
+	ck := sessionCookieOf(b.t, rec)
+	require.NotNil(b.t, ck)
+	rec = b.browse(http.MethodGet, "/ui/api/session", "", ck, nil)
+	require.Equal(b.t, http.StatusOK, rec.Code, rec.Body.String())
+	var s struct {
+		CSRFToken string `json:"csrf_token"`
+		RiverUI   bool   `json:"river_ui"`
+	}
+	require.NoError(b.t, json.Unmarshal(rec.Body.Bytes(), &s))
+	require.NotEmpty(b.t, s.CSRFToken)
+	require.True(b.t, s.RiverUI)
+	return ck, s.CSRFToken
+}
+
+func TestDashboardRefusesWithoutSession(t *testing.T) {
+	t.Parallel()
+	b := setupDashboard(t)
+	forged := &http.Cookie{Name: sessionCookie, Value: "4102444800.bm9uY2U.forged-mac"}
+	for _, session := range []*http.Cookie{nil, forged} {
+		// Pages send the browser to the login form.
+		for _, path := range []string{"/", "/riverui/", "/riverui/jobs?state=available"} {
+			rec := b.browse(http.MethodGet, path, "", session, nil)
+			require.Equal(t, http.StatusSeeOther, rec.Code, path)
+			require.True(t, strings.HasPrefix(rec.Header().Get("Location"), "/login?next="), path)
+			require.NotContains(t, rec.Body.String(), "<html", path)
+		}
+		// APIs, the dashboard's and River UI's, answer 401.
+		for _, r := range []struct{ method, path string }{
+			{http.MethodGet, "/ui/api/session"},
+			{http.MethodGet, "/ui/api/messages"},
+			{http.MethodGet, "/ui/api/providers"},
+			{http.MethodPost, "/ui/api/messages"},
+			{http.MethodDelete, "/ui/api/messages/msg_1"},
+			{http.MethodGet, "/riverui/api/jobs?state=available"},
+			{http.MethodPost, "/riverui/api/jobs/cancel"},
+			{http.MethodPost, "/riverui/api/jobs/retry"},
+		} {
+			rec := b.browse(r.method, r.path, "", session, nil)
+			requireError(t, rec, http.StatusUnauthorized, "unauthorized", "")
+		}
+	}
+	require.Zero(t, b.riverUIHits.Load(), "River UI was reached without a session")
+
+	// The API keys open /v1 only, not the dashboard.
+	rec := b.browse(http.MethodGet, "/ui/api/messages", "", nil, map[string]string{"Authorization": "Bearer " + testKey})
+	require.Equal(t, http.StatusUnauthorized, rec.Code)
+}
+
+func TestDashboardLogin(t *testing.T) {
+	t.Parallel()
+	b := setupDashboard(t)
+
+	rec := b.browse(http.MethodGet, "/login?next=/riverui/", "", nil, nil)
+	require.Equal(t, http.StatusOK, rec.Code)
+	require.Contains(t, rec.Body.String(), `value="/riverui/"`)
+	require.NotEmpty(t, rec.Header().Get("Content-Security-Policy"))
+
+	for name, creds := range map[string][2]string{
+		"wrong password": {adminUser, "correct horse battery stapler"},
+		"empty password": {adminUser, ""},
+		"wrong user":     {"root", testAdminPassword},
+	} {
+		rec := b.postLogin(creds[0], creds[1], nil)
+		require.Equal(t, http.StatusUnauthorized, rec.Code, name)
+		require.Nil(t, sessionCookieOf(t, rec), name)
+		require.Contains(t, rec.Body.String(), "The user or password is wrong.", name)
+	}
+
+	// A login form posted from another site is refused: login CSRF.
+	rec = b.postLogin(adminUser, testAdminPassword, func(r *http.Request) { r.Header.Set("Sec-Fetch-Site", "cross-site") })
+	require.Equal(t, http.StatusForbidden, rec.Code)
+	require.Nil(t, sessionCookieOf(t, rec))
+
+	rec = b.postLogin(adminUser, testAdminPassword, nil)
+	require.Equal(t, http.StatusSeeOther, rec.Code)
+	require.Equal(t, "/#/providers", rec.Header().Get("Location"))
+	ck := sessionCookieOf(t, rec)
+	require.NotNil(t, ck)
+	require.True(t, ck.HttpOnly)
+	require.Equal(t, http.SameSiteStrictMode, ck.SameSite)
+	require.Equal(t, "/", ck.Path)
+	require.False(t, ck.Secure, "a plain-HTTP login cannot use a Secure cookie")
+	require.WithinDuration(t, time.Now().Add(sessionLifetime), ck.Expires, time.Minute)
+
+	// Over TLS the cookie is Secure.
+	rec = b.postLogin(adminUser, testAdminPassword, func(r *http.Request) { r.TLS = &tls.ConnectionState{} })
+	require.True(t, sessionCookieOf(t, rec).Secure)
+
+	rec = b.browse(http.MethodGet, "/", "", ck, nil)
+	require.Equal(t, http.StatusOK, rec.Code)
+	require.Contains(t, rec.Body.String(), `<script src="/assets/app.js"`)
+	require.Contains(t, rec.Header().Get("Content-Security-Policy"), "script-src 'self'")
+	rec = b.browse(http.MethodGet, "/assets/app.js", "", nil, nil)
+	require.Equal(t, http.StatusOK, rec.Code)
+}
+
+func TestSafeNext(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"":                     "/",
+		"/":                    "/",
+		"/riverui/":            "/riverui/",
+		"/#/messages/msg_1":    "/#/messages/msg_1",
+		"//evil.example/":      "/",
+		"/\\evil.example/":     "/",
+		"https://evil.example": "/",
+		"/login?next=/":        "/",
+	} {
+		require.Equal(t, want, safeNext(in), in)
+	}
+}
+
+func TestDashboardCSRF(t *testing.T) {
+	t.Parallel()
+	b := setupDashboard(t)
+	ck, csrf := b.login()
+	other, otherCSRF := b.login()
+	require.NotEqual(t, csrf, otherCSRF, "each session has its own CSRF token")
+
+	body := `{"audience":{"type":"users","ids":["u1"]},"payload":{"title":"hi"}}`
+	for name, header := range map[string]map[string]string{
+		"no token":          nil,
+		"wrong token":       {csrfHeader: "not-the-token"},
+		"another session's": {csrfHeader: otherCSRF},
+	} {
+		rec := b.browse(http.MethodPost, "/ui/api/messages", body, ck, header)
+		require.Equal(t, http.StatusForbidden, rec.Code, name)
+		requireError(t, rec, http.StatusForbidden, "csrf_failed", "")
+	}
+	for _, r := range []struct{ method, path, body string }{
+		{http.MethodDelete, "/ui/api/messages/msg_1", ""},
+		{http.MethodPatch, "/ui/api/schedules/sch_1", `{"paused":true}`},
+	} {
+		rec := b.browse(r.method, r.path, r.body, ck, nil)
+		requireError(t, rec, http.StatusForbidden, "csrf_failed", "")
+	}
+	// With the token but from another site: refused all the same.
+	rec := b.browse(http.MethodPost, "/ui/api/messages", body, ck, map[string]string{csrfHeader: csrf, "Sec-Fetch-Site": "cross-site"})
+	requireError(t, rec, http.StatusForbidden, "cross_origin", "")
+	rec = b.browse(http.MethodPost, "/riverui/api/jobs/cancel", `{"ids":["1"]}`, ck, map[string]string{"Origin": "https://evil.example"})
+	requireError(t, rec, http.StatusForbidden, "cross_origin", "")
+	require.Zero(t, b.riverUIHits.Load())
+
+	// With its own token, the same call goes through.
+	rec = b.browse(http.MethodPost, "/ui/api/messages", body, ck, map[string]string{csrfHeader: csrf, "Sec-Fetch-Site": "same-origin"})
+	require.Equal(t, http.StatusAccepted, rec.Code, rec.Body.String())
+	rec = b.browse(http.MethodGet, "/riverui/", "", other, nil)
+	require.Equal(t, http.StatusOK, rec.Code)
+	require.Equal(t, "river ui", rec.Body.String())
+	require.EqualValues(t, 1, b.riverUIHits.Load())
+}
+
+func TestDashboardIdempotencyHasItsOwnScope(t *testing.T) {
+	t.Parallel()
+	b := setupDashboard(t)
+	ck, csrf := b.login()
+	msg := func(title string) map[string]any {
+		return map[string]any{"audience": map[string]any{"type": "users", "ids": []string{"u1"}}, "payload": map[string]any{"title": title}}
+	}
+	rec := b.call(request{method: http.MethodPost, path: "/v1/messages", body: msg("by API"), header: map[string]string{"Idempotency-Key": "k1"}})
+	require.Equal(t, http.StatusAccepted, rec.Code)
+	viaAPI := decodeBody(t, rec)["message_id"]
+
+	// The same key through the dashboard, with another body, is another
+	// caller's key: no 409, and a message of its own.
+	raw, err := json.Marshal(msg("by dashboard"))
+	require.NoError(t, err)
+	hdr := map[string]string{csrfHeader: csrf, "Idempotency-Key": "k1"}
+	rec = b.browse(http.MethodPost, "/ui/api/messages", string(raw), ck, hdr)
+	require.Equal(t, http.StatusAccepted, rec.Code, rec.Body.String())
+	viaDashboard := decodeBody(t, rec)["message_id"]
+	require.NotEqual(t, viaAPI, viaDashboard)
+
+	// And within the dashboard's scope the key replays.
+	rec = b.browse(http.MethodPost, "/ui/api/messages", string(raw), ck, hdr)
+	require.Equal(t, http.StatusAccepted, rec.Code)
+	require.Equal(t, viaDashboard, decodeBody(t, rec)["message_id"])
+}
+
+func TestDashboardLogoutAndExpiry(t *testing.T) {
+	t.Parallel()
+	b := setupDashboard(t)
+	ck, csrf := b.login()
+
+	rec := b.browse(http.MethodPost, "/logout", "", ck, nil)
+	requireError(t, rec, http.StatusForbidden, "csrf_failed", "")
+	require.Equal(t, http.StatusOK, b.browse(http.MethodGet, "/ui/api/messages", "", ck, nil).Code)
+
+	rec = b.browse(http.MethodPost, "/logout", "", ck, map[string]string{csrfHeader: csrf})
+	require.Equal(t, http.StatusNoContent, rec.Code)
+	cleared := sessionCookieOf(t, rec)
+	require.NotNil(t, cleared)
+	require.Negative(t, cleared.MaxAge)
+	// The old cookie no longer opens anything, even if it was kept.
+	require.Equal(t, http.StatusUnauthorized, b.browse(http.MethodGet, "/ui/api/messages", "", ck, nil).Code)
+
+	// A session ends by itself after sessionLifetime.
+	ck, _ = b.login()
+	require.Equal(t, http.StatusOK, b.browse(http.MethodGet, "/ui/api/messages", "", ck, nil).Code)
+	b.srv.sessions.now = func() time.Time { return time.Now().Add(sessionLifetime + time.Second) }
+	require.Equal(t, http.StatusUnauthorized, b.browse(http.MethodGet, "/ui/api/messages", "", ck, nil).Code)
+}
+
+func TestDashboardDisabledWithoutPassword(t *testing.T) {
+	t.Parallel()
+	b := &dashBundle{bundle: setup(t)}
+	for _, r := range []struct{ method, path string }{
+		{http.MethodGet, "/"},
+		{http.MethodGet, "/login"},
+		{http.MethodPost, "/login"},
+		{http.MethodGet, "/ui/api/messages"},
+		{http.MethodGet, "/riverui/"},
+		{http.MethodGet, "/riverui/api/jobs"},
+	} {
+		rec := b.browse(r.method, r.path, "", nil, nil)
+		requireError(t, rec, http.StatusServiceUnavailable, "dashboard_disabled", "")
+		require.Contains(t, rec.Body.String(), "HERALD_ADMIN_PASSWORD", r.path)
+	}
+	// An empty password can never be used to log in.
+	rec := b.postLogin(adminUser, "", nil)
+	require.Equal(t, http.StatusServiceUnavailable, rec.Code)
+}

@@ -1,0 +1,358 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/cookiejar"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+const testAdminPassword = "e2e-admin-password-0123"
+
+// findChromium returns the path of a Chromium to drive. `make test`
+// installs Debian's chromium when it is missing; where that was not
+// possible the browser tests skip, loudly, rather than fail.
+func findChromium(t *testing.T) string {
+	t.Helper()
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	if _, err := os.Stat("/usr/bin/chromium"); err == nil {
+		return "/usr/bin/chromium"
+	}
+	t.Skip("!!! SKIPPING the browser tests: no chromium found. Install it (apt-get install chromium) or run `make test` as root, which installs it.")
+	return ""
+}
+
+// newBrowser starts a headless Chromium with a fresh profile and returns a
+// context for chromedp actions; it is closed when the test ends. The flags
+// are what a root user in a sandboxed container needs, minus everything
+// that would reach the network on its own.
+func newBrowser(t *testing.T, chromium string) context.Context {
+	t.Helper()
+	opts := []chromedp.ExecAllocatorOption{
+		chromedp.ExecPath(chromium),
+		chromedp.Flag("headless", true),
+		chromedp.NoSandbox,
+		chromedp.DisableGPU,
+		chromedp.Flag("disable-quic", true),
+		chromedp.NoFirstRun,
+		chromedp.NoDefaultBrowserCheck,
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.Flag("disable-dev-shm-usage", true),
+		chromedp.UserDataDir(t.TempDir()),
+		chromedp.WindowSize(1280, 900),
+	}
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancelBrowser := chromedp.NewContext(allocCtx)
+	ctx, cancelTimeout := context.WithTimeout(ctx, 2*time.Minute)
+	t.Cleanup(func() {
+		cancelTimeout()
+		cancelBrowser()
+		cancelAlloc()
+	})
+	require.NoError(t, chromedp.Do(ctx), "start chromium")
+	return ctx
+}
+
+// artifactDir is testdata/artifacts at the repository's root (git-ignored),
+// where the browser tests leave their screenshots for people to look at.
+func artifactDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.Getwd()
+	require.NoError(t, err)
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			break
+		}
+		parent := filepath.Dir(dir)
+		require.NotEqual(t, dir, parent, "go.mod not found above the test's directory")
+		dir = parent
+	}
+	out := filepath.Join(dir, "testdata", "artifacts")
+	require.NoError(t, os.MkdirAll(out, 0o755))
+	return out
+}
+
+// tab is one browser tab in a test: its actions fail the test.
+type tab struct {
+	t   *testing.T
+	ctx context.Context
+}
+
+func (b tab) do(steps ...chromedp.Action[chromedp.Void]) {
+	b.t.Helper()
+	require.NoError(b.t, chromedp.Do(b.ctx, steps...))
+}
+
+// text waits for the element that the CSS selector finds and returns its
+// text.
+func (b tab) text(sel string) string {
+	b.t.Helper()
+	v, err := chromedp.Run(b.ctx, chromedp.Text(chromedp.CSS(sel)))
+	require.NoError(b.t, err, sel)
+	return strings.TrimSpace(v)
+}
+
+func evaluate[T any](b tab, expr string) T {
+	b.t.Helper()
+	v, err := chromedp.Run(b.ctx, chromedp.Evaluate[T](expr))
+	require.NoError(b.t, err, expr)
+	return v
+}
+
+func visible(sel string) chromedp.Action[chromedp.Void] {
+	return chromedp.WaitVisible(chromedp.CSS(sel))
+}
+func click(sel string) chromedp.Action[chromedp.Void] { return chromedp.Click(chromedp.CSS(sel)) }
+
+// screenshot saves the whole page as testdata/artifacts/<name>.png.
+func (b tab) screenshot(name string) {
+	b.t.Helper()
+	// Quality 100 makes a PNG; anything less, a JPEG.
+	png, err := chromedp.Run(b.ctx, chromedp.FullScreenshot(100))
+	require.NoError(b.t, err)
+	path := filepath.Join(artifactDir(b.t), name+".png")
+	require.NoError(b.t, os.WriteFile(path, png, 0o644))
+	b.t.Logf("screenshot: %s", path)
+}
+
+// goHash moves the single-page app to another of its routes, as clicking a
+// link would (a fragment change; chromedp.Navigate would wait for a page
+// load that never comes).
+func (b tab) goHash(route string) {
+	b.t.Helper()
+	_ = evaluate[string](b, fmt.Sprintf("location.hash = %q", route))
+}
+
+// dashboardFixture gives the e2e server what the dashboard shows: a
+// dispatched message to 9 devices (3 of them dead), a message scheduled an
+// hour ahead, and a schedule.
+func dashboardFixture(t *testing.T, e *e2e) (dispatched, scheduled, schedule string) {
+	t.Helper()
+	for _, u := range []string{"ann", "bob"} {
+		e.register(u, false)
+	}
+	e.register("dee", true)
+	msg := e.must(http.StatusAccepted, http.MethodPost, "/v1/messages", map[string]any{
+		"audience": map[string]any{"type": "users", "ids": []string{"ann", "bob", "dee"}},
+		"payload":  map[string]any{"title": "Standup", "body": "now"},
+	})
+	dispatched = msg["message_id"].(string)
+	require.Equal(t, "dispatched", e.settle(dispatched, 30*time.Second)["state"])
+	later := e.must(http.StatusAccepted, http.MethodPost, "/v1/messages", map[string]any{
+		"dispatch_at": time.Now().Add(time.Hour).UTC().Format(time.RFC3339),
+		"audience":    map[string]any{"type": "users", "ids": []string{"ann"}},
+		"payload":     map[string]any{"title": "Later"},
+	})
+	sch := e.must(http.StatusCreated, http.MethodPost, "/v1/schedules", map[string]any{
+		"cron": "0 9 * * MON-FRI", "timezone": "Europe/Berlin",
+		"audience": map[string]any{"type": "users", "ids": []string{"ann"}},
+		"payload":  map[string]any{"title": "Daily"},
+	})
+	return dispatched, later["message_id"].(string), sch["schedule_id"].(string)
+}
+
+// TestBrowserDashboard drives the dashboard and River UI in headless
+// Chromium the way an operator would: log in, read a dispatched message's
+// counters and histogram, cancel a scheduled message, pause a schedule,
+// send a test message, and find the fan_out jobs in River UI.
+func TestBrowserDashboard(t *testing.T) {
+	t.Parallel()
+	chromium := findChromium(t)
+	e := startE2E(t, map[string]string{"HERALD_ADMIN_PASSWORD": testAdminPassword})
+	dispatched, scheduled, schedule := dashboardFixture(t, e)
+	b := tab{t: t, ctx: newBrowser(t, chromium)}
+
+	// The dashboard sends a browser without a session to the login form.
+	row := fmt.Sprintf(`tr[data-message-id=%q]`, dispatched)
+	b.do(
+		chromedp.Navigate(e.base+"/"),
+		visible("#password"),
+		chromedp.SendKeys(chromedp.CSS("#password"), testAdminPassword),
+		click("#login-submit"),
+		visible(row+`[data-state="dispatched"]`),
+	)
+	counts := []string{b.text(row + " td.total"), b.text(row + " td.accepted"), b.text(row + " td.failed"), b.text(row + " td.pending")}
+	require.Equal(t, []string{"9", "6", "3", "0"}, counts, "total, accepted, failed, pending")
+	b.screenshot("dashboard-messages")
+
+	// The message page: counters, a histogram of the 6 accepted skews, the
+	// percentiles, and the 3 failures by reason and one by one.
+	b.do(click(row+" a"), visible("#histogram svg rect"), visible("#failures-body td"))
+	require.Equal(t, "6", b.text("#counter-accepted b"))
+	require.NotEqual(t, "—", b.text("#skew-p50 b"))
+	require.Contains(t, b.text("#reasons"), "unregistered")
+	require.Equal(t, 20, evaluate[int](b, `document.querySelectorAll('#histogram svg rect').length`))
+	require.Equal(t, 6, evaluate[int](b, `[...document.querySelectorAll('#histogram svg rect title')]
+		.reduce((n, t) => n + Number(t.textContent.split(': ')[1].split(' ')[0]), 0)`), "the histogram counts every accepted delivery once")
+	require.Equal(t, 3, evaluate[int](b, `document.querySelectorAll('#failures-body tr').length`))
+	require.Zero(t, evaluate[int](b, `document.querySelectorAll('#cancel').length`), "a dispatched message cannot be cancelled")
+	b.screenshot("dashboard-message")
+
+	// Cancel the scheduled message, in two clicks.
+	b.goHash("#/messages/" + scheduled)
+	b.do(visible("#message-state .badge.scheduled"), click("#cancel"), click("#cancel-confirm"),
+		visible("#message-state .badge.cancelled"))
+	require.Equal(t, "3", b.text("#counter-cancelled b"))
+	b.screenshot("dashboard-cancelled")
+	st := e.must(http.StatusOK, http.MethodGet, "/v1/messages/"+scheduled, nil)
+	require.Equal(t, "cancelled", st["state"])
+	require.EqualValues(t, 3, st["deliveries"].(map[string]any)["cancelled"])
+
+	// Pause the schedule.
+	schRow := fmt.Sprintf(`tr[data-schedule-id=%q]`, schedule)
+	b.goHash("#/schedules")
+	b.do(visible(schRow+" button"), click(schRow+" button"), visible(schRow+" .badge.paused"))
+	require.Equal(t, true, e.must(http.StatusOK, http.MethodGet, "/v1/schedules/"+schedule, nil)["paused"])
+
+	// Send a test message to bob from the form.
+	b.goHash("#/send")
+	b.do(visible("#audience-id"), chromedp.SendKeys(chromedp.CSS("#audience-id"), "bob"), click("#send-submit"),
+		visible("#message-state .badge"))
+	hash := evaluate[string](b, `location.hash`)
+	sent := strings.TrimPrefix(hash, "#/messages/")
+	require.NotEqual(t, hash, sent, "the form leads to the new message's page")
+	require.EqualValues(t, 3, e.must(http.StatusOK, http.MethodGet, "/v1/messages/"+sent, nil)["device_count"])
+
+	b.goHash("#/providers")
+	b.do(visible(`tr[data-channel="webpush"] .badge`))
+	b.screenshot("dashboard-providers")
+
+	// River UI lists the fan_out jobs, behind the same session.
+	b.do(chromedp.Navigate(e.base + "/riverui/jobs?state=completed"))
+	listed, err := chromedp.Run(b.ctx, chromedp.Poll[bool](`document.body.innerText.includes('fan_out')`,
+		chromedp.WithPollingTimeout(30*time.Second)))
+	require.NoError(t, err)
+	require.True(t, listed)
+	b.screenshot("riverui-jobs")
+
+	// Signing out ends the session: the dashboard and River UI ask for a
+	// login again.
+	b.do(chromedp.Navigate(e.base+"/"), visible("#logout"), click("#logout"), visible("#password"),
+		chromedp.Navigate(e.base+"/riverui/"), visible("#password"))
+}
+
+// TestE2EDashboardGuards checks over plain HTTP, against the real River UI,
+// that nothing of the dashboard or River UI answers without a session, that
+// a wrong password and a cross-site call are refused, and what the
+// histogram endpoint returns.
+func TestE2EDashboardGuards(t *testing.T) {
+	t.Parallel()
+	e := startE2E(t, map[string]string{"HERALD_ADMIN_PASSWORD": testAdminPassword})
+	dispatched, _, _ := dashboardFixture(t, e)
+	noRedirect := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	// get returns the status and the Location header or, without one, the
+	// body.
+	get := func(c *http.Client, path string) (int, string) {
+		resp, err := c.Get(e.base + path)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		if loc := resp.Header.Get("Location"); loc != "" {
+			return resp.StatusCode, loc
+		}
+		raw, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return resp.StatusCode, string(raw)
+	}
+
+	for _, path := range []string{"/", "/riverui/", "/riverui/jobs"} {
+		code, loc := get(noRedirect, path)
+		require.Equal(t, http.StatusSeeOther, code, path)
+		require.True(t, strings.HasPrefix(loc, "/login"), path)
+	}
+	for _, path := range []string{"/ui/api/messages", "/ui/api/messages/" + dispatched, "/riverui/api/jobs?state=completed", "/riverui/api/queues"} {
+		code, _ := get(noRedirect, path)
+		require.Equal(t, http.StatusUnauthorized, code, path)
+	}
+	// An API key does not open River UI.
+	req, err := http.NewRequest(http.MethodGet, e.base+"/riverui/api/jobs?state=completed", nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+testAPIKey)
+	resp, err := noRedirect.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusUnauthorized, resp.StatusCode)
+
+	jar, err := cookiejar.New(nil)
+	require.NoError(t, err)
+	browser := &http.Client{Jar: jar, CheckRedirect: noRedirect.CheckRedirect}
+	resp, err = browser.PostForm(e.base+"/login", url.Values{"username": {"admin"}, "password": {"wrong"}})
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusUnauthorized, resp.StatusCode)
+	require.Empty(t, jar.Cookies(mustURL(t, e.base)))
+
+	resp, err = browser.PostForm(e.base+"/login", url.Values{"username": {"admin"}, "password": {testAdminPassword}})
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
+
+	// Signed in, River UI's API lists the chunk jobs once River has
+	// recorded them completed (its completer writes in batches, a moment
+	// after the deliveries).
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		code, body := get(browser, "/riverui/api/jobs?state=completed&limit=100")
+		require.Equal(c, http.StatusOK, code, body)
+		require.Contains(c, body, `"kind":"fan_out"`)
+	}, 10*time.Second, 100*time.Millisecond)
+
+	// A cross-site call to River UI's API is refused even with the session.
+	req, err = http.NewRequest(http.MethodPost, e.base+"/riverui/api/jobs/retry", strings.NewReader(`{"ids":["1"]}`))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Origin", "https://evil.example")
+	resp, err = browser.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusForbidden, resp.StatusCode)
+
+	// The dashboard's histogram: every accepted delivery counted once, and
+	// the dead devices by reason.
+	code, body := get(browser, "/ui/api/messages/"+dispatched+"/breakdown")
+	require.Equal(t, http.StatusOK, code, body)
+	var bd struct {
+		Skew []struct {
+			FromMs  float64 `json:"from_ms"`
+			ToMs    float64 `json:"to_ms"`
+			Devices int     `json:"devices"`
+		} `json:"skew_histogram"`
+		Failures []map[string]any `json:"failures_by_reason"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(body), &bd))
+	require.Len(t, bd.Skew, 20)
+	sum := 0
+	for i, b := range bd.Skew {
+		sum += b.Devices
+		require.Less(t, b.FromMs, b.ToMs)
+		if i > 0 {
+			require.InDelta(t, bd.Skew[i-1].ToMs, b.FromMs, 0.11, "buckets are contiguous")
+		}
+	}
+	require.Equal(t, 6, sum)
+	require.Equal(t, []map[string]any{{"status": "failed", "reason": "unregistered", "devices": 3.0}}, bd.Failures)
+}
+
+func mustURL(t *testing.T, s string) *url.URL {
+	t.Helper()
+	u, err := url.Parse(s)
+	require.NoError(t, err)
+	return u
+}

@@ -1,0 +1,30 @@
+-- name: SkewHistogram :many
+-- A message's accepted deliveries counted into @buckets equal-width skew
+-- buckets between the smallest and the largest skew, in milliseconds.
+-- Bucketing here sends the browser a few numbers instead of every row of a
+-- 25,000-device message. Buckets without deliveries are left out; lo and hi
+-- are the whole range, the same on every row: whole milliseconds, and at
+-- least 1 ms per bucket, so that a message whose skews lie close together
+-- gets readable bars rather than slivers of a microsecond.
+WITH skew AS (
+    SELECT (extract(epoch FROM accepted_at - due_at) * 1000)::double precision AS ms
+    FROM deliveries
+    WHERE message_id = @message_id AND status = 'accepted'
+), bounds AS (
+    SELECT floor(min(ms)) AS lo, greatest(ceil(max(ms)), floor(min(ms)) + @buckets::integer) AS hi FROM skew
+)
+SELECT least(width_bucket(skew.ms, bounds.lo, bounds.hi, @buckets::integer), @buckets::integer)::integer AS bucket,
+       bounds.lo::double precision AS lo,
+       bounds.hi::double precision AS hi,
+       count(*)::integer AS devices
+FROM skew CROSS JOIN bounds
+GROUP BY 1, 2, 3
+ORDER BY 1;
+
+-- name: FailureReasons :many
+-- How many of a message's deliveries failed or expired, by reason.
+SELECT status, coalesce(reason, '')::text AS reason, count(*)::integer AS devices
+FROM deliveries
+WHERE message_id = @message_id AND status IN ('failed', 'expired')
+GROUP BY status, reason
+ORDER BY devices DESC, status, reason;

@@ -1,0 +1,19 @@
+// Package web holds Herald's dashboard: plain HTML, CSS and JavaScript with
+// no build step, embedded in the binary and served by package api. The
+// pages read their data from the session-authenticated /ui/api routes, so
+// no API key ever reaches the browser.
+package web
+
+import (
+	"embed"
+	"io/fs"
+)
+
+// files is read-only: an embed.FS cannot be changed after compilation.
+//
+//go:embed index.html login.html assets
+var files embed.FS
+
+// FS returns the dashboard's files: index.html (the single-page app),
+// login.html (an html/template) and assets/ (scripts and styles).
+func FS() fs.FS { return files }
