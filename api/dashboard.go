@@ -6,6 +6,7 @@ import (
 	"html/template"
 	"io/fs"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -93,11 +94,19 @@ func (s *Server) loginPage(c echo.Context) error {
 // password is logged (without it) so that guessing shows in the logs.
 func (s *Server) login(c echo.Context) error {
 	next := c.FormValue("next")
+	remote := c.RealIP()
+	if wait := s.sessions.loginWait(remote); wait > 0 {
+		c.Response().Header().Set("Retry-After", strconv.Itoa(int(wait.Seconds())+1))
+		return s.renderLogin(c, http.StatusTooManyRequests, next,
+			fmt.Sprintf("Too many failed sign-ins from here: try again in %s.", wait.Round(time.Second)))
+	}
 	if !s.sessions.checkPassword(c.FormValue("username"), c.FormValue("password")) {
+		s.sessions.loginFailed(remote)
 		s.cfg.Logger.WarnContext(c.Request().Context(), "dashboard login refused",
-			"remote", c.RealIP(), "request_id", c.Response().Header().Get(echo.HeaderXRequestID))
+			"remote", remote, "request_id", c.Response().Header().Get(echo.HeaderXRequestID))
 		return s.renderLogin(c, http.StatusUnauthorized, next, "The user or password is wrong.")
 	}
+	s.sessions.loginSucceeded(remote)
 	token, expires := s.sessions.issue()
 	setSessionCookie(c, token, expires)
 	return c.Redirect(http.StatusSeeOther, safeNext(next))

@@ -303,3 +303,34 @@ func TestDashboardDisabledWithoutPassword(t *testing.T) {
 	rec := b.postLogin(adminUser, "", nil)
 	require.Equal(t, http.StatusServiceUnavailable, rec.Code)
 }
+
+// TestDashboardLoginThrottled checks that the password cannot be guessed at
+// network speed: after five failures from one address, even the right
+// password waits, and the wait doubles; a success forgets the failures.
+func TestDashboardLoginThrottled(t *testing.T) {
+	t.Parallel()
+	b := setupDashboard(t)
+	now := time.Now()
+	b.srv.sessions.now = func() time.Time { return now }
+	for i := range freeLoginFailures {
+		rec := b.postLogin(adminUser, "guess", nil)
+		require.Equal(t, http.StatusUnauthorized, rec.Code, "failure %d", i+1)
+	}
+	rec := b.postLogin(adminUser, testAdminPassword, nil)
+	require.Equal(t, http.StatusTooManyRequests, rec.Code)
+	require.Equal(t, "61", rec.Header().Get("Retry-After"))
+	require.Nil(t, sessionCookieOf(t, rec))
+
+	// After the minute, one more failure doubles the wait.
+	now = now.Add(time.Minute)
+	require.Equal(t, http.StatusUnauthorized, b.postLogin(adminUser, "guess", nil).Code)
+	rec = b.postLogin(adminUser, testAdminPassword, nil)
+	require.Equal(t, http.StatusTooManyRequests, rec.Code)
+	require.Equal(t, "121", rec.Header().Get("Retry-After"))
+
+	// Once the wait is over the right password works and clears the count.
+	now = now.Add(2 * time.Minute)
+	require.Equal(t, http.StatusSeeOther, b.postLogin(adminUser, testAdminPassword, nil).Code)
+	require.Equal(t, http.StatusUnauthorized, b.postLogin(adminUser, "guess", nil).Code)
+	require.Equal(t, http.StatusSeeOther, b.postLogin(adminUser, testAdminPassword, nil).Code)
+}

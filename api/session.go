@@ -47,12 +47,69 @@ type sessions struct {
 
 	mu      sync.Mutex
 	revoked map[string]time.Time // nonce -> the token's expiry
+	// failed counts recent failed logins per remote address, so that the
+	// one password cannot be guessed at network speed.
+	failed map[string]*loginFailures
+}
+
+// loginFailures is one remote address's run of failed logins.
+type loginFailures struct {
+	count int
+	last  time.Time
+}
+
+// Login throttling: after freeLoginFailures failures from one address, each
+// further attempt must wait twice as long as the last, up to
+// maxLoginLockout; a success or an hour without failures forgets them.
+const (
+	freeLoginFailures = 5
+	maxLoginLockout   = 15 * time.Minute
+	loginFailureTTL   = time.Hour
+)
+
+// loginWait is how long remote must wait before its next login attempt.
+func (s *sessions) loginWait(remote string) time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	f := s.failed[remote]
+	if f == nil || f.count < freeLoginFailures {
+		return 0
+	}
+	lockout := min(time.Minute<<(f.count-freeLoginFailures), maxLoginLockout)
+	return max(f.last.Add(lockout).Sub(s.now()), 0)
+}
+
+// loginFailed and loginSucceeded keep the count loginWait reads.
+func (s *sessions) loginFailed(remote string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	if len(s.failed) > 10_000 {
+		for k, f := range s.failed {
+			if now.Sub(f.last) > loginFailureTTL {
+				delete(s.failed, k)
+			}
+		}
+	}
+	f := s.failed[remote]
+	if f == nil || now.Sub(f.last) > loginFailureTTL {
+		f = &loginFailures{}
+		s.failed[remote] = f
+	}
+	f.count++
+	f.last = now
+}
+
+func (s *sessions) loginSucceeded(remote string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.failed, remote)
 }
 
 func newSessions(password string) *sessions {
 	key := make([]byte, 32)
 	_, _ = rand.Read(key) // crypto/rand.Read never fails (Go 1.24+).
-	return &sessions{key: key, password: sha256.Sum256([]byte(password)), now: time.Now, revoked: map[string]time.Time{}}
+	return &sessions{key: key, password: sha256.Sum256([]byte(password)), now: time.Now, revoked: map[string]time.Time{}, failed: map[string]*loginFailures{}}
 }
 
 // checkPassword compares the user and password in constant time; comparing
