@@ -111,8 +111,10 @@ func NewRiverClient(pool *pgxpool.Pool, cfg RiverConfig) (*river.Client[pgx.Tx],
 		rc.Queues = map[string]river.QueueConfig{
 			QueueUrgent: {MaxWorkers: cfg.UrgentWorkers, FetchPollInterval: cfg.FetchPollInterval, FetchCooldown: cfg.FetchPollInterval / 5},
 			QueueBulk:   {MaxWorkers: cfg.BulkWorkers, FetchPollInterval: cfg.FetchPollInterval, FetchCooldown: cfg.FetchPollInterval / 5},
-			// Maintenance (the schedule materializer) runs off the lanes.
-			river.QueueDefault: {MaxWorkers: 2},
+			// Maintenance (the schedule materializer) runs off the lanes and
+			// needs no quick pickup: it polls at River's default second,
+			// which saves a third of an idle process's fetches.
+			river.QueueDefault: {MaxWorkers: 2, FetchPollInterval: time.Second},
 		}
 		rc.PeriodicJobs = []*river.PeriodicJob{river.NewPeriodicJob(
 			river.PeriodicInterval(cfg.MaterializeEvery),
