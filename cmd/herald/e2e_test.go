@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/require"
@@ -363,13 +364,28 @@ func TestE2EMetricsAfterDispatch(t *testing.T) {
 	})
 	e.settle(msg["message_id"].(string), 30*time.Second)
 
-	resp, err := http.Get(e.base + "/metrics")
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	require.Equal(t, http.StatusOK, resp.StatusCode)
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(resp.Body)
-	require.NoError(t, err)
+	// A chunk counts its deliveries just after its write commits, so the
+	// API can show the message settled a moment before the counters move.
+	var families map[string]*dto.MetricFamily
+	require.Eventually(t, func() bool {
+		resp, err := http.Get(e.base + "/metrics")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		parser := expfmt.NewTextParser(model.UTF8Validation)
+		if families, err = parser.TextToMetricFamilies(resp.Body); err != nil {
+			return false
+		}
+		f := families["herald_deliveries_total"]
+		var settled float64
+		if f != nil {
+			for _, m := range f.GetMetric() {
+				settled += m.GetCounter().GetValue()
+			}
+		}
+		return settled == 6
+	}, 10*time.Second, 20*time.Millisecond, "the six deliveries were never counted")
 
 	value := func(name string, labels map[string]string) float64 {
 		t.Helper()
