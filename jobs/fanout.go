@@ -285,7 +285,9 @@ func (w *FanOutWorker) Work(ctx context.Context, job *river.Job[FanOutArgs]) err
 	// each slice's results are recorded within recordEvery of its return:
 	// a process that dies mid-fan-out resends only what it had not yet
 	// recorded, about one provider's requests in flight.
-	done := make(chan []int)
+	// Buffered for every slice, so that no sender is left blocked if a
+	// write fails and Work returns before the last slice is back.
+	done := make(chan []int, len(a.Targets)+len(byChannel))
 	sending := 0
 	for channel, idx := range byChannel {
 		provider, ok := providers[channel]
