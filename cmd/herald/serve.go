@@ -69,7 +69,7 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		return err
 	}
 
-	pool, err := db.Open(ctx, cfg.DatabaseURL, db.PoolConfig{})
+	pool, err := db.Open(ctx, cfg.DatabaseURL, db.PoolConfig{MaxConns: cfg.poolSize()})
 	if err != nil {
 		return err
 	}
