@@ -240,11 +240,7 @@ func (w *FanOutWorker) Work(ctx context.Context, job *river.Job[FanOutArgs]) err
 		return nil
 	}
 
-	ids := make([]int64, len(a.Targets))
-	for i, t := range a.Targets {
-		ids[i] = t.DeviceID
-	}
-	rows, err := q.ChunkPending(ctx, db.ChunkPendingParams{MessageID: a.MessageID, DeviceIds: ids})
+	rows, err := q.ChunkPending(ctx, db.ChunkPendingParams{MessageID: a.MessageID, DeviceIds: a.deviceIDs()})
 	if err != nil {
 		return fmt.Errorf("read chunk ledger: %w", err)
 	}
@@ -481,15 +477,7 @@ func (w *FanOutWorker) record(ctx context.Context, a FanOutArgs, startedAt time.
 		if final && !parked {
 			chunk.FinishedAt = &finishedAt
 		}
-		if err := q.RecordChunk(ctx, chunk); err != nil {
-			return fmt.Errorf("record chunk: %w", err)
-		}
-		if final && res.PendingCount == 0 {
-			if _, err := q.SettleMessage(ctx, a.MessageID); err != nil && db.Translate(err) != db.ErrNotFound {
-				return fmt.Errorf("settle message: %w", err)
-			}
-		}
-		return nil
+		return closeChunk(ctx, q, chunk, final && res.PendingCount == 0)
 	})
 	if err == nil {
 		w.cfg.Metrics.count(a.Priority, counted)
@@ -500,10 +488,7 @@ func (w *FanOutWorker) record(ctx context.Context, a FanOutArgs, startedAt time.
 // expire marks what is still pending in the chunk expired and settles the
 // message if that was the last of it.
 func (w *FanOutWorker) expire(ctx context.Context, a FanOutArgs, at time.Time) error {
-	ids := make([]int64, len(a.Targets))
-	for i, t := range a.Targets {
-		ids[i] = t.DeviceID
-	}
+	ids := a.deviceIDs()
 	var counted []settledDelivery
 	err := db.InTx(ctx, w.cfg.Pool, func(tx pgx.Tx) error {
 		q := db.New(tx)
@@ -532,20 +517,38 @@ func (w *FanOutWorker) expire(ctx context.Context, a FanOutArgs, at time.Time) e
 		if err != nil {
 			return fmt.Errorf("expire deliveries: %w", err)
 		}
-		if err := q.RecordChunk(ctx, db.RecordChunkParams{MessageID: a.MessageID, Chunk: int32(a.Chunk), StartedAt: &at, FinishedAt: &at}); err != nil {
-			return fmt.Errorf("record chunk: %w", err)
-		}
-		if res.PendingCount == 0 {
-			if _, err := q.SettleMessage(ctx, a.MessageID); err != nil && db.Translate(err) != db.ErrNotFound {
-				return fmt.Errorf("settle message: %w", err)
-			}
-		}
-		return nil
+		chunk := db.RecordChunkParams{MessageID: a.MessageID, Chunk: int32(a.Chunk), StartedAt: &at, FinishedAt: &at}
+		return closeChunk(ctx, q, chunk, res.PendingCount == 0)
 	})
 	if err == nil {
 		w.cfg.Metrics.count(a.Priority, counted)
 	}
 	return err
+}
+
+// closeChunk records a chunk's timings and, when nothing of its message is
+// pending any more, settles the message: the last step of every chunk
+// write, sent or expired.
+func closeChunk(ctx context.Context, q *db.Queries, chunk db.RecordChunkParams, settle bool) error {
+	if err := q.RecordChunk(ctx, chunk); err != nil {
+		return fmt.Errorf("record chunk: %w", err)
+	}
+	if !settle {
+		return nil
+	}
+	if _, err := q.SettleMessage(ctx, chunk.MessageID); err != nil && db.Translate(err) != db.ErrNotFound {
+		return fmt.Errorf("settle message: %w", err)
+	}
+	return nil
+}
+
+// deviceIDs lists the chunk's devices.
+func (a FanOutArgs) deviceIDs() []int64 {
+	ids := make([]int64, len(a.Targets))
+	for i, t := range a.Targets {
+		ids[i] = t.DeviceID
+	}
+	return ids
 }
 
 // Breakers returns the worker's circuit breakers by channel.
