@@ -84,32 +84,24 @@ func apnsTopicSuffix(pushType string) (suffix string, ok bool) {
 }
 
 func (s *Server) handleAPNs(w http.ResponseWriter, r *http.Request) {
-	at := s.cfg.Now().UnixNano()
-	cnt := &s.counters[APNs]
-	cnt.received.Add(1)
-
 	pushType := headerValue(r.Header, "Apns-Push-Type")
 	limit := apnsMaxPayload
 	if pushType == "voip" {
 		limit = apnsMaxVoIPPayload
 	}
-	buf, body, tooLarge, err := s.readBody(r, limit)
-	defer s.putBuffer(buf)
-	if err != nil {
-		return // the client went away mid-body
-	}
-	b := s.behaviourOf(APNs)
-	if !wait(r.Context(), b.latency) {
+	// Apple sends no Retry-After.
+	ad, ok := s.admit(w, r, APNs, limit, func(w http.ResponseWriter, status, _ int) {
+		reason := reasonServiceUnavailable
+		if status == http.StatusTooManyRequests {
+			reason = reasonTooManyRequests
+		}
+		s.apnsReject(w, status, reason)
+	})
+	if !ok {
 		return
 	}
-	switch b.mode {
-	case ModeUnavailable:
-		s.apnsReject(w, http.StatusServiceUnavailable, reasonServiceUnavailable)
-		return
-	case ModeRateLimited:
-		s.apnsReject(w, http.StatusTooManyRequests, reasonTooManyRequests)
-		return
-	}
+	defer s.putBuffer(ad.buf)
+	at, cnt, body, tooLarge := ad.at, ad.cnt, ad.body, ad.tooLarge
 
 	if status, reason := s.checkProviderToken(headerValue(r.Header, "Authorization")); status != 0 {
 		s.apnsReject(w, status, reason)

@@ -188,31 +188,19 @@ type fcmSend struct {
 }
 
 func (s *Server) handleFCMSend(w http.ResponseWriter, r *http.Request) {
-	at := s.cfg.Now().UnixNano()
-	cnt := &s.counters[FCM]
-	cnt.received.Add(1)
-
-	buf, body, tooLarge, err := s.readBody(r, fcmMaxRequest)
-	defer s.putBuffer(buf)
-	if err != nil {
-		return
-	}
-	b := s.behaviourOf(FCM)
-	if !wait(r.Context(), b.latency) {
-		return
-	}
-	switch b.mode {
-	case ModeUnavailable:
-		if b.retryAfter > 0 {
-			w.Header()["Retry-After"] = []string{strconv.Itoa(b.retryAfter)}
+	ad, ok := s.admit(w, r, FCM, fcmMaxRequest, func(w http.ResponseWriter, status, retryAfter int) {
+		setRetryAfter(w, retryAfter)
+		body := s.fcmBodies.unavailable
+		if status == http.StatusTooManyRequests {
+			body = s.fcmBodies.quotaExceeded
 		}
-		s.fcmReject(w, http.StatusServiceUnavailable, s.fcmBodies.unavailable)
-		return
-	case ModeRateLimited:
-		w.Header()["Retry-After"] = []string{strconv.Itoa(max(b.retryAfter, 1))}
-		s.fcmReject(w, http.StatusTooManyRequests, s.fcmBodies.quotaExceeded)
+		s.fcmReject(w, status, body)
+	})
+	if !ok {
 		return
 	}
+	defer s.putBuffer(ad.buf)
+	at, cnt, body, tooLarge := ad.at, ad.cnt, ad.body, ad.tooLarge
 
 	if !s.checkAccessToken(r.Header.Get("Authorization")) {
 		s.fcmReject(w, http.StatusUnauthorized, s.fcmBodies.unauthenticated)

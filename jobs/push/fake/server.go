@@ -23,6 +23,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -333,6 +334,57 @@ func (c *tokenCache) put(token string, iat int64) {
 
 // wait sleeps for the injected latency on a timer and reports false if the client
 // gave up first.
+// admission is what a provider endpoint has once admit let its request in.
+type admission struct {
+	at       int64 // receipt time, Unix nanoseconds
+	cnt      *counters
+	buf      *[]byte // pooled; the handler returns it with putBuffer
+	body     []byte
+	tooLarge bool
+}
+
+// admit is the start every provider endpoint shares: count the request, read
+// its body (up to limit), wait the channel's injected latency, and answer
+// for a channel that /_control made unavailable (503) or rate limited (429)
+// through reject, in that provider's own words. retryAfter is the seconds
+// its Retry-After should say, zero for none. ok is false when the request
+// has been answered already, or its client left.
+func (s *Server) admit(w http.ResponseWriter, r *http.Request, ch Channel, limit int,
+	reject func(w http.ResponseWriter, status, retryAfter int),
+) (a admission, ok bool) {
+	a.at = s.cfg.Now().UnixNano()
+	a.cnt = &s.counters[ch]
+	a.cnt.received.Add(1)
+	var err error
+	a.buf, a.body, a.tooLarge, err = s.readBody(r, limit)
+	if err != nil {
+		s.putBuffer(a.buf)
+		return a, false // the client went away mid-body
+	}
+	b := s.behaviourOf(ch)
+	if !wait(r.Context(), b.latency) {
+		s.putBuffer(a.buf)
+		return a, false
+	}
+	switch b.mode {
+	case ModeUnavailable:
+		reject(w, http.StatusServiceUnavailable, b.retryAfter)
+	case ModeRateLimited:
+		reject(w, http.StatusTooManyRequests, max(b.retryAfter, 1))
+	default:
+		return a, true
+	}
+	s.putBuffer(a.buf)
+	return a, false
+}
+
+// setRetryAfter sets the Retry-After header, unless seconds is zero.
+func setRetryAfter(w http.ResponseWriter, seconds int) {
+	if seconds > 0 {
+		w.Header()["Retry-After"] = []string{strconv.Itoa(seconds)}
+	}
+}
+
 func wait(ctx context.Context, d time.Duration) bool {
 	if d <= 0 {
 		return true

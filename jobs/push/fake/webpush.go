@@ -187,31 +187,19 @@ func (s *Server) handleMintSubscription(w http.ResponseWriter, r *http.Request) 
 
 // handleWebPush is a push service's push resource (RFC 8030 section 5).
 func (s *Server) handleWebPush(w http.ResponseWriter, r *http.Request) {
-	at := s.cfg.Now().UnixNano()
-	cnt := &s.counters[WebPush]
-	cnt.received.Add(1)
-
-	buf, body, tooLarge, err := s.readBody(r, webPushMaxBody)
-	defer s.putBuffer(buf)
-	if err != nil {
-		return
-	}
-	b := s.behaviourOf(WebPush)
-	if !wait(r.Context(), b.latency) {
-		return
-	}
-	switch b.mode {
-	case ModeUnavailable:
-		if b.retryAfter > 0 {
-			w.Header()["Retry-After"] = []string{strconv.Itoa(b.retryAfter)}
+	ad, ok := s.admit(w, r, WebPush, webPushMaxBody, func(w http.ResponseWriter, status, retryAfter int) {
+		setRetryAfter(w, retryAfter)
+		if status == http.StatusTooManyRequests {
+			s.webPushReject(w, status, 900, "Too Many Requests", "Too many requests for this subscription.")
+			return
 		}
-		s.webPushReject(w, http.StatusServiceUnavailable, 201, "Service Unavailable", "Service temporarily unavailable.")
-		return
-	case ModeRateLimited:
-		w.Header()["Retry-After"] = []string{strconv.Itoa(max(b.retryAfter, 1))}
-		s.webPushReject(w, http.StatusTooManyRequests, 900, "Too Many Requests", "Too many requests for this subscription.")
+		s.webPushReject(w, status, 201, "Service Unavailable", "Service temporarily unavailable.")
+	})
+	if !ok {
 		return
 	}
+	defer s.putBuffer(ad.buf)
+	at, cnt, body, tooLarge := ad.at, ad.cnt, ad.body, ad.tooLarge
 
 	id := r.PathValue("id")
 	if strings.HasPrefix(id, deadPrefix) {
