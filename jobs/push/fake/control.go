@@ -115,6 +115,7 @@ func (s *Server) Stats() Stats {
 	st := Stats{APNs: load(APNs), FCM: load(FCM), WebPush: load(WebPush)}
 	st.Process.CPUMicros = (processCPU() - s.cpuBase.Load()) / 1e3
 	st.Process.Requests = st.APNs.Received + st.FCM.Received + st.WebPush.Received
+	st.Process.InFlight = s.handling.Load()
 	if st.Process.Requests > 0 {
 		st.Process.CPUMicrosPerPush = float64(st.Process.CPUMicros) / float64(st.Process.Requests)
 	}

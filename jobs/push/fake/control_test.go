@@ -179,3 +179,28 @@ func TestDuplicatesAndReset(t *testing.T) {
 	resp.Body.Close()
 	require.Equal(t, http.StatusBadRequest, resp.StatusCode, "message_id is required")
 }
+
+// TestInFlight counts a push while fakepush holds it for the injected
+// latency, and no longer once it has been answered.
+func TestInFlight(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	apns := b.apnsClient(t)
+	code, body := b.postJSON(t, "/_control", `{"channel":"apns","latency_ms":400}`)
+	require.Equal(t, http.StatusOK, code, body)
+	require.Zero(t, b.stats(t).Process.InFlight)
+
+	done := make(chan int, 1)
+	go func() {
+		res, err := apns.Push(&apns2.Notification{DeviceToken: apnsToken, Topic: b.env[EnvAPNsTopic], Payload: []byte(`{"aps":{}}`)})
+		if err != nil {
+			done <- 0
+			return
+		}
+		done <- res.StatusCode
+	}()
+	require.Eventually(t, func() bool { return b.stats(t).Process.InFlight == 1 }, 5*time.Second, 5*time.Millisecond)
+	require.Equal(t, http.StatusOK, <-done)
+	// The handler ends a moment after its answer is on the wire.
+	require.Eventually(t, func() bool { return b.stats(t).Process.InFlight == 0 }, 5*time.Second, 5*time.Millisecond)
+}

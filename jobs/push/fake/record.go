@@ -59,6 +59,9 @@ type ProcessStats struct {
 	CPUMicros        int64   `json:"cpu_us"`
 	Requests         int64   `json:"requests"`
 	CPUMicrosPerPush float64 `json:"cpu_us_per_request"`
+	// InFlight counts the push requests being handled at this moment: once
+	// it is zero, no request already sent can still change the counters.
+	InFlight int64 `json:"in_flight"`
 }
 
 // Stats is the body of GET /_stats.

@@ -52,6 +52,7 @@ type Server struct {
 	counters  [numChannels]counters
 	behaviour [numChannels]atomic.Pointer[behaviour]
 	cpuBase   atomic.Int64 // process CPU nanoseconds at start or last reset
+	handling  atomic.Int64 // push requests being handled now
 
 	apnsTokens  tokenCache
 	subKeys     subscriptionCache
@@ -173,21 +174,30 @@ func (s *Server) Start(ctx context.Context) error {
 	return nil
 }
 
+// inFlight counts a push endpoint's requests while they are handled.
+func (s *Server) inFlight(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		s.handling.Add(1)
+		defer s.handling.Add(-1)
+		h(w, r)
+	}
+}
+
 // routes lists every endpoint fakepush serves, in one place.
 func (s *Server) routes() http.Handler {
 	mux := http.NewServeMux()
 
 	// APNs (token-based provider API).
-	mux.HandleFunc("POST /3/device/{token}", s.handleAPNs)
+	mux.HandleFunc("POST /3/device/{token}", s.inFlight(s.handleAPNs))
 	mux.HandleFunc("/3/", s.handleAPNsBadRequestLine)
 
 	// FCM HTTP v1, with Google's OAuth 2.0 token endpoint beside it.
 	mux.HandleFunc("POST /token", s.handleToken)
-	mux.HandleFunc("POST /v1/projects/{project}/messages:send", s.handleFCMSend)
+	mux.HandleFunc("POST /v1/projects/{project}/messages:send", s.inFlight(s.handleFCMSend))
 
 	// Web Push (RFC 8030 push service, RFC 8291 encryption, RFC 8292 VAPID).
 	mux.HandleFunc("POST /_webpush/subscriptions", s.handleMintSubscription)
-	mux.HandleFunc("POST /webpush/{id}", s.handleWebPush)
+	mux.HandleFunc("POST /webpush/{id}", s.inFlight(s.handleWebPush))
 
 	// Control and inspection.
 	mux.HandleFunc("GET /_stats", s.handleStats)
