@@ -369,12 +369,16 @@ func (w *FanOutWorker) finish(ctx context.Context, a FanOutArgs, startedAt time.
 	if err := w.record(ctx, a, startedAt, results, idx, true); err != nil {
 		return err
 	}
-	parked := map[string]bool{}
+	parked := map[string]int{}
+	var detail string
 	for i, r := range results {
 		// Refused by the breaker (no time), or attempted and transient: both
 		// stay pending and wait for the breaker.
 		if (r.At.IsZero() && r.Reason != push.ReasonNone) || (!r.At.IsZero() && r.Reason.Transient()) {
-			parked[a.Targets[i].Channel] = true
+			parked[a.Targets[i].Channel]++
+			if detail == "" || !r.At.IsZero() {
+				detail = r.Detail
+			}
 		}
 	}
 	if len(parked) == 0 {
@@ -392,6 +396,8 @@ func (w *FanOutWorker) finish(ctx context.Context, a FanOutArgs, startedAt time.
 	if untilExpiry := a.ExpiresAt.Sub(w.cfg.Clock.Now()); untilExpiry < wait {
 		wait = max(untilExpiry, 0)
 	}
+	w.cfg.Logger.WarnContext(ctx, "chunk parked: a provider is failing, its deliveries wait for it",
+		"message_id", push.FormatMessageID(a.MessageID), "chunk", a.Chunk, "parked", parked, "error", detail, "retry_in", wait)
 	return river.JobSnooze(wait)
 }
 

@@ -91,7 +91,10 @@ func (m *Metrics) requested(channel string, r push.Result) {
 		return
 	}
 	outcome := "accepted"
-	if !r.Accepted {
+	switch {
+	case r.Unanswered:
+		outcome = "no_answer"
+	case !r.Accepted:
 		outcome = string(r.Reason)
 	}
 	m.latency.WithLabelValues(channel, outcome).Observe(r.Latency.Seconds())

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -45,6 +46,18 @@ func startWorker(t *testing.T, vars map[string]string) *workerProcess {
 	return w
 }
 
+// unanswered scrapes the worker's /metrics for its provider requests that
+// got no answer: pushes the provider may have taken while the worker could
+// not know it, which it sends again (with the same collapse id).
+func (w *workerProcess) unanswered(t *testing.T) int64 {
+	t.Helper()
+	m := regexp.MustCompile(`listening on (http://\S+)`).FindStringSubmatch(w.out.String())
+	require.NotNil(t, m, "the worker never said where it listens:\n%s", w.out.String())
+	families, err := scrapeMetrics(m[1])
+	require.NoError(t, err)
+	return int64(metricSum(families, "herald_provider_request_seconds", map[string]string{"outcome": "no_answer"}))
+}
+
 // kill ends the worker the hard way, as a crash or an OOM kill would.
 func (w *workerProcess) kill(t *testing.T) {
 	t.Helper()
@@ -60,6 +73,7 @@ type fanOutSetup struct {
 	db    *dbtest.DB
 	vars  map[string]string
 	users []string
+	msgID string
 }
 
 func newFanOutSetup(t *testing.T, n int) *fanOutSetup {
@@ -87,6 +101,11 @@ func newFanOutSetup(t *testing.T, n int) *fanOutSetup {
 	base, stop := startServe(t, apiVars, "--migrate", "--role", "api")
 	t.Cleanup(func() { _ = stop() })
 	s := &fanOutSetup{e2e: &e2e{t: t, fake: fp, base: base, stop: stop}, db: tdb, vars: vars}
+	t.Cleanup(func() {
+		if t.Failed() {
+			s.diagnose()
+		}
+	})
 
 	for start := 0; start < n; start += 10_000 {
 		var batch []map[string]any
@@ -118,7 +137,48 @@ func (s *fanOutSetup) schedule() string {
 		"audience": map[string]any{"type": "segment", "id": "all"},
 		"payload":  map[string]any{"title": "digest", "body": "twenty thousand of these"},
 	})
-	return msg["message_id"].(string)
+	s.msgID = msg["message_id"].(string)
+	return s.msgID
+}
+
+// diagnose logs what a failed fan-out test needs to be understood: the
+// chunk jobs' attempts and errors, and the ledger by attempt and outcome.
+func (s *fanOutSetup) diagnose() {
+	ctx := context.Background()
+	for _, q := range []string{
+		`SELECT state, attempt, count(*), coalesce(string_agg(DISTINCT left(e->>'error', 200), ' | '), '')
+		   FROM river_job LEFT JOIN LATERAL unnest(errors) e ON true
+		  WHERE kind = 'fan_out' GROUP BY state, attempt ORDER BY state, attempt`,
+		`SELECT status, attempt, coalesce(reason, ''), count(*)::text FROM deliveries
+		  GROUP BY status, attempt, reason ORDER BY status, attempt`,
+		`SELECT d.device_id, v.token, d.attempted_at, d.accepted_at FROM deliveries d JOIN devices v ON v.id = d.device_id WHERE attempt > 1 ORDER BY device_id LIMIT 50`,
+	} {
+		rows, err := s.db.Pool.Query(ctx, q)
+		if err != nil {
+			s.t.Logf("diagnose: %v", err)
+			continue
+		}
+		for rows.Next() {
+			vals, _ := rows.Values()
+			s.t.Logf("diagnose: %v", vals)
+		}
+		rows.Close()
+	}
+	if s.msgID != "" {
+		seen := map[string][]time.Time{}
+		for _, r := range s.fake.Receipts(s.msgID) {
+			seen[r.Token] = append(seen[r.Token], r.ReceivedAt)
+		}
+		n := 0
+		for tok, at := range seen {
+			if len(at) > 1 && n < 20 {
+				n++
+				s.t.Logf("diagnose: twice %s %v", tok, at)
+			}
+		}
+	}
+	st := s.fake.Stats()
+	s.t.Logf("diagnose: fakepush apns %+v fcm %+v", st.APNs, st.FCM)
 }
 
 func (s *fanOutSetup) accepted() int64 {
@@ -162,8 +222,8 @@ func TestCrashMidFanOut(t *testing.T) {
 		"the first worker never got going:\n%s", first.out.String())
 	first.kill(t)
 	// Requests the dead process had already written may still be answered;
-	// a moment later fakepush's count is final.
-	time.Sleep(200 * time.Millisecond)
+	// once fakepush holds none, its count is final.
+	require.Eventually(t, func() bool { return s.fake.Stats().Process.InFlight == 0 }, time.Minute, 5*time.Millisecond)
 	atKill := s.accepted()
 	var recorded int64
 	require.NoError(t, s.db.Pool.QueryRow(context.Background(),
@@ -171,17 +231,22 @@ func TestCrashMidFanOut(t *testing.T) {
 	t.Logf("killed the worker with %d of %d pushes accepted by fakepush, %d of them recorded", atKill, devices, recorded)
 	require.Less(t, atKill, int64(devices), "the fan-out finished before the kill; the test proved nothing")
 
-	startWorker(t, s.vars)
+	second := startWorker(t, s.vars)
 	dups := s.checkOnceEach(id, devices)
 	// A device gets a second send only if the process died between the
-	// provider's answer and the ledger write: the duplicates are at most
-	// the pushes accepted but not recorded at the kill.
-	t.Logf("duplicates after the crash: %d", dups)
-	require.LessOrEqual(t, int64(dups), atKill-recorded)
+	// provider's answer and the ledger write, or if a send got no answer
+	// (a timeout on a loaded machine) though the provider took it: the
+	// duplicates are at most the pushes accepted but not recorded at the
+	// kill, plus the second worker's unanswered sends.
+	unanswered := second.unanswered(t)
+	t.Logf("duplicates after the crash: %d; unanswered sends of the second worker: %d", dups, unanswered)
+	require.LessOrEqual(t, int64(dups), atKill-recorded+unanswered)
 }
 
 // TestTwoWorkersShareTheFanOut runs two worker processes on one database:
-// they split the chunks and no device gets the push twice.
+// they split the chunks, and no device gets the push twice unless a send to
+// it went unanswered (a timeout, which a loaded test machine can cause) and
+// so had to be made again.
 func TestTwoWorkersShareTheFanOut(t *testing.T) {
 	t.Parallel()
 	const devices = 20_000
@@ -197,7 +262,10 @@ func TestTwoWorkersShareTheFanOut(t *testing.T) {
 		require.Eventually(t, func() bool { return strings.Contains(w.out.String(), "listening on") }, time.Minute, 10*time.Millisecond)
 	}
 	id := s.schedule()
-	require.Zero(t, s.checkOnceEach(id, devices))
+	dups := s.checkOnceEach(id, devices)
+	unanswered := a.unanswered(t) + b.unanswered(t)
+	t.Logf("duplicates: %d; unanswered sends: %d", dups, unanswered)
+	require.LessOrEqual(t, int64(dups), unanswered, "a device got the push twice though every send was answered")
 
 	// Both processes worked chunks of it.
 	var clients int

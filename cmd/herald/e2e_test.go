@@ -13,8 +13,6 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/require"
 
 	"github.com/heraldpush/herald/db/dbtest"
@@ -368,54 +366,18 @@ func TestE2EMetricsAfterDispatch(t *testing.T) {
 	// API can show the message settled a moment before the counters move.
 	var families map[string]*dto.MetricFamily
 	require.Eventually(t, func() bool {
-		resp, err := http.Get(e.base + "/metrics")
-		if err != nil {
+		var err error
+		if families, err = scrapeMetrics(e.base); err != nil {
 			return false
 		}
-		defer resp.Body.Close()
-		parser := expfmt.NewTextParser(model.UTF8Validation)
-		if families, err = parser.TextToMetricFamilies(resp.Body); err != nil {
-			return false
-		}
-		f := families["herald_deliveries_total"]
-		var settled float64
-		if f != nil {
-			for _, m := range f.GetMetric() {
-				settled += m.GetCounter().GetValue()
-			}
-		}
-		return settled == 6
+		return metricSum(families, "herald_deliveries_total", nil) == 6
 	}, 10*time.Second, 20*time.Millisecond, "the six deliveries were never counted")
 
 	value := func(name string, labels map[string]string) float64 {
 		t.Helper()
-		f, ok := families[name]
+		_, ok := families[name]
 		require.True(t, ok, "no %s in /metrics", name)
-		for _, m := range f.GetMetric() {
-			match := true
-			for k, v := range labels {
-				found := false
-				for _, l := range m.GetLabel() {
-					if l.GetName() == k && l.GetValue() == v {
-						found = true
-					}
-				}
-				match = match && found
-			}
-			if !match {
-				continue
-			}
-			switch {
-			case m.Counter != nil:
-				return m.Counter.GetValue()
-			case m.Gauge != nil:
-				return m.Gauge.GetValue()
-			case m.Histogram != nil:
-				return float64(m.Histogram.GetSampleCount())
-			}
-		}
-		t.Fatalf("no %s with %v in /metrics", name, labels)
-		return 0
+		return metricSum(families, name, labels)
 	}
 	for _, channel := range []string{"apns", "fcm", "webpush"} {
 		require.EqualValues(t, 1, value("herald_deliveries_total", map[string]string{"channel": channel, "status": "accepted", "reason": ""}))

@@ -106,6 +106,11 @@ type Result struct {
 	Reason Reason
 	// Detail is the provider's own words, for logs.
 	Detail string
+	// Unanswered is true when the request may have reached the provider but
+	// no answer came back (a timeout, a broken connection): the provider may
+	// have taken the push, and a retry may reach the device a second time,
+	// where the message's collapse id makes it replace the first.
+	Unanswered bool
 	// Latency is how long the request took, for the provider latency
 	// histogram; zero when nothing was sent.
 	Latency time.Duration

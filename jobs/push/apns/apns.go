@@ -164,7 +164,8 @@ func (p *Provider) push(ctx context.Context, n *apns2.Notification) push.Result 
 	at := time.Now()
 	switch {
 	case err != nil:
-		return push.Result{At: at, Reason: errorReason(err), Detail: err.Error()}
+		reason := errorReason(err)
+		return push.Result{At: at, Reason: reason, Detail: err.Error(), Unanswered: reason == push.ReasonProviderUnavailable}
 	case res.StatusCode == http.StatusOK:
 		return push.Result{At: at, Accepted: true}
 	}

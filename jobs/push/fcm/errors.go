@@ -24,18 +24,20 @@ const fcmErrorType = "type.googleapis.com/google.firebase.fcm.v1.FcmError"
 // the mapping a pure, table-tested function). Without an answer, only the
 // request's context can have ended it (failFast turns every other transport
 // failure into an answer); anything else failed in the SDK before a request
-// was made, which is Herald's doing.
-func classify(err error) (push.Reason, string) {
+// was made, which is Herald's doing. unanswered says that the request may
+// have reached FCM without an answer coming back (see push.Result).
+func classify(err error) (reason push.Reason, detail string, unanswered bool) {
 	if resp := errorutils.HTTPResponse(err); resp != nil {
 		body, _ := io.ReadAll(resp.Body) // a buffered copy: cannot fail
-		return reasonFor(resp.StatusCode, body)
+		reason, detail = reasonFor(resp.StatusCode, body)
+		return reason, detail, resp.Header.Get(noAnswerHeader) != ""
 	}
 	switch {
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled),
 		errorutils.IsDeadlineExceeded(err), errorutils.IsUnavailable(err), errorutils.IsUnknown(err):
-		return push.ReasonProviderUnavailable, err.Error()
+		return push.ReasonProviderUnavailable, err.Error(), true
 	}
-	return push.ReasonInternal, err.Error()
+	return push.ReasonInternal, err.Error(), false
 }
 
 // googleError is the error body of Google APIs, with FCM's detail.

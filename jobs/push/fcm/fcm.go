@@ -210,8 +210,8 @@ func (p *Provider) send(ctx context.Context, msg *messaging.Message) push.Result
 	if err == nil {
 		return push.Result{At: at, Accepted: true}
 	}
-	reason, detail := classify(err)
-	return push.Result{At: at, Reason: reason, Detail: detail}
+	reason, detail, unanswered := classify(err)
+	return push.Result{At: at, Reason: reason, Detail: detail, Unanswered: unanswered}
 }
 
 // message builds what every device of one Send shares: everything but the

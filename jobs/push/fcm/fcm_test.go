@@ -245,9 +245,11 @@ func TestReasonFor(t *testing.T) {
 
 func TestClassify(t *testing.T) {
 	t.Parallel()
-	reason, detail := classify(context.DeadlineExceeded)
+	reason, detail, unanswered := classify(context.DeadlineExceeded)
 	require.Equal(t, push.ReasonProviderUnavailable, reason)
 	require.Equal(t, "context deadline exceeded", detail)
-	reason, _ = classify(fmt.Errorf("exactly one of token, topic or condition must be specified"))
+	require.True(t, unanswered)
+	reason, _, unanswered = classify(fmt.Errorf("exactly one of token, topic or condition must be specified"))
 	require.Equal(t, push.ReasonInternal, reason, "the SDK refused the message before sending it")
+	require.False(t, unanswered)
 }

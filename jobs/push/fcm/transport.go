@@ -42,11 +42,21 @@ func (f failFast) RoundTrip(r *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	var tokErr *tokenError
-	if errors.As(err, &tokErr) && tokErr.refused() {
-		return answer(r, http.StatusUnauthorized, "UNAUTHENTICATED", "fetch access token: "+tokErr.Error()), nil
+	if errors.As(err, &tokErr) {
+		// No access token, so nothing went to FCM.
+		if tokErr.refused() {
+			return answer(r, http.StatusUnauthorized, "UNAUTHENTICATED", "fetch access token: "+tokErr.Error()), nil
+		}
+		return answer(r, http.StatusServiceUnavailable, "UNAVAILABLE", "fetch access token: "+tokErr.Error()), nil
 	}
-	return answer(r, http.StatusServiceUnavailable, "UNAVAILABLE", "no answer from FCM: "+err.Error()), nil
+	resp = answer(r, http.StatusServiceUnavailable, "UNAVAILABLE", "no answer from FCM: "+err.Error())
+	resp.Header.Set(noAnswerHeader, "1")
+	return resp, nil
 }
+
+// noAnswerHeader marks an answer failFast made for a request that may have
+// reached FCM but got no answer, so that classify can say so.
+const noAnswerHeader = "Herald-No-Answer"
 
 // answer makes a response in Google's error shape, as if FCM had sent it.
 func answer(r *http.Request, status int, code, message string) *http.Response {

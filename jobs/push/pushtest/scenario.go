@@ -78,13 +78,15 @@ func (h *Harness[C, P]) SendInTrouble(t *testing.T, troubles ...Trouble) {
 				require.Equal(t, tc.Reason, r.Reason)
 				require.Equal(t, tc.Detail, r.Detail)
 				require.False(t, r.At.IsZero())
+				require.False(t, r.Unanswered, "the provider answered")
 			}
 		})
 	}
 }
 
 // SendTimeout checks that a provider whose service hangs gives up on every
-// push after RequestTimeout, so that a hung provider does not hold a chunk.
+// push after RequestTimeout, so that a hung provider does not hold a chunk,
+// and says that the pushes went unanswered.
 func (h *Harness[C, P]) SendTimeout(t *testing.T) {
 	b := h.setup(t, Limits{RequestTimeout: 200 * time.Millisecond})
 	require.NoError(t, b.P.Warm(context.Background()))
@@ -97,6 +99,7 @@ func (h *Harness[C, P]) SendTimeout(t *testing.T) {
 		require.Equal(t, push.ReasonProviderUnavailable, r.Reason)
 		require.Contains(t, r.Detail, "deadline exceeded")
 		require.False(t, r.At.IsZero())
+		require.True(t, r.Unanswered, "fakepush may have taken the push: the result must say so")
 	}
 }
 

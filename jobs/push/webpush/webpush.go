@@ -145,7 +145,8 @@ func (p *Provider) send(ctx context.Context, payload []byte, t *push.Target, opt
 	defer cancel()
 	resp, err := webpush.SendNotificationWithContext(rctx, body, sub, opts)
 	if err != nil {
-		return push.Result{At: time.Now(), Reason: errorReason(err), Detail: err.Error()}
+		var te *transportError
+		return push.Result{At: time.Now(), Reason: errorReason(err), Detail: err.Error(), Unanswered: errors.As(err, &te)}
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
