@@ -58,9 +58,16 @@ type TxBeginner interface {
 // failure is run again, up to three times in all: fn must do nothing but
 // database work through tx, so that running it again is safe.
 func InTx(ctx context.Context, b TxBeginner, fn func(tx pgx.Tx) error) error {
+	return retryConflicts(func() error { return pgx.BeginFunc(ctx, b, fn) })
+}
+
+// retryConflicts runs a transaction again, up to three times in all, while
+// PostgreSQL aborts it as a deadlock victim or a serialization failure, and
+// translates its last error.
+func retryConflicts(run func() error) error {
 	var err error
 	for attempt := 0; attempt < 3; attempt++ {
-		err = pgx.BeginFunc(ctx, b, fn)
+		err = run()
 		var pgErr *pgconn.PgError
 		if !errors.As(err, &pgErr) || (pgErr.Code != "40P01" && pgErr.Code != "40001") {
 			break

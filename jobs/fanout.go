@@ -452,43 +452,33 @@ func (w *FanOutWorker) record(ctx context.Context, a FanOutArgs, startedAt time.
 	}
 
 	finishedAt := w.cfg.Clock.Now()
+	chunk := db.RecordChunkParams{
+		MessageID: a.MessageID, Chunk: int32(a.Chunk), StartedAt: &startedAt,
+		FirstAcceptedAt: firstAccept, LastAcceptedAt: lastSeen,
+	}
+	if final && !parked {
+		chunk.FinishedAt = &finishedAt
+	}
 	// Record even when the attempt's context is done (timeout, shutdown):
 	// pushes that were sent must be written, or the retry sends them again.
+	// The message row, which every chunk of the message writes (its
+	// counters), is locked last and held only to the commit, on the server
+	// (db.WriteChunk). The message is dispatching here, so no cancel can be
+	// holding it while waiting for this chunk's deliveries (see
+	// jobs/state.go for the lock order).
 	writeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
 	defer cancel()
-	ctx = writeCtx
-	// The message row is the one row every chunk of a message writes (its
-	// counters), so it is locked last, by RecordResults, and held only to
-	// the commit, which does not wait for the disk. The message is
-	// dispatching here, so no cancel can be holding it while waiting for
-	// this chunk's deliveries (see jobs/state.go for the lock order).
-	err := db.InTx(ctx, w.cfg.Pool, func(tx pgx.Tx) error {
-		q := db.New(tx)
-		if err := q.CommitWithoutWaitingForDisk(ctx); err != nil {
-			return fmt.Errorf("async commit: %w", err)
-		}
-		if len(evictIDs) > 0 {
-			if _, err := q.EvictDevices(ctx, db.EvictDevicesParams{Ids: evictIDs, Reasons: evictReasons, SentAfter: startedAt}); err != nil {
-				return fmt.Errorf("evict devices: %w", err)
-			}
-		}
-		res, err := q.RecordResults(ctx, p)
-		if err != nil {
-			return fmt.Errorf("record results: %w", err)
-		}
-		chunk := db.RecordChunkParams{
-			MessageID: a.MessageID, Chunk: int32(a.Chunk), StartedAt: &startedAt,
-			FirstAcceptedAt: firstAccept, LastAcceptedAt: lastSeen,
-		}
-		if final && !parked {
-			chunk.FinishedAt = &finishedAt
-		}
-		return closeChunk(ctx, q, chunk, final && res.PendingCount == 0)
+	_, err := db.WriteChunk(writeCtx, w.cfg.Pool, db.ChunkWrite{
+		Evict:   db.EvictDevicesParams{Ids: evictIDs, Reasons: evictReasons, SentAfter: startedAt},
+		Chunk:   chunk,
+		Results: p,
+		Settle:  final,
 	})
-	if err == nil {
-		w.cfg.Metrics.count(a.Priority, counted)
+	if err != nil {
+		return fmt.Errorf("record results: %w", err)
 	}
-	return err
+	w.cfg.Metrics.count(a.Priority, counted)
+	return nil
 }
 
 // expire marks what is still pending in the chunk expired and settles the

@@ -1,0 +1,125 @@
+package db_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/heraldpush/herald/db"
+	"github.com/heraldpush/herald/db/dbtest"
+)
+
+// TestWriteChunk writes a two-chunk message's results: the counters move
+// with the ledger, a failing write leaves nothing behind, and the last
+// write settles the message with its skew.
+func TestWriteChunk(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tdb := dbtest.New(t)
+	due := time.Now().Add(-time.Second).Truncate(time.Microsecond)
+	var id int64
+	require.NoError(t, tdb.Pool.QueryRow(ctx, `
+		WITH p AS (INSERT INTO payloads (content) VALUES ('{}') RETURNING id)
+		INSERT INTO messages (state, priority, dispatch_at, expires_at, payload_id, audience, device_count, chunk_count, pending_count)
+		SELECT 'dispatching', 'bulk', $1, $1::timestamptz + interval '1 hour', p.id, '{}', 3, 2, 3 FROM p
+		RETURNING id`, due).Scan(&id))
+	_, err := tdb.Pool.Exec(ctx, `
+		INSERT INTO deliveries (message_id, device_id, user_id, channel, chunk, due_at)
+		VALUES ($1, 1, 'a', 'apns', 0, $2), ($1, 2, 'b', 'fcm', 0, $2), ($1, 3, 'c', 'fcm', 1, $2)`, id, due)
+	require.NoError(t, err)
+	_, err = tdb.Pool.Exec(ctx, `
+		INSERT INTO message_chunks (message_id, chunk, job_id, due_at, device_count)
+		VALUES ($1, 0, 100, $2, 2), ($1, 1, 101, $2, 1)`, id, due)
+	require.NoError(t, err)
+
+	at := due.Add(150 * time.Millisecond)
+	write := func(chunk int32, devices []int64, status string) (db.ChunkWritten, error) {
+		w := db.ChunkWrite{
+			Chunk:   db.RecordChunkParams{MessageID: id, Chunk: chunk, StartedAt: &due, FinishedAt: &at},
+			Results: db.RecordResultsParams{MessageID: id},
+			Settle:  true,
+		}
+		for _, d := range devices {
+			r := &w.Results
+			r.DeviceIds = append(r.DeviceIds, d)
+			r.Statuses = append(r.Statuses, status)
+			r.Reasons = append(r.Reasons, "")
+			r.AttemptedUs = append(r.AttemptedUs, at.UnixMicro())
+			r.AcceptedUs = append(r.AcceptedUs, at.UnixMicro())
+		}
+		return db.WriteChunk(ctx, tdb.Pool, w)
+	}
+	counters := func() (pending, accepted int32, state string) {
+		require.NoError(t, tdb.Pool.QueryRow(ctx,
+			"SELECT pending_count, accepted_count, state FROM messages WHERE id = $1", id).Scan(&pending, &accepted, &state))
+		return
+	}
+	recorded := func(chunk int) bool {
+		var ok bool
+		require.NoError(t, tdb.Pool.QueryRow(ctx,
+			"SELECT recorded_at IS NOT NULL FROM message_chunks WHERE message_id = $1 AND chunk = $2", id, chunk).Scan(&ok))
+		return ok
+	}
+
+	out, err := write(0, []int64{1, 2}, "accepted")
+	require.NoError(t, err)
+	require.Equal(t, int32(1), out.PendingCount)
+	require.Equal(t, int32(2), out.Accepted)
+	require.Empty(t, out.Settled, "one delivery is still pending")
+	pending, accepted, state := counters()
+	require.Equal(t, []any{int32(1), int32(2), "dispatching"}, []any{pending, accepted, state})
+	require.True(t, recorded(0))
+
+	// A status the ledger refuses fails the last statement but one: the
+	// chunk's timings, written before it, are rolled back with it.
+	_, err = write(1, []int64{3}, "delivered")
+	require.Error(t, err)
+	require.False(t, recorded(1), "a failed write leaves nothing behind")
+	pending, accepted, _ = counters()
+	require.Equal(t, []any{int32(1), int32(2)}, []any{pending, accepted})
+
+	out, err = write(1, []int64{3}, "accepted")
+	require.NoError(t, err)
+	require.Equal(t, "dispatched", out.Settled)
+	var skewMax float64
+	require.NoError(t, tdb.Pool.QueryRow(ctx, "SELECT skew_max_ms FROM messages WHERE id = $1", id).Scan(&skewMax))
+	require.InDelta(t, 150, skewMax, 0.1)
+
+	// Written again (a retried chunk), nothing moves twice.
+	out, err = write(1, []int64{3}, "accepted")
+	require.NoError(t, err)
+	require.Zero(t, out.Accepted)
+	require.Empty(t, out.Settled)
+}
+
+// TestBatchIsOneTransaction checks what WriteChunk relies on: a batch sent
+// outside a transaction runs as one implicit transaction, in which a local
+// setting holds, and after which it is gone. (The test cluster runs with
+// synchronous_commit off already, so a setting of Herald's own shows it.)
+func TestBatchIsOneTransaction(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tdb := dbtest.New(t)
+	conn, err := tdb.Pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+
+	var first, second, inside string
+	b := &pgx.Batch{}
+	b.Queue("SELECT set_config('herald.probe', 'set', true)")
+	b.Queue("SELECT txid_current()::text").QueryRow(func(r pgx.Row) error { return r.Scan(&first) })
+	b.Queue("SELECT current_setting('herald.probe', true)").QueryRow(func(r pgx.Row) error { return r.Scan(&inside) })
+	b.Queue("SELECT txid_current()::text").QueryRow(func(r pgx.Row) error { return r.Scan(&second) })
+	require.NoError(t, conn.SendBatch(ctx, b).Close())
+	require.Equal(t, "set", inside)
+	require.Equal(t, first, second, "one transaction")
+
+	var after, txAfter string
+	require.NoError(t, conn.QueryRow(ctx, "SELECT coalesce(current_setting('herald.probe', true), '')").Scan(&after))
+	require.Empty(t, after, "the setting ended with the batch's transaction")
+	require.NoError(t, conn.QueryRow(ctx, "SELECT txid_current()::text").Scan(&txAfter))
+	require.NotEqual(t, first, txAfter)
+}
