@@ -49,12 +49,15 @@ type benchConfig struct {
 
 // benchResult is the JSON line `herald bench` ends with.
 type benchResult struct {
-	Machine        string  `json:"machine"`
-	Users          int     `json:"users"`
-	Devices        int     `json:"devices"`
-	LatencyMs      float64 `json:"latency_ms"`
-	Accepted       int     `json:"accepted"`
-	Duplicates     int64   `json:"duplicates"`
+	Machine    string  `json:"machine"`
+	Users      int     `json:"users"`
+	Devices    int     `json:"devices"`
+	LatencyMs  float64 `json:"latency_ms"`
+	Accepted   int     `json:"accepted"`
+	Duplicates int64   `json:"duplicates"`
+	// Unanswered counts Herald's provider requests that got no answer in
+	// time: each was sent again, and may be one of the duplicates.
+	Unanswered     int64   `json:"unanswered"`
 	ScheduleMs     float64 `json:"schedule_ms"`
 	ChunkCount     int     `json:"chunk_count"`
 	SkewMs         summary `json:"skew_ms"`
@@ -339,6 +342,15 @@ func (b *bench) run(ctx context.Context, admin string) (*benchResult, error) {
 	res.Duplicates = stats.APNs.Duplicates + stats.FCM.Duplicates + stats.WebPush.Duplicates
 	b.progress("dispatched: %d accepted, skew p50 %.0f ms, max %.0f ms, fan-out %.0f ms, %.0f µs of Herald CPU per send",
 		res.Accepted, res.SkewMs.P50, res.SkewMs.Max, res.FanoutMs, res.CPUPerSend)
+
+	families, err := scrapeMetrics(b.base)
+	if err != nil {
+		return nil, fmt.Errorf("read herald's metrics: %w", err)
+	}
+	res.Unanswered = int64(metricSum(families, "herald_provider_request_seconds", map[string]string{"outcome": "no_answer"}))
+	if res.Unanswered > 0 {
+		b.progress("%d provider requests got no answer in time and were sent again", res.Unanswered)
+	}
 
 	if err := b.stopHerald(); err != nil {
 		return nil, err

@@ -9,7 +9,8 @@ import (
 	"github.com/prometheus/common/model"
 )
 
-// scrapeMetrics reads a Herald process's /metrics.
+// scrapeMetrics reads a Herald process's /metrics (herald bench and the
+// tests read what a process counted).
 func scrapeMetrics(base string) (map[string]*dto.MetricFamily, error) {
 	resp, err := http.Get(base + "/metrics")
 	if err != nil {
