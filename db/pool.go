@@ -19,6 +19,9 @@ type PoolConfig struct {
 	// chunk workers share it, and chunk workers hold a connection only for
 	// their ledger reads and writes.
 	MaxConns int32
+	// MinConns are kept open however idle the pool is, so that the first
+	// query after a quiet spell does not wait for a connection to be made.
+	MinConns int32
 }
 
 // Open connects a pool to url and checks that the database answers.
@@ -31,6 +34,7 @@ func Open(ctx context.Context, url string, cfg PoolConfig) (*pgxpool.Pool, error
 	if cfg.MaxConns > 0 {
 		pc.MaxConns = cfg.MaxConns
 	}
+	pc.MinConns = min(cfg.MinConns, pc.MaxConns)
 	pc.MaxConnIdleTime = 5 * time.Minute
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {

@@ -147,9 +147,13 @@ type Sender interface {
 
 // FanOutConfig holds what the chunk worker needs.
 type FanOutConfig struct {
-	Pool   *pgxpool.Pool
-	Logger *slog.Logger
-	Clock  *Clock
+	Pool *pgxpool.Pool
+	// UrgentPool is the urgent lane's own connections, so that an urgent
+	// chunk never queues for a connection behind a bulk fan-out's chunks,
+	// which all start at the same instant. Nil: the urgent lane shares Pool.
+	UrgentPool *pgxpool.Pool
+	Logger     *slog.Logger
+	Clock      *Clock
 	// Providers by channel (apns, fcm, webpush) for the bulk lane; a channel
 	// without one is disabled, and its deliveries fail with channel_disabled.
 	Providers map[string]Sender
@@ -189,7 +193,18 @@ func NewFanOutWorker(cfg FanOutConfig) *FanOutWorker {
 			cfg.Breakers[channel] = NewBreaker(BreakerConfig{})
 		}
 	}
-	return &FanOutWorker{cfg: cfg, messages: newMessageCache(cfg.Pool, 64)}
+	if cfg.UrgentPool == nil {
+		cfg.UrgentPool = cfg.Pool
+	}
+	return &FanOutWorker{cfg: cfg, messages: newMessageCache(64)}
+}
+
+// pool is the connection pool of a chunk's lane.
+func (w *FanOutWorker) pool(a FanOutArgs) *pgxpool.Pool {
+	if a.Priority == PriorityUrgent {
+		return w.cfg.UrgentPool
+	}
+	return w.cfg.Pool
 }
 
 // recordTimeout bounds the write of a chunk's results.
@@ -218,7 +233,8 @@ func (w *FanOutWorker) Work(ctx context.Context, job *river.Job[FanOutArgs]) err
 		return w.expire(ctx, a, startedAt)
 	}
 
-	q := db.New(w.cfg.Pool)
+	pool := w.pool(a)
+	q := db.New(pool)
 	// Every chunk but the first finds the message dispatching and leaves
 	// its row alone; the first turns it from scheduled, unless a cancel won.
 	state, err := q.MessageState(ctx, a.MessageID)
@@ -252,7 +268,7 @@ func (w *FanOutWorker) Work(ctx context.Context, job *river.Job[FanOutArgs]) err
 		pending[r.DeviceID] = true
 	}
 
-	msg, err := w.messages.get(ctx, a)
+	msg, err := w.messages.get(ctx, q, a)
 	if err != nil {
 		return err
 	}
@@ -468,7 +484,7 @@ func (w *FanOutWorker) record(ctx context.Context, a FanOutArgs, startedAt time.
 	// jobs/state.go for the lock order).
 	writeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
 	defer cancel()
-	_, err := db.WriteChunk(writeCtx, w.cfg.Pool, db.ChunkWrite{
+	_, err := db.WriteChunk(writeCtx, w.pool(a), db.ChunkWrite{
 		Evict:   db.EvictDevicesParams{Ids: evictIDs, Reasons: evictReasons, SentAfter: startedAt},
 		Chunk:   chunk,
 		Results: p,
@@ -486,7 +502,7 @@ func (w *FanOutWorker) record(ctx context.Context, a FanOutArgs, startedAt time.
 func (w *FanOutWorker) expire(ctx context.Context, a FanOutArgs, at time.Time) error {
 	ids := a.deviceIDs()
 	var counted []settledDelivery
-	err := db.InTx(ctx, w.cfg.Pool, func(tx pgx.Tx) error {
+	err := db.InTx(ctx, w.pool(a), func(tx pgx.Tx) error {
 		q := db.New(tx)
 		if _, err := q.LockMessage(ctx, a.MessageID); err != nil {
 			return fmt.Errorf("lock message: %w", err)

@@ -191,17 +191,23 @@ func (c config) validateAPIKeys() error {
 }
 
 // poolSize is the connection pool's size: HERALD_DB_MAX_CONNS, else 20.
-//
-// herald bench on two cores shows the trade: with 20 connections and 50
-// bulk workers, chunks sometimes queue for a connection to write their
-// results (ledger writes of 1-5 s in about one run in five); with a
-// connection per worker (70) those stalls go, but every chunk of a message
-// then hits PostgreSQL at the same instant and the urgent lane's skew rises
-// from 40-100 ms to 150-800 ms. 20 keeps urgent messages fast; raise it on
-// a machine with cores to spare.
+// A chunk holds a connection only for its reads at the start and for each
+// write of its results, one round trip each (db.WriteChunk), so 20 serve
+// the 50 bulk workers; more only lets more of them reach PostgreSQL at the
+// same instant, which on two cores takes CPU from the sends.
 func (c config) poolSize() int32 {
 	if c.DBMaxConns > 0 {
 		return int32(c.DBMaxConns)
 	}
 	return 20
+}
+
+// urgentPoolSize is the size of the urgent lane's own pool: one connection
+// for every two urgent workers, from 2 to 10.
+func (c config) urgentPoolSize() int32 {
+	workers := c.UrgentWorkers
+	if workers == 0 {
+		workers = 10
+	}
+	return int32(min(max(workers/2, 2), 10))
 }

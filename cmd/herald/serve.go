@@ -135,11 +135,19 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 			return fmt.Errorf("measure the database clock: %w", err)
 		}
 		logger.Info("database clock offset measured", "offset", clock.Offset())
+		// The urgent lane's chunks read and write through connections of
+		// their own, kept open, as they send through provider clients of
+		// their own.
+		urgentPool, err := db.Open(ctx, cfg.DatabaseURL, db.PoolConfig{MaxConns: cfg.urgentPoolSize(), MinConns: 2})
+		if err != nil {
+			return err
+		}
+		defer urgentPool.Close()
 		workers := river.NewWorkers()
 		materializer := &jobs.Materializer{Pool: pool, Logger: logger, Lead: cfg.ScheduleLead, ChunkSize: cfg.ChunkSize}
 		worker := jobs.Register(workers, jobs.FanOutConfig{
-			Pool: pool, Logger: logger, Clock: clock, Timeout: cfg.ChunkTimeout, Metrics: jobs.NewMetrics(registry),
-			Providers: bulk.byChannel, UrgentProviders: urgent.byChannel,
+			Pool: pool, UrgentPool: urgentPool, Logger: logger, Clock: clock, Timeout: cfg.ChunkTimeout,
+			Metrics: jobs.NewMetrics(registry), Providers: bulk.byChannel, UrgentProviders: urgent.byChannel,
 		}, materializer)
 		riverCfg.Workers = workers
 		jobs.RegisterProcessMetrics(registry, worker.Breakers(), clock)
