@@ -1,0 +1,7 @@
+package db
+
+// The ledger queries' SQL, for the plan tests.
+var (
+	RecordResultsSQL = recordResults
+	ChunkPendingSQL  = chunkPending
+)

@@ -1,0 +1,60 @@
+package db_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/heraldpush/herald/db"
+	"github.com/heraldpush/herald/db/dbtest"
+)
+
+// TestLedgerPlansUseThePrimaryKey checks the generic plans of the two
+// queries every chunk runs against the ledger, on the statistics a young
+// table has (analyzed while empty, as after a deployment): the rows must be
+// found through the primary key on both its columns, never by scanning a
+// message's deliveries or ANDing the pending index in, and the chunk must
+// not be joined by a nested loop that compares every row with every row.
+// Such plans cost 70 ms a write instead of 5 at 500 devices a chunk.
+func TestLedgerPlansUseThePrimaryKey(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tdb := dbtest.New(t)
+	conn, err := tdb.Pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	_, err = conn.Exec(ctx, "ANALYZE deliveries")
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, `
+		INSERT INTO deliveries (message_id, device_id, user_id, channel, chunk, due_at)
+		SELECT 1, g, 'u' || g, 'apns', g / 500, now() FROM generate_series(1, 20000) g`)
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, "SET plan_cache_mode = force_generic_plan")
+	require.NoError(t, err)
+
+	for name, query := range map[string]string{"RecordResults": db.RecordResultsSQL, "ChunkPending": db.ChunkPendingSQL} {
+		_, err := conn.Exec(ctx, fmt.Sprintf("PREPARE %s AS %s", strings.ToLower(name), query))
+		require.NoError(t, err)
+		args := "1, '{1,2,3}'"
+		if name == "RecordResults" {
+			args += `, '{accepted,accepted,failed}', '{"","",bad_token}', '{1,1,1}', '{1,1,0}'`
+		}
+		rows, err := conn.Query(ctx, fmt.Sprintf("EXPLAIN EXECUTE %s(%s)", strings.ToLower(name), args))
+		require.NoError(t, err)
+		var plan strings.Builder
+		for rows.Next() {
+			var line string
+			require.NoError(t, rows.Scan(&line))
+			plan.WriteString(line + "\n")
+		}
+		require.NoError(t, rows.Err())
+		p := plan.String()
+		require.Contains(t, p, "deliveries_pkey", "%s:\n%s", name, p)
+		require.Contains(t, p, "(message_id = $1) AND (device_id = ANY ($2))", "%s: the primary key on both columns:\n%s", name, p)
+		require.NotContains(t, p, "deliveries_pending_device_idx", "%s:\n%s", name, p)
+		require.NotContains(t, p, "Join Filter", "%s: a nested loop comparing every row:\n%s", name, p)
+	}
+}
