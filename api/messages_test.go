@@ -547,7 +547,7 @@ func TestCancelAfterStartIsConflict(t *testing.T) {
 	require.Equal(t, http.StatusAccepted, status)
 	id := resp["message_id"].(string)
 	n, _ := parsePrefixed(id)
-	_, err := b.q.StartMessage(context.Background(), n)
+	err := b.q.StartMessage(context.Background(), n)
 	require.NoError(t, err)
 
 	rec := b.call(request{method: http.MethodDelete, path: "/v1/messages/" + id})
@@ -557,7 +557,8 @@ func TestCancelAfterStartIsConflict(t *testing.T) {
 	require.Equal(t, map[string]any{"total": 3.0, "accepted": 0.0, "failed": 0.0, "expired": 0.0, "cancelled": 0.0, "pending": 3.0}, e["deliveries"])
 }
 
-// TestCancelRacesFirstChunk runs DELETE against a chunk's start many times:
+// TestCancelRacesFirstChunk runs DELETE against a chunk's start
+// (db.BeginChunk) many times:
 // each race must end one way, either cancelled with nothing started, or
 // started with the cancel refused, never both.
 func TestCancelRacesFirstChunk(t *testing.T) {
@@ -585,12 +586,10 @@ func TestCancelRacesFirstChunk(t *testing.T) {
 		}()
 		go func() {
 			defer wg.Done()
-			_, err = b.q.StartMessage(ctx, n)
-			if err == nil {
-				started = true
-			} else if db.Translate(err) == db.ErrNotFound {
-				err = nil
-			}
+			// The chunk worker's own first step.
+			var begun db.ChunkStart
+			begun, err = db.BeginChunk(ctx, b.db.Pool, n, nil, 0)
+			started = begun.State == "dispatching"
 		}()
 		wg.Wait()
 		require.NoError(t, err)

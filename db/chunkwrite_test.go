@@ -123,3 +123,52 @@ func TestBatchIsOneTransaction(t *testing.T) {
 	require.NoError(t, conn.QueryRow(ctx, "SELECT txid_current()::text").Scan(&txAfter))
 	require.NotEqual(t, first, txAfter)
 }
+
+// TestBeginChunk starts a scheduled message, finds a started one as it is,
+// leaves a cancelled one alone, and reads the chunk's pending devices and
+// the payload in the same round trip.
+func TestBeginChunk(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tdb := dbtest.New(t)
+	newMessage := func(state string) (id, payload int64) {
+		require.NoError(t, tdb.Pool.QueryRow(ctx, `
+			WITH p AS (INSERT INTO payloads (content) VALUES ('{"title":"hi"}') RETURNING id)
+			INSERT INTO messages (state, priority, dispatch_at, expires_at, payload_id, audience, device_count, chunk_count, pending_count, cancelled_count)
+			SELECT $1::text, 'bulk', now(), now() + interval '1 hour', p.id, '{}', 2, 1,
+			       CASE WHEN $1::text = 'cancelled' THEN 0 ELSE 2 END, CASE WHEN $1::text = 'cancelled' THEN 2 ELSE 0 END FROM p
+			RETURNING id, payload_id`, state).Scan(&id, &payload))
+		status := "pending"
+		if state == "cancelled" {
+			status = "cancelled"
+		}
+		_, err := tdb.Pool.Exec(ctx, `
+			INSERT INTO deliveries (message_id, device_id, user_id, channel, chunk, due_at, status)
+			VALUES ($1, 1, 'a', 'apns', 0, now(), $2), ($1, 2, 'b', 'fcm', 0, now(), $2)`, id, status)
+		require.NoError(t, err)
+		return id, payload
+	}
+
+	id, payload := newMessage("scheduled")
+	begun, err := db.BeginChunk(ctx, tdb.Pool, id, []int64{1, 2, 3}, payload)
+	require.NoError(t, err)
+	require.Equal(t, "dispatching", begun.State)
+	require.Len(t, begun.Pending, 2, "device 3 has no delivery of this message")
+	require.JSONEq(t, `{"title":"hi"}`, string(begun.Payload))
+	var started bool
+	require.NoError(t, tdb.Pool.QueryRow(ctx, "SELECT started_at IS NOT NULL FROM messages WHERE id = $1", id).Scan(&started))
+	require.True(t, started)
+
+	// A later chunk of it, with the payload cached: no payload read.
+	begun, err = db.BeginChunk(ctx, tdb.Pool, id, []int64{2}, 0)
+	require.NoError(t, err)
+	require.Equal(t, "dispatching", begun.State)
+	require.Len(t, begun.Pending, 1)
+	require.Nil(t, begun.Payload)
+
+	id, payload = newMessage("cancelled")
+	begun, err = db.BeginChunk(ctx, tdb.Pool, id, []int64{1, 2}, payload)
+	require.NoError(t, err)
+	require.Equal(t, "cancelled", begun.State, "a cancel that came first wins")
+	require.Empty(t, begun.Pending)
+}

@@ -692,24 +692,17 @@ func (q *Queries) SegmentExists(ctx context.Context, id string) (bool, error) {
 	return column_1, err
 }
 
-const startMessage = `-- name: StartMessage :one
+const startMessage = `-- name: StartMessage :exec
 UPDATE messages
 SET state = 'dispatching',
     started_at = coalesce(started_at, clock_timestamp())
-WHERE id = $1 AND state IN ('scheduled', 'dispatching')
-RETURNING state, started_at
+WHERE id = $1 AND state = 'scheduled'
 `
 
-type StartMessageRow struct {
-	State     string
-	StartedAt *time.Time
-}
-
-// A chunk's first act: mark the message dispatching, unless it was cancelled
-// (or expired) first. No row means the chunk must send nothing.
-func (q *Queries) StartMessage(ctx context.Context, id int64) (StartMessageRow, error) {
-	row := q.db.QueryRow(ctx, startMessage, id)
-	var i StartMessageRow
-	err := row.Scan(&i.State, &i.StartedAt)
-	return i, err
+// A chunk's first act: mark the message dispatching if it is still
+// scheduled. Only the first chunk changes the row; a cancel or an expiry
+// that came first leaves it alone, and the state read after says so.
+func (q *Queries) StartMessage(ctx context.Context, id int64) error {
+	_, err := q.db.Exec(ctx, startMessage, id)
+	return err
 }

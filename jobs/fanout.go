@@ -233,44 +233,34 @@ func (w *FanOutWorker) Work(ctx context.Context, job *river.Job[FanOutArgs]) err
 		return w.expire(ctx, a, startedAt)
 	}
 
-	pool := w.pool(a)
-	q := db.New(pool)
-	// Every chunk but the first finds the message dispatching and leaves
-	// its row alone; the first turns it from scheduled, unless a cancel won.
-	state, err := q.MessageState(ctx, a.MessageID)
-	if err != nil {
-		return fmt.Errorf("read message state: %w", db.Translate(err))
+	// One round trip: the first chunk turns the message from scheduled to
+	// dispatching, unless a cancel won; every chunk reads the state that
+	// resulted, its still-pending devices and, unless the message is
+	// cached, its payload.
+	msg, cached := w.messages.lookup(a)
+	payloadID := a.PayloadID
+	if cached {
+		payloadID = 0
 	}
-	if state == StateScheduled {
-		if _, err := q.StartMessage(ctx, a.MessageID); err != nil {
-			if db.Translate(err) != db.ErrNotFound {
-				return fmt.Errorf("start message: %w", err)
-			}
-			state = "" // a cancel or an expiry won the race
-		} else {
-			state = StateDispatching
-		}
-	}
-	if state != StateDispatching {
-		log.InfoContext(ctx, "chunk skipped: its message is no longer sendable")
-		return nil
-	}
-
-	rows, err := q.ChunkPending(ctx, db.ChunkPendingParams{MessageID: a.MessageID, DeviceIds: a.deviceIDs()})
-	if err != nil {
-		return fmt.Errorf("read chunk ledger: %w", err)
-	}
-	if len(rows) == 0 {
-		return w.finish(ctx, a, startedAt, nil, nil)
-	}
-	pending := make(map[int64]bool, len(rows))
-	for _, r := range rows {
-		pending[r.DeviceID] = true
-	}
-
-	msg, err := w.messages.get(ctx, q, a)
+	begun, err := db.BeginChunk(ctx, w.pool(a), a.MessageID, a.deviceIDs(), payloadID)
 	if err != nil {
 		return err
+	}
+	if begun.State != StateDispatching {
+		log.InfoContext(ctx, "chunk skipped: its message is no longer sendable", "state", begun.State)
+		return nil
+	}
+	if len(begun.Pending) == 0 {
+		return w.finish(ctx, a, startedAt, nil, nil)
+	}
+	pending := make(map[int64]bool, len(begun.Pending))
+	for _, r := range begun.Pending {
+		pending[r.DeviceID] = true
+	}
+	if !cached {
+		if msg, err = w.messages.build(a, begun.Payload); err != nil {
+			return err
+		}
 	}
 
 	// Group the pending targets by channel and send to every provider at

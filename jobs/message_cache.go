@@ -1,24 +1,19 @@
 package jobs
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
-	"strconv"
 	"sync"
 
-	"golang.org/x/sync/singleflight"
-
-	"github.com/heraldpush/herald/db"
 	"github.com/heraldpush/herald/jobs/push"
 )
 
-// messageCache keeps the encoded push of recent messages, so that the 50
-// chunks of a message read and encode its payload once per process, not once
-// per chunk: they start at the same instant, so the first miss is shared.
+// messageCache keeps the encoded push of recent messages, so that a
+// message's chunks encode its payload about once per process, not once per
+// chunk: a chunk that finds its message here does not read the payload at
+// all.
 type messageCache struct {
-	size    int
-	loading singleflight.Group
+	size int
 
 	mu    sync.Mutex
 	items map[messageKey]*push.Message
@@ -36,43 +31,22 @@ func newMessageCache(size int) *messageCache {
 	return &messageCache{size: size, items: make(map[messageKey]*push.Message, size)}
 }
 
-// get returns a's message, reading its payload with q on a miss.
-func (c *messageCache) get(ctx context.Context, q *db.Queries, a FanOutArgs) (*push.Message, error) {
-	key := messageKey{id: a.MessageID, expiresAt: a.ExpiresAt.UnixNano()}
-	c.mu.Lock()
-	m, ok := c.items[key]
-	c.mu.Unlock()
-	if ok {
-		return m, nil
-	}
-
-	v, err, _ := c.loading.Do(strconv.FormatInt(key.id, 10)+"/"+strconv.FormatInt(key.expiresAt, 10), func() (any, error) {
-		return load(ctx, q, a)
-	})
-	if err != nil {
-		return nil, err
-	}
-	m = v.(*push.Message)
-
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if _, ok := c.items[key]; !ok {
-		c.items[key] = m
-		c.order = append(c.order, key)
-		if len(c.order) > c.size {
-			delete(c.items, c.order[0])
-			c.order = c.order[1:]
-		}
-	}
-	return m, nil
+func keyOf(a FanOutArgs) messageKey {
+	return messageKey{id: a.MessageID, expiresAt: a.ExpiresAt.UnixNano()}
 }
 
-// load reads and encodes a's message.
-func load(ctx context.Context, q *db.Queries, a FanOutArgs) (*push.Message, error) {
-	raw, err := q.GetPayload(ctx, a.PayloadID)
-	if err != nil {
-		return nil, fmt.Errorf("read payload %d: %w", a.PayloadID, db.Translate(err))
-	}
+// lookup returns a's message if it is cached.
+func (c *messageCache) lookup(a FanOutArgs) (*push.Message, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	m, ok := c.items[keyOf(a)]
+	return m, ok
+}
+
+// build encodes a's message from its stored payload and caches it. Chunks
+// that started together may each build it; the first one kept is returned
+// to all.
+func (c *messageCache) build(a FanOutArgs, raw []byte) (*push.Message, error) {
 	var content push.Content
 	if err := json.Unmarshal(raw, &content); err != nil {
 		return nil, fmt.Errorf("decode payload %d: %w", a.PayloadID, err)
@@ -80,6 +54,18 @@ func load(ctx context.Context, q *db.Queries, a FanOutArgs) (*push.Message, erro
 	m, err := push.NewMessage(push.FormatMessageID(a.MessageID), a.Priority == PriorityUrgent, content, a.ExpiresAt)
 	if err != nil {
 		return nil, fmt.Errorf("encode payload %d: %w", a.PayloadID, err)
+	}
+	key := keyOf(a)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if kept, ok := c.items[key]; ok {
+		return kept, nil
+	}
+	c.items[key] = m
+	c.order = append(c.order, key)
+	if len(c.order) > c.size {
+		delete(c.items, c.order[0])
+		c.order = c.order[1:]
 	}
 	return m, nil
 }

@@ -3,7 +3,7 @@ package jobs
 // A message's states. The transitions, each made by one guarded UPDATE so
 // that racing actors resolve one way:
 //
-//	scheduled   -> dispatching  the first chunk starts (db.StartMessage)
+//	scheduled   -> dispatching  the first chunk starts (db.StartMessage, in db.BeginChunk)
 //	scheduled   -> cancelled    DELETE before any chunk started (db.CancelMessage)
 //	scheduled   -> expired      the first chunk starts after expires_at, so nothing is sent
 //	dispatching -> dispatched   the last pending delivery settles

@@ -133,14 +133,14 @@ SELECT request_hash, message_id, response FROM idempotency_keys WHERE scope = @s
 UPDATE idempotency_keys SET message_id = @message_id, response = @response
 WHERE scope = @scope AND key = @key;
 
--- name: StartMessage :one
--- A chunk's first act: mark the message dispatching, unless it was cancelled
--- (or expired) first. No row means the chunk must send nothing.
+-- name: StartMessage :exec
+-- A chunk's first act: mark the message dispatching if it is still
+-- scheduled. Only the first chunk changes the row; a cancel or an expiry
+-- that came first leaves it alone, and the state read after says so.
 UPDATE messages
 SET state = 'dispatching',
     started_at = coalesce(started_at, clock_timestamp())
-WHERE id = @id AND state IN ('scheduled', 'dispatching')
-RETURNING state, started_at;
+WHERE id = @id AND state = 'scheduled';
 
 -- name: MessagesByState :many
 -- How many messages are in each state, for the metrics.
