@@ -57,12 +57,15 @@ type benchResult struct {
 	Duplicates int64   `json:"duplicates"`
 	// Unanswered counts Herald's provider requests that got no answer in
 	// time: each was sent again, and may be one of the duplicates.
-	Unanswered     int64   `json:"unanswered"`
-	ScheduleMs     float64 `json:"schedule_ms"`
-	ChunkCount     int     `json:"chunk_count"`
-	SkewMs         summary `json:"skew_ms"`
-	ReceiptSkewMs  summary `json:"receipt_skew_ms"`
-	UrgentSkewMs   float64 `json:"urgent_skew_ms"`
+	Unanswered    int64   `json:"unanswered"`
+	ScheduleMs    float64 `json:"schedule_ms"`
+	ChunkCount    int     `json:"chunk_count"`
+	SkewMs        summary `json:"skew_ms"`
+	ReceiptSkewMs summary `json:"receipt_skew_ms"`
+	UrgentSkewMs  float64 `json:"urgent_skew_ms"`
+	// UrgentPickupMs is when the urgent chunk started after its due time:
+	// the rest of urgent_skew_ms is its reads, the send and the answer.
+	UrgentPickupMs float64 `json:"urgent_pickup_ms"`
 	FanoutMs       float64 `json:"fanout_ms"`
 	BlastMs        float64 `json:"blast_ms"`
 	CPUPerSend     float64 `json:"cpu_us_per_send"`
@@ -265,6 +268,15 @@ func (b *bench) run(ctx context.Context, admin string) (*benchResult, error) {
 	}
 	bulkID, urgentID := bulk["message_id"].(string), urgent["message_id"].(string)
 	b.progress("scheduled in %.0f ms (%d chunks); waiting for %s", res.ScheduleMs, res.ChunkCount, dispatchAt.Format("15:04:05.000"))
+	// The ledger was empty at the ANALYZE above. A production ledger never
+	// is, and autovacuum analyzes a table that grew this much within about a
+	// minute, before a message scheduled further ahead than the bench's
+	// ten seconds is due; so the dispatch runs on those statistics too. (The
+	// ledger queries are also tested on an empty table's statistics:
+	// TestLedgerPlansUseThePrimaryKey.)
+	if _, err := pool.Exec(ctx, "ANALYZE deliveries"); err != nil {
+		return nil, fmt.Errorf("analyze: %w", err)
+	}
 
 	// Herald's CPU per send is what scheduling and the fan-out cost: the
 	// wait in between, when an idle process only polls its queues, is
@@ -310,6 +322,13 @@ func (b *bench) run(ctx context.Context, admin string) (*benchResult, error) {
 	}
 	if len(urgentSkews) == 1 {
 		res.UrgentSkewMs = round1(urgentSkews[0])
+	}
+	urgentChunks, err := q.ChunkTimings(ctx, urgentN)
+	if err != nil {
+		return nil, err
+	}
+	if len(urgentChunks) == 1 {
+		res.UrgentPickupMs = round1(urgentChunks[0].PickupMs)
 	}
 	span, err := q.AcceptanceSpan(ctx, bulkN)
 	if err != nil {
