@@ -59,6 +59,10 @@ type RiverConfig struct {
 	// materializer (default 15 s); it is a fraction of the schedule lead, so
 	// a run is made several passes before it is due.
 	MaterializeEvery time.Duration
+	// UrgentPool, when set, gives the urgent lane a River client of its own
+	// on these connections (NewUrgentRiverClient), and the client
+	// NewRiverClient returns leaves the urgent queue to it.
+	UrgentPool *pgxpool.Pool
 }
 
 func (c *RiverConfig) setDefaults() {
@@ -107,29 +111,22 @@ func NewRiverClient(pool *pgxpool.Pool, cfg RiverConfig) (*river.Client[pgx.Tx],
 		Middleware: []rivertype.Middleware{&availableSoon{lookahead: cfg.Lookahead, now: time.Now}},
 	}
 	if cfg.Workers != nil {
-		rc.Workers = cfg.Workers
+		cfg.workerConfig(rc)
 		rc.Queues = map[string]river.QueueConfig{
-			QueueUrgent: {MaxWorkers: cfg.UrgentWorkers, FetchPollInterval: cfg.FetchPollInterval, FetchCooldown: cfg.FetchPollInterval / 5},
-			QueueBulk:   {MaxWorkers: cfg.BulkWorkers, FetchPollInterval: cfg.FetchPollInterval, FetchCooldown: cfg.FetchPollInterval / 5},
+			QueueBulk: cfg.lane(cfg.BulkWorkers),
 			// Maintenance (the schedule materializer) runs off the lanes and
 			// needs no quick pickup: it polls at River's default second,
 			// which saves a third of an idle process's fetches.
 			river.QueueDefault: {MaxWorkers: 2, FetchPollInterval: time.Second},
+		}
+		if cfg.UrgentPool == nil {
+			rc.Queues[QueueUrgent] = cfg.lane(cfg.UrgentWorkers)
 		}
 		rc.PeriodicJobs = []*river.PeriodicJob{river.NewPeriodicJob(
 			river.PeriodicInterval(cfg.MaterializeEvery),
 			func() (river.JobArgs, *river.InsertOpts) { return MaterializeArgs{}, nil },
 			&river.PeriodicJobOpts{RunOnStart: true},
 		)}
-		rc.FetchPollInterval = cfg.FetchPollInterval
-		rc.FetchCooldown = cfg.FetchPollInterval / 5
-		// A chunk attempt is bounded by ChunkTimeout (30 s); a chunk whose
-		// process died is rescued once it has been running for RescueAfter
-		// (a minute), so never while its first attempt may still be sending,
-		// and within about 90 s (River's rescuer looks every 30 s), not
-		// River's default hour.
-		rc.JobTimeout = cfg.ChunkTimeout
-		rc.RescueStuckJobsAfter = cfg.RescueAfter
 	} else {
 		// Insert-only: the job kinds are not registered here, so River
 		// cannot check them.
@@ -140,6 +137,48 @@ func NewRiverClient(pool *pgxpool.Pool, cfg RiverConfig) (*river.Client[pgx.Tx],
 		return nil, fmt.Errorf("river client: %w", err)
 	}
 	return client, nil
+}
+
+// NewUrgentRiverClient returns the urgent lane's own River client, on
+// cfg.UrgentPool: at the instant a bulk message is due, its chunks take
+// every connection of the shared pool, and the urgent lane's fetches and
+// completions would queue behind them.
+func NewUrgentRiverClient(cfg RiverConfig) (*river.Client[pgx.Tx], error) {
+	if cfg.Logger == nil || cfg.Workers == nil || cfg.UrgentPool == nil {
+		return nil, errors.New("jobs: the urgent lane's River client needs Logger, Workers and UrgentPool")
+	}
+	cfg.setDefaults()
+	rc := &river.Config{
+		Logger:     cfg.Logger,
+		Middleware: []rivertype.Middleware{&availableSoon{lookahead: cfg.Lookahead, now: time.Now}},
+		Queues:     map[string]river.QueueConfig{QueueUrgent: cfg.lane(cfg.UrgentWorkers)},
+	}
+	cfg.workerConfig(rc)
+	client, err := river.NewClient(riverpgxv5.New(cfg.UrgentPool), rc)
+	if err != nil {
+		return nil, fmt.Errorf("urgent river client: %w", err)
+	}
+	return client, nil
+}
+
+// lane is a chunk lane's queue: workers, and the quick poll that bounds
+// pickup lag.
+func (c RiverConfig) lane(workers int) river.QueueConfig {
+	return river.QueueConfig{MaxWorkers: workers, FetchPollInterval: c.FetchPollInterval, FetchCooldown: c.FetchPollInterval / 5}
+}
+
+// workerConfig sets what every working client shares.
+func (c RiverConfig) workerConfig(rc *river.Config) {
+	rc.Workers = c.Workers
+	rc.FetchPollInterval = c.FetchPollInterval
+	rc.FetchCooldown = c.FetchPollInterval / 5
+	// A chunk attempt is bounded by ChunkTimeout (30 s); a chunk whose
+	// process died is rescued once it has been running for RescueAfter (a
+	// minute), so never while its first attempt may still be sending, and
+	// within about 90 s (River's rescuer looks every 30 s), not River's
+	// default hour.
+	rc.JobTimeout = c.ChunkTimeout
+	rc.RescueStuckJobsAfter = c.RescueAfter
 }
 
 // availableSoon is the insert middleware that makes chunk jobs due within

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"runtime/pprof"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -150,6 +151,7 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 			Metrics: jobs.NewMetrics(registry), Providers: bulk.byChannel, UrgentProviders: urgent.byChannel,
 		}, materializer)
 		riverCfg.Workers = workers
+		riverCfg.UrgentPool = urgentPool
 		jobs.RegisterProcessMetrics(registry, worker.Breakers(), clock)
 		goBackground(func(ctx context.Context) { clock.Run(ctx, 30*time.Second) })
 		goBackground((&jobs.Promoter{Pool: pool, Logger: logger}).Run)
@@ -161,9 +163,18 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 	if err != nil {
 		return err
 	}
+	// A worker's urgent lane has a River client of its own, on the urgent
+	// lane's connections.
+	var urgentClient *river.Client[pgx.Tx]
 	if works {
+		if urgentClient, err = jobs.NewUrgentRiverClient(riverCfg); err != nil {
+			return err
+		}
 		if err := riverClient.Start(ctx); err != nil {
 			return fmt.Errorf("start River: %w", err)
+		}
+		if err := urgentClient.Start(ctx); err != nil {
+			return fmt.Errorf("start River (urgent lane): %w", err)
 		}
 	}
 
@@ -225,7 +236,11 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		errs = append(errs, fmt.Errorf("shutdown http: %w", err))
 	}
 	if works {
-		stopRiver(shutdownCtx, riverClient, logger)
+		var wg sync.WaitGroup
+		for _, c := range []*river.Client[pgx.Tx]{urgentClient, riverClient} {
+			wg.Go(func() { stopRiver(shutdownCtx, c, logger) })
+		}
+		wg.Wait()
 	}
 	stopBackground()
 	for _, wait := range background {
