@@ -74,9 +74,14 @@ type benchResult struct {
 	BlastMs         float64 `json:"blast_ms"`
 	CPUPerSend      float64 `json:"cpu_us_per_send"`
 	IdleCPUPercent  float64 `json:"idle_cpu_percent"`
-	BlastCPUPerSnd  float64 `json:"blast_cpu_us_per_send"`
-	PeakRSSMb       float64 `json:"peak_rss_mb"`
-	Breakdown       struct {
+	// PostgresCPUPerSend is the database's CPU over the same spans as
+	// cpu_us_per_send, per send: the ledger's share of the dispatch second,
+	// which the blast does not pay. Null when the database is not a process
+	// of this host.
+	PostgresCPUPerSend *float64 `json:"postgres_cpu_us_per_send"`
+	BlastCPUPerSnd     float64  `json:"blast_cpu_us_per_send"`
+	PeakRSSMb          float64  `json:"peak_rss_mb"`
+	Breakdown          struct {
 		PickupMs      pair `json:"pickup_ms"`
 		FirstAcceptMs pair `json:"first_accept_ms"`
 		LastAcceptMs  pair `json:"last_accept_ms"`
@@ -193,6 +198,9 @@ type bench struct {
 	getenv   func(string) string
 	progress func(string, ...any)
 	stderr   io.Writer
+	// childEnv is added to the environment of the processes the bench
+	// starts (its tests use it to have the test binary run as herald).
+	childEnv []string
 
 	cleanups []func()
 	fakeEnv  map[string]string
@@ -249,6 +257,21 @@ func (b *bench) run(ctx context.Context, admin string) (*benchResult, error) {
 	if err != nil {
 		return nil, err
 	}
+	// PostgreSQL's CPU over the same spans as Herald's, when the cluster
+	// is a process of this host.
+	pgCPU, pgLocal := clusterCPU(ctx, pool)
+	var pgSpans [4]time.Duration
+	readPG := func(i int) error {
+		if !pgLocal {
+			return nil
+		}
+		var err error
+		pgSpans[i], err = pgCPU()
+		return err
+	}
+	if err := readPG(0); err != nil {
+		return nil, err
+	}
 	dispatchAt := time.Now().Add(b.cfg.Ahead).Truncate(time.Millisecond)
 	b.progress("scheduling the bulk message to %d devices and the urgent one for %s", devices, dispatchAt.Format(time.RFC3339Nano))
 	start := time.Now()
@@ -271,6 +294,9 @@ func (b *bench) run(ctx context.Context, admin string) (*benchResult, error) {
 		return nil, err
 	}
 	bulkID, urgentID := bulk["message_id"].(string), urgent["message_id"].(string)
+	if err := readPG(1); err != nil {
+		return nil, err
+	}
 	b.progress("scheduled in %.0f ms (%d chunks); waiting for %s", res.ScheduleMs, res.ChunkCount, dispatchAt.Format("15:04:05.000"))
 	// The ledger was empty at the ANALYZE above. A production ledger never
 	// is, and autovacuum analyzes a table that grew this much within about a
@@ -295,6 +321,9 @@ func (b *bench) run(ctx context.Context, admin string) (*benchResult, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := readPG(2); err != nil {
+		return nil, err
+	}
 	res.IdleCPUPercent = round1(float64((cpuDue - cpuScheduled).Microseconds()) / float64(time.Since(idleFrom).Microseconds()) * 100)
 
 	for _, id := range []string{urgentID, bulkID} {
@@ -304,6 +333,9 @@ func (b *bench) run(ctx context.Context, admin string) (*benchResult, error) {
 	}
 	cpuAfter, err := processCPU(b.herald.Process.Pid)
 	if err != nil {
+		return nil, err
+	}
+	if err := readPG(3); err != nil {
 		return nil, err
 	}
 	if res.PeakRSSMb, err = peakRSS(b.herald.Process.Pid); err != nil {
@@ -350,6 +382,10 @@ func (b *bench) run(ctx context.Context, admin string) (*benchResult, error) {
 	res.Breakdown.PickupMs, res.Breakdown.FirstAcceptMs = pairOf(pickup), pairOf(first)
 	res.Breakdown.LastAcceptMs, res.Breakdown.LedgerWriteMs = pairOf(last), pairOf(write)
 	res.CPUPerSend = round1(float64((cpuScheduled - cpuBefore + cpuAfter - cpuDue).Microseconds()) / float64(res.Accepted+len(urgentSkews)))
+	if pgLocal {
+		v := round1(float64((pgSpans[1] - pgSpans[0] + pgSpans[3] - pgSpans[2]).Microseconds()) / float64(res.Accepted+len(urgentSkews)))
+		res.PostgresCPUPerSend = &v
+	}
 
 	// fakepush's view: when each push arrived, by the same host's clock.
 	receipts, stats, err := b.receipts(bulkID)
@@ -426,7 +462,7 @@ func (b *bench) self(ctx context.Context, env []string, args ...string) (*exec.C
 		return nil, nil, err
 	}
 	cmd := exec.CommandContext(ctx, exe, args...)
-	cmd.Env = env
+	cmd.Env = append(slices.Clip(env), b.childEnv...)
 	cmd.Stderr = b.stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -902,16 +938,87 @@ func round1(f float64) float64 { return math.Round(f*10) / 10 }
 
 // processCPU is a process's user and system CPU so far, from /proc.
 func processCPU(pid int) (time.Duration, error) {
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	st, err := readProcStat(pid)
 	if err != nil {
 		return 0, fmt.Errorf("read process CPU: %w", err)
 	}
+	return st.own, nil
+}
+
+// procStat is what /proc/PID/stat says of a process's CPU.
+type procStat struct {
+	ppid int
+	// own is the process's CPU; children that of its children it has
+	// reaped.
+	own, children time.Duration
+}
+
+func readProcStat(pid int) (procStat, error) {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return procStat{}, err
+	}
 	// Fields after the command name, which is in parentheses and may hold spaces.
 	fields := strings.Fields(string(raw[bytes.LastIndexByte(raw, ')')+2:]))
-	utime, _ := strconv.ParseInt(fields[11], 10, 64)
-	stime, _ := strconv.ParseInt(fields[12], 10, 64)
+	if len(fields) < 15 {
+		return procStat{}, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(fields))
+	}
+	n := func(i int) int64 { v, _ := strconv.ParseInt(fields[i], 10, 64); return v }
 	// The kernel counts in clock ticks of 1/100 s (USER_HZ) on Linux.
-	return time.Duration(utime+stime) * 10 * time.Millisecond, nil
+	const tick = 10 * time.Millisecond
+	return procStat{
+		ppid:     int(n(1)),
+		own:      time.Duration(n(11)+n(12)) * tick,
+		children: time.Duration(n(13)+n(14)) * tick,
+	}, nil
+}
+
+// clusterCPU returns a reader of the CPU the PostgreSQL cluster behind
+// pool has used: its postmaster's and every child's, running or reaped.
+// ok is false when the server is not a process of this host that can be
+// read (a remote database, or its data directory closed to this user).
+func clusterCPU(ctx context.Context, pool interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}) (read func() (time.Duration, error), ok bool) {
+	var dir string
+	if err := pool.QueryRow(ctx, "SHOW data_directory").Scan(&dir); err != nil {
+		return nil, false
+	}
+	raw, err := os.ReadFile(filepath.Join(dir, "postmaster.pid"))
+	if err != nil {
+		return nil, false
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(strings.SplitN(string(raw), "\n", 2)[0]))
+	if err != nil {
+		return nil, false
+	}
+	if _, err := readProcStat(pid); err != nil {
+		return nil, false
+	}
+	return func() (time.Duration, error) {
+		pm, err := readProcStat(pid)
+		if err != nil {
+			return 0, fmt.Errorf("read PostgreSQL's CPU: %w", err)
+		}
+		total := pm.own + pm.children
+		entries, err := os.ReadDir("/proc")
+		if err != nil {
+			return 0, fmt.Errorf("read PostgreSQL's CPU: %w", err)
+		}
+		for _, e := range entries {
+			child, err := strconv.Atoi(e.Name())
+			if err != nil {
+				continue
+			}
+			// A process may end between the listing and the read: its
+			// CPU then moves to the postmaster's reaped children, and the
+			// next reading counts it.
+			if st, err := readProcStat(child); err == nil && st.ppid == pid {
+				total += st.own
+			}
+		}
+		return total, nil
+	}, true
 }
 
 // peakRSS is a process's peak resident set, in MiB.
