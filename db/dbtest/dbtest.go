@@ -56,7 +56,9 @@ func NewEmpty(tb testing.TB) *DB {
 	return clone(tb, false)
 }
 
-func adminURL(tb testing.TB) string {
+// AdminURL is the server tests run on (DATABASE_URL), for a test that makes
+// databases of its own there.
+func AdminURL(tb testing.TB) string {
 	url := os.Getenv("DATABASE_URL")
 	if url == "" {
 		tb.Fatal("dbtest: DATABASE_URL is unset; run the tests with `make test`, which starts a PostgreSQL for them")
@@ -67,7 +69,7 @@ func adminURL(tb testing.TB) string {
 func clone(tb testing.TB, migrated bool) *DB {
 	tb.Helper()
 	ctx := context.Background()
-	admin := adminURL(tb)
+	admin := AdminURL(tb)
 
 	source := "template0"
 	if migrated {

@@ -1,0 +1,60 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/heraldpush/herald/db/dbtest"
+)
+
+// TestBenchEndToEnd runs herald bench as make bench does, at a small size:
+// its own fakepush and Herald processes, the population through the API,
+// both messages, the blast, and the JSON with every figure filled in. The
+// figures' values are the benchmark's business; here they must exist and
+// agree with each other.
+func TestBenchEndToEnd(t *testing.T) {
+	t.Parallel()
+	admin := dbtest.AdminURL(t)
+	var progress strings.Builder
+	b := &bench{
+		cfg: benchConfig{
+			Users: 40, Mix: [3]float64{45, 45, 10}, Latency: 5 * time.Millisecond, Ahead: 4 * time.Second,
+			Seed: 7, DecryptOneIn: 1,
+		},
+		getenv:   func(k string) string { return map[string]string{"PATH": os.Getenv("PATH")}[k] },
+		progress: func(format string, a ...any) { progress.WriteString(strings.TrimSpace(format) + "\n") },
+		stderr:   os.Stderr,
+		childEnv: []string{childEnv + "=1"},
+	}
+	t.Cleanup(b.cleanup)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	res, err := b.run(ctx, admin)
+	require.NoError(t, err, "progress:\n%s", progress.String())
+
+	raw, err := json.Marshal(res)
+	require.NoError(t, err)
+	t.Logf("%s", raw)
+	require.Greater(t, res.Devices, 40, "every user has at least one device, and the urgent user is extra")
+	require.Equal(t, res.Devices, res.Accepted, "every device accepted")
+	require.Zero(t, res.Duplicates)
+	require.GreaterOrEqual(t, res.ChunkCount, 1)
+	require.Positive(t, res.SkewMs.Max)
+	require.LessOrEqual(t, res.SkewMs.P50, res.SkewMs.Max)
+	require.Positive(t, res.ReceiptSkewMs.Max)
+	require.Positive(t, res.UrgentSkewMs)
+	require.GreaterOrEqual(t, res.UrgentReceiptMs, res.UrgentPickupMs, "the push reaches fakepush after its chunk starts")
+	require.Positive(t, res.BlastMs)
+	require.Positive(t, res.CPUPerSend)
+	require.Positive(t, res.BlastCPUPerSnd)
+	require.Positive(t, res.PeakRSSMb)
+	require.NotNil(t, res.PostgresCPUPerSend, "the test cluster runs on this host")
+	require.Positive(t, *res.PostgresCPUPerSend)
+	require.Positive(t, res.Breakdown.LastAcceptMs.Max)
+}
