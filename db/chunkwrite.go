@@ -40,43 +40,46 @@ type ChunkWritten struct {
 // timings, the commit), and on a busy machine chunks queued behind each
 // other for seconds. Pipelined, the lock is held from the counters' update
 // to the commit, both on the server: the counters move last, then the
-// settle check. Like InTx, a deadlock or serialization failure is retried.
+// settle check.
 func WriteChunk(ctx context.Context, pool *pgxpool.Pool, w ChunkWrite) (ChunkWritten, error) {
 	var out ChunkWritten
-	err := retryConflicts(func() error {
-		var err error
-		out, err = writeChunkOnce(ctx, pool, w)
-		return err
+	c, r := w.Chunk, w.Results
+	err := inBatch(ctx, pool, func(b *pgx.Batch) {
+		out = ChunkWritten{}
+		b.Queue(commitWithoutWaitingForDisk)
+		if len(w.Evict.Ids) > 0 {
+			b.Queue(evictDevices, w.Evict.SentAfter, w.Evict.Ids, w.Evict.Reasons)
+		}
+		b.Queue(recordChunk, c.StartedAt, c.FirstAcceptedAt, c.LastAcceptedAt, c.FinishedAt, c.MessageID, c.Chunk)
+		b.Queue(recordResults, r.MessageID, r.DeviceIds, r.Statuses, r.Reasons, r.AttemptedUs, r.AcceptedUs).
+			QueryRow(func(row pgx.Row) error {
+				return row.Scan(&out.PendingCount, &out.Accepted, &out.Failed, &out.Expired)
+			})
+		if w.Settle {
+			b.Queue(settleMessage, r.MessageID).QueryRow(func(row pgx.Row) error {
+				if err := row.Scan(&out.Settled); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+					return err
+				}
+				return nil
+			})
+		}
 	})
-	return out, err
-}
-
-func writeChunkOnce(ctx context.Context, pool *pgxpool.Pool, w ChunkWrite) (ChunkWritten, error) {
-	var out ChunkWritten
-	b := &pgx.Batch{}
-	b.Queue(commitWithoutWaitingForDisk)
-	if len(w.Evict.Ids) > 0 {
-		b.Queue(evictDevices, w.Evict.SentAfter, w.Evict.Ids, w.Evict.Reasons)
-	}
-	c := w.Chunk
-	b.Queue(recordChunk, c.StartedAt, c.FirstAcceptedAt, c.LastAcceptedAt, c.FinishedAt, c.MessageID, c.Chunk)
-	r := w.Results
-	b.Queue(recordResults, r.MessageID, r.DeviceIds, r.Statuses, r.Reasons, r.AttemptedUs, r.AcceptedUs).
-		QueryRow(func(row pgx.Row) error {
-			return row.Scan(&out.PendingCount, &out.Accepted, &out.Failed, &out.Expired)
-		})
-	if w.Settle {
-		b.Queue(settleMessage, r.MessageID).QueryRow(func(row pgx.Row) error {
-			if err := row.Scan(&out.Settled); err != nil && !errors.Is(err, pgx.ErrNoRows) {
-				return err
-			}
-			return nil
-		})
-	}
-	if err := pool.SendBatch(ctx, b).Close(); err != nil {
+	if err != nil {
 		return ChunkWritten{}, fmt.Errorf("write chunk %d of message %d: %w", c.Chunk, c.MessageID, err)
 	}
 	return out, nil
+}
+
+// inBatch sends the statements build queues as one pipelined batch: one
+// round trip, one implicit transaction. Like InTx, it runs it again when
+// PostgreSQL aborts it as a deadlock victim or a serialization failure;
+// build is called for every run and must reset what its callbacks fill.
+func inBatch(ctx context.Context, pool *pgxpool.Pool, build func(b *pgx.Batch)) error {
+	return retryConflicts(func() error {
+		b := &pgx.Batch{}
+		build(b)
+		return pool.SendBatch(ctx, b).Close()
+	})
 }
 
 // ChunkStart is what a chunk needs before it sends.
@@ -98,9 +101,8 @@ type ChunkStart struct {
 // starts, when the database is busiest.
 func BeginChunk(ctx context.Context, pool *pgxpool.Pool, messageID int64, deviceIDs []int64, payloadID int64) (ChunkStart, error) {
 	var out ChunkStart
-	err := retryConflicts(func() error {
+	err := inBatch(ctx, pool, func(b *pgx.Batch) {
 		out = ChunkStart{Pending: make([]ChunkPendingRow, 0, len(deviceIDs))}
-		b := &pgx.Batch{}
 		b.Queue(startMessage, messageID)
 		b.Queue(messageState, messageID).QueryRow(func(row pgx.Row) error { return row.Scan(&out.State) })
 		b.Queue(chunkPending, messageID, deviceIDs).Query(func(rows pgx.Rows) error {
@@ -116,10 +118,9 @@ func BeginChunk(ctx context.Context, pool *pgxpool.Pool, messageID int64, device
 		if payloadID != 0 {
 			b.Queue(getPayload, payloadID).QueryRow(func(row pgx.Row) error { return row.Scan(&out.Payload) })
 		}
-		if err := pool.SendBatch(ctx, b).Close(); err != nil {
-			return fmt.Errorf("begin chunk of message %d: %w", messageID, err)
-		}
-		return nil
 	})
-	return out, err
+	if err != nil {
+		return ChunkStart{}, fmt.Errorf("begin chunk of message %d: %w", messageID, err)
+	}
+	return out, nil
 }

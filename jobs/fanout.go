@@ -173,7 +173,7 @@ type FanOutConfig struct {
 // FanOutWorker turns a chunk into pushes: it checks expiry, marks the
 // message dispatching (unless a cancel won), skips devices already settled
 // by an earlier attempt, sends to every provider at once, and writes the
-// whole chunk's results in one transaction.
+// results as they come back (db.WriteChunk).
 type FanOutWorker struct {
 	river.WorkerDefaults[FanOutArgs]
 	cfg      FanOutConfig
@@ -408,8 +408,9 @@ func (w *FanOutWorker) finish(ctx context.Context, a FanOutArgs, startedAt time.
 }
 
 // record writes the results of the targets at idx, evicts dead tokens and
-// moves the message's counters, in one transaction; final also closes the
-// chunk's timings and settles the message if nothing of it is pending.
+// moves the message's counters, in one pipelined batch (db.WriteChunk);
+// final also closes the chunk's timings and settles the message if nothing
+// of it is pending.
 func (w *FanOutWorker) record(ctx context.Context, a FanOutArgs, startedAt time.Time, results []push.Result, idx []int, final bool) error {
 	p := db.RecordResultsParams{MessageID: a.MessageID}
 	var (
@@ -519,29 +520,23 @@ func (w *FanOutWorker) expire(ctx context.Context, a FanOutArgs, at time.Time) e
 		if err != nil {
 			return fmt.Errorf("expire deliveries: %w", err)
 		}
-		chunk := db.RecordChunkParams{MessageID: a.MessageID, Chunk: int32(a.Chunk), StartedAt: &at, FinishedAt: &at}
-		return closeChunk(ctx, q, chunk, res.PendingCount == 0)
+		// Its timings, and the settle check of db.WriteChunk; done here in
+		// a transaction of its own because the message row is locked first.
+		if err := q.RecordChunk(ctx, db.RecordChunkParams{MessageID: a.MessageID, Chunk: int32(a.Chunk), StartedAt: &at, FinishedAt: &at}); err != nil {
+			return fmt.Errorf("record chunk: %w", err)
+		}
+		if res.PendingCount > 0 {
+			return nil
+		}
+		if _, err := q.SettleMessage(ctx, a.MessageID); err != nil && db.Translate(err) != db.ErrNotFound {
+			return fmt.Errorf("settle message: %w", err)
+		}
+		return nil
 	})
 	if err == nil {
 		w.cfg.Metrics.count(a.Priority, counted)
 	}
 	return err
-}
-
-// closeChunk records a chunk's timings and, when nothing of its message is
-// pending any more, settles the message: the last step of every chunk
-// write, sent or expired.
-func closeChunk(ctx context.Context, q *db.Queries, chunk db.RecordChunkParams, settle bool) error {
-	if err := q.RecordChunk(ctx, chunk); err != nil {
-		return fmt.Errorf("record chunk: %w", err)
-	}
-	if !settle {
-		return nil
-	}
-	if _, err := q.SettleMessage(ctx, chunk.MessageID); err != nil && db.Translate(err) != db.ErrNotFound {
-		return fmt.Errorf("settle message: %w", err)
-	}
-	return nil
 }
 
 // deviceIDs lists the chunk's devices.
