@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -26,6 +27,48 @@ const (
 	PriorityUrgent = "urgent"
 	PriorityBulk   = "bulk"
 )
+
+// Lanes are the chunk lanes a worker process serves. A deployment that must
+// keep urgent pushes fast while its workers are saturated by bulk fan-outs
+// runs some processes with the urgent lane alone: inside one process the
+// lanes share the Go scheduler, and nothing there puts an urgent goroutine
+// ahead of a bulk one (README, "Sizing").
+type Lanes struct{ Urgent, Bulk bool }
+
+// AllLanes is what a worker serves unless told otherwise.
+var AllLanes = Lanes{Urgent: true, Bulk: true}
+
+// ParseLanes reads a comma-separated list of lanes ("urgent", "bulk");
+// empty means both.
+func ParseLanes(s string) (Lanes, error) {
+	if strings.TrimSpace(s) == "" {
+		return AllLanes, nil
+	}
+	var l Lanes
+	for _, name := range strings.Split(s, ",") {
+		switch strings.TrimSpace(name) {
+		case QueueUrgent:
+			l.Urgent = true
+		case QueueBulk:
+			l.Bulk = true
+		default:
+			return Lanes{}, fmt.Errorf("unknown lane %q: the lanes are urgent and bulk, comma-separated", strings.TrimSpace(name))
+		}
+	}
+	return l, nil
+}
+
+// String lists the lanes as ParseLanes reads them.
+func (l Lanes) String() string {
+	var names []string
+	if l.Urgent {
+		names = append(names, QueueUrgent)
+	}
+	if l.Bulk {
+		names = append(names, QueueBulk)
+	}
+	return strings.Join(names, ",")
+}
 
 func laneQueue(priority string) string {
 	if priority == PriorityUrgent {
@@ -63,9 +106,14 @@ type RiverConfig struct {
 	// on these connections (NewUrgentRiverClient), and the client
 	// NewRiverClient returns leaves the urgent queue to it.
 	UrgentPool *pgxpool.Pool
+	// Lanes are the lanes a working client serves; zero means both.
+	Lanes Lanes
 }
 
 func (c *RiverConfig) setDefaults() {
+	if c.Lanes == (Lanes{}) {
+		c.Lanes = AllLanes
+	}
 	if c.UrgentWorkers <= 0 {
 		c.UrgentWorkers = 10
 	}
@@ -89,8 +137,8 @@ func (c *RiverConfig) setDefaults() {
 	}
 }
 
-// NewRiverClient returns the River client for pool, with the urgent and bulk
-// lanes when it has workers.
+// NewRiverClient returns the River client for pool, with the lanes cfg.Lanes
+// names when it has workers (the urgent one only when it has no UrgentPool).
 //
 // River makes a job scheduled for later available only from its leader's
 // scheduler, every 5 s with a 5 s look-ahead, so a chunk can start up to 5 s
@@ -113,13 +161,15 @@ func NewRiverClient(pool *pgxpool.Pool, cfg RiverConfig) (*river.Client[pgx.Tx],
 	if cfg.Workers != nil {
 		cfg.workerConfig(rc)
 		rc.Queues = map[string]river.QueueConfig{
-			QueueBulk: cfg.lane(cfg.BulkWorkers),
 			// Maintenance (the schedule materializer) runs off the lanes and
 			// needs no quick pickup: it polls at River's default second,
 			// which saves a third of an idle process's fetches.
 			river.QueueDefault: {MaxWorkers: 2, FetchPollInterval: time.Second},
 		}
-		if cfg.UrgentPool == nil {
+		if cfg.Lanes.Bulk {
+			rc.Queues[QueueBulk] = cfg.lane(cfg.BulkWorkers)
+		}
+		if cfg.Lanes.Urgent && cfg.UrgentPool == nil {
 			rc.Queues[QueueUrgent] = cfg.lane(cfg.UrgentWorkers)
 		}
 		rc.PeriodicJobs = []*river.PeriodicJob{river.NewPeriodicJob(

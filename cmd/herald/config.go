@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/heraldpush/herald/jobs"
 )
 
 // config is the environment's configuration of a Herald process (CONTRACT
@@ -27,6 +29,9 @@ type config struct {
 	ChunkSize                  int
 	UrgentWorkers, BulkWorkers int
 	FetchPollInterval          time.Duration
+	// Lanes are the chunk lanes a worker serves (HERALD_LANES); both unless
+	// set.
+	Lanes jobs.Lanes
 	// ChunkTimeout bounds one attempt of a chunk; RescueAfter is when River
 	// retries a chunk whose process died. RescueAfter must exceed
 	// ChunkTimeout, so that a chunk is never retried while its first attempt
@@ -89,6 +94,9 @@ func loadConfig(getenv func(string) string) (config, error) {
 	}
 	if c.FetchPollInterval, err = durationVar(getenv, "HERALD_FETCH_POLL_INTERVAL", 0, time.Millisecond); err != nil {
 		return c, err
+	}
+	if c.Lanes, err = jobs.ParseLanes(getenv("HERALD_LANES")); err != nil {
+		return c, fmt.Errorf("HERALD_LANES: %w", err)
 	}
 	if c.ChunkTimeout, err = durationVar(getenv, "HERALD_CHUNK_TIMEOUT", 30*time.Second, time.Second); err != nil {
 		return c, err

@@ -26,6 +26,8 @@ type e2e struct {
 	fake *fake.Server
 	base string
 	stop func() error
+	// vars is the environment Herald runs with.
+	vars map[string]string
 }
 
 // startE2E starts fakepush and `herald serve --migrate` with fakepush's env.
@@ -48,7 +50,7 @@ func startE2E(t *testing.T, extra map[string]string, drop ...string) *e2e {
 	vars["HERALD_LOG_LEVEL"] = "warn"
 	maps.Copy(vars, extra)
 	base, stop := startServe(t, vars, "--migrate")
-	return &e2e{t: t, fake: fp, base: base, stop: stop}
+	return &e2e{t: t, fake: fp, base: base, stop: stop, vars: vars}
 }
 
 // call makes an API call and decodes the JSON answer.
@@ -311,6 +313,57 @@ func TestE2EUrgentIsNotBlockedByBulk(t *testing.T) {
 	require.NoError(t, err)
 	t.Logf("urgent skew %v ms; bulk skew %v", urgentSt["skew_ms"].(map[string]any)["max"], bulkSt["skew_ms"])
 	require.True(t, urgentAt.Before(bulkSettled), "the urgent push waited for the bulk fan-out to finish")
+}
+
+// TestE2ELanesSplitAcrossProcesses runs the bulk lane and the urgent lane in
+// processes of their own (HERALD_LANES), as a deployment that keeps urgent
+// pushes off saturated bulk workers does: each process works its own lane's
+// chunks and never the other's.
+func TestE2ELanesSplitAcrossProcesses(t *testing.T) {
+	t.Parallel()
+	e := startE2E(t, map[string]string{"HERALD_LANES": "bulk", "HERALD_CHUNK_SIZE": "10"})
+	urgentVars := maps.Clone(e.vars)
+	urgentVars["HERALD_LANES"] = "urgent"
+	urgentBase, _ := startServe(t, urgentVars, "--role", "worker")
+
+	// Four bulk chunks and five urgent messages: were the lanes ignored,
+	// each would go to either process.
+	var batch []map[string]any
+	var users []string
+	for i := range 40 {
+		users = append(users, fmt.Sprintf("b%d", i))
+		batch = append(batch, map[string]any{"user_id": users[i], "channel": "fcm", "token": fmt.Sprintf("lane-token-%d", i)})
+	}
+	e.must(http.StatusOK, http.MethodPost, "/v1/devices/batch", map[string]any{"devices": batch})
+	bulk := e.must(http.StatusAccepted, http.MethodPost, "/v1/messages", map[string]any{
+		"audience": map[string]any{"type": "users", "ids": users},
+		"payload":  map[string]any{"title": "digest"},
+	})
+	require.EqualValues(t, 4, bulk["chunk_count"])
+	ids := []string{bulk["message_id"].(string)}
+	for i := range 5 {
+		ids = append(ids, e.must(http.StatusAccepted, http.MethodPost, "/v1/messages", map[string]any{
+			"priority": "urgent",
+			"audience": map[string]any{"type": "users", "ids": []string{users[i]}},
+			"payload":  map[string]any{"title": "code"},
+		})["message_id"].(string))
+	}
+	for _, id := range ids {
+		st := e.settle(id, 30*time.Second)
+		require.Equal(t, "dispatched", st["state"], id)
+	}
+
+	// Each process counts what it sent just after its write commits.
+	sent := func(base, priority string) float64 {
+		families, err := scrapeMetrics(base)
+		require.NoError(t, err)
+		return metricSum(families, "herald_delivery_skew_seconds", map[string]string{"priority": priority})
+	}
+	require.Eventually(t, func() bool {
+		return sent(e.base, "bulk") == 40 && sent(urgentBase, "urgent") == 5
+	}, 10*time.Second, 20*time.Millisecond, "the lanes' deliveries were never counted where they belong")
+	require.Zero(t, sent(e.base, "urgent"), "the bulk-lane process worked an urgent chunk")
+	require.Zero(t, sent(urgentBase, "bulk"), "the urgent-lane worker worked a bulk chunk")
 }
 
 // TestE2EScheduleEveryMinute runs a real every-minute schedule: two of its

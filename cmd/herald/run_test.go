@@ -165,6 +165,7 @@ func TestRunRejectsBadConfiguration(t *testing.T) {
 		{"short api key", []string{"herald", "serve"}, map[string]string{"DATABASE_URL": "postgres:///x", "HERALD_API_KEYS": "abc"}, "at least 16"},
 		{"bad log level", []string{"herald", "serve"}, map[string]string{"DATABASE_URL": "postgres:///x", "HERALD_LOG_LEVEL": "loud"}, "HERALD_LOG_LEVEL"},
 		{"bad flag", []string{"herald", "serve", "--nope"}, nil, "not defined"},
+		{"unknown lane", []string{"herald", "serve"}, map[string]string{"DATABASE_URL": "postgres:///x", "HERALD_LANES": "urgent,fast"}, `HERALD_LANES: unknown lane "fast"`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

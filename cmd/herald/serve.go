@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -121,37 +122,53 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 			return err
 		}
 		logDisabledChannels(ctx, cfg, logger)
-		bulk, err := buildProviders(ctx, cfg, roots, logger, "bulk")
-		if err != nil {
-			return err
+		// Each lane sends through provider clients of its own, and the
+		// urgent lane's chunks read and write through connections of their
+		// own, kept open: a bulk fan-out takes every shared connection at
+		// its due instant.
+		var bulk, urgent *providers
+		var urgentPool *pgxpool.Pool
+		if cfg.Lanes.Bulk {
+			if bulk, err = buildProviders(ctx, cfg, roots, logger, "bulk"); err != nil {
+				return err
+			}
+			defer bulk.close()
 		}
-		defer bulk.close()
-		urgent, err := buildProviders(ctx, cfg, roots, logger, "urgent")
-		if err != nil {
-			return err
+		if cfg.Lanes.Urgent {
+			if urgent, err = buildProviders(ctx, cfg, roots, logger, "urgent"); err != nil {
+				return err
+			}
+			defer urgent.close()
+			if urgentPool, err = db.Open(ctx, cfg.DatabaseURL, db.PoolConfig{MaxConns: cfg.urgentPoolSize(), MinConns: 2}); err != nil {
+				return err
+			}
+			defer urgentPool.Close()
 		}
-		defer urgent.close()
 		clock := jobs.NewClock(pool, logger)
 		if err := clock.Measure(ctx); err != nil {
 			return fmt.Errorf("measure the database clock: %w", err)
 		}
 		logger.Info("database clock offset measured", "offset", clock.Offset())
-		// The urgent lane's chunks read and write through connections of
-		// their own, kept open, as they send through provider clients of
-		// their own.
-		urgentPool, err := db.Open(ctx, cfg.DatabaseURL, db.PoolConfig{MaxConns: cfg.urgentPoolSize(), MinConns: 2})
-		if err != nil {
-			return err
-		}
-		defer urgentPool.Close()
 		workers := river.NewWorkers()
 		materializer := &jobs.Materializer{Pool: pool, Logger: logger, Lead: cfg.ScheduleLead, ChunkSize: cfg.ChunkSize}
-		worker := jobs.Register(workers, jobs.FanOutConfig{
+		fanOut := jobs.FanOutConfig{
 			Pool: pool, UrgentPool: urgentPool, Logger: logger, Clock: clock, Timeout: cfg.ChunkTimeout,
-			Metrics: jobs.NewMetrics(registry), Providers: bulk.byChannel, UrgentProviders: urgent.byChannel,
-		}, materializer)
+			Metrics: jobs.NewMetrics(registry),
+		}
+		// The lane's providers: bulk chunks take Providers, urgent ones
+		// UrgentProviders when set, else Providers.
+		if bulk != nil {
+			fanOut.Providers = bulk.byChannel
+			if urgent != nil {
+				fanOut.UrgentProviders = urgent.byChannel
+			}
+		} else {
+			fanOut.Providers = urgent.byChannel
+		}
+		worker := jobs.Register(workers, fanOut, materializer)
 		riverCfg.Workers = workers
 		riverCfg.UrgentPool = urgentPool
+		riverCfg.Lanes = cfg.Lanes
 		jobs.RegisterProcessMetrics(registry, worker.Breakers(), clock)
 		goBackground(func(ctx context.Context) { clock.Run(ctx, 30*time.Second) })
 		goBackground((&jobs.Promoter{Pool: pool, Logger: logger}).Run)
@@ -165,16 +182,19 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 	}
 	// A worker's urgent lane has a River client of its own, on the urgent
 	// lane's connections.
-	var urgentClient *river.Client[pgx.Tx]
-	if works {
-		if urgentClient, err = jobs.NewUrgentRiverClient(riverCfg); err != nil {
+	riverClients := []*river.Client[pgx.Tx]{riverClient}
+	if works && cfg.Lanes.Urgent {
+		urgentClient, err := jobs.NewUrgentRiverClient(riverCfg)
+		if err != nil {
 			return err
 		}
-		if err := riverClient.Start(ctx); err != nil {
-			return fmt.Errorf("start River: %w", err)
-		}
-		if err := urgentClient.Start(ctx); err != nil {
-			return fmt.Errorf("start River (urgent lane): %w", err)
+		riverClients = append(riverClients, urgentClient)
+	}
+	if works {
+		for _, c := range riverClients {
+			if err := c.Start(ctx); err != nil {
+				return fmt.Errorf("start River: %w", err)
+			}
 		}
 	}
 
@@ -217,7 +237,11 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 	}
-	logger.Info("herald serving", "addr", ln.Addr().String(), "role", *role, "version", version)
+	serving := []any{"addr", ln.Addr().String(), "role", *role, "version", version}
+	if works {
+		serving = append(serving, "lanes", cfg.Lanes.String())
+	}
+	logger.Info("herald serving", serving...)
 	fmt.Fprintf(stdout, "herald: listening on http://%s\n", ln.Addr())
 
 	serveErr := make(chan error, 1)
@@ -237,7 +261,7 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 	}
 	if works {
 		var wg sync.WaitGroup
-		for _, c := range []*river.Client[pgx.Tx]{urgentClient, riverClient} {
+		for _, c := range riverClients {
 			wg.Go(func() { stopRiver(shutdownCtx, c, logger) })
 		}
 		wg.Wait()
