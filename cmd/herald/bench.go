@@ -45,6 +45,9 @@ type benchConfig struct {
 	ProfileDir   string
 	DecryptOneIn int
 	KeepDB       bool
+	// UrgentWorker runs the urgent lane in a worker process of its own
+	// (HERALD_LANES), beside the serve process that keeps the bulk lane.
+	UrgentWorker bool
 }
 
 // benchResult is the JSON line `herald bench` ends with.
@@ -70,10 +73,19 @@ type benchResult struct {
 	// due time: what is left of urgent_skew_ms after it is the provider's
 	// answer (its latency, and its CPU, shared here with the bulk fan-out).
 	UrgentReceiptMs float64 `json:"urgent_receipt_ms"`
-	FanoutMs        float64 `json:"fanout_ms"`
-	BlastMs         float64 `json:"blast_ms"`
-	CPUPerSend      float64 `json:"cpu_us_per_send"`
-	IdleCPUPercent  float64 `json:"idle_cpu_percent"`
+	// Probe is the floor under urgent_skew_ms on this machine: round trips
+	// the bench makes from its own, otherwise idle, process while the bulk
+	// message is in flight (probe). An urgent push waits for its lane's
+	// fetch, a database round trip to begin and a provider round trip, and
+	// none of them is quicker than these while the cores are saturated.
+	Probe struct {
+		ProviderMs summary `json:"provider_ms"`
+		DatabaseMs summary `json:"database_ms"`
+	} `json:"probe"`
+	FanoutMs       float64 `json:"fanout_ms"`
+	BlastMs        float64 `json:"blast_ms"`
+	CPUPerSend     float64 `json:"cpu_us_per_send"`
+	IdleCPUPercent float64 `json:"idle_cpu_percent"`
 	// PostgresCPUPerSend is the database's CPU over the same spans as
 	// cpu_us_per_send, per send: the ledger's share of the dispatch second,
 	// which the blast does not pay. Null when the database is not a process
@@ -88,6 +100,10 @@ type benchResult struct {
 		LedgerWriteMs pair `json:"ledger_write_ms"`
 	} `json:"breakdown"`
 	Tuning map[string]string `json:"tuning,omitempty"`
+	// UrgentWorker says the urgent lane ran in a process of its own
+	// (--urgent-worker); cpu_us_per_send and peak_rss_mb then cover both
+	// processes (the sum of their CPU, the larger peak).
+	UrgentWorker bool `json:"urgent_worker,omitempty"`
 }
 
 type summary struct {
@@ -131,6 +147,7 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	fs.StringVar(&cfg.ProfileDir, "profile", "", "write Herald's CPU and heap profiles into this directory")
 	fs.IntVar(&cfg.DecryptOneIn, "decrypt-one-in", 10, "fakepush decrypts one Web Push body in N, to leave the CPU to Herald")
 	fs.BoolVar(&cfg.KeepDB, "keep-db", false, "keep the bench database afterwards")
+	fs.BoolVar(&cfg.UrgentWorker, "urgent-worker", false, "run the urgent lane in a worker process of its own (HERALD_LANES=urgent)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -207,8 +224,11 @@ type bench struct {
 	fakeURL  string
 	fakeHTTP *http.Client
 	herald   *exec.Cmd
-	base     string
-	apiKey   string
+	// heralds are every Herald process of the run: herald, and the urgent
+	// lane's worker with --urgent-worker.
+	heralds []*exec.Cmd
+	base    string
+	apiKey  string
 }
 
 func (b *bench) cleanup() {
@@ -218,7 +238,8 @@ func (b *bench) cleanup() {
 }
 
 func (b *bench) run(ctx context.Context, admin string) (*benchResult, error) {
-	res := &benchResult{Users: b.cfg.Users, LatencyMs: float64(b.cfg.Latency.Microseconds()) / 1000, Machine: machine()}
+	res := &benchResult{Users: b.cfg.Users, LatencyMs: float64(b.cfg.Latency.Microseconds()) / 1000, Machine: machine(),
+		UrgentWorker: b.cfg.UrgentWorker}
 	dbURL, err := b.freshDatabase(ctx, admin)
 	if err != nil {
 		return nil, err
@@ -253,7 +274,7 @@ func (b *bench) run(ctx context.Context, admin string) (*benchResult, error) {
 		return nil, fmt.Errorf("analyze: %w", err)
 	}
 
-	cpuBefore, err := processCPU(b.herald.Process.Pid)
+	cpuBefore, err := b.heraldCPU()
 	if err != nil {
 		return nil, err
 	}
@@ -311,13 +332,23 @@ func (b *bench) run(ctx context.Context, admin string) (*benchResult, error) {
 	// Herald's CPU per send is what scheduling and the fan-out cost: the
 	// wait in between, when an idle process only polls its queues, is
 	// measured apart as a rate (it is paid per second, not per send).
-	cpuScheduled, err := processCPU(b.herald.Process.Pid)
+	cpuScheduled, err := b.heraldCPU()
 	if err != nil {
 		return nil, err
 	}
 	idleFrom := time.Now()
+	probeAPNs, err := b.providers(ctx, "probe")
+	if err != nil {
+		return nil, err
+	}
+	defer probeAPNs.close()
+	probeConn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		return nil, err
+	}
+	defer probeConn.Close(context.WithoutCancel(ctx))
 	time.Sleep(time.Until(dispatchAt.Add(-100 * time.Millisecond)))
-	cpuDue, err := processCPU(b.herald.Process.Pid)
+	cpuDue, err := b.heraldCPU()
 	if err != nil {
 		return nil, err
 	}
@@ -326,20 +357,38 @@ func (b *bench) run(ctx context.Context, admin string) (*benchResult, error) {
 	}
 	res.IdleCPUPercent = round1(float64((cpuDue - cpuScheduled).Microseconds()) / float64(time.Since(idleFrom).Microseconds()) * 100)
 
+	stopProbe := make(chan struct{})
+	probed := make(chan [2][]float64, 1)
+	go func() {
+		time.Sleep(time.Until(dispatchAt))
+		p, d := b.probe(ctx, probeAPNs.byChannel["apns"], probeConn, stopProbe)
+		probed <- [2][]float64{p, d}
+	}()
 	for _, id := range []string{urgentID, bulkID} {
 		if err := b.waitSettled(ctx, id, dispatchAt.Add(2*time.Minute)); err != nil {
+			close(stopProbe)
+			<-probed
 			return nil, err
 		}
 	}
-	cpuAfter, err := processCPU(b.herald.Process.Pid)
+	close(stopProbe)
+	rtts := <-probed
+	res.Probe.ProviderMs, res.Probe.DatabaseMs = summarize(rtts[0]), summarize(rtts[1])
+	b.progress("probes while the bulk message was in flight: provider round trip p50 %.0f ms, max %.0f ms; database p50 %.1f ms, max %.1f ms",
+		res.Probe.ProviderMs.P50, res.Probe.ProviderMs.Max, res.Probe.DatabaseMs.P50, res.Probe.DatabaseMs.Max)
+	cpuAfter, err := b.heraldCPU()
 	if err != nil {
 		return nil, err
 	}
 	if err := readPG(3); err != nil {
 		return nil, err
 	}
-	if res.PeakRSSMb, err = peakRSS(b.herald.Process.Pid); err != nil {
-		return nil, err
+	for _, h := range b.heralds {
+		rss, err := peakRSS(h.Process.Pid)
+		if err != nil {
+			return nil, err
+		}
+		res.PeakRSSMb = max(res.PeakRSSMb, rss)
 	}
 
 	// The ledger's view.
@@ -428,6 +477,62 @@ func (b *bench) run(ctx context.Context, admin string) (*benchResult, error) {
 	}
 	b.progress("blast: %.0f ms, %.0f µs of CPU per send", res.BlastMs, res.BlastCPUPerSnd)
 	return res, nil
+}
+
+// providers builds provider clients as a Herald worker would, on fakepush.
+func (b *bench) providers(ctx context.Context, lane string) (*providers, error) {
+	cfg, err := loadConfig(func(k string) string {
+		if v, ok := b.fakeEnv[k]; ok {
+			return v
+		}
+		return b.getenv(k)
+	})
+	if err != nil {
+		return nil, err
+	}
+	roots, err := rootCAs(cfg.CertFile)
+	if err != nil {
+		return nil, err
+	}
+	return buildProviders(ctx, cfg, roots, discardLogger(), lane)
+}
+
+// probeEvery is how often the bench probes the machine while the bulk
+// message is in flight.
+const probeEvery = 50 * time.Millisecond
+
+// probe measures, from this process, round trips like the urgent lane's
+// while the bulk message is in flight: every probeEvery, one APNs push to
+// fakepush through a client of its own (each with a message id of its own,
+// so never a duplicate) and one SELECT 1 on a connection of its own. It
+// probes until stop is closed, then returns the round trips in ms, sorted.
+func (b *bench) probe(ctx context.Context, apns jobs.Sender, conn *pgx.Conn, stop <-chan struct{}) (provider, database []float64) {
+	tick := time.NewTicker(probeEvery)
+	defer tick.Stop()
+	target := []push.Target{{Token: strings.Repeat("cd", 32)}}
+	result := make([]push.Result, 1)
+	allow := func() bool { return true }
+	for n := 0; ; n++ {
+		msg, err := push.NewMessage("msg_probe_"+strconv.Itoa(n), true, push.Content{Title: "probe"}, time.Now().Add(time.Minute))
+		if err == nil && apns != nil {
+			start := time.Now()
+			apns.Send(ctx, msg, target, result, allow)
+			if result[0].Accepted {
+				provider = append(provider, ms(time.Since(start)))
+			}
+		}
+		start := time.Now()
+		if _, err := conn.Exec(ctx, "SELECT 1"); err == nil {
+			database = append(database, ms(time.Since(start)))
+		}
+		select {
+		case <-stop:
+			slices.Sort(provider)
+			slices.Sort(database)
+			return provider, database
+		case <-tick.C:
+		}
+	}
 }
 
 // freshDatabase creates a database for this run on the server of admin.
@@ -531,17 +636,52 @@ func (b *bench) startHerald(ctx context.Context, dbURL string) error {
 		args = append(args, "--cpuprofile", filepath.Join(b.cfg.ProfileDir, "herald.cpu.pprof"),
 			"--memprofile", filepath.Join(b.cfg.ProfileDir, "herald.heap.pprof"))
 	}
+	serveEnv := env
+	if b.cfg.UrgentWorker {
+		serveEnv = append(slices.Clip(env), "HERALD_LANES=bulk")
+	}
+	cmd, base, err := b.startServe(ctx, serveEnv, args...)
+	if err != nil {
+		return err
+	}
+	b.herald, b.base = cmd, base
+	b.progress("herald at %s (pid %d)", b.base, cmd.Process.Pid)
+	if b.cfg.UrgentWorker {
+		// After the first has migrated the database.
+		worker, _, err := b.startServe(ctx, append(slices.Clip(env), "HERALD_LANES=urgent"), "serve", "--role", "worker", "--addr", "127.0.0.1:0")
+		if err != nil {
+			return err
+		}
+		b.progress("herald urgent-lane worker (pid %d)", worker.Process.Pid)
+	}
+	return nil
+}
+
+// startServe starts a Herald process and waits until it listens.
+func (b *bench) startServe(ctx context.Context, env []string, args ...string) (*exec.Cmd, string, error) {
 	cmd, lines, err := b.self(ctx, env, args...)
 	if err != nil {
-		return fmt.Errorf("start herald: %w", err)
+		return nil, "", fmt.Errorf("start herald: %w", err)
 	}
 	m, err := lines.waitFor(listeningLine, time.Minute)
 	if err != nil {
-		return fmt.Errorf("herald serve: %w", err)
+		return nil, "", fmt.Errorf("herald %s: %w", strings.Join(args, " "), err)
 	}
-	b.herald, b.base = cmd, m[1]
-	b.progress("herald at %s (pid %d)", b.base, cmd.Process.Pid)
-	return nil
+	b.heralds = append(b.heralds, cmd)
+	return cmd, m[1], nil
+}
+
+// heraldCPU is the CPU time of every Herald process of the run.
+func (b *bench) heraldCPU() (time.Duration, error) {
+	var total time.Duration
+	for _, h := range b.heralds {
+		cpu, err := processCPU(h.Process.Pid)
+		if err != nil {
+			return 0, err
+		}
+		total += cpu
+	}
+	return total, nil
 }
 
 // stopHerald ends the Herald process cleanly, which writes its profiles.
@@ -785,20 +925,7 @@ func (b *bench) blast(ctx context.Context, pool interface {
 		return 0, 0, err
 	}
 
-	cfg, err := loadConfig(func(k string) string {
-		if v, ok := b.fakeEnv[k]; ok {
-			return v
-		}
-		return b.getenv(k)
-	})
-	if err != nil {
-		return 0, 0, err
-	}
-	roots, err := rootCAs(cfg.CertFile)
-	if err != nil {
-		return 0, 0, err
-	}
-	provs, err := buildProviders(ctx, cfg, roots, discardLogger(), "bulk")
+	provs, err := b.providers(ctx, "bulk")
 	if err != nil {
 		return 0, 0, err
 	}

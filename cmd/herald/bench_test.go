@@ -20,12 +20,19 @@ import (
 // agree with each other.
 func TestBenchEndToEnd(t *testing.T) {
 	t.Parallel()
+	t.Run("one process", func(t *testing.T) { testBench(t, false) })
+	// The urgent lane in a worker of its own (--urgent-worker).
+	t.Run("urgent worker", func(t *testing.T) { testBench(t, true) })
+}
+
+func testBench(t *testing.T, urgentWorker bool) {
+	t.Parallel()
 	admin := dbtest.AdminURL(t)
 	var progress strings.Builder
 	b := &bench{
 		cfg: benchConfig{
 			Users: 40, Mix: [3]float64{45, 45, 10}, Latency: 5 * time.Millisecond, Ahead: 4 * time.Second,
-			Seed: 7, DecryptOneIn: 1,
+			Seed: 7, DecryptOneIn: 1, UrgentWorker: urgentWorker,
 		},
 		getenv:   func(k string) string { return map[string]string{"PATH": os.Getenv("PATH")}[k] },
 		progress: func(format string, a ...any) { progress.WriteString(strings.TrimSpace(format) + "\n") },
@@ -57,4 +64,8 @@ func TestBenchEndToEnd(t *testing.T) {
 	require.NotNil(t, res.PostgresCPUPerSend, "the test cluster runs on this host")
 	require.Positive(t, *res.PostgresCPUPerSend)
 	require.Positive(t, res.Breakdown.LastAcceptMs.Max)
+	require.GreaterOrEqual(t, res.Probe.ProviderMs.P50, 5.0, "a probe push waits fakepush's round trip")
+	require.Positive(t, res.Probe.DatabaseMs.Max)
+	require.Equal(t, urgentWorker, res.UrgentWorker)
+	require.Len(t, b.heralds, map[bool]int{false: 1, true: 2}[urgentWorker])
 }
