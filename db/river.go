@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // PromoteDueJobs makes jobs of the given queues that are scheduled (or
@@ -31,4 +33,35 @@ func PromoteDueJobs(ctx context.Context, q DBTX, queues []string, horizon time.D
 		return 0, fmt.Errorf("promote due jobs: %w", err)
 	}
 	return tag.RowsAffected(), nil
+}
+
+// DueInstant is an instant at which chunk jobs of a queue fall due.
+type DueInstant struct {
+	Queue string
+	At    time.Time
+}
+
+// UpcomingDue lists the distinct instants, after now and within horizon, at
+// which available jobs of the given queues fall due, soonest first, at most
+// limit of them.
+func UpcomingDue(ctx context.Context, q DBTX, queues []string, horizon time.Duration, limit int) ([]DueInstant, error) {
+	rows, err := q.Query(ctx, `
+		SELECT DISTINCT queue, scheduled_at FROM river_job
+		WHERE state = 'available'
+		  AND queue = ANY ($1::text[])
+		  AND scheduled_at > now()
+		  AND scheduled_at <= now() + $2::interval
+		ORDER BY scheduled_at
+		LIMIT $3`, queues, horizon, limit)
+	if err != nil {
+		return nil, fmt.Errorf("upcoming due jobs: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (DueInstant, error) {
+		var d DueInstant
+		return d, r.Scan(&d.Queue, &d.At)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("upcoming due jobs: %w", err)
+	}
+	return out, nil
 }

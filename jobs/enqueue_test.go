@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/stretchr/testify/require"
 
@@ -78,14 +79,7 @@ func TestChunksStartOnTime(t *testing.T) {
 			tdb := dbtest.New(t)
 			q := db.New(tdb.Pool)
 			users := registerUsers(t, q, "u", 3)
-
-			rec := &startRecorder{starts: map[int64]time.Duration{}}
-			workers := river.NewWorkers()
-			river.AddWorker(workers, rec)
-			client, err := NewRiverClient(tdb.Pool, RiverConfig{Logger: discard, Workers: workers, Lookahead: lookahead})
-			require.NoError(t, err)
-			require.NoError(t, client.Start(ctx))
-			defer func() { _ = client.Stop(context.Background()) }()
+			rec, client := startRecorderClient(t, ctx, tdb.Pool, RiverConfig{Lookahead: lookahead})
 			promoter := &Promoter{Pool: tdb.Pool, Logger: discard, Lookahead: lookahead, Interval: 200 * time.Millisecond}
 			go promoter.Run(ctx)
 
@@ -94,31 +88,59 @@ func TestChunksStartOnTime(t *testing.T) {
 			require.NoError(t, err)
 			ids := map[time.Duration]int64{}
 			for _, ahead := range []time.Duration{time.Second, 3 * time.Second, 8 * time.Second} {
-				var msg db.Message
-				require.NoError(t, db.InTx(ctx, tdb.Pool, func(tx pgx.Tx) error {
-					msg, err = enq.Create(ctx, tx, NewMessage{
-						Priority: PriorityBulk, DispatchAt: now.Add(ahead), ExpiresAt: now.Add(ahead + time.Hour),
-						Audience: Audience{UserIDs: users}, AudienceJSON: []byte(`{}`),
-						Content: push.Content{Title: "t"},
-					})
-					return err
-				}))
-				ids[ahead] = msg.ID
+				ids[ahead] = scheduleAt(t, tdb.Pool, enq, PriorityBulk, users, now.Add(ahead))
 			}
-
 			for ahead, id := range ids {
-				var lag time.Duration
-				require.Eventually(t, func() bool {
-					var ok bool
-					lag, ok = rec.lag(id)
-					return ok
-				}, ahead+10*time.Second, 10*time.Millisecond, "the chunk %s ahead never started", ahead)
-				t.Logf("chunk scheduled %s ahead started %s after its time", ahead, lag)
-				require.GreaterOrEqual(t, lag, time.Duration(0), "a chunk started before its time")
-				require.Less(t, lag, 1500*time.Millisecond, "a chunk started late")
+				rec.requireOnTime(t, id, ahead, fmt.Sprintf("the chunk %s ahead", ahead))
 			}
 		})
 	}
+}
+
+// startRecorderClient starts a River client with cfg whose chunk worker is
+// a startRecorder, until ctx is done.
+func startRecorderClient(t *testing.T, ctx context.Context, pool *pgxpool.Pool, cfg RiverConfig) (*startRecorder, *river.Client[pgx.Tx]) {
+	t.Helper()
+	rec := &startRecorder{starts: map[int64]time.Duration{}}
+	cfg.Logger, cfg.Workers = discard, river.NewWorkers()
+	river.AddWorker(cfg.Workers, rec)
+	client, err := NewRiverClient(pool, cfg)
+	require.NoError(t, err)
+	require.NoError(t, client.Start(ctx))
+	t.Cleanup(func() { _ = client.Stop(context.Background()) })
+	return rec, client
+}
+
+// scheduleAt creates a message to users due at dispatchAt and returns its id.
+func scheduleAt(t *testing.T, pool *pgxpool.Pool, enq *Enqueuer, priority string, users []string, dispatchAt time.Time) int64 {
+	t.Helper()
+	ctx := context.Background()
+	var msg db.Message
+	require.NoError(t, db.InTx(ctx, pool, func(tx pgx.Tx) error {
+		var err error
+		msg, err = enq.Create(ctx, tx, NewMessage{
+			Priority: priority, DispatchAt: dispatchAt, ExpiresAt: dispatchAt.Add(time.Hour),
+			Audience: Audience{UserIDs: users}, AudienceJSON: []byte(`{}`),
+			Content: push.Content{Title: "t"},
+		})
+		return err
+	}))
+	return msg.ID
+}
+
+// requireOnTime waits for message id's chunk to start, at most ahead and
+// 10 s more, and checks that it started at its time or within 1.5 s after.
+func (r *startRecorder) requireOnTime(t *testing.T, id int64, ahead time.Duration, what string) {
+	t.Helper()
+	var lag time.Duration
+	require.Eventually(t, func() bool {
+		var ok bool
+		lag, ok = r.lag(id)
+		return ok
+	}, ahead+10*time.Second, 10*time.Millisecond, "%s never started", what)
+	t.Logf("%s started %s after its time", what, lag)
+	require.GreaterOrEqual(t, lag, time.Duration(0), "%s started before its time", what)
+	require.Less(t, lag, 1500*time.Millisecond, "%s started late", what)
 }
 
 func TestCut(t *testing.T) {

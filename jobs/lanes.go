@@ -214,14 +214,21 @@ func NewUrgentRiverClient(cfg RiverConfig) (*river.Client[pgx.Tx], error) {
 // lane is a chunk lane's queue: workers, and the quick poll that bounds
 // pickup lag.
 func (c RiverConfig) lane(workers int) river.QueueConfig {
-	return river.QueueConfig{MaxWorkers: workers, FetchPollInterval: c.FetchPollInterval, FetchCooldown: c.FetchPollInterval / 5}
+	return river.QueueConfig{MaxWorkers: workers, FetchPollInterval: c.FetchPollInterval, FetchCooldown: c.fetchCooldown()}
+}
+
+// fetchCooldown is the least time between two fetches of a lane: a fifth of
+// the poll, from River's least (1 ms) to 10 ms, so that a Waker's call is
+// answered at once however long the poll.
+func (c RiverConfig) fetchCooldown() time.Duration {
+	return min(max(c.FetchPollInterval/5, river.FetchCooldownMin), 10*time.Millisecond)
 }
 
 // workerConfig sets what every working client shares.
 func (c RiverConfig) workerConfig(rc *river.Config) {
 	rc.Workers = c.Workers
 	rc.FetchPollInterval = c.FetchPollInterval
-	rc.FetchCooldown = c.FetchPollInterval / 5
+	rc.FetchCooldown = c.fetchCooldown()
 	// A chunk attempt is bounded by ChunkTimeout (30 s); a chunk whose
 	// process died is rescued once it has been running for RescueAfter (a
 	// minute), so never while its first attempt may still be sending, and

@@ -18,6 +18,7 @@ type Metrics struct {
 	skew           *prometheus.HistogramVec
 	latency        *prometheus.HistogramVec
 	chunksInFlight *prometheus.GaugeVec
+	wakes          *prometheus.CounterVec
 }
 
 // skewBuckets are fine below a second, where the SLO lives, and coarse
@@ -45,8 +46,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "herald_chunks_in_flight",
 			Help: "Chunk jobs being worked in this process, by lane.",
 		}, []string{"lane"}),
+		wakes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "herald_lane_wakes_total",
+			Help: "Times this process woke a lane's fetch at the instant its chunks fell due, by lane.",
+		}, []string{"lane"}),
 	}
-	reg.MustRegister(m.deliveries, m.skew, m.latency, m.chunksInFlight)
+	reg.MustRegister(m.deliveries, m.skew, m.latency, m.chunksInFlight, m.wakes)
 	return m
 }
 
@@ -58,6 +63,13 @@ func (m *Metrics) chunkStarted(priority string) func() {
 	g := m.chunksInFlight.WithLabelValues(laneQueue(priority))
 	g.Inc()
 	return g.Dec
+}
+
+// woke counts a lane woken at its chunks' due instant.
+func (m *Metrics) woke(lane string) {
+	if m != nil {
+		m.wakes.WithLabelValues(lane).Inc()
+	}
 }
 
 // settledDelivery is one delivery a chunk wrote, for the metrics.

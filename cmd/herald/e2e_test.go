@@ -399,6 +399,10 @@ func TestE2EScheduleEveryMinute(t *testing.T) {
 		seen[m["message_id"].(string)] = true
 		require.Len(t, e.fake.Receipts(m["message_id"].(string)), 3)
 	}
+	// Runs are made ahead of their minute, and their lane is woken at it.
+	families, err := scrapeMetrics(e.base)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, metricSum(families, "herald_lane_wakes_total", map[string]string{"lane": "bulk"}), 2.0)
 	e.must(http.StatusNoContent, http.MethodDelete, "/v1/schedules/"+id, nil)
 }
 

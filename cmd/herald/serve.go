@@ -116,7 +116,13 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		ChunkTimeout:      cfg.ChunkTimeout, RescueAfter: cfg.RescueAfter,
 		MaterializeEvery: cfg.MaterializeEvery,
 	}
+	// A worker's clock on the database and dispatch metrics.
+	var (
+		clock   *jobs.Clock
+		metrics *jobs.Metrics
+	)
 	if works {
+		metrics = jobs.NewMetrics(registry)
 		roots, err := rootCAs(cfg.CertFile)
 		if err != nil {
 			return err
@@ -144,7 +150,7 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 			}
 			defer urgentPool.Close()
 		}
-		clock := jobs.NewClock(pool, logger)
+		clock = jobs.NewClock(pool, logger)
 		if err := clock.Measure(ctx); err != nil {
 			return fmt.Errorf("measure the database clock: %w", err)
 		}
@@ -153,7 +159,7 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		materializer := &jobs.Materializer{Pool: pool, Logger: logger, Lead: cfg.ScheduleLead, ChunkSize: cfg.ChunkSize}
 		fanOut := jobs.FanOutConfig{
 			Pool: pool, UrgentPool: urgentPool, Logger: logger, Clock: clock, Timeout: cfg.ChunkTimeout,
-			Metrics: jobs.NewMetrics(registry),
+			Metrics: metrics,
 		}
 		// The lane's providers: bulk chunks take Providers, urgent ones
 		// UrgentProviders when set, else Providers.
@@ -196,6 +202,17 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 				return fmt.Errorf("start River: %w", err)
 			}
 		}
+		var lanes []string
+		if cfg.Lanes.Urgent {
+			lanes = append(lanes, jobs.QueueUrgent)
+		}
+		if cfg.Lanes.Bulk {
+			lanes = append(lanes, jobs.QueueBulk)
+		}
+		goBackground((&jobs.Waker{
+			Pool: pool, Clock: clock, Logger: logger, Queues: lanes, Metrics: metrics,
+			Notify: jobs.RiverNotify(riverClient.Driver()),
+		}).Run)
 	}
 
 	// River UI serves where the API does, behind the dashboard's login.

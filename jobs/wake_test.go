@@ -1,0 +1,43 @@
+package jobs
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/heraldpush/herald/db"
+	"github.com/heraldpush/herald/db/dbtest"
+)
+
+// TestWakerStartsChunksAtTheirInstant polls the lanes only once a minute:
+// chunks due 1 s and 2.5 s ahead can then start on time only if the Waker
+// wakes their lane at that instant, through River's insert notification.
+// None may start before its time.
+func TestWakerStartsChunksAtTheirInstant(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	tdb := dbtest.New(t)
+	q := db.New(tdb.Pool)
+	users := registerUsers(t, q, "w", 2)
+
+	rec, client := startRecorderClient(t, ctx, tdb.Pool, RiverConfig{FetchPollInterval: time.Minute})
+	clock := NewClock(tdb.Pool, discard)
+	require.NoError(t, clock.Measure(ctx))
+	waker := &Waker{
+		Pool: tdb.Pool, Clock: clock, Logger: discard, Queues: []string{QueueUrgent, QueueBulk},
+		Notify: RiverNotify(client.Driver()), Every: 200 * time.Millisecond,
+	}
+	go waker.Run(ctx)
+
+	enq := NewEnqueuer(client, 0)
+	now, err := q.DatabaseNow(ctx)
+	require.NoError(t, err)
+	urgent := scheduleAt(t, tdb.Pool, enq, PriorityUrgent, users, now.Add(time.Second))
+	bulk := scheduleAt(t, tdb.Pool, enq, PriorityBulk, users, now.Add(2500*time.Millisecond))
+	// Were the lanes not woken, the chunks would wait up to a minute.
+	rec.requireOnTime(t, urgent, time.Second, "the urgent chunk")
+	rec.requireOnTime(t, bulk, 2500*time.Millisecond, "the bulk chunk")
+}
