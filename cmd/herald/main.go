@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"syscall"
 
 	// The zone database is embedded so that time zones validate and convert
@@ -14,7 +15,18 @@ import (
 	_ "time/tzdata"
 )
 
+// defaultGCPercent is Herald's garbage collector target unless GOGC is set.
+// A worker's live heap is small (the chunks in hand, tens of MB) and a
+// fan-out allocates fast (the provider clients' HTTP/2 and JSON), so at Go's
+// default of 100 it collects several times a second. At 200, six interleaved
+// make bench runs each: 10% less CPU per send (90 to 82 µs), 5% less skew,
+// 30 MB more peak memory (128 to 157 MB).
+const defaultGCPercent = 200
+
 func main() {
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(defaultGCPercent)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, os.Args, os.Getenv, os.Stdout, os.Stderr)
 	stop()
