@@ -315,6 +315,43 @@ func TestE2EUrgentIsNotBlockedByBulk(t *testing.T) {
 	require.True(t, urgentAt.Before(bulkSettled), "the urgent push waited for the bulk fan-out to finish")
 }
 
+// TestE2EDeviceDeletedBeforeDispatchGetsNothing deletes a device between
+// the schedule and the due instant: the chunk that carries its token must
+// not send to it, and its delivery must read cancelled.
+func TestE2EDeviceDeletedBeforeDispatchGetsNothing(t *testing.T) {
+	t.Parallel()
+	e := startE2E(t, nil)
+	e.register("ann", false)
+	e.register("bob", false)
+	msg := e.must(http.StatusAccepted, http.MethodPost, "/v1/messages", map[string]any{
+		"dispatch_at": time.Now().Add(3 * time.Second).UTC().Format(time.RFC3339Nano),
+		"audience":    map[string]any{"type": "users", "ids": []string{"ann", "bob"}},
+		"payload":     map[string]any{"title": "after a logout"},
+	})
+	id := msg["message_id"].(string)
+	var gone map[string]any
+	for _, d := range e.must(http.StatusOK, http.MethodGet, "/v1/users/ann/devices", nil)["items"].([]any) {
+		if d.(map[string]any)["channel"] == "apns" {
+			gone = d.(map[string]any)
+		}
+	}
+	require.NotNil(t, gone)
+	e.must(http.StatusNoContent, http.MethodDelete, "/v1/devices/"+gone["device_id"].(string), nil)
+	require.Equal(t, "scheduled", e.must(http.StatusOK, http.MethodGet, "/v1/messages/"+id, nil)["state"],
+		"the delete must come before the due instant")
+
+	st := e.settle(id, 30*time.Second)
+	require.Equal(t, map[string]any{"total": 6.0, "accepted": 5.0, "failed": 0.0, "expired": 0.0, "cancelled": 1.0, "pending": 0.0}, st["deliveries"])
+	cancelled := e.deliveries(id, "cancelled")
+	require.Len(t, cancelled, 1)
+	require.Equal(t, gone["device_id"], cancelled[0]["device_id"])
+	receipts := e.fake.Receipts(id)
+	require.Len(t, receipts, 5)
+	for _, r := range receipts {
+		require.NotEqual(t, gone["token"], r.Token, "the deleted device was sent the push")
+	}
+}
+
 // TestE2ELanesSplitAcrossProcesses runs the bulk lane and the urgent lane in
 // processes of their own (HERALD_LANES), as a deployment that keeps urgent
 // pushes off saturated bulk workers does: each process works its own lane's
