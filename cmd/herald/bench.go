@@ -59,8 +59,8 @@ type benchResult struct {
 	LatencyMs  float64 `json:"latency_ms"`
 	Accepted   int     `json:"accepted"`
 	Duplicates int64   `json:"duplicates"`
-	// Unanswered counts Herald's provider requests that got no answer in
-	// time: each was sent again, and may be one of the duplicates.
+	// Unanswered counts the provider requests of every Herald process that
+	// got no answer in time: each was sent again, and may be a duplicate.
 	Unanswered    int64   `json:"unanswered"`
 	ScheduleMs    float64 `json:"schedule_ms"`
 	ChunkCount    int     `json:"chunk_count"`
@@ -225,10 +225,10 @@ type bench struct {
 	fakeURL  string
 	fakeHTTP *http.Client
 	herald   *exec.Cmd
+	base     string
 	// heralds are every Herald process of the run: herald, and the urgent
 	// lane's worker with --urgent-worker.
-	heralds []*exec.Cmd
-	base    string
+	heralds []heraldProcess
 	apiKey  string
 }
 
@@ -385,7 +385,7 @@ func (b *bench) run(ctx context.Context, admin string) (*benchResult, error) {
 		return nil, err
 	}
 	for _, h := range b.heralds {
-		rss, err := peakRSS(h.Process.Pid)
+		rss, err := peakRSS(h.cmd.Process.Pid)
 		if err != nil {
 			return nil, err
 		}
@@ -459,11 +459,13 @@ func (b *bench) run(ctx context.Context, admin string) (*benchResult, error) {
 	b.progress("dispatched: %d accepted, skew p50 %.0f ms, max %.0f ms, fan-out %.0f ms, %.0f µs of Herald CPU per send",
 		res.Accepted, res.SkewMs.P50, res.SkewMs.Max, res.FanoutMs, res.CPUPerSend)
 
-	families, err := scrapeMetrics(b.base)
-	if err != nil {
-		return nil, fmt.Errorf("read herald's metrics: %w", err)
+	for _, h := range b.heralds {
+		n, err := unansweredSends(h.base)
+		if err != nil {
+			return nil, fmt.Errorf("read herald's metrics: %w", err)
+		}
+		res.Unanswered += n
 	}
-	res.Unanswered = int64(metricSum(families, "herald_provider_request_seconds", map[string]string{"outcome": "no_answer"}))
 	if res.Unanswered > 0 {
 		b.progress("%d provider requests got no answer in time and were sent again", res.Unanswered)
 	}
@@ -668,15 +670,21 @@ func (b *bench) startServe(ctx context.Context, env []string, args ...string) (*
 	if err != nil {
 		return nil, "", fmt.Errorf("herald %s: %w", strings.Join(args, " "), err)
 	}
-	b.heralds = append(b.heralds, cmd)
+	b.heralds = append(b.heralds, heraldProcess{cmd: cmd, base: m[1]})
 	return cmd, m[1], nil
+}
+
+// heraldProcess is a Herald process of the run and where it listens.
+type heraldProcess struct {
+	cmd  *exec.Cmd
+	base string
 }
 
 // heraldCPU is the CPU time of every Herald process of the run.
 func (b *bench) heraldCPU() (time.Duration, error) {
 	var total time.Duration
 	for _, h := range b.heralds {
-		cpu, err := processCPU(h.Process.Pid)
+		cpu, err := processCPU(h.cmd.Process.Pid)
 		if err != nil {
 			return 0, err
 		}

@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -51,11 +50,11 @@ func startWorker(t *testing.T, vars map[string]string) *workerProcess {
 // not know it, which it sends again (with the same collapse id).
 func (w *workerProcess) unanswered(t *testing.T) int64 {
 	t.Helper()
-	m := regexp.MustCompile(`listening on (http://\S+)`).FindStringSubmatch(w.out.String())
+	m := listeningLine.FindStringSubmatch(w.out.String())
 	require.NotNil(t, m, "the worker never said where it listens:\n%s", w.out.String())
-	families, err := scrapeMetrics(m[1])
+	n, err := unansweredSends(m[1])
 	require.NoError(t, err)
-	return int64(metricSum(families, "herald_provider_request_seconds", map[string]string{"outcome": "no_answer"}))
+	return n
 }
 
 // kill ends the worker the hard way, as a crash or an OOM kill would.

@@ -51,3 +51,14 @@ func metricSum(families map[string]*dto.MetricFamily, name string, labels map[st
 	}
 	return sum
 }
+
+// unansweredSends is how many provider requests of the Herald process at
+// base got no answer (herald_provider_request_seconds, outcome no_answer):
+// pushes the provider may have taken, which the process sends again.
+func unansweredSends(base string) (int64, error) {
+	families, err := scrapeMetrics(base)
+	if err != nil {
+		return 0, err
+	}
+	return int64(metricSum(families, "herald_provider_request_seconds", map[string]string{"outcome": "no_answer"})), nil
+}
