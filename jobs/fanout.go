@@ -156,13 +156,16 @@ type FanOutConfig struct {
 	Clock      *Clock
 	// Providers by channel (apns, fcm, webpush) for the bulk lane; a channel
 	// without one is disabled, and its deliveries fail with channel_disabled.
+	// Nil in a worker that serves the urgent lane alone.
 	Providers map[string]Sender
 	// UrgentProviders are the urgent lane's own provider clients, with
 	// their own connections and in-flight limits, so that an urgent push
 	// never queues behind a bulk fan-out inside a provider client either.
 	// Nil: the urgent lane shares Providers.
 	UrgentProviders map[string]Sender
-	// Breakers by channel; one is made for every provider without one.
+	// Breakers by channel, shared by both lanes (a provider's health is
+	// the same whichever lane sends); one is made for every channel that
+	// has a provider and no breaker.
 	Breakers map[string]*Breaker
 	// Timeout bounds one attempt of a chunk. Default 30 s.
 	Timeout time.Duration
@@ -188,15 +191,25 @@ func NewFanOutWorker(cfg FanOutConfig) *FanOutWorker {
 	if cfg.Breakers == nil {
 		cfg.Breakers = map[string]*Breaker{}
 	}
-	for channel := range cfg.Providers {
-		if cfg.Breakers[channel] == nil {
-			cfg.Breakers[channel] = NewBreaker(BreakerConfig{})
+	for _, providers := range []map[string]Sender{cfg.Providers, cfg.UrgentProviders} {
+		for channel := range providers {
+			if cfg.Breakers[channel] == nil {
+				cfg.Breakers[channel] = NewBreaker(BreakerConfig{})
+			}
 		}
 	}
 	if cfg.UrgentPool == nil {
 		cfg.UrgentPool = cfg.Pool
 	}
 	return &FanOutWorker{cfg: cfg, messages: newMessageCache(64)}
+}
+
+// providers are the provider clients of a chunk's lane.
+func (w *FanOutWorker) providers(a FanOutArgs) map[string]Sender {
+	if a.Priority == PriorityUrgent && w.cfg.UrgentProviders != nil {
+		return w.cfg.UrgentProviders
+	}
+	return w.cfg.Providers
 }
 
 // pool is the connection pool of a chunk's lane.
@@ -271,10 +284,7 @@ func (w *FanOutWorker) Work(ctx context.Context, job *river.Job[FanOutArgs]) err
 			byChannel[t.Channel] = append(byChannel[t.Channel], i)
 		}
 	}
-	providers := w.cfg.Providers
-	if a.Priority == PriorityUrgent && w.cfg.UrgentProviders != nil {
-		providers = w.cfg.UrgentProviders
-	}
+	providers := w.providers(a)
 	// Sending stops early enough to leave time to record what was sent: a
 	// chunk that ran out of time still writes its results, so its retry
 	// sends only what was not answered.

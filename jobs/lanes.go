@@ -58,17 +58,20 @@ func ParseLanes(s string) (Lanes, error) {
 	return l, nil
 }
 
-// String lists the lanes as ParseLanes reads them.
-func (l Lanes) String() string {
-	var names []string
+// Queues are the River queues of the lanes.
+func (l Lanes) Queues() []string {
+	var queues []string
 	if l.Urgent {
-		names = append(names, QueueUrgent)
+		queues = append(queues, QueueUrgent)
 	}
 	if l.Bulk {
-		names = append(names, QueueBulk)
+		queues = append(queues, QueueBulk)
 	}
-	return strings.Join(names, ",")
+	return queues
 }
+
+// String lists the lanes as ParseLanes reads them.
+func (l Lanes) String() string { return strings.Join(l.Queues(), ",") }
 
 func laneQueue(priority string) string {
 	if priority == PriorityUrgent {
@@ -154,10 +157,7 @@ func NewRiverClient(pool *pgxpool.Pool, cfg RiverConfig) (*river.Client[pgx.Tx],
 		return nil, errors.New("jobs: RiverConfig.Logger is required")
 	}
 	cfg.setDefaults()
-	rc := &river.Config{
-		Logger:     cfg.Logger,
-		Middleware: []rivertype.Middleware{&availableSoon{lookahead: cfg.Lookahead, now: time.Now}},
-	}
+	rc := cfg.base()
 	if cfg.Workers != nil {
 		cfg.workerConfig(rc)
 		rc.Queues = map[string]river.QueueConfig{
@@ -198,17 +198,23 @@ func NewUrgentRiverClient(cfg RiverConfig) (*river.Client[pgx.Tx], error) {
 		return nil, errors.New("jobs: the urgent lane's River client needs Logger, Workers and UrgentPool")
 	}
 	cfg.setDefaults()
-	rc := &river.Config{
-		Logger:     cfg.Logger,
-		Middleware: []rivertype.Middleware{&availableSoon{lookahead: cfg.Lookahead, now: time.Now}},
-		Queues:     map[string]river.QueueConfig{QueueUrgent: cfg.lane(cfg.UrgentWorkers)},
-	}
+	rc := cfg.base()
+	rc.Queues = map[string]river.QueueConfig{QueueUrgent: cfg.lane(cfg.UrgentWorkers)}
 	cfg.workerConfig(rc)
 	client, err := river.NewClient(riverpgxv5.New(cfg.UrgentPool), rc)
 	if err != nil {
 		return nil, fmt.Errorf("urgent river client: %w", err)
 	}
 	return client, nil
+}
+
+// base is what every River client of Herald's has: the logger, and the
+// insert middleware that makes chunks due soon available (availableSoon).
+func (c RiverConfig) base() *river.Config {
+	return &river.Config{
+		Logger:     c.Logger,
+		Middleware: []rivertype.Middleware{&availableSoon{lookahead: c.Lookahead, now: time.Now}},
+	}
 }
 
 // lane is a chunk lane's queue: workers, and the quick poll that bounds

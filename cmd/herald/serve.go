@@ -161,15 +161,11 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 			Pool: pool, UrgentPool: urgentPool, Logger: logger, Clock: clock, Timeout: cfg.ChunkTimeout,
 			Metrics: metrics,
 		}
-		// The lane's providers: bulk chunks take Providers, urgent ones
-		// UrgentProviders when set, else Providers.
 		if bulk != nil {
 			fanOut.Providers = bulk.byChannel
-			if urgent != nil {
-				fanOut.UrgentProviders = urgent.byChannel
-			}
-		} else {
-			fanOut.Providers = urgent.byChannel
+		}
+		if urgent != nil {
+			fanOut.UrgentProviders = urgent.byChannel
 		}
 		worker := jobs.Register(workers, fanOut, materializer)
 		riverCfg.Workers = workers
@@ -202,15 +198,8 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 				return fmt.Errorf("start River: %w", err)
 			}
 		}
-		var lanes []string
-		if cfg.Lanes.Urgent {
-			lanes = append(lanes, jobs.QueueUrgent)
-		}
-		if cfg.Lanes.Bulk {
-			lanes = append(lanes, jobs.QueueBulk)
-		}
 		goBackground((&jobs.Waker{
-			Pool: pool, Clock: clock, Logger: logger, Queues: lanes, Metrics: metrics,
+			Pool: pool, Clock: clock, Logger: logger, Queues: cfg.Lanes.Queues(), Metrics: metrics,
 			Notify: jobs.RiverNotify(riverClient.Driver()),
 		}).Run)
 	}
