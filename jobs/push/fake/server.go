@@ -342,8 +342,6 @@ func (c *tokenCache) put(token string, iat int64) {
 	c.m[token] = iat
 }
 
-// wait sleeps for the injected latency on a timer and reports false if the client
-// gave up first.
 // admission is what a provider endpoint has once admit let its request in.
 type admission struct {
 	at       int64 // receipt time, Unix nanoseconds
@@ -395,6 +393,8 @@ func setRetryAfter(w http.ResponseWriter, seconds int) {
 	}
 }
 
+// wait sleeps for the injected latency on a timer and reports false if the client
+// gave up first.
 func wait(ctx context.Context, d time.Duration) bool {
 	if d <= 0 {
 		return true
