@@ -58,8 +58,8 @@ func ParseLanes(s string) (Lanes, error) {
 	return l, nil
 }
 
-// Queues are the River queues of the lanes.
-func (l Lanes) Queues() []string {
+// queues are the River queues of the lanes.
+func (l Lanes) queues() []string {
 	var queues []string
 	if l.Urgent {
 		queues = append(queues, QueueUrgent)
@@ -71,7 +71,7 @@ func (l Lanes) Queues() []string {
 }
 
 // String lists the lanes as ParseLanes reads them.
-func (l Lanes) String() string { return strings.Join(l.Queues(), ",") }
+func (l Lanes) String() string { return strings.Join(l.queues(), ",") }
 
 func laneQueue(priority string) string {
 	if priority == PriorityUrgent {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -28,10 +30,9 @@ type Waker struct {
 	Pool   *pgxpool.Pool
 	Clock  *Clock
 	Logger *slog.Logger
-	// Queues are the lanes to wake.
-	Queues []string
-	// Notify tells every producer of queue to fetch (RiverNotify).
-	Notify func(ctx context.Context, queue string) error
+	// Lanes are the lanes to wake, by queue, each with what tells every
+	// producer of that queue to fetch (RiverNotify).
+	Lanes map[string]func(ctx context.Context) error
 	// Every is the interval between looks ahead (default 500 ms), Ahead how
 	// far each looks (default 2 s: a pass that fails leaves time for the
 	// next). A chunk inserted less than Every before its time may start on
@@ -54,6 +55,7 @@ func (w *Waker) Run(ctx context.Context) {
 	if ahead <= every {
 		ahead = max(2*time.Second, 2*every)
 	}
+	queues := slices.Collect(maps.Keys(w.Lanes))
 	var mu sync.Mutex
 	armed := map[db.DueInstant]*time.Timer{}
 	defer func() {
@@ -66,7 +68,7 @@ func (w *Waker) Run(ctx context.Context) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
-		due, err := db.UpcomingDue(ctx, w.Pool, w.Queues, ahead, 100)
+		due, err := db.UpcomingDue(ctx, w.Pool, queues, ahead, 100)
 		if err != nil && ctx.Err() == nil {
 			w.Logger.WarnContext(ctx, "look ahead for due chunks", "error", err)
 		}
@@ -82,7 +84,7 @@ func (w *Waker) Run(ctx context.Context) {
 				mu.Unlock()
 				nctx, cancel := context.WithTimeout(ctx, time.Second)
 				defer cancel()
-				if err := w.Notify(nctx, d.Queue); err != nil {
+				if err := w.Lanes[d.Queue](nctx); err != nil {
 					if ctx.Err() == nil {
 						w.Logger.WarnContext(ctx, "wake a lane", "lane", d.Queue, "error", err)
 					}
@@ -104,13 +106,12 @@ func (w *Waker) Run(ctx context.Context) {
 // jobs, with a payload naming the queue.
 const riverInsertTopic = "river_insert"
 
-// RiverNotify returns a Waker's Notify for a River client's driver: it sends
-// River's insert notification for the queue, as an insert would.
-func RiverNotify(driver riverdriver.Driver[pgx.Tx]) func(ctx context.Context, queue string) error {
-	return func(ctx context.Context, queue string) error {
-		return driver.GetExecutor().NotifyMany(ctx, &riverdriver.NotifyManyParams{
-			Topic:   riverInsertTopic,
-			Payload: []string{fmt.Sprintf(`{"queue": %q}`, queue)},
-		})
+// RiverNotify returns a Waker's wake for queue through a River client's
+// driver: it sends River's insert notification for the queue, as an insert
+// would.
+func RiverNotify(driver riverdriver.Driver[pgx.Tx], queue string) func(ctx context.Context) error {
+	payload := []string{fmt.Sprintf(`{"queue": %q}`, queue)}
+	return func(ctx context.Context) error {
+		return driver.GetExecutor().NotifyMany(ctx, &riverdriver.NotifyManyParams{Topic: riverInsertTopic, Payload: payload})
 	}
 }

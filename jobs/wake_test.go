@@ -27,8 +27,11 @@ func TestWakerStartsChunksAtTheirInstant(t *testing.T) {
 	clock := NewClock(tdb.Pool, discard)
 	require.NoError(t, clock.Measure(ctx))
 	waker := &Waker{
-		Pool: tdb.Pool, Clock: clock, Logger: discard, Queues: []string{QueueUrgent, QueueBulk},
-		Notify: RiverNotify(client.Driver()), Every: 200 * time.Millisecond,
+		Pool: tdb.Pool, Clock: clock, Logger: discard, Every: 200 * time.Millisecond,
+		Lanes: map[string]func(context.Context) error{
+			QueueUrgent: RiverNotify(client.Driver(), QueueUrgent),
+			QueueBulk:   RiverNotify(client.Driver(), QueueBulk),
+		},
 	}
 	go waker.Run(ctx)
 

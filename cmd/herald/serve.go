@@ -183,14 +183,21 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		return err
 	}
 	// A worker's urgent lane has a River client of its own, on the urgent
-	// lane's connections.
+	// lane's connections. Each lane is woken at its chunks' due instants
+	// through the client that serves it, so that the urgent lane's wake
+	// never waits for a connection behind the bulk lane's chunks either.
 	riverClients := []*river.Client[pgx.Tx]{riverClient}
+	wake := map[string]func(context.Context) error{}
+	if works && cfg.Lanes.Bulk {
+		wake[jobs.QueueBulk] = jobs.RiverNotify(riverClient.Driver(), jobs.QueueBulk)
+	}
 	if works && cfg.Lanes.Urgent {
 		urgentClient, err := jobs.NewUrgentRiverClient(riverCfg)
 		if err != nil {
 			return err
 		}
 		riverClients = append(riverClients, urgentClient)
+		wake[jobs.QueueUrgent] = jobs.RiverNotify(urgentClient.Driver(), jobs.QueueUrgent)
 	}
 	if works {
 		for _, c := range riverClients {
@@ -198,10 +205,7 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 				return fmt.Errorf("start River: %w", err)
 			}
 		}
-		goBackground((&jobs.Waker{
-			Pool: pool, Clock: clock, Logger: logger, Queues: cfg.Lanes.Queues(), Metrics: metrics,
-			Notify: jobs.RiverNotify(riverClient.Driver()),
-		}).Run)
+		goBackground((&jobs.Waker{Pool: pool, Clock: clock, Logger: logger, Lanes: wake, Metrics: metrics}).Run)
 	}
 
 	// River UI serves where the API does, behind the dashboard's login.
