@@ -12,6 +12,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/heraldpush/herald/db"
+	"github.com/heraldpush/herald/jobs/push"
 )
 
 // maxBatchDevices caps POST /v1/devices/batch.
@@ -24,7 +25,10 @@ type deviceRequest struct {
 	Token        string               `json:"token"`
 	Subscription *subscriptionRequest `json:"subscription"`
 
-	norm device
+	// egress is the policy a Web Push endpoint must pass, set by the
+	// handler before decoding.
+	egress *push.EgressPolicy
+	norm   device
 }
 
 // subscriptionRequest is a Web Push subscription as a browser's
@@ -78,7 +82,7 @@ func (r *deviceRequest) check(prefix string) error {
 			return invalid(prefix+"subscription", "subscription is required for channel webpush")
 		}
 		sub := r.Subscription
-		if err := checkEndpoint(prefix+"subscription.endpoint", sub.Endpoint); err != nil {
+		if err := checkEndpoint(prefix+"subscription.endpoint", sub.Endpoint, r.egress); err != nil {
 			return err
 		}
 		p256dh, raw, err := normalizeKey(prefix+"subscription.keys.p256dh", sub.Keys.P256dh, 65)
@@ -109,7 +113,7 @@ type deviceResponse struct {
 }
 
 func (s *Server) registerDevice(c echo.Context) error {
-	var req deviceRequest
+	req := deviceRequest{egress: s.cfg.WebPushEgress}
 	if err := decode(c, smallBodyLimit, &req); err != nil {
 		return err
 	}
@@ -145,6 +149,8 @@ func (s *Server) registerDevice(c echo.Context) error {
 
 type deviceBatchRequest struct {
 	Devices []deviceRequest `json:"devices"`
+
+	egress *push.EgressPolicy
 }
 
 func (r *deviceBatchRequest) validate() error {
@@ -152,6 +158,7 @@ func (r *deviceBatchRequest) validate() error {
 		return invalid("devices", "devices must hold 1 to %d devices, not %d", maxBatchDevices, len(r.Devices))
 	}
 	for i := range r.Devices {
+		r.Devices[i].egress = r.egress
 		if err := r.Devices[i].check(fmt.Sprintf("devices[%d].", i)); err != nil {
 			return err
 		}
@@ -168,7 +175,7 @@ type deviceBatchResponse struct {
 // statements. A (channel, token) given twice counts once, the later one
 // winning, as if the registrations had been made one after the other.
 func (s *Server) registerDevices(c echo.Context) error {
-	var req deviceBatchRequest
+	req := deviceBatchRequest{egress: s.cfg.WebPushEgress}
 	if err := decode(c, batchBodyLimit, &req); err != nil {
 		return err
 	}

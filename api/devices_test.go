@@ -176,6 +176,15 @@ func TestRegisterDeviceRejectsBadInput(t *testing.T) {
 		{"webpush with token", map[string]any{"user_id": "u1", "channel": "webpush", "token": "abc", "subscription": webpushSubscription(t)}, "invalid_field", "token"},
 		{"webpush http endpoint", map[string]any{"user_id": "u1", "channel": "webpush", "subscription": sub(func(s map[string]any) { s["endpoint"] = "http://push.example.test/x" })}, "invalid_field", "subscription.endpoint"},
 		{"webpush relative endpoint", map[string]any{"user_id": "u1", "channel": "webpush", "subscription": sub(func(s map[string]any) { s["endpoint"] = "/webpush/x" })}, "invalid_field", "subscription.endpoint"},
+		{"webpush endpoint loopback", map[string]any{"user_id": "u1", "channel": "webpush", "subscription": sub(func(s map[string]any) { s["endpoint"] = "https://127.0.0.1:5432/" })}, "invalid_field", "subscription.endpoint"},
+		{"webpush endpoint localhost", map[string]any{"user_id": "u1", "channel": "webpush", "subscription": sub(func(s map[string]any) { s["endpoint"] = "https://localhost:8443/x" })}, "invalid_field", "subscription.endpoint"},
+		{"webpush endpoint metadata", map[string]any{"user_id": "u1", "channel": "webpush", "subscription": sub(func(s map[string]any) { s["endpoint"] = "https://169.254.169.254/latest/meta-data/" })}, "invalid_field", "subscription.endpoint"},
+		{"webpush endpoint private", map[string]any{"user_id": "u1", "channel": "webpush", "subscription": sub(func(s map[string]any) { s["endpoint"] = "https://10.0.0.1/" })}, "invalid_field", "subscription.endpoint"},
+		{"webpush endpoint unspecified", map[string]any{"user_id": "u1", "channel": "webpush", "subscription": sub(func(s map[string]any) { s["endpoint"] = "https://0.0.0.0:8443/" })}, "invalid_field", "subscription.endpoint"},
+		{"webpush endpoint mapped loopback", map[string]any{"user_id": "u1", "channel": "webpush", "subscription": sub(func(s map[string]any) { s["endpoint"] = "https://[::ffff:127.0.0.1]/" })}, "invalid_field", "subscription.endpoint"},
+		{"webpush endpoint unknown host", map[string]any{"user_id": "u1", "channel": "webpush", "subscription": sub(func(s map[string]any) { s["endpoint"] = "https://push.evil.example/x" })}, "invalid_field", "subscription.endpoint"},
+		{"webpush endpoint credentials", map[string]any{"user_id": "u1", "channel": "webpush", "subscription": sub(func(s map[string]any) { s["endpoint"] = "https://user:pw@push.example.test/x" })}, "invalid_field", "subscription.endpoint"},
+		{"webpush endpoint other port", map[string]any{"user_id": "u1", "channel": "webpush", "subscription": sub(func(s map[string]any) { s["endpoint"] = "https://push.example.test:8443/x" })}, "invalid_field", "subscription.endpoint"},
 		{"webpush short p256dh", map[string]any{"user_id": "u1", "channel": "webpush", "subscription": sub(func(s map[string]any) { keys(s)["p256dh"] = "AAAA" })}, "invalid_field", "subscription.keys.p256dh"},
 		{"webpush p256dh off the curve", map[string]any{"user_id": "u1", "channel": "webpush", "subscription": sub(func(s map[string]any) {
 			keys(s)["p256dh"] = base64.RawURLEncoding.EncodeToString(append([]byte{4}, make([]byte, 64)...))

@@ -18,6 +18,7 @@ import (
 	"github.com/riverqueue/river/rivertype"
 
 	"github.com/heraldpush/herald/jobs"
+	"github.com/heraldpush/herald/jobs/push"
 )
 
 // Config holds what the server needs.
@@ -47,6 +48,10 @@ type Config struct {
 	// whose prefix is /riverui), behind the dashboard's login. Nil answers
 	// 503.
 	RiverUI http.Handler
+	// WebPushEgress is the policy a Web Push subscription's endpoint must
+	// pass to be registered (HERALD_WEBPUSH_HOSTS); the workers send under
+	// the same one. Nil: push.DefaultEgressPolicy().
+	WebPushEgress *push.EgressPolicy
 	// Ready reports whether the process can serve: the database answers and
 	// is migrated. Nil means always ready.
 	Ready func(ctx context.Context) error
@@ -67,6 +72,9 @@ func (c *Config) validate() error {
 	}
 	if c.River == nil {
 		return errors.New("api: Config.River is required")
+	}
+	if c.WebPushEgress == nil {
+		c.WebPushEgress = push.DefaultEgressPolicy()
 	}
 	if c.Ready == nil {
 		c.Ready = func(context.Context) error { return nil }

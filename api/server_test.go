@@ -19,6 +19,7 @@ import (
 	"github.com/heraldpush/herald/db"
 	"github.com/heraldpush/herald/db/dbtest"
 	"github.com/heraldpush/herald/jobs"
+	"github.com/heraldpush/herald/jobs/push"
 )
 
 const testKey = "test-key-0123456789abcdef"
@@ -46,6 +47,13 @@ func setupWith(t testing.TB, tdb *dbtest.DB, cfg Config) *bundle {
 		cfg.River = insertOnlyRiver(t, tdb)
 	}
 	cfg.APIKeys = []string{"another-key-0123456789", testKey}
+	if cfg.WebPushEgress == nil {
+		// The tests' subscriptions name a push service of their own, which
+		// an operator would add to HERALD_WEBPUSH_HOSTS.
+		egress, err := push.NewEgressPolicy([]string{"push.example.test"})
+		require.NoError(t, err)
+		cfg.WebPushEgress = egress
+	}
 	if cfg.Metrics == nil {
 		cfg.Metrics = promhttp.HandlerFor(prometheus.NewRegistry(), promhttp.HandlerOpts{})
 	}

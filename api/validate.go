@@ -4,7 +4,6 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"fmt"
-	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -95,17 +94,19 @@ func checkFCMToken(field, token string) error {
 	return nil
 }
 
-// checkEndpoint validates a Web Push endpoint: an absolute https URL.
-func checkEndpoint(field, endpoint string) error {
+// checkEndpoint validates a Web Push endpoint: an absolute https URL on a
+// push service that egress admits, so that an endpoint Herald would refuse
+// to post to is refused now, naming the field, rather than failing every
+// delivery later. What only DNS can tell is checked when sending.
+func checkEndpoint(field, endpoint string, egress *push.EgressPolicy) error {
 	if endpoint == "" {
 		return invalid(field, "%s is required", field)
 	}
 	if len(endpoint) > maxEndpoint {
 		return invalid(field, "%s is longer than %d characters", field, maxEndpoint)
 	}
-	u, err := url.Parse(endpoint)
-	if err != nil || u.Scheme != "https" || u.Host == "" || u.User != nil {
-		return invalid(field, "%s must be an absolute https URL", field)
+	if err := egress.CheckEndpoint(endpoint); err != nil {
+		return invalid(field, "%s is refused: %v", field, err)
 	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package jobs
 
 import (
+	"strings"
 	"sync"
 	"time"
 )
@@ -146,4 +147,120 @@ func (b *Breaker) Status() BreakerStatus {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return BreakerStatus{State: b.state, LastError: b.lastError, LastErrorAt: b.lastErrAt, Sends: b.answered, Failures: b.transient}
+}
+
+// maxHostBreakers bounds the Web Push breakers one process keeps. Hosts are
+// limited by the egress policy, but a wildcard entry admits any name under a
+// domain, and callers choose the names.
+const maxHostBreakers = 1000
+
+// Breakers are a worker's circuit breakers, shared by both lanes (a
+// provider's health is the same whichever lane sends). APNs and FCM are one
+// service each and have one breaker each. Web Push has one per push-service
+// host: subscriptions name the host, so a caller who registers endpoints
+// that fail can only park pushes to those hosts, never every browser's.
+type Breakers struct {
+	cfg      BreakerConfig
+	channels map[string]*Breaker
+
+	mu sync.Mutex
+	// hosts are Web Push's breakers, made on first use.
+	hosts map[string]*Breaker
+	// forgotten holds the counts of host breakers dropped to stay within
+	// maxHostBreakers, so that the channel's totals never go back.
+	forgotten struct{ sends, failures int64 }
+}
+
+// NewBreakers returns closed breakers for channels (those with a provider).
+func NewBreakers(cfg BreakerConfig, channels ...string) *Breakers {
+	b := &Breakers{cfg: cfg, channels: map[string]*Breaker{}, hosts: map[string]*Breaker{}}
+	for _, ch := range channels {
+		b.channels[ch] = NewBreaker(cfg)
+	}
+	return b
+}
+
+// Configured reports whether channel has a provider here.
+func (b *Breakers) Configured(channel string) bool {
+	_, ok := b.channels[channel]
+	return ok
+}
+
+// For returns the breaker a send to target on channel answers to: the
+// channel's, or for Web Push the breaker of the endpoint's host. It is nil
+// for a channel without a provider.
+func (b *Breakers) For(channel, token string) *Breaker {
+	own, ok := b.channels[channel]
+	if !ok || channel != ChannelWebPush {
+		return own
+	}
+	host := endpointHost(token)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if h := b.hosts[host]; h != nil {
+		return h
+	}
+	if len(b.hosts) >= maxHostBreakers {
+		// Closed breakers hold only counts; keep those and let the
+		// breakers go. An open one stays: it is what parks a failing host.
+		for name, h := range b.hosts {
+			if st := h.Status(); st.State == BreakerClosed {
+				b.forgotten.sends += st.Sends
+				b.forgotten.failures += st.Failures
+				delete(b.hosts, name)
+			}
+		}
+		if len(b.hosts) >= maxHostBreakers {
+			return own
+		}
+	}
+	h := NewBreaker(b.cfg)
+	b.hosts[host] = h
+	return h
+}
+
+// endpointHost is the host of a Web Push endpoint, lower-cased, as the
+// breakers key it.
+func endpointHost(endpoint string) string {
+	rest, ok := strings.CutPrefix(endpoint, "https://")
+	if !ok {
+		return ""
+	}
+	if i := strings.IndexAny(rest, "/?#"); i >= 0 {
+		rest = rest[:i]
+	}
+	return strings.ToLower(rest)
+}
+
+// stateRank orders breaker states from best to worst.
+var stateRank = map[string]int{BreakerClosed: 0, BreakerHalfOpen: 1, BreakerOpen: 2}
+
+// Status is the channel's health as one breaker's would read: for Web Push,
+// the worst of its hosts' states, their summed counts, and the latest error
+// with the host it came from. ok is false for a channel without a provider.
+func (b *Breakers) Status(channel string) (st BreakerStatus, ok bool) {
+	own, ok := b.channels[channel]
+	if !ok {
+		return BreakerStatus{}, false
+	}
+	st = own.Status()
+	if channel != ChannelWebPush {
+		return st, true
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	st.Sends += b.forgotten.sends
+	st.Failures += b.forgotten.failures
+	for host, h := range b.hosts {
+		hs := h.Status()
+		st.Sends += hs.Sends
+		st.Failures += hs.Failures
+		if stateRank[hs.State] > stateRank[st.State] {
+			st.State = hs.State
+		}
+		if hs.LastError != "" && hs.LastErrorAt.After(st.LastErrorAt) {
+			st.LastError, st.LastErrorAt = host+": "+hs.LastError, hs.LastErrorAt
+		}
+	}
+	return st, true
 }

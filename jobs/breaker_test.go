@@ -1,6 +1,7 @@
 package jobs
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -56,4 +57,60 @@ func TestBreaker(t *testing.T) {
 		b.Failure("503")
 	}
 	require.Equal(t, time.Second, b.RetryIn(), "cooldown starts over")
+}
+
+// TestBreakersPerPushService checks that Web Push health is kept per push
+// service: failures on one host park that host alone, while APNs keeps its
+// one breaker, and the channel's status shows the worst host and its error.
+func TestBreakersPerPushService(t *testing.T) {
+	t.Parallel()
+	clock := &fakeClock{t: time.Unix(1000, 0)}
+	b := NewBreakers(BreakerConfig{Threshold: 2, Now: clock.now}, ChannelAPNs, ChannelWebPush)
+
+	bad := b.For(ChannelWebPush, "https://Bad.Push.Example:8443/sub/1")
+	require.Same(t, bad, b.For(ChannelWebPush, "https://bad.push.example:8443/sub/2?x=1"), "one breaker per host, whatever the path or case")
+	good := b.For(ChannelWebPush, "https://updates.push.services.mozilla.com/wpush/v2/abc")
+	require.NotSame(t, bad, good)
+	require.Same(t, b.For(ChannelAPNs, "aa"), b.For(ChannelAPNs, "bb"), "APNs is one service")
+	require.Nil(t, b.For(ChannelFCM, "token"), "no breaker for a channel without a provider")
+
+	bad.Failure("push service answered 503 Service Unavailable")
+	clock.advance(time.Millisecond)
+	bad.Failure("push service answered 503 Service Unavailable")
+	require.False(t, bad.Allow(), "the failing host is parked")
+	require.True(t, good.Allow(), "every other push service is not")
+	good.Success()
+
+	st, ok := b.Status(ChannelWebPush)
+	require.True(t, ok)
+	require.Equal(t, BreakerOpen, st.State)
+	require.Equal(t, "bad.push.example:8443: push service answered 503 Service Unavailable", st.LastError)
+	require.Equal(t, int64(3), st.Sends)
+	require.Equal(t, int64(2), st.Failures)
+	apns, ok := b.Status(ChannelAPNs)
+	require.True(t, ok)
+	require.Equal(t, BreakerClosed, apns.State)
+	_, ok = b.Status(ChannelFCM)
+	require.False(t, ok)
+}
+
+// TestBreakersStayBounded fills the host breakers past their bound: closed
+// ones are let go with their counts kept, open ones stay.
+func TestBreakersStayBounded(t *testing.T) {
+	t.Parallel()
+	b := NewBreakers(BreakerConfig{Threshold: 1}, ChannelWebPush)
+	open := b.For(ChannelWebPush, "https://failing.example/x")
+	open.Failure("no answer")
+	for i := range maxHostBreakers + 10 {
+		h := b.For(ChannelWebPush, fmt.Sprintf("https://h%d.example/x", i))
+		h.Success()
+	}
+	b.mu.Lock()
+	n := len(b.hosts)
+	b.mu.Unlock()
+	require.LessOrEqual(t, n, maxHostBreakers)
+	require.Same(t, open, b.For(ChannelWebPush, "https://failing.example/y"), "an open breaker is kept")
+	st, _ := b.Status(ChannelWebPush)
+	require.Equal(t, int64(maxHostBreakers+11), st.Sends, "no count is lost")
+	require.Equal(t, BreakerOpen, st.State)
 }

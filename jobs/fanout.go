@@ -163,10 +163,10 @@ type FanOutConfig struct {
 	// never queues behind a bulk fan-out inside a provider client either.
 	// Nil: the urgent lane shares Providers.
 	UrgentProviders map[string]Sender
-	// Breakers by channel, shared by both lanes (a provider's health is
-	// the same whichever lane sends); one is made for every channel that
-	// has a provider and no breaker.
-	Breakers map[string]*Breaker
+	// Breakers are shared by both lanes (a provider's health is the same
+	// whichever lane sends). Nil: closed breakers for every channel that
+	// has a provider, with the default settings.
+	Breakers *Breakers
 	// Timeout bounds one attempt of a chunk. Default 30 s.
 	Timeout time.Duration
 	// Metrics, when set, counts deliveries, skew and provider latency.
@@ -189,14 +189,13 @@ func NewFanOutWorker(cfg FanOutConfig) *FanOutWorker {
 		cfg.Timeout = 30 * time.Second
 	}
 	if cfg.Breakers == nil {
-		cfg.Breakers = map[string]*Breaker{}
-	}
-	for _, providers := range []map[string]Sender{cfg.Providers, cfg.UrgentProviders} {
-		for channel := range providers {
-			if cfg.Breakers[channel] == nil {
-				cfg.Breakers[channel] = NewBreaker(BreakerConfig{})
+		var channels []string
+		for _, ch := range Channels {
+			if cfg.Providers[ch] != nil || cfg.UrgentProviders[ch] != nil {
+				channels = append(channels, ch)
 			}
 		}
+		cfg.Breakers = NewBreakers(BreakerConfig{}, channels...)
 	}
 	if cfg.UrgentPool == nil {
 		cfg.UrgentPool = cfg.Pool
@@ -276,12 +275,18 @@ func (w *FanOutWorker) Work(ctx context.Context, job *river.Job[FanOutArgs]) err
 		}
 	}
 
-	// Group the pending targets by channel and send to every provider at
-	// once; each provider bounds its own concurrency.
-	byChannel := map[string][]int{}
+	// Group the pending targets by the breaker they answer to (a channel,
+	// or a Web Push service's host) and send to every group at once; each
+	// provider bounds its own concurrency.
+	type group struct {
+		channel string
+		breaker *Breaker
+	}
+	byGroup := map[group][]int{}
 	for i, t := range a.Targets {
 		if pending[t.DeviceID] {
-			byChannel[t.Channel] = append(byChannel[t.Channel], i)
+			g := group{t.Channel, w.cfg.Breakers.For(t.Channel, t.Token)}
+			byGroup[g] = append(byGroup[g], i)
 		}
 	}
 	providers := w.providers(a)
@@ -299,9 +304,10 @@ func (w *FanOutWorker) Work(ctx context.Context, job *river.Job[FanOutArgs]) err
 	// recorded, about one provider's requests in flight.
 	// Buffered for every slice, so that no sender is left blocked if a
 	// write fails and Work returns before the last slice is back.
-	done := make(chan []int, len(a.Targets)+len(byChannel))
+	done := make(chan []int, len(a.Targets)+len(byGroup))
 	sending := 0
-	for channel, idx := range byChannel {
+	for g, idx := range byGroup {
+		channel, breaker := g.channel, g.breaker
 		provider, ok := providers[channel]
 		if !ok {
 			now := time.Now()
@@ -312,7 +318,6 @@ func (w *FanOutWorker) Work(ctx context.Context, job *river.Job[FanOutArgs]) err
 			go func() { done <- idx }()
 			continue
 		}
-		breaker := w.cfg.Breakers[channel]
 		for start := 0; start < len(idx); start += sendSlice {
 			slice := idx[start:min(start+sendSlice, len(idx))]
 			sending++
@@ -387,26 +392,26 @@ func (w *FanOutWorker) finish(ctx context.Context, a FanOutArgs, startedAt time.
 	}
 	parked := map[string]int{}
 	var detail string
+	// Sleep until the first parked provider (or push service) lets a send
+	// through again, but never past the chunk's expiry, when what is still
+	// pending expires.
+	wait := time.Duration(-1)
 	for i, r := range results {
 		// Refused by the breaker (no time), or attempted and transient: both
 		// stay pending and wait for the breaker.
 		if (r.At.IsZero() && r.Reason != push.ReasonNone) || (!r.At.IsZero() && r.Reason.Transient()) {
-			parked[a.Targets[i].Channel]++
+			t := a.Targets[i]
+			parked[t.Channel]++
 			if detail == "" || !r.At.IsZero() {
 				detail = r.Detail
+			}
+			if d := w.cfg.Breakers.For(t.Channel, t.Token).RetryIn(); wait < 0 || d < wait {
+				wait = d
 			}
 		}
 	}
 	if len(parked) == 0 {
 		return nil
-	}
-	// Sleep until the first parked provider lets a send through again, but
-	// never past the chunk's expiry, when what is still pending expires.
-	wait := time.Duration(-1)
-	for channel := range parked {
-		if d := w.cfg.Breakers[channel].RetryIn(); wait < 0 || d < wait {
-			wait = d
-		}
 	}
 	wait = max(wait, 100*time.Millisecond)
 	if untilExpiry := a.ExpiresAt.Sub(w.cfg.Clock.Now()); untilExpiry < wait {
@@ -558,5 +563,5 @@ func (a FanOutArgs) deviceIDs() []int64 {
 	return ids
 }
 
-// Breakers returns the worker's circuit breakers by channel.
-func (w *FanOutWorker) Breakers() map[string]*Breaker { return w.cfg.Breakers }
+// Breakers returns the worker's circuit breakers.
+func (w *FanOutWorker) Breakers() *Breakers { return w.cfg.Breakers }

@@ -115,16 +115,19 @@ func (m *Metrics) requested(channel string, r push.Result) {
 // RegisterProcessMetrics adds what a worker process reports about itself:
 // each breaker's state (1 for the current one) and the database clock
 // offset, both read when scraped.
-func RegisterProcessMetrics(reg prometheus.Registerer, breakers map[string]*Breaker, clock *Clock) {
+func RegisterProcessMetrics(reg prometheus.Registerer, breakers *Breakers, clock *Clock) {
 	states := []string{BreakerClosed, BreakerHalfOpen, BreakerOpen}
-	for channel, b := range breakers {
+	for _, channel := range Channels {
+		if !breakers.Configured(channel) {
+			continue
+		}
 		for _, state := range states {
 			reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 				Name:        "herald_breaker_state",
 				Help:        "1 when the provider's circuit breaker is in this state.",
 				ConstLabels: prometheus.Labels{"channel": channel, "state": state},
 			}, func() float64 {
-				if b.Status().State == state {
+				if st, _ := breakers.Status(channel); st.State == state {
 					return 1
 				}
 				return 0

@@ -20,7 +20,7 @@ func TestAlertRulesUseRealMetrics(t *testing.T) {
 	tdb := dbtest.New(t)
 	reg := prometheus.NewRegistry()
 	m := NewMetrics(reg)
-	RegisterProcessMetrics(reg, map[string]*Breaker{"apns": NewBreaker(BreakerConfig{})}, NewClock(tdb.Pool, discard))
+	RegisterProcessMetrics(reg, NewBreakers(BreakerConfig{}, ChannelAPNs), NewClock(tdb.Pool, discard))
 	RegisterMessageMetrics(reg, tdb.Pool)
 	// Make every vector show at least one series.
 	m.count(PriorityBulk, []settledDelivery{{channel: "apns", status: "accepted", skew: time.Millisecond}})

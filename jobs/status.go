@@ -10,8 +10,15 @@ import (
 	"github.com/heraldpush/herald/db"
 )
 
+// The channels Herald sends through.
+const (
+	ChannelAPNs    = "apns"
+	ChannelFCM     = "fcm"
+	ChannelWebPush = "webpush"
+)
+
 // Channels Herald sends through, in the order status is reported.
-var Channels = []string{"apns", "fcm", "webpush"}
+var Channels = []string{ChannelAPNs, ChannelFCM, ChannelWebPush}
 
 // StatusReporter publishes this process's breaker states to the database
 // every Interval, so that any process can answer GET /v1/providers for the
@@ -20,8 +27,9 @@ type StatusReporter struct {
 	Pool      *pgxpool.Pool
 	Logger    *slog.Logger
 	ProcessID string
-	// Breakers by channel; a channel without one is not configured here.
-	Breakers map[string]*Breaker
+	// Breakers are the worker's; a channel without one is not configured
+	// here.
+	Breakers *Breakers
 	Interval time.Duration
 }
 
@@ -37,8 +45,7 @@ func (r *StatusReporter) Run(ctx context.Context) {
 	for n := 0; ; n++ {
 		for _, channel := range Channels {
 			p := db.UpsertProviderStatusParams{ProcessID: r.ProcessID, Channel: channel, State: BreakerClosed}
-			if b := r.Breakers[channel]; b != nil {
-				st := b.Status()
+			if st, ok := r.Breakers.Status(channel); ok {
 				p.Configured, p.State, p.Sends, p.Failures = true, st.State, st.Sends, st.Failures
 				if st.LastError != "" {
 					p.LastError, p.LastErrorAt = &st.LastError, &st.LastErrorAt

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/heraldpush/herald/jobs"
+	"github.com/heraldpush/herald/jobs/push"
 )
 
 // config is the environment's configuration of a Herald process (CONTRACT
@@ -21,6 +22,9 @@ type config struct {
 	APNs    apnsConfig
 	FCM     fcmConfig
 	WebPush webPushConfig
+	// WebPushEgress says which Web Push endpoints may be registered and
+	// posted to: the browsers' push services, plus HERALD_WEBPUSH_HOSTS.
+	WebPushEgress *push.EgressPolicy
 	// CertFile is SSL_CERT_FILE: a CA bundle trusted besides the system's
 	// (how a test or `make run` trusts fakepush).
 	CertFile string
@@ -41,6 +45,11 @@ type config struct {
 	// (HERALD_MAX_IN_FLIGHT_APNS, _FCM, _WEBPUSH); zero takes the
 	// provider's default.
 	MaxInFlight map[string]int
+	// BreakerCooldown is how long a provider's (or a Web Push service's)
+	// circuit breaker stays open before one probe may go out
+	// (HERALD_BREAKER_COOLDOWN); it doubles after each failed probe, up to
+	// 30 s or the cooldown itself if longer.
+	BreakerCooldown time.Duration
 	// DBMaxConns caps the process's connection pool (HERALD_DB_MAX_CONNS);
 	// zero sizes it from the worker counts (poolSize).
 	DBMaxConns int
@@ -58,6 +67,19 @@ type webPushConfig struct{ PublicKey, PrivateKey, Subject string }
 func (c apnsConfig) enabled() bool    { return c.KeyFile != "" }
 func (c fcmConfig) enabled() bool     { return c.CredentialsFile != "" }
 func (c webPushConfig) enabled() bool { return c.PrivateKey != "" }
+
+// enabled reports whether channel has credentials.
+func (c config) enabled(channel string) bool {
+	switch channel {
+	case jobs.ChannelAPNs:
+		return c.APNs.enabled()
+	case jobs.ChannelFCM:
+		return c.FCM.enabled()
+	case jobs.ChannelWebPush:
+		return c.WebPush.enabled()
+	}
+	return false
+}
 
 // loadConfig reads the configuration from getenv, filling defaults in one
 // place. It checks shapes, not reachability.
@@ -83,6 +105,9 @@ func loadConfig(getenv func(string) string) (config, error) {
 		}
 	}
 	var err error
+	if c.WebPushEgress, err = push.NewEgressPolicy(strings.Split(getenv("HERALD_WEBPUSH_HOSTS"), ",")); err != nil {
+		return c, fmt.Errorf("HERALD_WEBPUSH_HOSTS: %w", err)
+	}
 	if c.ChunkSize, err = intVar(getenv, "HERALD_CHUNK_SIZE", 1, 10_000); err != nil {
 		return c, err
 	}
@@ -102,6 +127,9 @@ func loadConfig(getenv func(string) string) (config, error) {
 		return c, err
 	}
 	if c.RescueAfter, err = durationVar(getenv, "HERALD_RESCUE_AFTER", time.Minute, time.Second); err != nil {
+		return c, err
+	}
+	if c.BreakerCooldown, err = durationVar(getenv, "HERALD_BREAKER_COOLDOWN", time.Second, 100*time.Millisecond); err != nil {
 		return c, err
 	}
 	if c.DBMaxConns, err = intVar(getenv, "HERALD_DB_MAX_CONNS", 2, 10_000); err != nil {

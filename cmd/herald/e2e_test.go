@@ -28,12 +28,26 @@ type e2e struct {
 	stop func() error
 	// vars is the environment Herald runs with.
 	vars map[string]string
+	// db is Herald's database, for tests that look under the API.
+	db *dbtest.DB
 }
 
 // startE2E starts fakepush and `herald serve --migrate` with fakepush's env.
 // drop removes variables from that env (to disable a channel); extra adds
 // or overrides.
 func startE2E(t *testing.T, extra map[string]string, drop ...string) *e2e {
+	t.Helper()
+	return startE2EWith(t, func(vars map[string]string, _ *fake.Server) {
+		for _, k := range drop {
+			delete(vars, k)
+		}
+		maps.Copy(vars, extra)
+	})
+}
+
+// startE2EWith is startE2E for a test that shapes Herald's environment
+// from fakepush's itself.
+func startE2EWith(t *testing.T, configure func(vars map[string]string, fp *fake.Server)) *e2e {
 	t.Helper()
 	fp, err := fake.New(fake.Config{Addr: "127.0.0.1:0", TLSDir: t.TempDir(), Latency: 5 * time.Millisecond})
 	require.NoError(t, err)
@@ -42,15 +56,12 @@ func startE2E(t *testing.T, extra map[string]string, drop ...string) *e2e {
 
 	tdb := dbtest.NewEmpty(t)
 	vars := fp.Env()
-	for _, k := range drop {
-		delete(vars, k)
-	}
 	vars["DATABASE_URL"] = tdb.URL
 	vars["HERALD_API_KEYS"] = testAPIKey
 	vars["HERALD_LOG_LEVEL"] = "warn"
-	maps.Copy(vars, extra)
+	configure(vars, fp)
 	base, stop := startServe(t, vars, "--migrate")
-	return &e2e{t: t, fake: fp, base: base, stop: stop, vars: vars}
+	return &e2e{t: t, fake: fp, base: base, stop: stop, vars: vars, db: tdb}
 }
 
 // call makes an API call and decodes the JSON answer.

@@ -102,6 +102,7 @@ func buildProviders(ctx context.Context, cfg config, roots *x509.CertPool, logge
 		w, e := webpush.New(webpush.Config{
 			VAPIDPublicKey: cfg.WebPush.PublicKey, VAPIDPrivateKey: cfg.WebPush.PrivateKey,
 			Subject: cfg.WebPush.Subject, RootCAs: roots, MaxInFlight: cfg.MaxInFlight["webpush"],
+			Egress: cfg.WebPushEgress,
 		})
 		err = add("webpush", w, e)
 	}

@@ -161,6 +161,15 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 			Pool: pool, UrgentPool: urgentPool, Logger: logger, Clock: clock, Timeout: cfg.ChunkTimeout,
 			Metrics: metrics,
 		}
+		var configured []string
+		for _, ch := range jobs.Channels {
+			if cfg.enabled(ch) {
+				configured = append(configured, ch)
+			}
+		}
+		fanOut.Breakers = jobs.NewBreakers(jobs.BreakerConfig{
+			Cooldown: cfg.BreakerCooldown, MaxCooldown: max(30*time.Second, cfg.BreakerCooldown),
+		}, configured...)
 		if bulk != nil {
 			fanOut.Providers = bulk.byChannel
 		}
@@ -223,7 +232,7 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		APIKeys:    cfg.APIKeys,
 		River:      riverClient,
 		ChunkSize:  cfg.ChunkSize,
-		Configured: map[string]bool{"apns": cfg.APNs.enabled(), "fcm": cfg.FCM.enabled(), "webpush": cfg.WebPush.enabled()},
+		Configured: map[string]bool{jobs.ChannelAPNs: cfg.enabled(jobs.ChannelAPNs), jobs.ChannelFCM: cfg.enabled(jobs.ChannelFCM), jobs.ChannelWebPush: cfg.enabled(jobs.ChannelWebPush)},
 		WorkerOnly: *role == "worker",
 		Ready: func(ctx context.Context) error {
 			if err := pool.Ping(ctx); err != nil {
@@ -233,6 +242,7 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		},
 		AdminPassword: cfg.AdminPassword,
 		RiverUI:       riverUI,
+		WebPushEgress: cfg.WebPushEgress,
 	})
 	if err != nil {
 		return err

@@ -34,6 +34,7 @@ const (
 	EnvVAPIDPrivateKey    = "VAPID_PRIVATE_KEY"
 	EnvVAPIDSubject       = "VAPID_SUBJECT"
 	EnvSSLCertFile        = "SSL_CERT_FILE"
+	EnvWebPushHosts       = "HERALD_WEBPUSH_HOSTS"
 )
 
 // credentials are the provider-side secrets of one fakepush directory: what

@@ -24,6 +24,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -227,6 +228,10 @@ func (s *Server) writeClientFiles() error {
 		EnvVAPIDPrivateKey:    b64(s.creds.vapidPrivate),
 		EnvVAPIDSubject:       s.cfg.VAPIDSubject,
 		EnvSSLCertFile:        filepath.Join(s.dir, fileCACert),
+		// fakepush's Web Push endpoints are on its own address, which
+		// Herald's egress policy refuses (a loopback address, not a known
+		// push service) unless the operator admits it: this does.
+		EnvWebPushHosts: strings.TrimPrefix(s.baseURL, "https://"),
 	}
 	return writeFileAtomic(s.EnvFile(), encodeEnvFile(s.env), 0o600)
 }

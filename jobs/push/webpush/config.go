@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/heraldpush/herald/jobs/push"
 )
 
 // Defaults filled in by Config.withDefaults, the one place they live.
@@ -43,6 +45,9 @@ type Config struct {
 	MaxInFlight int
 	// RequestTimeout bounds one request. Default DefaultRequestTimeout.
 	RequestTimeout time.Duration
+	// Egress says which endpoints may be posted to (HERALD_WEBPUSH_HOSTS).
+	// Default push.DefaultEgressPolicy(): the browsers' push services.
+	Egress *push.EgressPolicy
 }
 
 // withDefaults returns a copy of c with every empty field filled in.
@@ -52,6 +57,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.RequestTimeout == 0 {
 		c.RequestTimeout = DefaultRequestTimeout
+	}
+	if c.Egress == nil {
+		c.Egress = push.DefaultEgressPolicy()
 	}
 	return c
 }

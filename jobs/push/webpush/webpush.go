@@ -8,12 +8,14 @@ import (
 	"crypto/tls"
 	"errors"
 	"io"
+	"net"
 	"net/http"
+	"net/url"
 	"strconv"
-	"strings"
 	"time"
 
 	webpush "github.com/SherClockHolmes/webpush-go"
+	"golang.org/x/net/http/httpproxy"
 
 	"github.com/heraldpush/herald/jobs/push"
 )
@@ -33,9 +35,6 @@ const (
 // that many bytes with no padding. RFC 8291 only requires the record size to
 // exceed plaintext, delimiter, padding and tag, which this does.
 const recordOverhead = 16 + 4 + 1 + 65 + 1 + 16
-
-// maxDetail bounds how much of a push service's error body a result keeps.
-const maxDetail = 200
 
 // Provider sends to Web Push services. It is safe for concurrent use; all
 // Send calls share its client and its in-flight limit.
@@ -64,8 +63,14 @@ func New(cfg Config) (*Provider, error) {
 	// burst to one push service would dial hundreds. HTTP/2 multiplexes
 	// the burst over few connections; the idle limit keeps those that
 	// were needed.
+	//
+	// Every connection goes through the egress policy's dialer: an
+	// endpoint is a URL a caller gave, and Herald must never become the
+	// caller's way into the network it runs in.
+	proxy := httpproxy.FromEnvironment().ProxyFunc()
 	tr := &http.Transport{
-		Proxy:               http.ProxyFromEnvironment,
+		Proxy:               func(r *http.Request) (*url.URL, error) { return proxy(r.URL) },
+		DialContext:         cfg.Egress.DialContext(&net.Dialer{Timeout: cfg.RequestTimeout, KeepAlive: 30 * time.Second}, proxyAddrs()...),
 		TLSClientConfig:     &tls.Config{RootCAs: cfg.RootCAs, MinVersion: tls.VersionTLS12},
 		ForceAttemptHTTP2:   true,
 		MaxIdleConnsPerHost: cfg.MaxInFlight,
@@ -77,8 +82,12 @@ func New(cfg Config) (*Provider, error) {
 		cfg:        cfg,
 		subscriber: subscriber(cfg.Subject),
 		transport:  tr,
-		client:     &http.Client{Transport: tr},
-		limiter:    push.NewLimiter(cfg.MaxInFlight),
+		// A push service answers; it never redirects. Following a
+		// redirect would let an allowed host send Herald anywhere.
+		client: &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error {
+			return http.ErrUseLastResponse
+		}},
+		limiter: push.NewLimiter(cfg.MaxInFlight),
 	}, nil
 }
 
@@ -116,19 +125,37 @@ func (p *Provider) Send(ctx context.Context, m *push.Message, targets []push.Tar
 		VAPIDPrivateKey: p.cfg.VAPIDPrivateKey,
 	}
 
-	p.limiter.Send(ctx, targets, results, allow, rejectEndpoint, func(t push.Target) push.Result {
+	p.limiter.Send(ctx, targets, results, allow, p.rejectEndpoint, func(t push.Target) push.Result {
 		return p.send(ctx, m.WebPush, &t, opts)
 	})
 }
 
-// rejectEndpoint refuses an endpoint that is not an https:// URL: Herald
-// posts only to push services over TLS, never to whatever a stored endpoint
-// names.
-func rejectEndpoint(t push.Target) (push.Result, bool) {
-	if strings.HasPrefix(t.Token, "https://") {
-		return push.Result{}, false
+// rejectEndpoint refuses, before any request, an endpoint the egress policy
+// does not admit: Herald posts only to push services over TLS, never to
+// whatever a stored endpoint names (it may have been stored before the
+// policy was narrowed).
+func (p *Provider) rejectEndpoint(t push.Target) (push.Result, bool) {
+	if err := p.cfg.Egress.CheckEndpoint(t.Token); err != nil {
+		return push.Result{At: time.Now(), Reason: push.ReasonEndpointForbidden, Detail: err.Error()}, true
 	}
-	return push.Result{At: time.Now(), Reason: push.ReasonBadToken, Detail: "endpoint is not an https:// URL"}, true
+	return push.Result{}, false
+}
+
+// proxyAddrs are the host:port addresses of the HTTPS proxy the environment
+// names, if any: connections to it are the operator's, dialled as they are.
+func proxyAddrs() []string {
+	u, err := url.Parse(httpproxy.FromEnvironment().HTTPSProxy)
+	if err != nil || u.Host == "" {
+		return nil
+	}
+	port := u.Port()
+	if port == "" {
+		port = map[string]string{"https": "443", "socks5": "1080"}[u.Scheme]
+		if port == "" {
+			port = "80"
+		}
+	}
+	return []string{net.JoinHostPort(u.Hostname(), port)}
 }
 
 // send encrypts and posts one push.
@@ -145,21 +172,23 @@ func (p *Provider) send(ctx context.Context, payload []byte, t *push.Target, opt
 	defer cancel()
 	resp, err := webpush.SendNotificationWithContext(rctx, body, sub, opts)
 	if err != nil {
+		reason := errorReason(err)
 		var te *transportError
-		return push.Result{At: time.Now(), Reason: errorReason(err), Detail: err.Error(), Unanswered: errors.As(err, &te)}
+		return push.Result{At: time.Now(), Reason: reason, Detail: err.Error(),
+			Unanswered: reason != push.ReasonEndpointForbidden && errors.As(err, &te)}
 	}
 	defer resp.Body.Close()
+	at := time.Now()
+	// Drained, so that an HTTP/1.1 connection can be reused. The body is
+	// never kept: what a push service says is not for Herald's callers to
+	// read (a result's detail reaches GET /v1/providers).
+	io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
 	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
-		at := time.Now()
-		// Drained, so that an HTTP/1.1 connection can be reused.
-		io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
 		return push.Result{At: at, Accepted: true}
 	}
-	at := time.Now()
-	words, _ := io.ReadAll(io.LimitReader(resp.Body, maxDetail))
-	detail := strconv.Itoa(resp.StatusCode)
-	if w := strings.TrimSpace(string(words)); w != "" {
-		detail += " " + w
+	detail := "push service answered " + strconv.Itoa(resp.StatusCode) + " " + http.StatusText(resp.StatusCode)
+	if resp.StatusCode >= 300 && resp.StatusCode < 400 {
+		return push.Result{At: at, Reason: push.ReasonEndpointForbidden, Detail: detail + ": redirects are not followed"}
 	}
 	return push.Result{At: at, Reason: reasonFor(resp.StatusCode), Detail: detail}
 }
@@ -201,6 +230,8 @@ func ttlSeconds(m *push.Message, now time.Time) int {
 func errorReason(err error) push.Reason {
 	var te *transportError
 	switch {
+	case errors.Is(err, push.ErrEndpointForbidden):
+		return push.ReasonEndpointForbidden
 	case errors.As(err, &te):
 		return push.ReasonProviderUnavailable
 	case errors.Is(err, webpush.ErrMaxPadExceeded):

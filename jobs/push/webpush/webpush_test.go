@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -46,7 +47,18 @@ func configFromEnv(env map[string]string, roots *x509.CertPool, limits pushtest.
 		RootCAs:         roots,
 		MaxInFlight:     limits.MaxInFlight,
 		RequestTimeout:  limits.RequestTimeout,
+		Egress:          egressFromEnv(env),
 	}
+}
+
+// egressFromEnv is the egress policy cmd/ builds from HERALD_WEBPUSH_HOSTS,
+// which admits fakepush's own address.
+func egressFromEnv(env map[string]string) *push.EgressPolicy {
+	p, err := push.NewEgressPolicy(strings.Split(env[fake.EnvWebPushHosts], ","))
+	if err != nil {
+		panic(err)
+	}
+	return p
 }
 
 // bodyRecorder keeps the headers and bodies of the requests it passes on.
@@ -75,8 +87,8 @@ func (r *bodyRecorder) RoundTrip(req *http.Request) (*http.Response, error) {
 func TestSend(t *testing.T) {
 	t.Parallel()
 	harness().Run(t,
-		pushtest.Trouble{Mode: fake.ModeUnavailable, Reason: push.ReasonProviderUnavailable, Detail: `503 {"code":503,"errno":201,"error":"Service Unavailable","message":"Service temporarily unavailable."}`},
-		pushtest.Trouble{Mode: fake.ModeRateLimited, Reason: push.ReasonRateLimited, Detail: `429 {"code":429,"errno":900,"error":"Too Many Requests","message":"Too many requests for this subscription."}`},
+		pushtest.Trouble{Mode: fake.ModeUnavailable, Reason: push.ReasonProviderUnavailable, Detail: "push service answered 503 Service Unavailable"},
+		pushtest.Trouble{Mode: fake.ModeRateLimited, Reason: push.ReasonRateLimited, Detail: "push service answered 429 Too Many Requests"},
 	)
 }
 
@@ -136,14 +148,15 @@ func TestSendFailures(t *testing.T) {
 
 	results := b.Send(pushtest.Message(t, "msg_3", false), ts)
 	require.True(t, results[0].Accepted, "%+v", results[0])
-	want := []push.Reason{push.ReasonNone, push.ReasonUnregistered, push.ReasonUnregistered, push.ReasonBadToken, push.ReasonBadToken}
+	want := []push.Reason{push.ReasonNone, push.ReasonUnregistered, push.ReasonUnregistered, push.ReasonBadToken, push.ReasonEndpointForbidden}
 	for i, r := range results {
 		require.Equal(t, want[i], r.Reason, "target %d: %+v", i, r)
 		require.False(t, r.At.IsZero())
 	}
-	require.Contains(t, results[1].Detail, "410 ")
-	require.Contains(t, results[1].Detail, "Subscription has expired or been unsubscribed.")
-	require.Contains(t, results[2].Detail, "404 ")
+	// The status, never the push service's body: a detail reaches GET
+	// /v1/providers, and a body is not the caller's to read.
+	require.Equal(t, "push service answered 410 Gone", results[1].Detail)
+	require.Equal(t, "push service answered 404 Not Found", results[2].Detail)
 	require.Equal(t, int64(3), b.Stats(t).Received, "broken keys and plain http are never sent")
 }
 
@@ -242,4 +255,56 @@ func TestErrorReason(t *testing.T) {
 	} {
 		require.Equal(t, tc.want, errorReason(tc.err), "%v", tc.err)
 	}
+}
+
+// TestEgressRefusesInternalEndpoints sends to endpoints that name another
+// address on this machine in every spelling a caller could try, and through
+// an admitted host that redirects there: the other address never receives a
+// connection, and each delivery fails endpoint_forbidden.
+func TestEgressRefusesInternalEndpoints(t *testing.T) {
+	t.Parallel()
+	inside := pushtest.StartInside(t)
+	port := inside.Port
+
+	// A push service the operator admitted that answers every push with a
+	// redirect to the inside address.
+	redirector := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, "https://127.0.0.1:"+port+"/steal", http.StatusTemporaryRedirect)
+	}))
+	t.Cleanup(redirector.Close)
+
+	fp := pushtest.Start(t)
+	_, p := harness().NewProvider(t, fp, pushtest.Limits{}, func(c *Config) {
+		c.RootCAs.AddCert(redirector.Certificate())
+		egress, err := push.NewEgressPolicy([]string{fp.Env[fake.EnvWebPushHosts], strings.TrimPrefix(redirector.URL, "https://")})
+		require.NoError(t, err)
+		c.Egress = egress
+	})
+	sub := fp.Subscribe(t, 1, false)[0]
+	var targets []push.Target
+	for _, endpoint := range []string{
+		"https://127.0.0.1:" + port + "/x",
+		"https://localhost:" + port + "/x",
+		"https://127.0.0.2:" + port + "/x",
+		"https://0.0.0.0:" + port + "/x",
+		"https://[::ffff:127.0.0.1]:" + port + "/x",
+		"https://[::ffff:7f00:1]:" + port + "/x",
+		"https://[::1]:" + port + "/x",
+		"http://127.0.0.1:" + port + "/x",
+		redirector.URL + "/webpush/x",
+	} {
+		tg := sub
+		tg.Token = endpoint
+		targets = append(targets, tg)
+	}
+	results := make([]push.Result, len(targets))
+	p.Send(context.Background(), pushtest.Message(t, "msg_9", false), targets, results, pushtest.AllowAll)
+	for i, r := range results {
+		require.Equal(t, push.ReasonEndpointForbidden, r.Reason, "%s: %+v", targets[i].Token, r)
+		require.False(t, r.Unanswered, "a refused endpoint is known not to have been sent to")
+	}
+	require.Contains(t, results[len(results)-1].Detail, "redirects are not followed")
+	time.Sleep(100 * time.Millisecond)
+	require.Zero(t, inside.Connections(), "no connection reached the inside address")
+	require.Zero(t, fp.Stats(t).WebPush.Received)
 }

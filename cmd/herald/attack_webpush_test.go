@@ -1,0 +1,128 @@
+package main
+
+import (
+	"context"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/heraldpush/herald/jobs/push/fake"
+	"github.com/heraldpush/herald/jobs/push/pushtest"
+)
+
+// TestAttackWebPushEndpointsCannotReachInside registers Web Push endpoints
+// that name an internal service in every spelling a caller could try: each
+// is refused with a 400 naming the field. An endpoint stored before the
+// policy (written straight to the database, as an older Herald stored any
+// https URL) is refused when sending, and its delivery fails
+// endpoint_forbidden. The service never receives a connection.
+func TestAttackWebPushEndpointsCannotReachInside(t *testing.T) {
+	t.Parallel()
+	e := startE2E(t, nil)
+	inside := pushtest.StartInside(t)
+	port := inside.Port
+	sub, err := e.fake.MintSubscription(false)
+	require.NoError(t, err)
+
+	for _, endpoint := range []string{
+		"https://127.0.0.1:" + port + "/",
+		"https://localhost:" + port + "/",
+		"https://127.0.0.2:" + port + "/",
+		"https://0.0.0.0:" + port + "/",
+		"https://[::ffff:127.0.0.1]:" + port + "/",
+		"https://[::1]:" + port + "/",
+		"https://169.254.169.254/latest/meta-data/",
+		"https://10.0.0.1/",
+		"https://user:pw@" + strings.TrimPrefix(e.fake.URL(), "https://") + "/webpush/x",
+		"http://127.0.0.1:" + port + "/",
+	} {
+		s := map[string]any{"endpoint": endpoint, "keys": sub.Keys}
+		code, body := e.call(http.MethodPost, "/v1/devices", map[string]any{"user_id": "mallory", "channel": "webpush", "subscription": s})
+		require.Equal(t, http.StatusBadRequest, code, "%s: %v", endpoint, body)
+		require.Equal(t, "subscription.endpoint", body["error"].(map[string]any)["field"], endpoint)
+	}
+
+	// A device stored before the policy existed.
+	pool := e.db.Pool
+	ctx := context.Background()
+	_, err = pool.Exec(ctx, `INSERT INTO users (id) VALUES ('mallory') ON CONFLICT DO NOTHING`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO devices (user_id, channel, token, p256dh, auth) VALUES ('mallory', 'webpush', $1, $2, $3)`,
+		"https://localhost:"+port+"/stolen", sub.Keys.P256dh, sub.Keys.Auth)
+	require.NoError(t, err)
+
+	msg := e.must(http.StatusAccepted, http.MethodPost, "/v1/messages", map[string]any{
+		"audience": map[string]any{"type": "users", "ids": []string{"mallory"}},
+		"payload":  map[string]any{"title": "probe"},
+	})
+	id := msg["message_id"].(string)
+	st := e.settle(id, 30*time.Second)
+	require.EqualValues(t, 1, st["deliveries"].(map[string]any)["failed"], "%v", st)
+	failed := e.deliveries(id, "failed")
+	require.Len(t, failed, 1)
+	require.Equal(t, "endpoint_forbidden", failed[0]["reason"])
+	require.Zero(t, inside.Connections(), "the internal service received a connection")
+}
+
+// TestAttackWebPushOneCallerCannotParkOthers has one caller register
+// subscriptions on a push service that fails every push, and schedule to
+// them: that service's breaker opens. Another caller's urgent push to a
+// healthy push service is still sent at once. With one breaker for all of
+// Web Push it was parked until the breaker's cooldown (a minute here) had
+// passed. /v1/providers shows the failing service by name, without its
+// answer's body.
+func TestAttackWebPushOneCallerCannotParkOthers(t *testing.T) {
+	t.Parallel()
+	failing, err := fake.New(fake.Config{Addr: "127.0.0.1:0", TLSDir: t.TempDir()})
+	require.NoError(t, err)
+	require.NoError(t, failing.Start(context.Background()))
+	t.Cleanup(func() { _ = failing.Close() })
+	require.NoError(t, failing.SetControl(fake.Control{Channel: "webpush", Mode: fake.ModeUnavailable}))
+
+	// Herald trusts both push services' CAs and admits both hosts.
+	e := startE2EWith(t, func(vars map[string]string, main *fake.Server) {
+		both := filepath.Join(t.TempDir(), "ca.pem")
+		require.NoError(t, os.WriteFile(both, append(main.CACertPEM(), failing.CACertPEM()...), 0o600))
+		vars["SSL_CERT_FILE"] = both
+		vars["HERALD_WEBPUSH_HOSTS"] += "," + strings.TrimPrefix(failing.URL(), "https://")
+		vars["HERALD_BREAKER_COOLDOWN"] = "1m"
+	})
+
+	for range 5 {
+		sub, err := failing.MintSubscription(false)
+		require.NoError(t, err)
+		e.must(http.StatusCreated, http.MethodPost, "/v1/devices", map[string]any{"user_id": "mallory", "channel": "webpush", "subscription": sub})
+	}
+	e.must(http.StatusAccepted, http.MethodPost, "/v1/messages", map[string]any{
+		"audience": map[string]any{"type": "users", "ids": []string{"mallory"}},
+		"payload":  map[string]any{"title": "noise"},
+	})
+	var providers map[string]any
+	require.Eventually(t, func() bool {
+		providers = e.must(http.StatusOK, http.MethodGet, "/v1/providers", nil)
+		return providers["webpush"].(map[string]any)["state"] == "open"
+	}, 30*time.Second, 50*time.Millisecond, "the failing push service's breaker did not open")
+
+	sub, err := e.fake.MintSubscription(false)
+	require.NoError(t, err)
+	e.must(http.StatusCreated, http.MethodPost, "/v1/devices", map[string]any{"user_id": "alice", "channel": "webpush", "subscription": sub})
+	msg := e.must(http.StatusAccepted, http.MethodPost, "/v1/messages", map[string]any{
+		"priority": "urgent",
+		"audience": map[string]any{"type": "users", "ids": []string{"alice"}},
+		"payload":  map[string]any{"title": "your train leaves in 5 minutes"},
+	})
+	id := msg["message_id"].(string)
+	// Far below the one-minute cooldown that would hold a parked push.
+	st := e.settle(id, 20*time.Second)
+	require.EqualValues(t, 1, st["deliveries"].(map[string]any)["accepted"], "%v", st)
+	require.Len(t, e.fake.Receipts(id), 1)
+
+	lastError := providers["webpush"].(map[string]any)["last_error"].(string)
+	require.Equal(t, strings.TrimPrefix(failing.URL(), "https://")+": push service answered 503 Service Unavailable", lastError,
+		"the push service is named, and its answer's body is not shown")
+}

@@ -1,0 +1,151 @@
+package push
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/netip"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestCheckEndpoint(t *testing.T) {
+	t.Parallel()
+	p, err := NewEgressPolicy([]string{"127.0.0.1:8443", "push.internal.example", "*.corp.example:9443"})
+	require.NoError(t, err)
+	allowed := []string{
+		"https://fcm.googleapis.com/fcm/send/abc",
+		"https://FCM.googleapis.com./fcm/send/abc",
+		"https://fcm.googleapis.com:443/fcm/send/abc",
+		"https://updates.push.services.mozilla.com/wpush/v2/abc",
+		"https://web.push.apple.com/QGuQyavXutnMH",
+		"https://wns2-by3p.notify.windows.com/w/?token=abc",
+		"https://127.0.0.1:8443/webpush/abc",
+		"https://push.internal.example/abc",
+		"https://a.b.corp.example:9443/abc",
+	}
+	for _, e := range allowed {
+		require.NoError(t, p.CheckEndpoint(e), e)
+	}
+	refused := []string{
+		"http://fcm.googleapis.com/fcm/send/abc",
+		"https://user:pw@fcm.googleapis.com/fcm/send/abc",
+		"https://fcm.googleapis.com:8443/fcm/send/abc",
+		"https://evil.example/abc",
+		"https://push.apple.com.evil.example/abc",
+		"https://evilpush.apple.com/abc",
+		"https://push.apple.com/abc",
+		"https://127.0.0.1:5432/",
+		"https://127.0.0.1:8444/",
+		"https://127.0.0.2:8443/",
+		"https://localhost:8443/",
+		"https://169.254.169.254/latest/meta-data/",
+		"https://10.0.0.1/",
+		"https://0.0.0.0:8443/",
+		"https://[::ffff:127.0.0.1]:8443/",
+		"https://[::1]:8443/",
+		"https://2130706433/",
+		"https://0x7f.1/",
+		"https://push.internal.example:8443/abc",
+		"https://corp.example:9443/abc",
+		"fcm.googleapis.com/fcm/send/abc",
+		"https:fcm.googleapis.com",
+	}
+	for _, e := range refused {
+		err := p.CheckEndpoint(e)
+		require.ErrorIs(t, err, ErrEndpointForbidden, e)
+	}
+}
+
+func TestDefaultEgressPolicy(t *testing.T) {
+	t.Parallel()
+	p := DefaultEgressPolicy()
+	require.NoError(t, p.CheckEndpoint("https://fcm.googleapis.com/fcm/send/abc"))
+	require.ErrorIs(t, p.CheckEndpoint("https://127.0.0.1/"), ErrEndpointForbidden)
+	// An IP address is refused whatever it is, when no one added it: a
+	// default entry is a name.
+	require.ErrorIs(t, p.CheckEndpoint("https://8.8.8.8/"), ErrEndpointForbidden)
+}
+
+func TestNewEgressPolicyRefusesBadEntries(t *testing.T) {
+	t.Parallel()
+	for _, e := range []string{"host:0", "host:99999", "host:x", "*", "*.com", "a/b", "user@host", "http://host"} {
+		_, err := NewEgressPolicy([]string{e})
+		require.Error(t, err, e)
+	}
+}
+
+func TestInternalAddress(t *testing.T) {
+	t.Parallel()
+	internal := []string{
+		"127.0.0.1", "127.255.0.1", "10.1.2.3", "172.16.0.1", "192.168.1.1", "169.254.169.254",
+		"0.0.0.0", "0.1.2.3", "100.64.0.1", "192.0.0.8", "198.18.0.1", "224.0.0.1", "240.0.0.1",
+		"255.255.255.255", "::", "::1", "::ffff:127.0.0.1", "::ffff:10.0.0.1", "fe80::1", "fc00::1",
+		"fd12:3456::1", "ff02::1", "64:ff9b::7f00:1", "2002:7f00:1::1", "2001:db8::1",
+	}
+	for _, s := range internal {
+		require.NotEmpty(t, internalAddress(netip.MustParseAddr(s)), s)
+	}
+	for _, s := range []string{"8.8.8.8", "142.250.74.42", "17.253.144.10", "2606:4700::1111", "2a00:1450:4001::200a"} {
+		require.Empty(t, internalAddress(netip.MustParseAddr(s)), s)
+	}
+}
+
+// countingListener counts the connections made to it.
+func countingListener(t *testing.T, addr string) (net.Listener, *atomic.Int64) {
+	t.Helper()
+	ln, err := net.Listen("tcp", addr)
+	require.NoError(t, err)
+	t.Cleanup(func() { ln.Close() })
+	var n atomic.Int64
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			n.Add(1)
+			c.Close()
+		}
+	}()
+	return ln, &n
+}
+
+// TestDialRefusesInternalAddresses checks the check made at connection
+// time: a name the allow-list admits but that resolves to a loopback address
+// (as a push service's name could, were its DNS answer changed) gets no
+// connection, while the operator's own entry does.
+func TestDialRefusesInternalAddresses(t *testing.T) {
+	t.Parallel()
+	ln, accepted := countingListener(t, "127.0.0.1:0")
+	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	// As if localhost were a default push service's name: not trusted.
+	p := &EgressPolicy{rules: []hostRule{{host: "localhost", port: port}, {host: "127.0.0.1", port: port}}}
+	dial := p.DialContext(&net.Dialer{Timeout: time.Second})
+	ctx := context.Background()
+	for _, addr := range []string{"localhost:" + port, "127.0.0.1:" + port, "127.0.0.2:" + port, "[::1]:" + port} {
+		conn, err := dial(ctx, "tcp", addr)
+		if conn != nil {
+			conn.Close()
+		}
+		require.ErrorIs(t, err, ErrEndpointForbidden, addr)
+	}
+	time.Sleep(50 * time.Millisecond)
+	require.Zero(t, accepted.Load(), "no connection reaches an internal address")
+
+	trusted, err := NewEgressPolicy([]string{"localhost:" + port})
+	require.NoError(t, err)
+	conn, err := trusted.DialContext(&net.Dialer{Timeout: time.Second})(ctx, "tcp", "localhost:"+port)
+	require.NoError(t, err)
+	conn.Close()
+	require.Eventually(t, func() bool { return accepted.Load() == 1 }, 5*time.Second, 10*time.Millisecond,
+		"the operator's own entry is dialled")
+
+	var fe *ForbiddenError
+	_, err = dial(ctx, "tcp", "evil.example:443")
+	require.True(t, errors.As(err, &fe), "%v", err)
+	require.Contains(t, fe.Why, "not a Web Push service")
+}
