@@ -47,7 +47,7 @@ func throttleKey(ip string) string {
 	if err != nil {
 		return ip
 	}
-	addr = addr.Unmap()
+	addr = addr.Unmap().WithZone("")
 	if addr.Is4() {
 		return addr.String()
 	}

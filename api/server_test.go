@@ -155,19 +155,30 @@ func TestHealthAndReadiness(t *testing.T) {
 	require.NotEmpty(t, rec.Header().Get("X-Request-Id"))
 }
 
+// TestReadinessFailsWhenNotReady checks that /readyz says not ready, and
+// that why (which names the database) goes to the log, not to the
+// anonymous caller.
 func TestReadinessFailsWhenNotReady(t *testing.T) {
 	t.Parallel()
 	tdb := dbtest.NewEmpty(t)
+	var log bytes.Buffer
+	var why error
 	srv, err := NewServer(Config{
-		Logger: discard,
+		Logger: slog.New(slog.NewTextHandler(&log, nil)),
 		Pool:   tdb.Pool,
 		River:  insertOnlyRiver(t, tdb),
-		Ready:  func(ctx context.Context) error { return db.CheckMigrated(ctx, tdb.Pool) },
+		Ready: func(ctx context.Context) error {
+			why = db.CheckMigrated(ctx, tdb.Pool)
+			return why
+		},
 	})
 	require.NoError(t, err)
 	rec := httptest.NewRecorder()
 	srv.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
 	requireError(t, rec, http.StatusServiceUnavailable, "not_ready", "")
+	require.Error(t, why)
+	require.NotContains(t, rec.Body.String(), why.Error())
+	require.Contains(t, log.String(), why.Error())
 }
 
 func TestAPIKeyRequired(t *testing.T) {
