@@ -6,6 +6,7 @@ import (
 	"html/template"
 	"io/fs"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -69,14 +70,33 @@ func (s *Server) assets() echo.HandlerFunc {
 	}
 }
 
-// safeNext keeps the post-login redirect on this site: a path, not a
-// scheme-relative or absolute URL that would send the operator elsewhere.
+// safeNext keeps the post-login redirect on this site: next must be a path
+// of this origin, else the operator goes to /. Browsers forgive a lot in a
+// Location header (they drop tabs and newlines anywhere, trim leading spaces
+// and control characters, and read a backslash as a slash), so anything a
+// browser might rewrite into a scheme-relative or absolute URL is refused
+// outright rather than cleaned: control characters, backslashes, and
+// anything that does not start with exactly one slash or that parses with a
+// scheme or a host.
 func safeNext(next string) string {
-	if !strings.HasPrefix(next, "/") || strings.HasPrefix(next, "//") || strings.HasPrefix(next, "/\\") || strings.HasPrefix(next, "/login") {
+	if !strings.HasPrefix(next, "/") || strings.HasPrefix(next, "//") || strings.HasPrefix(next, "/login") {
+		return "/"
+	}
+	for _, r := range next {
+		if r < 0x20 || r == 0x7f || r == '\\' || (r >= 0x80 && r <= 0x9f) {
+			return "/"
+		}
+	}
+	u, err := url.Parse(next)
+	if err != nil || u.Scheme != "" || u.Host != "" || u.User != nil || u.Opaque != "" {
 		return "/"
 	}
 	return next
 }
+
+// loginBodyLimit bounds the anonymous login form: a user, a password and a
+// path fit in far less.
+const loginBodyLimit = 4 << 10
 
 func (s *Server) renderLogin(c echo.Context, status int, next, problem string) error {
 	var buf bytes.Buffer
@@ -94,7 +114,10 @@ func (s *Server) loginPage(c echo.Context) error {
 // password is logged (without it) so that guessing shows in the logs.
 func (s *Server) login(c echo.Context) error {
 	next := c.FormValue("next")
-	remote := c.RealIP()
+	// RealIP is the connection's address unless a trusted proxy forwarded
+	// the request (proxy.go): a header the client sets never picks the
+	// throttle's key.
+	remote := throttleKey(c.RealIP())
 	if wait := s.sessions.loginWait(remote); wait > 0 {
 		c.Response().Header().Set("Retry-After", strconv.Itoa(int(wait.Seconds())+1))
 		return s.renderLogin(c, http.StatusTooManyRequests, next,
@@ -108,7 +131,7 @@ func (s *Server) login(c echo.Context) error {
 	}
 	s.sessions.loginSucceeded(remote)
 	token, expires := s.sessions.issue()
-	setSessionCookie(c, token, expires)
+	s.setSessionCookie(c, token, expires)
 	return c.Redirect(http.StatusSeeOther, safeNext(next))
 }
 
@@ -122,7 +145,7 @@ func (s *Server) logout(c echo.Context) error {
 		}
 		s.sessions.revoke(token)
 	}
-	setSessionCookie(c, "", time.Time{})
+	s.setSessionCookie(c, "", time.Time{})
 	return c.NoContent(http.StatusNoContent)
 }
 

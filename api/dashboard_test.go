@@ -3,6 +3,8 @@ package api
 import (
 	"crypto/tls"
 	"encoding/json"
+	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -188,6 +190,22 @@ func TestSafeNext(t *testing.T) {
 		"/\\evil.example/":     "/",
 		"https://evil.example": "/",
 		"/login?next=/":        "/",
+		// Browsers drop tabs and newlines and read a backslash as a slash,
+		// which would make each of these //evil.example.
+		"/\t/evil.example":     "/",
+		"/\n/evil.example":     "/",
+		"/\r\n/evil.example":   "/",
+		"/\t\\evil.example":    "/",
+		"\t//evil.example":     "/",
+		" //evil.example":      "/",
+		"/\x00/evil.example":   "/",
+		"/\x7f/evil.example":   "/",
+		"/\u0085/evil.example": "/",
+		"/riverui/\\x":         "/",
+		"https:/evil.example":  "/",
+		"javascript:alert(1)":  "/",
+		"/%2F/evil.example":    "/%2F/evil.example",
+		"/riverui/jobs?q=1":    "/riverui/jobs?q=1",
 	} {
 		require.Equal(t, want, safeNext(in), in)
 	}
@@ -333,4 +351,110 @@ func TestDashboardLoginThrottled(t *testing.T) {
 	require.Equal(t, http.StatusSeeOther, b.postLogin(adminUser, testAdminPassword, nil).Code)
 	require.Equal(t, http.StatusUnauthorized, b.postLogin(adminUser, "guess", nil).Code)
 	require.Equal(t, http.StatusSeeOther, b.postLogin(adminUser, testAdminPassword, nil).Code)
+}
+
+// TestDashboardLoginThrottleKeysOnTheConnection checks that the throttle
+// counts failures against the address the request came from: the client's
+// own X-Forwarded-For and X-Real-IP count only when a trusted proxy sent
+// them, and then the proxy's entry, the rightmost untrusted one, decides.
+func TestDashboardLoginThrottleKeysOnTheConnection(t *testing.T) {
+	t.Parallel()
+	spoof := func(i int) func(*http.Request) {
+		return func(r *http.Request) {
+			r.Header.Set("X-Forwarded-For", fmt.Sprintf("198.51.100.%d", i))
+			r.Header.Set("X-Real-IP", fmt.Sprintf("203.0.113.%d", i))
+		}
+	}
+	b := setupDashboard(t)
+	for i := range freeLoginFailures {
+		require.Equal(t, http.StatusUnauthorized, b.postLogin(adminUser, "guess", spoof(i)).Code)
+	}
+	rec := b.postLogin(adminUser, testAdminPassword, spoof(99))
+	require.Equal(t, http.StatusTooManyRequests, rec.Code, "rotating forwarded headers escaped the throttle")
+
+	// Behind a trusted proxy (httptest's requests come from 192.0.2.1),
+	// clients are told apart by what the proxy appended.
+	_, proxy, err := net.ParseCIDR("192.0.2.0/24")
+	require.NoError(t, err)
+	p := &dashBundle{bundle: setupWith(t, dbtestNew(t), Config{AdminPassword: testAdminPassword, TrustedProxies: []*net.IPNet{proxy}})}
+	via := func(xff string) func(*http.Request) {
+		return func(r *http.Request) { r.Header.Set("X-Forwarded-For", xff) }
+	}
+	for i := range freeLoginFailures {
+		xff := fmt.Sprintf("198.51.100.%d, 2001:db8:1:2::%d", i, i+1)
+		require.Equal(t, http.StatusUnauthorized, p.postLogin(adminUser, "guess", via(xff)).Code)
+	}
+	// Another address in the guesser's IPv6 /64 is the same guesser.
+	require.Equal(t, http.StatusTooManyRequests, p.postLogin(adminUser, testAdminPassword, via("2001:db8:1:2::ff")).Code)
+	require.Equal(t, http.StatusSeeOther, p.postLogin(adminUser, testAdminPassword, via("2001:db8:1:3::1")).Code)
+	require.Equal(t, http.StatusSeeOther, p.postLogin(adminUser, testAdminPassword, func(r *http.Request) { r.Header.Set("X-Real-IP", "203.0.113.5") }).Code)
+}
+
+func TestThrottleKey(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"192.0.2.1":               "192.0.2.1",
+		"::ffff:192.0.2.1":        "192.0.2.1",
+		"2001:db8:1:2:3:4:5:6":    "2001:db8:1:2::/64",
+		"2001:db8:1:2::ff":        "2001:db8:1:2::/64",
+		"::1":                     "::/64",
+		"not an address":          "not an address",
+		"":                        "",
+		"fe80::1%eth0":            "fe80::/64",
+		"2001:db8:ffff:ffff::abc": "2001:db8:ffff:ffff::/64",
+	} {
+		require.Equal(t, want, throttleKey(in), in)
+	}
+}
+
+// TestDashboardCookieSecure checks when the session cookie is Secure: over
+// TLS, when a trusted proxy says https, and always with SecureCookies; not
+// when an untrusted caller claims https.
+func TestDashboardCookieSecure(t *testing.T) {
+	t.Parallel()
+	_, proxy, err := net.ParseCIDR("192.0.2.1/32")
+	require.NoError(t, err)
+	https := func(r *http.Request) { r.Header.Set("X-Forwarded-Proto", "https") }
+	for _, tc := range []struct {
+		name    string
+		cfg     Config
+		mutate  func(*http.Request)
+		secure  bool
+		message string
+	}{
+		{"untrusted claim", Config{}, https, false, "an untrusted X-Forwarded-Proto made the cookie Secure"},
+		{"plain HTTP", Config{}, nil, false, "a plain-HTTP login cannot use a Secure cookie"},
+		{"trusted proxy", Config{TrustedProxies: []*net.IPNet{proxy}}, https, true, "a trusted proxy's https was ignored"},
+		{"forced", Config{SecureCookies: true}, nil, true, "SecureCookies did not make the cookie Secure"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			tc.cfg.AdminPassword = testAdminPassword
+			b := &dashBundle{bundle: setupWith(t, dbtestNew(t), tc.cfg)}
+			rec := b.postLogin(adminUser, testAdminPassword, tc.mutate)
+			require.Equal(t, http.StatusSeeOther, rec.Code)
+			require.Equal(t, tc.secure, sessionCookieOf(t, rec).Secure, tc.message)
+		})
+	}
+}
+
+// TestDashboardLoginBodyLimit checks that the anonymous login form is
+// refused with 413 beyond loginBodyLimit, announced or not, before any of
+// it is parsed.
+func TestDashboardLoginBodyLimit(t *testing.T) {
+	t.Parallel()
+	b := setupDashboard(t)
+	big := url.Values{"username": {adminUser}, "password": {testAdminPassword}, "pad": {strings.Repeat("a", loginBodyLimit)}}.Encode()
+	for name, length := range map[string]int64{"announced": int64(len(big)), "unannounced": -1} {
+		req := httptest.NewRequest(http.MethodPost, "/login", strings.NewReader(big))
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req.ContentLength = length
+		rec := httptest.NewRecorder()
+		b.srv.ServeHTTP(rec, req)
+		requireError(t, rec, http.StatusRequestEntityTooLarge, "too_large", "")
+		require.Nil(t, sessionCookieOf(t, rec), name)
+	}
+	// An ordinary form still signs in.
+	rec := b.postLogin(adminUser, testAdminPassword, nil)
+	require.Equal(t, http.StatusSeeOther, rec.Code)
 }

@@ -1,11 +1,13 @@
 package api
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"mime"
+	"net"
 	"net/http"
 	"strings"
 
@@ -50,6 +52,45 @@ func decode(c echo.Context, limit int64, dst validator) error {
 	return dst.validate()
 }
 
+// limitBody reads a request body of at most limit bytes before the handler
+// parses it, so that a handler using Echo's form helpers (which would read
+// a multipart body of any size into memory and temporary files) sees at
+// most limit bytes. A larger body is refused with 413 as soon as its
+// Content-Length, or its limit'th byte, says so.
+func limitBody(limit int64) echo.MiddlewareFunc {
+	return func(next echo.HandlerFunc) echo.HandlerFunc {
+		return func(c echo.Context) error {
+			req := c.Request()
+			if req.ContentLength > limit {
+				return tooLarge(limit)
+			}
+			body, err := io.ReadAll(http.MaxBytesReader(c.Response(), req.Body, limit))
+			if err != nil {
+				return bodyReadError(err, limit)
+			}
+			req.Body = io.NopCloser(bytes.NewReader(body))
+			return next(c)
+		}
+	}
+}
+
+// bodyReadError explains why a request body could not be read: too large,
+// not there in time (the server's read timeout; the text of the network
+// error would describe the server's connection), or cut off.
+func bodyReadError(err error, limit int64) *Error {
+	var (
+		maxErr *http.MaxBytesError
+		netErr net.Error
+	)
+	switch {
+	case errors.As(err, &maxErr):
+		return tooLarge(limit)
+	case errors.As(err, &netErr) && netErr.Timeout():
+		return &Error{Status: http.StatusRequestTimeout, Code: "request_timeout", Message: "the request body did not arrive in time"}
+	}
+	return &Error{Status: http.StatusBadRequest, Code: "bad_request", Message: "the request body could not be read"}
+}
+
 func tooLarge(limit int64) *Error {
 	return &Error{Status: http.StatusRequestEntityTooLarge, Code: "too_large",
 		Message: fmt.Sprintf("the request body is larger than %d bytes", limit)}
@@ -61,9 +102,10 @@ func decodeError(err error, limit int64) error {
 		typeErr   *json.UnmarshalTypeError
 		maxErr    *http.MaxBytesError
 	)
+	var netErr net.Error
 	switch {
-	case errors.As(err, &maxErr):
-		return tooLarge(limit)
+	case errors.As(err, &maxErr), errors.As(err, &netErr):
+		return bodyReadError(err, limit)
 	case errors.Is(err, io.EOF):
 		return &Error{Status: http.StatusBadRequest, Code: "malformed_json", Message: "the request body is empty"}
 	case errors.Is(err, io.ErrUnexpectedEOF):

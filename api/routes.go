@@ -57,7 +57,7 @@ func (s *Server) dashboardRoutes() {
 	e := s.echo
 	same := sameOrigin()
 	e.GET("/login", s.loginPage, s.dashboardOn)
-	e.POST("/login", s.login, s.dashboardOn, same)
+	e.POST("/login", s.login, s.dashboardOn, same, limitBody(loginBodyLimit))
 	e.POST("/logout", s.logout, s.dashboardOn, same)
 	e.GET("/", s.dashboardIndex, s.dashboardOn, s.requireSession)
 	e.GET("/assets/*", s.assets(), s.dashboardOn)

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net"
 	"net/http"
 
 	"github.com/jackc/pgx/v5"
@@ -53,8 +54,17 @@ type Config struct {
 	// the same one. Nil: push.DefaultEgressPolicy().
 	WebPushEgress *push.EgressPolicy
 	// Ready reports whether the process can serve: the database answers and
-	// is migrated. Nil means always ready.
+	// is migrated. Nil means always ready. Its error is logged, never shown.
 	Ready func(ctx context.Context) error
+	// TrustedProxies are the networks whose X-Forwarded-For, X-Real-IP and
+	// X-Forwarded-Proto headers are believed. Empty: no one's are, and the
+	// client is whoever opened the connection.
+	TrustedProxies []*net.IPNet
+	// SecureCookies marks the session cookie Secure on every response, for
+	// deployments behind a proxy that terminates TLS without saying so.
+	// Otherwise it is Secure when the request came over TLS, directly or as
+	// a trusted proxy says.
+	SecureCookies bool
 }
 
 // riverClient is what the API needs of River.
@@ -113,6 +123,7 @@ func NewServer(cfg Config) (*Server, error) {
 	}
 	e := s.echo
 	e.HideBanner, e.HidePort = true, true
+	forwardedHeaders(e, cfg.TrustedProxies)
 	e.HTTPErrorHandler = errorHandler(cfg.Logger)
 	e.Use(middleware.RequestID())
 	e.Use(requestLogger(cfg.Logger))
@@ -165,8 +176,13 @@ func (s *Server) healthz(c echo.Context) error {
 
 func (s *Server) readyz(c echo.Context) error {
 	if err := s.cfg.Ready(c.Request().Context()); err != nil {
-		s.cfg.Logger.WarnContext(c.Request().Context(), "not ready", "error", err)
-		return &Error{Status: http.StatusServiceUnavailable, Code: "not_ready", Message: err.Error()}
+		// The error names the database, its address and what it said: the
+		// operator reads it in the log, an anonymous caller learns only that
+		// the process is not ready.
+		s.cfg.Logger.WarnContext(c.Request().Context(), "not ready", "error", err,
+			"request_id", c.Response().Header().Get(echo.HeaderXRequestID))
+		return &Error{Status: http.StatusServiceUnavailable, Code: "not_ready",
+			Message: "not ready: the database cannot be used yet; the server log says why"}
 	}
 	return c.JSON(http.StatusOK, map[string]string{"status": "ready"})
 }

@@ -8,7 +8,10 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"strings"
 	"testing"
+	"testing/iotest"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
@@ -74,7 +77,7 @@ func insertOnlyRiver(t testing.TB, tdb *dbtest.DB) *river.Client[pgx.Tx] {
 }
 
 // request describes one call; body is marshalled unless it is a string,
-// which is sent as it is.
+// bytes or a reader, which are sent as they are.
 type request struct {
 	method, path string
 	body         any
@@ -91,6 +94,8 @@ func (b *bundle) call(r request) *httptest.ResponseRecorder {
 		body = bytes.NewBufferString(v)
 	case []byte:
 		body = bytes.NewReader(v)
+	case io.Reader:
+		body = v
 	default:
 		raw, err := json.Marshal(v)
 		require.NoError(b.t, err)
@@ -163,19 +168,30 @@ func TestHealthAndReadiness(t *testing.T) {
 	require.NotEmpty(t, rec.Header().Get("X-Request-Id"))
 }
 
+// TestReadinessFailsWhenNotReady checks that /readyz says not ready, and
+// that why (which names the database) goes to the log, not to the
+// anonymous caller.
 func TestReadinessFailsWhenNotReady(t *testing.T) {
 	t.Parallel()
 	tdb := dbtest.NewEmpty(t)
+	var log bytes.Buffer
+	var why error
 	srv, err := NewServer(Config{
-		Logger: discard,
+		Logger: slog.New(slog.NewTextHandler(&log, nil)),
 		Pool:   tdb.Pool,
 		River:  insertOnlyRiver(t, tdb),
-		Ready:  func(ctx context.Context) error { return db.CheckMigrated(ctx, tdb.Pool) },
+		Ready: func(ctx context.Context) error {
+			why = db.CheckMigrated(ctx, tdb.Pool)
+			return why
+		},
 	})
 	require.NoError(t, err)
 	rec := httptest.NewRecorder()
 	srv.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
 	requireError(t, rec, http.StatusServiceUnavailable, "not_ready", "")
+	require.Error(t, why)
+	require.NotContains(t, rec.Body.String(), why.Error())
+	require.Contains(t, log.String(), why.Error())
 }
 
 func TestAPIKeyRequired(t *testing.T) {
@@ -220,4 +236,18 @@ func TestUnknownRouteAndMethod(t *testing.T) {
 	b := setup(t)
 	requireError(t, b.call(request{method: http.MethodGet, path: "/v1/nothing-here"}), http.StatusNotFound, "not_found", "")
 	requireError(t, b.call(request{method: http.MethodPut, path: "/healthz"}), http.StatusMethodNotAllowed, "method_not_allowed", "")
+}
+
+// TestBodyThatDoesNotArriveIs408 checks that a body cut off by the server's
+// read timeout is a 408 that says so, not a 400 quoting the network error,
+// which names the server's own address.
+func TestBodyThatDoesNotArriveIs408(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for _, path := range []string{"/v1/devices", "/v1/messages"} {
+		body := io.MultiReader(strings.NewReader(`{"user_id":`), iotest.ErrReader(os.ErrDeadlineExceeded))
+		rec := b.call(request{method: http.MethodPost, path: path, body: body})
+		requireError(t, rec, http.StatusRequestTimeout, "request_timeout", "")
+		require.NotContains(t, rec.Body.String(), "deadline", path)
+	}
 }

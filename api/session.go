@@ -201,12 +201,15 @@ func (s *Server) sessionOf(c echo.Context) (string, bool) {
 // setSessionCookie sets (or, with an empty token, clears) the session
 // cookie. It is HttpOnly so that scripts cannot read it, SameSite=Strict so
 // that other sites' requests do not carry it, and Secure whenever the request
-// came over TLS (directly or through a proxy that says so), so that it never
-// travels in clear once HTTPS is in use.
-func setSessionCookie(c echo.Context, token string, expires time.Time) {
+// came over TLS (directly or through a trusted proxy that says so) or the
+// operator asked for it (Config.SecureCookies), so that it never travels in
+// clear once HTTPS is in use. c.Scheme believes X-Forwarded-Proto only from
+// trusted proxies (proxy.go): anyone else could otherwise mark the cookie
+// Secure on a plain-HTTP site and sign the operator out of it.
+func (s *Server) setSessionCookie(c echo.Context, token string, expires time.Time) {
 	ck := &http.Cookie{
 		Name: sessionCookie, Value: token, Path: "/",
-		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: c.Scheme() == "https",
+		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: s.cfg.SecureCookies || c.Scheme() == "https",
 	}
 	if token == "" {
 		ck.MaxAge = -1

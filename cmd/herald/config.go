@@ -3,9 +3,11 @@ package main
 import (
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/heraldpush/herald/jobs"
 	"github.com/heraldpush/herald/jobs/push"
@@ -18,6 +20,20 @@ type config struct {
 	Addr          string
 	APIKeys       []string
 	AdminPassword string
+
+	// TrustedProxies are the networks whose forwarding headers
+	// (X-Forwarded-For, X-Real-IP, X-Forwarded-Proto) are believed
+	// (HERALD_TRUSTED_PROXIES); none by default.
+	TrustedProxies []*net.IPNet
+	// SecureCookies marks the session cookie Secure even on plain-HTTP
+	// requests (HERALD_SECURE_COOKIES), for a proxy that terminates TLS
+	// and says nothing.
+	SecureCookies bool
+	// ReadTimeout bounds reading one request, body included; WriteTimeout
+	// bounds everything after its headers (reading the body, handling it,
+	// writing the answer); IdleTimeout bounds a kept-alive connection
+	// waiting for its next request.
+	ReadTimeout, WriteTimeout, IdleTimeout time.Duration
 
 	APNs    apnsConfig
 	FCM     fcmConfig
@@ -147,6 +163,30 @@ func loadConfig(getenv func(string) string) (config, error) {
 	if c.MaterializeEvery, err = durationVar(getenv, "HERALD_MATERIALIZE_EVERY", 0, 100*time.Millisecond); err != nil {
 		return c, err
 	}
+	if c.TrustedProxies, err = cidrsVar(getenv, "HERALD_TRUSTED_PROXIES"); err != nil {
+		return c, err
+	}
+	if v := getenv("HERALD_SECURE_COOKIES"); v != "" {
+		if c.SecureCookies, err = strconv.ParseBool(v); err != nil {
+			return c, fmt.Errorf("HERALD_SECURE_COOKIES: %q is neither true nor false", v)
+		}
+	}
+	// A 16 MB device batch must arrive within the read timeout: a minute
+	// allows a caller about 2 Mbit/s. The write timeout runs from the end of
+	// the headers, so it must also cover the body, then the handling (a
+	// big audience takes seconds to expand) and the answer.
+	if c.ReadTimeout, err = durationVar(getenv, "HERALD_HTTP_READ_TIMEOUT", time.Minute, time.Second); err != nil {
+		return c, err
+	}
+	if c.WriteTimeout, err = durationVar(getenv, "HERALD_HTTP_WRITE_TIMEOUT", 2*time.Minute, time.Second); err != nil {
+		return c, err
+	}
+	if c.IdleTimeout, err = durationVar(getenv, "HERALD_HTTP_IDLE_TIMEOUT", 2*time.Minute, time.Second); err != nil {
+		return c, err
+	}
+	if c.WriteTimeout < c.ReadTimeout {
+		return c, fmt.Errorf("HERALD_HTTP_WRITE_TIMEOUT (%s) must be at least HERALD_HTTP_READ_TIMEOUT (%s): it runs from the end of the headers, so a body that takes the whole read timeout would leave no time to answer", c.WriteTimeout, c.ReadTimeout)
+	}
 	if c.RescueAfter <= c.ChunkTimeout {
 		return c, fmt.Errorf("HERALD_RESCUE_AFTER (%s) must be longer than HERALD_CHUNK_TIMEOUT (%s), or a chunk could be retried while its first attempt is still sending", c.RescueAfter, c.ChunkTimeout)
 	}
@@ -177,6 +217,46 @@ func durationVar(getenv func(string) string, name string, def, lo time.Duration)
 		return 0, fmt.Errorf("%s: %q is not a duration of at least %s", name, s, lo)
 	}
 	return d, nil
+}
+
+// cidrsVar reads an optional comma-separated list of networks in CIDR
+// notation; a bare address stands for itself alone.
+func cidrsVar(getenv func(string) string, name string) ([]*net.IPNet, error) {
+	var nets []*net.IPNet
+	for _, s := range strings.Split(getenv(name), ",") {
+		s = strings.TrimSpace(s)
+		if s == "" {
+			continue
+		}
+		if ip := net.ParseIP(s); ip != nil {
+			bits := 8 * len(ip.To16())
+			if ip4 := ip.To4(); ip4 != nil {
+				ip, bits = ip4, 32
+			}
+			nets = append(nets, &net.IPNet{IP: ip, Mask: net.CIDRMask(bits, bits)})
+			continue
+		}
+		_, n, err := net.ParseCIDR(s)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %q is not a network in CIDR notation (such as 10.0.0.0/8) or an address", name, s)
+		}
+		nets = append(nets, n)
+	}
+	return nets, nil
+}
+
+// minAdminPasswordLength is the shortest HERALD_ADMIN_PASSWORD accepted. The
+// login throttle slows guessing down, but a short or dictionary password
+// still falls to a patient guesser; `make run` makes a 16-character one.
+const minAdminPasswordLength = 12
+
+// validateAdminPassword refuses a password too short to guard the
+// dashboard and River UI, whose sessions can cancel any message.
+func (c config) validateAdminPassword() error {
+	if n := utf8.RuneCountInString(c.AdminPassword); c.AdminPassword != "" && n < minAdminPasswordLength {
+		return fmt.Errorf("HERALD_ADMIN_PASSWORD is %d characters long; use at least %d random characters (or unset it to disable the dashboard)", n, minAdminPasswordLength)
+	}
+	return nil
 }
 
 // validateProviders refuses a half-configured provider: naming the missing

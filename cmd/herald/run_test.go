@@ -166,6 +166,14 @@ func TestRunRejectsBadConfiguration(t *testing.T) {
 		{"bad log level", []string{"herald", "serve"}, map[string]string{"DATABASE_URL": "postgres:///x", "HERALD_LOG_LEVEL": "loud"}, "HERALD_LOG_LEVEL"},
 		{"bad flag", []string{"herald", "serve", "--nope"}, nil, "not defined"},
 		{"unknown lane", []string{"herald", "serve"}, map[string]string{"DATABASE_URL": "postgres:///x", "HERALD_LANES": "urgent,fast"}, `HERALD_LANES: unknown lane "fast"`},
+		{"short admin password", []string{"herald", "serve"}, map[string]string{"DATABASE_URL": "postgres:///x", "HERALD_ADMIN_PASSWORD": "elevenchars"}, "HERALD_ADMIN_PASSWORD is 11 characters long; use at least 12"},
+		{"short admin password in runes", []string{"herald", "serve"}, map[string]string{"DATABASE_URL": "postgres:///x", "HERALD_ADMIN_PASSWORD": "ééééééééééé"}, "HERALD_ADMIN_PASSWORD is 11 characters long"},
+		{"bad trusted proxy", []string{"herald", "serve"}, map[string]string{"DATABASE_URL": "postgres:///x", "HERALD_TRUSTED_PROXIES": "10.0.0.0/8, proxy.internal"}, `HERALD_TRUSTED_PROXIES: "proxy.internal" is not a network`},
+		{"bad prefix length", []string{"herald", "serve"}, map[string]string{"DATABASE_URL": "postgres:///x", "HERALD_TRUSTED_PROXIES": "10.0.0.0/33"}, `HERALD_TRUSTED_PROXIES: "10.0.0.0/33"`},
+		{"bad secure cookies", []string{"herald", "serve"}, map[string]string{"DATABASE_URL": "postgres:///x", "HERALD_SECURE_COOKIES": "always"}, `HERALD_SECURE_COOKIES: "always" is neither true nor false`},
+		{"bad read timeout", []string{"herald", "serve"}, map[string]string{"DATABASE_URL": "postgres:///x", "HERALD_HTTP_READ_TIMEOUT": "forever"}, "HERALD_HTTP_READ_TIMEOUT"},
+		{"tiny idle timeout", []string{"herald", "serve"}, map[string]string{"DATABASE_URL": "postgres:///x", "HERALD_HTTP_IDLE_TIMEOUT": "10ms"}, "HERALD_HTTP_IDLE_TIMEOUT"},
+		{"write shorter than read", []string{"herald", "serve"}, map[string]string{"DATABASE_URL": "postgres:///x", "HERALD_HTTP_READ_TIMEOUT": "3m"}, "HERALD_HTTP_WRITE_TIMEOUT (2m0s) must be at least HERALD_HTTP_READ_TIMEOUT (3m0s)"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -174,4 +182,36 @@ func TestRunRejectsBadConfiguration(t *testing.T) {
 			require.Contains(t, err.Error(), tc.want)
 		})
 	}
+}
+
+// TestLoadConfigHTTP checks the defaults and the parsing of the HTTP
+// server's settings.
+func TestLoadConfigHTTP(t *testing.T) {
+	t.Parallel()
+	cfg, err := loadConfig(env(nil))
+	require.NoError(t, err)
+	require.Empty(t, cfg.TrustedProxies)
+	require.False(t, cfg.SecureCookies)
+	require.Equal(t, time.Minute, cfg.ReadTimeout)
+	require.Equal(t, 2*time.Minute, cfg.WriteTimeout)
+	require.Equal(t, 2*time.Minute, cfg.IdleTimeout)
+	require.NoError(t, cfg.validateAdminPassword(), "no password leaves the dashboard off")
+
+	cfg, err = loadConfig(env(map[string]string{
+		"HERALD_TRUSTED_PROXIES":    " 10.1.0.0/16,192.0.2.7 , 2001:db8::/32,,2001:db8:1::1",
+		"HERALD_SECURE_COOKIES":     "true",
+		"HERALD_HTTP_READ_TIMEOUT":  "5s",
+		"HERALD_HTTP_WRITE_TIMEOUT": "5s",
+		"HERALD_HTTP_IDLE_TIMEOUT":  "30s",
+		"HERALD_ADMIN_PASSWORD":     "q8Zt3_kL0-xYw2Ab",
+	}))
+	require.NoError(t, err)
+	var nets []string
+	for _, n := range cfg.TrustedProxies {
+		nets = append(nets, n.String())
+	}
+	require.Equal(t, []string{"10.1.0.0/16", "192.0.2.7/32", "2001:db8::/32", "2001:db8:1::1/128"}, nets)
+	require.True(t, cfg.SecureCookies)
+	require.Equal(t, []time.Duration{5 * time.Second, 5 * time.Second, 30 * time.Second}, []time.Duration{cfg.ReadTimeout, cfg.WriteTimeout, cfg.IdleTimeout})
+	require.NoError(t, cfg.validateAdminPassword(), "make run's 16-character password is long enough")
 }

@@ -66,6 +66,9 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 	if err := cfg.validateAPIKeys(); err != nil {
 		return err
 	}
+	if err := cfg.validateAdminPassword(); err != nil {
+		return err
+	}
 	logger, err := newLogger(getenv, stderr)
 	if err != nil {
 		return err
@@ -240,9 +243,11 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 			}
 			return db.CheckMigrated(ctx, pool)
 		},
-		AdminPassword: cfg.AdminPassword,
-		RiverUI:       riverUI,
-		WebPushEgress: cfg.WebPushEgress,
+		AdminPassword:  cfg.AdminPassword,
+		RiverUI:        riverUI,
+		TrustedProxies: cfg.TrustedProxies,
+		SecureCookies:  cfg.SecureCookies,
+		WebPushEgress:  cfg.WebPushEgress,
 	})
 	if err != nil {
 		return err
@@ -252,10 +257,16 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", cfg.Addr, err)
 	}
+	// Every phase of a connection has a deadline, so that a client that
+	// sends slowly, stops halfway or never reads its answer holds a
+	// connection and its goroutine for a bounded time. Headers are small:
+	// they get ten seconds at most, less when the whole read has less.
 	httpServer := &http.Server{
 		Handler:           server,
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       2 * time.Minute,
+		ReadHeaderTimeout: min(10*time.Second, cfg.ReadTimeout),
+		ReadTimeout:       cfg.ReadTimeout,
+		WriteTimeout:      cfg.WriteTimeout,
+		IdleTimeout:       cfg.IdleTimeout,
 	}
 	serving := []any{"addr", ln.Addr().String(), "role", *role, "version", version}
 	if works {
