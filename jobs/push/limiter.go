@@ -33,6 +33,13 @@ func NewLimiter(maxInFlight int) *Limiter {
 	return &Limiter{slots: make(chan struct{}, maxInFlight), turn: semaphore.NewWeighted(1), idle: make(chan func())}
 }
 
+// WarmTimeout bounds a provider's warm-up: opening its connections (TLS
+// handshakes, and for FCM an OAuth exchange) before any traffic. That is
+// more work than one push and happens once, at startup, so it gets more time
+// than a request does: bounded by the request timeout, a warm-up on a busy
+// machine gave up on connections that were merely slow to open.
+const WarmTimeout = 10 * time.Second
+
 // senderIdle is how long a sender goroutine waits for another request
 // before it ends.
 const senderIdle = 30 * time.Second

@@ -99,7 +99,7 @@ func (p *Provider) Warm(ctx context.Context) error {
 	var wg sync.WaitGroup
 	for i, c := range p.clients {
 		wg.Go(func() {
-			rctx, cancel := context.WithTimeout(ctx, p.cfg.RequestTimeout)
+			rctx, cancel := context.WithTimeout(ctx, max(p.cfg.RequestTimeout, push.WarmTimeout))
 			defer cancel()
 			n := &apns2.Notification{Topic: p.cfg.Topic, PushType: apns2.PushTypeAlert, Payload: []byte(`{}`)}
 			if _, err := c.PushWithContext(rctx, n); err != nil {

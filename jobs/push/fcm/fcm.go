@@ -68,17 +68,20 @@ func New(ctx context.Context, cfg Config) (*Provider, error) {
 	// Access tokens come from the file's token_uri over a client of their
 	// own: an ordinary transport (the token endpoint need not speak HTTP/2)
 	// that trusts RootCAs, with a timeout because oauth2 fetches tokens
-	// without the request's context. The token source outlives New, so its
-	// context must not end with New's.
+	// without the request's context. An exchange (a signed assertion, a
+	// handshake, a round trip) happens about once an hour and is more work
+	// than a push, so it is bounded like a warm-up, not like a request. The
+	// token source outlives New, so its context must not end with New's.
+	tokenTimeout := max(cfg.RequestTimeout, push.WarmTimeout)
 	tlsConfig := &tls.Config{RootCAs: cfg.RootCAs, MinVersion: tls.VersionTLS12}
 	tokens := &http.Transport{
 		Proxy:               http.ProxyFromEnvironment,
 		TLSClientConfig:     tlsConfig.Clone(),
 		ForceAttemptHTTP2:   true,
-		TLSHandshakeTimeout: cfg.RequestTimeout,
+		TLSHandshakeTimeout: tokenTimeout,
 		IdleConnTimeout:     90 * time.Second,
 	}
-	tokenCtx := context.WithValue(context.WithoutCancel(ctx), oauth2.HTTPClient, &http.Client{Transport: tokens, Timeout: cfg.RequestTimeout})
+	tokenCtx := context.WithValue(context.WithoutCancel(ctx), oauth2.HTTPClient, &http.Client{Transport: tokens, Timeout: tokenTimeout})
 	creds, err := google.CredentialsFromJSONWithType(tokenCtx, data, google.ServiceAccount, scope)
 	if err != nil {
 		return nil, fmt.Errorf("fcm config: CredentialsFile (FCM_CREDENTIALS_FILE) %s: %w", cfg.CredentialsFile, err)
@@ -121,7 +124,7 @@ func New(ctx context.Context, cfg Config) (*Provider, error) {
 // push of a message then pays neither the token exchange nor a TLS
 // handshake.
 func (p *Provider) Warm(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, p.cfg.RequestTimeout)
+	ctx, cancel := context.WithTimeout(ctx, max(p.cfg.RequestTimeout, push.WarmTimeout))
 	defer cancel()
 	// The token first, so that the dry runs do not queue for it one by one.
 	if _, err := p.client.SendDryRun(ctx, warmMessage()); err != nil {
