@@ -5,10 +5,13 @@
 package api
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -50,6 +53,20 @@ type Config struct {
 	// Ready reports whether the process can serve: the database answers and
 	// is migrated. Nil means always ready.
 	Ready func(ctx context.Context) error
+	// RateLimit is the requests a second each caller (API key, or the
+	// dashboard) may make of this process once its burst of RateBurst is
+	// spent (DefaultRateLimit and DefaultRateBurst when zero).
+	RateLimit float64
+	RateBurst int
+	// MaxDevicesPerUser is how many active devices one user may have
+	// (DefaultMaxDevicesPerUser when zero).
+	MaxDevicesPerUser int
+	// ScheduleLimits bound how often a schedule may run and how many of its
+	// runs may be made ahead; ScheduleLead is how far ahead the
+	// materializer makes runs (jobs.DefaultScheduleLead when zero), which
+	// with them decides how many runs a schedule would have waiting.
+	ScheduleLimits jobs.ScheduleLimits
+	ScheduleLead   time.Duration
 }
 
 // riverClient is what the API needs of River.
@@ -71,7 +88,20 @@ func (c *Config) validate() error {
 	if c.Ready == nil {
 		c.Ready = func(context.Context) error { return nil }
 	}
-	return nil
+	c.RateLimit = cmp.Or(c.RateLimit, DefaultRateLimit)
+	c.RateBurst = cmp.Or(c.RateBurst, DefaultRateBurst)
+	c.MaxDevicesPerUser = cmp.Or(c.MaxDevicesPerUser, DefaultMaxDevicesPerUser)
+	c.ScheduleLimits = c.ScheduleLimits.WithDefaults()
+	c.ScheduleLead = cmp.Or(c.ScheduleLead, jobs.DefaultScheduleLead)
+	switch {
+	case c.RateLimit < 0:
+		return fmt.Errorf("api: Config.RateLimit is %g; it must be positive", c.RateLimit)
+	case c.RateBurst < 1:
+		return fmt.Errorf("api: Config.RateBurst is %d; it must be at least 1", c.RateBurst)
+	case c.MaxDevicesPerUser < 1:
+		return fmt.Errorf("api: Config.MaxDevicesPerUser is %d; it must be at least 1", c.MaxDevicesPerUser)
+	}
+	return c.ScheduleLimits.Validate()
 }
 
 // Server serves Herald's HTTP API.
@@ -85,6 +115,7 @@ type Server struct {
 	// sessions is nil while the dashboard is disabled (no admin password).
 	sessions  *sessions
 	dashboard *dashboard
+	limiter   *rateLimiter
 }
 
 // NewServer returns the server with every route in place.
@@ -96,6 +127,7 @@ func NewServer(cfg Config) (*Server, error) {
 	s := &Server{
 		cfg: cfg, pool: cfg.Pool, keys: newAPIKeys(cfg.APIKeys), river: cfg.River,
 		enqueuer: jobs.NewEnqueuer(cfg.River, cfg.ChunkSize), echo: echo.New(),
+		limiter: newRateLimiter(cfg.RateLimit, cfg.RateBurst, time.Now),
 	}
 	if cfg.AdminPassword != "" {
 		s.sessions = newSessions(cfg.AdminPassword)

@@ -47,6 +47,18 @@ type config struct {
 	// ScheduleLead is how long before a schedule run its message is made;
 	// MaterializeEvery is how often runs are looked for.
 	ScheduleLead, MaterializeEvery time.Duration
+
+	// Limits on what one caller or one schedule may cost; zero takes the
+	// defaults, which api and jobs fill in.
+	//
+	// RateLimit and RateBurst are each caller's requests a second and burst
+	// (HERALD_RATE_LIMIT, HERALD_RATE_BURST).
+	RateLimit, RateBurst int
+	// MaxDevicesPerUser is HERALD_MAX_DEVICES_PER_USER.
+	MaxDevicesPerUser int
+	// ScheduleLimits are HERALD_SCHEDULE_MIN_INTERVAL and
+	// HERALD_SCHEDULE_MAX_AHEAD.
+	ScheduleLimits jobs.ScheduleLimits
 }
 
 type apnsConfig struct{ KeyFile, KeyID, TeamID, Topic, Host string }
@@ -117,6 +129,21 @@ func loadConfig(getenv func(string) string) (config, error) {
 		return c, err
 	}
 	if c.MaterializeEvery, err = durationVar(getenv, "HERALD_MATERIALIZE_EVERY", 0, 100*time.Millisecond); err != nil {
+		return c, err
+	}
+	if c.RateLimit, err = intVar(getenv, "HERALD_RATE_LIMIT", 1, 1_000_000); err != nil {
+		return c, err
+	}
+	if c.RateBurst, err = intVar(getenv, "HERALD_RATE_BURST", 1, 10_000_000); err != nil {
+		return c, err
+	}
+	if c.MaxDevicesPerUser, err = intVar(getenv, "HERALD_MAX_DEVICES_PER_USER", 1, 1_000_000); err != nil {
+		return c, err
+	}
+	if c.ScheduleLimits.MinInterval, err = durationVar(getenv, "HERALD_SCHEDULE_MIN_INTERVAL", 0, time.Minute); err != nil {
+		return c, err
+	}
+	if c.ScheduleLimits.MaxAhead, err = intVar(getenv, "HERALD_SCHEDULE_MAX_AHEAD", 1, 1_000_000); err != nil {
 		return c, err
 	}
 	if c.RescueAfter <= c.ChunkTimeout {
