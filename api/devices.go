@@ -2,6 +2,7 @@ package api
 
 import (
 	"cmp"
+	"context"
 	"crypto/ecdh"
 	"fmt"
 	"net/http"
@@ -17,6 +18,11 @@ import (
 
 // maxBatchDevices caps POST /v1/devices/batch.
 const maxBatchDevices = 10_000
+
+// DefaultMaxDevicesPerUser is how many active devices one user may have:
+// more than anyone's phones, tablets and browsers together, and few
+// enough that no single user makes a fan-out or a device list large.
+const DefaultMaxDevicesPerUser = 100
 
 // deviceRequest is one device registration, alone or in a batch.
 type deviceRequest struct {
@@ -125,7 +131,13 @@ func (s *Server) registerDevice(c echo.Context) error {
 		if err := q.EnsureUsers(ctx, []string{d.userID}); err != nil {
 			return fmt.Errorf("ensure user: %w", err)
 		}
-		var err error
+		over, err := s.overDeviceLimit(ctx, q, []device{d}, []device{d})
+		if err != nil {
+			return err
+		}
+		if over >= 0 {
+			return s.tooManyDevices(d.userID, "")
+		}
 		row, err = q.RegisterDevice(ctx, db.RegisterDeviceParams{
 			UserID: d.userID, Channel: d.channel, Token: d.token,
 			P256dh: nullable(d.p256dh), Auth: nullable(d.auth),
@@ -212,7 +224,17 @@ func (s *Server) registerDevices(c echo.Context) error {
 		if err := q.EnsureUsers(ctx, users); err != nil {
 			return fmt.Errorf("ensure users: %w", err)
 		}
-		var err error
+		inOrder := make([]device, len(req.Devices))
+		for i, r := range req.Devices {
+			inOrder[i] = r.norm
+		}
+		over, err := s.overDeviceLimit(ctx, q, inOrder, devices)
+		if err != nil {
+			return err
+		}
+		if over >= 0 {
+			return s.tooManyDevices(inOrder[over].userID, fmt.Sprintf("devices[%d]", over))
+		}
 		if res, err = q.RegisterDevices(ctx, params); err != nil {
 			return fmt.Errorf("register devices: %w", err)
 		}
@@ -222,6 +244,77 @@ func (s *Server) registerDevices(c echo.Context) error {
 		return err
 	}
 	return c.JSON(http.StatusOK, deviceBatchResponse{Created: res.Created, Updated: res.Updated})
+}
+
+// overDeviceLimit locks the users of regs, then returns the index of the
+// first registration in regs that, made in that order, would leave its user
+// with more than the limit of active devices, or -1. distinct holds each
+// (channel, token) of regs once. The user rows stay locked to the end of
+// the transaction, so concurrent registrations for one user are checked
+// one after another and cannot pass the limit together.
+func (s *Server) overDeviceLimit(ctx context.Context, q *db.Queries, regs, distinct []device) (int, error) {
+	userIDs := make([]string, len(distinct))
+	params := db.ActiveDeviceOwnersParams{Channels: make([]string, len(distinct)), Tokens: make([]string, len(distinct))}
+	for i, d := range distinct {
+		userIDs[i], params.Channels[i], params.Tokens[i] = d.userID, d.channel, d.token
+	}
+	users := sortedUnique(userIDs)
+	if err := q.LockUsers(ctx, users); err != nil {
+		return 0, fmt.Errorf("lock users: %w", err)
+	}
+	counts, err := q.ActiveDeviceCounts(ctx, users)
+	if err != nil {
+		return 0, fmt.Errorf("count devices: %w", err)
+	}
+	owners, err := q.ActiveDeviceOwners(ctx, params)
+	if err != nil {
+		return 0, fmt.Errorf("find devices: %w", err)
+	}
+	active := make(map[string]int, len(counts))
+	for _, c := range counts {
+		active[c.UserID] = int(c.Devices)
+	}
+	owner := make(map[[2]string]string, len(owners))
+	for _, o := range owners {
+		owner[[2]string{o.Channel, o.Token}] = o.UserID
+	}
+	return firstOverLimit(regs, active, owner, s.cfg.MaxDevicesPerUser), nil
+}
+
+// firstOverLimit plays regs in order against each user's count of active
+// devices and the owner of each active (channel, token), and returns the
+// index of the first that takes its user past limit, or -1. Registering a
+// device the user has active adds nothing, so it always passes; a new one,
+// an evicted one or another user's adds one (and takes one from that
+// user). It changes active and owner.
+func firstOverLimit(regs []device, active map[string]int, owner map[[2]string]string, limit int) int {
+	for i, d := range regs {
+		k := [2]string{d.channel, d.token}
+		prev, ok := owner[k]
+		if ok && prev == d.userID {
+			continue
+		}
+		if ok {
+			active[prev]--
+		}
+		owner[k] = d.userID
+		active[d.userID]++
+		if active[d.userID] > limit {
+			return i
+		}
+	}
+	return -1
+}
+
+// tooManyDevices is the 409 of a registration that would take user past
+// the limit; field names the batch element, if any.
+func (s *Server) tooManyDevices(user, field string) *Error {
+	msg := fmt.Sprintf("user %q may have at most %d active devices, and this would be one more: delete one (DELETE /v1/devices/{device_id}) first",
+		user, s.cfg.MaxDevicesPerUser)
+	if field != "" {
+		msg = field + ": " + msg + "; nothing in the batch was registered"
+	}
+	return &Error{Status: http.StatusConflict, Code: "too_many_devices", Field: field, Message: msg}
 }
 
 type deviceListItem struct {
@@ -237,18 +330,34 @@ type deviceListItem struct {
 }
 
 type deviceListResponse struct {
-	UserID string           `json:"user_id"`
-	Items  []deviceListItem `json:"items"`
+	UserID     string           `json:"user_id"`
+	Items      []deviceListItem `json:"items"`
+	NextCursor *string          `json:"next_cursor"`
 }
 
+// listUserDevices pages through a user's devices in id order, with the
+// same keyset cursors as the other listings.
 func (s *Server) listUserDevices(c echo.Context) error {
 	ctx := c.Request().Context()
 	userID := c.Param("user_id")
 	if checkID("user_id", userID) != nil {
 		return notFound("user", userID)
 	}
+	limit, err := pageSize(c)
+	if err != nil {
+		return err
+	}
+	filter := "devices:" + userID
+	params := db.ListUserDevicesParams{UserID: userID, PageSize: limit + 1}
+	if cur := c.QueryParam("cursor"); cur != "" {
+		cu, err := decodeCursor(cur, filter)
+		if err != nil {
+			return err
+		}
+		params.AfterID = cu.After
+	}
 	var rows []db.Device
-	err := db.InTx(ctx, s.pool, func(tx pgx.Tx) error {
+	err = db.InTx(ctx, s.pool, func(tx pgx.Tx) error {
 		q := db.New(tx)
 		exists, err := q.UserExists(ctx, userID)
 		if err != nil {
@@ -257,7 +366,7 @@ func (s *Server) listUserDevices(c echo.Context) error {
 		if !exists {
 			return notFound("user", userID)
 		}
-		if rows, err = q.ListUserDevices(ctx, userID); err != nil {
+		if rows, err = q.ListUserDevices(ctx, params); err != nil {
 			return fmt.Errorf("list devices: %w", err)
 		}
 		return nil
@@ -265,8 +374,12 @@ func (s *Server) listUserDevices(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	resp := deviceListResponse{UserID: userID, Items: make([]deviceListItem, len(rows))}
+	resp := deviceListResponse{UserID: userID, Items: make([]deviceListItem, 0, min(len(rows), int(limit)))}
 	for i, d := range rows {
+		if i == int(limit) {
+			resp.NextCursor = encodeCursor(cursor{After: rows[i-1].ID, Filter: filter})
+			break
+		}
 		item := deviceListItem{
 			DeviceID: formatDeviceID(d.ID), Channel: d.Channel, Status: d.Status,
 			EvictedReason: d.EvictedReason, EvictedAt: utcPtr(d.EvictedAt),
@@ -277,7 +390,7 @@ func (s *Server) listUserDevices(c echo.Context) error {
 		} else {
 			item.Token = d.Token
 		}
-		resp.Items[i] = item
+		resp.Items = append(resp.Items, item)
 	}
 	return c.JSON(http.StatusOK, resp)
 }

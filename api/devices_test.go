@@ -7,7 +7,9 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"fmt"
+	"maps"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -351,3 +353,141 @@ func TestDeleteDevice(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+func TestFirstOverLimit(t *testing.T) {
+	t.Parallel()
+	dev := func(user, token string) device { return device{userID: user, channel: channelFCM, token: token} }
+	tests := []struct {
+		name   string
+		regs   []device
+		active map[string]int
+		owner  map[[2]string]string
+		want   int
+	}{
+		{"under the limit", []device{dev("a", "1"), dev("a", "2")}, nil, nil, -1},
+		{"the third new one", []device{dev("a", "1"), dev("a", "2"), dev("a", "3")}, nil, nil, 2},
+		{"one the user has adds nothing", []device{dev("a", "1")}, map[string]int{"a": 2},
+			map[[2]string]string{{channelFCM, "1"}: "a"}, -1},
+		{"the same one twice counts once", []device{dev("a", "1"), dev("a", "1"), dev("a", "2")}, nil, nil, -1},
+		{"another user's counts for the new user", []device{dev("a", "9")}, map[string]int{"a": 2, "b": 1},
+			map[[2]string]string{{channelFCM, "9"}: "b"}, 0},
+		{"moving one away makes room", []device{dev("b", "1"), dev("a", "3")}, map[string]int{"a": 2},
+			map[[2]string]string{{channelFCM, "1"}: "a"}, -1},
+		{"already over: its own still pass, a new one not", []device{dev("a", "1"), dev("a", "7")}, map[string]int{"a": 5},
+			map[[2]string]string{{channelFCM, "1"}: "a"}, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			active, owner := map[string]int{}, map[[2]string]string{}
+			maps.Copy(active, tt.active)
+			maps.Copy(owner, tt.owner)
+			require.Equal(t, tt.want, firstOverLimit(tt.regs, active, owner, 2))
+		})
+	}
+}
+
+func TestDevicesPerUserLimit(t *testing.T) {
+	t.Parallel()
+	b := setupWith(t, dbtestNew(t), Config{MaxDevicesPerUser: 2})
+	ctx := context.Background()
+	fcm := func(user, token string) map[string]any {
+		return map[string]any{"user_id": user, "channel": "fcm", "token": token}
+	}
+	register := func(body map[string]any) *httptest.ResponseRecorder {
+		return b.call(request{method: http.MethodPost, path: "/v1/devices", body: body})
+	}
+	require.Equal(t, http.StatusCreated, register(fcm("ann", "t1")).Code)
+	require.Equal(t, http.StatusCreated, register(fcm("ann", "t2")).Code)
+	rec := register(fcm("ann", "t3"))
+	requireError(t, rec, http.StatusConflict, "too_many_devices", "")
+	require.Contains(t, rec.Body.String(), "at most 2 active devices")
+	require.Equal(t, http.StatusOK, register(fcm("ann", "t1")).Code, "a device the user has is always taken again")
+
+	// An evicted device no longer counts, and coming back it counts again.
+	_, list := b.do(http.MethodGet, "/v1/users/ann/devices", nil)
+	id, ok := parseID(devicePrefix, list["items"].([]any)[0].(map[string]any)["device_id"].(string))
+	require.True(t, ok)
+	_, err := b.q.EvictDevice(ctx, db.EvictDeviceParams{ID: id, Reason: ptr("unregistered")})
+	require.NoError(t, err)
+	require.Equal(t, http.StatusCreated, register(fcm("ann", "t3")).Code)
+	requireError(t, register(fcm("ann", "t1")), http.StatusConflict, "too_many_devices", "")
+
+	// A batch is refused whole, naming the first registration over the
+	// limit; registrations before it may move devices and make room.
+	batch := []map[string]any{fcm("bob", "t2"), fcm("ann", "t4"), fcm("cy", "c1"), fcm("ann", "t5")}
+	rec = b.call(request{method: http.MethodPost, path: "/v1/devices/batch", body: map[string]any{"devices": batch}})
+	requireError(t, rec, http.StatusConflict, "too_many_devices", "devices[3]")
+	exists, err := b.q.UserExists(ctx, "cy")
+	require.NoError(t, err)
+	require.False(t, exists, "nothing of a refused batch is kept")
+	status, res := b.do(http.MethodPost, "/v1/devices/batch", map[string]any{"devices": batch[:3]})
+	require.Equal(t, http.StatusOK, status)
+	require.Equal(t, map[string]any{"created": 2.0, "updated": 1.0}, res)
+	counts, err := b.q.ActiveDeviceCounts(ctx, []string{"ann", "bob", "cy"})
+	require.NoError(t, err)
+	require.ElementsMatch(t, []db.ActiveDeviceCountsRow{{UserID: "ann", Devices: 2}, {UserID: "bob", Devices: 1}, {UserID: "cy", Devices: 1}}, counts)
+}
+
+func TestRacingRegistrationsKeepTheLimit(t *testing.T) {
+	t.Parallel()
+	b := setupWith(t, dbtestNew(t), Config{MaxDevicesPerUser: 3})
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		statuses = map[int]int{}
+	)
+	for i := range 10 {
+		wg.Go(func() {
+			body := map[string]any{"devices": []map[string]any{{"user_id": "dora", "channel": "fcm", "token": fmt.Sprintf("race-%d", i)}}}
+			path := "/v1/devices/batch"
+			if i%2 == 0 {
+				body, path = body["devices"].([]map[string]any)[0], "/v1/devices"
+			}
+			rec := b.call(request{method: http.MethodPost, path: path, body: body})
+			mu.Lock()
+			defer mu.Unlock()
+			statuses[rec.Code]++
+		})
+	}
+	wg.Wait()
+	require.Equal(t, 7, statuses[http.StatusConflict], "%v", statuses)
+	counts, err := b.q.ActiveDeviceCounts(context.Background(), []string{"dora"})
+	require.NoError(t, err)
+	require.Equal(t, []db.ActiveDeviceCountsRow{{UserID: "dora", Devices: 3}}, counts)
+}
+
+func TestListDevicesInPages(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	status, _ := b.do(http.MethodPost, "/v1/devices/batch", map[string]any{"devices": batchOf(7, func(int) string { return "pat" })})
+	require.Equal(t, http.StatusOK, status)
+	var ids []string
+	cursor := ""
+	for pages := 1; ; pages++ {
+		path := "/v1/users/pat/devices?limit=3"
+		if cursor != "" {
+			path += "&cursor=" + cursor
+		}
+		status, page := b.do(http.MethodGet, path, nil)
+		require.Equal(t, http.StatusOK, status)
+		require.Equal(t, "pat", page["user_id"])
+		for _, it := range page["items"].([]any) {
+			ids = append(ids, it.(map[string]any)["device_id"].(string))
+		}
+		next, _ := page["next_cursor"].(string)
+		if next == "" {
+			require.Equal(t, 3, pages)
+			break
+		}
+		cursor = next
+	}
+	require.Len(t, ids, 7)
+	for i := 1; i < len(ids); i++ {
+		a, _ := parseID(devicePrefix, ids[i-1])
+		c, _ := parseID(devicePrefix, ids[i])
+		require.Less(t, a, c, "in registration order, each once")
+	}
+	requireError(t, b.call(request{method: http.MethodGet, path: "/v1/users/pat/devices?limit=0"}), http.StatusBadRequest, "invalid_field", "limit")
+	requireError(t, b.call(request{method: http.MethodGet, path: "/v1/users/pat/devices?cursor=bogus"}), http.StatusBadRequest, "invalid_field", "cursor")
+}

@@ -15,7 +15,9 @@ func (s *Server) routes() {
 		return
 	}
 
-	v1 := e.Group("/v1", s.keys.requireAPIKey)
+	// Each caller's requests are limited after it is known: a flood with
+	// one key is refused without slowing another.
+	v1 := e.Group("/v1", s.keys.requireAPIKey, s.limiter.limit)
 
 	// Directory.
 	v1.POST("/devices", s.registerDevice)
@@ -62,7 +64,7 @@ func (s *Server) dashboardRoutes() {
 	e.GET("/", s.dashboardIndex, s.dashboardOn, s.requireSession)
 	e.GET("/assets/*", s.assets(), s.dashboardOn)
 
-	ui := e.Group("/ui/api", s.dashboardOn, same, s.requireSession, s.requireCSRF)
+	ui := e.Group("/ui/api", s.dashboardOn, same, s.requireSession, s.requireCSRF, s.limiter.limit)
 	ui.GET("/session", s.sessionInfo)
 	ui.POST("/messages", s.createMessage)
 	ui.GET("/messages", s.listMessages)

@@ -188,6 +188,15 @@ func (s *Server) createSchedule(c echo.Context) error {
 	if err := decode(c, messageBodyLimit, &req); err != nil {
 		return err
 	}
+	// How often a schedule runs depends on the server's limits, so it is
+	// checked here rather than in validate.
+	from := time.Now()
+	if req.startsAt != nil && req.startsAt.After(from) {
+		from = *req.startsAt
+	}
+	if err := s.cfg.ScheduleLimits.Check(req.cron, req.LocalTime, s.cfg.ScheduleLead, from); err != nil {
+		return invalid("cron", "cron %q: %v", req.Cron, err)
+	}
 	ctx := c.Request().Context()
 	audience, err := json.Marshal(req.Audience)
 	if err != nil {

@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"net/http"
+	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -131,4 +132,30 @@ func TestScheduleRejectsBadInput(t *testing.T) {
 	requireError(t, b.call(request{method: http.MethodPatch, path: "/v1/schedules/sch_1", body: map[string]any{}}), http.StatusBadRequest, "invalid_field", "paused")
 	requireError(t, b.call(request{method: http.MethodPatch, path: "/v1/schedules/sch_99", body: map[string]any{"paused": true}}), http.StatusNotFound, "not_found", "")
 	requireError(t, b.call(request{method: http.MethodGet, path: "/v1/schedules/nope"}), http.StatusNotFound, "not_found", "")
+}
+
+func TestScheduleRefusedWhenItRunsTooOften(t *testing.T) {
+	t.Parallel()
+	b := setupWith(t, dbtestNew(t), Config{ScheduleLimits: jobs.ScheduleLimits{MinInterval: 5 * time.Minute, MaxAhead: 30}})
+	b.population("p", 2, 1)
+	create := func(cron string, localTime bool, startsAt string) *httptest.ResponseRecorder {
+		body := scheduleBody()
+		body["cron"], body["local_time"] = cron, localTime
+		if startsAt != "" {
+			body["starts_at"] = startsAt
+		}
+		return b.call(request{method: http.MethodPost, path: "/v1/schedules", body: body})
+	}
+	rec := create("* * * * *", false, "")
+	requireError(t, rec, http.StatusBadRequest, "invalid_field", "cron")
+	require.Contains(t, rec.Body.String(), "at most once every 5m0s")
+	require.Equal(t, http.StatusCreated, create("*/5 * * * *", false, "").Code)
+
+	rec = create("*/30 * * * *", true, "")
+	requireError(t, rec, http.StatusBadRequest, "invalid_field", "cron")
+	require.Contains(t, rec.Body.String(), "at most 30 may wait")
+	require.Equal(t, http.StatusCreated, create("0 * * * *", true, "").Code)
+
+	// A dense day weeks after the schedule starts is seen too.
+	requireError(t, create("* 3 1 * *", false, "2031-05-02T00:00:00Z"), http.StatusBadRequest, "invalid_field", "cron")
 }

@@ -5,11 +5,14 @@
 package api
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -65,6 +68,20 @@ type Config struct {
 	// Otherwise it is Secure when the request came over TLS, directly or as
 	// a trusted proxy says.
 	SecureCookies bool
+	// RateLimit is the requests a second each caller (API key, or the
+	// dashboard) may make of this process once its burst of RateBurst is
+	// spent (DefaultRateLimit and DefaultRateBurst when zero).
+	RateLimit float64
+	RateBurst int
+	// MaxDevicesPerUser is how many active devices one user may have
+	// (DefaultMaxDevicesPerUser when zero).
+	MaxDevicesPerUser int
+	// ScheduleLimits bound how often a schedule may run and how many of its
+	// runs may be made ahead; ScheduleLead is how far ahead the
+	// materializer makes runs (jobs.DefaultScheduleLead when zero), which
+	// with them decides how many runs a schedule would have waiting.
+	ScheduleLimits jobs.ScheduleLimits
+	ScheduleLead   time.Duration
 }
 
 // riverClient is what the API needs of River.
@@ -89,7 +106,20 @@ func (c *Config) validate() error {
 	if c.Ready == nil {
 		c.Ready = func(context.Context) error { return nil }
 	}
-	return nil
+	c.RateLimit = cmp.Or(c.RateLimit, DefaultRateLimit)
+	c.RateBurst = cmp.Or(c.RateBurst, DefaultRateBurst)
+	c.MaxDevicesPerUser = cmp.Or(c.MaxDevicesPerUser, DefaultMaxDevicesPerUser)
+	c.ScheduleLimits = c.ScheduleLimits.WithDefaults()
+	c.ScheduleLead = cmp.Or(c.ScheduleLead, jobs.DefaultScheduleLead)
+	switch {
+	case c.RateLimit < 0:
+		return fmt.Errorf("api: Config.RateLimit is %g; it must be positive", c.RateLimit)
+	case c.RateBurst < 1:
+		return fmt.Errorf("api: Config.RateBurst is %d; it must be at least 1", c.RateBurst)
+	case c.MaxDevicesPerUser < 1:
+		return fmt.Errorf("api: Config.MaxDevicesPerUser is %d; it must be at least 1", c.MaxDevicesPerUser)
+	}
+	return c.ScheduleLimits.Validate()
 }
 
 // Server serves Herald's HTTP API.
@@ -103,6 +133,7 @@ type Server struct {
 	// sessions is nil while the dashboard is disabled (no admin password).
 	sessions  *sessions
 	dashboard *dashboard
+	limiter   *rateLimiter
 }
 
 // NewServer returns the server with every route in place.
@@ -114,6 +145,7 @@ func NewServer(cfg Config) (*Server, error) {
 	s := &Server{
 		cfg: cfg, pool: cfg.Pool, keys: newAPIKeys(cfg.APIKeys), river: cfg.River,
 		enqueuer: jobs.NewEnqueuer(cfg.River, cfg.ChunkSize), echo: echo.New(),
+		limiter: newRateLimiter(cfg.RateLimit, cfg.RateBurst, time.Now),
 	}
 	if cfg.AdminPassword != "" {
 		s.sessions = newSessions(cfg.AdminPassword)

@@ -9,6 +9,82 @@ import (
 	"context"
 )
 
+const activeDeviceCounts = `-- name: ActiveDeviceCounts :many
+SELECT user_id, count(*)::integer AS devices
+FROM devices
+WHERE user_id = ANY($1::text[]) AND status = 'active'
+GROUP BY user_id
+`
+
+type ActiveDeviceCountsRow struct {
+	UserID  string
+	Devices int32
+}
+
+// How many active devices each of the users has. Run after LockUsers, in a
+// statement of its own, so that it sees what the registrations it waited
+// for committed.
+func (q *Queries) ActiveDeviceCounts(ctx context.Context, userIds []string) ([]ActiveDeviceCountsRow, error) {
+	rows, err := q.db.Query(ctx, activeDeviceCounts, userIds)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []ActiveDeviceCountsRow{}
+	for rows.Next() {
+		var i ActiveDeviceCountsRow
+		if err := rows.Scan(&i.UserID, &i.Devices); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const activeDeviceOwners = `-- name: ActiveDeviceOwners :many
+SELECT d.channel, d.token, d.user_id
+FROM devices d
+JOIN (SELECT unnest($1::text[]) AS channel, unnest($2::text[]) AS token) k
+  ON d.channel = k.channel AND d.token = k.token
+WHERE d.status = 'active'
+`
+
+type ActiveDeviceOwnersParams struct {
+	Channels []string
+	Tokens   []string
+}
+
+type ActiveDeviceOwnersRow struct {
+	Channel string
+	Token   string
+	UserID  string
+}
+
+// The users whose active devices the given (channel, token) pairs are.
+// The arrays are parallel.
+func (q *Queries) ActiveDeviceOwners(ctx context.Context, arg ActiveDeviceOwnersParams) ([]ActiveDeviceOwnersRow, error) {
+	rows, err := q.db.Query(ctx, activeDeviceOwners, arg.Channels, arg.Tokens)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []ActiveDeviceOwnersRow{}
+	for rows.Next() {
+		var i ActiveDeviceOwnersRow
+		if err := rows.Scan(&i.Channel, &i.Token, &i.UserID); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const cancelPendingForDevice = `-- name: CancelPendingForDevice :exec
 WITH cancelled AS (
     UPDATE deliveries
@@ -93,12 +169,21 @@ func (q *Queries) GetDevice(ctx context.Context, id int64) (Device, error) {
 const listUserDevices = `-- name: ListUserDevices :many
 SELECT id, user_id, channel, token, p256dh, auth, status, evicted_reason, evicted_at, created_at, updated_at
 FROM devices
-WHERE user_id = $1
+WHERE user_id = $1 AND id > $2
 ORDER BY id
+LIMIT $3
 `
 
-func (q *Queries) ListUserDevices(ctx context.Context, userID string) ([]Device, error) {
-	rows, err := q.db.Query(ctx, listUserDevices, userID)
+type ListUserDevicesParams struct {
+	UserID   string
+	AfterID  int64
+	PageSize int32
+}
+
+// A page of a user's devices: those after after_id, in id order (keyset
+// pagination on devices_user_id_idx).
+func (q *Queries) ListUserDevices(ctx context.Context, arg ListUserDevicesParams) ([]Device, error) {
+	rows, err := q.db.Query(ctx, listUserDevices, arg.UserID, arg.AfterID, arg.PageSize)
 	if err != nil {
 		return nil, err
 	}
@@ -127,6 +212,18 @@ func (q *Queries) ListUserDevices(ctx context.Context, userID string) ([]Device,
 		return nil, err
 	}
 	return items, nil
+}
+
+const lockUsers = `-- name: LockUsers :exec
+SELECT id FROM users WHERE id = ANY($1::text[]) ORDER BY id FOR UPDATE
+`
+
+// Locks users' rows, so that registrations for one user take turns while
+// its limit of devices is checked. Callers pass the ids sorted and
+// distinct: concurrent calls lock in one order and cannot deadlock.
+func (q *Queries) LockUsers(ctx context.Context, ids []string) error {
+	_, err := q.db.Exec(ctx, lockUsers, ids)
+	return err
 }
 
 const registerDevice = `-- name: RegisterDevice :one

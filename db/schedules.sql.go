@@ -41,23 +41,38 @@ const dueSchedules = `-- name: DueSchedules :many
 SELECT id, cron, timezone, audience, payload_id, priority, ttl_seconds, local_time, fallback_timezone, if_passed, starts_at, ends_at, paused, next_run_at, created_at, updated_at, deleted_at FROM schedules
 WHERE deleted_at IS NULL AND NOT paused AND next_run_at IS NOT NULL
   AND next_run_at <= (CASE WHEN local_time THEN $1::timestamptz ELSE $2::timestamptz END)
+  AND (SELECT count(*) FROM messages m
+       WHERE m.schedule_id = schedules.id AND m.schedule_run_at >= $3::timestamptz
+         AND m.state = 'scheduled') < $4::integer
 ORDER BY next_run_at
 LIMIT 100
 FOR UPDATE SKIP LOCKED
 `
 
 type DueSchedulesParams struct {
-	LocalHorizon time.Time
-	Horizon      time.Time
+	LocalHorizon   time.Time
+	Horizon        time.Time
+	UnstartedSince time.Time
+	MaxAhead       int32
 }
 
 // Schedules with a run within the lead, locked so that two materializers
 // never work the same schedule at once. The runs of a local-time schedule
 // are made earlier still (local_horizon), because the zones furthest
 // east reach the wall time of a run up to 26 hours before the zone of the
-// schedule does.
+// schedule does. A schedule with max_ahead runs made and not started waits
+// until some start: it is left out here, so that it neither gets more nor
+// holds a place that another due schedule needs. Its waiting runs are
+// counted among those since unstarted_since (the unique index on
+// (schedule_id, schedule_run_at) finds them without reading its history);
+// a run older than that and still not started is late, not ahead.
 func (q *Queries) DueSchedules(ctx context.Context, arg DueSchedulesParams) ([]Schedule, error) {
-	rows, err := q.db.Query(ctx, dueSchedules, arg.LocalHorizon, arg.Horizon)
+	rows, err := q.db.Query(ctx, dueSchedules,
+		arg.LocalHorizon,
+		arg.Horizon,
+		arg.UnstartedSince,
+		arg.MaxAhead,
+	)
 	if err != nil {
 		return nil, err
 	}

@@ -57,6 +57,9 @@ type Materializer struct {
 	ChunkSize int
 	// Lead is how far ahead runs are made (DefaultScheduleLead when zero).
 	Lead time.Duration
+	// Limits caps the runs of one schedule made and not started
+	// (Limits.MaxAhead; defaults when zero).
+	Limits ScheduleLimits
 	// Now is the authoritative clock; the database's when nil. Tests
 	// inject one.
 	Now func(ctx context.Context) (time.Time, error)
@@ -94,13 +97,17 @@ func (m *Materializer) now(ctx context.Context) (time.Time, error) {
 	return db.New(m.Pool).DatabaseNow(ctx)
 }
 
-// pass makes at most one run of each due schedule, in one transaction.
+// pass makes at most one run of each due schedule that has fewer than
+// Limits.MaxAhead runs waiting, in one transaction.
 func (m *Materializer) pass(ctx context.Context, enq *Enqueuer, now, horizon time.Time) (int, error) {
 	made := 0
 	err := db.InTx(ctx, m.Pool, func(tx pgx.Tx) error {
 		made = 0
 		q := db.New(tx)
-		due, err := q.DueSchedules(ctx, db.DueSchedulesParams{Horizon: horizon, LocalHorizon: horizon.Add(localTimeSpread)})
+		due, err := q.DueSchedules(ctx, db.DueSchedulesParams{
+			Horizon: horizon, LocalHorizon: horizon.Add(localTimeSpread),
+			UnstartedSince: now.Add(-localTimeSpread), MaxAhead: int32(m.Limits.WithDefaults().MaxAhead),
+		})
 		if err != nil {
 			return fmt.Errorf("find due schedules: %w", err)
 		}

@@ -271,3 +271,53 @@ func (r run) id(t *testing.T, b *schedBundle) int64 {
 	require.NoError(t, b.db.Pool.QueryRow(context.Background(), "SELECT id FROM messages WHERE schedule_run_at = $1", r.at).Scan(&id))
 	return id
 }
+
+// TestMaterializeKeepsAtMostMaxAheadWaiting runs an every-minute local-time
+// schedule, as one stored before the limits were: its 26 hours ahead would
+// be some 1,500 messages in one pass. The materializer makes no more than
+// the cap, makes more as the waiting ones start, and meanwhile serves the
+// other schedules.
+func TestMaterializeKeepsAtMostMaxAheadWaiting(t *testing.T) {
+	t.Parallel()
+	b := newSchedBundle(t)
+	ctx := context.Background()
+	t0 := time.Date(2026, 12, 2, 9, 0, 0, 0, time.UTC)
+	dense := b.schedule("* * * * *", "UTC", 600, t0, nil)
+	_, err := b.db.Pool.Exec(ctx, "UPDATE schedules SET local_time = true WHERE id = $1", dense.ID)
+	require.NoError(t, err)
+	b.setNow(t0.Add(-time.Hour))
+	other := b.schedule("0 * * * *", "UTC", 600, t0.Add(-time.Hour).Add(time.Minute), nil)
+
+	m, client := b.materializer()
+	m.Limits = ScheduleLimits{MaxAhead: 40}
+	n, err := m.Run(ctx, client)
+	require.NoError(t, err)
+	require.Equal(t, 41, n, "40 runs of the dense schedule and the other's one")
+	require.Len(t, b.runs(other.ID), 1)
+	requireRuns := func(want int) {
+		t.Helper()
+		runs := b.runs(dense.ID)
+		require.Len(t, runs, want)
+		for i, r := range runs {
+			require.True(t, r.at.Equal(t0.Add(time.Duration(i)*time.Minute)), "runs in order, none skipped: %d at %s", i, r.at)
+		}
+	}
+	requireRuns(40)
+
+	// The next pass makes nothing: all 40 still wait.
+	n, err = m.Run(ctx, client)
+	require.NoError(t, err)
+	require.Zero(t, n)
+
+	// Fifteen start; the next pass makes fifteen more.
+	_, err = b.db.Pool.Exec(ctx, `UPDATE messages SET state = 'dispatching' WHERE id IN (
+		SELECT id FROM messages WHERE schedule_id = $1 ORDER BY schedule_run_at LIMIT 15)`, dense.ID)
+	require.NoError(t, err)
+	n, err = m.Run(ctx, client)
+	require.NoError(t, err)
+	require.Equal(t, 15, n)
+	requireRuns(55)
+	var waiting int
+	require.NoError(t, b.db.Pool.QueryRow(ctx, "SELECT count(*) FROM messages WHERE schedule_id = $1 AND state = 'scheduled'", dense.ID).Scan(&waiting))
+	require.Equal(t, 40, waiting)
+}

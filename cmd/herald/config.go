@@ -72,6 +72,18 @@ type config struct {
 	// ScheduleLead is how long before a schedule run its message is made;
 	// MaterializeEvery is how often runs are looked for.
 	ScheduleLead, MaterializeEvery time.Duration
+
+	// Limits on what one caller or one schedule may cost; zero takes the
+	// defaults, which api and jobs fill in.
+	//
+	// RateLimit and RateBurst are each caller's requests a second and burst
+	// (HERALD_RATE_LIMIT, HERALD_RATE_BURST).
+	RateLimit, RateBurst int
+	// MaxDevicesPerUser is HERALD_MAX_DEVICES_PER_USER.
+	MaxDevicesPerUser int
+	// ScheduleLimits are HERALD_SCHEDULE_MIN_INTERVAL and
+	// HERALD_SCHEDULE_MAX_AHEAD.
+	ScheduleLimits jobs.ScheduleLimits
 }
 
 type apnsConfig struct{ KeyFile, KeyID, TeamID, Topic, Host string }
@@ -186,6 +198,21 @@ func loadConfig(getenv func(string) string) (config, error) {
 	}
 	if c.WriteTimeout < c.ReadTimeout {
 		return c, fmt.Errorf("HERALD_HTTP_WRITE_TIMEOUT (%s) must be at least HERALD_HTTP_READ_TIMEOUT (%s): it runs from the end of the headers, so a body that takes the whole read timeout would leave no time to answer", c.WriteTimeout, c.ReadTimeout)
+	}
+	if c.RateLimit, err = intVar(getenv, "HERALD_RATE_LIMIT", 1, 1_000_000); err != nil {
+		return c, err
+	}
+	if c.RateBurst, err = intVar(getenv, "HERALD_RATE_BURST", 1, 10_000_000); err != nil {
+		return c, err
+	}
+	if c.MaxDevicesPerUser, err = intVar(getenv, "HERALD_MAX_DEVICES_PER_USER", 1, 1_000_000); err != nil {
+		return c, err
+	}
+	if c.ScheduleLimits.MinInterval, err = durationVar(getenv, "HERALD_SCHEDULE_MIN_INTERVAL", 0, time.Minute); err != nil {
+		return c, err
+	}
+	if c.ScheduleLimits.MaxAhead, err = intVar(getenv, "HERALD_SCHEDULE_MAX_AHEAD", 1, 1_000_000); err != nil {
+		return c, err
 	}
 	if c.RescueAfter <= c.ChunkTimeout {
 		return c, fmt.Errorf("HERALD_RESCUE_AFTER (%s) must be longer than HERALD_CHUNK_TIMEOUT (%s), or a chunk could be retried while its first attempt is still sending", c.RescueAfter, c.ChunkTimeout)

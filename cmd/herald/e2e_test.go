@@ -67,17 +67,23 @@ func startE2EWith(t *testing.T, configure func(vars map[string]string, fp *fake.
 // call makes an API call and decodes the JSON answer.
 func (e *e2e) call(method, path string, body any) (int, map[string]any) {
 	e.t.Helper()
-	var rd *bytes.Reader
+	status, _, out := e.callAs(testAPIKey, method, path, body)
+	return status, out
+}
+
+// callAs makes an API call with key and returns the status, the headers and
+// the decoded JSON answer.
+func (e *e2e) callAs(key, method, path string, body any) (int, http.Header, map[string]any) {
+	e.t.Helper()
+	var raw []byte
 	if body != nil {
-		raw, err := json.Marshal(body)
+		var err error
+		raw, err = json.Marshal(body)
 		require.NoError(e.t, err)
-		rd = bytes.NewReader(raw)
-	} else {
-		rd = bytes.NewReader(nil)
 	}
-	req, err := http.NewRequest(method, e.base+path, rd)
+	req, err := http.NewRequest(method, e.base+path, bytes.NewReader(raw))
 	require.NoError(e.t, err)
-	req.Header.Set("Authorization", "Bearer "+testAPIKey)
+	req.Header.Set("Authorization", "Bearer "+key)
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
@@ -88,7 +94,7 @@ func (e *e2e) call(method, path string, body any) (int, map[string]any) {
 	if resp.StatusCode != http.StatusNoContent {
 		require.NoError(e.t, json.NewDecoder(resp.Body).Decode(&out))
 	}
-	return resp.StatusCode, out
+	return resp.StatusCode, resp.Header, out
 }
 
 func (e *e2e) must(status int, method, path string, body any) map[string]any {

@@ -159,7 +159,9 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		}
 		logger.Info("database clock offset measured", "offset", clock.Offset())
 		workers := river.NewWorkers()
-		materializer := &jobs.Materializer{Pool: pool, Logger: logger, Lead: cfg.ScheduleLead, ChunkSize: cfg.ChunkSize}
+		materializer := &jobs.Materializer{
+			Pool: pool, Logger: logger, Lead: cfg.ScheduleLead, ChunkSize: cfg.ChunkSize, Limits: cfg.ScheduleLimits,
+		}
 		fanOut := jobs.FanOutConfig{
 			Pool: pool, UrgentPool: urgentPool, Logger: logger, Clock: clock, Timeout: cfg.ChunkTimeout,
 			Metrics: metrics,
@@ -248,6 +250,12 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		TrustedProxies: cfg.TrustedProxies,
 		SecureCookies:  cfg.SecureCookies,
 		WebPushEgress:  cfg.WebPushEgress,
+
+		RateLimit:         float64(cfg.RateLimit),
+		RateBurst:         cfg.RateBurst,
+		MaxDevicesPerUser: cfg.MaxDevicesPerUser,
+		ScheduleLimits:    cfg.ScheduleLimits,
+		ScheduleLead:      cfg.ScheduleLead,
 	})
 	if err != nil {
 		return err

@@ -45,10 +45,37 @@ SELECT count(*) FILTER (WHERE created)::integer AS created,
 FROM upserted;
 
 -- name: ListUserDevices :many
+-- A page of a user's devices: those after after_id, in id order (keyset
+-- pagination on devices_user_id_idx).
 SELECT id, user_id, channel, token, p256dh, auth, status, evicted_reason, evicted_at, created_at, updated_at
 FROM devices
-WHERE user_id = @user_id
-ORDER BY id;
+WHERE user_id = @user_id AND id > @after_id
+ORDER BY id
+LIMIT @page_size;
+
+-- name: LockUsers :exec
+-- Locks users' rows, so that registrations for one user take turns while
+-- its limit of devices is checked. Callers pass the ids sorted and
+-- distinct: concurrent calls lock in one order and cannot deadlock.
+SELECT id FROM users WHERE id = ANY(@ids::text[]) ORDER BY id FOR UPDATE;
+
+-- name: ActiveDeviceCounts :many
+-- How many active devices each of the users has. Run after LockUsers, in a
+-- statement of its own, so that it sees what the registrations it waited
+-- for committed.
+SELECT user_id, count(*)::integer AS devices
+FROM devices
+WHERE user_id = ANY(@user_ids::text[]) AND status = 'active'
+GROUP BY user_id;
+
+-- name: ActiveDeviceOwners :many
+-- The users whose active devices the given (channel, token) pairs are.
+-- The arrays are parallel.
+SELECT d.channel, d.token, d.user_id
+FROM devices d
+JOIN (SELECT unnest(@channels::text[]) AS channel, unnest(@tokens::text[]) AS token) k
+  ON d.channel = k.channel AND d.token = k.token
+WHERE d.status = 'active';
 
 -- name: DeleteDevice :execrows
 DELETE FROM devices WHERE id = @id;

@@ -37,10 +37,18 @@ SELECT id FROM messages WHERE schedule_id = @schedule_id AND state = 'scheduled'
 -- never work the same schedule at once. The runs of a local-time schedule
 -- are made earlier still (local_horizon), because the zones furthest
 -- east reach the wall time of a run up to 26 hours before the zone of the
--- schedule does.
+-- schedule does. A schedule with max_ahead runs made and not started waits
+-- until some start: it is left out here, so that it neither gets more nor
+-- holds a place that another due schedule needs. Its waiting runs are
+-- counted among those since unstarted_since (the unique index on
+-- (schedule_id, schedule_run_at) finds them without reading its history);
+-- a run older than that and still not started is late, not ahead.
 SELECT * FROM schedules
 WHERE deleted_at IS NULL AND NOT paused AND next_run_at IS NOT NULL
   AND next_run_at <= (CASE WHEN local_time THEN sqlc.arg(local_horizon)::timestamptz ELSE sqlc.arg(horizon)::timestamptz END)
+  AND (SELECT count(*) FROM messages m
+       WHERE m.schedule_id = schedules.id AND m.schedule_run_at >= sqlc.arg(unstarted_since)::timestamptz
+         AND m.state = 'scheduled') < sqlc.arg(max_ahead)::integer
 ORDER BY next_run_at
 LIMIT 100
 FOR UPDATE SKIP LOCKED;

@@ -1,0 +1,86 @@
+package api
+
+import (
+	"fmt"
+	"math"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/labstack/echo/v4"
+)
+
+const (
+	// DefaultRateLimit is the requests a second each caller may make of one
+	// process, after its burst: about a quarter of what one process serves
+	// on the two cores it was measured on (some 1,900 one-device messages a
+	// second, README "Scheduling and the directory"), so that one key's
+	// flood leaves most of a process to the others, and far above what an
+	// app's steady traffic, `herald bench` or the tests make.
+	DefaultRateLimit = 500
+	// DefaultRateBurst is how many requests a caller may make at once
+	// before the rate applies: two seconds' worth.
+	DefaultRateBurst = 2 * DefaultRateLimit
+)
+
+// rateLimiter keeps one token bucket per caller scope: each API key, and
+// the dashboard. A scope is only ever one of the configured keys' or the
+// dashboard's, set after authentication, so the buckets are as many as the
+// configured keys plus one however many requests or forged keys arrive.
+type rateLimiter struct {
+	rate  float64 // tokens a second
+	burst float64
+	now   func() time.Time
+
+	mu      sync.Mutex
+	buckets map[string]*bucket
+}
+
+type bucket struct {
+	tokens float64
+	at     time.Time
+}
+
+func newRateLimiter(rate float64, burst int, now func() time.Time) *rateLimiter {
+	return &rateLimiter{rate: rate, burst: float64(burst), now: now, buckets: map[string]*bucket{}}
+}
+
+// take spends one of scope's tokens. When none is left it returns false
+// and how long until one is.
+func (l *rateLimiter) take(scope string) (bool, time.Duration) {
+	now := l.now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	b, ok := l.buckets[scope]
+	if !ok {
+		b = &bucket{tokens: l.burst, at: now}
+		l.buckets[scope] = b
+	}
+	if elapsed := now.Sub(b.at); elapsed > 0 {
+		b.tokens = min(l.burst, b.tokens+elapsed.Seconds()*l.rate)
+		b.at = now
+	}
+	if b.tokens >= 1 {
+		b.tokens--
+		return true, 0
+	}
+	return false, time.Duration((1 - b.tokens) / l.rate * float64(time.Second))
+}
+
+// limit refuses a caller's request with 429 once its bucket is empty,
+// saying in Retry-After (whole seconds, at least one) when to try again.
+// It runs after authentication, which names the caller's scope.
+func (l *rateLimiter) limit(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		ok, wait := l.take(callerScope(c.Request().Context()))
+		if ok {
+			return next(c)
+		}
+		retry := max(1, int(math.Ceil(wait.Seconds())))
+		c.Response().Header().Set("Retry-After", strconv.Itoa(retry))
+		return &Error{Status: http.StatusTooManyRequests, Code: "rate_limited", Message: fmt.Sprintf(
+			"too many requests: each API key (and the dashboard) may make %g a second, in bursts of up to %g; retry after %d s",
+			l.rate, l.burst, retry)}
+	}
+}

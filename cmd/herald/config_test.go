@@ -1,0 +1,39 @@
+package main
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/heraldpush/herald/jobs"
+)
+
+func TestLoadConfigLimits(t *testing.T) {
+	t.Parallel()
+	// Unset, the limits are zero: api and jobs fill in their defaults.
+	c, err := loadConfig(env(nil))
+	require.NoError(t, err)
+	require.Zero(t, c.RateLimit)
+	require.Zero(t, c.RateBurst)
+	require.Zero(t, c.MaxDevicesPerUser)
+	require.Equal(t, jobs.ScheduleLimits{}, c.ScheduleLimits)
+
+	c, err = loadConfig(env(map[string]string{
+		"HERALD_RATE_LIMIT": "50", "HERALD_RATE_BURST": "80", "HERALD_MAX_DEVICES_PER_USER": "20",
+		"HERALD_SCHEDULE_MIN_INTERVAL": "15m", "HERALD_SCHEDULE_MAX_AHEAD": "30",
+	}))
+	require.NoError(t, err)
+	require.Equal(t, 50, c.RateLimit)
+	require.Equal(t, 80, c.RateBurst)
+	require.Equal(t, 20, c.MaxDevicesPerUser)
+	require.Equal(t, jobs.ScheduleLimits{MinInterval: 15 * time.Minute, MaxAhead: 30}, c.ScheduleLimits)
+
+	for name, value := range map[string]string{
+		"HERALD_RATE_LIMIT": "0", "HERALD_RATE_BURST": "lots", "HERALD_MAX_DEVICES_PER_USER": "-1",
+		"HERALD_SCHEDULE_MIN_INTERVAL": "30s", "HERALD_SCHEDULE_MAX_AHEAD": "0",
+	} {
+		_, err := loadConfig(env(map[string]string{name: value}))
+		require.ErrorContains(t, err, name)
+	}
+}
