@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"strconv"
 	"time"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/labstack/echo/v4"
@@ -215,9 +214,6 @@ func validatePayload(p *push.Content) error {
 			return invalid("payload.data."+k, "payload.data key %q is reserved", k)
 		}
 	}
-	if !utf8.ValidString(p.Title) || !utf8.ValidString(p.Body) {
-		return invalid("payload", "payload text must be valid UTF-8")
-	}
 	var sizeErr *push.SizeError
 	if err := push.CheckSize(*p); errors.As(err, &sizeErr) {
 		return &Error{Status: http.StatusRequestEntityTooLarge, Code: "payload_too_large", Field: "payload",
@@ -252,9 +248,9 @@ func newMessageResponse(m db.Message) messageResponse {
 // claims the idempotency key, expands the audience, and stores the message,
 // its payload, its ledger and its chunk jobs.
 func (s *Server) createMessage(c echo.Context) error {
-	key := c.Request().Header.Get("Idempotency-Key")
-	if len(key) > maxIdempotencyKey {
-		return invalid("Idempotency-Key", "the Idempotency-Key header is longer than %d characters", maxIdempotencyKey)
+	key, err := storedHeader(c, "Idempotency-Key", maxIdempotencyKey)
+	if err != nil {
+		return err
 	}
 	var req messageRequest
 	if err := decode(c, messageBodyLimit, &req); err != nil {
