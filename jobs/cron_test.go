@@ -75,7 +75,7 @@ func TestCronAcrossDST(t *testing.T) {
 			t.Parallel()
 			c, err := ParseCron(tc.expr, mustZone(t, tc.zone))
 			require.NoError(t, err)
-			got := c.NextRuns(rfc(t, tc.from), len(tc.want))
+			got := c.NextRuns(rfc(t, tc.from), len(tc.want), nil, 0)
 			require.Len(t, got, len(tc.want))
 			for i, w := range tc.want {
 				require.True(t, rfc(t, w).Equal(got[i]), "run %d: want %s, got %s", i, w, got[i].In(mustZone(t, tc.zone)))
