@@ -160,3 +160,32 @@ func TestListingsLeaveOutRowsThatCannotBeShown(t *testing.T) {
 		require.Contains(t, []any{page.Items[0]["schedule_id"], page.Items[0]["message_id"]}, id)
 	}
 }
+
+// TestQueryParametersNeverFail sends query parameters that reach the
+// database's queries, hostile ones included: each is a 400 naming it, never
+// a 500.
+func TestQueryParametersNeverFail(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.population("p", 1, 1)
+	status, msg := b.do(http.MethodPost, "/v1/messages", messageBody(map[string]any{"type": "users", "ids": []string{"p0"}}))
+	require.Equal(t, http.StatusAccepted, status, msg)
+	deliveries := "/v1/messages/" + msg["message_id"].(string) + "/deliveries"
+	for _, tc := range []struct{ path, field string }{
+		{"/v1/messages?cursor=%00", "cursor"},
+		{"/v1/messages?cursor=eyJhIjotMX0", "cursor"},    // {"a":-1}
+		{"/v1/messages?cursor=eyJhIjoxZTk5fQ", "cursor"}, // {"a":1e99}
+		{"/v1/messages?state=%ff", "state"},
+		{"/v1/messages?schedule_id=sch_%00", "schedule_id"},
+		{"/v1/messages?schedule_id=sch_99999999999999999999", "schedule_id"},
+		{"/v1/messages?limit=%00", "limit"},
+		{"/v1/schedules?cursor=%ff%fe", "cursor"},
+		{"/v1/schedules?limit=99999999999999999999", "limit"},
+		{deliveries + "?status=%00", "status"},
+		{deliveries + "?cursor=eyJhIjoxLCJmIjoieCJ9", "cursor"}, // another listing's filter
+	} {
+		t.Run(tc.path, func(t *testing.T) {
+			requireError(t, b.call(request{method: http.MethodGet, path: tc.path}), http.StatusBadRequest, "invalid_field", tc.field)
+		})
+	}
+}
