@@ -11,7 +11,7 @@ DEV := .dev
 # that is all of them today.
 RACE ?= -race
 
-.PHONY: help build run test test/go chromium bench generate generate/check vet fmt \
+.PHONY: help build run test test/go test/fuzz chromium bench generate generate/check vet fmt \
 	db/start db/stop db/reset db/test/start db/test/stop clean
 
 help:
@@ -82,12 +82,21 @@ bench: build
 	@url=$$($(MAKE) -s db/start); \
 	DATABASE_URL=$$url bin/herald bench $(BENCH_FLAGS)
 
-test: generate/check vet test/go
+test: generate/check vet test/go test/fuzz
 
 test/go: chromium
 	@url=$$($(MAKE) -s db/test/start); \
 	echo "go test against $$url"; \
 	DATABASE_URL=$$url $(GO) test $(RACE) -count=1 -timeout 15m ./...
+
+# A brief real fuzzing run of the /v1 handlers (api/fuzz_test.go): every
+# go test runs only the seed corpus, this one looks for new inputs that are
+# a 5xx. A failing input is written to api/testdata/fuzz/FuzzAPI; check it in
+# with the fix. FUZZTIME=5m fuzzes for longer.
+FUZZTIME ?= 20s
+test/fuzz:
+	@url=$$($(MAKE) -s db/test/start); \
+	DATABASE_URL=$$url $(GO) test -run '^$$' -fuzz '^FuzzAPI$$' -fuzztime $(FUZZTIME) ./api
 
 vet:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt would change:"; gofmt -l $$(git ls-files '*.go'); exit 1; }

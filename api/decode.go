@@ -9,7 +9,10 @@ import (
 	"mime"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/labstack/echo/v4"
 )
@@ -41,7 +44,14 @@ func decode(c echo.Context, limit int64, dst validator) error {
 	if req.ContentLength > limit {
 		return tooLarge(limit)
 	}
-	dec := json.NewDecoder(http.MaxBytesReader(c.Response(), req.Body, limit))
+	body, err := io.ReadAll(http.MaxBytesReader(c.Response(), req.Body, limit))
+	if err != nil {
+		return bodyReadError(err, limit)
+	}
+	if err := checkText(body); err != nil {
+		return err
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(dst); err != nil {
 		return decodeError(err, limit)
@@ -89,6 +99,129 @@ func bodyReadError(err error, limit int64) *Error {
 		return &Error{Status: http.StatusRequestTimeout, Code: "request_timeout", Message: "the request body did not arrive in time"}
 	}
 	return &Error{Status: http.StatusBadRequest, Code: "bad_request", Message: "the request body could not be read"}
+}
+
+// checkText refuses a body whose strings (values or keys) PostgreSQL cannot
+// store or Herald cannot give back as they came: a NUL character, which
+// text and jsonb columns refuse, and bytes that are not UTF-8, which
+// encoding/json would silently replace with U+FFFD. It is the one place
+// where every string of every request is checked, so that no handler has
+// to remember it; the error names the string by its JSON path, such as
+// payload.data.room or devices[3].user_id.
+//
+// Almost every body is clean, which two scans of its raw bytes prove; only a
+// body that fails them is walked token by token to find the culprit. A NUL
+// can reach a JSON string only as the escape \u0000, since a raw control
+// byte is a syntax error there.
+func checkText(body []byte) error {
+	if utf8.Valid(body) && !bytes.Contains(body, []byte(`\u0000`)) {
+		return nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	// The path to the current value: object keys and array indexes.
+	type level struct {
+		key    string
+		index  int
+		array  bool
+		keyNow bool // in an object, the next string is a key
+	}
+	var stack []level
+	path := func() string {
+		var b strings.Builder
+		for _, l := range stack {
+			if l.array {
+				fmt.Fprintf(&b, "[%d]", l.index)
+				continue
+			}
+			if b.Len() > 0 {
+				b.WriteByte('.')
+			}
+			b.WriteString(l.key)
+		}
+		return b.String()
+	}
+	// value moves past one complete value: the next key of an object, the
+	// next index of an array.
+	value := func() {
+		if len(stack) == 0 {
+			return
+		}
+		top := &stack[len(stack)-1]
+		if top.array {
+			top.index++
+		} else {
+			top.keyNow = true
+		}
+	}
+	for {
+		start := dec.InputOffset()
+		tok, err := dec.Token()
+		if err != nil {
+			// Not JSON, or the end: the strict decode that follows says
+			// what is wrong, if anything.
+			return nil
+		}
+		switch v := tok.(type) {
+		case json.Delim:
+			switch v {
+			case '{':
+				stack = append(stack, level{keyNow: true})
+			case '[':
+				stack = append(stack, level{array: true})
+			default:
+				stack = stack[:len(stack)-1]
+				value()
+			}
+			continue
+		case string:
+			raw := body[start:dec.InputOffset()]
+			isKey := len(stack) > 0 && !stack[len(stack)-1].array && stack[len(stack)-1].keyNow
+			if isKey {
+				top := &stack[len(stack)-1]
+				top.key, top.keyNow = printableKey(v, raw), false
+				if problem := textProblem(v, raw); problem != "" {
+					field := path()
+					return invalid(field, "the key %s %s", field, problem)
+				}
+				continue
+			}
+			if problem := textProblem(v, raw); problem != "" {
+				field := path()
+				if field == "" {
+					field = "body"
+				}
+				return invalid(field, "%s %s", field, problem)
+			}
+		}
+		value()
+	}
+}
+
+// textProblem says what is wrong with a decoded string s whose raw JSON
+// (with the punctuation before it) is raw, or "" when nothing is.
+func textProblem(s string, raw []byte) string {
+	switch {
+	case !utf8.Valid(raw):
+		return "must be valid UTF-8"
+	case strings.ContainsRune(s, 0):
+		return "must not contain the NUL character (\\u0000)"
+	}
+	return ""
+}
+
+// printableKey is an object key as a field path shows it: as it is, unless
+// it holds a NUL or bytes that are not UTF-8, which are escaped (k\x00,
+// \xff) so that the error can name the key it blames. Bytes that are not
+// UTF-8 are taken from the raw literal, since decoding replaced them.
+func printableKey(key string, raw []byte) string {
+	switch {
+	case !utf8.Valid(raw):
+		key = string(raw[bytes.IndexByte(raw, '"')+1 : len(raw)-1])
+	case !strings.ContainsRune(key, 0):
+		return key
+	}
+	q := strconv.QuoteToASCII(key)
+	return q[1 : len(q)-1]
 }
 
 func tooLarge(limit int64) *Error {
@@ -145,4 +278,21 @@ func jsonTypeName(kind string) string {
 		return "a number"
 	}
 	return "of another type"
+}
+
+// storedHeader reads a request header whose value Herald stores (the
+// Idempotency-Key): at most max bytes of UTF-8 text without control
+// characters, so that it can be stored, shown and logged as it came.
+// net/http lets through bytes that are not UTF-8 and tabs.
+func storedHeader(c echo.Context, name string, max int) (string, error) {
+	v := c.Request().Header.Get(name)
+	switch {
+	case len(v) > max:
+		return "", invalid(name, "the %s header is longer than %d bytes", name, max)
+	case !utf8.ValidString(v):
+		return "", invalid(name, "the %s header must be valid UTF-8", name)
+	case strings.IndexFunc(v, unicode.IsControl) >= 0:
+		return "", invalid(name, "the %s header must not contain control characters", name)
+	}
+	return v, nil
 }

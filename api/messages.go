@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"strconv"
 	"time"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/labstack/echo/v4"
@@ -27,7 +26,11 @@ const (
 	// messageBodyLimit fits 10,000 user ids of the longest kind and a payload.
 	messageBodyLimit = 4 << 20
 	// defaultLifetime is a message's lifetime when expires_at is not given.
-	defaultLifetime   = time.Hour
+	defaultLifetime = time.Hour
+	// maxLifetime is the longest a message may live: APNs, FCM and Web
+	// Push services keep a push for at most four weeks, so a later expiry
+	// would promise what none of them keeps.
+	maxLifetime       = 28 * 24 * time.Hour
 	maxIdempotencyKey = 255
 )
 
@@ -112,6 +115,14 @@ func (r *messageRequest) validateLocal() error {
 		}
 		local.lifetime = time.Duration(*r.TTLSeconds) * time.Second
 	}
+	// Every zone's wave and its lifetime must fall within the instants
+	// Herald stores, whoever turns out to be in the audience.
+	if first, last := jobs.LocalWindow(local.wall, local.lifetime); !jobs.InstantInRange(first) || !jobs.InstantInRange(last) {
+		earliest := jobs.EarliestInstant.Add(first.Sub(local.wall).Abs())
+		latest := jobs.LatestInstant.Add(-last.Sub(local.wall)).Truncate(time.Minute)
+		return invalid("deliver_at_local", "deliver_at_local must be from %s to %s, so that every zone's wave and its lifetime lie in years 1970 to 9999 UTC",
+			earliest.Format(wallLayouts[0]), latest.Format(wallLayouts[0]))
+	}
 	local.json, err = json.Marshal(map[string]any{
 		"deliver_at_local": *r.DeliverAtLocal, "fallback_timezone": fallback, "if_passed": ifPassed,
 		"ttl_seconds": int(local.lifetime / time.Second),
@@ -136,6 +147,64 @@ func parseInstant(field, s string) (time.Time, error) {
 	return t, nil
 }
 
+// parseBoundedInstant is parseInstant for an instant Herald stores as it
+// is given: it must also lie in years 1970 to 9999 UTC.
+func parseBoundedInstant(field, s string) (time.Time, error) {
+	t, err := parseInstant(field, s)
+	if err != nil {
+		return t, err
+	}
+	return t, checkInstant(field, t)
+}
+
+// checkInstant refuses an instant outside the years Herald stores
+// (jobs.InstantInRange). An offset can carry a timestamp written in year
+// 9999 into year 10000, so the bound is on the instant, not the text.
+func checkInstant(field string, t time.Time) error {
+	if !jobs.InstantInRange(t) {
+		return invalid(field, "%s is %s, outside the years 1970 to 9999 UTC that Herald stores and shows", field, t.UTC().Format(time.RFC3339))
+	}
+	return nil
+}
+
+// instants applies the defaults of dispatch_at (now) and expires_at (an
+// hour after dispatch_at) and checks the result as it will be stored: both
+// in years 1970 to 9999, expires_at after dispatch_at but at most
+// maxLifetime after it, and not yet passed. A local-time message's instants
+// come from its waves, bounded by validateLocal.
+func (r *messageRequest) instants(now time.Time) (dispatchAt, expiresAt time.Time, err error) {
+	if r.local != nil {
+		return now, now.Add(r.local.lifetime), nil
+	}
+	dispatchAt = now
+	if r.dispatchAt != nil {
+		dispatchAt = *r.dispatchAt
+	}
+	if err := checkInstant("dispatch_at", dispatchAt); err != nil {
+		return dispatchAt, expiresAt, err
+	}
+	if r.expiresAt == nil {
+		expiresAt = dispatchAt.Add(defaultLifetime)
+		if !jobs.InstantInRange(expiresAt) {
+			return dispatchAt, expiresAt, invalid("expires_at", "expires_at defaults to an hour after dispatch_at, %s, which is past year 9999: give an expires_at by 9999-12-31T23:59:59Z", expiresAt.UTC().Format(time.RFC3339))
+		}
+	} else {
+		expiresAt = *r.expiresAt
+		if err := checkInstant("expires_at", expiresAt); err != nil {
+			return dispatchAt, expiresAt, err
+		}
+	}
+	switch {
+	case !expiresAt.After(dispatchAt):
+		return dispatchAt, expiresAt, invalid("expires_at", "expires_at must be after dispatch_at")
+	case expiresAt.Sub(dispatchAt) > maxLifetime:
+		return dispatchAt, expiresAt, invalid("expires_at", "expires_at must be at most 28 days (%d seconds) after dispatch_at, the longest the push providers keep a push", int(maxLifetime/time.Second))
+	case !expiresAt.After(now):
+		return dispatchAt, expiresAt, invalid("expires_at", "the message would expire at %s, which has passed", expiresAt.UTC().Format(time.RFC3339))
+	}
+	return dispatchAt, expiresAt, nil
+}
+
 func (r *messageRequest) validate() error {
 	if err := r.validateLocal(); err != nil {
 		return err
@@ -153,9 +222,6 @@ func (r *messageRequest) validate() error {
 			return err
 		}
 		r.expiresAt = &t
-	}
-	if r.dispatchAt != nil && r.expiresAt != nil && !r.expiresAt.After(*r.dispatchAt) {
-		return invalid("expires_at", "expires_at must be after dispatch_at")
 	}
 	switch r.Priority {
 	case "":
@@ -215,9 +281,6 @@ func validatePayload(p *push.Content) error {
 			return invalid("payload.data."+k, "payload.data key %q is reserved", k)
 		}
 	}
-	if !utf8.ValidString(p.Title) || !utf8.ValidString(p.Body) {
-		return invalid("payload", "payload text must be valid UTF-8")
-	}
 	var sizeErr *push.SizeError
 	if err := push.CheckSize(*p); errors.As(err, &sizeErr) {
 		return &Error{Status: http.StatusRequestEntityTooLarge, Code: "payload_too_large", Field: "payload",
@@ -252,9 +315,9 @@ func newMessageResponse(m db.Message) messageResponse {
 // claims the idempotency key, expands the audience, and stores the message,
 // its payload, its ledger and its chunk jobs.
 func (s *Server) createMessage(c echo.Context) error {
-	key := c.Request().Header.Get("Idempotency-Key")
-	if len(key) > maxIdempotencyKey {
-		return invalid("Idempotency-Key", "the Idempotency-Key header is longer than %d characters", maxIdempotencyKey)
+	key, err := storedHeader(c, "Idempotency-Key", maxIdempotencyKey)
+	if err != nil {
+		return err
 	}
 	var req messageRequest
 	if err := decode(c, messageBodyLimit, &req); err != nil {
@@ -299,19 +362,13 @@ func (s *Server) createMessage(c echo.Context) error {
 		if err != nil {
 			return fmt.Errorf("read clock: %w", err)
 		}
-		dispatchAt := now
-		if req.dispatchAt != nil {
-			dispatchAt = *req.dispatchAt
-		}
-		expiresAt := dispatchAt.Add(defaultLifetime)
-		if req.expiresAt != nil {
-			expiresAt = *req.expiresAt
+		dispatchAt, expiresAt, err := req.instants(now)
+		if err != nil {
+			return err
 		}
 		var local *jobs.LocalTime
 		if l := req.local; l != nil {
 			local = &jobs.LocalTime{Wall: l.wall, Fallback: l.fallback, SendNow: l.sendNow, Now: now, Lifetime: l.lifetime, JSON: l.json}
-		} else if !expiresAt.After(now) {
-			return invalid("expires_at", "the message would expire at %s, which has passed", expiresAt.UTC().Format(time.RFC3339))
 		}
 		msg, err := s.enqueuer.Create(ctx, tx, jobs.NewMessage{
 			Priority:     req.Priority,
@@ -651,8 +708,9 @@ var messageStates = map[string]bool{
 }
 
 type messagePage struct {
-	Items      []messageStatus `json:"items"`
-	NextCursor *string         `json:"next_cursor"`
+	// Items are messageStatuses, each encoded on its own (Server.listed).
+	Items      []json.RawMessage `json:"items"`
+	NextCursor *string           `json:"next_cursor"`
 }
 
 // listMessages pages through messages, newest first.
@@ -690,13 +748,15 @@ func (s *Server) listMessages(c echo.Context) error {
 	if err != nil {
 		return fmt.Errorf("list messages: %w", err)
 	}
-	page := messagePage{Items: make([]messageStatus, 0, min(len(rows), int(limit)))}
+	page := messagePage{Items: make([]json.RawMessage, 0, min(len(rows), int(limit)))}
 	for i, m := range rows {
 		if i == int(limit) {
 			page.NextCursor = encodeCursor(cursor{After: rows[i-1].ID, Filter: filter})
 			break
 		}
-		page.Items = append(page.Items, newMessageStatus(m))
+		if item, ok := s.listed(c, "message_id", push.FormatMessageID(m.ID), newMessageStatus(m), nil); ok {
+			page.Items = append(page.Items, item)
+		}
 	}
 	return c.JSON(http.StatusOK, page)
 }

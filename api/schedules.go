@@ -19,7 +19,7 @@ const (
 	// defaultTTLSeconds is a run's lifetime when ttl_seconds is not given:
 	// a message's default lifetime.
 	defaultTTLSeconds = int(defaultLifetime / time.Second)
-	maxTTLSeconds     = 28 * 24 * 3600
+	maxTTLSeconds     = int(maxLifetime / time.Second)
 	// nextRunsShown is how many upcoming runs a schedule lists.
 	nextRunsShown = 5
 )
@@ -97,7 +97,7 @@ func (r *scheduleRequest) validate() error {
 		if src == nil {
 			continue
 		}
-		t, err := parseInstant(field, *src)
+		t, err := parseBoundedInstant(field, *src)
 		if err != nil {
 			return err
 		}
@@ -117,17 +117,23 @@ func (r *scheduleRequest) validate() error {
 }
 
 // firstRun is a schedule's first run at or after now (and starts_at), or
-// nil when it has none before ends_at.
-func firstRun(c *jobs.Cron, now time.Time, startsAt, endsAt *time.Time) *time.Time {
+// nil when it has none before ends_at, or none whose message, lasting span
+// after it, would end within year 9999.
+func firstRun(c *jobs.Cron, now time.Time, startsAt, endsAt *time.Time, span time.Duration) *time.Time {
 	from := now
 	if startsAt != nil && startsAt.After(from) {
 		from = *startsAt
 	}
-	next, ok := c.Next(from.Add(-time.Nanosecond))
-	if !ok || (endsAt != nil && next.After(*endsAt)) {
+	next, ok := c.NextRun(from.Add(-time.Nanosecond), endsAt, span)
+	if !ok {
 		return nil
 	}
 	return &next
+}
+
+// runSpan is how long each run of schedule s lasts after its instant.
+func runSpan(s db.Schedule) time.Duration {
+	return jobs.RunSpan(time.Duration(s.TtlSeconds)*time.Second, s.LocalTime)
 }
 
 func deref(s *string, def string) string {
@@ -164,7 +170,9 @@ func newScheduleResponse(s db.Schedule) (scheduleResponse, error) {
 	if s.LocalTime {
 		r.FallbackTimezone, r.IfPassed = s.FallbackTimezone, s.IfPassed
 	}
-	if s.Paused || s.NextRunAt == nil {
+	// A next run out of range was stored before runs were bounded; it
+	// will never be made, so none is shown.
+	if s.Paused || s.NextRunAt == nil || !jobs.InstantInRange(*s.NextRunAt) {
 		return r, nil
 	}
 	c, err := jobs.ScheduleCron(s.Cron, s.Timezone)
@@ -172,10 +180,7 @@ func newScheduleResponse(s db.Schedule) (scheduleResponse, error) {
 		return r, err
 	}
 	r.NextRuns = append(r.NextRuns, s.NextRunAt.UTC())
-	for _, t := range c.NextRuns(*s.NextRunAt, nextRunsShown-1) {
-		if s.EndsAt != nil && t.After(*s.EndsAt) {
-			break
-		}
+	for _, t := range c.NextRuns(*s.NextRunAt, nextRunsShown-1, s.EndsAt, runSpan(s)) {
 		r.NextRuns = append(r.NextRuns, t.UTC())
 	}
 	return r, nil
@@ -206,46 +211,43 @@ func (s *Server) createSchedule(c echo.Context) error {
 	if err != nil {
 		return fmt.Errorf("encode payload: %w", err)
 	}
-	var sch db.Schedule
-	err = db.InTx(ctx, s.pool, func(tx pgx.Tx) error {
+	return s.inTx(c, func(tx pgx.Tx) (int, any, error) {
 		q := db.New(tx)
 		if req.Audience.Type == "segment" {
 			exists, err := q.SegmentExists(ctx, req.Audience.ID)
 			if err != nil {
-				return fmt.Errorf("find segment: %w", err)
+				return 0, nil, fmt.Errorf("find segment: %w", err)
 			}
 			if !exists {
-				return invalid("audience.id", "segment %q does not exist", req.Audience.ID)
+				return 0, nil, invalid("audience.id", "segment %q does not exist", req.Audience.ID)
 			}
 		}
 		now, err := q.DatabaseNow(ctx)
 		if err != nil {
-			return fmt.Errorf("read clock: %w", err)
+			return 0, nil, fmt.Errorf("read clock: %w", err)
 		}
 		payloadID, err := q.InsertPayload(ctx, content)
 		if err != nil {
-			return fmt.Errorf("store payload: %w", err)
+			return 0, nil, fmt.Errorf("store payload: %w", err)
 		}
-		sch, err = q.InsertSchedule(ctx, db.InsertScheduleParams{
+		sch, err := q.InsertSchedule(ctx, db.InsertScheduleParams{
 			Cron: req.Cron, Timezone: req.Timezone, Audience: audience, PayloadID: payloadID,
 			Priority: req.Priority, TtlSeconds: int32(*req.TTLSeconds), LocalTime: req.LocalTime,
 			FallbackTimezone: deref(req.FallbackTimezone, "UTC"), IfPassed: deref(req.IfPassed, "skip"),
-			StartsAt: req.startsAt, EndsAt: req.endsAt, NextRunAt: firstRun(req.cron, now, req.startsAt, req.endsAt),
+			StartsAt: req.startsAt, EndsAt: req.endsAt,
+			NextRunAt: firstRun(req.cron, now, req.startsAt, req.endsAt,
+				jobs.RunSpan(time.Duration(*req.TTLSeconds)*time.Second, req.LocalTime)),
 		})
 		if err != nil {
-			return fmt.Errorf("store schedule: %w", err)
+			return 0, nil, fmt.Errorf("store schedule: %w", err)
 		}
-		return nil
+		resp, err := newScheduleResponse(sch)
+		if err != nil {
+			return 0, nil, err
+		}
+		c.Response().Header().Set(echo.HeaderLocation, "/v1/schedules/"+resp.ScheduleID)
+		return http.StatusCreated, resp, nil
 	})
-	if err != nil {
-		return err
-	}
-	resp, err := newScheduleResponse(sch)
-	if err != nil {
-		return err
-	}
-	c.Response().Header().Set(echo.HeaderLocation, "/v1/schedules/"+resp.ScheduleID)
-	return c.JSON(http.StatusCreated, resp)
 }
 
 func (s *Server) scheduleParam(c echo.Context) (int64, string, error) {
@@ -277,8 +279,9 @@ func (s *Server) getSchedule(c echo.Context) error {
 }
 
 type schedulePage struct {
-	Items      []scheduleResponse `json:"items"`
-	NextCursor *string            `json:"next_cursor"`
+	// Items are scheduleResponses, each encoded on its own (Server.listed).
+	Items      []json.RawMessage `json:"items"`
+	NextCursor *string           `json:"next_cursor"`
 }
 
 func (s *Server) listSchedules(c echo.Context) error {
@@ -298,17 +301,16 @@ func (s *Server) listSchedules(c echo.Context) error {
 	if err != nil {
 		return fmt.Errorf("list schedules: %w", err)
 	}
-	page := schedulePage{Items: make([]scheduleResponse, 0, min(len(rows), int(limit)))}
+	page := schedulePage{Items: make([]json.RawMessage, 0, min(len(rows), int(limit)))}
 	for i, sch := range rows {
 		if i == int(limit) {
 			page.NextCursor = encodeCursor(cursor{After: rows[i-1].ID, Filter: "schedules"})
 			break
 		}
 		r, err := newScheduleResponse(sch)
-		if err != nil {
-			return err
+		if item, ok := s.listed(c, "schedule_id", formatScheduleID(sch.ID), r, err); ok {
+			page.Items = append(page.Items, item)
 		}
-		page.Items = append(page.Items, r)
 	}
 	return c.JSON(http.StatusOK, page)
 }
@@ -337,44 +339,39 @@ func (s *Server) patchSchedule(c echo.Context) error {
 		return err
 	}
 	ctx := c.Request().Context()
-	var sch db.Schedule
-	err = db.InTx(ctx, s.pool, func(tx pgx.Tx) error {
+	return s.inTx(c, func(tx pgx.Tx) (int, any, error) {
 		q := db.New(tx)
 		cur, err := q.GetSchedule(ctx, id)
 		if err != nil {
 			if db.Translate(err) == db.ErrNotFound {
-				return notFound("schedule", raw)
+				return 0, nil, notFound("schedule", raw)
 			}
-			return fmt.Errorf("read schedule: %w", err)
+			return 0, nil, fmt.Errorf("read schedule: %w", err)
 		}
 		var next *time.Time
 		if !*req.Paused {
 			now, err := q.DatabaseNow(ctx)
 			if err != nil {
-				return fmt.Errorf("read clock: %w", err)
+				return 0, nil, fmt.Errorf("read clock: %w", err)
 			}
 			c, err := jobs.ScheduleCron(cur.Cron, cur.Timezone)
 			if err != nil {
-				return err
+				return 0, nil, err
 			}
-			next = firstRun(c, now, cur.StartsAt, cur.EndsAt)
+			next = firstRun(c, now, cur.StartsAt, cur.EndsAt, runSpan(cur))
 		}
-		if sch, err = q.SetSchedulePaused(ctx, db.SetSchedulePausedParams{ID: id, Paused: *req.Paused, NextRunAt: next}); err != nil {
-			return fmt.Errorf("update schedule: %w", err)
+		sch, err := q.SetSchedulePaused(ctx, db.SetSchedulePausedParams{ID: id, Paused: *req.Paused, NextRunAt: next})
+		if err != nil {
+			return 0, nil, fmt.Errorf("update schedule: %w", err)
 		}
 		if *req.Paused {
-			return s.cancelUnstartedRuns(ctx, tx, id)
+			if err := s.cancelUnstartedRuns(ctx, tx, id); err != nil {
+				return 0, nil, err
+			}
 		}
-		return nil
+		resp, err := newScheduleResponse(sch)
+		return http.StatusOK, resp, err
 	})
-	if err != nil {
-		return err
-	}
-	resp, err := newScheduleResponse(sch)
-	if err != nil {
-		return err
-	}
-	return c.JSON(http.StatusOK, resp)
 }
 
 // deleteSchedule stops a schedule and cancels its runs that have not

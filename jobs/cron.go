@@ -149,11 +149,23 @@ func instantOf(w wall, loc *time.Location) time.Time {
 	return hi.Truncate(time.Second)
 }
 
-// NextRuns lists up to n runs after t.
-func (c *Cron) NextRuns(t time.Time, n int) []time.Time {
+// NextRun is a schedule's first run strictly after t: not after endsAt
+// (when set), and early enough that its message, which lasts span after it
+// (RunSpan), ends by LatestInstant. Runs only move later, so a run past
+// either bound means there is no next run.
+func (c *Cron) NextRun(t time.Time, endsAt *time.Time, span time.Duration) (time.Time, bool) {
+	next, ok := c.Next(t)
+	if !ok || (endsAt != nil && next.After(*endsAt)) || next.Add(span).After(LatestInstant) {
+		return time.Time{}, false
+	}
+	return next, true
+}
+
+// NextRuns lists up to n runs after t, bounded as NextRun bounds them.
+func (c *Cron) NextRuns(t time.Time, n int, endsAt *time.Time, span time.Duration) []time.Time {
 	var out []time.Time
 	for len(out) < n {
-		next, ok := c.Next(t)
+		next, ok := c.NextRun(t, endsAt, span)
 		if !ok {
 			break
 		}

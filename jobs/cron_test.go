@@ -75,7 +75,7 @@ func TestCronAcrossDST(t *testing.T) {
 			t.Parallel()
 			c, err := ParseCron(tc.expr, mustZone(t, tc.zone))
 			require.NoError(t, err)
-			got := c.NextRuns(rfc(t, tc.from), len(tc.want))
+			got := c.NextRuns(rfc(t, tc.from), len(tc.want), nil, 0)
 			require.Len(t, got, len(tc.want))
 			for i, w := range tc.want {
 				require.True(t, rfc(t, w).Equal(got[i]), "run %d: want %s, got %s", i, w, got[i].In(mustZone(t, tc.zone)))
@@ -94,4 +94,20 @@ func TestCronRejects(t *testing.T) {
 	require.NoError(t, err)
 	_, ok := c.Next(time.Now())
 	require.False(t, ok, "30 February never comes")
+}
+
+func TestNextRunStaysWithinTheBounds(t *testing.T) {
+	t.Parallel()
+	c, err := ParseCron("0 9 * * *", time.UTC)
+	require.NoError(t, err)
+	from := rfc(t, "9999-12-29T12:00:00Z")
+	require.Equal(t, []time.Time{rfc(t, "9999-12-30T09:00:00Z"), rfc(t, "9999-12-31T09:00:00Z")},
+		c.NextRuns(from, 5, nil, time.Hour), "no run whose message outlives year 9999")
+	require.Equal(t, []time.Time{rfc(t, "9999-12-30T09:00:00Z")},
+		c.NextRuns(from, 5, nil, 24*time.Hour+time.Hour))
+	ends := rfc(t, "9999-12-30T08:59:59Z")
+	_, ok := c.NextRun(from, &ends, time.Hour)
+	require.False(t, ok, "no run after ends_at")
+	_, ok = c.NextRun(rfc(t, "9999-12-30T12:00:00Z"), nil, RunSpan(time.Hour, true))
+	require.False(t, ok, "a local-time run lasts 26 hours longer")
 }

@@ -34,11 +34,6 @@ func (MaterializeArgs) InsertOpts() river.InsertOpts {
 	}}}
 }
 
-// localTimeSpread is how far apart the first and the last zone reach the
-// same wall time: UTC+14 to UTC-12, and a schedule's own zone anywhere
-// between, so a local-time run is made this much earlier.
-const localTimeSpread = 26 * time.Hour
-
 // DefaultScheduleLead is how long before a run its message is made: long
 // enough that the audience is expanded and the chunks are waiting well
 // before the run's instant, short enough that devices registered since are
@@ -130,6 +125,8 @@ func (m *Materializer) materialize(ctx context.Context, tx pgx.Tx, enq *Enqueuer
 		return err
 	}
 	loc := c.Location()
+	ttl := time.Duration(s.TtlSeconds) * time.Second
+	span := RunSpan(ttl, s.LocalTime)
 	exists, err := q.RunExists(ctx, db.RunExistsParams{ScheduleID: &s.ID, RunAt: &runAt})
 	if err != nil {
 		return fmt.Errorf("find run: %w", err)
@@ -142,13 +139,13 @@ func (m *Materializer) materialize(ctx context.Context, tx pgx.Tx, enq *Enqueuer
 		if err := json.Unmarshal(s.Audience, &audience); err != nil {
 			return fmt.Errorf("decode audience: %w", err)
 		}
-		ttl := time.Duration(s.TtlSeconds) * time.Second
 		msg := NewMessage{
 			Priority: s.Priority, DispatchAt: runAt, ExpiresAt: runAt.Add(ttl),
 			Audience: Audience{SegmentID: audience.ID, UserIDs: audience.IDs}, AudienceJSON: s.Audience,
 			PayloadID: s.PayloadID, ScheduleID: &s.ID, ScheduleRunAt: &runAt,
 		}
-		lastChance := msg.ExpiresAt
+		// The run's last delivery can be made until its span has passed.
+		lastChance := runAt.Add(span)
 		if s.LocalTime {
 			// The run's wall time, at each recipient's in their own zone;
 			// the latest zone reaches it localTimeSpread after the earliest.
@@ -164,7 +161,6 @@ func (m *Materializer) materialize(ctx context.Context, tx pgx.Tx, enq *Enqueuer
 				Wall: wallOf(runAt, loc), Fallback: fallback, SendNow: s.IfPassed == "send_now",
 				Now: now, Lifetime: ttl, JSON: spec,
 			}
-			lastChance = runAt.Add(localTimeSpread + ttl)
 		}
 		if !lastChance.After(now) {
 			_, err = enq.RecordMissed(ctx, tx, msg)
@@ -181,7 +177,7 @@ func (m *Materializer) materialize(ctx context.Context, tx pgx.Tx, enq *Enqueuer
 		}
 	}
 	var next *time.Time
-	if n, ok := c.Next(runAt); ok && (s.EndsAt == nil || !n.After(*s.EndsAt)) {
+	if n, ok := c.NextRun(runAt, s.EndsAt, span); ok {
 		next = &n
 	}
 	return q.AdvanceSchedule(ctx, db.AdvanceScheduleParams{ID: s.ID, NextRunAt: next})
