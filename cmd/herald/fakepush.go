@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -26,19 +25,9 @@ func runFakepush(ctx context.Context, args []string, getenv func(string) string,
 	decryptOneIn := fs.Int("decrypt-one-in", 1, "decrypt one Web Push body in N (1 decrypts all; raise it to save CPU in benchmarks)")
 	topic := fs.String("apns-topic", fake.DefaultAPNsTopic, "the only apns-topic the APNs endpoint accepts")
 	project := fs.String("fcm-project", fake.DefaultFCMProjectID, "the Firebase project id of the written service account")
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: herald fakepush [flags]")
-		fmt.Fprintln(stderr, "\nServes fake APNs, FCM and Web Push over HTTPS and writes DIR/env for Herald to use.")
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
+	synopsis := "herald fakepush [flags]\n\nServes fake APNs, FCM and Web Push over HTTPS and writes DIR/env for Herald to use."
+	if help, err := parseFlags(fs, args, synopsis, nil, stdout); help || err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("fakepush: unexpected arguments %q", fs.Args())
 	}
 
 	logger := slog.New(slog.NewTextHandler(stderr, nil))

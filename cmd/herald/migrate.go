@@ -11,7 +11,7 @@ import (
 // runMigrate applies River's and Herald's migrations and says what it did.
 func runMigrate(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("migrate", stderr)
-	if err := fs.Parse(args); err != nil {
+	if help, err := parseFlags(fs, args, "herald migrate", migrateEnv, stdout); help || err != nil {
 		return err
 	}
 	cfg, err := loadConfig(getenv)

@@ -36,18 +36,20 @@ const shutdownGrace = 15 * time.Second
 // until ctx is cancelled, then shuts down in order: stop accepting requests,
 // let running chunks finish, close the providers and the pool.
 func runServe(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	cfg, err := loadConfig(getenv)
-	if err != nil {
-		return err
-	}
+	// A configuration error is reported after the flags are parsed, so that
+	// --help answers whatever the environment holds.
+	cfg, cfgErr := loadConfig(getenv)
 	fs := newFlagSet("serve", stderr)
 	role := fs.String("role", "all", "what this process does: all, api or worker")
 	migrate := fs.Bool("migrate", false, "apply migrations before serving")
 	fs.StringVar(&cfg.Addr, "addr", cfg.Addr, "listen address (HERALD_ADDR)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	memProfile := fs.String("memprofile", "", "write a heap profile to this file at shutdown")
-	if err := fs.Parse(args); err != nil {
+	if help, err := parseFlags(fs, args, "herald serve [flags]", serveEnv, stdout); help || err != nil {
 		return err
+	}
+	if cfgErr != nil {
+		return cfgErr
 	}
 	stopProfiles, err := startProfiles(*cpuProfile, *memProfile)
 	if err != nil {
