@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -99,6 +100,27 @@ func TestServeRefusesUnmigratedDatabase(t *testing.T) {
 	require.Error(t, err)
 	require.Contains(t, err.Error(), "not migrated")
 	require.Contains(t, err.Error(), "herald migrate")
+}
+
+// TestServeBindsFirst takes serve's port before it starts, on a database
+// that is not even migrated: the port is what serve reports, naming the
+// setting to change, because it binds before anything else. (When it bound
+// last, River had started working chunks in a process that then failed.)
+func TestServeBindsFirst(t *testing.T) {
+	t.Parallel()
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer taken.Close()
+	tdb := dbtest.NewEmpty(t)
+	err = run(context.Background(), []string{"herald", "serve", "--migrate", "--addr", taken.Addr().String()},
+		env(map[string]string{"DATABASE_URL": tdb.URL}), io.Discard, io.Discard)
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "listen on "+taken.Addr().String())
+	require.Contains(t, err.Error(), "HERALD_ADDR")
+	var migrated bool
+	require.NoError(t, tdb.Pool.QueryRow(context.Background(),
+		`SELECT EXISTS (SELECT FROM pg_tables WHERE tablename = 'river_job')`).Scan(&migrated))
+	require.False(t, migrated, "serve did work before it had its address")
 }
 
 func TestMigrateThenServe(t *testing.T) {

@@ -75,6 +75,14 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 	if err != nil {
 		return err
 	}
+	// The address first, before anything starts: a port that is taken is
+	// said at once, with the setting to change, and no River client has
+	// begun working chunks in a process that cannot serve.
+	ln, err := net.Listen("tcp", cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w (set HERALD_ADDR or --addr to a free address)", cfg.Addr, err)
+	}
+	defer ln.Close()
 
 	pool, err := db.Open(ctx, cfg.DatabaseURL, db.PoolConfig{MaxConns: cfg.poolSize()})
 	if err != nil {
@@ -263,10 +271,6 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		return err
 	}
 
-	ln, err := net.Listen("tcp", cfg.Addr)
-	if err != nil {
-		return fmt.Errorf("listen on %s: %w", cfg.Addr, err)
-	}
 	// Every phase of a connection has a deadline, so that a client that
 	// sends slowly, stops halfway or never reads its answer holds a
 	// connection and its goroutine for a bounded time. Headers are small:
