@@ -6,7 +6,7 @@ SHELL := /bin/bash
 GO ?= go
 SQLC_VERSION := v1.31.1
 SQLC := $(GO) run github.com/sqlc-dev/sqlc/cmd/sqlc@$(SQLC_VERSION)
-DEV := .dev
+DEV ?= .dev
 # Packages whose tests exercise concurrency run under the race detector;
 # that is all of them today.
 RACE ?= -race
@@ -22,8 +22,16 @@ help:
 	@echo "make generate regenerate db/ from db/queries/*.sql with sqlc"
 	@echo "make db/start | db/stop | db/reset   the development database"
 
+# The first build downloads the modules and compiles some 600 packages, which
+# takes minutes on a small machine: it counts them as it goes, so that a quiet
+# terminal never looks like a hung one. Later builds compile only what changed.
 build:
-	$(GO) build -o bin/herald ./cmd/herald
+	@if [ ! -x bin/herald ]; then echo "building bin/herald: the first build fetches the modules and compiles everything (minutes on 2 cores)"; \
+	else echo "building bin/herald"; fi
+	@$(GO) build -v -o bin/herald ./cmd/herald 2>&1 | awk ' \
+		/^(go: |# |.*\.go:[0-9])/ { print; fflush(); next } \
+		/^[A-Za-z0-9._~\/-]+$$/ { if (++n % 50 == 0) { printf "  %d packages compiled\n", n; fflush() } next } \
+		{ print; fflush() }'
 
 # The development cluster lives under .dev/pg and survives restarts; the
 # development API key is minted once and kept in .dev/api-key.
@@ -43,37 +51,12 @@ db/test/start:
 db/test/stop:
 	@db/cluster.sh stop test
 
-$(DEV)/api-key:
-	@mkdir -p $(DEV)
-	@umask 077; head -c 24 /dev/urandom | base64 | tr '+/' '-_' > $@
-
-$(DEV)/admin-password:
-	@mkdir -p $(DEV)
-	@umask 077; head -c 12 /dev/urandom | base64 | tr '+/' '-_' > $@
-
-# make run also starts `herald fakepush` (the local APNs, FCM and Web Push)
-# and points Herald at it, so pushes flow without any real credentials.
-run: build $(DEV)/api-key $(DEV)/admin-password
-	@url=$$($(MAKE) -s db/start); \
-	key=$$(cat $(DEV)/api-key); pass=$$(cat $(DEV)/admin-password); \
-	addr=$${HERALD_ADDR:-127.0.0.1:8080}; fpaddr=$${FAKEPUSH_ADDR:-127.0.0.1:8443}; \
-	DATABASE_URL=$$url HERALD_LOG_FORMAT=$${HERALD_LOG_FORMAT:-text} bin/herald migrate; \
-	rm -f $(DEV)/fakepush/env; \
-	bin/herald fakepush --addr $$fpaddr --tls-dir $(DEV)/fakepush --latency $${FAKEPUSH_LATENCY:-20ms} & fp=$$!; \
-	trap 'kill $$fp 2>/dev/null' EXIT INT TERM; \
-	for i in $$(seq 100); do [ -s $(DEV)/fakepush/env ] && break; sleep 0.1; done; \
-	[ -s $(DEV)/fakepush/env ] || { echo "fakepush did not start"; exit 1; }; \
-	set -a; . $(DEV)/fakepush/env; set +a; \
-	echo; \
-	echo "  Herald:       http://$$addr"; \
-	echo "  admin:        user admin, password $$pass"; \
-	echo "  API key:      $$key"; \
-	echo "  try:          curl -H 'Authorization: Bearer $$key' http://$$addr/v1/providers"; \
-	echo "  fakepush:     https://$$fpaddr  (curl -k https://$$fpaddr/_stats)"; \
-	echo "  database:     $$url"; \
-	echo; \
-	DATABASE_URL=$$url HERALD_ADDR=$$addr HERALD_API_KEYS=$$key HERALD_ADMIN_PASSWORD=$$pass \
-		HERALD_LOG_FORMAT=$${HERALD_LOG_FORMAT:-text} bin/herald serve
+# make run (cmd/run.sh) also starts `herald fakepush` (the local APNs, FCM
+# and Web Push) and points Herald at it, so pushes flow without any real
+# credentials. Its settings: DATABASE_URL, HERALD_ADDR, FAKEPUSH_ADDR,
+# FAKEPUSH_LATENCY, HERALD_LOG_FORMAT and DEV (see the script).
+run: build
+	@DEV=$(DEV) cmd/run.sh
 
 # The dispatch benchmark, on the development cluster (durable, like
 # production): a fresh database, fakepush and Herald in processes of their

@@ -1,0 +1,210 @@
+package main
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/heraldpush/herald/db/dbtest"
+)
+
+// readmeShell returns the README's shell blocks (```sh), in order, as one
+// script: the walkthrough a newcomer runs beside `make run`.
+func readmeShell(t *testing.T) string {
+	t.Helper()
+	raw, err := os.ReadFile("../../README.md")
+	require.NoError(t, err)
+	var script strings.Builder
+	in := false
+	for line := range strings.Lines(string(raw)) {
+		switch {
+		case !in && strings.TrimSpace(line) == "```sh":
+			in = true
+		case in && strings.TrimSpace(line) == "```":
+			in = false
+			script.WriteString("\n")
+		case in:
+			script.WriteString(line)
+		}
+	}
+	require.False(t, in, "a shell block of the README is not closed")
+	return script.String()
+}
+
+// runWalkthrough runs the README's shell blocks with bash in dir (where
+// .dev/api-key must be), against the Herald at base and the fakepush at
+// fakeURL, and returns what they printed. Every curl fails on a 4xx or 5xx,
+// and the script stops at the first failing command.
+func runWalkthrough(t *testing.T, dir, base, fakeURL string) string {
+	t.Helper()
+	script := "set -euo pipefail\n" +
+		// Any curl the README runs, not only those through its api
+		// function, must get what it asked for.
+		"curl() { command curl --fail-with-body \"$@\"; }\n" +
+		readmeShell(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "bash", "-c", script)
+	cmd.Dir = dir
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + dir, "HERALD_URL=" + base, "FAKEPUSH_URL=" + fakeURL}
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "the README's walkthrough failed; its output:\n%s", out)
+	return string(out)
+}
+
+// TestREADMEWalkthrough runs the README's walkthrough top to bottom against
+// a live Herald wired to fakepush, as a newcomer would beside `make run`:
+// every call must succeed, and the messages it sends must reach fakepush.
+func TestREADMEWalkthrough(t *testing.T) {
+	t.Parallel()
+	if _, err := exec.LookPath("bash"); err != nil {
+		t.Skip("bash is not installed")
+	}
+	e := startE2E(t, nil)
+	dir := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, ".dev"), 0o700))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, ".dev", "api-key"), []byte(testAPIKey+"\n"), 0o600))
+
+	out := runWalkthrough(t, dir, e.base, e.fake.URL())
+	require.Contains(t, out, `"member_count":2`)
+	requireWalkthroughDelivered(t, e.call)
+}
+
+// requireWalkthroughDelivered checks what the walkthrough sent: its
+// immediate messages settle with every device accepted.
+func requireWalkthroughDelivered(t *testing.T, call func(method, path string, body any) (int, map[string]any)) {
+	t.Helper()
+	var sent []map[string]any
+	require.Eventually(t, func() bool {
+		code, page := call(http.MethodGet, "/v1/messages?limit=100", nil)
+		require.Equal(t, http.StatusOK, code)
+		sent = sent[:0]
+		for _, it := range page["items"].([]any) {
+			if m := it.(map[string]any); m["state"] == "dispatched" {
+				sent = append(sent, m)
+			}
+		}
+		// Two at once; one for later, cancelled; one for tomorrow.
+		return len(sent) == 2
+	}, 30*time.Second, 50*time.Millisecond, "the walkthrough's messages did not settle")
+	for _, m := range sent {
+		d := m["deliveries"].(map[string]any)
+		require.Equal(t, d["total"], d["accepted"], "message %s: %v", m["message_id"], d)
+	}
+}
+
+// freeAddr returns a loopback address no one listens on now.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+	return addr
+}
+
+// TestMakeRun runs `make run` as a newcomer does (on a database of the
+// test's, on free ports, with a state directory of its own), waits for its
+// banner, which must come only once Herald answers /readyz, and runs the
+// README's walkthrough against it as written. A second `make run` on the
+// same state directory refuses without touching the first's files. Ctrl-C
+// stops both processes.
+func TestMakeRun(t *testing.T) {
+	t.Parallel()
+	for _, tool := range []string{"make", "bash", "curl", "flock"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s is not installed", tool)
+		}
+	}
+	tdb := dbtest.NewEmpty(t)
+	dev := t.TempDir()
+	addr, fpaddr := freeAddr(t), freeAddr(t)
+	vars := []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), "DATABASE_URL=" + tdb.URL,
+		"HERALD_ADDR=" + addr, "FAKEPUSH_ADDR=" + fpaddr, "DEV=" + dev, "GOFLAGS=" + os.Getenv("GOFLAGS")}
+	for _, k := range []string{"GOCACHE", "GOMODCACHE", "GOPATH", "GOPROXY"} {
+		if v := os.Getenv(k); v != "" {
+			vars = append(vars, k+"="+v)
+		}
+	}
+	makeRun := func(ctx context.Context) *exec.Cmd {
+		cmd := exec.CommandContext(ctx, "make", "-s", "run")
+		cmd.Dir = "../.."
+		cmd.Env = vars
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+		return cmd
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	run := makeRun(ctx)
+	var out syncBuffer
+	run.Stdout, run.Stderr = &out, &out
+	require.NoError(t, run.Start())
+	// exited closes when make run has ended, with runErr its error.
+	exited := make(chan struct{})
+	var runErr error
+	go func() { runErr = run.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		_ = syscall.Kill(-run.Process.Pid, syscall.SIGKILL)
+		<-exited
+	})
+
+	// The first build may take minutes; everything after it, seconds.
+	select {
+	case <-exited:
+		t.Fatalf("make run ended before its banner (%v):\n%s", runErr, out.String())
+	case <-waitFor(func() bool { return strings.Contains(out.String(), "API key:") }):
+	}
+	resp, err := http.Get("http://" + addr + "/readyz")
+	require.NoError(t, err, "the banner came before Herald answered")
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+
+	// A second make run on the same state refuses, and the first's
+	// fakepush env is still there.
+	second := makeRun(ctx)
+	secondOut, err := second.CombinedOutput()
+	require.Error(t, err)
+	require.Contains(t, string(secondOut), "another make run is using")
+	require.FileExists(t, filepath.Join(dev, "fakepush", "env"))
+
+	dir := t.TempDir()
+	require.NoError(t, os.Symlink(dev, filepath.Join(dir, ".dev")))
+	runWalkthrough(t, dir, "http://"+addr, "https://"+fpaddr)
+
+	// Ctrl-C: the whole process group gets SIGINT, as from a terminal.
+	require.NoError(t, syscall.Kill(-run.Process.Pid, syscall.SIGINT))
+	select {
+	case <-exited:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("make run did not stop on SIGINT:\n%s", out.String())
+	}
+	for _, a := range []string{addr, fpaddr} {
+		conn, err := net.DialTimeout("tcp", a, time.Second)
+		if err == nil {
+			conn.Close()
+		}
+		require.Error(t, err, "%s still answers after make run stopped", a)
+	}
+}
+
+// waitFor closes the returned channel once cond holds, polling.
+func waitFor(cond func() bool) <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		for !cond() {
+			time.Sleep(50 * time.Millisecond)
+		}
+		close(done)
+	}()
+	return done
+}
