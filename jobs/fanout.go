@@ -233,22 +233,47 @@ func (w *FanOutWorker) sendBudget() time.Duration {
 // above it (see NewRiverClient).
 func (w *FanOutWorker) Timeout(*river.Job[FanOutArgs]) time.Duration { return w.cfg.Timeout }
 
-// Work sends one chunk.
+// Work sends one chunk: it begins the chunk (one round trip), groups its
+// pending targets by the breaker they answer to, sends every group at once
+// in slices, records the slices' results as they return, and finishes the
+// chunk with the last of them.
 func (w *FanOutWorker) Work(ctx context.Context, job *river.Job[FanOutArgs]) error {
 	a := job.Args
 	defer w.cfg.Metrics.chunkStarted(a.Priority)()
 	startedAt := w.cfg.Clock.Now()
-	log := w.cfg.Logger.With("message_id", push.FormatMessageID(a.MessageID), "chunk", a.Chunk, "attempt", job.Attempt)
-
 	if !startedAt.Before(a.ExpiresAt) {
 		// Past its lifetime nothing is sent: what is pending expires.
 		return w.expire(ctx, a, startedAt)
 	}
+	pending, msg, err := w.begin(ctx, job)
+	if err != nil || pending == nil {
+		return err
+	}
+	if len(pending) == 0 {
+		return w.finish(ctx, a, startedAt, nil, nil)
+	}
+	groups := w.group(a, pending)
+	// Sending stops early enough to leave time to record what was sent: a
+	// chunk that ran out of time still writes its results, so its retry
+	// sends only what was not answered.
+	sendCtx, cancel := context.WithTimeout(ctx, w.sendBudget())
+	defer cancel()
+	s := w.send(sendCtx, a, msg, groups)
+	unrecorded, err := w.recordAsTheyReturn(ctx, a, startedAt, s)
+	if err != nil {
+		return err
+	}
+	return w.finish(ctx, a, startedAt, s.results, unrecorded)
+}
 
-	// One round trip: the first chunk turns the message from scheduled to
-	// dispatching, unless a cancel won; every chunk reads the state that
-	// resulted, its still-pending devices and, unless the message is
-	// cached, its payload.
+// begin starts the chunk in one round trip: the first chunk turns the
+// message from scheduled to dispatching, unless a cancel won; every chunk
+// reads the state that resulted, its still-pending devices and, unless the
+// message is cached, its payload. pending is nil when the message is no
+// longer sendable; msg, the encoded push, is only built when something is
+// pending.
+func (w *FanOutWorker) begin(ctx context.Context, job *river.Job[FanOutArgs]) (pending map[int64]bool, msg *push.Message, err error) {
+	a := job.Args
 	msg, cached := w.messages.lookup(a)
 	payloadID := a.PayloadID
 	if cached {
@@ -256,120 +281,144 @@ func (w *FanOutWorker) Work(ctx context.Context, job *river.Job[FanOutArgs]) err
 	}
 	begun, err := db.BeginChunk(ctx, w.pool(a), a.MessageID, a.deviceIDs(), payloadID)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	if begun.State != StateDispatching {
-		log.InfoContext(ctx, "chunk skipped: its message is no longer sendable", "state", begun.State)
-		return nil
+		w.cfg.Logger.InfoContext(ctx, "chunk skipped: its message is no longer sendable",
+			"message_id", push.FormatMessageID(a.MessageID), "chunk", a.Chunk, "attempt", job.Attempt, "state", begun.State)
+		return nil, nil, nil
 	}
+	pending = make(map[int64]bool, len(begun.Pending))
 	if len(begun.Pending) == 0 {
-		return w.finish(ctx, a, startedAt, nil, nil)
+		return pending, nil, nil
 	}
-	pending := make(map[int64]bool, len(begun.Pending))
 	for _, r := range begun.Pending {
 		pending[r.DeviceID] = true
 	}
 	if !cached {
 		if msg, err = w.messages.build(a, begun.Payload); err != nil {
-			return err
+			return nil, nil, err
 		}
 	}
+	return pending, msg, nil
+}
 
-	// Group the pending targets by the breaker they answer to (a channel,
-	// or a Web Push service's host) and send to every group at once; each
-	// provider bounds its own concurrency.
-	type group struct {
-		channel string
-		breaker *Breaker
-	}
-	byGroup := map[group][]int{}
+// sendGroup is what a group of a chunk's targets answers to: a channel's
+// breaker, or a Web Push service host's.
+type sendGroup struct {
+	channel string
+	breaker *Breaker
+}
+
+// group sorts the chunk's pending targets (their indexes in a.Targets) by the
+// breaker they answer to, so that a failing provider or push service parks
+// only its own targets.
+func (w *FanOutWorker) group(a FanOutArgs, pending map[int64]bool) map[sendGroup][]int {
+	groups := map[sendGroup][]int{}
 	for i, t := range a.Targets {
 		if pending[t.DeviceID] {
-			g := group{t.Channel, w.cfg.Breakers.For(t.Channel, t.Token)}
-			byGroup[g] = append(byGroup[g], i)
+			g := sendGroup{t.Channel, w.cfg.Breakers.For(t.Channel, t.Token)}
+			groups[g] = append(groups[g], i)
 		}
 	}
+	return groups
+}
+
+// sends are a chunk's sends in flight. results[i] is the outcome of
+// a.Targets[i], written by the one goroutine that sends it before it hands
+// its slice of indexes over done.
+type sends struct {
+	results []push.Result
+	// done is buffered for every slice, so that no sender is left blocked
+	// if a write fails and Work returns before the last slice is back.
+	done     chan []int
+	inFlight int
+}
+
+// send sends to every group at once; each provider bounds its own
+// concurrency. A channel's targets go to its provider in slices, all at
+// once. A provider serves concurrent calls in the order they came
+// (push.Limiter), so slices finish one after another rather than all at the
+// end, and their results can be recorded as they return.
+func (w *FanOutWorker) send(ctx context.Context, a FanOutArgs, msg *push.Message, groups map[sendGroup][]int) *sends {
+	s := &sends{results: make([]push.Result, len(a.Targets)), done: make(chan []int, len(a.Targets)+len(groups))}
 	providers := w.providers(a)
-	// Sending stops early enough to leave time to record what was sent: a
-	// chunk that ran out of time still writes its results, so its retry
-	// sends only what was not answered.
-	sendCtx, cancel := context.WithTimeout(ctx, w.sendBudget())
-	defer cancel()
-	results := make([]push.Result, len(a.Targets))
-	// Each channel's targets go to the provider in slices, all at once. A
-	// provider serves concurrent calls in the order they came (push.Limiter),
-	// so slices finish one after another rather than all at the end, and
-	// each slice's results are recorded within recordEvery of its return:
-	// a process that dies mid-fan-out resends only what it had not yet
-	// recorded, about one provider's requests in flight.
-	// Buffered for every slice, so that no sender is left blocked if a
-	// write fails and Work returns before the last slice is back.
-	done := make(chan []int, len(a.Targets)+len(byGroup))
-	sending := 0
-	for g, idx := range byGroup {
-		channel, breaker := g.channel, g.breaker
-		provider, ok := providers[channel]
+	for g, idx := range groups {
+		provider, ok := providers[g.channel]
 		if !ok {
-			now := time.Now()
-			for _, i := range idx {
-				results[i] = push.Result{At: now, Reason: push.ReasonChannelDisabled, Detail: channel + " is not configured"}
-			}
-			sending++
-			go func() { done <- idx }()
+			s.disabled(g.channel, idx)
 			continue
 		}
 		for start := 0; start < len(idx); start += sendSlice {
 			slice := idx[start:min(start+sendSlice, len(idx))]
-			sending++
-			go func() {
-				targets := make([]push.Target, len(slice))
-				for j, i := range slice {
-					t := a.Targets[i]
-					targets[j] = push.Target{DeviceID: t.DeviceID, Token: t.Token, P256dh: t.P256dh, Auth: t.Auth}
-				}
-				out := make([]push.Result, len(slice))
-				provider.Send(sendCtx, msg, targets, out, breaker.Allow)
-				for j, i := range slice {
-					r := out[j]
-					w.cfg.Metrics.requested(channel, r)
-					switch {
-					case r.At.IsZero():
-					case r.Reason.Transient():
-						breaker.Failure(r.Detail)
-					default:
-						breaker.Success()
-					}
-					results[i] = r
-				}
-				done <- slice
-			}()
+			s.inFlight++
+			go w.sendTargets(ctx, a, msg, provider, g, slice, s)
 		}
 	}
+	return s
+}
 
+// disabled fails the targets at idx of a channel without a provider.
+func (s *sends) disabled(channel string, idx []int) {
+	now := time.Now()
+	for _, i := range idx {
+		s.results[i] = push.Result{At: now, Reason: push.ReasonChannelDisabled, Detail: channel + " is not configured"}
+	}
+	s.inFlight++
+	go func() { s.done <- idx }()
+}
+
+// sendTargets sends the targets at slice through provider, feeds each
+// answer to the group's breaker, and hands the slice over once its results
+// are in.
+func (w *FanOutWorker) sendTargets(ctx context.Context, a FanOutArgs, msg *push.Message, provider Sender, g sendGroup, slice []int, s *sends) {
+	targets := make([]push.Target, len(slice))
+	for j, i := range slice {
+		t := a.Targets[i]
+		targets[j] = push.Target{DeviceID: t.DeviceID, Token: t.Token, P256dh: t.P256dh, Auth: t.Auth}
+	}
+	out := make([]push.Result, len(slice))
+	provider.Send(ctx, msg, targets, out, g.breaker.Allow)
+	for j, i := range slice {
+		r := out[j]
+		w.cfg.Metrics.requested(g.channel, r)
+		switch {
+		case r.At.IsZero():
+		case r.Reason.Transient():
+			g.breaker.Failure(r.Detail)
+		default:
+			g.breaker.Success()
+		}
+		s.results[i] = r
+	}
+	s.done <- slice
+}
+
+// recordAsTheyReturn writes the results of the slices that came back every
+// recordEvery while others are still in flight, so that a process that
+// dies mid-fan-out resends only what it had not yet recorded, about one
+// provider's requests in flight. It returns what came back since the last
+// write, which finish writes with the chunk's close.
+func (w *FanOutWorker) recordAsTheyReturn(ctx context.Context, a FanOutArgs, startedAt time.Time, s *sends) ([]int, error) {
 	var unrecorded []int
 	tick := time.NewTicker(recordEvery)
 	defer tick.Stop()
-	for sending > 0 {
+	for s.inFlight > 0 {
 		select {
-		case slice := <-done:
-			sending--
+		case slice := <-s.done:
+			s.inFlight--
 			unrecorded = append(unrecorded, slice...)
-			if sending > 0 {
-				continue
-			}
 		case <-tick.C:
 			if len(unrecorded) == 0 {
 				continue
 			}
-		}
-		if sending > 0 {
-			if err := w.record(ctx, a, startedAt, results, unrecorded, false); err != nil {
-				return err
+			if err := w.record(ctx, a, startedAt, s.results, unrecorded, false); err != nil {
+				return nil, err
 			}
 			unrecorded = unrecorded[:0]
 		}
 	}
-	return w.finish(ctx, a, startedAt, results, unrecorded)
+	return unrecorded, nil
 }
 
 // Sending in slices, recorded as they return.
@@ -390,12 +439,23 @@ func (w *FanOutWorker) finish(ctx context.Context, a FanOutArgs, startedAt time.
 	if err := w.record(ctx, a, startedAt, results, idx, true); err != nil {
 		return err
 	}
-	parked := map[string]int{}
-	var detail string
-	// Sleep until the first parked provider (or push service) lets a send
-	// through again, but never past the chunk's expiry, when what is still
-	// pending expires.
-	wait := time.Duration(-1)
+	parked, detail, wait := w.parked(a, results)
+	if len(parked) == 0 {
+		return nil
+	}
+	w.cfg.Logger.WarnContext(ctx, "chunk parked: a provider is failing, its deliveries wait for it",
+		"message_id", push.FormatMessageID(a.MessageID), "chunk", a.Chunk, "parked", parked, "error", detail, "retry_in", wait)
+	return river.JobSnooze(wait)
+}
+
+// parked counts the chunk's deliveries that wait for a breaker, by channel,
+// with the error that held them back and how long the chunk should sleep:
+// until the first parked provider (or push service) lets a send through
+// again, but never past the chunk's expiry, when what is still pending
+// expires.
+func (w *FanOutWorker) parked(a FanOutArgs, results []push.Result) (parked map[string]int, detail string, wait time.Duration) {
+	parked = map[string]int{}
+	wait = -1
 	for i, r := range results {
 		// Refused by the breaker (no time), or attempted and transient: both
 		// stay pending and wait for the breaker.
@@ -411,35 +471,38 @@ func (w *FanOutWorker) finish(ctx context.Context, a FanOutArgs, startedAt time.
 		}
 	}
 	if len(parked) == 0 {
-		return nil
+		return nil, "", 0
 	}
 	wait = max(wait, 100*time.Millisecond)
 	if untilExpiry := a.ExpiresAt.Sub(w.cfg.Clock.Now()); untilExpiry < wait {
 		wait = max(untilExpiry, 0)
 	}
-	w.cfg.Logger.WarnContext(ctx, "chunk parked: a provider is failing, its deliveries wait for it",
-		"message_id", push.FormatMessageID(a.MessageID), "chunk", a.Chunk, "parked", parked, "error", detail, "retry_in", wait)
-	return river.JobSnooze(wait)
+	return parked, detail, wait
 }
 
-// record writes the results of the targets at idx, evicts dead tokens and
-// moves the message's counters, in one pipelined batch (db.WriteChunk);
-// final also closes the chunk's timings and settles the message if nothing
-// of it is pending.
-func (w *FanOutWorker) record(ctx context.Context, a FanOutArgs, startedAt time.Time, results []push.Result, idx []int, final bool) error {
-	p := db.RecordResultsParams{MessageID: a.MessageID}
-	var (
-		evictIDs              []int64
-		evictReasons          []string
-		firstAccept, lastSeen *time.Time
-		parked                bool
-		counted               []settledDelivery
-	)
+// chunkResults are results of a chunk's targets as one write takes them.
+type chunkResults struct {
+	results               db.RecordResultsParams
+	evictIDs              []int64
+	evictReasons          []string
+	firstAccept, lastSeen *time.Time
+	// parked is true when some delivery waits for a breaker: refused by it,
+	// or attempted and transient.
+	parked  bool
+	counted []settledDelivery
+}
+
+// resultsOf gathers the results of the targets at idx for one write: the
+// ledger's rows, the dead tokens to evict, the chunk's first and last
+// acceptance, and what the metrics count once the write has committed.
+func (w *FanOutWorker) resultsOf(a FanOutArgs, results []push.Result, idx []int) chunkResults {
+	c := chunkResults{results: db.RecordResultsParams{MessageID: a.MessageID}}
+	p := &c.results
 	for _, i := range idx {
 		r := results[i]
 		if r.At.IsZero() {
 			// Parked: the provider's breaker refused the send.
-			parked = parked || r.Reason != push.ReasonNone
+			c.parked = c.parked || r.Reason != push.ReasonNone
 			continue
 		}
 		at := w.cfg.Clock.ToDB(r.At)
@@ -447,38 +510,46 @@ func (w *FanOutWorker) record(ctx context.Context, a FanOutArgs, startedAt time.
 		switch {
 		case r.Accepted:
 			status, acceptedUs = "accepted", at.UnixMicro()
-			if firstAccept == nil || at.Before(*firstAccept) {
-				firstAccept = &at
+			if c.firstAccept == nil || at.Before(*c.firstAccept) {
+				c.firstAccept = &at
 			}
-			if lastSeen == nil || at.After(*lastSeen) {
-				lastSeen = &at
+			if c.lastSeen == nil || at.After(*c.lastSeen) {
+				c.lastSeen = &at
 			}
 		case r.Reason.Transient():
 			// Attempted, not settled: it waits for the breaker and is
 			// retried when the chunk wakes, until it expires.
-			status, parked = "pending", true
+			status, c.parked = "pending", true
 		}
 		p.DeviceIds = append(p.DeviceIds, a.Targets[i].DeviceID)
 		p.Statuses = append(p.Statuses, status)
 		p.Reasons = append(p.Reasons, string(r.Reason))
 		p.AttemptedUs = append(p.AttemptedUs, at.UnixMicro())
 		p.AcceptedUs = append(p.AcceptedUs, acceptedUs)
-		counted = append(counted, settledDelivery{a.Targets[i].Channel, status, r.Reason, at.Sub(a.DispatchAt)})
+		c.counted = append(c.counted, settledDelivery{a.Targets[i].Channel, status, r.Reason, at.Sub(a.DispatchAt)})
 		if !r.Accepted && r.Reason.Evicts() {
-			evictIDs = append(evictIDs, a.Targets[i].DeviceID)
-			evictReasons = append(evictReasons, string(r.Reason))
+			c.evictIDs = append(c.evictIDs, a.Targets[i].DeviceID)
+			c.evictReasons = append(c.evictReasons, string(r.Reason))
 		}
 	}
-	if !final && len(p.DeviceIds) == 0 {
+	return c
+}
+
+// record writes the results of the targets at idx, evicts dead tokens and
+// moves the message's counters, in one pipelined batch (db.WriteChunk);
+// final also closes the chunk's timings and settles the message if nothing
+// of it is pending.
+func (w *FanOutWorker) record(ctx context.Context, a FanOutArgs, startedAt time.Time, results []push.Result, idx []int, final bool) error {
+	c := w.resultsOf(a, results, idx)
+	if !final && len(c.results.DeviceIds) == 0 {
 		return nil
 	}
-
 	finishedAt := w.cfg.Clock.Now()
 	chunk := db.RecordChunkParams{
 		MessageID: a.MessageID, Chunk: int32(a.Chunk), StartedAt: &startedAt,
-		FirstAcceptedAt: firstAccept, LastAcceptedAt: lastSeen,
+		FirstAcceptedAt: c.firstAccept, LastAcceptedAt: c.lastSeen,
 	}
-	if final && !parked {
+	if final && !c.parked {
 		chunk.FinishedAt = &finishedAt
 	}
 	// Record even when the attempt's context is done (timeout, shutdown):
@@ -491,15 +562,15 @@ func (w *FanOutWorker) record(ctx context.Context, a FanOutArgs, startedAt time.
 	writeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
 	defer cancel()
 	_, err := db.WriteChunk(writeCtx, w.pool(a), db.ChunkWrite{
-		Evict:   db.EvictDevicesParams{Ids: evictIDs, Reasons: evictReasons, SentAfter: startedAt},
+		Evict:   db.EvictDevicesParams{Ids: c.evictIDs, Reasons: c.evictReasons, SentAfter: startedAt},
 		Chunk:   chunk,
-		Results: p,
+		Results: c.results,
 		Settle:  final,
 	})
 	if err != nil {
 		return fmt.Errorf("record results: %w", err)
 	}
-	w.cfg.Metrics.count(a.Priority, counted)
+	w.cfg.Metrics.count(a.Priority, c.counted)
 	return nil
 }
 
@@ -517,20 +588,8 @@ func (w *FanOutWorker) expire(ctx context.Context, a FanOutArgs, at time.Time) e
 		if err != nil {
 			return fmt.Errorf("read chunk ledger: %w", err)
 		}
-		p := db.RecordResultsParams{MessageID: a.MessageID}
-		channels := make(map[int64]string, len(a.Targets))
-		for _, t := range a.Targets {
-			channels[t.DeviceID] = t.Channel
-		}
-		counted = counted[:0]
-		for _, r := range rows {
-			counted = append(counted, settledDelivery{channel: channels[r.DeviceID], status: "expired"})
-			p.DeviceIds = append(p.DeviceIds, r.DeviceID)
-			p.Statuses = append(p.Statuses, "expired")
-			p.Reasons = append(p.Reasons, "")
-			p.AttemptedUs = append(p.AttemptedUs, 0)
-			p.AcceptedUs = append(p.AcceptedUs, 0)
-		}
+		p, expired := a.expired(rows)
+		counted = expired
 		res, err := q.RecordResults(ctx, p)
 		if err != nil {
 			return fmt.Errorf("expire deliveries: %w", err)
@@ -552,6 +611,26 @@ func (w *FanOutWorker) expire(ctx context.Context, a FanOutArgs, at time.Time) e
 		w.cfg.Metrics.count(a.Priority, counted)
 	}
 	return err
+}
+
+// expired is the ledger write that expires the chunk's pending deliveries,
+// and what the metrics count once it has committed.
+func (a FanOutArgs) expired(pending []db.ChunkPendingRow) (db.RecordResultsParams, []settledDelivery) {
+	p := db.RecordResultsParams{MessageID: a.MessageID}
+	channels := make(map[int64]string, len(a.Targets))
+	for _, t := range a.Targets {
+		channels[t.DeviceID] = t.Channel
+	}
+	counted := make([]settledDelivery, 0, len(pending))
+	for _, r := range pending {
+		counted = append(counted, settledDelivery{channel: channels[r.DeviceID], status: "expired"})
+		p.DeviceIds = append(p.DeviceIds, r.DeviceID)
+		p.Statuses = append(p.Statuses, "expired")
+		p.Reasons = append(p.Reasons, "")
+		p.AttemptedUs = append(p.AttemptedUs, 0)
+		p.AcceptedUs = append(p.AcceptedUs, 0)
+	}
+	return p, counted
 }
 
 // deviceIDs lists the chunk's devices.

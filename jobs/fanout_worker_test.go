@@ -1,0 +1,561 @@
+package jobs
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/riverqueue/river/rivertest"
+	"github.com/riverqueue/river/rivertype"
+	"github.com/stretchr/testify/require"
+
+	"github.com/heraldpush/herald/db"
+	"github.com/heraldpush/herald/db/dbtest"
+	"github.com/heraldpush/herald/jobs/push"
+)
+
+// These tests work one chunk of a real message (made by Enqueuer.Create, so
+// its ledger and its job's args are what production makes) through River's
+// own executor (rivertest), against a real database, with providers that
+// answer from a script. Each reaches one branch of FanOutWorker in
+// milliseconds.
+//
+// River's state of the chunk job lives in a transaction of the test's that
+// is rolled back at the end, as rivertest intends; the worker reads and
+// writes the message and its ledger through its own pool, as it does in
+// production, so those writes are committed and the test reads them back.
+
+// fanOutBundle is one test's database, an insert-only River client for
+// making messages, and the transaction River's state of the chunk job is
+// kept in.
+type fanOutBundle struct {
+	t      *testing.T
+	db     *dbtest.DB
+	q      *db.Queries
+	client *river.Client[pgx.Tx]
+	clock  *Clock
+	tx     pgx.Tx
+}
+
+// setupFanOut is named for the worker it sets up, not setup, so that it
+// cannot collide with another test's setup in this package.
+func setupFanOut(t *testing.T) *fanOutBundle {
+	t.Helper()
+	ctx := context.Background()
+	tdb := dbtest.New(t)
+	client, err := NewRiverClient(tdb.Pool, RiverConfig{Logger: discard})
+	require.NoError(t, err)
+	clock := NewClock(tdb.Pool, discard)
+	require.NoError(t, clock.Measure(ctx))
+	tx, err := tdb.Pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	return &fanOutBundle{t: t, db: tdb, q: db.New(tdb.Pool), client: client, clock: clock, tx: tx}
+}
+
+// devices registers one user per token, each with that one device.
+// Tokens starting "https://" are Web Push endpoints; the rest are
+// "apns-..." or "fcm-..." tokens of the channel they name.
+func (b *fanOutBundle) devices(tokens ...string) []string {
+	b.t.Helper()
+	slices.Sort(tokens)
+	p := db.RegisterDevicesParams{}
+	for i, token := range tokens {
+		user := "user-" + string(rune('a'+i))
+		p.UserIds = append(p.UserIds, user)
+		channel, _, _ := strings.Cut(token, "-")
+		p256dh, auth := "", ""
+		if strings.HasPrefix(token, "https://") {
+			channel, p256dh, auth = ChannelWebPush, "BKey", "AuthKey"
+		}
+		p.Channels = append(p.Channels, channel)
+		p.Tokens = append(p.Tokens, token)
+		p.P256dhs = append(p.P256dhs, p256dh)
+		p.Auths = append(p.Auths, auth)
+	}
+	require.NoError(b.t, b.q.EnsureUsers(context.Background(), p.UserIds))
+	_, err := b.q.RegisterDevices(context.Background(), p)
+	require.NoError(b.t, err)
+	return p.UserIds
+}
+
+// chunkJob is a message's one chunk: its job as River stores it and its args.
+type chunkJob struct {
+	msg  db.Message
+	job  *rivertype.JobRow
+	args FanOutArgs
+}
+
+// device is the id of the chunk's device with token.
+func (c chunkJob) device(t *testing.T, token string) int64 {
+	t.Helper()
+	for _, tg := range c.args.Targets {
+		if tg.Token == token {
+			return tg.DeviceID
+		}
+	}
+	t.Fatalf("no device has token %q", token)
+	return 0
+}
+
+// message schedules a bulk message to users, due at dispatchAt and living
+// for lifetime, as the API does, and returns its one chunk.
+func (b *fanOutBundle) message(users []string, dispatchAt time.Time, lifetime time.Duration) chunkJob {
+	b.t.Helper()
+	ctx := context.Background()
+	var msg db.Message
+	require.NoError(b.t, db.InTx(ctx, b.db.Pool, func(tx pgx.Tx) error {
+		var err error
+		msg, err = NewEnqueuer(b.client, 0).Create(ctx, tx, NewMessage{
+			Priority: PriorityBulk, DispatchAt: dispatchAt, ExpiresAt: dispatchAt.Add(lifetime),
+			Audience: Audience{UserIDs: users}, AudienceJSON: []byte(`{}`),
+			Content: push.Content{Title: "t"},
+		})
+		return err
+	}))
+	jobIDs, err := b.q.MessageChunkJobs(ctx, msg.ID)
+	require.NoError(b.t, err)
+	require.Len(b.t, jobIDs, 1)
+	c := chunkJob{msg: msg, job: b.job(jobIDs[0])}
+	require.NoError(b.t, json.Unmarshal(c.job.EncodedArgs, &c.args))
+	require.Len(b.t, c.args.Targets, len(users))
+	return c
+}
+
+// dueNow schedules a message to users due now, living an hour.
+func (b *fanOutBundle) dueNow(users []string) chunkJob {
+	b.t.Helper()
+	return b.message(users, b.clock.Now(), time.Hour)
+}
+
+// job reads the chunk job as River last left it in the test's transaction.
+func (b *fanOutBundle) job(id int64) *rivertype.JobRow {
+	b.t.Helper()
+	job, err := b.client.JobGetTx(context.Background(), b.tx, id)
+	require.NoError(b.t, err)
+	return job
+}
+
+// worker is a chunk worker on the test's database with cfg's providers,
+// breakers and timeout.
+func (b *fanOutBundle) worker(cfg FanOutConfig) *FanOutWorker {
+	cfg.Pool, cfg.Logger, cfg.Clock = b.db.Pool, discard, b.clock
+	return NewFanOutWorker(cfg)
+}
+
+// work runs one attempt of c's job through River's executor, as River's
+// producer would: the job is marked running, worked, and completed, snoozed
+// or failed in the test's transaction.
+func (b *fanOutBundle) work(w *FanOutWorker, c chunkJob) *rivertest.WorkResult {
+	b.t.Helper()
+	tw := rivertest.NewWorker(b.t, riverpgxv5.New(nil), &river.Config{Logger: discard}, river.Worker[FanOutArgs](w))
+	res, err := tw.WorkJob(context.Background(), b.t, b.tx, b.job(c.job.ID))
+	require.NoError(b.t, err)
+	return res
+}
+
+// ledger is the message's deliveries by device id.
+func (b *fanOutBundle) ledger(msgID int64) map[int64]db.ListDeliveriesRow {
+	b.t.Helper()
+	rows, err := b.q.ListDeliveries(context.Background(), db.ListDeliveriesParams{MessageID: msgID, PageSize: 1000})
+	require.NoError(b.t, err)
+	out := make(map[int64]db.ListDeliveriesRow, len(rows))
+	for _, r := range rows {
+		out[r.DeviceID] = r
+	}
+	return out
+}
+
+// requireStatus checks the delivery of the chunk's device with token.
+func (b *fanOutBundle) requireStatus(c chunkJob, token, status string, reason push.Reason) {
+	b.t.Helper()
+	d, ok := b.ledger(c.msg.ID)[c.device(b.t, token)]
+	require.True(b.t, ok, "no delivery for %s", token)
+	require.Equal(b.t, status, d.Status, "the delivery to %s", token)
+	got := ""
+	if d.Reason != nil {
+		got = *d.Reason
+	}
+	require.Equal(b.t, string(reason), got, "the reason of the delivery to %s", token)
+}
+
+// settled reads the message and checks that its counters are the ledger's
+// own tallies and add up to its device count, whatever the worker did.
+func (b *fanOutBundle) settled(msgID int64) db.Message {
+	b.t.Helper()
+	m, err := b.q.GetMessage(context.Background(), msgID)
+	require.NoError(b.t, err)
+	tally := map[string]int32{}
+	for _, d := range b.ledger(msgID) {
+		tally[d.Status]++
+	}
+	require.Equal(b.t, map[string]int32{
+		"pending": m.PendingCount, "accepted": m.AcceptedCount, "failed": m.FailedCount,
+		"expired": m.ExpiredCount, "cancelled": m.CancelledCount,
+	}, map[string]int32{
+		"pending": tally["pending"], "accepted": tally["accepted"], "failed": tally["failed"],
+		"expired": tally["expired"], "cancelled": tally["cancelled"],
+	}, "the message's counters against its ledger")
+	require.Equal(b.t, m.DeviceCount,
+		m.PendingCount+m.AcceptedCount+m.FailedCount+m.ExpiredCount+m.CancelledCount,
+		"the message's counters add up to its devices")
+	return m
+}
+
+// recordingSender is a provider that answers from a script. It records the
+// token of every send it makes and answers it with the next result scripted
+// for that token (accepted once the script runs out). As push.Limiter does,
+// it asks allow before each send and parks the target and every one after it
+// once allow refuses.
+type recordingSender struct {
+	script map[string][]push.Result
+	// stallAfter, when above zero, makes a Send answer that many targets
+	// and then stop answering until its context ends, as a provider that
+	// hangs would; the rest are left unsent, as push.Limiter leaves them.
+	stallAfter int
+	// stalled, when set, is called as a Send stalls.
+	stalled func()
+
+	mu   sync.Mutex
+	sent []string
+	// hung is set when a stalled Send's context did not end within 10 s:
+	// the worker gave the provider no deadline.
+	hung bool
+}
+
+func (s *recordingSender) Send(ctx context.Context, _ *push.Message, targets []push.Target, results []push.Result, allow func() bool) {
+	for i, t := range targets {
+		if s.stallAfter > 0 && i == s.stallAfter {
+			if s.stalled != nil {
+				s.stalled()
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(10 * time.Second):
+				s.mu.Lock()
+				s.hung = true
+				s.mu.Unlock()
+			}
+			for j := i; j < len(targets); j++ {
+				results[j] = push.Result{Reason: push.ReasonProviderUnavailable, Detail: "not sent: the send's context ended"}
+			}
+			return
+		}
+		if !allow() {
+			for j := i; j < len(targets); j++ {
+				results[j] = push.Result{Reason: push.ReasonProviderUnavailable, Detail: "parked: circuit breaker open"}
+			}
+			return
+		}
+		results[i] = s.answer(t.Token)
+	}
+}
+
+// answer records a send to token and returns its scripted result.
+func (s *recordingSender) answer(token string) push.Result {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.sent = append(s.sent, token)
+	r := push.Result{Accepted: true}
+	if next := s.script[token]; len(next) > 0 {
+		r, s.script[token] = next[0], next[1:]
+	}
+	r.At, r.Latency = time.Now(), time.Millisecond
+	return r
+}
+
+// sends returns the tokens sent to since the last call, sorted.
+func (s *recordingSender) sends() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := slices.Sorted(slices.Values(s.sent))
+	s.sent = nil
+	return out
+}
+
+func failing(reason push.Reason) push.Result {
+	return push.Result{Reason: reason, Detail: string(reason)}
+}
+
+// openBreakers are breakers for every channel that open at the first
+// transient failure and stay open for cooldown.
+func openBreakers(cooldown time.Duration) *Breakers {
+	return NewBreakers(BreakerConfig{Threshold: 1, Cooldown: cooldown, MaxCooldown: cooldown}, Channels...)
+}
+
+func TestFanOutExpiredChunkSendsNothing(t *testing.T) {
+	t.Parallel()
+	b := setupFanOut(t)
+	users := b.devices("apns-1", "fcm-1", "https://push.example/w/1")
+	// Due two hours ago, expired one hour ago: the chunk's job ran late.
+	c := b.message(users, b.clock.Now().Add(-2*time.Hour), time.Hour)
+	apns, fcm, web := &recordingSender{}, &recordingSender{}, &recordingSender{}
+	w := b.worker(FanOutConfig{Providers: map[string]Sender{ChannelAPNs: apns, ChannelFCM: fcm, ChannelWebPush: web}})
+
+	res := b.work(w, c)
+	require.Equal(t, river.EventKindJobCompleted, res.EventKind)
+	require.Empty(t, append(append(apns.sends(), fcm.sends()...), web.sends()...), "nothing is sent past expiry")
+	for _, token := range []string{"apns-1", "fcm-1", "https://push.example/w/1"} {
+		b.requireStatus(c, token, "expired", push.ReasonNone)
+	}
+	m := b.settled(c.msg.ID)
+	require.Equal(t, StateExpired, m.State)
+	require.NotNil(t, m.SettledAt)
+	require.EqualValues(t, 3, m.ExpiredCount)
+}
+
+func TestFanOutCancelWinsTheRace(t *testing.T) {
+	t.Parallel()
+	b := setupFanOut(t)
+	ctx := context.Background()
+	c := b.dueNow(b.devices("apns-1", "fcm-1"))
+	// River has fetched the chunk, and the cancel commits before the worker
+	// starts: the message's row and ledger change as the API's cancel
+	// changes them (its chunk jobs, already running, are River's concern).
+	require.NoError(t, db.InTx(ctx, b.db.Pool, func(tx pgx.Tx) error {
+		q := db.New(tx)
+		if _, err := q.CancelMessage(ctx, c.msg.ID); err != nil {
+			return err
+		}
+		_, err := q.CancelPendingDeliveries(ctx, c.msg.ID)
+		return err
+	}))
+	before := b.settled(c.msg.ID)
+	ledger := b.ledger(c.msg.ID)
+	timings, err := b.q.ChunkTimings(ctx, c.msg.ID)
+	require.NoError(t, err)
+
+	apns, fcm := &recordingSender{}, &recordingSender{}
+	res := b.work(b.worker(FanOutConfig{Providers: map[string]Sender{ChannelAPNs: apns, ChannelFCM: fcm}}), c)
+	require.Equal(t, river.EventKindJobCompleted, res.EventKind)
+	require.Empty(t, append(apns.sends(), fcm.sends()...), "a cancelled message sends nothing")
+	require.Equal(t, StateCancelled, before.State)
+	require.Equal(t, before, b.settled(c.msg.ID), "the message is as the cancel left it")
+	require.Equal(t, ledger, b.ledger(c.msg.ID), "the ledger is as the cancel left it")
+	after, err := b.q.ChunkTimings(ctx, c.msg.ID)
+	require.NoError(t, err)
+	require.Equal(t, timings, after, "the chunk records nothing of itself")
+}
+
+func TestFanOutDisabledChannelFailsOnlyItsDeliveries(t *testing.T) {
+	t.Parallel()
+	b := setupFanOut(t)
+	c := b.dueNow(b.devices("apns-1", "fcm-1", "fcm-2", "https://push.example/w/1", "https://push.example/w/2"))
+	// No Web Push provider here.
+	apns, fcm := &recordingSender{}, &recordingSender{}
+	res := b.work(b.worker(FanOutConfig{Providers: map[string]Sender{ChannelAPNs: apns, ChannelFCM: fcm}}), c)
+
+	require.Equal(t, river.EventKindJobCompleted, res.EventKind)
+	require.Equal(t, []string{"apns-1"}, apns.sends())
+	require.Equal(t, []string{"fcm-1", "fcm-2"}, fcm.sends())
+	for _, token := range []string{"apns-1", "fcm-1", "fcm-2"} {
+		b.requireStatus(c, token, "accepted", push.ReasonNone)
+	}
+	for _, token := range []string{"https://push.example/w/1", "https://push.example/w/2"} {
+		b.requireStatus(c, token, "failed", push.ReasonChannelDisabled)
+	}
+	m := b.settled(c.msg.ID)
+	require.Equal(t, StateDispatched, m.State)
+	require.EqualValues(t, 3, m.AcceptedCount)
+	require.EqualValues(t, 2, m.FailedCount)
+}
+
+func TestFanOutParksAProviderWhoseBreakerIsOpen(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name               string
+		cooldown, lifetime time.Duration
+		// snoozeFor is how long after the attempt the chunk should wake.
+		snoozeFor time.Duration
+	}{
+		{"until the breaker lets a probe through", time.Minute, time.Hour, time.Minute},
+		{"never past the chunk's expiry", time.Hour, 10 * time.Minute, 10 * time.Minute},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setupFanOut(t)
+			breakers := openBreakers(tc.cooldown)
+			breakers.For(ChannelAPNs, "").Failure("503 from APNs")
+			require.Equal(t, BreakerOpen, breakers.For(ChannelAPNs, "").Status().State)
+			c := b.message(b.devices("apns-1", "apns-2", "fcm-1"), b.clock.Now(), tc.lifetime)
+			apns, fcm := &recordingSender{}, &recordingSender{}
+			w := b.worker(FanOutConfig{Providers: map[string]Sender{ChannelAPNs: apns, ChannelFCM: fcm}, Breakers: breakers})
+
+			attempted := time.Now()
+			res := b.work(w, c)
+			// The worker returned river.JobSnooze's *rivertype.JobSnoozeError,
+			// which River records as a snooze with the job rescheduled.
+			require.Equal(t, river.EventKindJobSnoozed, res.EventKind)
+			// River adds the snooze to its own reading of the clock, a
+			// moment after the worker's: hence the second's tolerance.
+			require.WithinDuration(t, attempted.Add(tc.snoozeFor), res.Job.ScheduledAt, time.Second)
+			require.False(t, res.Job.ScheduledAt.After(c.args.ExpiresAt.Add(time.Second)), "snoozed past the chunk's expiry")
+
+			require.Empty(t, apns.sends(), "nothing is attempted while the breaker is open")
+			require.Equal(t, []string{"fcm-1"}, fcm.sends())
+			ledger := b.ledger(c.msg.ID)
+			for _, token := range []string{"apns-1", "apns-2"} {
+				b.requireStatus(c, token, "pending", push.ReasonNone)
+				require.Zero(t, ledger[c.device(t, token)].AttemptedAt, "a parked delivery was never attempted")
+			}
+			b.requireStatus(c, "fcm-1", "accepted", push.ReasonNone)
+			m := b.settled(c.msg.ID)
+			require.Equal(t, StateDispatching, m.State)
+			require.EqualValues(t, 2, m.PendingCount)
+		})
+	}
+}
+
+func TestFanOutTimeoutRecordsWhatWasSent(t *testing.T) {
+	t.Parallel()
+	tokens := []string{"fcm-1", "fcm-2", "fcm-3", "fcm-4"}
+
+	// requireRecorded checks that the two answered sends are in the ledger
+	// and the two unanswered ones still pending, never attempted.
+	requireRecorded := func(t *testing.T, b *fanOutBundle, c chunkJob, fcm *recordingSender) {
+		t.Helper()
+		fcm.mu.Lock()
+		require.False(t, fcm.hung, "the stalled send's context never ended")
+		fcm.mu.Unlock()
+		require.Equal(t, tokens[:2], fcm.sends())
+		for _, token := range tokens[:2] {
+			b.requireStatus(c, token, "accepted", push.ReasonNone)
+		}
+		ledger := b.ledger(c.msg.ID)
+		for _, token := range tokens[2:] {
+			b.requireStatus(c, token, "pending", push.ReasonNone)
+			require.Zero(t, ledger[c.device(t, token)].AttemptedAt)
+		}
+		m := b.settled(c.msg.ID)
+		require.Equal(t, StateDispatching, m.State)
+		require.EqualValues(t, 2, m.AcceptedCount)
+	}
+
+	t.Run("the attempt's time runs out", func(t *testing.T) {
+		t.Parallel()
+		b := setupFanOut(t)
+		c := b.dueNow(b.devices(tokens...))
+		fcm := &recordingSender{stallAfter: 2}
+		w := b.worker(FanOutConfig{Providers: map[string]Sender{ChannelFCM: fcm}, Timeout: 300 * time.Millisecond})
+
+		res := b.work(w, c)
+		// What was not sent waits for the chunk's next attempt.
+		require.Equal(t, river.EventKindJobSnoozed, res.EventKind)
+		requireRecorded(t, b, c, fcm)
+	})
+
+	// A worker stopping (River cancels the context of the jobs it runs)
+	// must still write what was sent. rivertest's executor writes the job's
+	// own outcome with the context it was given, so a cancelled one would
+	// fail River's write rather than the worker's: this case calls Work
+	// directly, with the chunk's real job.
+	t.Run("the worker is stopped mid-send", func(t *testing.T) {
+		t.Parallel()
+		b := setupFanOut(t)
+		c := b.dueNow(b.devices(tokens...))
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		fcm := &recordingSender{stallAfter: 2, stalled: cancel}
+		w := b.worker(FanOutConfig{Providers: map[string]Sender{ChannelFCM: fcm}})
+
+		err := w.Work(ctx, &river.Job[FanOutArgs]{JobRow: c.job, Args: c.args})
+		var snooze *rivertype.JobSnoozeError
+		require.True(t, errors.As(err, &snooze), "Work returned %v, not a snooze", err)
+		requireRecorded(t, b, c, fcm)
+	})
+}
+
+func TestFanOutRetriedChunkSendsOnlyWhatIsPending(t *testing.T) {
+	t.Parallel()
+	b := setupFanOut(t)
+	c := b.dueNow(b.devices("apns-1", "fcm-1", "fcm-2", "fcm-3"))
+	apns := &recordingSender{}
+	// fcm-2 is rate limited once, then accepted.
+	fcm := &recordingSender{script: map[string][]push.Result{"fcm-2": {failing(push.ReasonRateLimited)}}}
+	w := b.worker(FanOutConfig{Providers: map[string]Sender{ChannelAPNs: apns, ChannelFCM: fcm}})
+
+	res := b.work(w, c)
+	require.Equal(t, river.EventKindJobSnoozed, res.EventKind, "a transient failure waits for the next attempt")
+	require.Equal(t, []string{"apns-1"}, apns.sends())
+	require.Equal(t, []string{"fcm-1", "fcm-2", "fcm-3"}, fcm.sends())
+	b.requireStatus(c, "fcm-2", "pending", push.ReasonRateLimited)
+	require.Equal(t, StateDispatching, b.settled(c.msg.ID).State)
+
+	res = b.work(w, c)
+	require.Equal(t, river.EventKindJobCompleted, res.EventKind)
+	require.Empty(t, apns.sends(), "a settled delivery is not sent again")
+	require.Equal(t, []string{"fcm-2"}, fcm.sends(), "only the pending delivery is sent again")
+	for _, token := range []string{"apns-1", "fcm-1", "fcm-2", "fcm-3"} {
+		b.requireStatus(c, token, "accepted", push.ReasonNone)
+	}
+	m := b.settled(c.msg.ID)
+	require.Equal(t, StateDispatched, m.State)
+	require.EqualValues(t, 4, m.AcceptedCount)
+}
+
+func TestFanOutParksOnlyTheWebPushHostWhoseBreakerIsOpen(t *testing.T) {
+	t.Parallel()
+	b := setupFanOut(t)
+	up := []string{"https://push-a.example/w/1", "https://push-a.example/w/2"}
+	down := []string{"https://push-b.example/w/1", "https://push-b.example/w/2"}
+	c := b.dueNow(b.devices(append(slices.Clone(up), down...)...))
+	breakers := openBreakers(time.Minute)
+	breakers.For(ChannelWebPush, down[0]).Failure("503 from push-b")
+	web := &recordingSender{}
+	w := b.worker(FanOutConfig{Providers: map[string]Sender{ChannelWebPush: web}, Breakers: breakers})
+
+	res := b.work(w, c)
+	require.Equal(t, river.EventKindJobSnoozed, res.EventKind)
+	require.Equal(t, up, web.sends(), "only the healthy host's endpoints are sent to")
+	for _, token := range up {
+		b.requireStatus(c, token, "accepted", push.ReasonNone)
+	}
+	for _, token := range down {
+		b.requireStatus(c, token, "pending", push.ReasonNone)
+	}
+	require.EqualValues(t, 2, b.settled(c.msg.ID).PendingCount)
+}
+
+func TestFanOutEvictsDeadTokens(t *testing.T) {
+	t.Parallel()
+	b := setupFanOut(t)
+	ctx := context.Background()
+	c := b.dueNow(b.devices("apns-1", "apns-2", "fcm-1", "fcm-2", "https://push.example/w/1"))
+	apns := &recordingSender{script: map[string][]push.Result{"apns-2": {failing(push.ReasonUnregistered)}}}
+	fcm := &recordingSender{script: map[string][]push.Result{
+		"fcm-1": {failing(push.ReasonBadToken)},
+		"fcm-2": {failing(push.ReasonPayloadRejected)},
+	}}
+	w := b.worker(FanOutConfig{Providers: map[string]Sender{ChannelAPNs: apns, ChannelFCM: fcm, ChannelWebPush: &recordingSender{}}})
+
+	res := b.work(w, c)
+	require.Equal(t, river.EventKindJobCompleted, res.EventKind)
+	b.requireStatus(c, "apns-2", "failed", push.ReasonUnregistered)
+	b.requireStatus(c, "fcm-1", "failed", push.ReasonBadToken)
+	b.requireStatus(c, "fcm-2", "failed", push.ReasonPayloadRejected)
+	for token, evicted := range map[string]push.Reason{
+		"apns-1": "", "apns-2": push.ReasonUnregistered, "fcm-1": push.ReasonBadToken,
+		"fcm-2": "", "https://push.example/w/1": "",
+	} {
+		d, err := b.q.GetDevice(ctx, c.device(t, token))
+		require.NoError(t, err)
+		if evicted == "" {
+			require.Equal(t, "active", d.Status, "%s: only a dead token is evicted", token)
+			continue
+		}
+		require.Equal(t, "evicted", d.Status, token)
+		require.Equal(t, string(evicted), *d.EvictedReason, token)
+	}
+	m := b.settled(c.msg.ID)
+	require.Equal(t, StateDispatched, m.State)
+	require.EqualValues(t, 2, m.AcceptedCount)
+	require.EqualValues(t, 3, m.FailedCount)
+}
