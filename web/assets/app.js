@@ -318,7 +318,12 @@
         return h('tr', { 'data-schedule-id': s.schedule_id },
           h('td', {}, h('a', { class: 'mono', href: `#/messages?schedule_id=${s.schedule_id}`, title: 'its messages' }, s.schedule_id)),
           h('td', { class: 'mono' }, s.cron), h('td', {}, s.timezone), h('td', {}, aud), h('td', {}, s.priority),
-          h('td', {}, s.paused ? h('span', { class: 'muted' }, 'paused') : (s.next_runs || []).slice(0, 3).map((r) => h('div', {}, fmtTime(r), ' ', h('span', { class: 'muted' }, fmtRel(r))))),
+          h('td', {}, s.paused ? h('span', { class: 'muted' }, 'paused') : (s.next_runs || []).slice(0, 3).map((r) => {
+            // A run already made into a message links to it.
+            const made = (s.pending_runs || []).find((p) => p.run_at === r);
+            return h('div', { class: made ? 'pending-run' : null }, fmtTime(r), ' ', h('span', { class: 'muted' }, fmtRel(r)),
+              made ? [' ', h('a', { class: 'mono', href: `#/messages/${made.message_id}` }, made.message_id)] : null);
+          })),
           h('td', {}, badge(s.paused ? 'paused' : 'active')),
           h('td', {}, h('button', { class: 'secondary', onclick: async () => {
             try {
