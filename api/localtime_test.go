@@ -65,6 +65,11 @@ func TestLocalTimeDelivery(t *testing.T) {
 				require.EqualValues(t, 1, deliveries["expired"], "Kolkata's time had passed")
 				require.EqualValues(t, 3, deliveries["pending"])
 				require.Equal(t, berlinAt.UTC().Format(time.RFC3339Nano), st["dispatch_at"], "the message's dispatch_at is its first wave")
+				require.Equal(t, nyAt.Add(10*time.Minute).UTC().Format(time.RFC3339Nano), st["expires_at"], "the message lasts until its last wave expires")
+				require.Equal(t, map[string]any{
+					"dispatch_at": nyAt.UTC().Format(time.RFC3339Nano), "expires_at": nyAt.Add(10 * time.Minute).UTC().Format(time.RFC3339Nano),
+					"devices": 1.0, "accepted": 0.0, "failed": 0.0, "expired": 0.0, "cancelled": 0.0, "pending": 1.0,
+				}, waves[1], "each wave has its own expiry and progress")
 				_, page := b.do(http.MethodGet, "/v1/messages/"+id+"/deliveries?status=expired", nil)
 				require.Equal(t, "z0", page["items"].([]any)[0].(map[string]any)["user_id"])
 			} else {

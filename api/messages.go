@@ -433,9 +433,19 @@ type skewSummary struct {
 	Max float64 `json:"max"`
 }
 
+// wave is the deliveries of a local-time message due at one instant, and
+// how far they have got.
 type wave struct {
 	DispatchAt time.Time `json:"dispatch_at"`
-	Devices    int32     `json:"devices"`
+	// ExpiresAt is the wave's own expiry: its dispatch_at plus the
+	// message's ttl_seconds.
+	ExpiresAt time.Time `json:"expires_at"`
+	Devices   int32     `json:"devices"`
+	Accepted  int32     `json:"accepted"`
+	Failed    int32     `json:"failed"`
+	Expired   int32     `json:"expired"`
+	Cancelled int32     `json:"cancelled"`
+	Pending   int32     `json:"pending"`
 }
 
 type messageStatus struct {
@@ -489,12 +499,22 @@ func (s *Server) getMessage(c echo.Context) error {
 		}
 	}
 	if m.LocalTime != nil {
+		var spec struct {
+			TTLSeconds int64 `json:"ttl_seconds"`
+		}
+		if err := json.Unmarshal(m.LocalTime, &spec); err != nil {
+			return fmt.Errorf("decode local time: %w", err)
+		}
+		lifetime := time.Duration(spec.TTLSeconds) * time.Second
 		rows, err := q.MessageWaves(ctx, id)
 		if err != nil {
 			return fmt.Errorf("read waves: %w", err)
 		}
 		for _, r := range rows {
-			st.Waves = append(st.Waves, wave{DispatchAt: r.DueAt.UTC(), Devices: r.Devices})
+			st.Waves = append(st.Waves, wave{
+				DispatchAt: r.DueAt.UTC(), ExpiresAt: r.DueAt.Add(lifetime).UTC(), Devices: r.Devices,
+				Accepted: r.Accepted, Failed: r.Failed, Expired: r.Expired, Cancelled: r.Cancelled, Pending: r.Pending,
+			})
 		}
 	}
 	return c.JSON(http.StatusOK, st)

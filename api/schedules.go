@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -20,7 +21,8 @@ const (
 	// a message's default lifetime.
 	defaultTTLSeconds = int(defaultLifetime / time.Second)
 	maxTTLSeconds     = int(maxLifetime / time.Second)
-	// nextRunsShown is how many upcoming runs a schedule lists.
+	// nextRunsShown is how many upcoming runs a schedule lists, and how many
+	// of its runs made into messages and not started.
 	nextRunsShown = 5
 )
 
@@ -158,17 +160,41 @@ type scheduleResponse struct {
 	IfPassed         string      `json:"if_passed,omitempty"`
 	Paused           bool        `json:"paused"`
 	NextRuns         []time.Time `json:"next_runs"`
-	CreatedAt        time.Time   `json:"created_at"`
+	// PendingRuns are the runs already made into messages that have not
+	// started, earliest first, each with its message: they are among
+	// NextRuns, and cancelling a message cancels its run.
+	PendingRuns []pendingRun `json:"pending_runs"`
+	CreatedAt   time.Time    `json:"created_at"`
 }
 
-func newScheduleResponse(s db.Schedule) (scheduleResponse, error) {
+// pendingRun is a schedule run made into a message that has not started.
+type pendingRun struct {
+	RunAt     time.Time `json:"run_at"`
+	MessageID string    `json:"message_id"`
+}
+
+// newScheduleResponse shows schedule s; pending are its runs made into
+// messages and not started (pendingRuns), earliest first.
+func newScheduleResponse(s db.Schedule, pending []db.PendingRunsRow) (scheduleResponse, error) {
 	r := scheduleResponse{
 		ScheduleID: formatScheduleID(s.ID), Cron: s.Cron, Timezone: s.Timezone, Audience: s.Audience,
 		Priority: s.Priority, TTLSeconds: s.TtlSeconds, StartsAt: utcPtr(s.StartsAt), EndsAt: utcPtr(s.EndsAt),
-		LocalTime: s.LocalTime, Paused: s.Paused, NextRuns: []time.Time{}, CreatedAt: s.CreatedAt.UTC(),
+		LocalTime: s.LocalTime, Paused: s.Paused, NextRuns: []time.Time{}, PendingRuns: []pendingRun{},
+		CreatedAt: s.CreatedAt.UTC(),
 	}
 	if s.LocalTime {
 		r.FallbackTimezone, r.IfPassed = s.FallbackTimezone, s.IfPassed
+	}
+	// A run is made into a message ahead of its time (a local-time one a
+	// day ahead), and next_run_at moves on past it then. Until it starts,
+	// it is the schedule's next run all the same, so next_runs lists the
+	// runs from the first one not yet sent.
+	for _, p := range pending {
+		if p.ScheduleRunAt == nil {
+			continue
+		}
+		r.PendingRuns = append(r.PendingRuns, pendingRun{RunAt: p.ScheduleRunAt.UTC(), MessageID: push.FormatMessageID(p.MessageID)})
+		r.NextRuns = append(r.NextRuns, p.ScheduleRunAt.UTC())
 	}
 	// A next run out of range was stored before runs were bounded; it
 	// will never be made, so none is shown.
@@ -179,11 +205,30 @@ func newScheduleResponse(s db.Schedule) (scheduleResponse, error) {
 	if err != nil {
 		return r, err
 	}
-	r.NextRuns = append(r.NextRuns, s.NextRunAt.UTC())
-	for _, t := range c.NextRuns(*s.NextRunAt, nextRunsShown-1, s.EndsAt, runSpan(s)) {
-		r.NextRuns = append(r.NextRuns, t.UTC())
+	for _, t := range append([]time.Time{*s.NextRunAt}, c.NextRuns(*s.NextRunAt, nextRunsShown-1, s.EndsAt, runSpan(s))...) {
+		if !slices.ContainsFunc(r.NextRuns, t.Equal) {
+			r.NextRuns = append(r.NextRuns, t.UTC())
+		}
 	}
+	slices.SortFunc(r.NextRuns, time.Time.Compare)
+	r.NextRuns = r.NextRuns[:min(len(r.NextRuns), nextRunsShown)]
 	return r, nil
+}
+
+// pendingRuns reads the runs of the schedules ids that have been made into
+// messages and not started, by schedule, at most nextRunsShown of each.
+func pendingRuns(ctx context.Context, q *db.Queries, ids ...int64) (map[int64][]db.PendingRunsRow, error) {
+	rows, err := q.PendingRuns(ctx, db.PendingRunsParams{ScheduleIds: ids, PerSchedule: nextRunsShown})
+	if err != nil {
+		return nil, fmt.Errorf("read pending runs: %w", err)
+	}
+	out := make(map[int64][]db.PendingRunsRow, len(ids))
+	for _, r := range rows {
+		if r.ScheduleID != nil {
+			out[*r.ScheduleID] = append(out[*r.ScheduleID], r)
+		}
+	}
+	return out, nil
 }
 
 // createSchedule stores a recurring reminder; the materializer makes each
@@ -241,7 +286,7 @@ func (s *Server) createSchedule(c echo.Context) error {
 		if err != nil {
 			return 0, nil, fmt.Errorf("store schedule: %w", err)
 		}
-		resp, err := newScheduleResponse(sch)
+		resp, err := newScheduleResponse(sch, nil)
 		if err != nil {
 			return 0, nil, err
 		}
@@ -264,14 +309,19 @@ func (s *Server) getSchedule(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	sch, err := db.New(s.pool).GetSchedule(c.Request().Context(), id)
+	q := db.New(s.pool)
+	sch, err := q.GetSchedule(c.Request().Context(), id)
 	if err != nil {
 		if db.Translate(err) == db.ErrNotFound {
 			return notFound("schedule", raw)
 		}
 		return fmt.Errorf("read schedule: %w", err)
 	}
-	resp, err := newScheduleResponse(sch)
+	pending, err := pendingRuns(c.Request().Context(), q, sch.ID)
+	if err != nil {
+		return err
+	}
+	resp, err := newScheduleResponse(sch, pending[sch.ID])
 	if err != nil {
 		return err
 	}
@@ -297,9 +347,18 @@ func (s *Server) listSchedules(c echo.Context) error {
 		}
 		params.BeforeID = cu.After
 	}
-	rows, err := db.New(s.pool).ListSchedules(c.Request().Context(), params)
+	q := db.New(s.pool)
+	rows, err := q.ListSchedules(c.Request().Context(), params)
 	if err != nil {
 		return fmt.Errorf("list schedules: %w", err)
+	}
+	ids := make([]int64, len(rows))
+	for i, sch := range rows {
+		ids[i] = sch.ID
+	}
+	pending, err := pendingRuns(c.Request().Context(), q, ids...)
+	if err != nil {
+		return err
 	}
 	page := schedulePage{Items: make([]json.RawMessage, 0, min(len(rows), int(limit)))}
 	for i, sch := range rows {
@@ -307,7 +366,7 @@ func (s *Server) listSchedules(c echo.Context) error {
 			page.NextCursor = encodeCursor(cursor{After: rows[i-1].ID, Filter: "schedules"})
 			break
 		}
-		r, err := newScheduleResponse(sch)
+		r, err := newScheduleResponse(sch, pending[sch.ID])
 		if item, ok := s.listed(c, "schedule_id", formatScheduleID(sch.ID), r, err); ok {
 			page.Items = append(page.Items, item)
 		}
@@ -369,7 +428,11 @@ func (s *Server) patchSchedule(c echo.Context) error {
 				return 0, nil, err
 			}
 		}
-		resp, err := newScheduleResponse(sch)
+		pending, err := pendingRuns(ctx, q, id)
+		if err != nil {
+			return 0, nil, err
+		}
+		resp, err := newScheduleResponse(sch, pending[id])
 		return http.StatusOK, resp, err
 	})
 }

@@ -51,6 +51,7 @@ func TestScheduleLifecycle(t *testing.T) {
 	status, got := b.do(http.MethodGet, "/v1/schedules/"+id, nil)
 	require.Equal(t, http.StatusOK, status)
 	require.Equal(t, sch["next_runs"], got["next_runs"])
+	require.Equal(t, []any{}, got["pending_runs"], "no run is made yet")
 	_, list := b.do(http.MethodGet, "/v1/schedules", nil)
 	require.Len(t, list["items"], 1)
 
@@ -69,10 +70,22 @@ func TestScheduleLifecycle(t *testing.T) {
 	require.Equal(t, "scheduled", run["state"])
 	require.Equal(t, id, run["schedule_id"])
 
+	// The run made into a message is still the schedule's next run, and
+	// says which message it is; the runs after it follow.
+	wantPending := []any{map[string]any{"run_at": runs[0], "message_id": run["message_id"]}}
+	status, got = b.do(http.MethodGet, "/v1/schedules/"+id, nil)
+	require.Equal(t, http.StatusOK, status)
+	require.Equal(t, runs, got["next_runs"], "next_runs starts at the first run not yet sent")
+	require.Equal(t, wantPending, got["pending_runs"])
+	_, list = b.do(http.MethodGet, "/v1/schedules", nil)
+	require.Equal(t, runs, list["items"].([]any)[0].(map[string]any)["next_runs"])
+	require.Equal(t, wantPending, list["items"].([]any)[0].(map[string]any)["pending_runs"])
+
 	status, paused := b.do(http.MethodPatch, "/v1/schedules/"+id, map[string]any{"paused": true})
 	require.Equal(t, http.StatusOK, status, paused)
 	require.Equal(t, true, paused["paused"])
 	require.Empty(t, paused["next_runs"])
+	require.Empty(t, paused["pending_runs"])
 	_, st := b.do(http.MethodGet, "/v1/messages/"+run["message_id"].(string), nil)
 	require.Equal(t, "cancelled", st["state"], "pausing cancels runs made but not started")
 

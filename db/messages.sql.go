@@ -619,18 +619,33 @@ func (q *Queries) MessageSkew(ctx context.Context, messageID int64) (MessageSkew
 }
 
 const messageWaves = `-- name: MessageWaves :many
-SELECT due_at, sum(device_count)::integer AS devices
-FROM message_chunks
-WHERE message_id = $1
+SELECT due_at,
+       count(*)::integer AS devices,
+       count(*) FILTER (WHERE status = 'accepted')::integer AS accepted,
+       count(*) FILTER (WHERE status = 'failed')::integer AS failed,
+       count(*) FILTER (WHERE status = 'expired')::integer AS expired,
+       count(*) FILTER (WHERE status = 'cancelled')::integer AS cancelled,
+       count(*) FILTER (WHERE status = 'pending')::integer AS pending
+FROM deliveries
+WHERE message_id = $1 AND chunk >= 0
 GROUP BY due_at
 ORDER BY due_at
 `
 
 type MessageWavesRow struct {
-	DueAt   time.Time
-	Devices int32
+	DueAt     time.Time
+	Devices   int32
+	Accepted  int32
+	Failed    int32
+	Expired   int32
+	Cancelled int32
+	Pending   int32
 }
 
+// A local-time message's waves and how far each has got, from the ledger:
+// the deliveries sent at one instant (chunk >= 0; those whose time had
+// passed and were skipped are chunk -1 and belong to no wave). It walks the
+// message's part of the primary key, as a page of its deliveries does.
 func (q *Queries) MessageWaves(ctx context.Context, messageID int64) ([]MessageWavesRow, error) {
 	rows, err := q.db.Query(ctx, messageWaves, messageID)
 	if err != nil {
@@ -640,7 +655,15 @@ func (q *Queries) MessageWaves(ctx context.Context, messageID int64) ([]MessageW
 	items := []MessageWavesRow{}
 	for rows.Next() {
 		var i MessageWavesRow
-		if err := rows.Scan(&i.DueAt, &i.Devices); err != nil {
+		if err := rows.Scan(
+			&i.DueAt,
+			&i.Devices,
+			&i.Accepted,
+			&i.Failed,
+			&i.Expired,
+			&i.Cancelled,
+			&i.Pending,
+		); err != nil {
 			return nil, err
 		}
 		items = append(items, i)

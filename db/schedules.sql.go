@@ -249,6 +249,52 @@ func (q *Queries) ListSchedules(ctx context.Context, arg ListSchedulesParams) ([
 	return items, nil
 }
 
+const pendingRuns = `-- name: PendingRuns :many
+SELECT schedule_id, schedule_run_at, id AS message_id FROM (
+    SELECT schedule_id, schedule_run_at, id,
+           row_number() OVER (PARTITION BY schedule_id ORDER BY schedule_run_at) AS n
+    FROM messages
+    WHERE schedule_id = ANY ($1::bigint[]) AND state = 'scheduled'
+) runs
+WHERE n <= $2::integer
+ORDER BY schedule_id, schedule_run_at
+`
+
+type PendingRunsParams struct {
+	ScheduleIds []int64
+	PerSchedule int32
+}
+
+type PendingRunsRow struct {
+	ScheduleID    *int64
+	ScheduleRunAt *time.Time
+	MessageID     int64
+}
+
+// The runs of the given schedules that have been made into messages and
+// not started, earliest first, at most per_schedule of each: what a
+// schedule will send before its next_run_at. The unique index on
+// (schedule_id, schedule_run_at) finds them.
+func (q *Queries) PendingRuns(ctx context.Context, arg PendingRunsParams) ([]PendingRunsRow, error) {
+	rows, err := q.db.Query(ctx, pendingRuns, arg.ScheduleIds, arg.PerSchedule)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []PendingRunsRow{}
+	for rows.Next() {
+		var i PendingRunsRow
+		if err := rows.Scan(&i.ScheduleID, &i.ScheduleRunAt, &i.MessageID); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const runExists = `-- name: RunExists :one
 SELECT EXISTS (SELECT 1 FROM messages WHERE schedule_id = $1 AND schedule_run_at = $2)::boolean
 `

@@ -46,8 +46,8 @@ type NewMessage struct {
 	// runs) instead of storing Content again.
 	PayloadID int64
 	// LocalTime, when set, sends to each recipient at a wall time in their
-	// own zone instead of at DispatchAt; DispatchAt and ExpiresAt are then
-	// filled in from the earliest wave.
+	// own zone instead of at DispatchAt; DispatchAt is then filled in from
+	// the earliest wave and ExpiresAt from the latest wave's expiry.
 	LocalTime *LocalTime
 	// ScheduleID and ScheduleRunAt tie a message to the schedule run that
 	// made it.
@@ -115,14 +115,21 @@ func (e *Enqueuer) Create(ctx context.Context, tx pgx.Tx, m NewMessage) (db.Mess
 		return db.Message{}, err
 	}
 	targets, passed := all, []target(nil)
+	// Each chunk lives as long after its due instant as the message does
+	// after dispatch_at, or a local-time wave's lifetime.
+	lifetime := m.ExpiresAt.Sub(m.DispatchAt)
 	var localJSON []byte
 	if lt := m.LocalTime; lt != nil {
 		targets, passed, err = lt.place(all)
 		if err != nil {
 			return db.Message{}, err
 		}
+		lifetime = lt.Lifetime
+		// The message lasts until its last wave expires: an expires_at of
+		// the first wave's would say it was over while later waves were
+		// still to be sent.
 		m.DispatchAt = lt.firstWave(targets, passed)
-		m.ExpiresAt = m.DispatchAt.Add(lt.Lifetime)
+		m.ExpiresAt = lt.lastWave(targets, passed).Add(lifetime)
 		localJSON = lt.JSON
 	}
 	payloadID, err := storePayload(ctx, q, m)
@@ -185,7 +192,7 @@ func (e *Enqueuer) Create(ctx context.Context, tx pgx.Tx, m NewMessage) (db.Mess
 			PayloadID:  payloadID,
 			Priority:   m.Priority,
 			DispatchAt: c.dueAt,
-			ExpiresAt:  c.dueAt.Add(m.ExpiresAt.Sub(m.DispatchAt)),
+			ExpiresAt:  c.dueAt.Add(lifetime),
 			Targets:    make([]Target, len(c.targets)),
 		}
 		for j, t := range c.targets {
@@ -304,6 +311,23 @@ func (lt *LocalTime) firstWave(due, passed []target) time.Time {
 		}
 		if !first.IsZero() {
 			return first
+		}
+	}
+	return lt.Now
+}
+
+// lastWave is the latest due instant; the latest passed one when nothing is
+// left to send.
+func (lt *LocalTime) lastWave(due, passed []target) time.Time {
+	var last time.Time
+	for _, set := range [][]target{due, passed} {
+		for _, t := range set {
+			if t.dueAt.After(last) {
+				last = t.dueAt
+			}
+		}
+		if !last.IsZero() {
+			return last
 		}
 	}
 	return lt.Now

@@ -217,6 +217,45 @@ func TestBrowserDashboard(t *testing.T) {
 	require.Equal(t, "cancelled", st["state"])
 	require.EqualValues(t, 3, st["deliveries"].(map[string]any)["cancelled"])
 
+	// A local-time message to ann in Kolkata and bob in New York, two
+	// hours from now on Berlin's clocks: past in Kolkata, so ann's devices
+	// are sent at once (send_now), while bob's wave waits hours. Its page
+	// shows each wave's due instant, devices and progress.
+	for user, zone := range map[string]string{"ann": "Asia/Kolkata", "bob": "America/New_York"} {
+		e.must(http.StatusOK, http.MethodPut, "/v1/users/"+user, map[string]any{"timezone": zone})
+	}
+	berlin, err := time.LoadLocation("Europe/Berlin")
+	require.NoError(t, err)
+	local := e.must(http.StatusAccepted, http.MethodPost, "/v1/messages", map[string]any{
+		"deliver_at_local": time.Now().In(berlin).Add(2 * time.Hour).Format("2006-01-02T15:04"),
+		"if_passed":        "send_now", "ttl_seconds": 600,
+		"audience": map[string]any{"type": "users", "ids": []string{"ann", "bob"}},
+		"payload":  map[string]any{"title": "Good morning"},
+	})
+	localID := local["message_id"].(string)
+	var waves []any
+	require.Eventually(t, func() bool {
+		waves = e.must(http.StatusOK, http.MethodGet, "/v1/messages/"+localID, nil)["waves"].([]any)
+		return len(waves) == 2 && waves[0].(map[string]any)["accepted"] == 3.0
+	}, 20*time.Second, 50*time.Millisecond, "ann's wave was not sent")
+	b.goHash("#/messages/" + localID)
+	first := fmt.Sprintf(`#waves-body tr[data-wave=%q]`, waves[0].(map[string]any)["dispatch_at"])
+	second := fmt.Sprintf(`#waves-body tr[data-wave=%q]`, waves[1].(map[string]any)["dispatch_at"])
+	b.do(visible(first), visible(second))
+	require.Equal(t, 2, evaluate[int](b, `document.querySelectorAll('#waves-body tr').length`))
+	require.Equal(t, []string{"3", "3", "0", "0"},
+		[]string{b.text(first + " td.devices"), b.text(first + " td.accepted"), b.text(first + " td.failed"), b.text(first + " td.pending")},
+		"the wave sent now: devices, accepted, failed, pending")
+	require.Equal(t, []string{"3", "0", "0", "3"},
+		[]string{b.text(second + " td.devices"), b.text(second + " td.accepted"), b.text(second + " td.failed"), b.text(second + " td.pending")},
+		"the wave hours ahead")
+	require.Equal(t, 1, evaluate[int](b, fmt.Sprintf(`document.querySelectorAll(%q).length`, first+" .progress span.accepted")))
+	b.screenshot("dashboard-waves")
+	// A message sent at one instant has no waves to show.
+	b.goHash("#/messages/" + dispatched)
+	b.do(visible("#histogram svg rect"))
+	require.True(t, evaluate[bool](b, `document.getElementById('waves-panel').hidden`))
+
 	// Pause the schedule.
 	schRow := fmt.Sprintf(`tr[data-schedule-id=%q]`, schedule)
 	b.goHash("#/schedules")

@@ -71,9 +71,19 @@ FROM (
 ) s;
 
 -- name: MessageWaves :many
-SELECT due_at, sum(device_count)::integer AS devices
-FROM message_chunks
-WHERE message_id = @message_id
+-- A local-time message's waves and how far each has got, from the ledger:
+-- the deliveries sent at one instant (chunk >= 0; those whose time had
+-- passed and were skipped are chunk -1 and belong to no wave). It walks the
+-- message's part of the primary key, as a page of its deliveries does.
+SELECT due_at,
+       count(*)::integer AS devices,
+       count(*) FILTER (WHERE status = 'accepted')::integer AS accepted,
+       count(*) FILTER (WHERE status = 'failed')::integer AS failed,
+       count(*) FILTER (WHERE status = 'expired')::integer AS expired,
+       count(*) FILTER (WHERE status = 'cancelled')::integer AS cancelled,
+       count(*) FILTER (WHERE status = 'pending')::integer AS pending
+FROM deliveries
+WHERE message_id = @message_id AND chunk >= 0
 GROUP BY due_at
 ORDER BY due_at;
 

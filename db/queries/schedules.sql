@@ -58,3 +58,17 @@ UPDATE schedules SET next_run_at = @next_run_at, updated_at = clock_timestamp() 
 
 -- name: RunExists :one
 SELECT EXISTS (SELECT 1 FROM messages WHERE schedule_id = @schedule_id AND schedule_run_at = @run_at)::boolean;
+
+-- name: PendingRuns :many
+-- The runs of the given schedules that have been made into messages and
+-- not started, earliest first, at most per_schedule of each: what a
+-- schedule will send before its next_run_at. The unique index on
+-- (schedule_id, schedule_run_at) finds them.
+SELECT schedule_id, schedule_run_at, id AS message_id FROM (
+    SELECT schedule_id, schedule_run_at, id,
+           row_number() OVER (PARTITION BY schedule_id ORDER BY schedule_run_at) AS n
+    FROM messages
+    WHERE schedule_id = ANY (@schedule_ids::bigint[]) AND state = 'scheduled'
+) runs
+WHERE n <= @per_schedule::integer
+ORDER BY schedule_id, schedule_run_at;

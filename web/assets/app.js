@@ -241,6 +241,13 @@
         h('div', { class: 'panel', style: 'flex:2' }, h('h2', {}, 'Deliveries'),
           h('div', { class: 'counters', id: 'counters' }), h('div', { style: 'margin-top:12px', id: 'progress' }),
           h('p', { class: 'muted', id: 'message-meta' }))),
+      // A local-time message goes out in waves, one per zone's instant;
+      // the panel shows for such a message only.
+      h('div', { class: 'panel', id: 'waves-panel', hidden: true }, h('h2', {}, 'Waves (local time)'),
+        h('table', { id: 'waves' }, h('thead', {}, h('tr', {},
+          h('th', {}, 'Due at'), h('th', {}, 'Expires at'),
+          ['Devices', 'Accepted', 'Failed', 'Expired', 'Cancelled', 'Pending'].map((c) => h('th', { class: 'num' }, c)),
+          h('th', {}, 'Progress'))), h('tbody', { id: 'waves-body' }))),
       h('div', { class: 'row' },
         h('div', { class: 'panel histogram', style: 'flex:2' }, h('h2', {}, 'Skew (provider acceptance − due time)'),
           h('div', { id: 'histogram' }), h('div', { class: 'quantiles', id: 'quantiles' })),
@@ -290,6 +297,13 @@
       replace('progress', progress(m.deliveries));
       replace('message-meta', `${m.priority} · ${fmtNum(m.recipient_count)} recipients · ${fmtNum(m.chunk_count)} chunks`,
         m.schedule_id ? [' · schedule ', h('a', { href: `#/messages?schedule_id=${m.schedule_id}` }, m.schedule_id)] : []);
+      const waves = m.waves || [];
+      document.getElementById('waves-panel').hidden = waves.length === 0;
+      replace('waves-body', waves.map((w) => h('tr', { 'data-wave': w.dispatch_at },
+        h('td', { title: w.dispatch_at }, fmtTime(w.dispatch_at), h('div', { class: 'muted' }, fmtRel(w.dispatch_at))),
+        h('td', { title: w.expires_at }, fmtTime(w.expires_at)),
+        ['devices', 'accepted', 'failed', 'expired', 'cancelled', 'pending'].map((k) => h('td', { class: `num ${k}` }, fmtNum(w[k]))),
+        h('td', {}, progress({ ...w, total: w.devices })))));
       replace('histogram', histogram(breakdown.skew_histogram));
       const sk = m.skew_ms;
       replace('quantiles', ['p50', 'p95', 'p99', 'max'].map((k) => h('div', { id: `skew-${k}` }, `${k} `, h('b', {}, fmtMs(sk ? sk[k] : null)))));
@@ -318,7 +332,12 @@
         return h('tr', { 'data-schedule-id': s.schedule_id },
           h('td', {}, h('a', { class: 'mono', href: `#/messages?schedule_id=${s.schedule_id}`, title: 'its messages' }, s.schedule_id)),
           h('td', { class: 'mono' }, s.cron), h('td', {}, s.timezone), h('td', {}, aud), h('td', {}, s.priority),
-          h('td', {}, s.paused ? h('span', { class: 'muted' }, 'paused') : (s.next_runs || []).slice(0, 3).map((r) => h('div', {}, fmtTime(r), ' ', h('span', { class: 'muted' }, fmtRel(r))))),
+          h('td', {}, s.paused ? h('span', { class: 'muted' }, 'paused') : (s.next_runs || []).slice(0, 3).map((r) => {
+            // A run already made into a message links to it.
+            const made = (s.pending_runs || []).find((p) => p.run_at === r);
+            return h('div', { class: made ? 'pending-run' : null }, fmtTime(r), ' ', h('span', { class: 'muted' }, fmtRel(r)),
+              made ? [' ', h('a', { class: 'mono', href: `#/messages/${made.message_id}` }, made.message_id)] : null);
+          })),
           h('td', {}, badge(s.paused ? 'paused' : 'active')),
           h('td', {}, h('button', { class: 'secondary', onclick: async () => {
             try {

@@ -127,7 +127,7 @@ func TestWarm(t *testing.T) {
 		t.Parallel()
 		b := setup(t, func(c *Config) { c.Connections = 3 })
 		require.NoError(t, b.P.Warm(context.Background()))
-		require.Equal(t, int64(3), b.Stats(t).Received, "one request per connection")
+		require.Equal(t, fake.ChannelStats{Warmups: 3}, b.Stats(t), "one warm-up per connection, and no push")
 		// One push per connection: round robin puts each on its own.
 		require.Equal(t, []bool{true, true, true}, pushtest.FirstSendReused(t, b, 3))
 	})

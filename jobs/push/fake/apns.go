@@ -185,15 +185,21 @@ func (s *Server) handleAPNs(w http.ResponseWriter, r *http.Request) {
 // handleAPNsBadRequestLine answers what the device route does not match with
 // Apple's 405 or 404 body.
 func (s *Server) handleAPNsBadRequestLine(w http.ResponseWriter, r *http.Request) {
-	s.counters[APNs].received.Add(1)
-	switch {
-	case r.Method != http.MethodPost:
-		s.apnsReject(w, http.StatusMethodNotAllowed, reasonMethodNotAllowed)
-	case r.URL.Path == "/3/device/" || r.URL.Path == "/3/device":
-		s.apnsReject(w, http.StatusBadRequest, reasonMissingDeviceToken)
-	default:
-		s.apnsReject(w, http.StatusNotFound, reasonBadPath)
+	if r.Method == http.MethodPost && (r.URL.Path == "/3/device/" || r.URL.Path == "/3/device") {
+		// A push without a device token is how a sender opens a connection
+		// before it has anything to send (Herald's APNs Warm): Apple answers
+		// MissingDeviceToken, and no device is involved, so it is a warm-up
+		// rather than a rejected push.
+		s.counters[APNs].warmups.Add(1)
+		s.apnsAnswer(w, http.StatusBadRequest, reasonMissingDeviceToken)
+		return
 	}
+	s.counters[APNs].received.Add(1)
+	if r.Method != http.MethodPost {
+		s.apnsReject(w, http.StatusMethodNotAllowed, reasonMethodNotAllowed)
+		return
+	}
+	s.apnsReject(w, http.StatusNotFound, reasonBadPath)
 }
 
 // checkProviderToken verifies an APNs provider token ("bearer <JWT>") the way
@@ -232,6 +238,11 @@ func (s *Server) checkProviderToken(authz string) (status int, reason string) {
 
 func (s *Server) apnsReject(w http.ResponseWriter, status int, reason string) {
 	s.counters[APNs].rejected.Add(1)
+	s.apnsAnswer(w, status, reason)
+}
+
+// apnsAnswer writes Apple's error body for reason, counting nothing.
+func (s *Server) apnsAnswer(w http.ResponseWriter, status int, reason string) {
 	h := w.Header()
 	h["Content-Type"] = s.jsonType
 	h["Apns-Id"] = []string{newUUID()}

@@ -110,6 +110,7 @@ func (s *Server) Stats() Stats {
 			Accepted:   c.accepted.Load(),
 			Rejected:   c.rejected.Load(),
 			Duplicates: c.duplicates.Load(),
+			Warmups:    c.warmups.Load(),
 		}
 	}
 	st := Stats{APNs: load(APNs), FCM: load(FCM), WebPush: load(WebPush)}
@@ -135,6 +136,7 @@ func (s *Server) Reset() {
 		c.accepted.Store(0)
 		c.rejected.Store(0)
 		c.duplicates.Store(0)
+		c.warmups.Store(0)
 	}
 	s.resetBehaviour()
 	s.cpuBase.Store(processCPU())

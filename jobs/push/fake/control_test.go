@@ -204,3 +204,39 @@ func TestInFlight(t *testing.T) {
 	// The handler ends a moment after its answer is on the wire.
 	require.Eventually(t, func() bool { return b.stats(t).Process.InFlight == 0 }, 5*time.Second, 5*time.Millisecond)
 }
+
+// TestStatsCountWarmupsApart sends what Herald's providers send to warm
+// their connections before any push (an APNs push without a device token, an
+// FCM dry run to a topic) and then one real push per channel: /_stats counts
+// the warm-ups on their own, so a fresh Herald's fakepush shows no pushes,
+// and no rejections, until something is sent.
+func TestStatsCountWarmupsApart(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	apns := b.apnsClient(t)
+	fcm := b.fcmClient(t, "")
+
+	res, err := apns.Push(&apns2.Notification{Topic: b.env[EnvAPNsTopic], PushType: apns2.PushTypeAlert, Payload: []byte(`{}`)})
+	require.NoError(t, err)
+	require.Equal(t, http.StatusBadRequest, res.StatusCode, "Apple's answer to a push without a token")
+	require.Equal(t, apns2.ReasonMissingDeviceToken, res.Reason)
+	_, err = fcm.SendDryRun(context.Background(), &messaging.Message{Topic: "herald-warm", Data: map[string]string{"herald": "warm"}})
+	require.NoError(t, err)
+
+	st := b.stats(t)
+	require.Equal(t, ChannelStats{Warmups: 1}, st.APNs)
+	require.Equal(t, ChannelStats{Warmups: 1}, st.FCM)
+	require.Zero(t, st.Process.Requests, "warm-ups are not push requests")
+
+	res, err = apns.Push(&apns2.Notification{DeviceToken: apnsToken, Topic: b.env[EnvAPNsTopic], Payload: []byte(`{"aps":{}}`)})
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, res.StatusCode)
+	_, err = fcm.Send(context.Background(), &messaging.Message{Token: fcmToken})
+	require.NoError(t, err)
+	st = b.stats(t)
+	require.Equal(t, ChannelStats{Received: 1, Accepted: 1, Warmups: 1}, st.APNs)
+	require.Equal(t, ChannelStats{Received: 1, Accepted: 1, Warmups: 1}, st.FCM)
+
+	b.srv.Reset()
+	require.Equal(t, Stats{}.APNs, b.stats(t).APNs, "Reset clears the warm-ups too")
+}

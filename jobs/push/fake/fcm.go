@@ -226,33 +226,35 @@ func (s *Server) handleFCMSend(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	var name []byte
 	if req.validateOnly {
-		// A dry run is validated and answered but delivers nothing, so it is
-		// counted as accepted and not recorded.
-		name = append([]byte(`{"name":"projects/`), project...)
-		name = append(name, `/messages/fake_message_id"}`...)
-	} else {
-		target := req.token
-		if target == "" {
-			target = "/topics/" + req.topic
-			if req.condition != "" {
-				target = req.condition
-			}
-		}
-		if s.rec.add(FCM, target, req.messageID, req.collapseKey, at) {
-			cnt.duplicates.Add(1)
-		}
-		// FCM message ids look like "0:1500415314455276%31bd1c9631bd1c96".
-		name = make([]byte, 0, 64+len(project))
-		name = append(name, `{"name":"projects/`...)
-		name = append(name, project...)
-		name = append(name, "/messages/0:"...)
-		name = strconv.AppendInt(name, at/1e3, 10)
-		name = append(name, '%')
-		name = strconv.AppendUint(name, s.fcmSeq.Add(1), 16)
-		name = append(name, `"}`...)
+		// A dry run is validated and answered but delivers nothing: it is
+		// how a sender opens its connections (Herald's FCM Warm), so it is
+		// counted as a warm-up, not as a push, and not recorded.
+		cnt.warmup()
+		w.Header()["Content-Type"] = s.jsonType
+		w.WriteHeader(http.StatusOK)
+		w.Write(append(append([]byte(`{"name":"projects/`), project...), `/messages/fake_message_id"}`...))
+		return
 	}
+	target := req.token
+	if target == "" {
+		target = "/topics/" + req.topic
+		if req.condition != "" {
+			target = req.condition
+		}
+	}
+	if s.rec.add(FCM, target, req.messageID, req.collapseKey, at) {
+		cnt.duplicates.Add(1)
+	}
+	// FCM message ids look like "0:1500415314455276%31bd1c9631bd1c96".
+	name := make([]byte, 0, 64+len(project))
+	name = append(name, `{"name":"projects/`...)
+	name = append(name, project...)
+	name = append(name, "/messages/0:"...)
+	name = strconv.AppendInt(name, at/1e3, 10)
+	name = append(name, '%')
+	name = strconv.AppendUint(name, s.fcmSeq.Add(1), 16)
+	name = append(name, `"}`...)
 	cnt.accepted.Add(1)
 	w.Header()["Content-Type"] = s.jsonType
 	w.WriteHeader(http.StatusOK)

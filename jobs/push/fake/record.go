@@ -51,6 +51,12 @@ type ChannelStats struct {
 	// Duplicates counts accepted pushes whose (channel, token, herald_message_id)
 	// had been accepted before: what a device would show twice without collapsing.
 	Duplicates int64 `json:"duplicates"`
+	// Warmups counts the requests a sender makes to open its connections before
+	// it pushes anything (an APNs push without a device token, which Apple
+	// answers MissingDeviceToken; an FCM dry run), answered as the provider
+	// answers them. They are in none of the counts above: they deliver nothing,
+	// and counted as pushes they read as failures before anything was sent.
+	Warmups int64 `json:"warmups"`
 }
 
 // ProcessStats is fakepush's own CPU use since start or the last reset, so that a
@@ -82,7 +88,14 @@ type Receipt struct {
 
 // counters are the lock-free per-channel tallies behind ChannelStats.
 type counters struct {
-	received, accepted, rejected, duplicates atomic.Int64
+	received, accepted, rejected, duplicates, warmups atomic.Int64
+}
+
+// warmup moves a request that admit counted as received to the warm-ups, once
+// it is known to be one.
+func (c *counters) warmup() {
+	c.received.Add(-1)
+	c.warmups.Add(1)
 }
 
 // recorder keeps every accepted push in about 16 bytes plus its share of interned
