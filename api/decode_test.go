@@ -110,7 +110,7 @@ func TestInTxRollsBackWhatCannotBeShown(t *testing.T) {
 	rec := httptest.NewRecorder()
 	c := b.srv.echo.NewContext(httptest.NewRequest(http.MethodPut, "/v1/segments/s1", nil), rec)
 	err := b.srv.inTx(c, func(tx pgx.Tx) (int, any, error) {
-		if _, err := db.New(tx).UpsertSegment(context.Background(), db.UpsertSegmentParams{ID: "s1", Name: "x"}); err != nil {
+		if _, err := db.On(tx).UpsertSegment(context.Background(), db.UpsertSegmentParams{ID: "s1", Name: "x"}); err != nil {
 			return 0, nil, err
 		}
 		return http.StatusCreated, map[string]any{"at": time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)}, nil

@@ -127,7 +127,7 @@ func (s *Server) registerDevice(c echo.Context) error {
 	d := req.norm
 	var row db.RegisterDeviceRow
 	err := db.InTx(ctx, s.pool, func(tx pgx.Tx) error {
-		q := db.New(tx)
+		q := db.On(tx)
 		if err := q.EnsureUsers(ctx, []string{d.userID}); err != nil {
 			return fmt.Errorf("ensure user: %w", err)
 		}
@@ -220,7 +220,7 @@ func (s *Server) registerDevices(c echo.Context) error {
 
 	var res db.RegisterDevicesRow
 	err := db.InTx(ctx, s.pool, func(tx pgx.Tx) error {
-		q := db.New(tx)
+		q := db.On(tx)
 		if err := q.EnsureUsers(ctx, users); err != nil {
 			return fmt.Errorf("ensure users: %w", err)
 		}
@@ -358,7 +358,7 @@ func (s *Server) listUserDevices(c echo.Context) error {
 	}
 	var rows []db.Device
 	err = db.InTx(ctx, s.pool, func(tx pgx.Tx) error {
-		q := db.New(tx)
+		q := db.On(tx)
 		exists, err := q.UserExists(ctx, userID)
 		if err != nil {
 			return fmt.Errorf("find user: %w", err)
@@ -405,7 +405,7 @@ func (s *Server) deleteDevice(c echo.Context) error {
 		return notFound("device", raw)
 	}
 	err := db.InTx(ctx, s.pool, func(tx pgx.Tx) error {
-		q := db.New(tx)
+		q := db.On(tx)
 		n, err := q.DeleteDevice(ctx, id)
 		if err != nil {
 			return fmt.Errorf("delete device: %w", err)

@@ -339,10 +339,10 @@ func (s *Server) createMessage(c echo.Context) error {
 	scope := callerScope(ctx)
 	var body []byte
 	err = db.InTx(ctx, s.pool, func(tx pgx.Tx) error {
-		q := db.New(tx)
+		q := db.On(tx)
 		if key != "" {
 			if _, err := q.ClaimIdempotencyKey(ctx, db.ClaimIdempotencyKeyParams{Scope: scope, Key: key, RequestHash: hash[:]}); err != nil {
-				if db.Translate(err) != db.ErrNotFound {
+				if !errors.Is(err, db.ErrNotFound) {
 					return fmt.Errorf("claim idempotency key: %w", err)
 				}
 				// Taken, by a request that has committed: replay or refuse.
@@ -472,7 +472,7 @@ func newMessageStatus(m db.Message) messageStatus {
 // (once settled they are stored on the row).
 func (s *Server) getMessage(c echo.Context) error {
 	ctx := c.Request().Context()
-	q := db.New(s.pool)
+	q := db.On(s.pool)
 	m, err := readMessage(c, q)
 	if err != nil {
 		return err
@@ -510,7 +510,7 @@ func readMessage(c echo.Context, q *db.Queries) (db.Message, error) {
 	}
 	m, err := q.GetMessage(c.Request().Context(), id)
 	if err != nil {
-		if db.Translate(err) == db.ErrNotFound {
+		if errors.Is(err, db.ErrNotFound) {
 			return db.Message{}, notFound("message", raw)
 		}
 		return db.Message{}, fmt.Errorf("read message: %w", err)
@@ -535,9 +535,9 @@ func (s *Server) cancelMessage(c echo.Context) error {
 		if err != nil || cancelled {
 			return err
 		}
-		m, err := db.New(tx).GetMessage(ctx, id)
+		m, err := db.On(tx).GetMessage(ctx, id)
 		if err != nil {
-			if db.Translate(err) == db.ErrNotFound {
+			if errors.Is(err, db.ErrNotFound) {
 				return notFound("message", raw)
 			}
 			return fmt.Errorf("read message: %w", err)
@@ -559,9 +559,9 @@ func (s *Server) cancelMessage(c echo.Context) error {
 // pending deliveries and its chunk jobs are cancelled with it. It reports
 // false, changing nothing, when the message is not (or no longer) scheduled.
 func (s *Server) cancelInTx(ctx context.Context, tx pgx.Tx, id int64) (bool, error) {
-	q := db.New(tx)
+	q := db.On(tx)
 	if _, err := q.CancelMessage(ctx, id); err != nil {
-		if db.Translate(err) == db.ErrNotFound {
+		if errors.Is(err, db.ErrNotFound) {
 			return false, nil
 		}
 		return false, fmt.Errorf("cancel message: %w", err)
@@ -668,9 +668,9 @@ func (s *Server) listDeliveries(c echo.Context) error {
 		}
 		after = cur.After
 	}
-	q := db.New(s.pool)
+	q := db.On(s.pool)
 	if _, err := q.GetMessage(ctx, id); err != nil {
-		if db.Translate(err) == db.ErrNotFound {
+		if errors.Is(err, db.ErrNotFound) {
 			return notFound("message", raw)
 		}
 		return fmt.Errorf("read message: %w", err)
@@ -744,7 +744,7 @@ func (s *Server) listMessages(c echo.Context) error {
 		}
 		params.BeforeID = cur.After
 	}
-	rows, err := db.New(s.pool).ListMessages(ctx, params)
+	rows, err := db.On(s.pool).ListMessages(ctx, params)
 	if err != nil {
 		return fmt.Errorf("list messages: %w", err)
 	}

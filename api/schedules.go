@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"time"
@@ -212,7 +213,7 @@ func (s *Server) createSchedule(c echo.Context) error {
 		return fmt.Errorf("encode payload: %w", err)
 	}
 	return s.inTx(c, func(tx pgx.Tx) (int, any, error) {
-		q := db.New(tx)
+		q := db.On(tx)
 		if req.Audience.Type == "segment" {
 			exists, err := q.SegmentExists(ctx, req.Audience.ID)
 			if err != nil {
@@ -264,9 +265,9 @@ func (s *Server) getSchedule(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	sch, err := db.New(s.pool).GetSchedule(c.Request().Context(), id)
+	sch, err := db.On(s.pool).GetSchedule(c.Request().Context(), id)
 	if err != nil {
-		if db.Translate(err) == db.ErrNotFound {
+		if errors.Is(err, db.ErrNotFound) {
 			return notFound("schedule", raw)
 		}
 		return fmt.Errorf("read schedule: %w", err)
@@ -297,7 +298,7 @@ func (s *Server) listSchedules(c echo.Context) error {
 		}
 		params.BeforeID = cu.After
 	}
-	rows, err := db.New(s.pool).ListSchedules(c.Request().Context(), params)
+	rows, err := db.On(s.pool).ListSchedules(c.Request().Context(), params)
 	if err != nil {
 		return fmt.Errorf("list schedules: %w", err)
 	}
@@ -340,10 +341,10 @@ func (s *Server) patchSchedule(c echo.Context) error {
 	}
 	ctx := c.Request().Context()
 	return s.inTx(c, func(tx pgx.Tx) (int, any, error) {
-		q := db.New(tx)
+		q := db.On(tx)
 		cur, err := q.GetSchedule(ctx, id)
 		if err != nil {
-			if db.Translate(err) == db.ErrNotFound {
+			if errors.Is(err, db.ErrNotFound) {
 				return 0, nil, notFound("schedule", raw)
 			}
 			return 0, nil, fmt.Errorf("read schedule: %w", err)
@@ -383,7 +384,7 @@ func (s *Server) deleteSchedule(c echo.Context) error {
 	}
 	ctx := c.Request().Context()
 	err = db.InTx(ctx, s.pool, func(tx pgx.Tx) error {
-		n, err := db.New(tx).DeleteSchedule(ctx, id)
+		n, err := db.On(tx).DeleteSchedule(ctx, id)
 		if err != nil {
 			return fmt.Errorf("delete schedule: %w", err)
 		}
@@ -399,7 +400,7 @@ func (s *Server) deleteSchedule(c echo.Context) error {
 }
 
 func (s *Server) cancelUnstartedRuns(ctx context.Context, tx pgx.Tx, scheduleID int64) error {
-	ids, err := db.New(tx).UnstartedRuns(ctx, &scheduleID)
+	ids, err := db.On(tx).UnstartedRuns(ctx, &scheduleID)
 	if err != nil {
 		return fmt.Errorf("find unstarted runs: %w", err)
 	}

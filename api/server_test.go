@@ -64,7 +64,7 @@ func setupWith(t testing.TB, tdb *dbtest.DB, cfg Config) *bundle {
 	}
 	srv, err := NewServer(cfg)
 	require.NoError(t, err)
-	return &bundle{srv: srv, db: tdb, q: db.New(tdb.Pool)}
+	return &bundle{srv: srv, db: tdb, q: db.On(tdb.Pool)}
 }
 
 var discard = slog.New(slog.NewTextHandler(io.Discard, nil))

@@ -109,7 +109,7 @@ type target struct {
 // per chunk (scheduled at its due time), all in tx. Nothing is visible until
 // the caller commits, and nothing is kept if it rolls back.
 func (e *Enqueuer) Create(ctx context.Context, tx pgx.Tx, m NewMessage) (db.Message, error) {
-	q := db.New(tx)
+	q := db.On(tx)
 	all, err := resolve(ctx, q, m.Audience, m.DispatchAt)
 	if err != nil {
 		return db.Message{}, err
@@ -243,7 +243,7 @@ func storePayload(ctx context.Context, q *db.Queries, m NewMessage) (int64, erro
 // a schedule run whose whole lifetime passed while no Herald was running. It
 // is kept so that the run's history tells the truth, and nothing is sent.
 func (e *Enqueuer) RecordMissed(ctx context.Context, tx pgx.Tx, m NewMessage) (db.Message, error) {
-	q := db.New(tx)
+	q := db.On(tx)
 	payloadID, err := storePayload(ctx, q, m)
 	if err != nil {
 		return db.Message{}, err

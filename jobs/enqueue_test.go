@@ -77,7 +77,7 @@ func TestChunksStartOnTime(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			tdb := dbtest.New(t)
-			q := db.New(tdb.Pool)
+			q := db.On(tdb.Pool)
 			users := registerUsers(t, q, "u", 3)
 			rec, client := startRecorderClient(t, ctx, tdb.Pool, RiverConfig{Lookahead: lookahead})
 			promoter := &Promoter{Pool: tdb.Pool, Logger: discard, Lookahead: lookahead, Interval: 200 * time.Millisecond}

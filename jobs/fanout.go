@@ -3,6 +3,7 @@ package jobs
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
@@ -509,7 +510,7 @@ func (w *FanOutWorker) expire(ctx context.Context, a FanOutArgs, at time.Time) e
 	ids := a.deviceIDs()
 	var counted []settledDelivery
 	err := db.InTx(ctx, w.pool(a), func(tx pgx.Tx) error {
-		q := db.New(tx)
+		q := db.On(tx)
 		if _, err := q.LockMessage(ctx, a.MessageID); err != nil {
 			return fmt.Errorf("lock message: %w", err)
 		}
@@ -543,7 +544,7 @@ func (w *FanOutWorker) expire(ctx context.Context, a FanOutArgs, at time.Time) e
 		if res.PendingCount > 0 {
 			return nil
 		}
-		if _, err := q.SettleMessage(ctx, a.MessageID); err != nil && db.Translate(err) != db.ErrNotFound {
+		if _, err := q.SettleMessage(ctx, a.MessageID); err != nil && !errors.Is(err, db.ErrNotFound) {
 			return fmt.Errorf("settle message: %w", err)
 		}
 		return nil

@@ -89,7 +89,7 @@ func (m *Materializer) now(ctx context.Context) (time.Time, error) {
 	if m.Now != nil {
 		return m.Now(ctx)
 	}
-	return db.New(m.Pool).DatabaseNow(ctx)
+	return db.On(m.Pool).DatabaseNow(ctx)
 }
 
 // pass makes at most one run of each due schedule that has fewer than
@@ -98,7 +98,7 @@ func (m *Materializer) pass(ctx context.Context, enq *Enqueuer, now, horizon tim
 	made := 0
 	err := db.InTx(ctx, m.Pool, func(tx pgx.Tx) error {
 		made = 0
-		q := db.New(tx)
+		q := db.On(tx)
 		due, err := q.DueSchedules(ctx, db.DueSchedulesParams{
 			Horizon: horizon, LocalHorizon: horizon.Add(localTimeSpread),
 			UnstartedSince: now.Add(-localTimeSpread), MaxAhead: int32(m.Limits.WithDefaults().MaxAhead),
@@ -118,7 +118,7 @@ func (m *Materializer) pass(ctx context.Context, enq *Enqueuer, now, horizon tim
 }
 
 func (m *Materializer) materialize(ctx context.Context, tx pgx.Tx, enq *Enqueuer, s db.Schedule, now time.Time) error {
-	q := db.New(tx)
+	q := db.On(tx)
 	runAt := *s.NextRunAt
 	c, err := ScheduleCron(s.Cron, s.Timezone)
 	if err != nil {

@@ -25,7 +25,7 @@ type schedBundle struct {
 
 func newSchedBundle(t *testing.T) *schedBundle {
 	tdb := dbtest.New(t)
-	q := db.New(tdb.Pool)
+	q := db.On(tdb.Pool)
 	return &schedBundle{t: t, db: tdb, q: q, users: registerUsers(t, q, "s", 3)}
 }
 

@@ -393,7 +393,7 @@ func (b *bench) run(ctx context.Context, admin string) (*benchResult, error) {
 	}
 
 	// The ledger's view.
-	q := db.New(pool)
+	q := db.On(pool)
 	bulkN, _ := push.ParseMessageID(bulkID)
 	urgentN, _ := push.ParseMessageID(urgentID)
 	skews, err := q.AcceptedSkews(ctx, bulkN)
