@@ -1,7 +1,6 @@
 package api
 
 import (
-	"context"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
@@ -531,7 +530,7 @@ func (s *Server) cancelMessage(c echo.Context) error {
 		return notFound("message", raw)
 	}
 	err := db.InTx(ctx, s.pool, func(tx pgx.Tx) error {
-		cancelled, err := s.cancelInTx(ctx, tx, id)
+		cancelled, err := s.enqueuer.Cancel(ctx, tx, id)
 		if err != nil || cancelled {
 			return err
 		}
@@ -553,32 +552,6 @@ func (s *Server) cancelMessage(c echo.Context) error {
 		return err
 	}
 	return c.NoContent(http.StatusNoContent)
-}
-
-// cancelInTx cancels message id in tx if no chunk of it has started: its
-// pending deliveries and its chunk jobs are cancelled with it. It reports
-// false, changing nothing, when the message is not (or no longer) scheduled.
-func (s *Server) cancelInTx(ctx context.Context, tx pgx.Tx, id int64) (bool, error) {
-	q := db.On(tx)
-	if _, err := q.CancelMessage(ctx, id); err != nil {
-		if errors.Is(err, db.ErrNotFound) {
-			return false, nil
-		}
-		return false, fmt.Errorf("cancel message: %w", err)
-	}
-	if _, err := q.CancelPendingDeliveries(ctx, id); err != nil {
-		return false, fmt.Errorf("cancel deliveries: %w", err)
-	}
-	jobIDs, err := q.MessageChunkJobs(ctx, id)
-	if err != nil {
-		return false, fmt.Errorf("find chunk jobs: %w", err)
-	}
-	for _, jobID := range jobIDs {
-		if _, err := s.river.JobCancelTx(ctx, tx, jobID); err != nil {
-			return false, fmt.Errorf("cancel chunk job %d: %w", jobID, err)
-		}
-	}
-	return true, nil
 }
 
 const (

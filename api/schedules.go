@@ -1,7 +1,6 @@
 package api
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -366,7 +365,7 @@ func (s *Server) patchSchedule(c echo.Context) error {
 			return 0, nil, fmt.Errorf("update schedule: %w", err)
 		}
 		if *req.Paused {
-			if err := s.cancelUnstartedRuns(ctx, tx, id); err != nil {
+			if err := s.enqueuer.CancelUnstartedRuns(ctx, tx, id); err != nil {
 				return 0, nil, err
 			}
 		}
@@ -391,23 +390,10 @@ func (s *Server) deleteSchedule(c echo.Context) error {
 		if n == 0 {
 			return notFound("schedule", raw)
 		}
-		return s.cancelUnstartedRuns(ctx, tx, id)
+		return s.enqueuer.CancelUnstartedRuns(ctx, tx, id)
 	})
 	if err != nil {
 		return err
 	}
 	return c.NoContent(http.StatusNoContent)
-}
-
-func (s *Server) cancelUnstartedRuns(ctx context.Context, tx pgx.Tx, scheduleID int64) error {
-	ids, err := db.On(tx).UnstartedRuns(ctx, &scheduleID)
-	if err != nil {
-		return fmt.Errorf("find unstarted runs: %w", err)
-	}
-	for _, id := range ids {
-		if _, err := s.cancelInTx(ctx, tx, id); err != nil {
-			return err
-		}
-	}
-	return nil
 }

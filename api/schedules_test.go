@@ -60,7 +60,7 @@ func TestScheduleLifecycle(t *testing.T) {
 	require.NoError(t, err)
 	m := &jobs.Materializer{Pool: b.db.Pool, Logger: discard, Lead: time.Minute,
 		Now: func(context.Context) (time.Time, error) { return first.Add(-30 * time.Second), nil }}
-	made, err := m.Run(context.Background(), b.srv.river)
+	made, err := m.Run(context.Background(), b.srv.cfg.River)
 	require.NoError(t, err)
 	require.Equal(t, 1, made)
 	_, msgs := b.do(t, http.MethodGet, "/v1/messages?schedule_id="+id, nil)

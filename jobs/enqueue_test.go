@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/rivertype"
 	"github.com/stretchr/testify/require"
 
 	"github.com/heraldpush/herald/db"
@@ -141,6 +142,51 @@ func (r *startRecorder) requireOnTime(t *testing.T, id int64, ahead time.Duratio
 	t.Logf("%s started %s after its time", what, lag)
 	require.GreaterOrEqual(t, lag, time.Duration(0), "%s started before its time", what)
 	require.Less(t, lag, 1500*time.Millisecond, "%s started late", what)
+}
+
+// TestCancel cancels a scheduled message of two chunks: the message, its
+// pending deliveries and its chunk jobs end cancelled in the caller's
+// transaction, and cancelling it again changes nothing and says so.
+func TestCancel(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tdb := dbtest.New(t)
+	q := db.On(tdb.Pool)
+	users := registerUsers(t, q, "c", 3)
+	client, err := NewRiverClient(tdb.Pool, RiverConfig{Logger: discard})
+	require.NoError(t, err)
+	enq := NewEnqueuer(client, 2)
+	id := scheduleAt(t, tdb.Pool, enq, PriorityBulk, users, time.Now().Add(time.Hour))
+
+	cancel := func() bool {
+		var cancelled bool
+		require.NoError(t, db.InTx(ctx, tdb.Pool, func(tx pgx.Tx) error {
+			cancelled, err = enq.Cancel(ctx, tx, id)
+			return err
+		}))
+		return cancelled
+	}
+	require.True(t, cancel())
+	m, err := q.GetMessage(ctx, id)
+	require.NoError(t, err)
+	require.Equal(t, StateCancelled, m.State)
+	require.EqualValues(t, 3, m.CancelledCount)
+	deliveries, err := q.ListDeliveries(ctx, db.ListDeliveriesParams{MessageID: id, PageSize: 10})
+	require.NoError(t, err)
+	require.Len(t, deliveries, 3)
+	for _, d := range deliveries {
+		require.Equal(t, "cancelled", d.Status)
+	}
+	jobIDs, err := q.MessageChunkJobs(ctx, id)
+	require.NoError(t, err)
+	require.Len(t, jobIDs, 2)
+	for _, jobID := range jobIDs {
+		job, err := client.JobGet(ctx, jobID)
+		require.NoError(t, err)
+		require.Equal(t, rivertype.JobStateCancelled, job.State)
+	}
+
+	require.False(t, cancel(), "a message cancelled already is not cancelled again")
 }
 
 func TestCut(t *testing.T) {

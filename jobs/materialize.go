@@ -64,9 +64,9 @@ type Materializer struct {
 // A run whose lifetime (ttl_seconds) ended before it could be made is
 // recorded as an expired message and not sent; one whose lifetime has not
 // ended is sent, late, and its skew shows it.
-// Chunk jobs are enqueued through inserter, the River client.
-func (m *Materializer) Run(ctx context.Context, inserter jobInserter) (int, error) {
-	enq := NewEnqueuer(inserter, m.ChunkSize)
+// Chunk jobs are enqueued through client, the River client.
+func (m *Materializer) Run(ctx context.Context, client jobClient) (int, error) {
+	enq := NewEnqueuer(client, m.ChunkSize)
 	now, err := m.now(ctx)
 	if err != nil {
 		return 0, err
