@@ -343,19 +343,11 @@ func (s *Server) listUserDevices(c echo.Context) error {
 	if checkID("user_id", userID) != nil {
 		return notFound("user", userID)
 	}
-	limit, err := pageSize(c)
+	pg, err := readPage(c, "devices:"+userID)
 	if err != nil {
 		return err
 	}
-	filter := "devices:" + userID
-	params := db.ListUserDevicesParams{UserID: userID, PageSize: limit + 1}
-	if cur := c.QueryParam("cursor"); cur != "" {
-		cu, err := decodeCursor(cur, filter)
-		if err != nil {
-			return err
-		}
-		params.AfterID = cu.After
-	}
+	params := db.ListUserDevicesParams{UserID: userID, AfterID: pg.afterOr(0), PageSize: pg.fetch()}
 	var rows []db.Device
 	err = db.InTx(ctx, s.pool, func(tx pgx.Tx) error {
 		q := db.On(tx)
@@ -374,12 +366,9 @@ func (s *Server) listUserDevices(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	resp := deviceListResponse{UserID: userID, Items: make([]deviceListItem, 0, min(len(rows), int(limit)))}
-	for i, d := range rows {
-		if i == int(limit) {
-			resp.NextCursor = encodeCursor(cursor{After: rows[i-1].ID, Filter: filter})
-			break
-		}
+	rows, next := paginate(pg, rows, func(d db.Device) int64 { return d.ID })
+	resp := deviceListResponse{UserID: userID, Items: make([]deviceListItem, 0, len(rows)), NextCursor: next}
+	for _, d := range rows {
 		item := deviceListItem{
 			DeviceID: formatDeviceID(d.ID), Channel: d.Channel, Status: d.Status,
 			EvictedReason: d.EvictedReason, EvictedAt: utcPtr(d.EvictedAt),

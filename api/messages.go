@@ -2,13 +2,11 @@ package api
 
 import (
 	"crypto/sha256"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
 	"net/http"
-	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -554,49 +552,6 @@ func (s *Server) cancelMessage(c echo.Context) error {
 	return c.NoContent(http.StatusNoContent)
 }
 
-const (
-	defaultPageSize = 100
-	maxPageSize     = 1000
-)
-
-// pageSize reads the limit query parameter.
-func pageSize(c echo.Context) (int32, error) {
-	s := c.QueryParam("limit")
-	if s == "" {
-		return defaultPageSize, nil
-	}
-	n, err := strconv.Atoi(s)
-	if err != nil || n < 1 || n > maxPageSize {
-		return 0, invalid("limit", "limit must be a whole number from 1 to %d", maxPageSize)
-	}
-	return int32(n), nil
-}
-
-// cursor is the opaque position of a page: the last row's key and the
-// filter it was made under, so a cursor is never used with another filter.
-type cursor struct {
-	After  int64  `json:"a"`
-	Filter string `json:"f,omitempty"`
-}
-
-func encodeCursor(c cursor) *string {
-	raw, _ := json.Marshal(c)
-	s := base64.RawURLEncoding.EncodeToString(raw)
-	return &s
-}
-
-func decodeCursor(s, filter string) (cursor, error) {
-	var c cursor
-	raw, err := base64.RawURLEncoding.DecodeString(s)
-	if err == nil {
-		err = json.Unmarshal(raw, &c)
-	}
-	if err != nil || c.After <= 0 || c.Filter != filter {
-		return cursor{}, invalid("cursor", "cursor is not one this listing returned")
-	}
-	return c, nil
-}
-
 var deliveryStatuses = map[string]bool{"pending": true, "accepted": true, "failed": true, "expired": true, "cancelled": true}
 
 type deliveryItem struct {
@@ -629,17 +584,9 @@ func (s *Server) listDeliveries(c echo.Context) error {
 	if status != "" && !deliveryStatuses[status] {
 		return invalid("status", "status %q is not one of pending, accepted, failed, expired, cancelled", status)
 	}
-	limit, err := pageSize(c)
+	pg, err := readPage(c, "deliveries:"+raw+":"+status)
 	if err != nil {
 		return err
-	}
-	var after int64
-	if s := c.QueryParam("cursor"); s != "" {
-		cur, err := decodeCursor(s, "deliveries:"+raw+":"+status)
-		if err != nil {
-			return err
-		}
-		after = cur.After
 	}
 	q := db.On(s.pool)
 	if _, err := q.GetMessage(ctx, id); err != nil {
@@ -648,7 +595,7 @@ func (s *Server) listDeliveries(c echo.Context) error {
 		}
 		return fmt.Errorf("read message: %w", err)
 	}
-	params := db.ListDeliveriesParams{MessageID: id, AfterDeviceID: after, PageSize: limit + 1}
+	params := db.ListDeliveriesParams{MessageID: id, AfterDeviceID: pg.afterOr(0), PageSize: pg.fetch()}
 	if status != "" {
 		params.Status = &status
 	}
@@ -656,12 +603,9 @@ func (s *Server) listDeliveries(c echo.Context) error {
 	if err != nil {
 		return fmt.Errorf("list deliveries: %w", err)
 	}
-	page := deliveryPage{Items: make([]deliveryItem, 0, min(len(rows), int(limit)))}
-	for i, r := range rows {
-		if i == int(limit) {
-			page.NextCursor = encodeCursor(cursor{After: rows[i-1].DeviceID, Filter: "deliveries:" + raw + ":" + status})
-			break
-		}
+	rows, next := paginate(pg, rows, func(r db.ListDeliveriesRow) int64 { return r.DeviceID })
+	page := deliveryPage{Items: make([]deliveryItem, 0, len(rows)), NextCursor: next}
+	for _, r := range rows {
 		item := deliveryItem{
 			UserID: r.UserID, DeviceID: formatDeviceID(r.DeviceID), Channel: r.Channel, Status: r.Status,
 			Reason: r.Reason, AttemptedAt: utcPtr(r.AttemptedAt), AcceptedAt: utcPtr(r.AcceptedAt),
@@ -694,12 +638,11 @@ func (s *Server) listMessages(c echo.Context) error {
 		return invalid("state", "state %q is not one of scheduled, dispatching, dispatched, cancelled, expired", state)
 	}
 	scheduleParam := c.QueryParam("schedule_id")
-	limit, err := pageSize(c)
+	pg, err := readPage(c, "messages:"+state+":"+scheduleParam)
 	if err != nil {
 		return err
 	}
-	filter := "messages:" + state + ":" + scheduleParam
-	params := db.ListMessagesParams{BeforeID: 1<<63 - 1, PageSize: limit + 1}
+	params := db.ListMessagesParams{BeforeID: pg.afterOr(math.MaxInt64), PageSize: pg.fetch()}
 	if state != "" {
 		params.State = &state
 	}
@@ -710,23 +653,13 @@ func (s *Server) listMessages(c echo.Context) error {
 		}
 		params.ScheduleID = &sid
 	}
-	if s := c.QueryParam("cursor"); s != "" {
-		cur, err := decodeCursor(s, filter)
-		if err != nil {
-			return err
-		}
-		params.BeforeID = cur.After
-	}
 	rows, err := db.On(s.pool).ListMessages(ctx, params)
 	if err != nil {
 		return fmt.Errorf("list messages: %w", err)
 	}
-	page := messagePage{Items: make([]json.RawMessage, 0, min(len(rows), int(limit)))}
-	for i, m := range rows {
-		if i == int(limit) {
-			page.NextCursor = encodeCursor(cursor{After: rows[i-1].ID, Filter: filter})
-			break
-		}
+	rows, next := paginate(pg, rows, func(m db.Message) int64 { return m.ID })
+	page := messagePage{Items: make([]json.RawMessage, 0, len(rows)), NextCursor: next}
+	for _, m := range rows {
 		if item, ok := s.listed(c, "message_id", push.FormatMessageID(m.ID), newMessageStatus(m), nil); ok {
 			page.Items = append(page.Items, item)
 		}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"time"
 
@@ -285,28 +286,18 @@ type schedulePage struct {
 }
 
 func (s *Server) listSchedules(c echo.Context) error {
-	limit, err := pageSize(c)
+	pg, err := readPage(c, "schedules")
 	if err != nil {
 		return err
 	}
-	params := db.ListSchedulesParams{BeforeID: 1<<63 - 1, PageSize: limit + 1}
-	if cur := c.QueryParam("cursor"); cur != "" {
-		cu, err := decodeCursor(cur, "schedules")
-		if err != nil {
-			return err
-		}
-		params.BeforeID = cu.After
-	}
+	params := db.ListSchedulesParams{BeforeID: pg.afterOr(math.MaxInt64), PageSize: pg.fetch()}
 	rows, err := db.On(s.pool).ListSchedules(c.Request().Context(), params)
 	if err != nil {
 		return fmt.Errorf("list schedules: %w", err)
 	}
-	page := schedulePage{Items: make([]json.RawMessage, 0, min(len(rows), int(limit)))}
-	for i, sch := range rows {
-		if i == int(limit) {
-			page.NextCursor = encodeCursor(cursor{After: rows[i-1].ID, Filter: "schedules"})
-			break
-		}
+	rows, next := paginate(pg, rows, func(sch db.Schedule) int64 { return sch.ID })
+	page := schedulePage{Items: make([]json.RawMessage, 0, len(rows)), NextCursor: next}
+	for _, sch := range rows {
 		r, err := newScheduleResponse(sch)
 		if item, ok := s.listed(c, "schedule_id", formatScheduleID(sch.ID), r, err); ok {
 			page.Items = append(page.Items, item)
