@@ -13,6 +13,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/heraldpush/herald/db"
+	"github.com/heraldpush/herald/jobs"
 	"github.com/heraldpush/herald/jobs/push"
 )
 
@@ -66,11 +67,11 @@ func (r *deviceRequest) check(prefix string) error {
 	}
 	r.norm = device{userID: r.UserID, channel: r.Channel}
 	switch r.Channel {
-	case channelAPNs, channelFCM:
+	case jobs.ChannelAPNs, jobs.ChannelFCM:
 		if r.Subscription != nil {
 			return invalid(prefix+"subscription", "subscription is only for channel webpush; channel %s takes a token", r.Channel)
 		}
-		if r.Channel == channelAPNs {
+		if r.Channel == jobs.ChannelAPNs {
 			token, err := normalizeAPNsToken(prefix+"token", r.Token)
 			if err != nil {
 				return err
@@ -80,7 +81,7 @@ func (r *deviceRequest) check(prefix string) error {
 		}
 		r.norm.token = r.Token
 		return checkFCMToken(prefix+"token", r.Token)
-	case channelWebPush:
+	case jobs.ChannelWebPush:
 		if r.Token != "" {
 			return invalid(prefix+"token", "channel webpush takes a subscription, not a token")
 		}
@@ -374,7 +375,7 @@ func (s *Server) listUserDevices(c echo.Context) error {
 			EvictedReason: d.EvictedReason, EvictedAt: utcPtr(d.EvictedAt),
 			CreatedAt: d.CreatedAt.UTC(), UpdatedAt: d.UpdatedAt.UTC(),
 		}
-		if d.Channel == channelWebPush {
+		if d.Channel == jobs.ChannelWebPush {
 			item.Endpoint = d.Token
 		} else {
 			item.Token = d.Token

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/heraldpush/herald/db"
+	"github.com/heraldpush/herald/jobs"
 )
 
 func apnsToken() string {
@@ -356,7 +357,7 @@ func ptr[T any](v T) *T { return &v }
 
 func TestFirstOverLimit(t *testing.T) {
 	t.Parallel()
-	dev := func(user, token string) device { return device{userID: user, channel: channelFCM, token: token} }
+	dev := func(user, token string) device { return device{userID: user, channel: jobs.ChannelFCM, token: token} }
 	tests := []struct {
 		name   string
 		regs   []device
@@ -367,14 +368,14 @@ func TestFirstOverLimit(t *testing.T) {
 		{"under the limit", []device{dev("a", "1"), dev("a", "2")}, nil, nil, -1},
 		{"the third new one", []device{dev("a", "1"), dev("a", "2"), dev("a", "3")}, nil, nil, 2},
 		{"one the user has adds nothing", []device{dev("a", "1")}, map[string]int{"a": 2},
-			map[[2]string]string{{channelFCM, "1"}: "a"}, -1},
+			map[[2]string]string{{jobs.ChannelFCM, "1"}: "a"}, -1},
 		{"the same one twice counts once", []device{dev("a", "1"), dev("a", "1"), dev("a", "2")}, nil, nil, -1},
 		{"another user's counts for the new user", []device{dev("a", "9")}, map[string]int{"a": 2, "b": 1},
-			map[[2]string]string{{channelFCM, "9"}: "b"}, 0},
+			map[[2]string]string{{jobs.ChannelFCM, "9"}: "b"}, 0},
 		{"moving one away makes room", []device{dev("b", "1"), dev("a", "3")}, map[string]int{"a": 2},
-			map[[2]string]string{{channelFCM, "1"}: "a"}, -1},
+			map[[2]string]string{{jobs.ChannelFCM, "1"}: "a"}, -1},
 		{"already over: its own still pass, a new one not", []device{dev("a", "1"), dev("a", "7")}, map[string]int{"a": 5},
-			map[[2]string]string{{channelFCM, "1"}: "a"}, 1},
+			map[[2]string]string{{jobs.ChannelFCM, "1"}: "a"}, 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -367,7 +367,7 @@ func (s *Server) createMessage(c echo.Context) error {
 		if l := req.local; l != nil {
 			local = &jobs.LocalTime{Wall: l.wall, Fallback: l.fallback, SendNow: l.sendNow, Now: now, Lifetime: l.lifetime, JSON: l.json}
 		}
-		msg, err := s.enqueuer.Create(ctx, tx, jobs.NewMessage{
+		msg, err := s.enqueuer.Create(ctx, tx, jobs.MessageSpec{
 			Priority:     req.Priority,
 			DispatchAt:   dispatchAt,
 			ExpiresAt:    expiresAt,

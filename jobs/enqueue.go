@@ -33,8 +33,8 @@ type Audience struct {
 	UserIDs   []string
 }
 
-// NewMessage is a message to schedule, validated by the caller.
-type NewMessage struct {
+// MessageSpec is a message to schedule, validated by the caller.
+type MessageSpec struct {
 	Priority   string
 	DispatchAt time.Time
 	ExpiresAt  time.Time
@@ -110,7 +110,7 @@ type target struct {
 // the message, one pending ledger row per device (COPY), and one chunk job
 // per chunk (scheduled at its due time), all in tx. Nothing is visible until
 // the caller commits, and nothing is kept if it rolls back.
-func (e *Enqueuer) Create(ctx context.Context, tx pgx.Tx, m NewMessage) (db.Message, error) {
+func (e *Enqueuer) Create(ctx context.Context, tx pgx.Tx, m MessageSpec) (db.Message, error) {
 	q := db.On(tx)
 	all, err := resolve(ctx, q, m.Audience, m.DispatchAt)
 	if err != nil {
@@ -269,7 +269,7 @@ func (e *Enqueuer) CancelUnstartedRuns(ctx context.Context, tx pgx.Tx, scheduleI
 }
 
 // storePayload stores m's content, unless m reuses a stored payload.
-func storePayload(ctx context.Context, q *db.Queries, m NewMessage) (int64, error) {
+func storePayload(ctx context.Context, q *db.Queries, m MessageSpec) (int64, error) {
 	if m.PayloadID != 0 {
 		return m.PayloadID, nil
 	}
@@ -287,7 +287,7 @@ func storePayload(ctx context.Context, q *db.Queries, m NewMessage) (int64, erro
 // RecordMissed stores m as a message that expired before it could be made:
 // a schedule run whose whole lifetime passed while no Herald was running. It
 // is kept so that the run's history tells the truth, and nothing is sent.
-func (e *Enqueuer) RecordMissed(ctx context.Context, tx pgx.Tx, m NewMessage) (db.Message, error) {
+func (e *Enqueuer) RecordMissed(ctx context.Context, tx pgx.Tx, m MessageSpec) (db.Message, error) {
 	q := db.On(tx)
 	payloadID, err := storePayload(ctx, q, m)
 	if err != nil {
@@ -358,7 +358,7 @@ func (lt *LocalTime) firstWave(due, passed []target) time.Time {
 func resolve(ctx context.Context, q *db.Queries, a Audience, dispatchAt time.Time) ([]target, error) {
 	var out []target
 	add := func(id int64, userID, channel, token string, p256dh, auth, timezone *string) {
-		t := target{Target: Target{DeviceID: id, Channel: channel, Token: token}, userID: userID, dueAt: dispatchAt}
+		t := target{Target: Target{Target: push.Target{DeviceID: id, Token: token}, Channel: channel}, userID: userID, dueAt: dispatchAt}
 		if timezone != nil {
 			t.timezone = *timezone
 		}

@@ -119,7 +119,7 @@ func scheduleAt(t *testing.T, pool *pgxpool.Pool, enq *Enqueuer, priority string
 	var msg db.Message
 	require.NoError(t, db.InTx(ctx, pool, func(tx pgx.Tx) error {
 		var err error
-		msg, err = enq.Create(ctx, tx, NewMessage{
+		msg, err = enq.Create(ctx, tx, MessageSpec{
 			Priority: priority, DispatchAt: dispatchAt, ExpiresAt: dispatchAt.Add(time.Hour),
 			Audience: Audience{UserIDs: users}, AudienceJSON: []byte(`{}`),
 			Content: push.Content{Title: "t"},
@@ -198,7 +198,7 @@ func TestCut(t *testing.T) {
 		if i%2 == 1 {
 			due = b
 		}
-		targets = append(targets, target{Target: Target{DeviceID: int64(i)}, dueAt: due})
+		targets = append(targets, target{Target: Target{Target: push.Target{DeviceID: int64(i)}}, dueAt: due})
 	}
 	chunks := cut(targets, 2)
 	// Due a: devices 0, 2, 4, 6; due b: 1, 3, 5. Never mixed, at most 2 each.

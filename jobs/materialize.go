@@ -139,7 +139,7 @@ func (m *Materializer) materialize(ctx context.Context, tx pgx.Tx, enq *Enqueuer
 		if err := json.Unmarshal(s.Audience, &audience); err != nil {
 			return fmt.Errorf("decode audience: %w", err)
 		}
-		msg := NewMessage{
+		msg := MessageSpec{
 			Priority: s.Priority, DispatchAt: runAt, ExpiresAt: runAt.Add(ttl),
 			Audience: Audience{SegmentID: audience.ID, UserIDs: audience.IDs}, AudienceJSON: s.Audience,
 			PayloadID: s.PayloadID, ScheduleID: &s.ID, ScheduleRunAt: &runAt,
