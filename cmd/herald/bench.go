@@ -35,7 +35,7 @@ import (
 	"github.com/heraldpush/herald/jobs/push/fake"
 )
 
-// benchConfig is what `herald bench` runs (CONTRACT section 6).
+// benchConfig is what `herald bench` runs (the README's Performance).
 type benchConfig struct {
 	Users        int
 	Mix          [3]float64 // APNs, FCM, Web Push shares
