@@ -15,6 +15,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/heraldpush/herald/cmd/herald/heraldbench"
 	"github.com/heraldpush/herald/db/dbtest"
 	"github.com/heraldpush/herald/jobs/push/fake"
 )
@@ -409,9 +410,9 @@ func TestE2ELanesSplitAcrossProcesses(t *testing.T) {
 
 	// Each process counts what it sent just after its write commits.
 	sent := func(base, priority string) float64 {
-		families, err := scrapeMetrics(base)
+		families, err := heraldbench.ScrapeMetrics(base)
 		require.NoError(t, err)
-		return metricSum(families, "herald_delivery_skew_seconds", map[string]string{"priority": priority})
+		return heraldbench.MetricSum(families, "herald_delivery_skew_seconds", map[string]string{"priority": priority})
 	}
 	require.Eventually(t, func() bool {
 		return sent(e.base, "bulk") == 40 && sent(urgentBase, "urgent") == 5
@@ -454,9 +455,9 @@ func TestE2EScheduleEveryMinute(t *testing.T) {
 		require.Len(t, e.fake.Receipts(m["message_id"].(string)), 3)
 	}
 	// Runs are made ahead of their minute, and their lane is woken at it.
-	families, err := scrapeMetrics(e.base)
+	families, err := heraldbench.ScrapeMetrics(e.base)
 	require.NoError(t, err)
-	require.GreaterOrEqual(t, metricSum(families, "herald_lane_wakes_total", map[string]string{"lane": "bulk"}), 2.0)
+	require.GreaterOrEqual(t, heraldbench.MetricSum(families, "herald_lane_wakes_total", map[string]string{"lane": "bulk"}), 2.0)
 	e.must(http.StatusNoContent, http.MethodDelete, "/v1/schedules/"+id, nil)
 }
 
@@ -478,17 +479,17 @@ func TestE2EMetricsAfterDispatch(t *testing.T) {
 	var families map[string]*dto.MetricFamily
 	require.Eventually(t, func() bool {
 		var err error
-		if families, err = scrapeMetrics(e.base); err != nil {
+		if families, err = heraldbench.ScrapeMetrics(e.base); err != nil {
 			return false
 		}
-		return metricSum(families, "herald_deliveries_total", nil) == 6
+		return heraldbench.MetricSum(families, "herald_deliveries_total", nil) == 6
 	}, 10*time.Second, 20*time.Millisecond, "the six deliveries were never counted")
 
 	value := func(name string, labels map[string]string) float64 {
 		t.Helper()
 		_, ok := families[name]
 		require.True(t, ok, "no %s in /metrics", name)
-		return metricSum(families, name, labels)
+		return heraldbench.MetricSum(families, name, labels)
 	}
 	for _, channel := range []string{"apns", "fcm", "webpush"} {
 		require.EqualValues(t, 1, value("herald_deliveries_total", map[string]string{"channel": channel, "status": "accepted", "reason": ""}))
