@@ -54,24 +54,24 @@ func readProcStat(pid int) (procStat, error) {
 }
 
 // clusterCPU returns a reader of the CPU the PostgreSQL cluster behind
-// pool has used: its postmaster's and every child's, running or reaped.
-// ok is false when the server is not a process of this host that can be
-// read (a remote database, or its data directory closed to this user).
-func clusterCPU(ctx context.Context, pool db.DBTX) (read func() (time.Duration, error), ok bool) {
+// pool has used: its postmaster's and every child's, running or reaped. It
+// is nil when the server is not a process of this host that can be read (a
+// remote database, or its data directory closed to this user).
+func clusterCPU(ctx context.Context, pool db.DBTX) func() (time.Duration, error) {
 	dir, err := db.On(pool).DataDirectory(ctx)
 	if err != nil {
-		return nil, false
+		return nil
 	}
 	raw, err := os.ReadFile(filepath.Join(dir, "postmaster.pid"))
 	if err != nil {
-		return nil, false
+		return nil
 	}
 	pid, err := strconv.Atoi(strings.TrimSpace(strings.SplitN(string(raw), "\n", 2)[0]))
 	if err != nil {
-		return nil, false
+		return nil
 	}
 	if _, err := readProcStat(pid); err != nil {
-		return nil, false
+		return nil
 	}
 	return func() (time.Duration, error) {
 		pm, err := readProcStat(pid)
@@ -96,7 +96,7 @@ func clusterCPU(ctx context.Context, pool db.DBTX) (read func() (time.Duration, 
 			}
 		}
 		return total, nil
-	}, true
+	}
 }
 
 // peakRSS is a process's peak resident set, in MiB.
@@ -133,4 +133,41 @@ func machine() string {
 		}
 	}
 	return fmt.Sprintf("%d cores, %s", runtime.NumCPU(), model)
+}
+
+// cpuSpans reads Herald's and PostgreSQL's CPU at four marks: before the
+// messages are scheduled (0), once they are (1), at their instant (2) and
+// once they have settled (3). The sends' CPU is what the spans from 0 to 1
+// and from 2 to 3 took: scheduling and the fan-out.
+type cpuSpans struct {
+	herald func() (time.Duration, error)
+	// postgres is nil when the cluster is not a process of this host.
+	postgres             func() (time.Duration, error)
+	heraldAt, postgresAt [4]time.Duration
+}
+
+func (c *cpuSpans) markHerald(i int) (err error) {
+	c.heraldAt[i], err = c.herald()
+	return err
+}
+
+func (c *cpuSpans) markPostgres(i int) (err error) {
+	if c.postgres == nil {
+		return nil
+	}
+	c.postgresAt[i], err = c.postgres()
+	return err
+}
+
+// perSend divides the spans' CPU among sends, in µs: Herald's, and
+// PostgreSQL's when it was read.
+func (c *cpuSpans) perSend(sends int) (herald float64, postgres *float64) {
+	per := func(at [4]time.Duration) float64 {
+		return round1(float64((at[1] - at[0] + at[3] - at[2]).Microseconds()) / float64(sends))
+	}
+	if c.postgres != nil {
+		v := per(c.postgresAt)
+		postgres = &v
+	}
+	return per(c.heraldAt), postgres
 }

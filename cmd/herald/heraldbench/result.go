@@ -1,11 +1,13 @@
 package heraldbench
 
 import (
+	"context"
 	"encoding/json"
 	"math"
 	"slices"
 	"time"
 
+	"github.com/heraldpush/herald/db"
 	"github.com/heraldpush/herald/jobs/push/fake"
 )
 
@@ -113,4 +115,71 @@ func (b *Benchmark) receipts(messageID string) ([]fake.Receipt, fake.Stats, erro
 		}
 	}
 	return rs, st, nil
+}
+
+// ledgerView fills in what the ledger says of the run: the skews, the
+// fan-out's span and the chunks' breakdown. It returns how many pushes
+// were accepted, the sends the CPU is divided among.
+func (b *Benchmark) ledgerView(ctx context.Context, pool db.DBTX, s scheduled, res *Result) (int, error) {
+	q := db.On(pool)
+	skews, err := q.AcceptedSkews(ctx, s.bulkN)
+	if err != nil {
+		return 0, err
+	}
+	res.Accepted = len(skews)
+	res.SkewMs = summarize(skews)
+	urgentSkews, err := q.AcceptedSkews(ctx, s.urgentN)
+	if err != nil {
+		return 0, err
+	}
+	if len(urgentSkews) == 1 {
+		res.UrgentSkewMs = round1(urgentSkews[0])
+	}
+	urgentChunks, err := q.ChunkTimings(ctx, s.urgentN)
+	if err != nil {
+		return 0, err
+	}
+	if len(urgentChunks) == 1 {
+		res.UrgentPickupMs = round1(urgentChunks[0].PickupMs)
+	}
+	span, err := q.AcceptanceSpan(ctx, s.bulkN)
+	if err != nil {
+		return 0, err
+	}
+	res.FanoutMs = ms(span.Last.Sub(span.First))
+	chunks, err := q.ChunkTimings(ctx, s.bulkN)
+	if err != nil {
+		return 0, err
+	}
+	var pickup, first, last, write []float64
+	for _, c := range chunks {
+		pickup, first, last, write = append(pickup, c.PickupMs), append(first, c.FirstAcceptMs), append(last, c.LastAcceptMs), append(write, c.WriteMs)
+	}
+	res.Breakdown.PickupMs, res.Breakdown.FirstAcceptMs = pairOf(pickup), pairOf(first)
+	res.Breakdown.LastAcceptMs, res.Breakdown.LedgerWriteMs = pairOf(last), pairOf(write)
+	return res.Accepted + len(urgentSkews), nil
+}
+
+// fakepushView fills in what fakepush says of the run: when each push
+// arrived, by the same host's clock, and how many arrived twice.
+func (b *Benchmark) fakepushView(s scheduled, res *Result) error {
+	receipts, stats, err := b.receipts(s.bulkID)
+	if err != nil {
+		return err
+	}
+	var rskews []float64
+	for _, r := range receipts {
+		rskews = append(rskews, float64(r.ReceivedAt.Sub(s.dispatchAt).Microseconds())/1000)
+	}
+	slices.Sort(rskews)
+	res.ReceiptSkewMs = summarize(rskews)
+	res.Duplicates = stats.APNs.Duplicates + stats.FCM.Duplicates + stats.WebPush.Duplicates
+	urgentReceipts, _, err := b.receipts(s.urgentID)
+	if err != nil {
+		return err
+	}
+	if len(urgentReceipts) == 1 {
+		res.UrgentReceiptMs = round1(float64(urgentReceipts[0].ReceivedAt.Sub(s.dispatchAt).Microseconds()) / 1000)
+	}
+	return nil
 }
