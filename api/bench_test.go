@@ -34,7 +34,7 @@ func BenchmarkRegisterDevicesBatch(b *testing.B) {
 		require.NoError(b, err)
 		b.StartTimer()
 
-		rec := bb.call(request{method: http.MethodPost, path: "/v1/devices/batch", body: body})
+		rec := bb.call(b, request{method: http.MethodPost, path: "/v1/devices/batch", body: body})
 		require.Equal(b, http.StatusOK, rec.Code, rec.Body.String())
 	}
 	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N)/maxBatchDevices, "µs/device")
@@ -44,7 +44,7 @@ func BenchmarkRegisterDevicesBatch(b *testing.B) {
 // in one call.
 func BenchmarkAddSegmentMembers(b *testing.B) {
 	bb := setup(b)
-	status, _ := bb.do(http.MethodPut, "/v1/segments/bench", map[string]any{"name": "bench"})
+	status, _ := bb.do(b, http.MethodPut, "/v1/segments/bench", map[string]any{"name": "bench"})
 	require.Equal(b, http.StatusCreated, status)
 	for i := 0; b.Loop(); i++ {
 		b.StopTimer()
@@ -52,7 +52,7 @@ func BenchmarkAddSegmentMembers(b *testing.B) {
 		require.NoError(b, err)
 		b.StartTimer()
 
-		rec := bb.call(request{method: http.MethodPost, path: "/v1/segments/bench/members", body: body})
+		rec := bb.call(b, request{method: http.MethodPost, path: "/v1/segments/bench/members", body: body})
 		require.Equal(b, http.StatusOK, rec.Code, rec.Body.String())
 	}
 }
@@ -68,7 +68,7 @@ func BenchmarkScheduleSegment(b *testing.B) {
 
 	b.ResetTimer()
 	for b.Loop() {
-		rec := bb.call(request{method: http.MethodPost, path: "/v1/messages", body: body})
+		rec := bb.call(b, request{method: http.MethodPost, path: "/v1/messages", body: body})
 		require.Equal(b, http.StatusAccepted, rec.Code, rec.Body.String())
 	}
 }
@@ -96,12 +96,12 @@ func (bb *bundle) segmentOf25k(b *testing.B) {
 		}
 	}
 	for start := 0; start < len(devices); start += maxBatchDevices {
-		rec := bb.call(request{method: http.MethodPost, path: "/v1/devices/batch", body: map[string]any{"devices": devices[start:min(start+maxBatchDevices, len(devices))]}})
+		rec := bb.call(b, request{method: http.MethodPost, path: "/v1/devices/batch", body: map[string]any{"devices": devices[start:min(start+maxBatchDevices, len(devices))]}})
 		require.Equal(b, http.StatusOK, rec.Code, rec.Body.String())
 	}
-	status, _ := bb.do(http.MethodPut, "/v1/segments/all", map[string]any{"name": "all"})
+	status, _ := bb.do(b, http.MethodPut, "/v1/segments/all", map[string]any{"name": "all"})
 	require.Equal(b, http.StatusCreated, status)
-	status, _ = bb.do(http.MethodPost, "/v1/segments/all/members", map[string]any{"user_ids": userIDs("u", users)})
+	status, _ = bb.do(b, http.MethodPost, "/v1/segments/all/members", map[string]any{"user_ids": userIDs("u", users)})
 	require.Equal(b, http.StatusOK, status)
 	_, err := bb.db.Pool.Exec(context.Background(), "ANALYZE")
 	require.NoError(b, err)
@@ -114,7 +114,7 @@ func (bb *bundle) segmentOf25k(b *testing.B) {
 func BenchmarkGetMessageWhileDispatching(b *testing.B) {
 	bb := setup(b)
 	bb.segmentOf25k(b)
-	status, resp := bb.do(http.MethodPost, "/v1/messages", messageBody(map[string]any{"type": "segment", "id": "all"}))
+	status, resp := bb.do(b, http.MethodPost, "/v1/messages", messageBody(map[string]any{"type": "segment", "id": "all"}))
 	require.Equal(b, http.StatusAccepted, status)
 	id := resp["message_id"].(string)
 	_, err := bb.db.Pool.Exec(context.Background(), `
@@ -127,7 +127,7 @@ func BenchmarkGetMessageWhileDispatching(b *testing.B) {
 
 	b.ResetTimer()
 	for b.Loop() {
-		rec := bb.call(request{method: http.MethodGet, path: "/v1/messages/" + id})
+		rec := bb.call(b, request{method: http.MethodGet, path: "/v1/messages/" + id})
 		require.Equal(b, http.StatusOK, rec.Code)
 	}
 }
@@ -138,7 +138,7 @@ func BenchmarkScheduleUrgentSingle(b *testing.B) {
 	// One key sends as fast as the process serves: past the default rate
 	// limit, which this measures around.
 	bb := setupWith(b, dbtestNew(b), Config{RateLimit: 1e9, RateBurst: 1e9})
-	rec := bb.call(request{method: http.MethodPost, path: "/v1/devices", body: map[string]any{"user_id": "otp", "channel": "apns", "token": apnsToken()}})
+	rec := bb.call(b, request{method: http.MethodPost, path: "/v1/devices", body: map[string]any{"user_id": "otp", "channel": "apns", "token": apnsToken()}})
 	require.Equal(b, http.StatusCreated, rec.Code)
 	msg := messageBody(map[string]any{"type": "users", "ids": []string{"otp"}})
 	msg["priority"] = "urgent"
@@ -150,7 +150,7 @@ func BenchmarkScheduleUrgentSingle(b *testing.B) {
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			rec := bb.call(request{method: http.MethodPost, path: "/v1/messages", body: body})
+			rec := bb.call(b, request{method: http.MethodPost, path: "/v1/messages", body: body})
 			if rec.Code != http.StatusAccepted {
 				b.Errorf("status %d: %s", rec.Code, rec.Body.String())
 				return

@@ -183,7 +183,7 @@ type messageBreakdown struct {
 // costs the browser a few dozen numbers.
 func (s *Server) messageBreakdown(c echo.Context) error {
 	ctx := c.Request().Context()
-	q := db.New(s.pool)
+	q := db.On(s.pool)
 	m, err := readMessage(c, q)
 	if err != nil {
 		return err

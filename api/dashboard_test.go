@@ -39,7 +39,6 @@ func setupDashboard(t *testing.T) *dashBundle {
 // browse makes a request as a browser on the same site would: with the
 // session cookie (when given) and without any API key.
 func (b *dashBundle) browse(method, path, body string, session *http.Cookie, header map[string]string) *httptest.ResponseRecorder {
-	b.t.Helper()
 	req := httptest.NewRequest(method, path, strings.NewReader(body))
 	if body != "" {
 		req.Header.Set("Content-Type", "application/json")
@@ -56,7 +55,6 @@ func (b *dashBundle) browse(method, path, body string, session *http.Cookie, hea
 }
 
 func (b *dashBundle) postLogin(user, password string, mutate func(*http.Request)) *httptest.ResponseRecorder {
-	b.t.Helper()
 	form := url.Values{"username": {user}, "password": {password}, "next": {"/#/providers"}}
 	req := httptest.NewRequest(http.MethodPost, "/login", strings.NewReader(form.Encode()))
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
@@ -79,21 +77,21 @@ func sessionCookieOf(t testing.TB, rec *httptest.ResponseRecorder) *http.Cookie 
 }
 
 // login signs in and returns the session cookie and its CSRF token.
-func (b *dashBundle) login() (*http.Cookie, string) {
-	b.t.Helper()
+func (b *dashBundle) login(t testing.TB) (*http.Cookie, string) {
+	t.Helper()
 	rec := b.postLogin(adminUser, testAdminPassword, nil)
-	require.Equal(b.t, http.StatusSeeOther, rec.Code, rec.Body.String())
-	ck := sessionCookieOf(b.t, rec)
-	require.NotNil(b.t, ck)
+	require.Equal(t, http.StatusSeeOther, rec.Code, rec.Body.String())
+	ck := sessionCookieOf(t, rec)
+	require.NotNil(t, ck)
 	rec = b.browse(http.MethodGet, "/ui/api/session", "", ck, nil)
-	require.Equal(b.t, http.StatusOK, rec.Code, rec.Body.String())
+	require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
 	var s struct {
 		CSRFToken string `json:"csrf_token"`
 		RiverUI   bool   `json:"river_ui"`
 	}
-	require.NoError(b.t, json.Unmarshal(rec.Body.Bytes(), &s))
-	require.NotEmpty(b.t, s.CSRFToken)
-	require.True(b.t, s.RiverUI)
+	require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &s))
+	require.NotEmpty(t, s.CSRFToken)
+	require.True(t, s.RiverUI)
 	return ck, s.CSRFToken
 }
 
@@ -214,8 +212,8 @@ func TestSafeNext(t *testing.T) {
 func TestDashboardCSRF(t *testing.T) {
 	t.Parallel()
 	b := setupDashboard(t)
-	ck, csrf := b.login()
-	other, otherCSRF := b.login()
+	ck, csrf := b.login(t)
+	other, otherCSRF := b.login(t)
 	require.NotEqual(t, csrf, otherCSRF, "each session has its own CSRF token")
 
 	body := `{"audience":{"type":"users","ids":["u1"]},"payload":{"title":"hi"}}`
@@ -254,11 +252,11 @@ func TestDashboardCSRF(t *testing.T) {
 func TestDashboardIdempotencyHasItsOwnScope(t *testing.T) {
 	t.Parallel()
 	b := setupDashboard(t)
-	ck, csrf := b.login()
+	ck, csrf := b.login(t)
 	msg := func(title string) map[string]any {
 		return map[string]any{"audience": map[string]any{"type": "users", "ids": []string{"u1"}}, "payload": map[string]any{"title": title}}
 	}
-	rec := b.call(request{method: http.MethodPost, path: "/v1/messages", body: msg("by API"), header: map[string]string{"Idempotency-Key": "k1"}})
+	rec := b.call(t, request{method: http.MethodPost, path: "/v1/messages", body: msg("by API"), header: map[string]string{"Idempotency-Key": "k1"}})
 	require.Equal(t, http.StatusAccepted, rec.Code)
 	viaAPI := decodeBody(t, rec)["message_id"]
 
@@ -281,7 +279,7 @@ func TestDashboardIdempotencyHasItsOwnScope(t *testing.T) {
 func TestDashboardLogoutAndExpiry(t *testing.T) {
 	t.Parallel()
 	b := setupDashboard(t)
-	ck, csrf := b.login()
+	ck, csrf := b.login(t)
 
 	rec := b.browse(http.MethodPost, "/logout", "", ck, nil)
 	requireError(t, rec, http.StatusForbidden, "csrf_failed", "")
@@ -296,7 +294,7 @@ func TestDashboardLogoutAndExpiry(t *testing.T) {
 	require.Equal(t, http.StatusUnauthorized, b.browse(http.MethodGet, "/ui/api/messages", "", ck, nil).Code)
 
 	// A session ends by itself after sessionLifetime.
-	ck, _ = b.login()
+	ck, _ = b.login(t)
 	require.Equal(t, http.StatusOK, b.browse(http.MethodGet, "/ui/api/messages", "", ck, nil).Code)
 	b.srv.sessions.now = func() time.Time { return time.Now().Add(sessionLifetime + time.Second) }
 	require.Equal(t, http.StatusUnauthorized, b.browse(http.MethodGet, "/ui/api/messages", "", ck, nil).Code)

@@ -53,7 +53,7 @@ func TestCheckTextNamesTheString(t *testing.T) {
 func TestBadTextIsRefusedOnEveryRoute(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.population("p", 1, 1)
+	b.population(t, "p", 1, 1)
 	for _, tc := range []struct {
 		name, method, path, body, field string
 	}{
@@ -71,7 +71,7 @@ func TestBadTextIsRefusedOnEveryRoute(t *testing.T) {
 		{"schedule data value", http.MethodPost, "/v1/schedules", "{\"cron\":\"@daily\",\"audience\":{\"type\":\"users\",\"ids\":[\"p0\"]},\"payload\":{\"data\":{\"k\":\"\xc0\xaf\"}}}", "payload.data.k"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			rec := b.call(request{method: tc.method, path: tc.path, body: tc.body})
+			rec := b.call(t, request{method: tc.method, path: tc.path, body: tc.body})
 			requireError(t, rec, http.StatusBadRequest, "invalid_field", tc.field)
 		})
 	}
@@ -94,11 +94,11 @@ func TestIdempotencyKeyMustBeText(t *testing.T) {
 		"longer than 255 B": string(make([]byte, 256)),
 	} {
 		t.Run(name, func(t *testing.T) {
-			rec := b.call(request{method: http.MethodPost, path: "/v1/messages", body: body, header: map[string]string{"Idempotency-Key": key}})
+			rec := b.call(t, request{method: http.MethodPost, path: "/v1/messages", body: body, header: map[string]string{"Idempotency-Key": key}})
 			requireError(t, rec, http.StatusBadRequest, "invalid_field", "Idempotency-Key")
 		})
 	}
-	rec := b.call(request{method: http.MethodPost, path: "/v1/messages", body: body, header: map[string]string{"Idempotency-Key": "Ünïcode key 1"}})
+	rec := b.call(t, request{method: http.MethodPost, path: "/v1/messages", body: body, header: map[string]string{"Idempotency-Key": "Ünïcode key 1"}})
 	require.Equal(t, http.StatusAccepted, rec.Code, rec.Body.String())
 }
 
@@ -110,7 +110,7 @@ func TestInTxRollsBackWhatCannotBeShown(t *testing.T) {
 	rec := httptest.NewRecorder()
 	c := b.srv.echo.NewContext(httptest.NewRequest(http.MethodPut, "/v1/segments/s1", nil), rec)
 	err := b.srv.inTx(c, func(tx pgx.Tx) (int, any, error) {
-		if _, err := db.New(tx).UpsertSegment(context.Background(), db.UpsertSegmentParams{ID: "s1", Name: "x"}); err != nil {
+		if _, err := db.On(tx).UpsertSegment(context.Background(), db.UpsertSegmentParams{ID: "s1", Name: "x"}); err != nil {
 			return 0, nil, err
 		}
 		return http.StatusCreated, map[string]any{"at": time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)}, nil
@@ -128,10 +128,10 @@ func TestInTxRollsBackWhatCannotBeShown(t *testing.T) {
 func TestListingsLeaveOutRowsThatCannotBeShown(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.population("p", 1, 1)
-	status, good := b.do(http.MethodPost, "/v1/schedules", scheduleBody())
+	b.population(t, "p", 1, 1)
+	status, good := b.do(t, http.MethodPost, "/v1/schedules", scheduleBody())
 	require.Equal(t, http.StatusCreated, status, good)
-	status, msg := b.do(http.MethodPost, "/v1/messages", messageBody(map[string]any{"type": "users", "ids": []string{"p0"}}))
+	status, msg := b.do(t, http.MethodPost, "/v1/messages", messageBody(map[string]any{"type": "users", "ids": []string{"p0"}}))
 	require.Equal(t, http.StatusAccepted, status, msg)
 
 	ctx := context.Background()
@@ -150,7 +150,7 @@ func TestListingsLeaveOutRowsThatCannotBeShown(t *testing.T) {
 	require.NoError(t, err)
 
 	for path, id := range map[string]string{"/v1/schedules": good["schedule_id"].(string), "/v1/messages": msg["message_id"].(string)} {
-		rec := b.call(request{method: http.MethodGet, path: path})
+		rec := b.call(t, request{method: http.MethodGet, path: path})
 		require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
 		var page struct {
 			Items []map[string]any `json:"items"`
@@ -167,8 +167,8 @@ func TestListingsLeaveOutRowsThatCannotBeShown(t *testing.T) {
 func TestQueryParametersNeverFail(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.population("p", 1, 1)
-	status, msg := b.do(http.MethodPost, "/v1/messages", messageBody(map[string]any{"type": "users", "ids": []string{"p0"}}))
+	b.population(t, "p", 1, 1)
+	status, msg := b.do(t, http.MethodPost, "/v1/messages", messageBody(map[string]any{"type": "users", "ids": []string{"p0"}}))
 	require.Equal(t, http.StatusAccepted, status, msg)
 	deliveries := "/v1/messages/" + msg["message_id"].(string) + "/deliveries"
 	for _, tc := range []struct{ path, field string }{
@@ -185,7 +185,7 @@ func TestQueryParametersNeverFail(t *testing.T) {
 		{deliveries + "?cursor=eyJhIjoxLCJmIjoieCJ9", "cursor"}, // another listing's filter
 	} {
 		t.Run(tc.path, func(t *testing.T) {
-			requireError(t, b.call(request{method: http.MethodGet, path: tc.path}), http.StatusBadRequest, "invalid_field", tc.field)
+			requireError(t, b.call(t, request{method: http.MethodGet, path: tc.path}), http.StatusBadRequest, "invalid_field", tc.field)
 		})
 	}
 }

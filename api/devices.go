@@ -13,6 +13,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/heraldpush/herald/db"
+	"github.com/heraldpush/herald/jobs"
 	"github.com/heraldpush/herald/jobs/push"
 )
 
@@ -66,11 +67,11 @@ func (r *deviceRequest) check(prefix string) error {
 	}
 	r.norm = device{userID: r.UserID, channel: r.Channel}
 	switch r.Channel {
-	case channelAPNs, channelFCM:
+	case jobs.ChannelAPNs, jobs.ChannelFCM:
 		if r.Subscription != nil {
 			return invalid(prefix+"subscription", "subscription is only for channel webpush; channel %s takes a token", r.Channel)
 		}
-		if r.Channel == channelAPNs {
+		if r.Channel == jobs.ChannelAPNs {
 			token, err := normalizeAPNsToken(prefix+"token", r.Token)
 			if err != nil {
 				return err
@@ -80,7 +81,7 @@ func (r *deviceRequest) check(prefix string) error {
 		}
 		r.norm.token = r.Token
 		return checkFCMToken(prefix+"token", r.Token)
-	case channelWebPush:
+	case jobs.ChannelWebPush:
 		if r.Token != "" {
 			return invalid(prefix+"token", "channel webpush takes a subscription, not a token")
 		}
@@ -127,7 +128,7 @@ func (s *Server) registerDevice(c echo.Context) error {
 	d := req.norm
 	var row db.RegisterDeviceRow
 	err := db.InTx(ctx, s.pool, func(tx pgx.Tx) error {
-		q := db.New(tx)
+		q := db.On(tx)
 		if err := q.EnsureUsers(ctx, []string{d.userID}); err != nil {
 			return fmt.Errorf("ensure user: %w", err)
 		}
@@ -220,7 +221,7 @@ func (s *Server) registerDevices(c echo.Context) error {
 
 	var res db.RegisterDevicesRow
 	err := db.InTx(ctx, s.pool, func(tx pgx.Tx) error {
-		q := db.New(tx)
+		q := db.On(tx)
 		if err := q.EnsureUsers(ctx, users); err != nil {
 			return fmt.Errorf("ensure users: %w", err)
 		}
@@ -343,22 +344,14 @@ func (s *Server) listUserDevices(c echo.Context) error {
 	if checkID("user_id", userID) != nil {
 		return notFound("user", userID)
 	}
-	limit, err := pageSize(c)
+	pg, err := readPage(c, "devices:"+userID)
 	if err != nil {
 		return err
 	}
-	filter := "devices:" + userID
-	params := db.ListUserDevicesParams{UserID: userID, PageSize: limit + 1}
-	if cur := c.QueryParam("cursor"); cur != "" {
-		cu, err := decodeCursor(cur, filter)
-		if err != nil {
-			return err
-		}
-		params.AfterID = cu.After
-	}
+	params := db.ListUserDevicesParams{UserID: userID, AfterID: pg.afterOr(0), PageSize: pg.fetch()}
 	var rows []db.Device
 	err = db.InTx(ctx, s.pool, func(tx pgx.Tx) error {
-		q := db.New(tx)
+		q := db.On(tx)
 		exists, err := q.UserExists(ctx, userID)
 		if err != nil {
 			return fmt.Errorf("find user: %w", err)
@@ -374,18 +367,15 @@ func (s *Server) listUserDevices(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	resp := deviceListResponse{UserID: userID, Items: make([]deviceListItem, 0, min(len(rows), int(limit)))}
-	for i, d := range rows {
-		if i == int(limit) {
-			resp.NextCursor = encodeCursor(cursor{After: rows[i-1].ID, Filter: filter})
-			break
-		}
+	rows, next := paginate(pg, rows, func(d db.Device) int64 { return d.ID })
+	resp := deviceListResponse{UserID: userID, Items: make([]deviceListItem, 0, len(rows)), NextCursor: next}
+	for _, d := range rows {
 		item := deviceListItem{
 			DeviceID: formatDeviceID(d.ID), Channel: d.Channel, Status: d.Status,
 			EvictedReason: d.EvictedReason, EvictedAt: utcPtr(d.EvictedAt),
 			CreatedAt: d.CreatedAt.UTC(), UpdatedAt: d.UpdatedAt.UTC(),
 		}
-		if d.Channel == channelWebPush {
+		if d.Channel == jobs.ChannelWebPush {
 			item.Endpoint = d.Token
 		} else {
 			item.Token = d.Token
@@ -405,7 +395,7 @@ func (s *Server) deleteDevice(c echo.Context) error {
 		return notFound("device", raw)
 	}
 	err := db.InTx(ctx, s.pool, func(tx pgx.Tx) error {
-		q := db.New(tx)
+		q := db.On(tx)
 		n, err := q.DeleteDevice(ctx, id)
 		if err != nil {
 			return fmt.Errorf("delete device: %w", err)

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/heraldpush/herald/db"
+	"github.com/heraldpush/herald/jobs"
 )
 
 func apnsToken() string {
@@ -52,7 +53,7 @@ func TestRegisterDeviceEachChannel(t *testing.T) {
 		{"user_id": "u_1", "channel": "fcm", "token": "fcm:" + apnsToken()},
 		{"user_id": "u_1", "channel": "webpush", "subscription": sub},
 	} {
-		status, resp := b.do(http.MethodPost, "/v1/devices", body)
+		status, resp := b.do(t, http.MethodPost, "/v1/devices", body)
 		require.Equal(t, http.StatusCreated, status, resp)
 		require.Equal(t, "u_1", resp["user_id"])
 		require.Equal(t, body["channel"], resp["channel"])
@@ -60,7 +61,7 @@ func TestRegisterDeviceEachChannel(t *testing.T) {
 		require.True(t, strings.HasPrefix(resp["device_id"].(string), "dev_"), resp)
 	}
 
-	status, list := b.do(http.MethodGet, "/v1/users/u_1/devices", nil)
+	status, list := b.do(t, http.MethodGet, "/v1/users/u_1/devices", nil)
 	require.Equal(t, http.StatusOK, status)
 	items := list["items"].([]any)
 	require.Len(t, items, 3)
@@ -76,13 +77,13 @@ func TestReRegisteringMovesAndReactivates(t *testing.T) {
 	ctx := context.Background()
 	token := apnsToken()
 
-	status, first := b.do(http.MethodPost, "/v1/devices", map[string]any{"user_id": "alice", "channel": "apns", "token": token})
+	status, first := b.do(t, http.MethodPost, "/v1/devices", map[string]any{"user_id": "alice", "channel": "apns", "token": token})
 	require.Equal(t, http.StatusCreated, status)
 	id, ok := parseID(devicePrefix, first["device_id"].(string))
 	require.True(t, ok)
 
 	// The same token in upper case is the same device.
-	status, again := b.do(http.MethodPost, "/v1/devices", map[string]any{"user_id": "alice", "channel": "apns", "token": strings.ToUpper(token)})
+	status, again := b.do(t, http.MethodPost, "/v1/devices", map[string]any{"user_id": "alice", "channel": "apns", "token": strings.ToUpper(token)})
 	require.Equal(t, http.StatusOK, status)
 	require.Equal(t, first["device_id"], again["device_id"])
 
@@ -91,7 +92,7 @@ func TestReRegisteringMovesAndReactivates(t *testing.T) {
 	require.EqualValues(t, 1, n)
 
 	// Bob registers the evicted token: same device, now his, active again.
-	status, moved := b.do(http.MethodPost, "/v1/devices", map[string]any{"user_id": "bob", "channel": "apns", "token": token})
+	status, moved := b.do(t, http.MethodPost, "/v1/devices", map[string]any{"user_id": "bob", "channel": "apns", "token": token})
 	require.Equal(t, http.StatusOK, status)
 	require.Equal(t, first["device_id"], moved["device_id"])
 	require.Equal(t, "bob", moved["user_id"])
@@ -103,7 +104,7 @@ func TestReRegisteringMovesAndReactivates(t *testing.T) {
 	require.Nil(t, dev.EvictedAt)
 	require.Nil(t, dev.EvictedReason)
 
-	_, aliceList := b.do(http.MethodGet, "/v1/users/alice/devices", nil)
+	_, aliceList := b.do(t, http.MethodGet, "/v1/users/alice/devices", nil)
 	require.Empty(t, aliceList["items"])
 }
 
@@ -122,7 +123,7 @@ func TestRacingRegistrationsMakeOneDevice(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			rec := b.call(request{method: http.MethodPost, path: "/v1/devices",
+			rec := b.call(t, request{method: http.MethodPost, path: "/v1/devices",
 				body: map[string]any{"user_id": fmt.Sprintf("racer_%d", i), "channel": "apns", "token": token}})
 			m := decodeBody(t, rec)
 			mu.Lock()
@@ -198,18 +199,18 @@ func TestRegisterDeviceRejectsBadInput(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			rec := b.call(request{method: http.MethodPost, path: "/v1/devices", body: tc.body})
+			rec := b.call(t, request{method: http.MethodPost, path: "/v1/devices", body: tc.body})
 			requireError(t, rec, http.StatusBadRequest, tc.code, tc.field)
 		})
 	}
 
 	t.Run("not json content type", func(t *testing.T) {
-		rec := b.call(request{method: http.MethodPost, path: "/v1/devices", body: `{}`,
+		rec := b.call(t, request{method: http.MethodPost, path: "/v1/devices", body: `{}`,
 			header: map[string]string{"Content-Type": "text/plain"}})
 		requireError(t, rec, http.StatusUnsupportedMediaType, "unsupported_media_type", "")
 	})
 	t.Run("too large", func(t *testing.T) {
-		rec := b.call(request{method: http.MethodPost, path: "/v1/devices",
+		rec := b.call(t, request{method: http.MethodPost, path: "/v1/devices",
 			body: `{"user_id":"u1","channel":"fcm","token":"` + strings.Repeat("a", smallBodyLimit) + `"}`})
 		requireError(t, rec, http.StatusRequestEntityTooLarge, "too_large", "")
 	})
@@ -247,21 +248,21 @@ func TestRegisterDevicesBatch(t *testing.T) {
 	b := setup(t)
 	devices := batchOf(maxBatchDevices, func(i int) string { return fmt.Sprintf("user_%d", i/3) })
 
-	status, resp := b.do(http.MethodPost, "/v1/devices/batch", map[string]any{"devices": devices})
+	status, resp := b.do(t, http.MethodPost, "/v1/devices/batch", map[string]any{"devices": devices})
 	require.Equal(t, http.StatusOK, status, resp)
 	require.EqualValues(t, maxBatchDevices, resp["created"])
 	require.EqualValues(t, 0, resp["updated"])
 
 	// Again, with every device moved to another user: all updates.
 	moved := batchOf(maxBatchDevices, func(i int) string { return fmt.Sprintf("other_%d", i/2) })
-	status, resp = b.do(http.MethodPost, "/v1/devices/batch", map[string]any{"devices": moved})
+	status, resp = b.do(t, http.MethodPost, "/v1/devices/batch", map[string]any{"devices": moved})
 	require.Equal(t, http.StatusOK, status, resp)
 	require.EqualValues(t, 0, resp["created"])
 	require.EqualValues(t, maxBatchDevices, resp["updated"])
 
-	_, list := b.do(http.MethodGet, "/v1/users/other_0/devices", nil)
+	_, list := b.do(t, http.MethodGet, "/v1/users/other_0/devices", nil)
 	require.Len(t, list["items"], 2)
-	_, list = b.do(http.MethodGet, "/v1/users/user_0/devices", nil)
+	_, list = b.do(t, http.MethodGet, "/v1/users/user_0/devices", nil)
 	require.Empty(t, list["items"])
 }
 
@@ -269,13 +270,13 @@ func TestRegisterDevicesBatchDuplicateTokenCountsOnce(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	token := apnsToken()
-	status, resp := b.do(http.MethodPost, "/v1/devices/batch", map[string]any{"devices": []map[string]any{
+	status, resp := b.do(t, http.MethodPost, "/v1/devices/batch", map[string]any{"devices": []map[string]any{
 		{"user_id": "a", "channel": "apns", "token": token},
 		{"user_id": "b", "channel": "apns", "token": token},
 	}})
 	require.Equal(t, http.StatusOK, status, resp)
 	require.EqualValues(t, 1, resp["created"])
-	_, list := b.do(http.MethodGet, "/v1/users/b/devices", nil)
+	_, list := b.do(t, http.MethodGet, "/v1/users/b/devices", nil)
 	require.Len(t, list["items"], 1, "the later registration wins")
 }
 
@@ -283,20 +284,20 @@ func TestRegisterDevicesBatchRejectsBadInput(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	tooMany := batchOf(maxBatchDevices+1, func(i int) string { return "u" })
-	rec := b.call(request{method: http.MethodPost, path: "/v1/devices/batch", body: map[string]any{"devices": tooMany}})
+	rec := b.call(t, request{method: http.MethodPost, path: "/v1/devices/batch", body: map[string]any{"devices": tooMany}})
 	requireError(t, rec, http.StatusBadRequest, "invalid_field", "devices")
 
-	rec = b.call(request{method: http.MethodPost, path: "/v1/devices/batch", body: map[string]any{"devices": []any{}}})
+	rec = b.call(t, request{method: http.MethodPost, path: "/v1/devices/batch", body: map[string]any{"devices": []any{}}})
 	requireError(t, rec, http.StatusBadRequest, "invalid_field", "devices")
 
-	rec = b.call(request{method: http.MethodPost, path: "/v1/devices/batch", body: `{"devices": {}}`})
+	rec = b.call(t, request{method: http.MethodPost, path: "/v1/devices/batch", body: `{"devices": {}}`})
 	requireError(t, rec, http.StatusBadRequest, "invalid_type", "devices")
 
 	// One bad device among good ones: 400 naming it, and nothing stored.
 	devices := batchOf(50, func(i int) string { return fmt.Sprintf("u%d", i) })
 	devices[37]["token"] = "not hex at all"
 	devices[37]["channel"] = "apns"
-	rec = b.call(request{method: http.MethodPost, path: "/v1/devices/batch", body: map[string]any{"devices": devices}})
+	rec = b.call(t, request{method: http.MethodPost, path: "/v1/devices/batch", body: map[string]any{"devices": devices}})
 	requireError(t, rec, http.StatusBadRequest, "invalid_field", "devices[37].token")
 
 	var count int
@@ -307,15 +308,15 @@ func TestRegisterDevicesBatchRejectsBadInput(t *testing.T) {
 func TestListDevicesUnknownUser(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	requireError(t, b.call(request{method: http.MethodGet, path: "/v1/users/nobody/devices"}), http.StatusNotFound, "not_found", "")
-	requireError(t, b.call(request{method: http.MethodGet, path: "/v1/users/bad%20id/devices"}), http.StatusNotFound, "not_found", "")
+	requireError(t, b.call(t, request{method: http.MethodGet, path: "/v1/users/nobody/devices"}), http.StatusNotFound, "not_found", "")
+	requireError(t, b.call(t, request{method: http.MethodGet, path: "/v1/users/bad%20id/devices"}), http.StatusNotFound, "not_found", "")
 }
 
 func TestDeleteDevice(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	status, resp := b.do(http.MethodPost, "/v1/devices", map[string]any{"user_id": "u1", "channel": "fcm", "token": "tok-1"})
+	status, resp := b.do(t, http.MethodPost, "/v1/devices", map[string]any{"user_id": "u1", "channel": "fcm", "token": "tok-1"})
 	require.Equal(t, http.StatusCreated, status)
 	deviceID := resp["device_id"].(string)
 	id, _ := parseID(devicePrefix, deviceID)
@@ -331,11 +332,11 @@ func TestDeleteDevice(t *testing.T) {
 		VALUES ($1, $2, 'u1', 'fcm', 0, now()), ($1, $2 + 1000, 'u2', 'fcm', 0, now())`, messageID, id)
 	require.NoError(t, err)
 
-	rec := b.call(request{method: http.MethodDelete, path: "/v1/devices/" + deviceID})
+	rec := b.call(t, request{method: http.MethodDelete, path: "/v1/devices/" + deviceID})
 	require.Equal(t, http.StatusNoContent, rec.Code, rec.Body.String())
 	require.Zero(t, rec.Body.Len())
 
-	_, list := b.do(http.MethodGet, "/v1/users/u1/devices", nil)
+	_, list := b.do(t, http.MethodGet, "/v1/users/u1/devices", nil)
 	require.Empty(t, list["items"])
 
 	var pending, cancelled int
@@ -346,9 +347,9 @@ func TestDeleteDevice(t *testing.T) {
 	require.NoError(t, b.db.Pool.QueryRow(ctx, "SELECT status FROM deliveries WHERE device_id = $1", id).Scan(&st))
 	require.Equal(t, "cancelled", st)
 
-	requireError(t, b.call(request{method: http.MethodDelete, path: "/v1/devices/" + deviceID}), http.StatusNotFound, "not_found", "")
+	requireError(t, b.call(t, request{method: http.MethodDelete, path: "/v1/devices/" + deviceID}), http.StatusNotFound, "not_found", "")
 	for _, bad := range []string{"dev_0", "dev_x", "garbage", "dev_00" + deviceID[4:], "dev_99999999999999999999"} {
-		requireError(t, b.call(request{method: http.MethodDelete, path: "/v1/devices/" + bad}), http.StatusNotFound, "not_found", "")
+		requireError(t, b.call(t, request{method: http.MethodDelete, path: "/v1/devices/" + bad}), http.StatusNotFound, "not_found", "")
 	}
 }
 
@@ -356,7 +357,7 @@ func ptr[T any](v T) *T { return &v }
 
 func TestFirstOverLimit(t *testing.T) {
 	t.Parallel()
-	dev := func(user, token string) device { return device{userID: user, channel: channelFCM, token: token} }
+	dev := func(user, token string) device { return device{userID: user, channel: jobs.ChannelFCM, token: token} }
 	tests := []struct {
 		name   string
 		regs   []device
@@ -367,14 +368,14 @@ func TestFirstOverLimit(t *testing.T) {
 		{"under the limit", []device{dev("a", "1"), dev("a", "2")}, nil, nil, -1},
 		{"the third new one", []device{dev("a", "1"), dev("a", "2"), dev("a", "3")}, nil, nil, 2},
 		{"one the user has adds nothing", []device{dev("a", "1")}, map[string]int{"a": 2},
-			map[[2]string]string{{channelFCM, "1"}: "a"}, -1},
+			map[[2]string]string{{jobs.ChannelFCM, "1"}: "a"}, -1},
 		{"the same one twice counts once", []device{dev("a", "1"), dev("a", "1"), dev("a", "2")}, nil, nil, -1},
 		{"another user's counts for the new user", []device{dev("a", "9")}, map[string]int{"a": 2, "b": 1},
-			map[[2]string]string{{channelFCM, "9"}: "b"}, 0},
+			map[[2]string]string{{jobs.ChannelFCM, "9"}: "b"}, 0},
 		{"moving one away makes room", []device{dev("b", "1"), dev("a", "3")}, map[string]int{"a": 2},
-			map[[2]string]string{{channelFCM, "1"}: "a"}, -1},
+			map[[2]string]string{{jobs.ChannelFCM, "1"}: "a"}, -1},
 		{"already over: its own still pass, a new one not", []device{dev("a", "1"), dev("a", "7")}, map[string]int{"a": 5},
-			map[[2]string]string{{channelFCM, "1"}: "a"}, 1},
+			map[[2]string]string{{jobs.ChannelFCM, "1"}: "a"}, 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -395,7 +396,7 @@ func TestDevicesPerUserLimit(t *testing.T) {
 		return map[string]any{"user_id": user, "channel": "fcm", "token": token}
 	}
 	register := func(body map[string]any) *httptest.ResponseRecorder {
-		return b.call(request{method: http.MethodPost, path: "/v1/devices", body: body})
+		return b.call(t, request{method: http.MethodPost, path: "/v1/devices", body: body})
 	}
 	require.Equal(t, http.StatusCreated, register(fcm("ann", "t1")).Code)
 	require.Equal(t, http.StatusCreated, register(fcm("ann", "t2")).Code)
@@ -405,7 +406,7 @@ func TestDevicesPerUserLimit(t *testing.T) {
 	require.Equal(t, http.StatusOK, register(fcm("ann", "t1")).Code, "a device the user has is always taken again")
 
 	// An evicted device no longer counts, and coming back it counts again.
-	_, list := b.do(http.MethodGet, "/v1/users/ann/devices", nil)
+	_, list := b.do(t, http.MethodGet, "/v1/users/ann/devices", nil)
 	id, ok := parseID(devicePrefix, list["items"].([]any)[0].(map[string]any)["device_id"].(string))
 	require.True(t, ok)
 	_, err := b.q.EvictDevice(ctx, db.EvictDeviceParams{ID: id, Reason: ptr("unregistered")})
@@ -416,12 +417,12 @@ func TestDevicesPerUserLimit(t *testing.T) {
 	// A batch is refused whole, naming the first registration over the
 	// limit; registrations before it may move devices and make room.
 	batch := []map[string]any{fcm("bob", "t2"), fcm("ann", "t4"), fcm("cy", "c1"), fcm("ann", "t5")}
-	rec = b.call(request{method: http.MethodPost, path: "/v1/devices/batch", body: map[string]any{"devices": batch}})
+	rec = b.call(t, request{method: http.MethodPost, path: "/v1/devices/batch", body: map[string]any{"devices": batch}})
 	requireError(t, rec, http.StatusConflict, "too_many_devices", "devices[3]")
 	exists, err := b.q.UserExists(ctx, "cy")
 	require.NoError(t, err)
 	require.False(t, exists, "nothing of a refused batch is kept")
-	status, res := b.do(http.MethodPost, "/v1/devices/batch", map[string]any{"devices": batch[:3]})
+	status, res := b.do(t, http.MethodPost, "/v1/devices/batch", map[string]any{"devices": batch[:3]})
 	require.Equal(t, http.StatusOK, status)
 	require.Equal(t, map[string]any{"created": 2.0, "updated": 1.0}, res)
 	counts, err := b.q.ActiveDeviceCounts(ctx, []string{"ann", "bob", "cy"})
@@ -444,7 +445,7 @@ func TestRacingRegistrationsKeepTheLimit(t *testing.T) {
 			if i%2 == 0 {
 				body, path = body["devices"].([]map[string]any)[0], "/v1/devices"
 			}
-			rec := b.call(request{method: http.MethodPost, path: path, body: body})
+			rec := b.call(t, request{method: http.MethodPost, path: path, body: body})
 			mu.Lock()
 			defer mu.Unlock()
 			statuses[rec.Code]++
@@ -460,7 +461,7 @@ func TestRacingRegistrationsKeepTheLimit(t *testing.T) {
 func TestListDevicesInPages(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	status, _ := b.do(http.MethodPost, "/v1/devices/batch", map[string]any{"devices": batchOf(7, func(int) string { return "pat" })})
+	status, _ := b.do(t, http.MethodPost, "/v1/devices/batch", map[string]any{"devices": batchOf(7, func(int) string { return "pat" })})
 	require.Equal(t, http.StatusOK, status)
 	var ids []string
 	cursor := ""
@@ -469,7 +470,7 @@ func TestListDevicesInPages(t *testing.T) {
 		if cursor != "" {
 			path += "&cursor=" + cursor
 		}
-		status, page := b.do(http.MethodGet, path, nil)
+		status, page := b.do(t, http.MethodGet, path, nil)
 		require.Equal(t, http.StatusOK, status)
 		require.Equal(t, "pat", page["user_id"])
 		for _, it := range page["items"].([]any) {
@@ -488,6 +489,6 @@ func TestListDevicesInPages(t *testing.T) {
 		c, _ := parseID(devicePrefix, ids[i])
 		require.Less(t, a, c, "in registration order, each once")
 	}
-	requireError(t, b.call(request{method: http.MethodGet, path: "/v1/users/pat/devices?limit=0"}), http.StatusBadRequest, "invalid_field", "limit")
-	requireError(t, b.call(request{method: http.MethodGet, path: "/v1/users/pat/devices?cursor=bogus"}), http.StatusBadRequest, "invalid_field", "cursor")
+	requireError(t, b.call(t, request{method: http.MethodGet, path: "/v1/users/pat/devices?limit=0"}), http.StatusBadRequest, "invalid_field", "limit")
+	requireError(t, b.call(t, request{method: http.MethodGet, path: "/v1/users/pat/devices?cursor=bogus"}), http.StatusBadRequest, "invalid_field", "cursor")
 }

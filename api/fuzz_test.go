@@ -57,7 +57,7 @@ func FuzzAPI(f *testing.F) {
 	b := setup(f)
 	// Something for the fuzzer to find behind each route: users u0 and u1
 	// with devices (dev_1...), segment seg1, message msg_1, schedule sch_1.
-	b.population("u", 2, 2)
+	b.population(f, "u", 2, 2)
 	for _, call := range []struct {
 		method, path string
 		body         any
@@ -67,7 +67,7 @@ func FuzzAPI(f *testing.F) {
 		{http.MethodPost, "/v1/messages", messageBody(map[string]any{"type": "segment", "id": "seg1"})},
 		{http.MethodPost, "/v1/schedules", scheduleBody()},
 	} {
-		rec := b.call(request{method: call.method, path: call.path, body: call.body})
+		rec := b.call(f, request{method: call.method, path: call.path, body: call.body})
 		require.Less(f, rec.Code, 300, rec.Body.String())
 	}
 

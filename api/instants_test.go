@@ -11,7 +11,7 @@ import (
 func TestMessageInstantsAreBounded(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.population("p", 1, 1)
+	b.population(t, "p", 1, 1)
 	audience := map[string]any{"type": "users", "ids": []string{"p0"}}
 	for _, tc := range []struct {
 		name   string
@@ -33,7 +33,7 @@ func TestMessageInstantsAreBounded(t *testing.T) {
 			for k, v := range tc.fields {
 				body[k] = v
 			}
-			requireError(t, b.call(request{method: http.MethodPost, path: "/v1/messages", body: body}),
+			requireError(t, b.call(t, request{method: http.MethodPost, path: "/v1/messages", body: body}),
 				http.StatusBadRequest, "invalid_field", tc.field)
 		})
 	}
@@ -51,7 +51,7 @@ func TestMessageInstantsAreBounded(t *testing.T) {
 			for k, v := range tc.fields {
 				body[k] = v
 			}
-			status, out := b.do(http.MethodPost, "/v1/messages", body)
+			status, out := b.do(t, http.MethodPost, "/v1/messages", body)
 			require.Equal(t, http.StatusAccepted, status, out)
 			if tc.expires != "" {
 				require.Equal(t, tc.expires, out["expires_at"])
@@ -69,7 +69,7 @@ func TestScheduleInstantsAreBounded(t *testing.T) {
 	} {
 		body := scheduleBody()
 		body[field] = value
-		requireError(t, b.call(request{method: http.MethodPost, path: "/v1/schedules", body: body}),
+		requireError(t, b.call(t, request{method: http.MethodPost, path: "/v1/schedules", body: body}),
 			http.StatusBadRequest, "invalid_field", field)
 	}
 
@@ -77,16 +77,16 @@ func TestScheduleInstantsAreBounded(t *testing.T) {
 	// day's 09:00 run lives until 10:00, a four-week lifetime no run does.
 	body := scheduleBody()
 	body["cron"], body["timezone"], body["starts_at"] = "0 9 * * *", "UTC", "9999-12-29T00:00:00Z"
-	status, sch := b.do(http.MethodPost, "/v1/schedules", body)
+	status, sch := b.do(t, http.MethodPost, "/v1/schedules", body)
 	require.Equal(t, http.StatusCreated, status, sch)
 	require.Equal(t, []any{"9999-12-29T09:00:00Z", "9999-12-30T09:00:00Z", "9999-12-31T09:00:00Z"}, sch["next_runs"])
 
 	body["ttl_seconds"] = maxTTLSeconds
-	status, sch = b.do(http.MethodPost, "/v1/schedules", body)
+	status, sch = b.do(t, http.MethodPost, "/v1/schedules", body)
 	require.Equal(t, http.StatusCreated, status, sch)
 	require.Empty(t, sch["next_runs"])
 
-	status, list := b.do(http.MethodGet, "/v1/schedules", nil)
+	status, list := b.do(t, http.MethodGet, "/v1/schedules", nil)
 	require.Equal(t, http.StatusOK, status, list)
 	require.Len(t, list["items"], 2)
 }

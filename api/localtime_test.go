@@ -15,9 +15,9 @@ import (
 func TestLocalTimeDelivery(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.population("z", 4, 1)
+	b.population(t, "z", 4, 1)
 	for user, zone := range map[string]string{"z0": "Asia/Kolkata", "z1": "Europe/Berlin", "z2": "America/New_York"} {
-		status, _ := b.do(http.MethodPut, "/v1/users/"+user, map[string]any{"timezone": zone})
+		status, _ := b.do(t, http.MethodPut, "/v1/users/"+user, map[string]any{"timezone": zone})
 		require.Equal(t, http.StatusOK, status)
 	}
 	// z3 has no zone and takes the fallback, Europe/Berlin.
@@ -30,7 +30,7 @@ func TestLocalTimeDelivery(t *testing.T) {
 
 	for _, policy := range []string{"skip", "send_now"} {
 		t.Run(policy, func(t *testing.T) {
-			status, resp := b.do(http.MethodPost, "/v1/messages", map[string]any{
+			status, resp := b.do(t, http.MethodPost, "/v1/messages", map[string]any{
 				"deliver_at_local":  wallText,
 				"fallback_timezone": "Europe/Berlin",
 				"if_passed":         policy,
@@ -42,7 +42,7 @@ func TestLocalTimeDelivery(t *testing.T) {
 			require.EqualValues(t, 4, resp["device_count"])
 			id := resp["message_id"].(string)
 
-			_, st := b.do(http.MethodGet, "/v1/messages/"+id, nil)
+			_, st := b.do(t, http.MethodGet, "/v1/messages/"+id, nil)
 			waves := st["waves"].([]any)
 			deliveries := st["deliveries"].(map[string]any)
 			wave := func(i int) (time.Time, float64) {
@@ -70,7 +70,7 @@ func TestLocalTimeDelivery(t *testing.T) {
 					"dispatch_at": nyAt.UTC().Format(time.RFC3339Nano), "expires_at": nyAt.Add(10 * time.Minute).UTC().Format(time.RFC3339Nano),
 					"devices": 1.0, "accepted": 0.0, "failed": 0.0, "expired": 0.0, "cancelled": 0.0, "pending": 1.0,
 				}, waves[1], "each wave has its own expiry and progress")
-				_, page := b.do(http.MethodGet, "/v1/messages/"+id+"/deliveries?status=expired", nil)
+				_, page := b.do(t, http.MethodGet, "/v1/messages/"+id+"/deliveries?status=expired", nil)
 				require.Equal(t, "z0", page["items"].([]any)[0].(map[string]any)["user_id"])
 			} else {
 				require.Len(t, waves, 3)
@@ -81,7 +81,7 @@ func TestLocalTimeDelivery(t *testing.T) {
 				require.EqualValues(t, 4, deliveries["pending"])
 			}
 			// Each chunk waits for its own wave, with the wave's own expiry.
-			for _, j := range b.chunkJobs(id) {
+			for _, j := range b.chunkJobs(t, id) {
 				require.Equal(t, j.Args.DispatchAt.Add(10*time.Minute), j.Args.ExpiresAt)
 				require.True(t, j.ScheduledAt.Equal(j.Args.DispatchAt))
 			}
@@ -118,10 +118,10 @@ func TestLocalTimeRejectsBadInput(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			requireError(t, b.call(request{method: http.MethodPost, path: "/v1/messages", body: tc.body}), http.StatusBadRequest, "invalid_field", tc.field)
+			requireError(t, b.call(t, request{method: http.MethodPost, path: "/v1/messages", body: tc.body}), http.StatusBadRequest, "invalid_field", tc.field)
 		})
 	}
 	body := messageBody(map[string]any{"type": "users", "ids": []string{"a"}})
 	body["if_passed"] = "skip"
-	requireError(t, b.call(request{method: http.MethodPost, path: "/v1/messages", body: body}), http.StatusBadRequest, "invalid_field", "if_passed")
+	requireError(t, b.call(t, request{method: http.MethodPost, path: "/v1/messages", body: body}), http.StatusBadRequest, "invalid_field", "if_passed")
 }

@@ -1,15 +1,12 @@
 package api
 
 import (
-	"context"
 	"crypto/sha256"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
 	"net/http"
-	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -339,10 +336,10 @@ func (s *Server) createMessage(c echo.Context) error {
 	scope := callerScope(ctx)
 	var body []byte
 	err = db.InTx(ctx, s.pool, func(tx pgx.Tx) error {
-		q := db.New(tx)
+		q := db.On(tx)
 		if key != "" {
 			if _, err := q.ClaimIdempotencyKey(ctx, db.ClaimIdempotencyKeyParams{Scope: scope, Key: key, RequestHash: hash[:]}); err != nil {
-				if db.Translate(err) != db.ErrNotFound {
+				if !errors.Is(err, db.ErrNotFound) {
 					return fmt.Errorf("claim idempotency key: %w", err)
 				}
 				// Taken, by a request that has committed: replay or refuse.
@@ -370,7 +367,7 @@ func (s *Server) createMessage(c echo.Context) error {
 		if l := req.local; l != nil {
 			local = &jobs.LocalTime{Wall: l.wall, Fallback: l.fallback, SendNow: l.sendNow, Now: now, Lifetime: l.lifetime, JSON: l.json}
 		}
-		msg, err := s.enqueuer.Create(ctx, tx, jobs.NewMessage{
+		msg, err := s.enqueuer.Create(ctx, tx, jobs.MessageSpec{
 			Priority:     req.Priority,
 			DispatchAt:   dispatchAt,
 			ExpiresAt:    expiresAt,
@@ -482,7 +479,7 @@ func newMessageStatus(m db.Message) messageStatus {
 // (once settled they are stored on the row).
 func (s *Server) getMessage(c echo.Context) error {
 	ctx := c.Request().Context()
-	q := db.New(s.pool)
+	q := db.On(s.pool)
 	m, err := readMessage(c, q)
 	if err != nil {
 		return err
@@ -530,7 +527,7 @@ func readMessage(c echo.Context, q *db.Queries) (db.Message, error) {
 	}
 	m, err := q.GetMessage(c.Request().Context(), id)
 	if err != nil {
-		if db.Translate(err) == db.ErrNotFound {
+		if errors.Is(err, db.ErrNotFound) {
 			return db.Message{}, notFound("message", raw)
 		}
 		return db.Message{}, fmt.Errorf("read message: %w", err)
@@ -551,13 +548,13 @@ func (s *Server) cancelMessage(c echo.Context) error {
 		return notFound("message", raw)
 	}
 	err := db.InTx(ctx, s.pool, func(tx pgx.Tx) error {
-		cancelled, err := s.cancelInTx(ctx, tx, id)
+		cancelled, err := s.enqueuer.Cancel(ctx, tx, id)
 		if err != nil || cancelled {
 			return err
 		}
-		m, err := db.New(tx).GetMessage(ctx, id)
+		m, err := db.On(tx).GetMessage(ctx, id)
 		if err != nil {
-			if db.Translate(err) == db.ErrNotFound {
+			if errors.Is(err, db.ErrNotFound) {
 				return notFound("message", raw)
 			}
 			return fmt.Errorf("read message: %w", err)
@@ -573,75 +570,6 @@ func (s *Server) cancelMessage(c echo.Context) error {
 		return err
 	}
 	return c.NoContent(http.StatusNoContent)
-}
-
-// cancelInTx cancels message id in tx if no chunk of it has started: its
-// pending deliveries and its chunk jobs are cancelled with it. It reports
-// false, changing nothing, when the message is not (or no longer) scheduled.
-func (s *Server) cancelInTx(ctx context.Context, tx pgx.Tx, id int64) (bool, error) {
-	q := db.New(tx)
-	if _, err := q.CancelMessage(ctx, id); err != nil {
-		if db.Translate(err) == db.ErrNotFound {
-			return false, nil
-		}
-		return false, fmt.Errorf("cancel message: %w", err)
-	}
-	if _, err := q.CancelPendingDeliveries(ctx, id); err != nil {
-		return false, fmt.Errorf("cancel deliveries: %w", err)
-	}
-	jobIDs, err := q.MessageChunkJobs(ctx, id)
-	if err != nil {
-		return false, fmt.Errorf("find chunk jobs: %w", err)
-	}
-	for _, jobID := range jobIDs {
-		if _, err := s.river.JobCancelTx(ctx, tx, jobID); err != nil {
-			return false, fmt.Errorf("cancel chunk job %d: %w", jobID, err)
-		}
-	}
-	return true, nil
-}
-
-const (
-	defaultPageSize = 100
-	maxPageSize     = 1000
-)
-
-// pageSize reads the limit query parameter.
-func pageSize(c echo.Context) (int32, error) {
-	s := c.QueryParam("limit")
-	if s == "" {
-		return defaultPageSize, nil
-	}
-	n, err := strconv.Atoi(s)
-	if err != nil || n < 1 || n > maxPageSize {
-		return 0, invalid("limit", "limit must be a whole number from 1 to %d", maxPageSize)
-	}
-	return int32(n), nil
-}
-
-// cursor is the opaque position of a page: the last row's key and the
-// filter it was made under, so a cursor is never used with another filter.
-type cursor struct {
-	After  int64  `json:"a"`
-	Filter string `json:"f,omitempty"`
-}
-
-func encodeCursor(c cursor) *string {
-	raw, _ := json.Marshal(c)
-	s := base64.RawURLEncoding.EncodeToString(raw)
-	return &s
-}
-
-func decodeCursor(s, filter string) (cursor, error) {
-	var c cursor
-	raw, err := base64.RawURLEncoding.DecodeString(s)
-	if err == nil {
-		err = json.Unmarshal(raw, &c)
-	}
-	if err != nil || c.After <= 0 || c.Filter != filter {
-		return cursor{}, invalid("cursor", "cursor is not one this listing returned")
-	}
-	return c, nil
 }
 
 var deliveryStatuses = map[string]bool{"pending": true, "accepted": true, "failed": true, "expired": true, "cancelled": true}
@@ -676,26 +604,18 @@ func (s *Server) listDeliveries(c echo.Context) error {
 	if status != "" && !deliveryStatuses[status] {
 		return invalid("status", "status %q is not one of pending, accepted, failed, expired, cancelled", status)
 	}
-	limit, err := pageSize(c)
+	pg, err := readPage(c, "deliveries:"+raw+":"+status)
 	if err != nil {
 		return err
 	}
-	var after int64
-	if s := c.QueryParam("cursor"); s != "" {
-		cur, err := decodeCursor(s, "deliveries:"+raw+":"+status)
-		if err != nil {
-			return err
-		}
-		after = cur.After
-	}
-	q := db.New(s.pool)
+	q := db.On(s.pool)
 	if _, err := q.GetMessage(ctx, id); err != nil {
-		if db.Translate(err) == db.ErrNotFound {
+		if errors.Is(err, db.ErrNotFound) {
 			return notFound("message", raw)
 		}
 		return fmt.Errorf("read message: %w", err)
 	}
-	params := db.ListDeliveriesParams{MessageID: id, AfterDeviceID: after, PageSize: limit + 1}
+	params := db.ListDeliveriesParams{MessageID: id, AfterDeviceID: pg.afterOr(0), PageSize: pg.fetch()}
 	if status != "" {
 		params.Status = &status
 	}
@@ -703,12 +623,9 @@ func (s *Server) listDeliveries(c echo.Context) error {
 	if err != nil {
 		return fmt.Errorf("list deliveries: %w", err)
 	}
-	page := deliveryPage{Items: make([]deliveryItem, 0, min(len(rows), int(limit)))}
-	for i, r := range rows {
-		if i == int(limit) {
-			page.NextCursor = encodeCursor(cursor{After: rows[i-1].DeviceID, Filter: "deliveries:" + raw + ":" + status})
-			break
-		}
+	rows, next := paginate(pg, rows, func(r db.ListDeliveriesRow) int64 { return r.DeviceID })
+	page := deliveryPage{Items: make([]deliveryItem, 0, len(rows)), NextCursor: next}
+	for _, r := range rows {
 		item := deliveryItem{
 			UserID: r.UserID, DeviceID: formatDeviceID(r.DeviceID), Channel: r.Channel, Status: r.Status,
 			Reason: r.Reason, AttemptedAt: utcPtr(r.AttemptedAt), AcceptedAt: utcPtr(r.AcceptedAt),
@@ -741,12 +658,11 @@ func (s *Server) listMessages(c echo.Context) error {
 		return invalid("state", "state %q is not one of scheduled, dispatching, dispatched, cancelled, expired", state)
 	}
 	scheduleParam := c.QueryParam("schedule_id")
-	limit, err := pageSize(c)
+	pg, err := readPage(c, "messages:"+state+":"+scheduleParam)
 	if err != nil {
 		return err
 	}
-	filter := "messages:" + state + ":" + scheduleParam
-	params := db.ListMessagesParams{BeforeID: 1<<63 - 1, PageSize: limit + 1}
+	params := db.ListMessagesParams{BeforeID: pg.afterOr(math.MaxInt64), PageSize: pg.fetch()}
 	if state != "" {
 		params.State = &state
 	}
@@ -757,23 +673,13 @@ func (s *Server) listMessages(c echo.Context) error {
 		}
 		params.ScheduleID = &sid
 	}
-	if s := c.QueryParam("cursor"); s != "" {
-		cur, err := decodeCursor(s, filter)
-		if err != nil {
-			return err
-		}
-		params.BeforeID = cur.After
-	}
-	rows, err := db.New(s.pool).ListMessages(ctx, params)
+	rows, err := db.On(s.pool).ListMessages(ctx, params)
 	if err != nil {
 		return fmt.Errorf("list messages: %w", err)
 	}
-	page := messagePage{Items: make([]json.RawMessage, 0, min(len(rows), int(limit)))}
-	for i, m := range rows {
-		if i == int(limit) {
-			page.NextCursor = encodeCursor(cursor{After: rows[i-1].ID, Filter: filter})
-			break
-		}
+	rows, next := paginate(pg, rows, func(m db.Message) int64 { return m.ID })
+	page := messagePage{Items: make([]json.RawMessage, 0, len(rows)), NextCursor: next}
+	for _, m := range rows {
 		if item, ok := s.listed(c, "message_id", push.FormatMessageID(m.ID), newMessageStatus(m), nil); ok {
 			page.Items = append(page.Items, item)
 		}

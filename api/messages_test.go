@@ -22,8 +22,8 @@ import (
 
 // population registers devices for users u0..u(n-1), each with perUser
 // devices rotating through the three channels.
-func (b *bundle) population(prefix string, users, perUser int) {
-	b.t.Helper()
+func (b *bundle) population(t testing.TB, prefix string, users, perUser int) {
+	t.Helper()
 	var devices []map[string]any
 	for u := range users {
 		for d := range perUser {
@@ -42,8 +42,8 @@ func (b *bundle) population(prefix string, users, perUser int) {
 		}
 	}
 	for start := 0; start < len(devices); start += maxBatchDevices {
-		status, resp := b.do(http.MethodPost, "/v1/devices/batch", map[string]any{"devices": devices[start:min(start+maxBatchDevices, len(devices))]})
-		require.Equal(b.t, http.StatusOK, status, resp)
+		status, resp := b.do(t, http.MethodPost, "/v1/devices/batch", map[string]any{"devices": devices[start:min(start+maxBatchDevices, len(devices))]})
+		require.Equal(t, http.StatusOK, status, resp)
 	}
 }
 
@@ -64,13 +64,13 @@ type jobRow struct {
 	Args        jobs.FanOutArgs
 }
 
-func (b *bundle) chunkJobs(messageID string) []jobRow {
-	b.t.Helper()
+func (b *bundle) chunkJobs(t testing.TB, messageID string) []jobRow {
+	t.Helper()
 	rows, err := b.db.Pool.Query(context.Background(), `
 		SELECT j.state, j.queue, j.scheduled_at, j.args
 		FROM river_job j JOIN message_chunks c ON c.job_id = j.id
 		WHERE c.message_id = $1 ORDER BY c.chunk`, strings.TrimPrefix(messageID, "msg_"))
-	require.NoError(b.t, err)
+	require.NoError(t, err)
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (jobRow, error) {
 		var j jobRow
 		var raw []byte
@@ -79,16 +79,16 @@ func (b *bundle) chunkJobs(messageID string) []jobRow {
 		}
 		return j, json.Unmarshal(raw, &j.Args)
 	})
-	require.NoError(b.t, err)
+	require.NoError(t, err)
 	return out
 }
 
 func TestCreateMessageToUsers(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.population("u", 4, 2)
+	b.population(t, "u", 4, 2)
 	// u3's first device is evicted: later messages skip it.
-	_, list := b.do(http.MethodGet, "/v1/users/u3/devices", nil)
+	_, list := b.do(t, http.MethodGet, "/v1/users/u3/devices", nil)
 	evicted, _ := parseID(devicePrefix, list["items"].([]any)[0].(map[string]any)["device_id"].(string))
 	_, err := b.q.EvictDevice(context.Background(), db.EvictDeviceParams{ID: evicted, Reason: ptr("unregistered")})
 	require.NoError(t, err)
@@ -96,7 +96,7 @@ func TestCreateMessageToUsers(t *testing.T) {
 	dispatchAt := time.Now().Add(time.Hour).Truncate(time.Millisecond)
 	body := messageBody(map[string]any{"type": "users", "ids": []string{"u0", "u1", "u3", "u3", "nobody"}})
 	body["dispatch_at"] = dispatchAt.In(time.FixedZone("IST", 5*3600+1800)).Format(time.RFC3339Nano)
-	rec := b.call(request{method: http.MethodPost, path: "/v1/messages", body: body})
+	rec := b.call(t, request{method: http.MethodPost, path: "/v1/messages", body: body})
 	require.Equal(t, http.StatusAccepted, rec.Code, rec.Body.String())
 	resp := decodeBody(t, rec)
 	id := resp["message_id"].(string)
@@ -109,7 +109,7 @@ func TestCreateMessageToUsers(t *testing.T) {
 	require.EqualValues(t, 5, resp["device_count"])
 	require.EqualValues(t, 1, resp["chunk_count"])
 
-	jobsOf := b.chunkJobs(id)
+	jobsOf := b.chunkJobs(t, id)
 	require.Len(t, jobsOf, 1)
 	require.Equal(t, "bulk", jobsOf[0].Queue)
 	require.Equal(t, "scheduled", jobsOf[0].State, "an hour ahead, the chunk waits for the promoter")
@@ -124,7 +124,7 @@ func TestCreateMessageToUsers(t *testing.T) {
 		}
 	}
 
-	status, st := b.do(http.MethodGet, "/v1/messages/"+id, nil)
+	status, st := b.do(t, http.MethodGet, "/v1/messages/"+id, nil)
 	require.Equal(t, http.StatusOK, status)
 	require.Equal(t, map[string]any{"total": 5.0, "accepted": 0.0, "failed": 0.0, "expired": 0.0, "cancelled": 0.0, "pending": 5.0}, st["deliveries"])
 	require.Nil(t, st["skew_ms"])
@@ -136,23 +136,23 @@ func TestCreateMessageToSegmentInChunks(t *testing.T) {
 	t.Parallel()
 	tdb := dbtestNew(t)
 	b := setupWith(t, tdb, Config{ChunkSize: 7})
-	b.population("s", 20, 2)
-	status, _ := b.do(http.MethodPut, "/v1/segments/seg", map[string]any{"name": "all"})
+	b.population(t, "s", 20, 2)
+	status, _ := b.do(t, http.MethodPut, "/v1/segments/seg", map[string]any{"name": "all"})
 	require.Equal(t, http.StatusCreated, status)
-	status, _ = b.do(http.MethodPost, "/v1/segments/seg/members", map[string]any{"user_ids": userIDs("s", 20)})
+	status, _ = b.do(t, http.MethodPost, "/v1/segments/seg/members", map[string]any{"user_ids": userIDs("s", 20)})
 	require.Equal(t, http.StatusOK, status)
 
 	body := messageBody(map[string]any{"type": "segment", "id": "seg"})
 	body["priority"] = "urgent"
 	body["dispatch_at"] = future(-time.Minute) // in the past: dispatched at once
-	status, resp := b.do(http.MethodPost, "/v1/messages", body)
+	status, resp := b.do(t, http.MethodPost, "/v1/messages", body)
 	require.Equal(t, http.StatusAccepted, status, resp)
 	require.EqualValues(t, 20, resp["recipient_count"])
 	require.EqualValues(t, 40, resp["device_count"])
 	require.EqualValues(t, 6, resp["chunk_count"])
 
 	seen := map[int64]bool{}
-	for i, j := range b.chunkJobs(resp["message_id"].(string)) {
+	for i, j := range b.chunkJobs(t, resp["message_id"].(string)) {
 		require.Equal(t, "urgent", j.Queue)
 		require.Equal(t, "available", j.State, "a chunk already due is available at once")
 		require.Equal(t, i, j.Args.Chunk)
@@ -173,13 +173,13 @@ func TestCreateMessageToSegmentInChunks(t *testing.T) {
 func TestCreateMessageWithNoDevices(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	status, _ := b.do(http.MethodPut, "/v1/segments/empty", map[string]any{"name": "nobody"})
+	status, _ := b.do(t, http.MethodPut, "/v1/segments/empty", map[string]any{"name": "nobody"})
 	require.Equal(t, http.StatusCreated, status)
 	for _, audience := range []map[string]any{
 		{"type": "segment", "id": "empty"},
 		{"type": "users", "ids": []string{"ghost"}},
 	} {
-		status, resp := b.do(http.MethodPost, "/v1/messages", messageBody(audience))
+		status, resp := b.do(t, http.MethodPost, "/v1/messages", messageBody(audience))
 		require.Equal(t, http.StatusAccepted, status, resp)
 		require.EqualValues(t, 0, resp["recipient_count"])
 		require.EqualValues(t, 0, resp["device_count"])
@@ -191,7 +191,7 @@ func TestCreateMessageWithNoDevices(t *testing.T) {
 func TestCreateMessageRejectsBadInput(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	status, _ := b.do(http.MethodPut, "/v1/segments/seg", map[string]any{"name": "s"})
+	status, _ := b.do(t, http.MethodPut, "/v1/segments/seg", map[string]any{"name": "s"})
 	require.Equal(t, http.StatusCreated, status)
 	with := func(mutate func(m map[string]any)) map[string]any {
 		m := messageBody(map[string]any{"type": "segment", "id": "seg"})
@@ -241,11 +241,11 @@ func TestCreateMessageRejectsBadInput(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			rec := b.call(request{method: http.MethodPost, path: "/v1/messages", body: tc.body})
+			rec := b.call(t, request{method: http.MethodPost, path: "/v1/messages", body: tc.body})
 			requireError(t, rec, tc.status, tc.code, tc.field)
 		})
 	}
-	rec := b.call(request{method: http.MethodPost, path: "/v1/messages", body: "{}", header: map[string]string{"Content-Type": "text/plain"}})
+	rec := b.call(t, request{method: http.MethodPost, path: "/v1/messages", body: "{}", header: map[string]string{"Content-Type": "text/plain"}})
 	requireError(t, rec, http.StatusUnsupportedMediaType, "unsupported_media_type", "")
 
 	var messages int
@@ -256,15 +256,15 @@ func TestCreateMessageRejectsBadInput(t *testing.T) {
 func TestIdempotencyKey(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.population("i", 3, 1)
+	b.population(t, "i", 3, 1)
 	body := messageBody(map[string]any{"type": "users", "ids": []string{"i0", "i1", "i2"}})
 	withKey := func(key string, body any) request {
 		return request{method: http.MethodPost, path: "/v1/messages", body: body, header: map[string]string{"Idempotency-Key": key}}
 	}
 
-	first := b.call(withKey("k-1", body))
+	first := b.call(t, withKey("k-1", body))
 	require.Equal(t, http.StatusAccepted, first.Code, first.Body.String())
-	again := b.call(withKey("k-1", body))
+	again := b.call(t, withKey("k-1", body))
 	require.Equal(t, http.StatusAccepted, again.Code)
 	require.JSONEq(t, first.Body.String(), again.Body.String())
 	require.Equal(t, first.Header().Get("Location"), again.Header().Get("Location"))
@@ -274,15 +274,15 @@ func TestIdempotencyKey(t *testing.T) {
 	require.NoError(t, err)
 	var reordered map[string]any
 	require.NoError(t, json.Unmarshal(raw, &reordered))
-	spaced := b.call(withKey("k-1", " "+string(raw)+"\n"))
+	spaced := b.call(t, withKey("k-1", " "+string(raw)+"\n"))
 	require.Equal(t, http.StatusAccepted, spaced.Code, spaced.Body.String())
 	require.JSONEq(t, first.Body.String(), spaced.Body.String())
 
 	other := messageBody(map[string]any{"type": "users", "ids": []string{"i0"}})
-	requireError(t, b.call(withKey("k-1", other)), http.StatusConflict, "idempotency_key_reused", "")
+	requireError(t, b.call(t, withKey("k-1", other)), http.StatusConflict, "idempotency_key_reused", "")
 
 	// Another key is another message.
-	second := b.call(withKey("k-2", body))
+	second := b.call(t, withKey("k-2", body))
 	require.Equal(t, http.StatusAccepted, second.Code)
 	require.NotEqual(t, decodeBody(t, first)["message_id"], decodeBody(t, second)["message_id"])
 
@@ -294,7 +294,7 @@ func TestIdempotencyKey(t *testing.T) {
 func TestIdempotencyKeyConcurrentRetries(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.population("c", 50, 2)
+	b.population(t, "c", 50, 2)
 	body := messageBody(map[string]any{"type": "users", "ids": userIDs("c", 50)})
 	const retries = 10
 	var (
@@ -306,7 +306,7 @@ func TestIdempotencyKeyConcurrentRetries(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			rec := b.call(request{method: http.MethodPost, path: "/v1/messages", body: body, header: map[string]string{"Idempotency-Key": "same"}})
+			rec := b.call(t, request{method: http.MethodPost, path: "/v1/messages", body: body, header: map[string]string{"Idempotency-Key": "same"}})
 			if !assertStatus(t, rec.Code, http.StatusAccepted, rec.Body.String()) {
 				return
 			}
@@ -349,9 +349,9 @@ func TestCreateMessageRollsBackOnFailure(t *testing.T) {
 	t.Parallel()
 	tdb := dbtestNew(t)
 	b := setupWith(t, tdb, Config{River: failingRiver{insertOnlyRiver(t, tdb)}})
-	b.population("r", 5, 2)
+	b.population(t, "r", 5, 2)
 
-	rec := b.call(request{method: http.MethodPost, path: "/v1/messages",
+	rec := b.call(t, request{method: http.MethodPost, path: "/v1/messages",
 		body:   messageBody(map[string]any{"type": "users", "ids": userIDs("r", 5)}),
 		header: map[string]string{"Idempotency-Key": "rollback"}})
 	requireError(t, rec, http.StatusInternalServerError, "internal", "")
@@ -368,8 +368,8 @@ func TestCreateMessageRollsBackOnFailure(t *testing.T) {
 func TestGetMessageCountsAndSkew(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.population("g", 4, 1)
-	status, resp := b.do(http.MethodPost, "/v1/messages", messageBody(map[string]any{"type": "users", "ids": userIDs("g", 4)}))
+	b.population(t, "g", 4, 1)
+	status, resp := b.do(t, http.MethodPost, "/v1/messages", messageBody(map[string]any{"type": "users", "ids": userIDs("g", 4)}))
 	require.Equal(t, http.StatusAccepted, status)
 	id := resp["message_id"].(string)
 	n, _ := parsePrefixed(id)
@@ -392,13 +392,13 @@ func TestGetMessageCountsAndSkew(t *testing.T) {
 		pending_count = 0, accepted_count = 3, failed_count = 1 WHERE id = $1`, n)
 	require.NoError(t, err)
 
-	status, st := b.do(http.MethodGet, "/v1/messages/"+id, nil)
+	status, st := b.do(t, http.MethodGet, "/v1/messages/"+id, nil)
 	require.Equal(t, http.StatusOK, status)
 	require.Equal(t, "dispatching", st["state"])
 	require.Equal(t, map[string]any{"total": 4.0, "accepted": 3.0, "failed": 1.0, "expired": 0.0, "cancelled": 0.0, "pending": 0.0}, st["deliveries"])
 	require.Equal(t, map[string]any{"p50": 20.0, "p95": 29.0, "p99": 29.8, "max": 30.0}, st["skew_ms"])
 
-	status, page := b.do(http.MethodGet, "/v1/messages/"+id+"/deliveries?status=failed", nil)
+	status, page := b.do(t, http.MethodGet, "/v1/messages/"+id+"/deliveries?status=failed", nil)
 	require.Equal(t, http.StatusOK, status)
 	items := page["items"].([]any)
 	require.Len(t, items, 1)
@@ -407,13 +407,13 @@ func TestGetMessageCountsAndSkew(t *testing.T) {
 	require.Nil(t, failed["skew_ms"])
 	require.Nil(t, page["next_cursor"])
 
-	_, page = b.do(http.MethodGet, "/v1/messages/"+id+"/deliveries?status=accepted&limit=1", nil)
+	_, page = b.do(t, http.MethodGet, "/v1/messages/"+id+"/deliveries?status=accepted&limit=1", nil)
 	require.EqualValues(t, 10, page["items"].([]any)[0].(map[string]any)["skew_ms"])
 
 	for _, bad := range []string{"msg_0", "msg_999999", "dev_1", "x"} {
-		requireError(t, b.call(request{method: http.MethodGet, path: "/v1/messages/" + bad}), http.StatusNotFound, "not_found", "")
-		requireError(t, b.call(request{method: http.MethodGet, path: "/v1/messages/" + bad + "/deliveries"}), http.StatusNotFound, "not_found", "")
-		requireError(t, b.call(request{method: http.MethodDelete, path: "/v1/messages/" + bad}), http.StatusNotFound, "not_found", "")
+		requireError(t, b.call(t, request{method: http.MethodGet, path: "/v1/messages/" + bad}), http.StatusNotFound, "not_found", "")
+		requireError(t, b.call(t, request{method: http.MethodGet, path: "/v1/messages/" + bad + "/deliveries"}), http.StatusNotFound, "not_found", "")
+		requireError(t, b.call(t, request{method: http.MethodDelete, path: "/v1/messages/" + bad}), http.StatusNotFound, "not_found", "")
 	}
 }
 
@@ -426,8 +426,8 @@ func parsePrefixed(id string) (int64, bool) {
 func TestDeliveryPagination(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.population("p", 125, 2)
-	status, resp := b.do(http.MethodPost, "/v1/messages", messageBody(map[string]any{"type": "users", "ids": userIDs("p", 125)}))
+	b.population(t, "p", 125, 2)
+	status, resp := b.do(t, http.MethodPost, "/v1/messages", messageBody(map[string]any{"type": "users", "ids": userIDs("p", 125)}))
 	require.Equal(t, http.StatusAccepted, status)
 	id := resp["message_id"].(string)
 
@@ -439,7 +439,7 @@ func TestDeliveryPagination(t *testing.T) {
 		if next != "" {
 			path += "&cursor=" + next
 		}
-		status, page := b.do(http.MethodGet, path, nil)
+		status, page := b.do(t, http.MethodGet, path, nil)
 		require.Equal(t, http.StatusOK, status, page)
 		pages++
 		for _, it := range page["items"].([]any) {
@@ -456,31 +456,31 @@ func TestDeliveryPagination(t *testing.T) {
 	require.Equal(t, 3, pages)
 	require.Len(t, seen, 250)
 
-	_, page := b.do(http.MethodGet, "/v1/messages/"+id+"/deliveries?status=failed", nil)
+	_, page := b.do(t, http.MethodGet, "/v1/messages/"+id+"/deliveries?status=failed", nil)
 	require.Empty(t, page["items"])
 
 	// A cursor is bound to its listing and filter.
-	_, first := b.do(http.MethodGet, "/v1/messages/"+id+"/deliveries?limit=10", nil)
+	_, first := b.do(t, http.MethodGet, "/v1/messages/"+id+"/deliveries?limit=10", nil)
 	cur := first["next_cursor"].(string)
-	requireError(t, b.call(request{method: http.MethodGet, path: "/v1/messages/" + id + "/deliveries?status=pending&cursor=" + cur}), 400, "invalid_field", "cursor")
-	requireError(t, b.call(request{method: http.MethodGet, path: "/v1/messages/" + id + "/deliveries?cursor=garbage"}), 400, "invalid_field", "cursor")
+	requireError(t, b.call(t, request{method: http.MethodGet, path: "/v1/messages/" + id + "/deliveries?status=pending&cursor=" + cur}), 400, "invalid_field", "cursor")
+	requireError(t, b.call(t, request{method: http.MethodGet, path: "/v1/messages/" + id + "/deliveries?cursor=garbage"}), 400, "invalid_field", "cursor")
 	for _, limit := range []string{"0", "1001", "ten", "-5"} {
-		requireError(t, b.call(request{method: http.MethodGet, path: "/v1/messages/" + id + "/deliveries?limit=" + limit}), 400, "invalid_field", "limit")
+		requireError(t, b.call(t, request{method: http.MethodGet, path: "/v1/messages/" + id + "/deliveries?limit=" + limit}), 400, "invalid_field", "limit")
 	}
-	requireError(t, b.call(request{method: http.MethodGet, path: "/v1/messages/" + id + "/deliveries?status=lost"}), 400, "invalid_field", "status")
+	requireError(t, b.call(t, request{method: http.MethodGet, path: "/v1/messages/" + id + "/deliveries?status=lost"}), 400, "invalid_field", "status")
 }
 
 func TestListMessages(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.population("l", 1, 1)
+	b.population(t, "l", 1, 1)
 	var ids []string
 	for range 5 {
-		status, resp := b.do(http.MethodPost, "/v1/messages", messageBody(map[string]any{"type": "users", "ids": []string{"l0"}}))
+		status, resp := b.do(t, http.MethodPost, "/v1/messages", messageBody(map[string]any{"type": "users", "ids": []string{"l0"}}))
 		require.Equal(t, http.StatusAccepted, status)
 		ids = append(ids, resp["message_id"].(string))
 	}
-	rec := b.call(request{method: http.MethodDelete, path: "/v1/messages/" + ids[1]})
+	rec := b.call(t, request{method: http.MethodDelete, path: "/v1/messages/" + ids[1]})
 	require.Equal(t, http.StatusNoContent, rec.Code)
 
 	var got []string
@@ -490,7 +490,7 @@ func TestListMessages(t *testing.T) {
 		if next != "" {
 			path += "&cursor=" + next
 		}
-		status, page := b.do(http.MethodGet, path, nil)
+		status, page := b.do(t, http.MethodGet, path, nil)
 		require.Equal(t, http.StatusOK, status, page)
 		for _, it := range page["items"].([]any) {
 			got = append(got, it.(map[string]any)["message_id"].(string))
@@ -502,55 +502,55 @@ func TestListMessages(t *testing.T) {
 	}
 	require.Equal(t, []string{ids[4], ids[3], ids[2], ids[1], ids[0]}, got, "newest first, each once")
 
-	_, page := b.do(http.MethodGet, "/v1/messages?state=cancelled", nil)
+	_, page := b.do(t, http.MethodGet, "/v1/messages?state=cancelled", nil)
 	items := page["items"].([]any)
 	require.Len(t, items, 1)
 	require.Equal(t, ids[1], items[0].(map[string]any)["message_id"])
 
-	requireError(t, b.call(request{method: http.MethodGet, path: "/v1/messages?state=lost"}), 400, "invalid_field", "state")
-	requireError(t, b.call(request{method: http.MethodGet, path: "/v1/messages?schedule_id=nope"}), 400, "invalid_field", "schedule_id")
-	_, page = b.do(http.MethodGet, "/v1/messages?schedule_id=sch_1", nil)
+	requireError(t, b.call(t, request{method: http.MethodGet, path: "/v1/messages?state=lost"}), 400, "invalid_field", "state")
+	requireError(t, b.call(t, request{method: http.MethodGet, path: "/v1/messages?schedule_id=nope"}), 400, "invalid_field", "schedule_id")
+	_, page = b.do(t, http.MethodGet, "/v1/messages?schedule_id=sch_1", nil)
 	require.Empty(t, page["items"])
 }
 
 func TestCancelMessage(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.population("x", 10, 2)
-	status, resp := b.do(http.MethodPost, "/v1/messages", messageBody(map[string]any{"type": "users", "ids": userIDs("x", 10)}))
+	b.population(t, "x", 10, 2)
+	status, resp := b.do(t, http.MethodPost, "/v1/messages", messageBody(map[string]any{"type": "users", "ids": userIDs("x", 10)}))
 	require.Equal(t, http.StatusAccepted, status)
 	id := resp["message_id"].(string)
 
-	rec := b.call(request{method: http.MethodDelete, path: "/v1/messages/" + id})
+	rec := b.call(t, request{method: http.MethodDelete, path: "/v1/messages/" + id})
 	require.Equal(t, http.StatusNoContent, rec.Code, rec.Body.String())
 
-	_, st := b.do(http.MethodGet, "/v1/messages/"+id, nil)
+	_, st := b.do(t, http.MethodGet, "/v1/messages/"+id, nil)
 	require.Equal(t, "cancelled", st["state"])
 	require.Equal(t, map[string]any{"total": 20.0, "accepted": 0.0, "failed": 0.0, "expired": 0.0, "cancelled": 20.0, "pending": 0.0}, st["deliveries"])
 	require.NotNil(t, st["settled_at"])
-	_, page := b.do(http.MethodGet, "/v1/messages/"+id+"/deliveries?status=cancelled", nil)
+	_, page := b.do(t, http.MethodGet, "/v1/messages/"+id+"/deliveries?status=cancelled", nil)
 	require.Len(t, page["items"], 20)
-	for _, j := range b.chunkJobs(id) {
+	for _, j := range b.chunkJobs(t, id) {
 		require.Equal(t, "cancelled", j.State, "its chunk jobs are cancelled with it")
 	}
 
 	// Cancelling again changes nothing and is not an error.
-	rec = b.call(request{method: http.MethodDelete, path: "/v1/messages/" + id})
+	rec = b.call(t, request{method: http.MethodDelete, path: "/v1/messages/" + id})
 	require.Equal(t, http.StatusNoContent, rec.Code)
 }
 
 func TestCancelAfterStartIsConflict(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.population("y", 3, 1)
-	status, resp := b.do(http.MethodPost, "/v1/messages", messageBody(map[string]any{"type": "users", "ids": userIDs("y", 3)}))
+	b.population(t, "y", 3, 1)
+	status, resp := b.do(t, http.MethodPost, "/v1/messages", messageBody(map[string]any{"type": "users", "ids": userIDs("y", 3)}))
 	require.Equal(t, http.StatusAccepted, status)
 	id := resp["message_id"].(string)
 	n, _ := parsePrefixed(id)
 	err := b.q.StartMessage(context.Background(), n)
 	require.NoError(t, err)
 
-	rec := b.call(request{method: http.MethodDelete, path: "/v1/messages/" + id})
+	rec := b.call(t, request{method: http.MethodDelete, path: "/v1/messages/" + id})
 	requireError(t, rec, http.StatusConflict, "already_dispatching", "")
 	e := decodeBody(t, rec)["error"].(map[string]any)
 	require.Equal(t, "dispatching", e["state"])
@@ -564,11 +564,11 @@ func TestCancelAfterStartIsConflict(t *testing.T) {
 func TestCancelRacesFirstChunk(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.population("z", 2, 1)
+	b.population(t, "z", 2, 1)
 	ctx := context.Background()
 	outcomes := map[string]int{}
 	for range 40 {
-		status, resp := b.do(http.MethodPost, "/v1/messages", messageBody(map[string]any{"type": "users", "ids": userIDs("z", 2)}))
+		status, resp := b.do(t, http.MethodPost, "/v1/messages", messageBody(map[string]any{"type": "users", "ids": userIDs("z", 2)}))
 		require.Equal(t, http.StatusAccepted, status)
 		id := resp["message_id"].(string)
 		n, _ := parsePrefixed(id)
@@ -582,7 +582,7 @@ func TestCancelRacesFirstChunk(t *testing.T) {
 		wg.Add(2)
 		go func() {
 			defer wg.Done()
-			cancel = b.call(request{method: http.MethodDelete, path: "/v1/messages/" + id}).Code
+			cancel = b.call(t, request{method: http.MethodDelete, path: "/v1/messages/" + id}).Code
 		}()
 		go func() {
 			defer wg.Done()

@@ -127,7 +127,7 @@ func dashboardRoute(path string) bool {
 func TestOpenAPIServed(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	rec := b.call(request{method: http.MethodGet, path: "/openapi.yaml", noAuth: true})
+	rec := b.call(t, request{method: http.MethodGet, path: "/openapi.yaml", noAuth: true})
 	require.Equal(t, http.StatusOK, rec.Code)
 	require.Equal(t, openAPI, rec.Body.Bytes())
 }

@@ -37,7 +37,7 @@ var stateRank = map[string]int{jobs.BreakerClosed: 0, jobs.BreakerHalfOpen: 1, j
 // listProviders reports, per channel, whether it is configured and what the
 // worker processes' circuit breakers say about it.
 func (s *Server) listProviders(c echo.Context) error {
-	rows, err := db.New(s.pool).FreshProviderStatus(c.Request().Context(), providerStatusMaxAge.Seconds())
+	rows, err := db.On(s.pool).FreshProviderStatus(c.Request().Context(), providerStatusMaxAge.Seconds())
 	if err != nil {
 		return fmt.Errorf("read provider status: %w", err)
 	}

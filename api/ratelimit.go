@@ -14,10 +14,10 @@ import (
 const (
 	// DefaultRateLimit is the requests a second each caller may make of one
 	// process, after its burst: about a quarter of what one process serves
-	// on the two cores it was measured on (some 1,900 one-device messages a
-	// second, README "Scheduling and the directory"), so that one key's
-	// flood leaves most of a process to the others, and far above what an
-	// app's steady traffic, `herald bench` or the tests make.
+	// on two cores (the README's "Scheduling and the directory" has the
+	// figure), so that one key's flood leaves most of a process to the
+	// others, and far above what an app's steady traffic, `herald bench` or
+	// the tests make.
 	DefaultRateLimit = 500
 	// DefaultRateBurst is how many requests a caller may make at once
 	// before the rate applies: two seconds' worth.

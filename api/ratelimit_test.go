@@ -69,9 +69,9 @@ func TestRateLimitedPerAPIKey(t *testing.T) {
 	t.Parallel()
 	b := setupWith(t, dbtestNew(t), Config{RateLimit: 0.5, RateBurst: 2})
 	for range 2 {
-		require.Equal(t, http.StatusOK, b.call(request{method: http.MethodGet, path: "/v1/providers"}).Code)
+		require.Equal(t, http.StatusOK, b.call(t, request{method: http.MethodGet, path: "/v1/providers"}).Code)
 	}
-	rec := b.call(request{method: http.MethodGet, path: "/v1/providers"})
+	rec := b.call(t, request{method: http.MethodGet, path: "/v1/providers"})
 	requireError(t, rec, http.StatusTooManyRequests, "rate_limited", "")
 	// Half a token a second: the next one is about two seconds off.
 	retry, err := strconv.Atoi(rec.Header().Get("Retry-After"))
@@ -80,10 +80,10 @@ func TestRateLimitedPerAPIKey(t *testing.T) {
 	require.LessOrEqual(t, retry, 2)
 
 	// The other configured key is its own caller.
-	rec = b.call(request{method: http.MethodGet, path: "/v1/providers", header: map[string]string{"Authorization": "Bearer another-key-0123456789"}})
+	rec = b.call(t, request{method: http.MethodGet, path: "/v1/providers", header: map[string]string{"Authorization": "Bearer another-key-0123456789"}})
 	require.Equal(t, http.StatusOK, rec.Code)
 	// Requests without a valid key are refused before they are counted.
-	rec = b.call(request{method: http.MethodGet, path: "/v1/providers", header: map[string]string{"Authorization": "Bearer not-a-key-at-all-00000"}})
+	rec = b.call(t, request{method: http.MethodGet, path: "/v1/providers", header: map[string]string{"Authorization": "Bearer not-a-key-at-all-00000"}})
 	require.Equal(t, http.StatusUnauthorized, rec.Code)
 	require.Len(t, b.srv.limiter.buckets, 2)
 }
@@ -92,13 +92,13 @@ func TestRateLimitedDashboardIsItsOwnCaller(t *testing.T) {
 	t.Parallel()
 	b := setupWith(t, dbtestNew(t), Config{AdminPassword: testAdminPassword, RiverUI: http.NotFoundHandler(), RateLimit: 0.5, RateBurst: 3})
 	d := &dashBundle{bundle: b}
-	ck, _ := d.login() // the session's own call is the dashboard's first
+	ck, _ := d.login(t) // the session's own call is the dashboard's first
 	for range 2 {
-		require.Equal(t, http.StatusOK, b.call(request{method: http.MethodGet, path: "/v1/providers"}).Code)
+		require.Equal(t, http.StatusOK, b.call(t, request{method: http.MethodGet, path: "/v1/providers"}).Code)
 	}
 	require.Equal(t, http.StatusOK, d.browse(http.MethodGet, "/ui/api/providers", "", ck, nil).Code)
-	require.Equal(t, http.StatusOK, b.call(request{method: http.MethodGet, path: "/v1/providers"}).Code)
-	requireError(t, b.call(request{method: http.MethodGet, path: "/v1/providers"}), http.StatusTooManyRequests, "rate_limited", "")
+	require.Equal(t, http.StatusOK, b.call(t, request{method: http.MethodGet, path: "/v1/providers"}).Code)
+	requireError(t, b.call(t, request{method: http.MethodGet, path: "/v1/providers"}), http.StatusTooManyRequests, "rate_limited", "")
 	// The key's flood left the dashboard its last token, and then it too is
 	// refused.
 	require.Equal(t, http.StatusOK, d.browse(http.MethodGet, "/ui/api/providers", "", ck, nil).Code)

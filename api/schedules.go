@@ -3,7 +3,9 @@ package api
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"slices"
 	"time"
@@ -257,7 +259,7 @@ func (s *Server) createSchedule(c echo.Context) error {
 		return fmt.Errorf("encode payload: %w", err)
 	}
 	return s.inTx(c, func(tx pgx.Tx) (int, any, error) {
-		q := db.New(tx)
+		q := db.On(tx)
 		if req.Audience.Type == "segment" {
 			exists, err := q.SegmentExists(ctx, req.Audience.ID)
 			if err != nil {
@@ -309,10 +311,10 @@ func (s *Server) getSchedule(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	q := db.New(s.pool)
+	q := db.On(s.pool)
 	sch, err := q.GetSchedule(c.Request().Context(), id)
 	if err != nil {
-		if db.Translate(err) == db.ErrNotFound {
+		if errors.Is(err, db.ErrNotFound) {
 			return notFound("schedule", raw)
 		}
 		return fmt.Errorf("read schedule: %w", err)
@@ -335,23 +337,17 @@ type schedulePage struct {
 }
 
 func (s *Server) listSchedules(c echo.Context) error {
-	limit, err := pageSize(c)
+	pg, err := readPage(c, "schedules")
 	if err != nil {
 		return err
 	}
-	params := db.ListSchedulesParams{BeforeID: 1<<63 - 1, PageSize: limit + 1}
-	if cur := c.QueryParam("cursor"); cur != "" {
-		cu, err := decodeCursor(cur, "schedules")
-		if err != nil {
-			return err
-		}
-		params.BeforeID = cu.After
-	}
-	q := db.New(s.pool)
+	params := db.ListSchedulesParams{BeforeID: pg.afterOr(math.MaxInt64), PageSize: pg.fetch()}
+	q := db.On(s.pool)
 	rows, err := q.ListSchedules(c.Request().Context(), params)
 	if err != nil {
 		return fmt.Errorf("list schedules: %w", err)
 	}
+	rows, next := paginate(pg, rows, func(sch db.Schedule) int64 { return sch.ID })
 	ids := make([]int64, len(rows))
 	for i, sch := range rows {
 		ids[i] = sch.ID
@@ -360,12 +356,8 @@ func (s *Server) listSchedules(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	page := schedulePage{Items: make([]json.RawMessage, 0, min(len(rows), int(limit)))}
-	for i, sch := range rows {
-		if i == int(limit) {
-			page.NextCursor = encodeCursor(cursor{After: rows[i-1].ID, Filter: "schedules"})
-			break
-		}
+	page := schedulePage{Items: make([]json.RawMessage, 0, len(rows)), NextCursor: next}
+	for _, sch := range rows {
 		r, err := newScheduleResponse(sch, pending[sch.ID])
 		if item, ok := s.listed(c, "schedule_id", formatScheduleID(sch.ID), r, err); ok {
 			page.Items = append(page.Items, item)
@@ -399,10 +391,10 @@ func (s *Server) patchSchedule(c echo.Context) error {
 	}
 	ctx := c.Request().Context()
 	return s.inTx(c, func(tx pgx.Tx) (int, any, error) {
-		q := db.New(tx)
+		q := db.On(tx)
 		cur, err := q.GetSchedule(ctx, id)
 		if err != nil {
-			if db.Translate(err) == db.ErrNotFound {
+			if errors.Is(err, db.ErrNotFound) {
 				return 0, nil, notFound("schedule", raw)
 			}
 			return 0, nil, fmt.Errorf("read schedule: %w", err)
@@ -424,7 +416,7 @@ func (s *Server) patchSchedule(c echo.Context) error {
 			return 0, nil, fmt.Errorf("update schedule: %w", err)
 		}
 		if *req.Paused {
-			if err := s.cancelUnstartedRuns(ctx, tx, id); err != nil {
+			if err := s.enqueuer.CancelUnstartedRuns(ctx, tx, id); err != nil {
 				return 0, nil, err
 			}
 		}
@@ -446,30 +438,17 @@ func (s *Server) deleteSchedule(c echo.Context) error {
 	}
 	ctx := c.Request().Context()
 	err = db.InTx(ctx, s.pool, func(tx pgx.Tx) error {
-		n, err := db.New(tx).DeleteSchedule(ctx, id)
+		n, err := db.On(tx).DeleteSchedule(ctx, id)
 		if err != nil {
 			return fmt.Errorf("delete schedule: %w", err)
 		}
 		if n == 0 {
 			return notFound("schedule", raw)
 		}
-		return s.cancelUnstartedRuns(ctx, tx, id)
+		return s.enqueuer.CancelUnstartedRuns(ctx, tx, id)
 	})
 	if err != nil {
 		return err
 	}
 	return c.NoContent(http.StatusNoContent)
-}
-
-func (s *Server) cancelUnstartedRuns(ctx context.Context, tx pgx.Tx, scheduleID int64) error {
-	ids, err := db.New(tx).UnstartedRuns(ctx, &scheduleID)
-	if err != nil {
-		return fmt.Errorf("find unstarted runs: %w", err)
-	}
-	for _, id := range ids {
-		if _, err := s.cancelInTx(ctx, tx, id); err != nil {
-			return err
-		}
-	}
-	return nil
 }

@@ -26,9 +26,9 @@ func scheduleBody() map[string]any {
 func TestScheduleLifecycle(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.population("p", 2, 1)
+	b.population(t, "p", 2, 1)
 
-	rec := b.call(request{method: http.MethodPost, path: "/v1/schedules", body: scheduleBody()})
+	rec := b.call(t, request{method: http.MethodPost, path: "/v1/schedules", body: scheduleBody()})
 	require.Equal(t, http.StatusCreated, rec.Code, rec.Body.String())
 	sch := decodeBody(t, rec)
 	id := sch["schedule_id"].(string)
@@ -48,11 +48,11 @@ func TestScheduleLifecycle(t *testing.T) {
 		prev = at
 	}
 
-	status, got := b.do(http.MethodGet, "/v1/schedules/"+id, nil)
+	status, got := b.do(t, http.MethodGet, "/v1/schedules/"+id, nil)
 	require.Equal(t, http.StatusOK, status)
 	require.Equal(t, sch["next_runs"], got["next_runs"])
 	require.Equal(t, []any{}, got["pending_runs"], "no run is made yet")
-	_, list := b.do(http.MethodGet, "/v1/schedules", nil)
+	_, list := b.do(t, http.MethodGet, "/v1/schedules", nil)
 	require.Len(t, list["items"], 1)
 
 	// Make the next run into a message, as the materializer does ahead of
@@ -61,10 +61,10 @@ func TestScheduleLifecycle(t *testing.T) {
 	require.NoError(t, err)
 	m := &jobs.Materializer{Pool: b.db.Pool, Logger: discard, Lead: time.Minute,
 		Now: func(context.Context) (time.Time, error) { return first.Add(-30 * time.Second), nil }}
-	made, err := m.Run(context.Background(), b.srv.river)
+	made, err := m.Run(context.Background(), b.srv.cfg.River)
 	require.NoError(t, err)
 	require.Equal(t, 1, made)
-	_, msgs := b.do(http.MethodGet, "/v1/messages?schedule_id="+id, nil)
+	_, msgs := b.do(t, http.MethodGet, "/v1/messages?schedule_id="+id, nil)
 	require.Len(t, msgs["items"], 1)
 	run := msgs["items"].([]any)[0].(map[string]any)
 	require.Equal(t, "scheduled", run["state"])
@@ -73,33 +73,33 @@ func TestScheduleLifecycle(t *testing.T) {
 	// The run made into a message is still the schedule's next run, and
 	// says which message it is; the runs after it follow.
 	wantPending := []any{map[string]any{"run_at": runs[0], "message_id": run["message_id"]}}
-	status, got = b.do(http.MethodGet, "/v1/schedules/"+id, nil)
+	status, got = b.do(t, http.MethodGet, "/v1/schedules/"+id, nil)
 	require.Equal(t, http.StatusOK, status)
 	require.Equal(t, runs, got["next_runs"], "next_runs starts at the first run not yet sent")
 	require.Equal(t, wantPending, got["pending_runs"])
-	_, list = b.do(http.MethodGet, "/v1/schedules", nil)
+	_, list = b.do(t, http.MethodGet, "/v1/schedules", nil)
 	require.Equal(t, runs, list["items"].([]any)[0].(map[string]any)["next_runs"])
 	require.Equal(t, wantPending, list["items"].([]any)[0].(map[string]any)["pending_runs"])
 
-	status, paused := b.do(http.MethodPatch, "/v1/schedules/"+id, map[string]any{"paused": true})
+	status, paused := b.do(t, http.MethodPatch, "/v1/schedules/"+id, map[string]any{"paused": true})
 	require.Equal(t, http.StatusOK, status, paused)
 	require.Equal(t, true, paused["paused"])
 	require.Empty(t, paused["next_runs"])
 	require.Empty(t, paused["pending_runs"])
-	_, st := b.do(http.MethodGet, "/v1/messages/"+run["message_id"].(string), nil)
+	_, st := b.do(t, http.MethodGet, "/v1/messages/"+run["message_id"].(string), nil)
 	require.Equal(t, "cancelled", st["state"], "pausing cancels runs made but not started")
 
-	status, resumed := b.do(http.MethodPatch, "/v1/schedules/"+id, map[string]any{"paused": false})
+	status, resumed := b.do(t, http.MethodPatch, "/v1/schedules/"+id, map[string]any{"paused": false})
 	require.Equal(t, http.StatusOK, status)
 	require.Equal(t, false, resumed["paused"])
 	require.Len(t, resumed["next_runs"], 5)
 
-	rec = b.call(request{method: http.MethodDelete, path: "/v1/schedules/" + id})
+	rec = b.call(t, request{method: http.MethodDelete, path: "/v1/schedules/" + id})
 	require.Equal(t, http.StatusNoContent, rec.Code)
-	requireError(t, b.call(request{method: http.MethodGet, path: "/v1/schedules/" + id}), http.StatusNotFound, "not_found", "")
-	requireError(t, b.call(request{method: http.MethodDelete, path: "/v1/schedules/" + id}), http.StatusNotFound, "not_found", "")
+	requireError(t, b.call(t, request{method: http.MethodGet, path: "/v1/schedules/" + id}), http.StatusNotFound, "not_found", "")
+	requireError(t, b.call(t, request{method: http.MethodDelete, path: "/v1/schedules/" + id}), http.StatusNotFound, "not_found", "")
 	// Its past runs stay listable.
-	_, msgs = b.do(http.MethodGet, "/v1/messages?schedule_id="+id, nil)
+	_, msgs = b.do(t, http.MethodGet, "/v1/messages?schedule_id="+id, nil)
 	require.Len(t, msgs["items"], 1)
 }
 
@@ -136,28 +136,28 @@ func TestScheduleRejectsBadInput(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			requireError(t, b.call(request{method: http.MethodPost, path: "/v1/schedules", body: tc.body}), http.StatusBadRequest, "invalid_field", tc.field)
+			requireError(t, b.call(t, request{method: http.MethodPost, path: "/v1/schedules", body: tc.body}), http.StatusBadRequest, "invalid_field", tc.field)
 		})
 	}
 	m := scheduleBody()
 	m["starts_at"], m["ends_at"] = "2027-01-02T00:00:00Z", "2027-01-01T00:00:00Z"
-	requireError(t, b.call(request{method: http.MethodPost, path: "/v1/schedules", body: m}), http.StatusBadRequest, "invalid_field", "ends_at")
-	requireError(t, b.call(request{method: http.MethodPatch, path: "/v1/schedules/sch_1", body: map[string]any{}}), http.StatusBadRequest, "invalid_field", "paused")
-	requireError(t, b.call(request{method: http.MethodPatch, path: "/v1/schedules/sch_99", body: map[string]any{"paused": true}}), http.StatusNotFound, "not_found", "")
-	requireError(t, b.call(request{method: http.MethodGet, path: "/v1/schedules/nope"}), http.StatusNotFound, "not_found", "")
+	requireError(t, b.call(t, request{method: http.MethodPost, path: "/v1/schedules", body: m}), http.StatusBadRequest, "invalid_field", "ends_at")
+	requireError(t, b.call(t, request{method: http.MethodPatch, path: "/v1/schedules/sch_1", body: map[string]any{}}), http.StatusBadRequest, "invalid_field", "paused")
+	requireError(t, b.call(t, request{method: http.MethodPatch, path: "/v1/schedules/sch_99", body: map[string]any{"paused": true}}), http.StatusNotFound, "not_found", "")
+	requireError(t, b.call(t, request{method: http.MethodGet, path: "/v1/schedules/nope"}), http.StatusNotFound, "not_found", "")
 }
 
 func TestScheduleRefusedWhenItRunsTooOften(t *testing.T) {
 	t.Parallel()
 	b := setupWith(t, dbtestNew(t), Config{ScheduleLimits: jobs.ScheduleLimits{MinInterval: 5 * time.Minute, MaxAhead: 30}})
-	b.population("p", 2, 1)
+	b.population(t, "p", 2, 1)
 	create := func(cron string, localTime bool, startsAt string) *httptest.ResponseRecorder {
 		body := scheduleBody()
 		body["cron"], body["local_time"] = cron, localTime
 		if startsAt != "" {
 			body["starts_at"] = startsAt
 		}
-		return b.call(request{method: http.MethodPost, path: "/v1/schedules", body: body})
+		return b.call(t, request{method: http.MethodPost, path: "/v1/schedules", body: body})
 	}
 	rec := create("* * * * *", false, "")
 	requireError(t, rec, http.StatusBadRequest, "invalid_field", "cron")

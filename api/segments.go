@@ -1,6 +1,7 @@
 package api
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 
@@ -48,7 +49,7 @@ func (s *Server) putSegment(c echo.Context) error {
 		seg     db.GetSegmentRow
 	)
 	err := db.InTx(ctx, s.pool, func(tx pgx.Tx) error {
-		q := db.New(tx)
+		q := db.On(tx)
 		row, err := q.UpsertSegment(ctx, db.UpsertSegmentParams{ID: id, Name: req.Name})
 		if err != nil {
 			return fmt.Errorf("put segment: %w", err)
@@ -74,9 +75,9 @@ func (s *Server) getSegment(c echo.Context) error {
 	if checkID("segment_id", id) != nil {
 		return notFound("segment", id)
 	}
-	seg, err := db.New(s.pool).GetSegment(c.Request().Context(), id)
+	seg, err := db.On(s.pool).GetSegment(c.Request().Context(), id)
 	if err != nil {
-		if err = db.Translate(err); err == db.ErrNotFound {
+		if errors.Is(err, db.ErrNotFound) {
 			return notFound("segment", id)
 		}
 		return fmt.Errorf("read segment: %w", err)
@@ -150,9 +151,9 @@ func (s *Server) changeMembers(c echo.Context,
 	ctx := c.Request().Context()
 	var resp membersResponse
 	err := db.InTx(ctx, s.pool, func(tx pgx.Tx) error {
-		q := db.New(tx)
+		q := db.On(tx)
 		if _, err := q.LockSegment(ctx, id); err != nil {
-			if db.Translate(err) == db.ErrNotFound {
+			if errors.Is(err, db.ErrNotFound) {
 				return notFound("segment", id)
 			}
 			return fmt.Errorf("find segment: %w", err)

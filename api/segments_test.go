@@ -20,33 +20,33 @@ func TestSegmentLifecycle(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 
-	status, resp := b.do(http.MethodPut, "/v1/segments/seg_morning", map[string]any{"name": "Morning digest"})
+	status, resp := b.do(t, http.MethodPut, "/v1/segments/seg_morning", map[string]any{"name": "Morning digest"})
 	require.Equal(t, http.StatusCreated, status, resp)
 	require.Equal(t, map[string]any{"segment_id": "seg_morning", "name": "Morning digest", "member_count": float64(0)}, resp)
 
-	status, resp = b.do(http.MethodPut, "/v1/segments/seg_morning", map[string]any{"name": "Morning"})
+	status, resp = b.do(t, http.MethodPut, "/v1/segments/seg_morning", map[string]any{"name": "Morning"})
 	require.Equal(t, http.StatusOK, status, resp)
 	require.Equal(t, "Morning", resp["name"])
 
 	// 10,000 new users in one call; they are created.
-	status, resp = b.do(http.MethodPost, "/v1/segments/seg_morning/members", map[string]any{"user_ids": userIDs("m", maxMembersPerCall)})
+	status, resp = b.do(t, http.MethodPost, "/v1/segments/seg_morning/members", map[string]any{"user_ids": userIDs("m", maxMembersPerCall)})
 	require.Equal(t, http.StatusOK, status, resp)
 	require.EqualValues(t, maxMembersPerCall, resp["added"])
 	require.EqualValues(t, maxMembersPerCall, resp["member_count"])
-	status, _ = b.do(http.MethodGet, "/v1/users/m9999/devices", nil)
+	status, _ = b.do(t, http.MethodGet, "/v1/users/m9999/devices", nil)
 	require.Equal(t, http.StatusOK, status)
 
 	// Adding again (with a repeat inside the call) changes nothing.
-	status, resp = b.do(http.MethodPost, "/v1/segments/seg_morning/members", map[string]any{"user_ids": []string{"m1", "m1", "m2"}})
+	status, resp = b.do(t, http.MethodPost, "/v1/segments/seg_morning/members", map[string]any{"user_ids": []string{"m1", "m1", "m2"}})
 	require.Equal(t, http.StatusOK, status, resp)
 	require.EqualValues(t, 0, resp["added"])
 
-	status, resp = b.do(http.MethodDelete, "/v1/segments/seg_morning/members", map[string]any{"user_ids": []string{"m1", "m2", "not_a_member"}})
+	status, resp = b.do(t, http.MethodDelete, "/v1/segments/seg_morning/members", map[string]any{"user_ids": []string{"m1", "m2", "not_a_member"}})
 	require.Equal(t, http.StatusOK, status, resp)
 	require.EqualValues(t, 2, resp["removed"])
 	require.EqualValues(t, maxMembersPerCall-2, resp["member_count"])
 
-	status, resp = b.do(http.MethodGet, "/v1/segments/seg_morning", nil)
+	status, resp = b.do(t, http.MethodGet, "/v1/segments/seg_morning", nil)
 	require.Equal(t, http.StatusOK, status)
 	require.Equal(t, map[string]any{"segment_id": "seg_morning", "name": "Morning", "member_count": float64(maxMembersPerCall - 2)}, resp)
 }
@@ -54,13 +54,13 @@ func TestSegmentLifecycle(t *testing.T) {
 func TestSegmentRejectsBadInput(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	requireError(t, b.call(request{method: http.MethodGet, path: "/v1/segments/nope"}), http.StatusNotFound, "not_found", "")
-	requireError(t, b.call(request{method: http.MethodPost, path: "/v1/segments/nope/members", body: map[string]any{"user_ids": []string{"a"}}}),
+	requireError(t, b.call(t, request{method: http.MethodGet, path: "/v1/segments/nope"}), http.StatusNotFound, "not_found", "")
+	requireError(t, b.call(t, request{method: http.MethodPost, path: "/v1/segments/nope/members", body: map[string]any{"user_ids": []string{"a"}}}),
 		http.StatusNotFound, "not_found", "")
-	requireError(t, b.call(request{method: http.MethodDelete, path: "/v1/segments/nope/members", body: map[string]any{"user_ids": []string{"a"}}}),
+	requireError(t, b.call(t, request{method: http.MethodDelete, path: "/v1/segments/nope/members", body: map[string]any{"user_ids": []string{"a"}}}),
 		http.StatusNotFound, "not_found", "")
 
-	status, _ := b.do(http.MethodPut, "/v1/segments/s1", map[string]any{"name": "s"})
+	status, _ := b.do(t, http.MethodPut, "/v1/segments/s1", map[string]any{"name": "s"})
 	require.Equal(t, http.StatusCreated, status)
 	cases := []struct {
 		name  string
@@ -77,15 +77,15 @@ func TestSegmentRejectsBadInput(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			rec := b.call(request{method: http.MethodPost, path: "/v1/segments/s1/members", body: tc.body})
+			rec := b.call(t, request{method: http.MethodPost, path: "/v1/segments/s1/members", body: tc.body})
 			requireError(t, rec, http.StatusBadRequest, tc.code, tc.field)
 		})
 	}
-	_, resp := b.do(http.MethodGet, "/v1/segments/s1", nil)
+	_, resp := b.do(t, http.MethodGet, "/v1/segments/s1", nil)
 	require.EqualValues(t, 0, resp["member_count"])
 
-	rec := b.call(request{method: http.MethodPut, path: "/v1/segments/s1", body: map[string]any{"name": 3}})
+	rec := b.call(t, request{method: http.MethodPut, path: "/v1/segments/s1", body: map[string]any{"name": 3}})
 	requireError(t, rec, http.StatusBadRequest, "invalid_type", "name")
-	rec = b.call(request{method: http.MethodPut, path: "/v1/segments/s%20x", body: map[string]any{"name": "x"}})
+	rec = b.call(t, request{method: http.MethodPut, path: "/v1/segments/s%20x", body: map[string]any{"name": "x"}})
 	requireError(t, rec, http.StatusBadRequest, "invalid_field", "segment_id")
 }

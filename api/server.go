@@ -127,7 +127,6 @@ type Server struct {
 	cfg      Config
 	pool     *pgxpool.Pool
 	keys     apiKeys
-	river    riverClient
 	enqueuer *jobs.Enqueuer
 	echo     *echo.Echo
 	// sessions is nil while the dashboard is disabled (no admin password).
@@ -143,7 +142,7 @@ func NewServer(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{
-		cfg: cfg, pool: cfg.Pool, keys: newAPIKeys(cfg.APIKeys), river: cfg.River,
+		cfg: cfg, pool: cfg.Pool, keys: newAPIKeys(cfg.APIKeys),
 		enqueuer: jobs.NewEnqueuer(cfg.River, cfg.ChunkSize), echo: echo.New(),
 		limiter: newRateLimiter(cfg.RateLimit, cfg.RateBurst, time.Now),
 	}

@@ -27,8 +27,10 @@ import (
 
 const testKey = "test-key-0123456789abcdef"
 
+// bundle holds what a test of the API needs. It keeps no testing.TB of its
+// own: each helper takes the t of the (sub)test it runs in, so a failure
+// inside a subtest fails that subtest and reports its own error.
 type bundle struct {
-	t   testing.TB
 	srv *Server
 	db  *dbtest.DB
 	q   *db.Queries
@@ -62,7 +64,7 @@ func setupWith(t testing.TB, tdb *dbtest.DB, cfg Config) *bundle {
 	}
 	srv, err := NewServer(cfg)
 	require.NoError(t, err)
-	return &bundle{t: t, srv: srv, db: tdb, q: db.New(tdb.Pool)}
+	return &bundle{srv: srv, db: tdb, q: db.On(tdb.Pool)}
 }
 
 var discard = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -85,8 +87,8 @@ type request struct {
 	noAuth       bool
 }
 
-func (b *bundle) call(r request) *httptest.ResponseRecorder {
-	b.t.Helper()
+func (b *bundle) call(t testing.TB, r request) *httptest.ResponseRecorder {
+	t.Helper()
 	var body io.Reader
 	switch v := r.body.(type) {
 	case nil:
@@ -98,7 +100,7 @@ func (b *bundle) call(r request) *httptest.ResponseRecorder {
 		body = v
 	default:
 		raw, err := json.Marshal(v)
-		require.NoError(b.t, err)
+		require.NoError(t, err)
 		body = bytes.NewReader(raw)
 	}
 	req := httptest.NewRequest(r.method, r.path, body)
@@ -113,15 +115,15 @@ func (b *bundle) call(r request) *httptest.ResponseRecorder {
 	}
 	rec := httptest.NewRecorder()
 	b.srv.ServeHTTP(rec, req)
-	checkAgainstSpec(b.t, req, rec)
+	checkAgainstSpec(t, req, rec)
 	return rec
 }
 
 // do makes an authenticated call and decodes the JSON answer into a map.
-func (b *bundle) do(method, path string, body any) (int, map[string]any) {
-	b.t.Helper()
-	rec := b.call(request{method: method, path: path, body: body})
-	return rec.Code, decodeBody(b.t, rec)
+func (b *bundle) do(t testing.TB, method, path string, body any) (int, map[string]any) {
+	t.Helper()
+	rec := b.call(t, request{method: method, path: path, body: body})
+	return rec.Code, decodeBody(t, rec)
 }
 
 func decodeBody(t testing.TB, rec *httptest.ResponseRecorder) map[string]any {
@@ -161,9 +163,9 @@ func requireError(t testing.TB, rec *httptest.ResponseRecorder, status int, code
 func TestHealthAndReadiness(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	rec := b.call(request{method: http.MethodGet, path: "/healthz", noAuth: true})
+	rec := b.call(t, request{method: http.MethodGet, path: "/healthz", noAuth: true})
 	require.Equal(t, http.StatusOK, rec.Code)
-	rec = b.call(request{method: http.MethodGet, path: "/readyz", noAuth: true})
+	rec = b.call(t, request{method: http.MethodGet, path: "/readyz", noAuth: true})
 	require.Equal(t, http.StatusOK, rec.Code)
 	require.NotEmpty(t, rec.Header().Get("X-Request-Id"))
 }
@@ -204,13 +206,13 @@ func TestAPIKeyRequired(t *testing.T) {
 		"empty bearer": {"Authorization": "Bearer "},
 	} {
 		t.Run(name, func(t *testing.T) {
-			rec := b.call(request{method: http.MethodGet, path: "/v1/users/u1/devices", noAuth: true, header: header})
+			rec := b.call(t, request{method: http.MethodGet, path: "/v1/users/u1/devices", noAuth: true, header: header})
 			requireError(t, rec, http.StatusUnauthorized, "unauthorized", "")
 			require.NotEmpty(t, rec.Header().Get("WWW-Authenticate"))
 		})
 	}
 	// Both configured keys work.
-	rec := b.call(request{method: http.MethodPut, path: "/v1/users/u1", body: map[string]any{},
+	rec := b.call(t, request{method: http.MethodPut, path: "/v1/users/u1", body: map[string]any{},
 		noAuth: true, header: map[string]string{"Authorization": "Bearer another-key-0123456789"}})
 	require.Equal(t, http.StatusCreated, rec.Code, rec.Body.String())
 }
@@ -234,8 +236,8 @@ func TestNoAPIKeysRefusesEverything(t *testing.T) {
 func TestUnknownRouteAndMethod(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	requireError(t, b.call(request{method: http.MethodGet, path: "/v1/nothing-here"}), http.StatusNotFound, "not_found", "")
-	requireError(t, b.call(request{method: http.MethodPut, path: "/healthz"}), http.StatusMethodNotAllowed, "method_not_allowed", "")
+	requireError(t, b.call(t, request{method: http.MethodGet, path: "/v1/nothing-here"}), http.StatusNotFound, "not_found", "")
+	requireError(t, b.call(t, request{method: http.MethodPut, path: "/healthz"}), http.StatusMethodNotAllowed, "method_not_allowed", "")
 }
 
 // TestBodyThatDoesNotArriveIs408 checks that a body cut off by the server's
@@ -246,7 +248,7 @@ func TestBodyThatDoesNotArriveIs408(t *testing.T) {
 	b := setup(t)
 	for _, path := range []string{"/v1/devices", "/v1/messages"} {
 		body := io.MultiReader(strings.NewReader(`{"user_id":`), iotest.ErrReader(os.ErrDeadlineExceeded))
-		rec := b.call(request{method: http.MethodPost, path: path, body: body})
+		rec := b.call(t, request{method: http.MethodPost, path: path, body: body})
 		requireError(t, rec, http.StatusRequestTimeout, "request_timeout", "")
 		require.NotContains(t, rec.Body.String(), "deadline", path)
 	}

@@ -39,11 +39,11 @@ func (s *Server) putUser(c echo.Context) error {
 	if err := decode(c, smallBodyLimit, &req); err != nil {
 		return err
 	}
-	row, err := db.New(s.pool).UpsertUserTimezone(c.Request().Context(), db.UpsertUserTimezoneParams{
+	row, err := db.On(s.pool).UpsertUserTimezone(c.Request().Context(), db.UpsertUserTimezoneParams{
 		ID: userID, Timezone: req.Timezone,
 	})
 	if err != nil {
-		return fmt.Errorf("put user: %w", db.Translate(err))
+		return fmt.Errorf("put user: %w", err)
 	}
 	status := http.StatusOK
 	if row.Created {

@@ -11,21 +11,21 @@ func TestPutUserTimezone(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 
-	status, resp := b.do(http.MethodPut, "/v1/users/u_tz", map[string]any{"timezone": "Asia/Kolkata"})
+	status, resp := b.do(t, http.MethodPut, "/v1/users/u_tz", map[string]any{"timezone": "Asia/Kolkata"})
 	require.Equal(t, http.StatusCreated, status, resp)
 	require.Equal(t, map[string]any{"user_id": "u_tz", "timezone": "Asia/Kolkata"}, resp)
 
-	status, resp = b.do(http.MethodPut, "/v1/users/u_tz", map[string]any{"timezone": "America/New_York"})
+	status, resp = b.do(t, http.MethodPut, "/v1/users/u_tz", map[string]any{"timezone": "America/New_York"})
 	require.Equal(t, http.StatusOK, status, resp)
 	require.Equal(t, "America/New_York", resp["timezone"])
 
 	// Null clears it.
-	status, resp = b.do(http.MethodPut, "/v1/users/u_tz", map[string]any{"timezone": nil})
+	status, resp = b.do(t, http.MethodPut, "/v1/users/u_tz", map[string]any{"timezone": nil})
 	require.Equal(t, http.StatusOK, status, resp)
 	require.Nil(t, resp["timezone"])
 
 	// The user now exists for the directory.
-	status, _ = b.do(http.MethodGet, "/v1/users/u_tz/devices", nil)
+	status, _ = b.do(t, http.MethodGet, "/v1/users/u_tz/devices", nil)
 	require.Equal(t, http.StatusOK, status)
 }
 
@@ -33,14 +33,14 @@ func TestPutUserRejectsBadInput(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	for _, tz := range []string{"Mars/Olympus_Mons", "Local", "", "../../etc/passwd", "Europe/"} {
-		rec := b.call(request{method: http.MethodPut, path: "/v1/users/u1", body: map[string]any{"timezone": tz}})
+		rec := b.call(t, request{method: http.MethodPut, path: "/v1/users/u1", body: map[string]any{"timezone": tz}})
 		requireError(t, rec, http.StatusBadRequest, "invalid_field", "timezone")
 	}
-	rec := b.call(request{method: http.MethodPut, path: "/v1/users/u1", body: map[string]any{"timezone": 5}})
+	rec := b.call(t, request{method: http.MethodPut, path: "/v1/users/u1", body: map[string]any{"timezone": 5}})
 	requireError(t, rec, http.StatusBadRequest, "invalid_type", "timezone")
-	rec = b.call(request{method: http.MethodPut, path: "/v1/users/u1", body: `{"timezone":`})
+	rec = b.call(t, request{method: http.MethodPut, path: "/v1/users/u1", body: `{"timezone":`})
 	requireError(t, rec, http.StatusBadRequest, "malformed_json", "")
-	rec = b.call(request{method: http.MethodPut, path: "/v1/users/bad%21id", body: map[string]any{}})
+	rec = b.call(t, request{method: http.MethodPut, path: "/v1/users/bad%21id", body: map[string]any{}})
 	requireError(t, rec, http.StatusBadRequest, "invalid_field", "user_id")
-	requireError(t, b.call(request{method: http.MethodGet, path: "/v1/users/u1/devices"}), http.StatusNotFound, "not_found", "")
+	requireError(t, b.call(t, request{method: http.MethodGet, path: "/v1/users/u1/devices"}), http.StatusNotFound, "not_found", "")
 }

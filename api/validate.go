@@ -47,13 +47,6 @@ func checkTimezone(field, name string) error {
 	return nil
 }
 
-// Channels Herald delivers through.
-const (
-	channelAPNs    = "apns"
-	channelFCM     = "fcm"
-	channelWebPush = "webpush"
-)
-
 // Token length limits. APNs tokens are 32 bytes today and Apple reserves the
 // right to lengthen them; FCM registration tokens run to about 160
 // characters. The caps keep a token inside one btree index entry.

@@ -57,6 +57,27 @@ func (q *Queries) AcceptedSkews(ctx context.Context, messageID int64) ([]float64
 	return items, nil
 }
 
+const analyze = `-- name: Analyze :exec
+ANALYZE
+`
+
+// Gives the planner statistics of every table, as a production database
+// has them (herald bench, after the population).
+func (q *Queries) Analyze(ctx context.Context) error {
+	_, err := q.db.Exec(ctx, analyze)
+	return err
+}
+
+const analyzeDeliveries = `-- name: AnalyzeDeliveries :exec
+ANALYZE deliveries
+`
+
+// Gives the planner the ledger's statistics once a message's rows are in.
+func (q *Queries) AnalyzeDeliveries(ctx context.Context) error {
+	_, err := q.db.Exec(ctx, analyzeDeliveries)
+	return err
+}
+
 const chunkTimings = `-- name: ChunkTimings :many
 SELECT chunk, device_count,
        coalesce(extract(epoch FROM started_at - due_at) * 1000, -1)::double precision AS pickup_ms,
@@ -108,4 +129,26 @@ func (q *Queries) ChunkTimings(ctx context.Context, messageID int64) ([]ChunkTim
 		return nil, err
 	}
 	return items, nil
+}
+
+const dataDirectory = `-- name: DataDirectory :one
+SELECT current_setting('data_directory')::text
+`
+
+// Where the server keeps its data, to find its postmaster's process.
+func (q *Queries) DataDirectory(ctx context.Context) (string, error) {
+	row := q.db.QueryRow(ctx, dataDirectory)
+	var column_1 string
+	err := row.Scan(&column_1)
+	return column_1, err
+}
+
+const ping = `-- name: Ping :exec
+SELECT 1
+`
+
+// One round trip that does nothing: what a database probe measures.
+func (q *Queries) Ping(ctx context.Context) error {
+	_, err := q.db.Exec(ctx, ping)
+	return err
 }

@@ -1,6 +1,7 @@
 package db
 
 import (
+	"context"
 	"errors"
 
 	"github.com/jackc/pgx/v5"
@@ -13,19 +14,80 @@ var ErrNotFound = errors.New("not found")
 // ErrConflict is returned when a write breaks a unique constraint.
 var ErrConflict = errors.New("conflict")
 
-// Translate maps driver errors onto the package's errors, so that callers
-// above the database never inspect pgx or SQLSTATE codes. Other errors pass
-// through unchanged.
-func Translate(err error) error {
-	if err == nil {
-		return nil
-	}
-	if errors.Is(err, pgx.ErrNoRows) {
-		return ErrNotFound
+// On returns the queries run on dbtx (a pool, a connection or a
+// transaction) with their errors interpreted: a missing row is ErrNotFound
+// and a unique violation ErrConflict for errors.Is, each keeping the
+// driver's error as its cause. It is the one way code outside this package
+// gets Queries: sqlc's generated New hands the driver's errors up as they
+// are, and sqlc cannot be told to leave it out.
+func On(dbtx DBTX) *Queries {
+	return New(interpreting{dbtx})
+}
+
+// interpretError maps driver errors onto the package's errors, so that
+// callers above the database never inspect pgx or SQLSTATE codes and can
+// use errors.Is. Other errors pass through unchanged.
+func interpretError(err error) error {
+	switch {
+	case err == nil, errors.Is(err, ErrNotFound), errors.Is(err, ErrConflict):
+		return err
+	case errors.Is(err, pgx.ErrNoRows):
+		return &interpreted{kind: ErrNotFound, cause: err}
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
-		return errors.Join(ErrConflict, err)
+		return &interpreted{kind: ErrConflict, cause: err}
 	}
 	return err
 }
+
+// interpreted is a driver error with the package error it stands for: it
+// is both for errors.Is and errors.As, so the SQLSTATE stays at hand for a
+// log line.
+type interpreted struct {
+	kind, cause error
+}
+
+func (e *interpreted) Error() string   { return e.kind.Error() + ": " + e.cause.Error() }
+func (e *interpreted) Unwrap() []error { return []error{e.kind, e.cause} }
+
+// interpreting is a DBTX whose every error, including those its rows and
+// row report when scanned, has been through interpretError.
+type interpreting struct {
+	DBTX
+}
+
+func (t interpreting) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	tag, err := t.DBTX.Exec(ctx, sql, args...)
+	return tag, interpretError(err)
+}
+
+func (t interpreting) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	rows, err := t.DBTX.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, interpretError(err)
+	}
+	return interpretingRows{rows}, nil
+}
+
+func (t interpreting) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	return interpretingRow{t.DBTX.QueryRow(ctx, sql, args...)}
+}
+
+func (t interpreting) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
+	n, err := t.DBTX.CopyFrom(ctx, table, columns, src)
+	return n, interpretError(err)
+}
+
+type interpretingRows struct {
+	pgx.Rows
+}
+
+func (r interpretingRows) Scan(dest ...any) error { return interpretError(r.Rows.Scan(dest...)) }
+func (r interpretingRows) Err() error             { return interpretError(r.Rows.Err()) }
+
+type interpretingRow struct {
+	row pgx.Row
+}
+
+func (r interpretingRow) Scan(dest ...any) error { return interpretError(r.row.Scan(dest...)) }

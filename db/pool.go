@@ -55,8 +55,9 @@ type TxBeginner interface {
 }
 
 // InTx runs fn in a transaction that commits when fn returns nil and rolls
-// back otherwise. Errors are translated. fn gets the transaction itself, not
-// only its queries, so that River jobs can be inserted in it too.
+// back otherwise. Its error is interpreted like the queries' (ErrNotFound,
+// ErrConflict). fn gets the transaction itself, not only its queries, so
+// that River jobs can be inserted in it too.
 //
 // A transaction PostgreSQL aborted as a deadlock victim or a serialization
 // failure is run again, up to three times in all: fn must do nothing but
@@ -67,7 +68,7 @@ func InTx(ctx context.Context, b TxBeginner, fn func(tx pgx.Tx) error) error {
 
 // retryConflicts runs a transaction again, up to three times in all, while
 // PostgreSQL aborts it as a deadlock victim or a serialization failure, and
-// translates its last error.
+// interprets its last error.
 func retryConflicts(run func() error) error {
 	var err error
 	for attempt := 0; attempt < 3; attempt++ {
@@ -77,7 +78,7 @@ func retryConflicts(run func() error) error {
 			break
 		}
 	}
-	return Translate(err)
+	return interpretError(err)
 }
 
 // WithDatabase returns url pointed at another database on the same server,

@@ -41,7 +41,7 @@ func (c *Clock) Offset() time.Duration { return time.Duration(c.offset.Load()) }
 // Measure takes a few samples of the database's time and keeps the offset
 // of the one with the shortest round trip, whose error is at most half of it.
 func (c *Clock) Measure(ctx context.Context) error {
-	q := db.New(c.pool)
+	q := db.On(c.pool)
 	best := time.Duration(-1)
 	var offset time.Duration
 	for range 5 {

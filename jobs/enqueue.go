@@ -33,8 +33,8 @@ type Audience struct {
 	UserIDs   []string
 }
 
-// NewMessage is a message to schedule, validated by the caller.
-type NewMessage struct {
+// MessageSpec is a message to schedule, validated by the caller.
+type MessageSpec struct {
 	Priority   string
 	DispatchAt time.Time
 	ExpiresAt  time.Time
@@ -73,27 +73,29 @@ type LocalTime struct {
 	JSON []byte
 }
 
-// jobInserter is the part of the River client that enqueues jobs in a
-// caller's transaction.
-type jobInserter interface {
+// jobClient is the part of the River client that enqueues and cancels
+// jobs in a caller's transaction.
+type jobClient interface {
 	InsertManyTx(ctx context.Context, tx pgx.Tx, params []river.InsertManyParams) ([]*rivertype.JobInsertResult, error)
+	JobCancelTx(ctx context.Context, tx pgx.Tx, jobID int64) (*rivertype.JobRow, error)
 }
 
-// Enqueuer schedules messages: everything that can be done before the
-// dispatch second is done here, inside the caller's transaction.
+// Enqueuer schedules messages and cancels them before they start:
+// everything that can be done before the dispatch second is done here,
+// inside the caller's transaction.
 type Enqueuer struct {
-	inserter  jobInserter
+	client    jobClient
 	chunkSize int
 }
 
-// NewEnqueuer returns an Enqueuer that inserts chunk jobs with inserter (the
-// River client) and cuts chunks of chunkSize devices (DefaultChunkSize when
-// zero).
-func NewEnqueuer(inserter jobInserter, chunkSize int) *Enqueuer {
+// NewEnqueuer returns an Enqueuer that inserts and cancels chunk jobs with
+// client (the River client) and cuts chunks of chunkSize devices
+// (DefaultChunkSize when zero).
+func NewEnqueuer(client jobClient, chunkSize int) *Enqueuer {
 	if chunkSize <= 0 {
 		chunkSize = DefaultChunkSize
 	}
-	return &Enqueuer{inserter: inserter, chunkSize: chunkSize}
+	return &Enqueuer{client: client, chunkSize: chunkSize}
 }
 
 // target is a resolved device with the instant it is due.
@@ -108,8 +110,8 @@ type target struct {
 // the message, one pending ledger row per device (COPY), and one chunk job
 // per chunk (scheduled at its due time), all in tx. Nothing is visible until
 // the caller commits, and nothing is kept if it rolls back.
-func (e *Enqueuer) Create(ctx context.Context, tx pgx.Tx, m NewMessage) (db.Message, error) {
-	q := db.New(tx)
+func (e *Enqueuer) Create(ctx context.Context, tx pgx.Tx, m MessageSpec) (db.Message, error) {
+	q := db.On(tx)
 	all, err := resolve(ctx, q, m.Audience, m.DispatchAt)
 	if err != nil {
 		return db.Message{}, err
@@ -207,7 +209,7 @@ func (e *Enqueuer) Create(ctx context.Context, tx pgx.Tx, m NewMessage) (db.Mess
 	if _, err := q.InsertDeliveries(ctx, ledger); err != nil {
 		return db.Message{}, fmt.Errorf("write ledger: %w", err)
 	}
-	results, err := e.inserter.InsertManyTx(ctx, tx, jobs)
+	results, err := e.client.InsertManyTx(ctx, tx, jobs)
 	if err != nil {
 		return db.Message{}, fmt.Errorf("enqueue chunks: %w", err)
 	}
@@ -230,8 +232,51 @@ func (e *Enqueuer) Create(ctx context.Context, tx pgx.Tx, m NewMessage) (db.Mess
 	return msg, nil
 }
 
+// Cancel cancels message id in tx if no chunk of it has started: its
+// pending deliveries and its chunk jobs are cancelled with it. It reports
+// false, changing nothing, when the message is not (or no longer)
+// scheduled; CancelMessage's state guard makes the race with the first
+// chunk resolve one way.
+func (e *Enqueuer) Cancel(ctx context.Context, tx pgx.Tx, id int64) (bool, error) {
+	q := db.On(tx)
+	if _, err := q.CancelMessage(ctx, id); err != nil {
+		if errors.Is(err, db.ErrNotFound) {
+			return false, nil
+		}
+		return false, fmt.Errorf("cancel message: %w", err)
+	}
+	if _, err := q.CancelPendingDeliveries(ctx, id); err != nil {
+		return false, fmt.Errorf("cancel deliveries: %w", err)
+	}
+	jobIDs, err := q.MessageChunkJobs(ctx, id)
+	if err != nil {
+		return false, fmt.Errorf("find chunk jobs: %w", err)
+	}
+	for _, jobID := range jobIDs {
+		if _, err := e.client.JobCancelTx(ctx, tx, jobID); err != nil {
+			return false, fmt.Errorf("cancel chunk job %d: %w", jobID, err)
+		}
+	}
+	return true, nil
+}
+
+// CancelUnstartedRuns cancels, in tx, every message a schedule made whose
+// first chunk has not started; its runs that are under way finish.
+func (e *Enqueuer) CancelUnstartedRuns(ctx context.Context, tx pgx.Tx, scheduleID int64) error {
+	ids, err := db.On(tx).UnstartedRuns(ctx, &scheduleID)
+	if err != nil {
+		return fmt.Errorf("find unstarted runs: %w", err)
+	}
+	for _, id := range ids {
+		if _, err := e.Cancel(ctx, tx, id); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // storePayload stores m's content, unless m reuses a stored payload.
-func storePayload(ctx context.Context, q *db.Queries, m NewMessage) (int64, error) {
+func storePayload(ctx context.Context, q *db.Queries, m MessageSpec) (int64, error) {
 	if m.PayloadID != 0 {
 		return m.PayloadID, nil
 	}
@@ -249,8 +294,8 @@ func storePayload(ctx context.Context, q *db.Queries, m NewMessage) (int64, erro
 // RecordMissed stores m as a message that expired before it could be made:
 // a schedule run whose whole lifetime passed while no Herald was running. It
 // is kept so that the run's history tells the truth, and nothing is sent.
-func (e *Enqueuer) RecordMissed(ctx context.Context, tx pgx.Tx, m NewMessage) (db.Message, error) {
-	q := db.New(tx)
+func (e *Enqueuer) RecordMissed(ctx context.Context, tx pgx.Tx, m MessageSpec) (db.Message, error) {
+	q := db.On(tx)
 	payloadID, err := storePayload(ctx, q, m)
 	if err != nil {
 		return db.Message{}, err
@@ -337,7 +382,7 @@ func (lt *LocalTime) lastWave(due, passed []target) time.Time {
 func resolve(ctx context.Context, q *db.Queries, a Audience, dispatchAt time.Time) ([]target, error) {
 	var out []target
 	add := func(id int64, userID, channel, token string, p256dh, auth, timezone *string) {
-		t := target{Target: Target{DeviceID: id, Channel: channel, Token: token}, userID: userID, dueAt: dispatchAt}
+		t := target{Target: Target{Target: push.Target{DeviceID: id, Token: token}, Channel: channel}, userID: userID, dueAt: dispatchAt}
 		if timezone != nil {
 			t.timezone = *timezone
 		}

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/rivertype"
 	"github.com/stretchr/testify/require"
 
 	"github.com/heraldpush/herald/db"
@@ -77,7 +78,7 @@ func TestChunksStartOnTime(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			tdb := dbtest.New(t)
-			q := db.New(tdb.Pool)
+			q := db.On(tdb.Pool)
 			users := registerUsers(t, q, "u", 3)
 			rec, client := startRecorderClient(t, ctx, tdb.Pool, RiverConfig{Lookahead: lookahead})
 			promoter := &Promoter{Pool: tdb.Pool, Logger: discard, Lookahead: lookahead, Interval: 200 * time.Millisecond}
@@ -118,7 +119,7 @@ func scheduleAt(t *testing.T, pool *pgxpool.Pool, enq *Enqueuer, priority string
 	var msg db.Message
 	require.NoError(t, db.InTx(ctx, pool, func(tx pgx.Tx) error {
 		var err error
-		msg, err = enq.Create(ctx, tx, NewMessage{
+		msg, err = enq.Create(ctx, tx, MessageSpec{
 			Priority: priority, DispatchAt: dispatchAt, ExpiresAt: dispatchAt.Add(time.Hour),
 			Audience: Audience{UserIDs: users}, AudienceJSON: []byte(`{}`),
 			Content: push.Content{Title: "t"},
@@ -143,6 +144,51 @@ func (r *startRecorder) requireOnTime(t *testing.T, id int64, ahead time.Duratio
 	require.Less(t, lag, 1500*time.Millisecond, "%s started late", what)
 }
 
+// TestCancel cancels a scheduled message of two chunks: the message, its
+// pending deliveries and its chunk jobs end cancelled in the caller's
+// transaction, and cancelling it again changes nothing and says so.
+func TestCancel(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tdb := dbtest.New(t)
+	q := db.On(tdb.Pool)
+	users := registerUsers(t, q, "c", 3)
+	client, err := NewRiverClient(tdb.Pool, RiverConfig{Logger: discard})
+	require.NoError(t, err)
+	enq := NewEnqueuer(client, 2)
+	id := scheduleAt(t, tdb.Pool, enq, PriorityBulk, users, time.Now().Add(time.Hour))
+
+	cancel := func() bool {
+		var cancelled bool
+		require.NoError(t, db.InTx(ctx, tdb.Pool, func(tx pgx.Tx) error {
+			cancelled, err = enq.Cancel(ctx, tx, id)
+			return err
+		}))
+		return cancelled
+	}
+	require.True(t, cancel())
+	m, err := q.GetMessage(ctx, id)
+	require.NoError(t, err)
+	require.Equal(t, StateCancelled, m.State)
+	require.EqualValues(t, 3, m.CancelledCount)
+	deliveries, err := q.ListDeliveries(ctx, db.ListDeliveriesParams{MessageID: id, PageSize: 10})
+	require.NoError(t, err)
+	require.Len(t, deliveries, 3)
+	for _, d := range deliveries {
+		require.Equal(t, "cancelled", d.Status)
+	}
+	jobIDs, err := q.MessageChunkJobs(ctx, id)
+	require.NoError(t, err)
+	require.Len(t, jobIDs, 2)
+	for _, jobID := range jobIDs {
+		job, err := client.JobGet(ctx, jobID)
+		require.NoError(t, err)
+		require.Equal(t, rivertype.JobStateCancelled, job.State)
+	}
+
+	require.False(t, cancel(), "a message cancelled already is not cancelled again")
+}
+
 func TestCut(t *testing.T) {
 	t.Parallel()
 	a, b := time.Unix(100, 0), time.Unix(200, 0)
@@ -152,7 +198,7 @@ func TestCut(t *testing.T) {
 		if i%2 == 1 {
 			due = b
 		}
-		targets = append(targets, target{Target: Target{DeviceID: int64(i)}, dueAt: due})
+		targets = append(targets, target{Target: Target{Target: push.Target{DeviceID: int64(i)}}, dueAt: due})
 	}
 	chunks := cut(targets, 2)
 	// Due a: devices 0, 2, 4, 6; due b: 1, 3, 5. Never mixed, at most 2 each.

@@ -3,6 +3,7 @@ package jobs
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
@@ -34,14 +35,11 @@ type FanOutArgs struct {
 	Targets    Targets   `json:"targets"`
 }
 
-// Target is one device of a chunk.
+// Target is one device of a chunk: what its provider needs to send to it,
+// and which provider that is.
 type Target struct {
-	DeviceID int64  `json:"device_id"`
-	Channel  string `json:"channel"`
-	// Token is the APNs or FCM token, or the Web Push endpoint.
-	Token  string `json:"token"`
-	P256dh string `json:"p256dh,omitempty"`
-	Auth   string `json:"auth,omitempty"`
+	push.Target
+	Channel string
 }
 
 // Targets are a chunk's devices. In the job's args they are packed into one
@@ -54,16 +52,16 @@ type Target struct {
 type Targets []Target
 
 // channelCodes packs a channel into one letter.
-var channelCodes = map[string]byte{"apns": 'a', "fcm": 'f', "webpush": 'w'}
+var channelCodes = map[string]byte{ChannelAPNs: 'a', ChannelFCM: 'f', ChannelWebPush: 'w'}
 
 func channelOfCode(c byte) (string, bool) {
 	switch c {
 	case 'a':
-		return "apns", true
+		return ChannelAPNs, true
 	case 'f':
-		return "fcm", true
+		return ChannelFCM, true
 	case 'w':
-		return "webpush", true
+		return ChannelWebPush, true
 	}
 	return "", false
 }
@@ -115,7 +113,7 @@ func (ts *Targets) UnmarshalJSON(data []byte) error {
 		if !ok {
 			return fmt.Errorf("targets: malformed line %q", line)
 		}
-		t := Target{DeviceID: id, Channel: channel, Token: fields[2]}
+		t := Target{Target: push.Target{DeviceID: id, Token: fields[2]}, Channel: channel}
 		if len(fields) == 5 {
 			t.P256dh, t.Auth = fields[3], fields[4]
 		}
@@ -374,8 +372,7 @@ func (s *sends) disabled(channel string, idx []int) {
 func (w *FanOutWorker) sendTargets(ctx context.Context, a FanOutArgs, msg *push.Message, provider Sender, g sendGroup, slice []int, s *sends) {
 	targets := make([]push.Target, len(slice))
 	for j, i := range slice {
-		t := a.Targets[i]
-		targets[j] = push.Target{DeviceID: t.DeviceID, Token: t.Token, P256dh: t.P256dh, Auth: t.Auth}
+		targets[j] = a.Targets[i].Target
 	}
 	out := make([]push.Result, len(slice))
 	provider.Send(ctx, msg, targets, out, g.breaker.Allow)
@@ -580,7 +577,7 @@ func (w *FanOutWorker) expire(ctx context.Context, a FanOutArgs, at time.Time) e
 	ids := a.deviceIDs()
 	var counted []settledDelivery
 	err := db.InTx(ctx, w.pool(a), func(tx pgx.Tx) error {
-		q := db.New(tx)
+		q := db.On(tx)
 		if _, err := q.LockMessage(ctx, a.MessageID); err != nil {
 			return fmt.Errorf("lock message: %w", err)
 		}
@@ -602,7 +599,7 @@ func (w *FanOutWorker) expire(ctx context.Context, a FanOutArgs, at time.Time) e
 		if res.PendingCount > 0 {
 			return nil
 		}
-		if _, err := q.SettleMessage(ctx, a.MessageID); err != nil && db.Translate(err) != db.ErrNotFound {
+		if _, err := q.SettleMessage(ctx, a.MessageID); err != nil && !errors.Is(err, db.ErrNotFound) {
 			return fmt.Errorf("settle message: %w", err)
 		}
 		return nil

@@ -5,14 +5,16 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/heraldpush/herald/jobs/push"
 )
 
 func TestTargetsRoundTrip(t *testing.T) {
 	t.Parallel()
 	in := FanOutArgs{MessageID: 7, Chunk: 2, Targets: Targets{
-		{DeviceID: 1, Channel: "apns", Token: "ab12"},
-		{DeviceID: 22, Channel: "fcm", Token: "fcm:tok-en_x"},
-		{DeviceID: 333, Channel: "webpush", Token: "https://push.example/w/1?x=y", P256dh: "BKey", Auth: "AuthKey"},
+		{Target: push.Target{DeviceID: 1, Token: "ab12"}, Channel: "apns"},
+		{Target: push.Target{DeviceID: 22, Token: "fcm:tok-en_x"}, Channel: "fcm"},
+		{Target: push.Target{DeviceID: 333, Token: "https://push.example/w/1?x=y", P256dh: "BKey", Auth: "AuthKey"}, Channel: "webpush"},
 	}}
 	raw, err := json.Marshal(in)
 	require.NoError(t, err)
@@ -36,9 +38,9 @@ func TestTargetsRoundTrip(t *testing.T) {
 
 func TestTargetsRejectMalformed(t *testing.T) {
 	t.Parallel()
-	_, err := json.Marshal(Targets{{DeviceID: 1, Channel: "sms", Token: "x"}})
+	_, err := json.Marshal(Targets{{Target: push.Target{DeviceID: 1, Token: "x"}, Channel: "sms"}})
 	require.Error(t, err)
-	_, err = json.Marshal(Targets{{DeviceID: 1, Channel: "fcm", Token: "a\tb"}})
+	_, err = json.Marshal(Targets{{Target: push.Target{DeviceID: 1, Token: "a\tb"}, Channel: "fcm"}})
 	require.Error(t, err)
 
 	for _, bad := range []string{`"x\ta\n"`, `"1\tq\ttok\n"`, `"1\t\ttok\n"`, `"1\tf\ttok\tonly-one-key\n"`, `42`} {

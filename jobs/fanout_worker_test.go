@@ -58,7 +58,7 @@ func setupFanOut(t *testing.T) *fanOutBundle {
 	tx, err := tdb.Pool.Begin(ctx)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
-	return &fanOutBundle{t: t, db: tdb, q: db.New(tdb.Pool), client: client, clock: clock, tx: tx}
+	return &fanOutBundle{t: t, db: tdb, q: db.On(tdb.Pool), client: client, clock: clock, tx: tx}
 }
 
 // devices registers one user per token, each with that one device.
@@ -114,7 +114,7 @@ func (b *fanOutBundle) message(users []string, dispatchAt time.Time, lifetime ti
 	var msg db.Message
 	require.NoError(b.t, db.InTx(ctx, b.db.Pool, func(tx pgx.Tx) error {
 		var err error
-		msg, err = NewEnqueuer(b.client, 0).Create(ctx, tx, NewMessage{
+		msg, err = NewEnqueuer(b.client, 0).Create(ctx, tx, MessageSpec{
 			Priority: PriorityBulk, DispatchAt: dispatchAt, ExpiresAt: dispatchAt.Add(lifetime),
 			Audience: Audience{UserIDs: users}, AudienceJSON: []byte(`{}`),
 			Content: push.Content{Title: "t"},
@@ -321,7 +321,7 @@ func TestFanOutCancelWinsTheRace(t *testing.T) {
 	// starts: the message's row and ledger change as the API's cancel
 	// changes them (its chunk jobs, already running, are River's concern).
 	require.NoError(t, db.InTx(ctx, b.db.Pool, func(tx pgx.Tx) error {
-		q := db.New(tx)
+		q := db.On(tx)
 		if _, err := q.CancelMessage(ctx, c.msg.ID); err != nil {
 			return err
 		}

@@ -64,9 +64,9 @@ type Materializer struct {
 // A run whose lifetime (ttl_seconds) ended before it could be made is
 // recorded as an expired message and not sent; one whose lifetime has not
 // ended is sent, late, and its skew shows it.
-// Chunk jobs are enqueued through inserter, the River client.
-func (m *Materializer) Run(ctx context.Context, inserter jobInserter) (int, error) {
-	enq := NewEnqueuer(inserter, m.ChunkSize)
+// Chunk jobs are enqueued through client, the River client.
+func (m *Materializer) Run(ctx context.Context, client jobClient) (int, error) {
+	enq := NewEnqueuer(client, m.ChunkSize)
 	now, err := m.now(ctx)
 	if err != nil {
 		return 0, err
@@ -89,7 +89,7 @@ func (m *Materializer) now(ctx context.Context) (time.Time, error) {
 	if m.Now != nil {
 		return m.Now(ctx)
 	}
-	return db.New(m.Pool).DatabaseNow(ctx)
+	return db.On(m.Pool).DatabaseNow(ctx)
 }
 
 // pass makes at most one run of each due schedule that has fewer than
@@ -98,7 +98,7 @@ func (m *Materializer) pass(ctx context.Context, enq *Enqueuer, now, horizon tim
 	made := 0
 	err := db.InTx(ctx, m.Pool, func(tx pgx.Tx) error {
 		made = 0
-		q := db.New(tx)
+		q := db.On(tx)
 		due, err := q.DueSchedules(ctx, db.DueSchedulesParams{
 			Horizon: horizon, LocalHorizon: horizon.Add(localTimeSpread),
 			UnstartedSince: now.Add(-localTimeSpread), MaxAhead: int32(m.Limits.WithDefaults().MaxAhead),
@@ -118,7 +118,7 @@ func (m *Materializer) pass(ctx context.Context, enq *Enqueuer, now, horizon tim
 }
 
 func (m *Materializer) materialize(ctx context.Context, tx pgx.Tx, enq *Enqueuer, s db.Schedule, now time.Time) error {
-	q := db.New(tx)
+	q := db.On(tx)
 	runAt := *s.NextRunAt
 	c, err := ScheduleCron(s.Cron, s.Timezone)
 	if err != nil {
@@ -139,7 +139,7 @@ func (m *Materializer) materialize(ctx context.Context, tx pgx.Tx, enq *Enqueuer
 		if err := json.Unmarshal(s.Audience, &audience); err != nil {
 			return fmt.Errorf("decode audience: %w", err)
 		}
-		msg := NewMessage{
+		msg := MessageSpec{
 			Priority: s.Priority, DispatchAt: runAt, ExpiresAt: runAt.Add(ttl),
 			Audience: Audience{SegmentID: audience.ID, UserIDs: audience.IDs}, AudienceJSON: s.Audience,
 			PayloadID: s.PayloadID, ScheduleID: &s.ID, ScheduleRunAt: &runAt,

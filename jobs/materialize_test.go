@@ -25,7 +25,7 @@ type schedBundle struct {
 
 func newSchedBundle(t *testing.T) *schedBundle {
 	tdb := dbtest.New(t)
-	q := db.New(tdb.Pool)
+	q := db.On(tdb.Pool)
 	return &schedBundle{t: t, db: tdb, q: q, users: registerUsers(t, q, "s", 3)}
 }
 
@@ -41,7 +41,7 @@ func (b *schedBundle) setNow(t time.Time) {
 	b.now = t
 }
 
-func (b *schedBundle) materializer() (*Materializer, jobInserter) {
+func (b *schedBundle) materializer() (*Materializer, jobClient) {
 	client, err := NewRiverClient(b.db.Pool, RiverConfig{Logger: discard})
 	require.NoError(b.t, err)
 	return &Materializer{Pool: b.db.Pool, Logger: discard, Lead: 2 * time.Minute, Now: b.clock}, client

@@ -159,7 +159,7 @@ func (c *messagesByState) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
 func (c *messagesByState) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	rows, err := db.New(c.pool).MessagesByState(ctx)
+	rows, err := db.On(c.pool).MessagesByState(ctx)
 	if err != nil {
 		ch <- prometheus.NewInvalidMetric(c.desc, err)
 		return

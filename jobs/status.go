@@ -41,7 +41,7 @@ func (r *StatusReporter) Run(ctx context.Context) {
 	}
 	t := time.NewTicker(interval)
 	defer t.Stop()
-	q := db.New(r.Pool)
+	q := db.On(r.Pool)
 	for n := 0; ; n++ {
 		for _, channel := range Channels {
 			p := db.UpsertProviderStatusParams{ProcessID: r.ProcessID, Channel: channel, State: BreakerClosed}

@@ -20,7 +20,7 @@ func TestWakerStartsChunksAtTheirInstant(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	tdb := dbtest.New(t)
-	q := db.New(tdb.Pool)
+	q := db.On(tdb.Pool)
 	users := registerUsers(t, q, "w", 2)
 
 	rec, client := startRecorderClient(t, ctx, tdb.Pool, RiverConfig{FetchPollInterval: time.Minute})

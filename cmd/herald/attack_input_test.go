@@ -192,7 +192,7 @@ func TestAttackInputFarScheduleKeepsListingsWorking(t *testing.T) {
 	pool, err := pgxpool.New(context.Background(), e.vars["DATABASE_URL"])
 	require.NoError(t, err)
 	defer pool.Close()
-	q := db.New(pool)
+	q := db.On(pool)
 	payload, err := q.InsertPayload(context.Background(), []byte(`{"title":"stored long ago"}`))
 	require.NoError(t, err)
 	beyond := time.Date(10000, 1, 2, 0, 0, 0, 0, time.UTC)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/heraldpush/herald/cmd/herald/heraldbench"
 	"github.com/heraldpush/herald/db/dbtest"
 )
 
@@ -29,20 +30,21 @@ func testBench(t *testing.T, urgentWorker bool) {
 	t.Parallel()
 	admin := dbtest.AdminURL(t)
 	var progress strings.Builder
-	b := &bench{
-		cfg: benchConfig{
+	b := &heraldbench.Benchmark{
+		Config: heraldbench.Config{
 			Users: 40, Mix: [3]float64{45, 45, 10}, Latency: 5 * time.Millisecond, Ahead: 4 * time.Second,
 			Seed: 7, DecryptOneIn: 1, UrgentWorker: urgentWorker,
 		},
-		getenv:   func(k string) string { return map[string]string{"PATH": os.Getenv("PATH")}[k] },
-		progress: func(format string, a ...any) { progress.WriteString(strings.TrimSpace(format) + "\n") },
-		stderr:   os.Stderr,
-		childEnv: []string{childEnv + "=1"},
+		Getenv:    func(k string) string { return map[string]string{"PATH": os.Getenv("PATH")}[k] },
+		Progress:  func(format string, a ...any) { progress.WriteString(strings.TrimSpace(format) + "\n") },
+		Stderr:    os.Stderr,
+		ChildEnv:  []string{childEnv + "=1"},
+		Providers: benchProviders,
 	}
-	t.Cleanup(b.cleanup)
+	t.Cleanup(b.Cleanup)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	res, err := b.run(ctx, admin)
+	res, err := b.Run(ctx, admin)
 	require.NoError(t, err, "progress:\n%s", progress.String())
 
 	raw, err := json.Marshal(res)
@@ -67,5 +69,5 @@ func testBench(t *testing.T, urgentWorker bool) {
 	require.GreaterOrEqual(t, res.Probe.ProviderMs.P50, 5.0, "a probe push waits fakepush's round trip")
 	require.Positive(t, res.Probe.DatabaseMs.Max)
 	require.Equal(t, urgentWorker, res.UrgentWorker)
-	require.Len(t, b.heralds, map[bool]int{false: 1, true: 2}[urgentWorker])
+	require.Equal(t, map[bool]int{false: 1, true: 2}[urgentWorker], b.Heralds())
 }

@@ -13,8 +13,8 @@ import (
 	"github.com/heraldpush/herald/jobs/push"
 )
 
-// config is the environment's configuration of a Herald process (CONTRACT
-// section 1). Flags may override some fields after it is read.
+// config is the environment's configuration of a Herald process (the
+// README's Configuration). Flags may override some fields after it is read.
 type config struct {
 	DatabaseURL   string
 	Addr          string

@@ -13,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/heraldpush/herald/cmd/herald/heraldbench"
 	"github.com/heraldpush/herald/db/dbtest"
 	"github.com/heraldpush/herald/jobs/push/fake"
 )
@@ -52,7 +53,7 @@ func (w *workerProcess) unanswered(t *testing.T) int64 {
 	t.Helper()
 	m := listeningLine.FindStringSubmatch(w.out.String())
 	require.NotNil(t, m, "the worker never said where it listens:\n%s", w.out.String())
-	n, err := unansweredSends(m[1])
+	n, err := heraldbench.UnansweredSends(m[1])
 	require.NoError(t, err)
 	return n
 }

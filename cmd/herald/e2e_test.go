@@ -17,6 +17,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/heraldpush/herald/cmd/herald/heraldbench"
 	"github.com/heraldpush/herald/db"
 	"github.com/heraldpush/herald/db/dbtest"
 	"github.com/heraldpush/herald/jobs/push/fake"
@@ -422,9 +423,9 @@ func TestE2ELanesSplitAcrossProcesses(t *testing.T) {
 
 	// Each process counts what it sent just after its write commits.
 	sent := func(base, priority string) float64 {
-		families, err := scrapeMetrics(base)
+		families, err := heraldbench.ScrapeMetrics(base)
 		require.NoError(t, err)
-		return metricSum(families, "herald_delivery_skew_seconds", map[string]string{"priority": priority})
+		return heraldbench.MetricSum(families, "herald_delivery_skew_seconds", map[string]string{"priority": priority})
 	}
 	require.Eventually(t, func() bool {
 		return sent(e.base, "bulk") == 40 && sent(urgentBase, "urgent") == 5
@@ -457,7 +458,7 @@ func TestE2EScheduleEveryMinute(t *testing.T) {
 	require.NoError(t, err)
 
 	ctx := context.Background()
-	q := db.New(e.db.Pool)
+	q := db.On(e.db.Pool)
 	now, err := q.DatabaseNow(ctx)
 	require.NoError(t, err)
 	// The three runs up to now: two minutes back, one, and this minute's.
@@ -520,17 +521,17 @@ func TestE2EMetricsAfterDispatch(t *testing.T) {
 	var families map[string]*dto.MetricFamily
 	require.Eventually(t, func() bool {
 		var err error
-		if families, err = scrapeMetrics(e.base); err != nil {
+		if families, err = heraldbench.ScrapeMetrics(e.base); err != nil {
 			return false
 		}
-		return metricSum(families, "herald_deliveries_total", nil) == 6
+		return heraldbench.MetricSum(families, "herald_deliveries_total", nil) == 6
 	}, 10*time.Second, 20*time.Millisecond, "the six deliveries were never counted")
 
 	value := func(name string, labels map[string]string) float64 {
 		t.Helper()
 		_, ok := families[name]
 		require.True(t, ok, "no %s in /metrics", name)
-		return metricSum(families, name, labels)
+		return heraldbench.MetricSum(families, name, labels)
 	}
 	for _, channel := range []string{"apns", "fcm", "webpush"} {
 		require.EqualValues(t, 1, value("herald_deliveries_total", map[string]string{"channel": channel, "status": "accepted", "reason": ""}))

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"regexp"
 	"syscall"
 	"testing"
 )
@@ -13,6 +14,9 @@ import (
 // its arguments, so that tests can start, kill -9 and restart real Herald
 // processes without building a separate binary.
 const childEnv = "HERALD_TEST_RUN_AS_HERALD"
+
+// listeningLine is what `herald serve` prints once it accepts connections.
+var listeningLine = regexp.MustCompile(`listening on (http://\S+)`)
 
 func TestMain(m *testing.M) {
 	if os.Getenv(childEnv) == "1" {

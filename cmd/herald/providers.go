@@ -87,24 +87,24 @@ func buildProviders(ctx context.Context, cfg config, roots *x509.CertPool, logge
 	if cfg.APNs.enabled() {
 		a, e := apns.New(apns.Config{
 			KeyFile: cfg.APNs.KeyFile, KeyID: cfg.APNs.KeyID, TeamID: cfg.APNs.TeamID,
-			Topic: cfg.APNs.Topic, Host: cfg.APNs.Host, RootCAs: roots, MaxInFlight: cfg.MaxInFlight["apns"],
+			Topic: cfg.APNs.Topic, Host: cfg.APNs.Host, RootCAs: roots, MaxInFlight: cfg.MaxInFlight[jobs.ChannelAPNs],
 		})
-		err = add("apns", a, e)
+		err = add(jobs.ChannelAPNs, a, e)
 	}
 	if err == nil && cfg.FCM.enabled() {
 		f, e := fcm.New(ctx, fcm.Config{
 			CredentialsFile: cfg.FCM.CredentialsFile, Endpoint: cfg.FCM.Endpoint, RootCAs: roots,
-			MaxInFlight: cfg.MaxInFlight["fcm"],
+			MaxInFlight: cfg.MaxInFlight[jobs.ChannelFCM],
 		})
-		err = add("fcm", f, e)
+		err = add(jobs.ChannelFCM, f, e)
 	}
 	if err == nil && cfg.WebPush.enabled() {
 		w, e := webpush.New(webpush.Config{
 			VAPIDPublicKey: cfg.WebPush.PublicKey, VAPIDPrivateKey: cfg.WebPush.PrivateKey,
-			Subject: cfg.WebPush.Subject, RootCAs: roots, MaxInFlight: cfg.MaxInFlight["webpush"],
+			Subject: cfg.WebPush.Subject, RootCAs: roots, MaxInFlight: cfg.MaxInFlight[jobs.ChannelWebPush],
 			Egress: cfg.WebPushEgress,
 		})
-		err = add("webpush", w, e)
+		err = add(jobs.ChannelWebPush, w, e)
 	}
 	if err != nil {
 		p.close()

@@ -24,3 +24,20 @@ ORDER BY 1;
 SELECT min(accepted_at)::timestamptz AS first, max(accepted_at)::timestamptz AS last
 FROM deliveries
 WHERE message_id = @message_id AND status = 'accepted';
+
+-- name: Analyze :exec
+-- Gives the planner statistics of every table, as a production database
+-- has them (herald bench, after the population).
+ANALYZE;
+
+-- name: AnalyzeDeliveries :exec
+-- Gives the planner the ledger's statistics once a message's rows are in.
+ANALYZE deliveries;
+
+-- name: Ping :exec
+-- One round trip that does nothing: what a database probe measures.
+SELECT 1;
+
+-- name: DataDirectory :one
+-- Where the server keeps its data, to find its postmaster's process.
+SELECT current_setting('data_directory')::text;

@@ -17,9 +17,9 @@ const (
 	// the second keeps sends flowing while the first is being replaced.
 	DefaultConnections = 2
 	// DefaultMaxInFlight bounds concurrent requests per Provider. Sends are
-	// bound by waiting for Apple, not by CPU: at 20 ms of latency 500 in
-	// flight carry about 12,800 sends a second on two cores, against 6,800
-	// for 200 and 2,900 for 64. That is 250 streams on each of the two
+	// bound by waiting for Apple, not by CPU, so more in flight carry
+	// proportionally more sends a second (BenchmarkSend; the README's
+	// Performance has the figures). 500 is 250 streams on each of the two
 	// connections, a quarter of the 1000 Apple allows on one.
 	DefaultMaxInFlight = 500
 	// DefaultRequestTimeout bounds one request, so that a hung provider never

@@ -14,10 +14,10 @@ const (
 	// DefaultEndpoint is Google's FCM HTTP v1 base URL.
 	DefaultEndpoint = "https://fcm.googleapis.com/v1"
 	// DefaultMaxInFlight bounds concurrent requests per Provider. Sends are
-	// bound by waiting for FCM, not by CPU: at 20 ms of latency 500 in
-	// flight carry about 10,000 sends a second on two cores against 3,700
-	// for 96. It takes five connections at Google's 100 streams each, all
-	// opened by Warm.
+	// bound by waiting for FCM, not by CPU, so more in flight carry
+	// proportionally more sends a second (BenchmarkSend; the README's
+	// Performance has the figures). 500 takes five connections at Google's
+	// 100 streams each, all opened by Warm.
 	DefaultMaxInFlight = 500
 	// DefaultRequestTimeout bounds one request, including the SDK's own
 	// handling of it, so that a hung provider never holds a chunk.

@@ -18,9 +18,9 @@ const (
 	// DefaultMaxInFlight bounds concurrent requests per Provider. Web Push
 	// costs the client far more CPU than the other channels (an ECDH
 	// agreement, a VAPID signature and an encryption per push), so more in
-	// flight soon stops helping: at 20 ms of latency on two cores, 64 carry
-	// about 2,400 sends a second, 200 about 4,300 and 500 about 4,450, the
-	// cores being saturated by then.
+	// flight soon stops helping: past about 200 the cores are saturated and
+	// 500 carry hardly more sends a second than 200 (BenchmarkSend; the
+	// README's Performance has the figures).
 	DefaultMaxInFlight = 200
 	// DefaultRequestTimeout bounds one request, so that a hung push service
 	// never holds a chunk.

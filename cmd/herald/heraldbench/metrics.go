@@ -1,4 +1,4 @@
-package main
+package heraldbench
 
 import (
 	"fmt"
@@ -9,9 +9,9 @@ import (
 	"github.com/prometheus/common/model"
 )
 
-// scrapeMetrics reads a Herald process's /metrics (herald bench and the
+// ScrapeMetrics reads a Herald process's /metrics (herald bench and the
 // tests read what a process counted).
-func scrapeMetrics(base string) (map[string]*dto.MetricFamily, error) {
+func ScrapeMetrics(base string) (map[string]*dto.MetricFamily, error) {
 	resp, err := http.Get(base + "/metrics")
 	if err != nil {
 		return nil, err
@@ -24,9 +24,9 @@ func scrapeMetrics(base string) (map[string]*dto.MetricFamily, error) {
 	return parser.TextToMetricFamilies(resp.Body)
 }
 
-// metricSum adds up the series of one family whose labels include labels: a
+// MetricSum adds up the series of one family whose labels include labels: a
 // counter's or gauge's value, a histogram's sample count.
-func metricSum(families map[string]*dto.MetricFamily, name string, labels map[string]string) float64 {
+func MetricSum(families map[string]*dto.MetricFamily, name string, labels map[string]string) float64 {
 	var sum float64
 	for _, m := range families[name].GetMetric() {
 		have := map[string]string{}
@@ -52,13 +52,13 @@ func metricSum(families map[string]*dto.MetricFamily, name string, labels map[st
 	return sum
 }
 
-// unansweredSends is how many provider requests of the Herald process at
+// UnansweredSends is how many provider requests of the Herald process at
 // base got no answer (herald_provider_request_seconds, outcome no_answer):
 // pushes the provider may have taken, which the process sends again.
-func unansweredSends(base string) (int64, error) {
-	families, err := scrapeMetrics(base)
+func UnansweredSends(base string) (int64, error) {
+	families, err := ScrapeMetrics(base)
 	if err != nil {
 		return 0, err
 	}
-	return int64(metricSum(families, "herald_provider_request_seconds", map[string]string{"outcome": "no_answer"})), nil
+	return int64(MetricSum(families, "herald_provider_request_seconds", map[string]string{"outcome": "no_answer"})), nil
 }

@@ -1,0 +1,100 @@
+package api
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"strconv"
+
+	"github.com/labstack/echo/v4"
+)
+
+// Every listing pages the same way: keyset pagination on an id, a page
+// starting after the last row of the previous one, so pages never repeat or
+// skip a row whatever changes in between. limit is the page size and
+// cursor, opaque to the caller, the previous page's position.
+const (
+	defaultPageSize = 100
+	maxPageSize     = 1000
+)
+
+// pageRequest is a listing's page as the caller asked for it.
+type pageRequest struct {
+	// limit is the page's size.
+	limit int32
+	// after is the key of the previous page's last row, 0 on the first
+	// page (ids start at 1).
+	after int64
+	// filter names the listing and its filters; a cursor carries it so
+	// that it is never used with another listing or other filters.
+	filter string
+}
+
+// readPage reads the limit and cursor query parameters of a listing whose
+// listing and filters filter names.
+func readPage(c echo.Context, filter string) (pageRequest, error) {
+	p := pageRequest{limit: defaultPageSize, filter: filter}
+	if s := c.QueryParam("limit"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 || n > maxPageSize {
+			return pageRequest{}, invalid("limit", "limit must be a whole number from 1 to %d", maxPageSize)
+		}
+		p.limit = int32(n)
+	}
+	if s := c.QueryParam("cursor"); s != "" {
+		cur, err := decodeCursor(s, filter)
+		if err != nil {
+			return pageRequest{}, err
+		}
+		p.after = cur.After
+	}
+	return p, nil
+}
+
+// afterOr is the key the page starts after, or first on the first page: 0
+// for a listing in ascending id order, the largest id for a descending one.
+func (p pageRequest) afterOr(first int64) int64 {
+	if p.after == 0 {
+		return first
+	}
+	return p.after
+}
+
+// fetch is how many rows to ask the database for: one more than the page,
+// which tells whether another page follows without counting.
+func (p pageRequest) fetch() int32 { return p.limit + 1 }
+
+// paginate cuts rows, fetched with p.fetch(), to the page, and returns the
+// cursor of the next page (nil when this is the last one); key is a row's
+// id.
+func paginate[R any](p pageRequest, rows []R, key func(R) int64) ([]R, *string) {
+	if len(rows) <= int(p.limit) {
+		return rows, nil
+	}
+	rows = rows[:p.limit]
+	return rows, encodeCursor(cursor{After: key(rows[len(rows)-1]), Filter: p.filter})
+}
+
+// cursor is the opaque position of a page: the last row's key and the
+// filter it was made under.
+type cursor struct {
+	After  int64  `json:"a"`
+	Filter string `json:"f,omitempty"`
+}
+
+func encodeCursor(c cursor) *string {
+	raw, _ := json.Marshal(c)
+	s := base64.RawURLEncoding.EncodeToString(raw)
+	return &s
+}
+
+func decodeCursor(s, filter string) (cursor, error) {
+	var c cursor
+	raw, err := base64.RawURLEncoding.DecodeString(s)
+	if err == nil {
+		err = json.Unmarshal(raw, &c)
+	}
+	if err != nil || c.After <= 0 || c.Filter != filter {
+		return cursor{}, invalid("cursor", "cursor is not one this listing returned")
+	}
+	return c, nil
+}

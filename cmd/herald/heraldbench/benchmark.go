@@ -1,0 +1,167 @@
+package heraldbench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os/exec"
+	"slices"
+
+	"github.com/heraldpush/herald/db"
+	"github.com/heraldpush/herald/jobs"
+)
+
+// Benchmark is one run of the dispatch benchmark: what it runs, and its
+// state while it runs.
+type Benchmark struct {
+	Config Config
+	// Getenv is the benchmark's environment: the tuning it passes on to
+	// Herald (benchTuning) and PATH.
+	Getenv func(string) string
+	// Progress reports what the run is doing, a line at a time.
+	Progress func(string, ...any)
+	// Stderr takes the child processes' standard error.
+	Stderr io.Writer
+	// ChildEnv is added to the environment of the processes the benchmark
+	// starts (its tests use it to have the test binary run as herald).
+	ChildEnv []string
+	// Providers builds the provider clients the probe and the blast send
+	// through, as a Herald worker builds them.
+	Providers Providers
+
+	cleanups []func()
+	fakeEnv  map[string]string
+	fakeURL  string
+	fakeHTTP *http.Client
+	herald   *exec.Cmd
+	base     string
+	// heralds are every Herald process of the run: herald, and the urgent
+	// lane's worker with --urgent-worker.
+	heralds []heraldProcess
+	apiKey  string
+}
+
+// Providers builds the provider clients a Herald worker of lane would
+// build from getenv's configuration, by channel; closeAll releases them.
+// Herald's command provides it, so that the benchmark sends through exactly
+// what Herald sends through.
+type Providers func(ctx context.Context, getenv func(string) string, lane string) (byChannel map[string]jobs.Sender, closeAll func(), err error)
+
+// Heralds is how many Herald processes the run started: two with
+// UrgentWorker, one otherwise.
+func (b *Benchmark) Heralds() int { return len(b.heralds) }
+
+// Cleanup stops the processes the run started and removes what it made.
+func (b *Benchmark) Cleanup() {
+	for _, c := range slices.Backward(b.cleanups) {
+		c()
+	}
+}
+
+// Run runs the benchmark on a fresh database on the server of admin (a
+// connection string) and returns its figures. Call Cleanup afterwards.
+func (b *Benchmark) Run(ctx context.Context, admin string) (*Result, error) {
+	res := &Result{Users: b.Config.Users, LatencyMs: float64(b.Config.Latency.Microseconds()) / 1000, Machine: machine(),
+		UrgentWorker: b.Config.UrgentWorker}
+	dbURL, err := b.start(ctx, admin, res)
+	if err != nil {
+		return nil, err
+	}
+	pool, err := db.Open(ctx, dbURL, db.PoolConfig{MaxConns: 2})
+	if err != nil {
+		return nil, err
+	}
+	defer pool.Close()
+	// Let Herald settle after the population (autovacuum, pools) and give
+	// the planner statistics, as a production database has.
+	if err := db.On(pool).Analyze(ctx); err != nil {
+		return nil, fmt.Errorf("analyze: %w", err)
+	}
+
+	cpu := &cpuSpans{herald: b.heraldCPU, postgres: clusterCPU(ctx, pool)}
+	if err := cpu.markHerald(0); err != nil {
+		return nil, err
+	}
+	if err := cpu.markPostgres(0); err != nil {
+		return nil, err
+	}
+	sent, err := b.schedule(ctx, res)
+	if err != nil {
+		return nil, err
+	}
+	if err := cpu.markPostgres(1); err != nil {
+		return nil, err
+	}
+	// The ledger was empty at the ANALYZE above. A production ledger never
+	// is, and autovacuum analyzes a table that grew this much within about a
+	// minute, before a message scheduled further ahead than the bench's
+	// ten seconds is due; so the dispatch runs on those statistics too. (The
+	// ledger queries are also tested on an empty table's statistics:
+	// TestLedgerPlansUseThePrimaryKey.)
+	if err := db.On(pool).AnalyzeDeliveries(ctx); err != nil {
+		return nil, fmt.Errorf("analyze: %w", err)
+	}
+	if err := cpu.markHerald(1); err != nil {
+		return nil, err
+	}
+	if err := b.dispatch(ctx, pool, dbURL, sent, cpu, res); err != nil {
+		return nil, err
+	}
+
+	sends, err := b.ledgerView(ctx, pool, sent, res)
+	if err != nil {
+		return nil, err
+	}
+	res.CPUPerSend, res.PostgresCPUPerSend = cpu.perSend(sends)
+	if err := b.fakepushView(sent, res); err != nil {
+		return nil, err
+	}
+	b.Progress("dispatched: %d accepted, skew p50 %.0f ms, max %.0f ms, fan-out %.0f ms, %.0f µs of Herald CPU per send",
+		res.Accepted, res.SkewMs.P50, res.SkewMs.Max, res.FanoutMs, res.CPUPerSend)
+	for _, h := range b.heralds {
+		n, err := UnansweredSends(h.base)
+		if err != nil {
+			return nil, fmt.Errorf("read herald's metrics: %w", err)
+		}
+		res.Unanswered += n
+	}
+	if res.Unanswered > 0 {
+		b.Progress("%d provider requests got no answer in time and were sent again", res.Unanswered)
+	}
+
+	if err := b.stopHerald(); err != nil {
+		return nil, err
+	}
+	b.Progress("blast: the same devices straight through the same provider clients")
+	if res.BlastMs, res.BlastCPUPerSnd, err = b.blast(ctx, pool, sent.bulkN); err != nil {
+		return nil, err
+	}
+	b.Progress("blast: %.0f ms, %.0f µs of CPU per send", res.BlastMs, res.BlastCPUPerSnd)
+	return res, nil
+}
+
+// start makes the run's database, starts fakepush and Herald, and
+// registers the population; it returns the database's connection string.
+func (b *Benchmark) start(ctx context.Context, admin string, res *Result) (string, error) {
+	dbURL, err := b.freshDatabase(ctx, admin)
+	if err != nil {
+		return "", err
+	}
+	if err := b.startFakepush(ctx); err != nil {
+		return "", err
+	}
+	if err := b.startHerald(ctx, dbURL); err != nil {
+		return "", err
+	}
+	res.Tuning = map[string]string{}
+	for _, k := range benchTuning {
+		if v := b.Getenv(k); v != "" {
+			res.Tuning[k] = v
+		}
+	}
+	if res.Devices, err = b.populate(ctx); err != nil {
+		return "", err
+	}
+	return dbURL, nil
+}

@@ -1,0 +1,106 @@
+package heraldbench
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/heraldpush/herald/db"
+	"github.com/heraldpush/herald/jobs"
+	"github.com/heraldpush/herald/jobs/push"
+)
+
+// blast sends the message's devices again, straight through the same
+// provider clients Herald uses, with the same chunking and worker count but
+// no database and no queue: the floor of what the fan-out can cost here.
+func (b *Benchmark) blast(ctx context.Context, pool db.DBTX, messageID int64) (wallMs, cpuPerSend float64, err error) {
+	resp, err := b.fakeHTTP.Post(b.fakeURL+"/_reset", "application/json", nil)
+	if err != nil {
+		return 0, 0, err
+	}
+	resp.Body.Close()
+
+	// The chunks exactly as Herald's workers got them.
+	args, err := db.ChunkJobArgs(ctx, pool, messageID)
+	if err != nil {
+		return 0, 0, err
+	}
+	chunks := make([]jobs.FanOutArgs, len(args))
+	for i, raw := range args {
+		if err := json.Unmarshal(raw, &chunks[i]); err != nil {
+			return 0, 0, fmt.Errorf("chunk %d: %w", i, err)
+		}
+	}
+
+	provs, closeProvs, err := b.providers(ctx, "bulk")
+	if err != nil {
+		return 0, 0, err
+	}
+	defer closeProvs()
+	msg, err := push.NewMessage("msg_blast", false, push.Content{Title: "Your daily digest", Body: "12 new items since yesterday",
+		Data: map[string]string{"deep_link": "app://digest"}}, time.Now().Add(time.Hour))
+	if err != nil {
+		return 0, 0, err
+	}
+
+	workers := 50 // jobs.RiverConfig's default
+	if n, err := strconv.Atoi(b.Getenv("HERALD_BULK_WORKERS")); err == nil && n > 0 {
+		workers = n
+	}
+	allow := func() bool { return true }
+	var (
+		mu          sync.Mutex
+		first, last time.Time
+		sends       int
+	)
+	cpu0 := selfCPU()
+	work := make(chan jobs.FanOutArgs)
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for a := range work {
+				byChannel := map[string][]push.Target{}
+				for _, t := range a.Targets {
+					byChannel[t.Channel] = append(byChannel[t.Channel], t.Target)
+				}
+				var cw sync.WaitGroup
+				for channel, targets := range byChannel {
+					p := provs[channel]
+					cw.Go(func() {
+						results := make([]push.Result, len(targets))
+						p.Send(ctx, msg, targets, results, allow)
+						mu.Lock()
+						defer mu.Unlock()
+						for _, r := range results {
+							if !r.Accepted {
+								continue
+							}
+							sends++
+							if first.IsZero() || r.At.Before(first) {
+								first = r.At
+							}
+							if r.At.After(last) {
+								last = r.At
+							}
+						}
+					})
+				}
+				cw.Wait()
+			}
+		})
+	}
+	for _, c := range chunks {
+		work <- c
+	}
+	close(work)
+	wg.Wait()
+	cpu := selfCPU() - cpu0
+	if sends == 0 {
+		return 0, 0, errors.New("blast: no send was accepted")
+	}
+	return ms(last.Sub(first)), round1(float64(cpu.Microseconds()) / float64(sends)), nil
+}

@@ -1,0 +1,133 @@
+// Package heraldbench is `herald bench`, the dispatch benchmark: it builds a
+// population through the API in a fresh database, runs fakepush and Herald
+// as processes of their own (the running executable, as `herald fakepush`
+// and `herald serve`), schedules one bulk message to everyone and one
+// urgent single-device message for the same instant, measures where the
+// time and CPU went, then sends the same devices straight through the same
+// provider clients with no database and no queue (the blast) for the
+// floor. The README's Performance explains the figures.
+package heraldbench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Config is what a benchmark runs: the population, the provider round
+// trip, and how Herald is run.
+type Config struct {
+	Users        int
+	Mix          [3]float64 // APNs, FCM, Web Push shares
+	Latency      time.Duration
+	Ahead        time.Duration
+	Seed         uint64
+	Out          string
+	ProfileDir   string
+	DecryptOneIn int
+	KeepDB       bool
+	// UrgentWorker runs the urgent lane in a worker process of its own
+	// (HERALD_LANES), beside the serve process that keeps the bulk lane.
+	UrgentWorker bool
+}
+
+// benchTuning are the variables a bench run passes on to its Herald
+// process, and reports when set.
+var benchTuning = []string{
+	"HERALD_CHUNK_SIZE", "HERALD_URGENT_WORKERS", "HERALD_BULK_WORKERS", "HERALD_FETCH_POLL_INTERVAL",
+	"HERALD_MAX_IN_FLIGHT_APNS", "HERALD_MAX_IN_FLIGHT_FCM", "HERALD_MAX_IN_FLIGHT_WEBPUSH", "HERALD_DB_MAX_CONNS",
+	"GOMAXPROCS", "GOGC", "GOMEMLIMIT",
+}
+
+// devicesPerUser is the distribution of devices per user: 1 to 5, mean 2.5.
+var devicesPerUser = []float64{0.30, 0.25, 0.20, 0.15, 0.10}
+
+// Run is `herald bench`: it builds a population in a fresh database,
+// runs Herald and a fakepush as processes of their own, schedules one bulk
+// message to everyone and one urgent single-device message for the same
+// instant, measures where the time and CPU went, then sends the same devices
+// straight through the same provider clients (no database, no queue) for
+// the floor. Its last line is the JSON result.
+func Run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer, providers Providers) error {
+	cfg := Config{}
+	fs := flag.NewFlagSet("herald bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.IntVar(&cfg.Users, "users", 10_000, "users in the population (each with 1 to 5 devices, mean 2.5)")
+	mix := fs.String("mix", "45,45,10", "percent of devices on APNs, FCM and Web Push")
+	fs.DurationVar(&cfg.Latency, "latency", 20*time.Millisecond, "provider round trip fakepush adds")
+	fs.DurationVar(&cfg.Ahead, "ahead", 10*time.Second, "how far ahead the messages are scheduled")
+	fs.Uint64Var(&cfg.Seed, "seed", 1, "seed of the population")
+	fs.StringVar(&cfg.Out, "out", "bench/results/latest.json", "where the JSON result is also written")
+	fs.StringVar(&cfg.ProfileDir, "profile", "", "write Herald's CPU and heap profiles into this directory")
+	fs.IntVar(&cfg.DecryptOneIn, "decrypt-one-in", 10, "fakepush decrypts one Web Push body in N, to leave the CPU to Herald")
+	fs.BoolVar(&cfg.KeepDB, "keep-db", false, "keep the bench database afterwards")
+	fs.BoolVar(&cfg.UrgentWorker, "urgent-worker", false, "run the urgent lane in a worker process of its own (HERALD_LANES=urgent)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if err := parseMix(*mix, &cfg.Mix); err != nil {
+		return err
+	}
+	if cfg.Users < 1 {
+		return errors.New("--users must be at least 1")
+	}
+	admin := getenv("DATABASE_URL")
+	if admin == "" {
+		return errors.New("DATABASE_URL is not set: herald bench creates a fresh database on that server (make bench starts one)")
+	}
+	progress := func(format string, a ...any) { fmt.Fprintf(stdout, "bench: "+format+"\n", a...) }
+
+	b := &Benchmark{Config: cfg, Getenv: getenv, Progress: progress, Stderr: stderr, Providers: providers}
+	defer b.Cleanup()
+	res, err := b.Run(ctx, admin)
+	if err != nil {
+		return err
+	}
+	line, err := json.Marshal(res)
+	if err != nil {
+		return err
+	}
+	if cfg.Out != "" {
+		if err := os.MkdirAll(filepath.Dir(cfg.Out), 0o755); err != nil {
+			return err
+		}
+		var pretty bytes.Buffer
+		_ = json.Indent(&pretty, line, "", "  ")
+		if err := os.WriteFile(cfg.Out, append(pretty.Bytes(), '\n'), 0o644); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintln(stdout, string(line))
+	return nil
+}
+
+func parseMix(s string, out *[3]float64) error {
+	parts := strings.Split(s, ",")
+	if len(parts) != 3 {
+		return fmt.Errorf("--mix %q: want three percentages, APNs,FCM,WebPush", s)
+	}
+	var total float64
+	for i, p := range parts {
+		v, err := strconv.ParseFloat(strings.TrimSpace(p), 64)
+		if err != nil || v < 0 {
+			return fmt.Errorf("--mix %q: %q is not a percentage", s, p)
+		}
+		out[i], total = v, total+v
+	}
+	if total <= 0 {
+		return fmt.Errorf("--mix %q: the shares add up to nothing", s)
+	}
+	for i := range out {
+		out[i] /= total
+	}
+	return nil
+}

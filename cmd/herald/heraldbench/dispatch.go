@@ -1,0 +1,113 @@
+package heraldbench
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/heraldpush/herald/jobs"
+	"github.com/heraldpush/herald/jobs/push"
+)
+
+// scheduled are the run's two messages, due at the same instant.
+type scheduled struct {
+	dispatchAt       time.Time
+	bulkID, urgentID string
+	bulkN, urgentN   int64
+}
+
+// schedule schedules, through the API, the bulk message to every user of
+// segment "bench" and the urgent one to the urgent user, both for the same
+// instant Config.Ahead from now.
+func (b *Benchmark) schedule(ctx context.Context, res *Result) (scheduled, error) {
+	dispatchAt := time.Now().Add(b.Config.Ahead).Truncate(time.Millisecond)
+	b.Progress("scheduling the bulk message to %d devices and the urgent one for %s", res.Devices, dispatchAt.Format(time.RFC3339Nano))
+	start := time.Now()
+	bulk, err := b.api(http.MethodPost, "/v1/messages", map[string]any{
+		"dispatch_at": dispatchAt.Format(time.RFC3339Nano), "priority": "bulk",
+		"audience": map[string]any{"type": "segment", "id": "bench"},
+		"payload":  map[string]any{"title": "Your daily digest", "body": "12 new items since yesterday", "data": map[string]any{"deep_link": "app://digest"}},
+	}, http.StatusAccepted)
+	if err != nil {
+		return scheduled{}, err
+	}
+	res.ScheduleMs = ms(time.Since(start))
+	res.ChunkCount = int(bulk["chunk_count"].(float64))
+	urgent, err := b.api(http.MethodPost, "/v1/messages", map[string]any{
+		"dispatch_at": dispatchAt.Format(time.RFC3339Nano), "priority": "urgent",
+		"audience": map[string]any{"type": "users", "ids": []string{"urgent-user"}},
+		"payload":  map[string]any{"title": "Your sign-in code", "body": "123456"},
+	}, http.StatusAccepted)
+	if err != nil {
+		return scheduled{}, err
+	}
+	s := scheduled{dispatchAt: dispatchAt, bulkID: bulk["message_id"].(string), urgentID: urgent["message_id"].(string)}
+	s.bulkN, _ = push.ParseMessageID(s.bulkID)
+	s.urgentN, _ = push.ParseMessageID(s.urgentID)
+	b.Progress("scheduled in %.0f ms (%d chunks); waiting for %s", res.ScheduleMs, res.ChunkCount, dispatchAt.Format("15:04:05.000"))
+	return s, nil
+}
+
+// dispatch waits for the messages' instant, probes the machine while they
+// are sent, and waits until both have settled. It marks the CPU spans at
+// the instant (2) and once settled (3); Herald's CPU in between the
+// scheduling and the instant, when an idle process only polls its queues,
+// is measured apart as a rate (it is paid per second, not per send).
+func (b *Benchmark) dispatch(ctx context.Context, pool *pgxpool.Pool, dbURL string, s scheduled, cpu *cpuSpans, res *Result) error {
+	idleFrom := time.Now()
+	probeAPNs, closeProbe, err := b.providers(ctx, "probe")
+	if err != nil {
+		return err
+	}
+	defer closeProbe()
+	probeConn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		return err
+	}
+	defer probeConn.Close(context.WithoutCancel(ctx))
+	time.Sleep(time.Until(s.dispatchAt.Add(-100 * time.Millisecond)))
+	if err := cpu.markHerald(2); err != nil {
+		return err
+	}
+	if err := cpu.markPostgres(2); err != nil {
+		return err
+	}
+	res.IdleCPUPercent = round1(float64((cpu.heraldAt[2] - cpu.heraldAt[1]).Microseconds()) / float64(time.Since(idleFrom).Microseconds()) * 100)
+
+	stopProbe := make(chan struct{})
+	probed := make(chan [2][]float64, 1)
+	go func() {
+		time.Sleep(time.Until(s.dispatchAt))
+		p, d := b.probe(ctx, probeAPNs[jobs.ChannelAPNs], probeConn, stopProbe)
+		probed <- [2][]float64{p, d}
+	}()
+	for _, id := range []string{s.urgentID, s.bulkID} {
+		if err := b.waitSettled(ctx, pool, id, s.dispatchAt.Add(2*time.Minute)); err != nil {
+			close(stopProbe)
+			<-probed
+			return err
+		}
+	}
+	close(stopProbe)
+	rtts := <-probed
+	res.Probe.ProviderMs, res.Probe.DatabaseMs = summarize(rtts[0]), summarize(rtts[1])
+	b.Progress("probes while the bulk message was in flight: provider round trip p50 %.0f ms, max %.0f ms; database p50 %.1f ms, max %.1f ms",
+		res.Probe.ProviderMs.P50, res.Probe.ProviderMs.Max, res.Probe.DatabaseMs.P50, res.Probe.DatabaseMs.Max)
+	if err := cpu.markHerald(3); err != nil {
+		return err
+	}
+	if err := cpu.markPostgres(3); err != nil {
+		return err
+	}
+	for _, h := range b.heralds {
+		rss, err := peakRSS(h.cmd.Process.Pid)
+		if err != nil {
+			return err
+		}
+		res.PeakRSSMb = max(res.PeakRSSMb, rss)
+	}
+	return nil
+}

@@ -1,0 +1,185 @@
+package heraldbench
+
+import (
+	"context"
+	"encoding/json"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/heraldpush/herald/db"
+	"github.com/heraldpush/herald/jobs/push/fake"
+)
+
+// Result is the JSON line `herald bench` ends with.
+type Result struct {
+	Machine    string  `json:"machine"`
+	Users      int     `json:"users"`
+	Devices    int     `json:"devices"`
+	LatencyMs  float64 `json:"latency_ms"`
+	Accepted   int     `json:"accepted"`
+	Duplicates int64   `json:"duplicates"`
+	// Unanswered counts the provider requests of every Herald process that
+	// got no answer in time: each was sent again, and may be a duplicate.
+	Unanswered    int64   `json:"unanswered"`
+	ScheduleMs    float64 `json:"schedule_ms"`
+	ChunkCount    int     `json:"chunk_count"`
+	SkewMs        summary `json:"skew_ms"`
+	ReceiptSkewMs summary `json:"receipt_skew_ms"`
+	UrgentSkewMs  float64 `json:"urgent_skew_ms"`
+	// UrgentPickupMs is when the urgent chunk started after its due time:
+	// the rest of urgent_skew_ms is its reads, the send and the answer.
+	UrgentPickupMs float64 `json:"urgent_pickup_ms"`
+	// UrgentReceiptMs is when the urgent push reached fakepush after its
+	// due time: what is left of urgent_skew_ms after it is the provider's
+	// answer (its latency, and its CPU, shared here with the bulk fan-out).
+	UrgentReceiptMs float64 `json:"urgent_receipt_ms"`
+	// Probe is the floor under urgent_skew_ms on this machine: round trips
+	// the bench makes from its own, otherwise idle, process while the bulk
+	// message is in flight (probe). An urgent push waits for its lane's
+	// fetch, a database round trip to begin and a provider round trip, and
+	// none of them is quicker than these while the cores are saturated.
+	Probe struct {
+		ProviderMs summary `json:"provider_ms"`
+		DatabaseMs summary `json:"database_ms"`
+	} `json:"probe"`
+	FanoutMs       float64 `json:"fanout_ms"`
+	BlastMs        float64 `json:"blast_ms"`
+	CPUPerSend     float64 `json:"cpu_us_per_send"`
+	IdleCPUPercent float64 `json:"idle_cpu_percent"`
+	// PostgresCPUPerSend is the database's CPU over the same spans as
+	// cpu_us_per_send, per send: the ledger's share of the dispatch second,
+	// which the blast does not pay. Null when the database is not a process
+	// of this host.
+	PostgresCPUPerSend *float64 `json:"postgres_cpu_us_per_send"`
+	BlastCPUPerSnd     float64  `json:"blast_cpu_us_per_send"`
+	PeakRSSMb          float64  `json:"peak_rss_mb"`
+	Breakdown          struct {
+		PickupMs      pair `json:"pickup_ms"`
+		FirstAcceptMs pair `json:"first_accept_ms"`
+		LastAcceptMs  pair `json:"last_accept_ms"`
+		LedgerWriteMs pair `json:"ledger_write_ms"`
+	} `json:"breakdown"`
+	Tuning map[string]string `json:"tuning,omitempty"`
+	// UrgentWorker says the urgent lane ran in a process of its own
+	// (--urgent-worker); cpu_us_per_send and peak_rss_mb then cover both
+	// processes (the sum of their CPU, the larger peak).
+	UrgentWorker bool `json:"urgent_worker,omitempty"`
+}
+
+type summary struct {
+	P50 float64 `json:"p50"`
+	P95 float64 `json:"p95"`
+	P99 float64 `json:"p99"`
+	Max float64 `json:"max"`
+}
+
+type pair struct {
+	P50 float64 `json:"p50"`
+	Max float64 `json:"max"`
+}
+
+func summarize(sorted []float64) summary {
+	if len(sorted) == 0 {
+		return summary{}
+	}
+	q := func(p float64) float64 { return round1(sorted[int(math.Ceil(p*float64(len(sorted))))-1]) }
+	return summary{P50: q(0.5), P95: q(0.95), P99: q(0.99), Max: round1(sorted[len(sorted)-1])}
+}
+
+func pairOf(v []float64) pair {
+	if len(v) == 0 {
+		return pair{}
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return pair{P50: round1(s[(len(s)-1)/2]), Max: round1(s[len(s)-1])}
+}
+
+func ms(d time.Duration) float64 { return round1(float64(d.Microseconds()) / 1000) }
+
+func round1(f float64) float64 { return math.Round(f*10) / 10 }
+
+func (b *Benchmark) receipts(messageID string) ([]fake.Receipt, fake.Stats, error) {
+	var rs []fake.Receipt
+	var st fake.Stats
+	for path, dst := range map[string]any{"/_receipts?message_id=" + messageID: &rs, "/_stats": &st} {
+		resp, err := b.fakeHTTP.Get(b.fakeURL + path)
+		if err != nil {
+			return nil, st, err
+		}
+		err = json.NewDecoder(resp.Body).Decode(dst)
+		resp.Body.Close()
+		if err != nil {
+			return nil, st, err
+		}
+	}
+	return rs, st, nil
+}
+
+// ledgerView fills in what the ledger says of the run: the skews, the
+// fan-out's span and the chunks' breakdown. It returns how many pushes
+// were accepted, the sends the CPU is divided among.
+func (b *Benchmark) ledgerView(ctx context.Context, pool db.DBTX, s scheduled, res *Result) (int, error) {
+	q := db.On(pool)
+	skews, err := q.AcceptedSkews(ctx, s.bulkN)
+	if err != nil {
+		return 0, err
+	}
+	res.Accepted = len(skews)
+	res.SkewMs = summarize(skews)
+	urgentSkews, err := q.AcceptedSkews(ctx, s.urgentN)
+	if err != nil {
+		return 0, err
+	}
+	if len(urgentSkews) == 1 {
+		res.UrgentSkewMs = round1(urgentSkews[0])
+	}
+	urgentChunks, err := q.ChunkTimings(ctx, s.urgentN)
+	if err != nil {
+		return 0, err
+	}
+	if len(urgentChunks) == 1 {
+		res.UrgentPickupMs = round1(urgentChunks[0].PickupMs)
+	}
+	span, err := q.AcceptanceSpan(ctx, s.bulkN)
+	if err != nil {
+		return 0, err
+	}
+	res.FanoutMs = ms(span.Last.Sub(span.First))
+	chunks, err := q.ChunkTimings(ctx, s.bulkN)
+	if err != nil {
+		return 0, err
+	}
+	var pickup, first, last, write []float64
+	for _, c := range chunks {
+		pickup, first, last, write = append(pickup, c.PickupMs), append(first, c.FirstAcceptMs), append(last, c.LastAcceptMs), append(write, c.WriteMs)
+	}
+	res.Breakdown.PickupMs, res.Breakdown.FirstAcceptMs = pairOf(pickup), pairOf(first)
+	res.Breakdown.LastAcceptMs, res.Breakdown.LedgerWriteMs = pairOf(last), pairOf(write)
+	return res.Accepted + len(urgentSkews), nil
+}
+
+// fakepushView fills in what fakepush says of the run: when each push
+// arrived, by the same host's clock, and how many arrived twice.
+func (b *Benchmark) fakepushView(s scheduled, res *Result) error {
+	receipts, stats, err := b.receipts(s.bulkID)
+	if err != nil {
+		return err
+	}
+	var rskews []float64
+	for _, r := range receipts {
+		rskews = append(rskews, float64(r.ReceivedAt.Sub(s.dispatchAt).Microseconds())/1000)
+	}
+	slices.Sort(rskews)
+	res.ReceiptSkewMs = summarize(rskews)
+	res.Duplicates = stats.APNs.Duplicates + stats.FCM.Duplicates + stats.WebPush.Duplicates
+	urgentReceipts, _, err := b.receipts(s.urgentID)
+	if err != nil {
+		return err
+	}
+	if len(urgentReceipts) == 1 {
+		res.UrgentReceiptMs = round1(float64(urgentReceipts[0].ReceivedAt.Sub(s.dispatchAt).Microseconds()) / 1000)
+	}
+	return nil
+}
