@@ -113,6 +113,12 @@ func parseFlags(fs *flag.FlagSet, args []string, synopsis string, env []envVar, 
 		printHelp(stdout, fs, synopsis, env)
 		return true, nil
 	}
+	// A bad flag is said on stderr (by the flag package) with this short
+	// usage after it, and the command fails.
+	fs.Usage = func() {
+		name, _, _ := strings.Cut(synopsis, "\n")
+		fmt.Fprintf(fs.Output(), "usage: %s\n(%s --help lists every flag and the environment)\n", name, fs.Name())
+	}
 	if err := fs.Parse(args); err != nil {
 		return false, err
 	}

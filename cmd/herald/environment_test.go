@@ -24,6 +24,7 @@ func TestHelp(t *testing.T) {
 		{"serve", []string{"-addr", "-role", "-migrate", "DATABASE_URL", "HERALD_API_KEYS", "HERALD_WEBPUSH_HOSTS"}},
 		{"migrate", []string{"Usage: herald migrate", "DATABASE_URL", "HERALD_LOG_LEVEL"}},
 		{"fakepush", []string{"-addr", "-latency", "-tls-dir", "reads no environment"}},
+		{"bench", []string{"-users", "-latency", "-urgent-worker", "DATABASE_URL", "HERALD_BULK_WORKERS"}},
 	} {
 		for _, flag := range []string{"--help", "-h"} {
 			var stdout, stderr bytes.Buffer

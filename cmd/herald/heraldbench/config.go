@@ -71,7 +71,18 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	fs.IntVar(&cfg.DecryptOneIn, "decrypt-one-in", 10, "fakepush decrypts one Web Push body in N, to leave the CPU to Herald")
 	fs.BoolVar(&cfg.KeepDB, "keep-db", false, "keep the bench database afterwards")
 	fs.BoolVar(&cfg.UrgentWorker, "urgent-worker", false, "run the urgent lane in a worker process of its own (HERALD_LANES=urgent)")
-	if err := fs.Parse(args); err != nil {
+	// --help answers on stdout and succeeds; a bad flag fails with the
+	// usage on stderr.
+	fs.Usage = func() {}
+	if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
+		fmt.Fprint(stdout, "Usage: herald bench [flags]\n\nFlags:\n")
+		fs.SetOutput(stdout)
+		fs.PrintDefaults()
+		fmt.Fprintf(stdout, "\nEnvironment:\n  DATABASE_URL  the PostgreSQL server the bench makes its database on\n"+
+			"  %s\n                passed on to the Herald it runs, when set\n", strings.Join(benchTuning, ", "))
+		return nil
+	} else if err != nil {
+		fmt.Fprintln(stderr, "usage: herald bench [flags] (herald bench --help lists them)")
 		return err
 	}
 	if err := parseMix(*mix, &cfg.Mix); err != nil {
