@@ -429,7 +429,7 @@ func TestE2ELanesSplitAcrossProcesses(t *testing.T) {
 	}
 	require.Eventually(t, func() bool {
 		return sent(e.base, "bulk") == 40 && sent(urgentBase, "urgent") == 5
-	}, 10*time.Second, 20*time.Millisecond, "the lanes' deliveries were never counted where they belong")
+	}, 30*time.Second, 20*time.Millisecond, "the lanes' deliveries were never counted where they belong")
 	require.Zero(t, sent(e.base, "urgent"), "the bulk-lane process worked an urgent chunk")
 	require.Zero(t, sent(urgentBase, "bulk"), "the urgent-lane worker worked a bulk chunk")
 }
@@ -528,7 +528,7 @@ func TestE2EMetricsAfterDispatch(t *testing.T) {
 			return false
 		}
 		return heraldbench.MetricSum(families, "herald_deliveries_total", nil) == 6
-	}, 10*time.Second, 20*time.Millisecond, "the six deliveries were never counted")
+	}, 30*time.Second, 20*time.Millisecond, "the six deliveries were never counted")
 
 	value := func(name string, labels map[string]string) float64 {
 		t.Helper()
