@@ -64,7 +64,9 @@ func testBench(t *testing.T, urgentWorker bool) {
 	require.Positive(t, res.BlastCPUPerSnd)
 	require.Positive(t, res.PeakRSSMb)
 	require.NotNil(t, res.PostgresCPUPerSend, "the test cluster runs on this host")
-	require.Positive(t, *res.PostgresCPUPerSend)
+	// PostgreSQL's CPU is read in clock ticks (10 ms); a message to a hundred
+	// devices can cost it less than one, which a busy machine showed.
+	require.GreaterOrEqual(t, *res.PostgresCPUPerSend, 0.0)
 	require.Positive(t, res.Breakdown.LastAcceptMs.Max)
 	require.GreaterOrEqual(t, res.Probe.ProviderMs.P50, 5.0, "a probe push waits fakepush's round trip")
 	require.Positive(t, res.Probe.DatabaseMs.Max)
