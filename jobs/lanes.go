@@ -172,11 +172,6 @@ func NewRiverClient(pool *pgxpool.Pool, cfg RiverConfig) (*river.Client[pgx.Tx],
 		if cfg.Lanes.Urgent && cfg.UrgentPool == nil {
 			rc.Queues[QueueUrgent] = cfg.lane(cfg.UrgentWorkers)
 		}
-		rc.PeriodicJobs = []*river.PeriodicJob{river.NewPeriodicJob(
-			river.PeriodicInterval(cfg.MaterializeEvery),
-			func() (river.JobArgs, *river.InsertOpts) { return MaterializeArgs{}, nil },
-			&river.PeriodicJobOpts{RunOnStart: true},
-		)}
 	} else {
 		// Insert-only: the job kinds are not registered here, so River
 		// cannot check them.
@@ -231,7 +226,19 @@ func (c RiverConfig) fetchCooldown() time.Duration {
 }
 
 // workerConfig sets what every working client shares.
+//
+// The periodic materializer is one of those. Only River's leader enqueues
+// periodic jobs, and every working client takes part in the election: a
+// process's urgent client as much as its main one. Were the materializer
+// the main client's alone, a deployment whose leader was an urgent client
+// would make no schedule runs at all. Either client enqueues it on the
+// default queue, which every worker's main client works.
 func (c RiverConfig) workerConfig(rc *river.Config) {
+	rc.PeriodicJobs = []*river.PeriodicJob{river.NewPeriodicJob(
+		river.PeriodicInterval(c.MaterializeEvery),
+		func() (river.JobArgs, *river.InsertOpts) { return MaterializeArgs{}, nil },
+		&river.PeriodicJobOpts{RunOnStart: true},
+	)}
 	rc.Workers = c.Workers
 	rc.FetchPollInterval = c.FetchPollInterval
 	rc.FetchCooldown = c.fetchCooldown()
