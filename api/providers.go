@@ -30,10 +30,6 @@ type providerStatus struct {
 	Failures int64 `json:"failures"`
 }
 
-// stateRank orders breaker states from best to worst, so that one open
-// breaker anywhere shows.
-var stateRank = map[string]int{jobs.BreakerClosed: 0, jobs.BreakerHalfOpen: 1, jobs.BreakerOpen: 2}
-
 // listProviders reports, per channel, whether it is configured and what the
 // worker processes' circuit breakers say about it.
 func (s *Server) listProviders(c echo.Context) error {
@@ -54,9 +50,8 @@ func (s *Server) listProviders(c echo.Context) error {
 		st.Workers++
 		st.Sends += r.Sends
 		st.Failures += r.Failures
-		if stateRank[r.State] > stateRank[st.State] {
-			st.State = r.State
-		}
+		// One open breaker in any worker shows.
+		st.State = jobs.WorseState(st.State, r.State)
 		if r.LastErrorAt != nil && (st.LastErrorAt == nil || r.LastErrorAt.After(*st.LastErrorAt)) {
 			st.LastError, st.LastErrorAt = r.LastError, utcPtr(r.LastErrorAt)
 		}

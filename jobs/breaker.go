@@ -235,6 +235,15 @@ func endpointHost(endpoint string) string {
 // stateRank orders breaker states from best to worst.
 var stateRank = map[string]int{BreakerClosed: 0, BreakerHalfOpen: 1, BreakerOpen: 2}
 
+// WorseState is the worse of two breaker states: what a channel shows when
+// any of its breakers (its push services', or its processes') is in it.
+func WorseState(a, b string) string {
+	if stateRank[b] > stateRank[a] {
+		return b
+	}
+	return a
+}
+
 // Status is the channel's health as one breaker's would read: for Web Push,
 // the worst of its hosts' states, their summed counts, and the latest error
 // with the host it came from. ok is false for a channel without a provider.
@@ -255,9 +264,7 @@ func (b *Breakers) Status(channel string) (st BreakerStatus, ok bool) {
 		hs := h.Status()
 		st.Sends += hs.Sends
 		st.Failures += hs.Failures
-		if stateRank[hs.State] > stateRank[st.State] {
-			st.State = hs.State
-		}
+		st.State = WorseState(st.State, hs.State)
 		if hs.LastError != "" && hs.LastErrorAt.After(st.LastErrorAt) {
 			st.LastError, st.LastErrorAt = host+": "+hs.LastError, hs.LastErrorAt
 		}
