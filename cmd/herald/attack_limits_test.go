@@ -233,12 +233,7 @@ func TestAttackLimitsRunsMadeAhead(t *testing.T) {
 		"HERALD_SCHEDULE_LEAD": "1h", "HERALD_MATERIALIZE_EVERY": "200ms", "HERALD_SCHEDULE_MAX_AHEAD": "4",
 	})
 	e.register("ann", false)
-	sch := e.must(http.StatusCreated, http.MethodPost, "/v1/schedules", map[string]any{
-		"cron": "* * * * *", "timezone": "UTC",
-		"audience": map[string]any{"type": "users", "ids": []string{"ann"}},
-		"payload":  map[string]any{"title": "every minute"},
-	})
-	id := sch["schedule_id"].(string)
+	id := e.everyMinute("ann")
 	// Waiting runs are those not started; a run that starts on its minute
 	// while the test looks lets the materializer make the next one.
 	waiting := func() int {

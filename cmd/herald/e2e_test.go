@@ -146,6 +146,18 @@ func hexToken(prefix string) string {
 	return (prefix + hex.EncodeToString(b))[:64]
 }
 
+// everyMinute creates a schedule that sends to user every minute, and
+// returns its id.
+func (e *e2e) everyMinute(user string) string {
+	e.t.Helper()
+	sch := e.must(http.StatusCreated, http.MethodPost, "/v1/schedules", map[string]any{
+		"cron": "* * * * *", "timezone": "UTC",
+		"audience": map[string]any{"type": "users", "ids": []string{user}},
+		"payload":  map[string]any{"title": "every minute"},
+	})
+	return sch["schedule_id"].(string)
+}
+
 // register gives user one device per channel; dead tokens when dead.
 func (e *e2e) register(user string, dead bool) {
 	e.t.Helper()
@@ -448,12 +460,7 @@ func TestE2EScheduleEveryMinute(t *testing.T) {
 	t.Parallel()
 	e := startE2E(t, map[string]string{"HERALD_MATERIALIZE_EVERY": "200ms", "HERALD_SCHEDULE_LEAD": "1s"})
 	e.register("ann", false)
-	sch := e.must(http.StatusCreated, http.MethodPost, "/v1/schedules", map[string]any{
-		"cron": "* * * * *", "timezone": "UTC",
-		"audience": map[string]any{"type": "users", "ids": []string{"ann"}},
-		"payload":  map[string]any{"title": "every minute"},
-	})
-	id := sch["schedule_id"].(string)
+	id := e.everyMinute("ann")
 	scheduleID, err := strconv.ParseInt(strings.TrimPrefix(id, "sch_"), 10, 64)
 	require.NoError(t, err)
 
