@@ -53,10 +53,10 @@ func NewBreaker(cfg BreakerConfig) *Breaker {
 		cfg.Threshold = 5
 	}
 	if cfg.Cooldown <= 0 {
-		cfg.Cooldown = time.Second
+		cfg.Cooldown = DefaultBreakerCooldown
 	}
 	if cfg.MaxCooldown <= 0 {
-		cfg.MaxCooldown = 30 * time.Second
+		cfg.MaxCooldown = max(DefaultBreakerMaxCooldown, cfg.Cooldown)
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now

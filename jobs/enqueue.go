@@ -15,14 +15,6 @@ import (
 	"github.com/heraldpush/herald/jobs/push"
 )
 
-// DefaultChunkSize is the number of devices per chunk job. FCM's multicast
-// call takes at most 500 tokens, so a chunk's FCM devices always fit one
-// call; 500 sends at a 20 ms round trip with 50 in flight per provider take
-// about 200 ms, small enough that 25,000 devices spread over 50 chunks and
-// every worker of a lane, and large enough that per-chunk costs (one ledger
-// read and one write, one River fetch) stay a small share of the work.
-const DefaultChunkSize = 500
-
 // ErrUnknownSegment is returned when an audience names a segment that does
 // not exist.
 var ErrUnknownSegment = errors.New("unknown segment")

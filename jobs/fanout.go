@@ -1,11 +1,13 @@
 package jobs
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -145,27 +147,19 @@ type Sender interface {
 
 // FanOutConfig holds what the chunk worker needs.
 type FanOutConfig struct {
+	// Pool is the process's connections, used by every lane without a Pool
+	// of its own.
 	Pool *pgxpool.Pool
-	// UrgentPool is the urgent lane's own connections, so that an urgent
-	// chunk never queues for a connection behind a bulk fan-out's chunks,
-	// which all start at the same instant. Nil: the urgent lane shares Pool.
-	UrgentPool *pgxpool.Pool
-	Logger     *slog.Logger
-	Clock      *Clock
-	// Providers by channel (apns, fcm, webpush) for the bulk lane; a channel
-	// without one is disabled, and its deliveries fail with channel_disabled.
-	// Nil in a worker that serves the urgent lane alone.
-	Providers map[string]Sender
-	// UrgentProviders are the urgent lane's own provider clients, with
-	// their own connections and in-flight limits, so that an urgent push
-	// never queues behind a bulk fan-out inside a provider client either.
-	// Nil: the urgent lane shares Providers.
-	UrgentProviders map[string]Sender
-	// Breakers are shared by both lanes (a provider's health is the same
+	// Lanes are the lanes this worker serves, each with its provider
+	// clients and maybe connections of its own (Lane).
+	Lanes  []Lane
+	Logger *slog.Logger
+	Clock  *Clock
+	// Breakers are shared by the lanes (a provider's health is the same
 	// whichever lane sends). Nil: closed breakers for every channel that
 	// has a provider, with the default settings.
 	Breakers *Breakers
-	// Timeout bounds one attempt of a chunk. Default 30 s.
+	// Timeout bounds one attempt of a chunk; zero takes DefaultChunkTimeout.
 	Timeout time.Duration
 	// Metrics, when set, counts deliveries, skew and provider latency.
 	Metrics *Metrics
@@ -178,43 +172,41 @@ type FanOutConfig struct {
 type FanOutWorker struct {
 	river.WorkerDefaults[FanOutArgs]
 	cfg      FanOutConfig
+	lanes    map[string]Lane
 	messages *messageCache
 }
 
 // NewFanOutWorker returns the chunk worker.
 func NewFanOutWorker(cfg FanOutConfig) *FanOutWorker {
-	if cfg.Timeout <= 0 {
-		cfg.Timeout = 30 * time.Second
+	cfg.Timeout = cmp.Or(cfg.Timeout, DefaultChunkTimeout)
+	w := &FanOutWorker{cfg: cfg, lanes: map[string]Lane{}, messages: newMessageCache(64)}
+	for _, l := range cfg.Lanes {
+		if l.Pool == nil {
+			l.Pool = cfg.Pool
+		}
+		w.lanes[l.Queue] = l
 	}
-	if cfg.Breakers == nil {
+	if w.cfg.Breakers == nil {
 		var channels []string
 		for _, ch := range Channels {
-			if cfg.Providers[ch] != nil || cfg.UrgentProviders[ch] != nil {
+			if slices.ContainsFunc(cfg.Lanes, func(l Lane) bool { return l.Providers[ch] != nil }) {
 				channels = append(channels, ch)
 			}
 		}
-		cfg.Breakers = NewBreakers(BreakerConfig{}, channels...)
+		w.cfg.Breakers = NewBreakers(BreakerConfig{}, channels...)
 	}
-	if cfg.UrgentPool == nil {
-		cfg.UrgentPool = cfg.Pool
-	}
-	return &FanOutWorker{cfg: cfg, messages: newMessageCache(64)}
+	return w
 }
 
-// providers are the provider clients of a chunk's lane.
-func (w *FanOutWorker) providers(a FanOutArgs) map[string]Sender {
-	if a.Priority == PriorityUrgent && w.cfg.UrgentProviders != nil {
-		return w.cfg.UrgentProviders
+// lane is the lane of a chunk. River gives a worker only the chunks of the
+// queues it serves; a lane it does not know has no providers, so its
+// deliveries would fail with channel_disabled, never silently.
+func (w *FanOutWorker) lane(a FanOutArgs) Lane {
+	q := laneQueue(a.Priority)
+	if l, ok := w.lanes[q]; ok {
+		return l
 	}
-	return w.cfg.Providers
-}
-
-// pool is the connection pool of a chunk's lane.
-func (w *FanOutWorker) pool(a FanOutArgs) *pgxpool.Pool {
-	if a.Priority == PriorityUrgent {
-		return w.cfg.UrgentPool
-	}
-	return w.cfg.Pool
+	return Lane{Queue: q, Pool: w.cfg.Pool}
 }
 
 // recordTimeout bounds the write of a chunk's results.
@@ -277,7 +269,7 @@ func (w *FanOutWorker) begin(ctx context.Context, job *river.Job[FanOutArgs]) (p
 	if cached {
 		payloadID = 0
 	}
-	begun, err := db.BeginChunk(ctx, w.pool(a), a.MessageID, a.deviceIDs(), payloadID)
+	begun, err := db.BeginChunk(ctx, w.lane(a).Pool, a.MessageID, a.deviceIDs(), payloadID)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -340,7 +332,7 @@ type sends struct {
 // end, and their results can be recorded as they return.
 func (w *FanOutWorker) send(ctx context.Context, a FanOutArgs, msg *push.Message, groups map[sendGroup][]int) *sends {
 	s := &sends{results: make([]push.Result, len(a.Targets)), done: make(chan []int, len(a.Targets)+len(groups))}
-	providers := w.providers(a)
+	providers := w.lane(a).Providers
 	for g, idx := range groups {
 		provider, ok := providers[g.channel]
 		if !ok {
@@ -558,7 +550,7 @@ func (w *FanOutWorker) record(ctx context.Context, a FanOutArgs, startedAt time.
 	// jobs/state.go for the lock order).
 	writeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
 	defer cancel()
-	_, err := db.WriteChunk(writeCtx, w.pool(a), db.ChunkWrite{
+	_, err := db.WriteChunk(writeCtx, w.lane(a).Pool, db.ChunkWrite{
 		Evict:   db.EvictDevicesParams{Ids: c.evictIDs, Reasons: c.evictReasons, SentAfter: startedAt},
 		Chunk:   chunk,
 		Results: c.results,
@@ -576,7 +568,7 @@ func (w *FanOutWorker) record(ctx context.Context, a FanOutArgs, startedAt time.
 func (w *FanOutWorker) expire(ctx context.Context, a FanOutArgs, at time.Time) error {
 	ids := a.deviceIDs()
 	var counted []settledDelivery
-	err := db.InTx(ctx, w.pool(a), func(tx pgx.Tx) error {
+	err := db.InTx(ctx, w.lane(a).Pool, func(tx pgx.Tx) error {
 		q := db.On(tx)
 		if _, err := q.LockMessage(ctx, a.MessageID); err != nil {
 			return fmt.Errorf("lock message: %w", err)

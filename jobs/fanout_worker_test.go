@@ -144,10 +144,13 @@ func (b *fanOutBundle) job(id int64) *rivertype.JobRow {
 	return job
 }
 
-// worker is a chunk worker on the test's database with cfg's providers,
-// breakers and timeout.
-func (b *fanOutBundle) worker(cfg FanOutConfig) *FanOutWorker {
+// worker is a chunk worker on the test's database whose two lanes share
+// providers, with cfg's breakers and timeout.
+func (b *fanOutBundle) worker(providers map[string]Sender, cfg FanOutConfig) *FanOutWorker {
 	cfg.Pool, cfg.Logger, cfg.Clock = b.db.Pool, discard, b.clock
+	for _, q := range LaneQueues {
+		cfg.Lanes = append(cfg.Lanes, Lane{Queue: q, Providers: providers})
+	}
 	return NewFanOutWorker(cfg)
 }
 
@@ -298,7 +301,7 @@ func TestFanOutExpiredChunkSendsNothing(t *testing.T) {
 	// Due two hours ago, expired one hour ago: the chunk's job ran late.
 	c := b.message(users, b.clock.Now().Add(-2*time.Hour), time.Hour)
 	apns, fcm, web := &recordingSender{}, &recordingSender{}, &recordingSender{}
-	w := b.worker(FanOutConfig{Providers: map[string]Sender{ChannelAPNs: apns, ChannelFCM: fcm, ChannelWebPush: web}})
+	w := b.worker(map[string]Sender{ChannelAPNs: apns, ChannelFCM: fcm, ChannelWebPush: web}, FanOutConfig{})
 
 	res := b.work(w, c)
 	require.Equal(t, river.EventKindJobCompleted, res.EventKind)
@@ -334,7 +337,7 @@ func TestFanOutCancelWinsTheRace(t *testing.T) {
 	require.NoError(t, err)
 
 	apns, fcm := &recordingSender{}, &recordingSender{}
-	res := b.work(b.worker(FanOutConfig{Providers: map[string]Sender{ChannelAPNs: apns, ChannelFCM: fcm}}), c)
+	res := b.work(b.worker(map[string]Sender{ChannelAPNs: apns, ChannelFCM: fcm}, FanOutConfig{}), c)
 	require.Equal(t, river.EventKindJobCompleted, res.EventKind)
 	require.Empty(t, append(apns.sends(), fcm.sends()...), "a cancelled message sends nothing")
 	require.Equal(t, StateCancelled, before.State)
@@ -351,7 +354,7 @@ func TestFanOutDisabledChannelFailsOnlyItsDeliveries(t *testing.T) {
 	c := b.dueNow(b.devices("apns-1", "fcm-1", "fcm-2", "https://push.example/w/1", "https://push.example/w/2"))
 	// No Web Push provider here.
 	apns, fcm := &recordingSender{}, &recordingSender{}
-	res := b.work(b.worker(FanOutConfig{Providers: map[string]Sender{ChannelAPNs: apns, ChannelFCM: fcm}}), c)
+	res := b.work(b.worker(map[string]Sender{ChannelAPNs: apns, ChannelFCM: fcm}, FanOutConfig{}), c)
 
 	require.Equal(t, river.EventKindJobCompleted, res.EventKind)
 	require.Equal(t, []string{"apns-1"}, apns.sends())
@@ -387,7 +390,7 @@ func TestFanOutParksAProviderWhoseBreakerIsOpen(t *testing.T) {
 			require.Equal(t, BreakerOpen, breakers.For(ChannelAPNs, "").Status().State)
 			c := b.message(b.devices("apns-1", "apns-2", "fcm-1"), b.clock.Now(), tc.lifetime)
 			apns, fcm := &recordingSender{}, &recordingSender{}
-			w := b.worker(FanOutConfig{Providers: map[string]Sender{ChannelAPNs: apns, ChannelFCM: fcm}, Breakers: breakers})
+			w := b.worker(map[string]Sender{ChannelAPNs: apns, ChannelFCM: fcm}, FanOutConfig{Breakers: breakers})
 
 			attempted := time.Now()
 			res := b.work(w, c)
@@ -444,7 +447,7 @@ func TestFanOutTimeoutRecordsWhatWasSent(t *testing.T) {
 		b := setupFanOut(t)
 		c := b.dueNow(b.devices(tokens...))
 		fcm := &recordingSender{stallAfter: 2}
-		w := b.worker(FanOutConfig{Providers: map[string]Sender{ChannelFCM: fcm}, Timeout: 300 * time.Millisecond})
+		w := b.worker(map[string]Sender{ChannelFCM: fcm}, FanOutConfig{Timeout: 300 * time.Millisecond})
 
 		res := b.work(w, c)
 		// What was not sent waits for the chunk's next attempt.
@@ -464,7 +467,7 @@ func TestFanOutTimeoutRecordsWhatWasSent(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		fcm := &recordingSender{stallAfter: 2, stalled: cancel}
-		w := b.worker(FanOutConfig{Providers: map[string]Sender{ChannelFCM: fcm}})
+		w := b.worker(map[string]Sender{ChannelFCM: fcm}, FanOutConfig{})
 
 		err := w.Work(ctx, &river.Job[FanOutArgs]{JobRow: c.job, Args: c.args})
 		var snooze *rivertype.JobSnoozeError
@@ -480,7 +483,7 @@ func TestFanOutRetriedChunkSendsOnlyWhatIsPending(t *testing.T) {
 	apns := &recordingSender{}
 	// fcm-2 is rate limited once, then accepted.
 	fcm := &recordingSender{script: map[string][]push.Result{"fcm-2": {failing(push.ReasonRateLimited)}}}
-	w := b.worker(FanOutConfig{Providers: map[string]Sender{ChannelAPNs: apns, ChannelFCM: fcm}})
+	w := b.worker(map[string]Sender{ChannelAPNs: apns, ChannelFCM: fcm}, FanOutConfig{})
 
 	res := b.work(w, c)
 	require.Equal(t, river.EventKindJobSnoozed, res.EventKind, "a transient failure waits for the next attempt")
@@ -510,7 +513,7 @@ func TestFanOutParksOnlyTheWebPushHostWhoseBreakerIsOpen(t *testing.T) {
 	breakers := openBreakers(time.Minute)
 	breakers.For(ChannelWebPush, down[0]).Failure("503 from push-b")
 	web := &recordingSender{}
-	w := b.worker(FanOutConfig{Providers: map[string]Sender{ChannelWebPush: web}, Breakers: breakers})
+	w := b.worker(map[string]Sender{ChannelWebPush: web}, FanOutConfig{Breakers: breakers})
 
 	res := b.work(w, c)
 	require.Equal(t, river.EventKindJobSnoozed, res.EventKind)
@@ -534,7 +537,7 @@ func TestFanOutEvictsDeadTokens(t *testing.T) {
 		"fcm-1": {failing(push.ReasonBadToken)},
 		"fcm-2": {failing(push.ReasonPayloadRejected)},
 	}}
-	w := b.worker(FanOutConfig{Providers: map[string]Sender{ChannelAPNs: apns, ChannelFCM: fcm, ChannelWebPush: &recordingSender{}}})
+	w := b.worker(map[string]Sender{ChannelAPNs: apns, ChannelFCM: fcm, ChannelWebPush: &recordingSender{}}, FanOutConfig{})
 
 	res := b.work(w, c)
 	require.Equal(t, river.EventKindJobCompleted, res.EventKind)

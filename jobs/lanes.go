@@ -1,11 +1,14 @@
 package jobs
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -28,50 +31,59 @@ const (
 	PriorityBulk   = "bulk"
 )
 
-// Lanes are the chunk lanes a worker process serves. A deployment that must
-// keep urgent pushes fast while its workers are saturated by bulk fan-outs
-// runs some processes with the urgent lane alone: inside one process the
-// lanes share the Go scheduler, and nothing there puts an urgent goroutine
-// ahead of a bulk one (README, "Sizing").
-type Lanes struct{ Urgent, Bulk bool }
+// Lane is one chunk lane of a worker process, with everything it has of
+// its own: its River queue (named like the priority of the messages it
+// carries), how many of its chunks run at once, and the connections and
+// provider clients its chunks use, so that nothing of the urgent lane
+// queues behind a bulk fan-out. A deployment that must keep urgent pushes
+// fast while bulk fan-outs saturate its workers runs some processes with
+// the urgent lane alone: inside one process the lanes share the Go
+// scheduler, and nothing there puts an urgent goroutine ahead of a bulk one
+// (README, "Sizing").
+type Lane struct {
+	// Queue is QueueUrgent or QueueBulk.
+	Queue string
+	// Workers is how many of the lane's chunks run at once in this
+	// process; zero takes DefaultUrgentWorkers or DefaultBulkWorkers.
+	Workers int
+	// Pool, when set, is the lane's own connections: its chunks read and
+	// write through them, and a River client of its own fetches and
+	// completes its jobs on them. At the instant a bulk message is due, its
+	// chunks take every connection of the shared pool, and the urgent
+	// lane's work would queue behind them. Nil: the process's pool and its
+	// main River client.
+	Pool *pgxpool.Pool
+	// Providers are the lane's provider clients by channel, with their own
+	// connections and in-flight limits; a channel without one is disabled,
+	// and its deliveries fail with channel_disabled.
+	Providers map[string]Sender
+}
 
-// AllLanes is what a worker serves unless told otherwise.
-var AllLanes = Lanes{Urgent: true, Bulk: true}
+// LaneQueues are the lanes' queues, urgent first.
+var LaneQueues = []string{QueueUrgent, QueueBulk}
 
-// ParseLanes reads a comma-separated list of lanes ("urgent", "bulk");
-// empty means both.
-func ParseLanes(s string) (Lanes, error) {
+// ParseLanes reads a comma-separated list of lanes ("urgent", "bulk") into
+// their queues, urgent first; empty means both.
+func ParseLanes(s string) ([]string, error) {
 	if strings.TrimSpace(s) == "" {
-		return AllLanes, nil
+		return LaneQueues, nil
 	}
-	var l Lanes
+	named := map[string]bool{}
 	for _, name := range strings.Split(s, ",") {
-		switch strings.TrimSpace(name) {
-		case QueueUrgent:
-			l.Urgent = true
-		case QueueBulk:
-			l.Bulk = true
-		default:
-			return Lanes{}, fmt.Errorf("unknown lane %q: the lanes are urgent and bulk, comma-separated", strings.TrimSpace(name))
+		name = strings.TrimSpace(name)
+		if !slices.Contains(LaneQueues, name) {
+			return nil, fmt.Errorf("unknown lane %q: the lanes are urgent and bulk, comma-separated", name)
+		}
+		named[name] = true
+	}
+	var queues []string
+	for _, q := range LaneQueues {
+		if named[q] {
+			queues = append(queues, q)
 		}
 	}
-	return l, nil
+	return queues, nil
 }
-
-// queues are the River queues of the lanes.
-func (l Lanes) queues() []string {
-	var queues []string
-	if l.Urgent {
-		queues = append(queues, QueueUrgent)
-	}
-	if l.Bulk {
-		queues = append(queues, QueueBulk)
-	}
-	return queues
-}
-
-// String lists the lanes as ParseLanes reads them.
-func (l Lanes) String() string { return strings.Join(l.queues(), ",") }
 
 func laneQueue(priority string) string {
 	if priority == PriorityUrgent {
@@ -80,68 +92,57 @@ func laneQueue(priority string) string {
 	return QueueBulk
 }
 
-// RiverConfig configures Herald's River client.
+// workers is the lane's worker count, or its default.
+func (l Lane) workers() int {
+	switch {
+	case l.Workers > 0:
+		return l.Workers
+	case l.Queue == QueueUrgent:
+		return DefaultUrgentWorkers
+	default:
+		return DefaultBulkWorkers
+	}
+}
+
+// RiverConfig configures Herald's River clients. The zero value of each
+// duration takes its default (defaults.go).
 type RiverConfig struct {
 	Logger *slog.Logger
 	// Workers holds the job workers. Nil makes an insert-only client (the
 	// api role), which enqueues but works nothing.
 	Workers *river.Workers
-	// UrgentWorkers and BulkWorkers are each lane's concurrent chunk jobs
-	// per process. Defaults 10 and 50: enough bulk workers that every chunk
-	// of a 25,000-device message starts at once, leaving the providers'
-	// in-flight limits to bound the real concurrency (see README, Sizing).
-	UrgentWorkers, BulkWorkers int
-	// FetchPollInterval is how often each lane looks for due chunks; it
-	// bounds the lag between a chunk's time and its start. Default 50 ms.
+	// Lanes are the chunk lanes a working client serves; none means both,
+	// with default workers, on the process's pool.
+	Lanes []Lane
+	// FetchPollInterval is how often each lane looks for due chunks.
 	FetchPollInterval time.Duration
 	// Lookahead is how long before its time a chunk is made available to
-	// fetch (fetching still waits for its time). Default 10 s.
+	// fetch.
 	Lookahead time.Duration
-	// ChunkTimeout bounds a chunk attempt (default 30 s); RescueAfter is
-	// how long a chunk may run before River, finding its process gone,
-	// retries it (default 1 min). RescueAfter must exceed ChunkTimeout.
+	// ChunkTimeout bounds a chunk attempt; RescueAfter is how long a chunk
+	// may run before River, finding its process gone, retries it.
+	// RescueAfter must exceed ChunkTimeout.
 	ChunkTimeout, RescueAfter time.Duration
 	// MaterializeEvery is how often River's leader runs the schedule
-	// materializer (default 15 s); it is a fraction of the schedule lead, so
-	// a run is made several passes before it is due.
+	// materializer.
 	MaterializeEvery time.Duration
-	// UrgentPool, when set, gives the urgent lane a River client of its own
-	// on these connections (NewUrgentRiverClient), and the client
-	// NewRiverClient returns leaves the urgent queue to it.
-	UrgentPool *pgxpool.Pool
-	// Lanes are the lanes a working client serves; zero means both.
-	Lanes Lanes
 }
 
 func (c *RiverConfig) setDefaults() {
-	if c.Lanes == (Lanes{}) {
-		c.Lanes = AllLanes
+	if len(c.Lanes) == 0 {
+		c.Lanes = []Lane{{Queue: QueueUrgent}, {Queue: QueueBulk}}
 	}
-	if c.UrgentWorkers <= 0 {
-		c.UrgentWorkers = 10
-	}
-	if c.BulkWorkers <= 0 {
-		c.BulkWorkers = 50
-	}
-	if c.FetchPollInterval <= 0 {
-		c.FetchPollInterval = 50 * time.Millisecond
-	}
-	if c.Lookahead <= 0 {
-		c.Lookahead = 10 * time.Second
-	}
-	if c.ChunkTimeout <= 0 {
-		c.ChunkTimeout = 30 * time.Second
-	}
-	if c.RescueAfter <= 0 {
-		c.RescueAfter = time.Minute
-	}
-	if c.MaterializeEvery <= 0 {
-		c.MaterializeEvery = 15 * time.Second
-	}
+	c.FetchPollInterval = cmp.Or(c.FetchPollInterval, DefaultFetchPollInterval)
+	c.Lookahead = cmp.Or(c.Lookahead, DefaultLookahead)
+	c.ChunkTimeout = cmp.Or(c.ChunkTimeout, DefaultChunkTimeout)
+	c.RescueAfter = cmp.Or(c.RescueAfter, DefaultRescueAfter)
+	c.MaterializeEvery = cmp.Or(c.MaterializeEvery, DefaultMaterializeEvery)
 }
 
-// NewRiverClient returns the River client for pool, with the lanes cfg.Lanes
-// names when it has workers (the urgent one only when it has no UrgentPool).
+// NewRiverClient returns the River client on pool: an insert-only one when
+// cfg has no Workers, else the process's main client, which works the
+// maintenance queue and every lane of cfg.Lanes that has no Pool of its own
+// (NewRiverClients makes the clients of the others).
 //
 // River makes a job scheduled for later available only from its leader's
 // scheduler, every 5 s with a 5 s look-ahead, so a chunk can start up to 5 s
@@ -166,11 +167,10 @@ func NewRiverClient(pool *pgxpool.Pool, cfg RiverConfig) (*river.Client[pgx.Tx],
 			// which saves a third of an idle process's fetches.
 			river.QueueDefault: {MaxWorkers: 2, FetchPollInterval: time.Second},
 		}
-		if cfg.Lanes.Bulk {
-			rc.Queues[QueueBulk] = cfg.lane(cfg.BulkWorkers)
-		}
-		if cfg.Lanes.Urgent && cfg.UrgentPool == nil {
-			rc.Queues[QueueUrgent] = cfg.lane(cfg.UrgentWorkers)
+		for _, l := range cfg.Lanes {
+			if l.Pool == nil {
+				rc.Queues[l.Queue] = cfg.queue(l)
+			}
 		}
 	} else {
 		// Insert-only: the job kinds are not registered here, so River
@@ -184,23 +184,83 @@ func NewRiverClient(pool *pgxpool.Pool, cfg RiverConfig) (*river.Client[pgx.Tx],
 	return client, nil
 }
 
-// NewUrgentRiverClient returns the urgent lane's own River client, on
-// cfg.UrgentPool: at the instant a bulk message is due, its chunks take
-// every connection of the shared pool, and the urgent lane's fetches and
-// completions would queue behind them.
-func NewUrgentRiverClient(cfg RiverConfig) (*river.Client[pgx.Tx], error) {
-	if cfg.Logger == nil || cfg.Workers == nil || cfg.UrgentPool == nil {
-		return nil, errors.New("jobs: the urgent lane's River client needs Logger, Workers and UrgentPool")
+// RiverClients are a worker process's River clients: Main, on the
+// process's pool, and one for each lane with a Pool of its own.
+type RiverClients struct {
+	Main *river.Client[pgx.Tx]
+	// byQueue is the client that works each lane.
+	byQueue map[string]*river.Client[pgx.Tx]
+	all     []*river.Client[pgx.Tx]
+}
+
+// NewRiverClients makes a worker's River clients (cfg.Workers is required).
+func NewRiverClients(pool *pgxpool.Pool, cfg RiverConfig) (*RiverClients, error) {
+	if cfg.Logger == nil || cfg.Workers == nil {
+		return nil, errors.New("jobs: a worker's River clients need Logger and Workers")
 	}
 	cfg.setDefaults()
-	rc := cfg.base()
-	rc.Queues = map[string]river.QueueConfig{QueueUrgent: cfg.lane(cfg.UrgentWorkers)}
-	cfg.workerConfig(rc)
-	client, err := river.NewClient(riverpgxv5.New(cfg.UrgentPool), rc)
+	main, err := NewRiverClient(pool, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("urgent river client: %w", err)
+		return nil, err
 	}
-	return client, nil
+	c := &RiverClients{Main: main, byQueue: map[string]*river.Client[pgx.Tx]{}, all: []*river.Client[pgx.Tx]{main}}
+	for _, l := range cfg.Lanes {
+		if l.Pool == nil {
+			c.byQueue[l.Queue] = main
+			continue
+		}
+		rc := cfg.base()
+		rc.Queues = map[string]river.QueueConfig{l.Queue: cfg.queue(l)}
+		cfg.workerConfig(rc)
+		own, err := river.NewClient(riverpgxv5.New(l.Pool), rc)
+		if err != nil {
+			return nil, fmt.Errorf("river client of the %s lane: %w", l.Queue, err)
+		}
+		c.byQueue[l.Queue] = own
+		c.all = append(c.all, own)
+	}
+	return c, nil
+}
+
+// Wakers are the functions that wake each lane at once, each through the
+// client that serves it, so that the urgent lane's wake never waits for a
+// connection behind the bulk lane's chunks (Waker.Lanes).
+func (c *RiverClients) Wakers() map[string]func(context.Context) error {
+	wake := map[string]func(context.Context) error{}
+	for queue, client := range c.byQueue {
+		wake[queue] = RiverNotify(client.Driver(), queue)
+	}
+	return wake
+}
+
+// Start starts every client.
+func (c *RiverClients) Start(ctx context.Context) error {
+	for _, client := range c.all {
+		if err := client.Start(ctx); err != nil {
+			return fmt.Errorf("start River: %w", err)
+		}
+	}
+	return nil
+}
+
+// Stop lets running chunks finish until ctx is done, then cancels what is
+// left: River retries a cancelled chunk, and its settled deliveries are
+// skipped. The clients stop together.
+func (c *RiverClients) Stop(ctx context.Context, logger *slog.Logger) {
+	var wg sync.WaitGroup
+	for _, client := range c.all {
+		wg.Go(func() {
+			if err := client.Stop(ctx); err != nil {
+				logger.Warn("chunks still running at the end of the grace period; cancelling them", "error", err)
+				cancelCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+				defer cancel()
+				if err := client.StopAndCancel(cancelCtx); err != nil {
+					logger.Error("River did not stop", "error", err)
+				}
+			}
+		})
+	}
+	wg.Wait()
 }
 
 // base is what every River client of Herald's has: the logger, and the
@@ -212,10 +272,10 @@ func (c RiverConfig) base() *river.Config {
 	}
 }
 
-// lane is a chunk lane's queue: workers, and the quick poll that bounds
-// pickup lag.
-func (c RiverConfig) lane(workers int) river.QueueConfig {
-	return river.QueueConfig{MaxWorkers: workers, FetchPollInterval: c.FetchPollInterval, FetchCooldown: c.fetchCooldown()}
+// queue is a chunk lane's queue: its workers, and the quick poll that
+// bounds pickup lag.
+func (c RiverConfig) queue(l Lane) river.QueueConfig {
+	return river.QueueConfig{MaxWorkers: l.workers(), FetchPollInterval: c.FetchPollInterval, FetchCooldown: c.fetchCooldown()}
 }
 
 // fetchCooldown is the least time between two fetches of a lane: a fifth of
@@ -242,11 +302,10 @@ func (c RiverConfig) workerConfig(rc *river.Config) {
 	rc.Workers = c.Workers
 	rc.FetchPollInterval = c.FetchPollInterval
 	rc.FetchCooldown = c.fetchCooldown()
-	// A chunk attempt is bounded by ChunkTimeout (30 s); a chunk whose
-	// process died is rescued once it has been running for RescueAfter (a
-	// minute), so never while its first attempt may still be sending, and
-	// within about 90 s (River's rescuer looks every 30 s), not River's
-	// default hour.
+	// A chunk attempt is bounded by ChunkTimeout; a chunk whose process
+	// died is rescued once it has been running for RescueAfter, so never
+	// while its first attempt may still be sending, and within RescueAfter
+	// and River's rescue pass (every 30 s), not River's default hour.
 	rc.JobTimeout = c.ChunkTimeout
 	rc.RescueStuckJobsAfter = c.RescueAfter
 }

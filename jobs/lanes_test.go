@@ -2,6 +2,7 @@ package jobs
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,20 +13,20 @@ import (
 )
 
 func TestParseLanes(t *testing.T) {
-	for in, want := range map[string]Lanes{
-		"":              AllLanes,
-		" ":             AllLanes,
-		"urgent":        {Urgent: true},
-		"bulk":          {Bulk: true},
-		"bulk, urgent":  AllLanes,
-		"urgent,urgent": {Urgent: true},
+	for in, want := range map[string][]string{
+		"":              LaneQueues,
+		" ":             LaneQueues,
+		"urgent":        {QueueUrgent},
+		"bulk":          {QueueBulk},
+		"bulk, urgent":  {QueueUrgent, QueueBulk},
+		"urgent,urgent": {QueueUrgent},
 	} {
 		got, err := ParseLanes(in)
 		require.NoError(t, err, in)
 		require.Equal(t, want, got, in)
-		again, err := ParseLanes(got.String())
+		again, err := ParseLanes(strings.Join(got, ","))
 		require.NoError(t, err)
-		require.Equal(t, got, again, "String reads back")
+		require.Equal(t, got, again, "the list reads back")
 	}
 	for _, in := range []string{"fast", "urgent,", "urgent;bulk"} {
 		_, err := ParseLanes(in)
@@ -43,10 +44,13 @@ func TestUrgentClientLeadsWithTheMaterializer(t *testing.T) {
 	tdb := dbtest.New(t)
 	workers := river.NewWorkers()
 	Register(workers, FanOutConfig{Pool: tdb.Pool, Logger: discard}, &Materializer{Pool: tdb.Pool, Logger: discard})
-	urgent, err := NewUrgentRiverClient(RiverConfig{
-		Logger: discard, Workers: workers, UrgentPool: tdb.Pool, MaterializeEvery: 100 * time.Millisecond,
+	clients, err := NewRiverClients(tdb.Pool, RiverConfig{
+		Logger: discard, Workers: workers, Lanes: []Lane{{Queue: QueueUrgent, Pool: tdb.Pool}},
+		MaterializeEvery: 100 * time.Millisecond,
 	})
 	require.NoError(t, err)
+	urgent := clients.byQueue[QueueUrgent]
+	require.NotSame(t, clients.Main, urgent, "a lane with a pool of its own has a client of its own")
 	ctx := context.Background()
 	require.NoError(t, urgent.Start(ctx))
 	t.Cleanup(func() {

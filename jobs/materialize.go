@@ -34,12 +34,6 @@ func (MaterializeArgs) InsertOpts() river.InsertOpts {
 	}}}
 }
 
-// DefaultScheduleLead is how long before a run its message is made: long
-// enough that the audience is expanded and the chunks are waiting well
-// before the run's instant, short enough that devices registered since are
-// included.
-const DefaultScheduleLead = 2 * time.Minute
-
 // Materializer makes each due schedule run into an ordinary message, through
 // the same Enqueuer as POST /v1/messages, exactly once per (schedule, run):
 // schedules are locked while they are worked (two materializers skip each

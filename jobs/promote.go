@@ -1,6 +1,7 @@
 package jobs
 
 import (
+	"cmp"
 	"context"
 	"log/slog"
 	"time"
@@ -25,19 +26,13 @@ type Promoter struct {
 
 // Run promotes until ctx is done.
 func (p *Promoter) Run(ctx context.Context) {
-	interval := p.Interval
-	if interval <= 0 {
-		interval = time.Second
-	}
-	lookahead := p.Lookahead
-	if lookahead <= 0 {
-		lookahead = 10 * time.Second
-	}
+	interval := cmp.Or(p.Interval, time.Second)
+	lookahead := cmp.Or(p.Lookahead, DefaultLookahead)
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
 		for {
-			n, err := db.PromoteDueJobs(ctx, p.Pool, []string{QueueUrgent, QueueBulk}, lookahead, 1000)
+			n, err := db.PromoteDueJobs(ctx, p.Pool, LaneQueues, lookahead, 1000)
 			if err != nil {
 				if ctx.Err() == nil {
 					p.Logger.WarnContext(ctx, "promote due chunks", "error", err)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net"
@@ -45,13 +46,16 @@ type config struct {
 	// (how a test or `make run` trusts fakepush).
 	CertFile string
 
-	// Tuning, with defaults chosen in jobs (see README, "Sizing").
+	// Tuning, with the defaults of jobs/defaults.go (see README, "Sizing").
 	ChunkSize                  int
 	UrgentWorkers, BulkWorkers int
 	FetchPollInterval          time.Duration
-	// Lanes are the chunk lanes a worker serves (HERALD_LANES); both unless
-	// set.
-	Lanes jobs.Lanes
+	// Lookahead is how long before its time a chunk may be fetched, the
+	// same for the River clients and the Promoter; not configurable.
+	Lookahead time.Duration
+	// Lanes are the queues of the chunk lanes a worker serves
+	// (HERALD_LANES); both unless set.
+	Lanes []string
 	// ChunkTimeout bounds one attempt of a chunk; RescueAfter is when River
 	// retries a chunk whose process died. RescueAfter must exceed
 	// ChunkTimeout, so that a chunk is never retried while its first attempt
@@ -127,6 +131,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 	if c.Addr == "" {
 		c.Addr = "127.0.0.1:8080"
 	}
+	c.Lookahead = jobs.DefaultLookahead
 	for _, k := range strings.Split(getenv("HERALD_API_KEYS"), ",") {
 		if k = strings.TrimSpace(k); k != "" {
 			c.APIKeys = append(c.APIKeys, k)
@@ -142,22 +147,24 @@ func loadConfig(getenv func(string) string) (config, error) {
 	if c.UrgentWorkers, err = intVar(getenv, "HERALD_URGENT_WORKERS", 1, 1000); err != nil {
 		return c, err
 	}
+	c.UrgentWorkers = cmp.Or(c.UrgentWorkers, jobs.DefaultUrgentWorkers)
 	if c.BulkWorkers, err = intVar(getenv, "HERALD_BULK_WORKERS", 1, 1000); err != nil {
 		return c, err
 	}
+	c.BulkWorkers = cmp.Or(c.BulkWorkers, jobs.DefaultBulkWorkers)
 	if c.FetchPollInterval, err = durationVar(getenv, "HERALD_FETCH_POLL_INTERVAL", 0, time.Millisecond); err != nil {
 		return c, err
 	}
 	if c.Lanes, err = jobs.ParseLanes(getenv("HERALD_LANES")); err != nil {
 		return c, fmt.Errorf("HERALD_LANES: %w", err)
 	}
-	if c.ChunkTimeout, err = durationVar(getenv, "HERALD_CHUNK_TIMEOUT", 30*time.Second, time.Second); err != nil {
+	if c.ChunkTimeout, err = durationVar(getenv, "HERALD_CHUNK_TIMEOUT", jobs.DefaultChunkTimeout, time.Second); err != nil {
 		return c, err
 	}
-	if c.RescueAfter, err = durationVar(getenv, "HERALD_RESCUE_AFTER", time.Minute, time.Second); err != nil {
+	if c.RescueAfter, err = durationVar(getenv, "HERALD_RESCUE_AFTER", jobs.DefaultRescueAfter, time.Second); err != nil {
 		return c, err
 	}
-	if c.BreakerCooldown, err = durationVar(getenv, "HERALD_BREAKER_COOLDOWN", time.Second, 100*time.Millisecond); err != nil {
+	if c.BreakerCooldown, err = durationVar(getenv, "HERALD_BREAKER_COOLDOWN", jobs.DefaultBreakerCooldown, 100*time.Millisecond); err != nil {
 		return c, err
 	}
 	if c.DBMaxConns, err = intVar(getenv, "HERALD_DB_MAX_CONNS", 2, 10_000); err != nil {
@@ -333,24 +340,34 @@ func (c config) validateAPIKeys() error {
 	return nil
 }
 
-// poolSize is the connection pool's size: HERALD_DB_MAX_CONNS, else 20.
-// A chunk holds a connection only for its reads at the start and for each
-// write of its results, one round trip each (db.WriteChunk), so 20 serve
-// the 50 bulk workers; more only lets more of them reach PostgreSQL at the
-// same instant, which on two cores takes CPU from the sends.
+// poolSize is the connection pool's size: HERALD_DB_MAX_CONNS, else
+// jobs.DefaultPoolSize.
 func (c config) poolSize() int32 {
-	if c.DBMaxConns > 0 {
-		return int32(c.DBMaxConns)
-	}
-	return 20
+	return int32(cmp.Or(c.DBMaxConns, jobs.DefaultPoolSize))
 }
 
 // urgentPoolSize is the size of the urgent lane's own pool: one connection
 // for every two urgent workers, from 2 to 10.
 func (c config) urgentPoolSize() int32 {
-	workers := c.UrgentWorkers
-	if workers == 0 {
-		workers = 10
+	return int32(min(max(c.UrgentWorkers/2, 2), 10))
+}
+
+// laneWorkers is a lane's workers (HERALD_URGENT_WORKERS,
+// HERALD_BULK_WORKERS).
+func (c config) laneWorkers(queue string) int {
+	if queue == jobs.QueueUrgent {
+		return c.UrgentWorkers
 	}
-	return int32(min(max(workers/2, 2), 10))
+	return c.BulkWorkers
+}
+
+// configuredChannels are the channels with credentials.
+func (c config) configuredChannels() []string {
+	var channels []string
+	for _, ch := range jobs.Channels {
+		if c.enabled(ch) {
+			channels = append(channels, ch)
+		}
+	}
+	return channels
 }

@@ -8,6 +8,8 @@ import (
 	"regexp"
 	"syscall"
 	"testing"
+
+	"go.uber.org/goleak"
 )
 
 // childEnv marks a re-executed test binary that is to run as `herald` with
@@ -29,5 +31,7 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	// Every test that runs Herald in this process must stop all of it:
+	// River clients, pools, providers, background loops.
+	goleak.VerifyTestMain(m)
 }

@@ -7,14 +7,60 @@ import (
 	"log/slog"
 	"os"
 
+	"github.com/heraldpush/herald/db"
 	"github.com/heraldpush/herald/jobs"
 	"github.com/heraldpush/herald/jobs/push/apns"
 	"github.com/heraldpush/herald/jobs/push/fcm"
 	"github.com/heraldpush/herald/jobs/push/webpush"
 )
 
-// providers are the configured push providers of a worker process, keyed by
-// channel, with what must be closed at shutdown.
+// lanes are the lanes a worker process serves, with what must be closed at
+// shutdown.
+type lanes struct {
+	lanes   []jobs.Lane
+	closers []func()
+}
+
+// buildLanes makes each lane the process serves (HERALD_LANES), each with
+// provider clients of its own. The urgent lane also gets connections of its
+// own, kept open: at a bulk message's due instant its chunks take every
+// shared connection.
+func buildLanes(ctx context.Context, cfg config, logger *slog.Logger) (*lanes, error) {
+	roots, err := rootCAs(cfg.CertFile)
+	if err != nil {
+		return nil, err
+	}
+	l := &lanes{}
+	for _, queue := range cfg.Lanes {
+		lane := jobs.Lane{Queue: queue, Workers: cfg.laneWorkers(queue)}
+		p, err := buildProviders(ctx, cfg, roots, logger, queue)
+		if err != nil {
+			l.close()
+			return nil, err
+		}
+		lane.Providers, l.closers = p.byChannel, append(l.closers, p.close)
+		if queue == jobs.QueueUrgent {
+			if lane.Pool, err = db.Open(ctx, cfg.DatabaseURL, db.PoolConfig{MaxConns: cfg.urgentPoolSize(), MinConns: 2}); err != nil {
+				l.close()
+				return nil, err
+			}
+			l.closers = append(l.closers, lane.Pool.Close)
+		}
+		l.lanes = append(l.lanes, lane)
+	}
+	return l, nil
+}
+
+// close closes what the lanes opened, last first.
+func (l *lanes) close() {
+	for i := len(l.closers) - 1; i >= 0; i-- {
+		l.closers[i]()
+	}
+	l.closers = nil
+}
+
+// providers are the configured push providers of a lane, keyed by channel,
+// with what must be closed at shutdown.
 type providers struct {
 	byChannel map[string]jobs.Sender
 	closers   []func()
@@ -69,7 +115,7 @@ type warmer interface {
 
 // buildProviders makes a provider client for every configured channel and
 // warms its connections, so that the first push of the first message pays
-// no handshake. Each lane gets its own set (see jobs.FanOutConfig).
+// no handshake. Each lane gets its own set (see jobs.Lane).
 func buildProviders(ctx context.Context, cfg config, roots *x509.CertPool, logger *slog.Logger, lane string) (*providers, error) {
 	p := &providers{byChannel: map[string]jobs.Sender{}}
 	add := func(channel string, w warmer, err error) error {

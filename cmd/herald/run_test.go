@@ -72,18 +72,25 @@ func startServe(t *testing.T, vars map[string]string, args ...string) (string, f
 		return resp.StatusCode == http.StatusOK
 	}, 20*time.Second, 20*time.Millisecond)
 	require.NotEmpty(t, base, "serve exited early; stderr:\n%s", stderr.String())
+	// Stopping waits for run to return, so that nothing of this Herald
+	// outlives its test (TestMain checks for leaked goroutines).
+	var (
+		once    sync.Once
+		stopErr error
+	)
 	stop := func() error {
-		cancel()
-		select {
-		case err := <-done:
-			return err
-		case <-time.After(20 * time.Second):
-			t.Fatal("serve did not stop within 20 s of cancellation")
-			return nil
-		}
+		once.Do(func() {
+			cancel()
+			select {
+			case stopErr = <-done:
+			case <-time.After(30 * time.Second):
+				t.Error("serve did not stop within 30 s of cancellation")
+			}
+		})
+		return stopErr
 	}
 	t.Cleanup(func() {
-		cancel()
+		stop()
 		if t.Failed() {
 			t.Logf("herald serve's log:\n%s", stderr.String())
 		}

@@ -12,7 +12,7 @@ import (
 	"net/http"
 	"os"
 	"runtime/pprof"
-	"sync"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -36,224 +36,266 @@ const shutdownGrace = 15 * time.Second
 // until ctx is cancelled, then shuts down in order: stop accepting requests,
 // let running chunks finish, close the providers and the pool.
 func runServe(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	// A configuration error is reported after the flags are parsed, so that
-	// --help answers whatever the environment holds.
-	cfg, cfgErr := loadConfig(getenv)
-	fs := newFlagSet("serve", stderr)
-	role := fs.String("role", "all", "what this process does: all, api or worker")
-	migrate := fs.Bool("migrate", false, "apply migrations before serving")
-	fs.StringVar(&cfg.Addr, "addr", cfg.Addr, "listen address (HERALD_ADDR)")
-	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
-	memProfile := fs.String("memprofile", "", "write a heap profile to this file at shutdown")
-	if help, err := parseFlags(fs, args, "herald serve [flags]", serveEnv, stdout); help || err != nil {
+	opts, help, err := parseServe(args, getenv, stdout, stderr)
+	if help || err != nil {
 		return err
 	}
-	if cfgErr != nil {
-		return cfgErr
-	}
-	stopProfiles, err := startProfiles(*cpuProfile, *memProfile)
+	stopProfiles, err := startProfiles(opts.cpuProfile, opts.memProfile)
 	if err != nil {
 		return err
 	}
 	defer stopProfiles()
-	switch *role {
+	p, err := openProcess(ctx, opts, getenv, stderr)
+	if err != nil {
+		return err
+	}
+	defer p.close()
+	var w *worker
+	if opts.works() {
+		if w, err = startChunkWorker(ctx, p); err != nil {
+			return err
+		}
+		defer w.close()
+	}
+	handler, err := p.handler(w)
+	if err != nil {
+		return err
+	}
+	return p.serve(ctx, handler, w, stdout)
+}
+
+// serveOptions are `herald serve`'s configuration and flags.
+type serveOptions struct {
+	cfg                    config
+	role                   string
+	migrate                bool
+	cpuProfile, memProfile string
+}
+
+// works reports whether the process works chunks (roles all and worker).
+func (o serveOptions) works() bool { return o.role != "api" }
+
+// parseServe reads the environment and the flags and checks them. A
+// configuration error is reported after the flags are parsed, so that
+// --help answers whatever the environment holds.
+func parseServe(args []string, getenv func(string) string, stdout, stderr io.Writer) (serveOptions, bool, error) {
+	cfg, cfgErr := loadConfig(getenv)
+	o := serveOptions{cfg: cfg}
+	fs := newFlagSet("serve", stderr)
+	fs.StringVar(&o.role, "role", "all", "what this process does: all, api or worker")
+	fs.BoolVar(&o.migrate, "migrate", false, "apply migrations before serving")
+	fs.StringVar(&o.cfg.Addr, "addr", cfg.Addr, "listen address (HERALD_ADDR)")
+	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
+	fs.StringVar(&o.memProfile, "memprofile", "", "write a heap profile to this file at shutdown")
+	if help, err := parseFlags(fs, args, "herald serve [flags]", serveEnv, stdout); help || err != nil {
+		return o, help, err
+	}
+	if cfgErr != nil {
+		return o, false, cfgErr
+	}
+	switch o.role {
 	case "all", "api", "worker":
 	default:
-		return fmt.Errorf("--role %q is not one of all, api, worker", *role)
+		return o, false, fmt.Errorf("--role %q is not one of all, api, worker", o.role)
 	}
-	works := *role != "api"
-	if err := cfg.requireDatabase(); err != nil {
-		return err
-	}
-	if err := cfg.validateAPIKeys(); err != nil {
-		return err
-	}
-	if err := cfg.validateAdminPassword(); err != nil {
-		return err
-	}
-	logger, err := newLogger(getenv, stderr)
-	if err != nil {
-		return err
-	}
-	// The address first, before anything starts: a port that is taken is
-	// said at once, with the setting to change, and no River client has
-	// begun working chunks in a process that cannot serve.
-	ln, err := net.Listen("tcp", cfg.Addr)
-	if err != nil {
-		return fmt.Errorf("listen on %s: %w (set HERALD_ADDR or --addr to a free address)", cfg.Addr, err)
-	}
-	defer ln.Close()
-
-	pool, err := db.Open(ctx, cfg.DatabaseURL, db.PoolConfig{MaxConns: cfg.poolSize()})
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-
-	if *migrate {
-		if _, err := db.Migrate(ctx, pool, logger); err != nil {
-			return fmt.Errorf("migrate: %w", err)
+	for _, check := range []func() error{o.cfg.requireDatabase, o.cfg.validateAPIKeys, o.cfg.validateAdminPassword} {
+		if err := check(); err != nil {
+			return o, false, err
 		}
-	} else if err := db.CheckMigrated(ctx, pool); err != nil {
+	}
+	return o, false, nil
+}
+
+// process is what every role of `herald serve` has: its listener, its
+// connections, its metrics and its background loops.
+type process struct {
+	serveOptions
+	logger   *slog.Logger
+	ln       net.Listener
+	pool     *pgxpool.Pool
+	registry *prometheus.Registry
+	// Background loops run until stopBackground and are waited for at
+	// shutdown.
+	bgCtx          context.Context
+	stopBackground context.CancelFunc
+	background     []func()
+}
+
+// openProcess binds the address, opens the pool and checks (or applies) the
+// migrations. The address comes first, before anything starts: a port that
+// is taken is said at once, with the setting to change, and no River client
+// has begun working chunks in a process that cannot serve.
+func openProcess(ctx context.Context, o serveOptions, getenv func(string) string, stderr io.Writer) (_ *process, err error) {
+	p := &process{serveOptions: o}
+	if p.logger, err = newLogger(getenv, stderr); err != nil {
+		return nil, err
+	}
+	if p.ln, err = net.Listen("tcp", o.cfg.Addr); err != nil {
+		return nil, fmt.Errorf("listen on %s: %w (set HERALD_ADDR or --addr to a free address)", o.cfg.Addr, err)
+	}
+	p.bgCtx, p.stopBackground = context.WithCancel(context.WithoutCancel(ctx))
+	defer func() {
+		if err != nil {
+			p.close()
+		}
+	}()
+	if p.pool, err = db.Open(ctx, o.cfg.DatabaseURL, db.PoolConfig{MaxConns: o.cfg.poolSize()}); err != nil {
+		return nil, err
+	}
+	if o.migrate {
+		if _, err := db.Migrate(ctx, p.pool, p.logger); err != nil {
+			return nil, fmt.Errorf("migrate: %w", err)
+		}
+	} else if err := db.CheckMigrated(ctx, p.pool); err != nil {
 		if errors.Is(err, db.ErrNotMigrated) {
-			return fmt.Errorf("%w; run `herald migrate` first, or start with `herald serve --migrate`", err)
+			return nil, fmt.Errorf("%w; run `herald migrate` first, or start with `herald serve --migrate`", err)
 		}
-		return err
+		return nil, err
 	}
-
-	if *role != "worker" && len(cfg.APIKeys) == 0 {
-		logger.Warn("HERALD_API_KEYS is empty: every /v1 request will be refused with 401")
+	if o.role != "worker" && len(o.cfg.APIKeys) == 0 {
+		p.logger.Warn("HERALD_API_KEYS is empty: every /v1 request will be refused with 401")
 	}
-	if cfg.AdminPassword == "" {
-		logger.Warn("HERALD_ADMIN_PASSWORD is empty: the dashboard and River UI are disabled")
+	if o.cfg.AdminPassword == "" {
+		p.logger.Warn("HERALD_ADMIN_PASSWORD is empty: the dashboard and River UI are disabled")
 	}
-
 	// One registry for the process's metrics, served at /metrics.
-	registry := prometheus.NewRegistry()
-	registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	jobs.RegisterMessageMetrics(registry, pool)
+	p.registry = prometheus.NewRegistry()
+	p.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	jobs.RegisterMessageMetrics(p.registry, p.pool)
+	return p, nil
+}
 
-	// Background loops run until stop() and are waited for at shutdown.
-	bgCtx, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopBackground()
-	var background []func()
-	goBackground := func(f func(context.Context)) {
-		done := make(chan struct{})
-		go func() { defer close(done); f(bgCtx) }()
-		background = append(background, func() { <-done })
-	}
+// goBackground runs f until shutdown.
+func (p *process) goBackground(f func(context.Context)) {
+	done := make(chan struct{})
+	go func() { defer close(done); f(p.bgCtx) }()
+	p.background = append(p.background, func() { <-done })
+}
 
-	riverCfg := jobs.RiverConfig{
-		Logger: logger, UrgentWorkers: cfg.UrgentWorkers, BulkWorkers: cfg.BulkWorkers,
-		FetchPollInterval: cfg.FetchPollInterval,
-		ChunkTimeout:      cfg.ChunkTimeout, RescueAfter: cfg.RescueAfter,
-		MaterializeEvery: cfg.MaterializeEvery,
+// stopBackgroundLoops stops the background loops and waits for them.
+func (p *process) stopBackgroundLoops() {
+	p.stopBackground()
+	for _, wait := range p.background {
+		wait()
 	}
-	// A worker's clock on the database and dispatch metrics.
-	var (
-		clock   *jobs.Clock
-		metrics *jobs.Metrics
-	)
-	if works {
-		metrics = jobs.NewMetrics(registry)
-		roots, err := rootCAs(cfg.CertFile)
+	p.background = nil
+}
+
+func (p *process) close() {
+	p.stopBackgroundLoops()
+	if p.pool != nil {
+		p.pool.Close()
+	}
+	p.ln.Close()
+}
+
+// riverConfig is the River clients' configuration of this process.
+func (p *process) riverConfig() jobs.RiverConfig {
+	c := p.cfg
+	return jobs.RiverConfig{
+		Logger: p.logger, FetchPollInterval: c.FetchPollInterval, Lookahead: c.Lookahead,
+		ChunkTimeout: c.ChunkTimeout, RescueAfter: c.RescueAfter, MaterializeEvery: c.MaterializeEvery,
+	}
+}
+
+// worker is a process's chunk work: its lanes, its River clients and the
+// loops that keep chunks on time.
+type worker struct {
+	lanes   *lanes
+	clients *jobs.RiverClients
+	fanOut  *jobs.FanOutWorker
+}
+
+// startChunkWorker builds the lanes, measures the database's clock, and starts
+// the River clients and the loops beside them: the clock, the Promoter, the
+// provider status reports and the Waker.
+func startChunkWorker(ctx context.Context, p *process) (_ *worker, err error) {
+	cfg, logger := p.cfg, p.logger
+	metrics := jobs.NewMetrics(p.registry)
+	logDisabledChannels(ctx, cfg, logger)
+	w := &worker{}
+	if w.lanes, err = buildLanes(ctx, cfg, logger); err != nil {
+		return nil, err
+	}
+	defer func() {
 		if err != nil {
-			return err
+			w.lanes.close()
 		}
-		logDisabledChannels(ctx, cfg, logger)
-		// Each lane sends through provider clients of its own, and the
-		// urgent lane's chunks read and write through connections of their
-		// own, kept open: a bulk fan-out takes every shared connection at
-		// its due instant.
-		var bulk, urgent *providers
-		var urgentPool *pgxpool.Pool
-		if cfg.Lanes.Bulk {
-			if bulk, err = buildProviders(ctx, cfg, roots, logger, "bulk"); err != nil {
-				return err
-			}
-			defer bulk.close()
-		}
-		if cfg.Lanes.Urgent {
-			if urgent, err = buildProviders(ctx, cfg, roots, logger, "urgent"); err != nil {
-				return err
-			}
-			defer urgent.close()
-			if urgentPool, err = db.Open(ctx, cfg.DatabaseURL, db.PoolConfig{MaxConns: cfg.urgentPoolSize(), MinConns: 2}); err != nil {
-				return err
-			}
-			defer urgentPool.Close()
-		}
-		clock = jobs.NewClock(pool, logger)
-		if err := clock.Measure(ctx); err != nil {
-			return fmt.Errorf("measure the database clock: %w", err)
-		}
-		logger.Info("database clock offset measured", "offset", clock.Offset())
-		workers := river.NewWorkers()
-		materializer := &jobs.Materializer{
-			Pool: pool, Logger: logger, Lead: cfg.ScheduleLead, ChunkSize: cfg.ChunkSize, Limits: cfg.ScheduleLimits,
-		}
-		fanOut := jobs.FanOutConfig{
-			Pool: pool, UrgentPool: urgentPool, Logger: logger, Clock: clock, Timeout: cfg.ChunkTimeout,
-			Metrics: metrics,
-		}
-		var configured []string
-		for _, ch := range jobs.Channels {
-			if cfg.enabled(ch) {
-				configured = append(configured, ch)
-			}
-		}
-		fanOut.Breakers = jobs.NewBreakers(jobs.BreakerConfig{
-			Cooldown: cfg.BreakerCooldown, MaxCooldown: max(30*time.Second, cfg.BreakerCooldown),
-		}, configured...)
-		if bulk != nil {
-			fanOut.Providers = bulk.byChannel
-		}
-		if urgent != nil {
-			fanOut.UrgentProviders = urgent.byChannel
-		}
-		worker := jobs.Register(workers, fanOut, materializer)
-		riverCfg.Workers = workers
-		riverCfg.UrgentPool = urgentPool
-		riverCfg.Lanes = cfg.Lanes
-		jobs.RegisterProcessMetrics(registry, worker.Breakers(), clock)
-		goBackground(func(ctx context.Context) { clock.Run(ctx, 30*time.Second) })
-		goBackground((&jobs.Promoter{Pool: pool, Logger: logger}).Run)
-		goBackground((&jobs.StatusReporter{
-			Pool: pool, Logger: logger, ProcessID: processID(), Breakers: worker.Breakers(),
-		}).Run)
+	}()
+	clock := jobs.NewClock(p.pool, logger)
+	if err := clock.Measure(ctx); err != nil {
+		return nil, fmt.Errorf("measure the database clock: %w", err)
 	}
-	riverClient, err := jobs.NewRiverClient(pool, riverCfg)
-	if err != nil {
-		return err
-	}
-	// A worker's urgent lane has a River client of its own, on the urgent
-	// lane's connections. Each lane is woken at its chunks' due instants
-	// through the client that serves it, so that the urgent lane's wake
-	// never waits for a connection behind the bulk lane's chunks either.
-	riverClients := []*river.Client[pgx.Tx]{riverClient}
-	wake := map[string]func(context.Context) error{}
-	if works && cfg.Lanes.Bulk {
-		wake[jobs.QueueBulk] = jobs.RiverNotify(riverClient.Driver(), jobs.QueueBulk)
-	}
-	if works && cfg.Lanes.Urgent {
-		urgentClient, err := jobs.NewUrgentRiverClient(riverCfg)
-		if err != nil {
-			return err
-		}
-		riverClients = append(riverClients, urgentClient)
-		wake[jobs.QueueUrgent] = jobs.RiverNotify(urgentClient.Driver(), jobs.QueueUrgent)
-	}
-	if works {
-		for _, c := range riverClients {
-			if err := c.Start(ctx); err != nil {
-				return fmt.Errorf("start River: %w", err)
-			}
-		}
-		goBackground((&jobs.Waker{Pool: pool, Clock: clock, Logger: logger, Lanes: wake, Metrics: metrics}).Run)
-	}
+	logger.Info("database clock offset measured", "offset", clock.Offset())
 
-	// River UI serves where the API does, behind the dashboard's login.
+	workers := river.NewWorkers()
+	w.fanOut = jobs.Register(workers, jobs.FanOutConfig{
+		Pool: p.pool, Lanes: w.lanes.lanes, Logger: logger, Clock: clock, Timeout: cfg.ChunkTimeout, Metrics: metrics,
+		Breakers: jobs.NewBreakers(jobs.BreakerConfig{Cooldown: cfg.BreakerCooldown}, cfg.configuredChannels()...),
+	}, &jobs.Materializer{
+		Pool: p.pool, Logger: logger, Lead: cfg.ScheduleLead, ChunkSize: cfg.ChunkSize, Limits: cfg.ScheduleLimits,
+	})
+	riverCfg := p.riverConfig()
+	riverCfg.Workers, riverCfg.Lanes = workers, w.lanes.lanes
+	if w.clients, err = jobs.NewRiverClients(p.pool, riverCfg); err != nil {
+		return nil, err
+	}
+	jobs.RegisterProcessMetrics(p.registry, w.fanOut.Breakers(), clock)
+	if err := w.clients.Start(ctx); err != nil {
+		return nil, err
+	}
+	p.goBackground(func(ctx context.Context) { clock.Run(ctx, 30*time.Second) })
+	p.goBackground((&jobs.Promoter{Pool: p.pool, Logger: logger, Lookahead: cfg.Lookahead}).Run)
+	p.goBackground((&jobs.StatusReporter{
+		Pool: p.pool, Logger: logger, ProcessID: processID(), Breakers: w.fanOut.Breakers(),
+	}).Run)
+	p.goBackground((&jobs.Waker{Pool: p.pool, Clock: clock, Logger: logger, Lanes: w.clients.Wakers(), Metrics: metrics}).Run)
+	return w, nil
+}
+
+// close closes the lanes' providers and connections, once the River
+// clients have stopped.
+func (w *worker) close() { w.lanes.close() }
+
+// handler is the HTTP API, with River UI behind the dashboard's login.
+func (p *process) handler(w *worker) (http.Handler, error) {
+	cfg := p.cfg
+	// The API enqueues through the worker's main client, or through an
+	// insert-only one in the api role.
+	var riverClient *river.Client[pgx.Tx]
+	if w != nil {
+		riverClient = w.clients.Main
+	} else {
+		var err error
+		if riverClient, err = jobs.NewRiverClient(p.pool, p.riverConfig()); err != nil {
+			return nil, err
+		}
+	}
 	var riverUI http.Handler
-	if cfg.AdminPassword != "" && *role != "worker" {
-		if riverUI, err = startRiverUI(bgCtx, riverClient, logger); err != nil {
-			return err
+	if cfg.AdminPassword != "" && p.role != "worker" {
+		var err error
+		if riverUI, err = startRiverUI(p.bgCtx, riverClient, p.logger); err != nil {
+			return nil, err
 		}
 	}
-
-	server, err := api.NewServer(api.Config{
-		Metrics:    promhttp.HandlerFor(registry, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn)}),
-		Logger:     logger,
-		Pool:       pool,
+	configured := map[string]bool{}
+	for _, ch := range jobs.Channels {
+		configured[ch] = cfg.enabled(ch)
+	}
+	return api.NewServer(api.Config{
+		Metrics:    promhttp.HandlerFor(p.registry, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(p.logger.Handler(), slog.LevelWarn)}),
+		Logger:     p.logger,
+		Pool:       p.pool,
 		APIKeys:    cfg.APIKeys,
 		River:      riverClient,
 		ChunkSize:  cfg.ChunkSize,
-		Configured: map[string]bool{jobs.ChannelAPNs: cfg.enabled(jobs.ChannelAPNs), jobs.ChannelFCM: cfg.enabled(jobs.ChannelFCM), jobs.ChannelWebPush: cfg.enabled(jobs.ChannelWebPush)},
-		WorkerOnly: *role == "worker",
+		Configured: configured,
+		WorkerOnly: p.role == "worker",
 		Ready: func(ctx context.Context) error {
-			if err := pool.Ping(ctx); err != nil {
+			if err := p.pool.Ping(ctx); err != nil {
 				return fmt.Errorf("database unreachable: %w", err)
 			}
-			return db.CheckMigrated(ctx, pool)
+			return db.CheckMigrated(ctx, p.pool)
 		},
 		AdminPassword:  cfg.AdminPassword,
 		RiverUI:        riverUI,
@@ -267,55 +309,50 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		ScheduleLimits:    cfg.ScheduleLimits,
 		ScheduleLead:      cfg.ScheduleLead,
 	})
-	if err != nil {
-		return err
-	}
+}
 
+// serve answers requests until ctx is cancelled, then shuts down in order:
+// stop accepting requests, let running chunks finish (within
+// shutdownGrace), stop the background loops.
+func (p *process) serve(ctx context.Context, handler http.Handler, w *worker, stdout io.Writer) error {
+	cfg := p.cfg
 	// Every phase of a connection has a deadline, so that a client that
 	// sends slowly, stops halfway or never reads its answer holds a
 	// connection and its goroutine for a bounded time. Headers are small:
 	// they get ten seconds at most, less when the whole read has less.
 	httpServer := &http.Server{
-		Handler:           server,
+		Handler:           handler,
 		ReadHeaderTimeout: min(10*time.Second, cfg.ReadTimeout),
 		ReadTimeout:       cfg.ReadTimeout,
 		WriteTimeout:      cfg.WriteTimeout,
 		IdleTimeout:       cfg.IdleTimeout,
 	}
-	serving := []any{"addr", ln.Addr().String(), "role", *role, "version", version}
-	if works {
-		serving = append(serving, "lanes", cfg.Lanes.String())
+	serving := []any{"addr", p.ln.Addr().String(), "role", p.role, "version", version}
+	if w != nil {
+		serving = append(serving, "lanes", strings.Join(cfg.Lanes, ","))
 	}
-	logger.Info("herald serving", serving...)
-	fmt.Fprintf(stdout, "herald: listening on http://%s\n", ln.Addr())
+	p.logger.Info("herald serving", serving...)
+	fmt.Fprintf(stdout, "herald: listening on http://%s\n", p.ln.Addr())
 
 	serveErr := make(chan error, 1)
-	go func() { serveErr <- httpServer.Serve(ln) }()
-
+	go func() { serveErr <- httpServer.Serve(p.ln) }()
+	var errs []error
 	select {
 	case err := <-serveErr:
-		return fmt.Errorf("serve: %w", err)
+		errs = append(errs, fmt.Errorf("serve: %w", err))
 	case <-ctx.Done():
 	}
-	logger.Info("shutting down")
+	p.logger.Info("shutting down")
 	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownGrace)
 	defer cancel()
-	var errs []error
 	if err := httpServer.Shutdown(shutdownCtx); err != nil {
 		errs = append(errs, fmt.Errorf("shutdown http: %w", err))
 	}
-	if works {
-		var wg sync.WaitGroup
-		for _, c := range riverClients {
-			wg.Go(func() { stopRiver(shutdownCtx, c, logger) })
-		}
-		wg.Wait()
+	if w != nil {
+		w.clients.Stop(shutdownCtx, p.logger)
 	}
-	stopBackground()
-	for _, wait := range background {
-		wait()
-	}
-	logger.Info("stopped")
+	p.stopBackgroundLoops()
+	p.logger.Info("stopped")
 	return errors.Join(errs...)
 }
 
@@ -346,20 +383,6 @@ func startProfiles(cpuFile, memFile string) (func(), error) {
 			}
 		}
 	}, nil
-}
-
-// stopRiver lets running chunks finish within the grace period, then
-// cancels what is left: River retries a cancelled chunk, and its settled
-// deliveries are skipped.
-func stopRiver(ctx context.Context, client *river.Client[pgx.Tx], logger *slog.Logger) {
-	if err := client.Stop(ctx); err != nil {
-		logger.Warn("chunks still running at the end of the grace period; cancelling them", "error", err)
-		cancelCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := client.StopAndCancel(cancelCtx); err != nil {
-			logger.Error("River did not stop", "error", err)
-		}
-	}
 }
 
 // processID names this process in provider status reports: host and pid,

@@ -25,13 +25,24 @@ type Limiter struct {
 	turn *semaphore.Weighted
 	// idle hands a request to a sender goroutine waiting for one.
 	idle chan func()
+	// closed ends the waiting senders at once (Close).
+	closed    chan struct{}
+	closeOnce sync.Once
 }
 
 // NewLimiter returns a Limiter that lets at most maxInFlight requests run at
 // once. Providers validate maxInFlight, so it is at least 1.
 func NewLimiter(maxInFlight int) *Limiter {
-	return &Limiter{slots: make(chan struct{}, maxInFlight), turn: semaphore.NewWeighted(1), idle: make(chan func())}
+	return &Limiter{
+		slots: make(chan struct{}, maxInFlight), turn: semaphore.NewWeighted(1),
+		idle: make(chan func()), closed: make(chan struct{}),
+	}
 }
+
+// Close ends the sender goroutines waiting for work, rather than leaving
+// them to their idle timeout; a provider's Close calls it once its Sends
+// have returned. A Send after Close still works, on fresh goroutines.
+func (l *Limiter) Close() { l.closeOnce.Do(func() { close(l.closed) }) }
 
 // WarmTimeout bounds a provider's warm-up: opening its connections (TLS
 // handshakes, and for FCM an OAuth exchange) before any traffic. That is
@@ -67,6 +78,8 @@ func (l *Limiter) sender(request func()) {
 		select {
 		case request = <-l.idle:
 		case <-idle.C:
+			return
+		case <-l.closed:
 			return
 		}
 	}

@@ -113,6 +113,7 @@ func (p *Provider) Warm(ctx context.Context) error {
 
 // Close closes the pool's idle connections. Call it once no Send is running.
 func (p *Provider) Close() {
+	p.limiter.Close()
 	for _, tr := range p.transports {
 		tr.CloseIdleConnections()
 	}

@@ -52,6 +52,7 @@ func bundleFromEnv(t testing.TB, env map[string]string) *bundle {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.TLSClientConfig = &tls.Config{RootCAs: pool}
 	tr.MaxIdleConnsPerHost = 100
+	t.Cleanup(tr.CloseIdleConnections)
 	return &bundle{env: env, url: env[EnvAPNsHost], pool: pool, client: &http.Client{Transport: tr}}
 }
 
@@ -66,7 +67,9 @@ func setup(t testing.TB, configure ...func(*Config)) *bundle {
 	require.NoError(t, err)
 	require.NoError(t, srv.Start(context.Background()))
 	t.Cleanup(func() { require.NoError(t, srv.Close()) })
-	return &bundle{srv: srv, env: srv.Env(), url: srv.URL(), pool: srv.CertPool(), client: srv.HTTPClient()}
+	client := srv.HTTPClient()
+	t.Cleanup(client.CloseIdleConnections)
+	return &bundle{srv: srv, env: srv.Env(), url: srv.URL(), pool: srv.CertPool(), client: client}
 }
 
 // apnsClient builds an apns2 token client from the written .p8 key and ids,
@@ -77,7 +80,9 @@ func (b *bundle) apnsClient(t testing.TB) *apns2.Client {
 	require.NoError(t, err)
 	c := apns2.NewTokenClient(&token.Token{AuthKey: key, KeyID: b.env[EnvAPNsKeyID], TeamID: b.env[EnvAPNsTeamID]})
 	c.Host = b.env[EnvAPNsHost]
-	c.HTTPClient.Transport.(*http2.Transport).TLSClientConfig = &tls.Config{RootCAs: b.pool}
+	tr := c.HTTPClient.Transport.(*http2.Transport)
+	tr.TLSClientConfig = &tls.Config{RootCAs: b.pool}
+	t.Cleanup(tr.CloseIdleConnections)
 	return c
 }
 

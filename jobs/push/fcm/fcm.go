@@ -152,6 +152,7 @@ func warmMessage() *messaging.Message {
 
 // Close closes idle connections. Call it once no Send is running.
 func (p *Provider) Close() {
+	p.limiter.Close()
 	for _, t := range p.sends.transports {
 		t.CloseIdleConnections()
 	}

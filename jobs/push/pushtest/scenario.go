@@ -71,12 +71,11 @@ func (h *Harness[C, P]) SendInTrouble(t *testing.T, troubles ...Trouble) {
 			b.Control(t, fmt.Sprintf(`{"channel":%q,"mode":%q}`, h.Channel, tc.Mode))
 			before := b.Stats(t).Received
 
-			start := time.Now()
 			results := b.Send(Message(t, "msg_trouble", true), ts)
 			// Left to itself the Firebase SDK would retry a 503 four times
-			// over about seven seconds.
-			require.Less(t, time.Since(start), 500*time.Millisecond, "a failing provider answers at once and is not retried")
-			require.Equal(t, before+int64(len(ts)), b.Stats(t).Received, "exactly one request a push")
+			// over about seven seconds: one request a push shows it does
+			// not, without timing anything on a shared machine.
+			require.Equal(t, before+int64(len(ts)), b.Stats(t).Received, "exactly one request a push: no retries")
 			for _, r := range results {
 				require.False(t, r.Accepted)
 				require.Equal(t, tc.Reason, r.Reason)

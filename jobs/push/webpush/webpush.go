@@ -96,7 +96,10 @@ func New(cfg Config) (*Provider, error) {
 func (p *Provider) Warm(context.Context) error { return nil }
 
 // Close closes idle connections. Call it once no Send is running.
-func (p *Provider) Close() { p.transport.CloseIdleConnections() }
+func (p *Provider) Close() {
+	p.limiter.Close()
+	p.transport.CloseIdleConnections()
+}
 
 // Send pushes m to every target, filling results[i] for targets[i], in the
 // way push.Limiter.Send describes: within the Provider's in-flight limit,

@@ -1,0 +1,64 @@
+package jobs
+
+import "time"
+
+// The defaults of a worker's tuning, all in one place: the River clients,
+// the lanes, the chunk worker, the Promoter and the schedule materializer
+// take these when their setting is zero, and `herald serve` reads its
+// environment over them. The README's "Sizing" explains how to change them.
+const (
+	// DefaultChunkSize is the number of devices per chunk job. FCM's
+	// multicast call takes at most 500 tokens, so a chunk's FCM devices
+	// always fit one call; a chunk is small enough that a large audience
+	// spreads over every worker of a lane, and large enough that per-chunk
+	// costs (one ledger read and one write, one River fetch) stay a small
+	// share of the work.
+	DefaultChunkSize = 500
+
+	// DefaultUrgentWorkers and DefaultBulkWorkers are each lane's chunks
+	// running at once in a process. There are enough bulk workers that every
+	// chunk of a 25,000-device message starts at once, leaving the
+	// providers' in-flight limits to bound the real concurrency.
+	DefaultUrgentWorkers = 10
+	DefaultBulkWorkers   = 50
+
+	// DefaultPoolSize is a process's shared connections. A chunk holds one
+	// only for its read at the start and for each write of its results, one
+	// round trip each (db.WriteChunk), so 20 serve the 50 bulk workers; more
+	// only lets more of them reach PostgreSQL at the same instant, which on
+	// a small machine takes CPU from the sends.
+	DefaultPoolSize = 20
+
+	// DefaultFetchPollInterval is how often a lane looks for due chunks: it
+	// bounds the lag between a chunk's time and its start.
+	DefaultFetchPollInterval = 50 * time.Millisecond
+
+	// DefaultLookahead is how long before its time a chunk is made
+	// available to fetch (fetching still waits for its time); see
+	// NewRiverClient and Promoter.
+	DefaultLookahead = 10 * time.Second
+
+	// DefaultChunkTimeout bounds one attempt of a chunk; DefaultRescueAfter
+	// is how long a chunk may run before River, finding its process gone,
+	// retries it. The second must exceed the first, so that a chunk is
+	// never retried while its first attempt may still be sending.
+	DefaultChunkTimeout = 30 * time.Second
+	DefaultRescueAfter  = time.Minute
+
+	// DefaultMaterializeEvery is how often River's leader runs the schedule
+	// materializer: a fraction of DefaultScheduleLead, so that a run is
+	// looked at several times before it is due.
+	DefaultMaterializeEvery = 15 * time.Second
+
+	// DefaultScheduleLead is how long before a run its message is made: long
+	// enough that the audience is expanded and the chunks are waiting well
+	// before the run's instant, short enough that devices registered since
+	// are included.
+	DefaultScheduleLead = 2 * time.Minute
+
+	// DefaultBreakerCooldown is how long an open breaker waits before one
+	// probe may go out; it doubles after each failed probe up to
+	// DefaultBreakerMaxCooldown (or the cooldown itself, when longer).
+	DefaultBreakerCooldown    = time.Second
+	DefaultBreakerMaxCooldown = 30 * time.Second
+)
