@@ -11,7 +11,7 @@ DEV ?= .dev
 # that is all of them today.
 RACE ?= -race
 
-.PHONY: help build run test test/go test/fuzz chromium bench generate generate/check vet fmt \
+.PHONY: help build run test test/go test/fuzz chromium bench generate generate/check vet fmt lint/openapi \
 	db/start db/stop db/reset db/test/start db/test/stop clean
 
 help:
@@ -109,6 +109,14 @@ generate:
 # queries and migrations generate.
 generate/check:
 	@cd db && $(SQLC) diff || { echo "db/ is stale: run 'make generate' and commit the result"; exit 1; }
+
+# Redocly's linter on openapi.yaml, with its recommended rules
+# (api/redocly.yaml). It needs npm's registry, so make test does not run it;
+# make test holds the document to the rules a generated client needs
+# (api/openapi_test.go) and validates it with kin-openapi.
+REDOCLY_VERSION := 2.77.0
+lint/openapi:
+	npx --yes @redocly/cli@$(REDOCLY_VERSION) lint --config api/redocly.yaml api/openapi.yaml
 
 clean:
 	rm -rf bin
