@@ -573,14 +573,19 @@ type Wave struct {
 	Pending    int       `json:"pending"`
 }
 
+// WebPushKeys The user agent's public key and authentication secret, both unpadded base64url.
+type WebPushKeys struct {
+	Auth   string `json:"auth"`
+	P256DH string `json:"p256dh"`
+}
+
 // WebPushSubscription A Web Push subscription, as PushSubscription.toJSON() gives it.
 type WebPushSubscription struct {
 	Endpoint       string   `json:"endpoint"`
 	ExpirationTime *float64 `json:"expirationTime,omitempty"`
-	Keys           struct {
-		Auth   string `json:"auth"`
-		P256DH string `json:"p256dh"`
-	} `json:"keys"`
+
+	// Keys The user agent's public key and authentication secret, both unpadded base64url.
+	Keys WebPushKeys `json:"keys"`
 }
 
 // Cursor defines model for Cursor.
