@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"go/ast"
 	"go/parser"
 	"go/token"
@@ -110,4 +111,21 @@ func TestE2EClientCallsEveryOperation(t *testing.T) {
 		}
 	}
 	require.Positive(t, operations)
+}
+
+// TestE2EHeadersTooLargeAsDocumented sends headers past net/http's limit
+// (1 MB) to a route that takes no input: the answer is the 431 openapi.yaml
+// documents for it, in plain text.
+func TestE2EHeadersTooLargeAsDocumented(t *testing.T) {
+	t.Parallel()
+	e := startE2E(t, nil)
+	big := func(_ context.Context, req *http.Request) error {
+		req.Header.Set("X-Padding", strings.Repeat("a", http.DefaultMaxHeaderBytes+8192))
+		return nil
+	}
+	for range 3 {
+		res, err := e.api.GetHealthWithResponse(t.Context(), big)
+		answered(t, http.StatusRequestHeaderFieldsTooLarge, res, err)
+		require.True(t, strings.HasPrefix(res.ContentType(), "text/plain"), res.ContentType())
+	}
 }
