@@ -116,17 +116,21 @@ func toUsers(ids ...string) client.Audience {
 // titled is a payload with only a title.
 func titled(title string) client.Payload { return client.Payload{Title: &title} }
 
+// The helpers below call with context.Background(), not the test's context:
+// require.Eventually runs them in a goroutine of its own that may still be
+// calling when the test ends, and a cancelled call would then fail it late.
+
 // send schedules a message, which must be accepted.
 func (e *e2e) send(m client.NewMessage) client.MessageHead {
 	e.t.Helper()
-	res, err := e.api.CreateMessageWithResponse(e.t.Context(), nil, m)
+	res, err := e.api.CreateMessageWithResponse(context.Background(), nil, m)
 	return *answered(e.t, http.StatusAccepted, res, err).JSON202
 }
 
 // message reads a message's status.
 func (e *e2e) message(id string) client.MessageStatus {
 	e.t.Helper()
-	res, err := e.api.GetMessageWithResponse(e.t.Context(), id)
+	res, err := e.api.GetMessageWithResponse(context.Background(), id)
 	return *answered(e.t, http.StatusOK, res, err).JSON200
 }
 
@@ -147,7 +151,7 @@ func (e *e2e) deliveries(id string, status client.DeliveryStatus) []client.Deliv
 	var out []client.Delivery
 	params := &client.ListMessageDeliveriesParams{Status: &status, Limit: new(1000)}
 	for {
-		res, err := e.api.ListMessageDeliveriesWithResponse(e.t.Context(), id, params)
+		res, err := e.api.ListMessageDeliveriesWithResponse(context.Background(), id, params)
 		page := answered(e.t, http.StatusOK, res, err).JSON200
 		out = append(out, page.Items...)
 		if page.NextCursor == nil {
@@ -160,49 +164,49 @@ func (e *e2e) deliveries(id string, status client.DeliveryStatus) []client.Deliv
 // userDevices reads the first page of a user's devices.
 func (e *e2e) userDevices(user string) []client.UserDevice {
 	e.t.Helper()
-	res, err := e.api.ListUserDevicesWithResponse(e.t.Context(), user, nil)
+	res, err := e.api.ListUserDevicesWithResponse(context.Background(), user, nil)
 	return answered(e.t, http.StatusOK, res, err).JSON200.Items
 }
 
 // providers reads /v1/providers.
 func (e *e2e) providers() client.Providers {
 	e.t.Helper()
-	res, err := e.api.GetProvidersWithResponse(e.t.Context())
+	res, err := e.api.GetProvidersWithResponse(context.Background())
 	return *answered(e.t, http.StatusOK, res, err).JSON200
 }
 
 // registerDevice registers a device that is new, so is answered 201.
 func (e *e2e) registerDevice(d client.DeviceRegistration) client.Device {
 	e.t.Helper()
-	res, err := e.api.RegisterDeviceWithResponse(e.t.Context(), d)
+	res, err := e.api.RegisterDeviceWithResponse(context.Background(), d)
 	return *answered(e.t, http.StatusCreated, res, err).JSON201
 }
 
 // registerDevices registers a batch, which must be taken whole.
 func (e *e2e) registerDevices(devices []client.DeviceRegistration) client.DeviceBatchResult {
 	e.t.Helper()
-	res, err := e.api.RegisterDevicesWithResponse(e.t.Context(), client.DeviceBatch{Devices: devices})
+	res, err := e.api.RegisterDevicesWithResponse(context.Background(), client.DeviceBatch{Devices: devices})
 	return *answered(e.t, http.StatusOK, res, err).JSON200
 }
 
 // createSchedule creates a schedule, which must be taken.
 func (e *e2e) createSchedule(s client.NewSchedule) client.Schedule {
 	e.t.Helper()
-	res, err := e.api.CreateScheduleWithResponse(e.t.Context(), s)
+	res, err := e.api.CreateScheduleWithResponse(context.Background(), s)
 	return *answered(e.t, http.StatusCreated, res, err).JSON201
 }
 
 // deleteSchedule deletes a schedule, which must exist.
 func (e *e2e) deleteSchedule(id string) {
 	e.t.Helper()
-	res, err := e.api.DeleteScheduleWithResponse(e.t.Context(), id)
+	res, err := e.api.DeleteScheduleWithResponse(context.Background(), id)
 	answered(e.t, http.StatusNoContent, res, err)
 }
 
 // putUser sets a user's time zone.
 func (e *e2e) putUser(user, timezone string) {
 	e.t.Helper()
-	res, err := e.api.PutUserWithResponse(e.t.Context(), user, client.UserUpdate{Timezone: &timezone})
+	res, err := e.api.PutUserWithResponse(context.Background(), user, client.UserUpdate{Timezone: &timezone})
 	require.NoError(e.t, err)
 	require.Contains(e.t, []int{http.StatusOK, http.StatusCreated}, res.StatusCode(), "%s", res.Body)
 }
@@ -210,7 +214,7 @@ func (e *e2e) putUser(user, timezone string) {
 // listMessages reads the first page of the messages params select.
 func (e *e2e) listMessages(params client.ListMessagesParams) []client.MessageStatus {
 	e.t.Helper()
-	res, err := e.api.ListMessagesWithResponse(e.t.Context(), &params)
+	res, err := e.api.ListMessagesWithResponse(context.Background(), &params)
 	return answered(e.t, http.StatusOK, res, err).JSON200.Items
 }
 
