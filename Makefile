@@ -11,7 +11,7 @@ DEV ?= .dev
 # that is all of them today.
 RACE ?= -race
 
-.PHONY: help build run test test/go test/fuzz chromium bench generate generate/check vet fmt \
+.PHONY: help build run test test/go test/fuzz chromium bench generate generate/check vet fmt lint/openapi \
 	db/start db/stop db/reset db/test/start db/test/stop clean
 
 help:
@@ -19,7 +19,7 @@ help:
 	@echo "make test     start a PostgreSQL in RAM if needed, check generated code, vet, and run every test"
 	@echo "make build    build bin/herald"
 	@echo "make bench    the dispatch benchmark; the JSON result ends up in bench/results/latest.json"
-	@echo "make generate regenerate db/ from db/queries/*.sql with sqlc"
+	@echo "make generate regenerate db/ from db/queries/*.sql with sqlc, and api/client from api/openapi.yaml"
 	@echo "make db/start | db/stop | db/reset   the development database"
 
 # The first build downloads the modules and compiles some 600 packages, which
@@ -102,13 +102,33 @@ chromium:
 		fi; \
 	fi
 
+# The Go client of the API, api/client, is generated from api/openapi.yaml
+# by oapi-codegen, pinned as a tool in go.mod; its settings are in
+# api/client/oapi-codegen.yaml.
+OAPI_CODEGEN := $(GO) tool oapi-codegen -config api/client/oapi-codegen.yaml
+
 generate:
 	cd db && $(SQLC) generate
+	$(OAPI_CODEGEN) api/openapi.yaml > api/client/client.gen.go.new
+	mv api/client/client.gen.go.new api/client/client.gen.go
 
 # sqlc diff exits non-zero when the checked-in code differs from what the
-# queries and migrations generate.
+# queries and migrations generate; the client is generated again and
+# compared.
 generate/check:
 	@cd db && $(SQLC) diff || { echo "db/ is stale: run 'make generate' and commit the result"; exit 1; }
+	@new=$$(mktemp); trap 'rm -f "$$new"' EXIT; \
+	$(OAPI_CODEGEN) api/openapi.yaml > "$$new"; \
+	cmp -s api/client/client.gen.go "$$new" || { diff -u api/client/client.gen.go "$$new" | head -40 || true; \
+		echo "api/client is stale: run 'make generate' and commit the result"; exit 1; }
+
+# Redocly's linter on openapi.yaml, with its recommended rules
+# (api/redocly.yaml). It needs npm's registry, so make test does not run it;
+# make test holds the document to the rules a generated client needs
+# (api/openapi_test.go) and validates it with kin-openapi.
+REDOCLY_VERSION := 2.77.0
+lint/openapi:
+	npx --yes @redocly/cli@$(REDOCLY_VERSION) lint --config api/redocly.yaml api/openapi.yaml
 
 clean:
 	rm -rf bin

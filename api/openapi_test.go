@@ -131,3 +131,49 @@ func TestOpenAPIServed(t *testing.T) {
 	require.Equal(t, http.StatusOK, rec.Code)
 	require.Equal(t, openAPI, rec.Body.Bytes())
 }
+
+// operationID is lowerCamel verb-noun: getMessage, listUserDevices.
+var operationID = regexp.MustCompile(`^(get|list|create|put|update|register|delete|remove|add|cancel)[A-Z][A-Za-z]*$`)
+
+// TestOpenAPIOperationsAreNamedAndDocumentTheirErrors holds openapi.yaml to
+// what a generated client needs: every operation has a stable verb-noun
+// operationId (the generated method's name) and documents its 4xx answers,
+// and the document names its license. Each /v1 operation can be refused
+// for its key (401) and its rate (429), and each that takes a body or
+// query parameters can be a 400.
+func TestOpenAPIOperationsAreNamedAndDocumentTheirErrors(t *testing.T) {
+	t.Parallel()
+	doc, _ := openAPIRouter(t)
+	require.NotNil(t, doc.Info.License, "info.license")
+	require.NotEmpty(t, doc.Info.License.Name, "info.license.name")
+
+	seen := map[string]string{}
+	for path, item := range doc.Paths.Map() {
+		for method, op := range item.Operations() {
+			where := method + " " + path
+			require.Regexp(t, operationID, op.OperationID, "%s: operationId", where)
+			require.NotContains(t, seen, op.OperationID, "%s: operationId %s is also %s's", where, op.OperationID, seen[op.OperationID])
+			seen[op.OperationID] = where
+
+			var clientErrors []string
+			for status := range op.Responses.Map() {
+				if strings.HasPrefix(status, "4") {
+					clientErrors = append(clientErrors, status)
+				}
+			}
+			require.NotEmpty(t, clientErrors, "%s documents no 4xx answer", where)
+			if strings.HasPrefix(path, "/v1/") {
+				for _, status := range []string{"401", "429"} {
+					require.Contains(t, clientErrors, status, "%s: every /v1 call can be a %s", where, status)
+				}
+			}
+			takesInput := op.RequestBody != nil
+			for _, p := range append(item.Parameters, op.Parameters...) {
+				takesInput = takesInput || p.Value.In == openapi3.ParameterInQuery
+			}
+			if takesInput {
+				require.Contains(t, clientErrors, "400", "%s takes input, so it can be a 400", where)
+			}
+		}
+	}
+}

@@ -3,8 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
-	"fmt"
+	"io"
 	"net/http"
 	"testing"
 	"time"
@@ -12,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/heraldpush/herald/api/client"
 	"github.com/heraldpush/herald/db"
 )
 
@@ -21,37 +21,42 @@ import (
 // of them must be a 400 that names the field, never a 500, and nothing may
 // be stored that a later listing cannot show.
 
-// sendRaw makes an authenticated call with body as it is: json.Marshal
-// would repair invalid UTF-8, and the point is to send it unrepaired.
-func sendRaw(t *testing.T, e *e2e, method, path string, body []byte, header map[string]string) (int, map[string]any) {
+// rawAnswer is an answer to a request made by hand.
+type rawAnswer struct {
+	status int
+	body   []byte
+}
+
+func (r rawAnswer) StatusCode() int { return r.status }
+func (r rawAnswer) GetBody() []byte { return r.body }
+
+// sendRaw makes an authenticated call with body as it is: the generated
+// client's json.Marshal would repair invalid UTF-8, and the point is to send
+// it unrepaired.
+func sendRaw(t *testing.T, e *e2e, method, path string, body []byte) rawAnswer {
 	t.Helper()
 	req, err := http.NewRequest(method, e.base+path, bytes.NewReader(body))
 	require.NoError(t, err)
 	req.Header.Set("Authorization", "Bearer "+testAPIKey)
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	for k, v := range header {
-		req.Header.Set(k, v)
-	}
+	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
 	defer resp.Body.Close()
-	var out map[string]any
-	if resp.StatusCode != http.StatusNoContent {
-		require.NoError(t, json.NewDecoder(resp.Body).Decode(&out), "%s %s answered %d without JSON", method, path, resp.StatusCode)
-	}
-	return resp.StatusCode, out
+	raw, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return rawAnswer{status: resp.StatusCode, body: raw}
 }
 
 // requireInvalidField checks a 400 invalid_field that blames field.
-func requireInvalidField(t *testing.T, status int, out map[string]any, field string) {
+func requireInvalidField(t *testing.T, res answer, field string) {
 	t.Helper()
-	require.Equal(t, http.StatusBadRequest, status, "%v", out)
-	e, ok := out["error"].(map[string]any)
-	require.True(t, ok, "%v", out)
-	require.Equal(t, "invalid_field", e["code"], "%v", out)
-	require.Equal(t, field, e["field"], "%v", out)
+	require.Equal(t, http.StatusBadRequest, res.StatusCode(), "%s", res.GetBody())
+	requireAPIError(t, res, "invalid_field", field)
+}
+
+// attackMessage is a message to ann with payload, for the tests to spoil.
+func attackMessage(payload client.Payload) client.NewMessage {
+	return client.NewMessage{Audience: toUsers("ann"), Payload: payload}
 }
 
 const attackAudience = `"audience":{"type":"users","ids":["ann"]}`
@@ -59,23 +64,37 @@ const attackAudience = `"audience":{"type":"users","ids":["ann"]}`
 func TestAttackInputNULIsRefusedWithItsField(t *testing.T) {
 	t.Parallel()
 	e := startE2E(t, nil)
+	ctx := t.Context()
 	for _, tc := range []struct {
-		name, method, path, body, field string
+		name  string
+		call  func() (answer, error)
+		field string
 	}{
-		{"segment name", http.MethodPut, "/v1/segments/seg_nul", `{"name":"morning\u0000digest"}`, "name"},
-		{"payload title", http.MethodPost, "/v1/messages", `{` + attackAudience + `,"payload":{"title":"a\u0000"}}`, "payload.title"},
-		{"payload data key", http.MethodPost, "/v1/messages", `{` + attackAudience + `,"payload":{"data":{"k\u0000":"v"}}}`, `payload.data.k\x00`},
-		{"payload data value", http.MethodPost, "/v1/messages", `{` + attackAudience + `,"payload":{"data":{"k":"v\u0000"}}}`, "payload.data.k"},
-		{"schedule payload body", http.MethodPost, "/v1/schedules", `{"cron":"@daily",` + attackAudience + `,"payload":{"body":"\u0000"}}`, "payload.body"},
+		{"segment name", func() (answer, error) {
+			return e.api.CreateSegmentWithResponse(ctx, "seg_nul", client.SegmentUpdate{Name: new("morning\x00digest")})
+		}, "name"},
+		{"payload title", func() (answer, error) {
+			return e.api.CreateMessageWithResponse(ctx, nil, attackMessage(titled("a\x00")))
+		}, "payload.title"},
+		{"payload data key", func() (answer, error) {
+			return e.api.CreateMessageWithResponse(ctx, nil, attackMessage(client.Payload{Data: &map[string]string{"k\x00": "v"}}))
+		}, `payload.data.k\x00`},
+		{"payload data value", func() (answer, error) {
+			return e.api.CreateMessageWithResponse(ctx, nil, attackMessage(client.Payload{Data: &map[string]string{"k": "v\x00"}}))
+		}, "payload.data.k"},
+		{"schedule payload body", func() (answer, error) {
+			return e.api.CreateScheduleWithResponse(ctx, client.NewSchedule{Cron: "@daily", Audience: toUsers("ann"), Payload: client.Payload{Body: new("\x00")}})
+		}, "payload.body"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			status, out := sendRaw(t, e, tc.method, tc.path, []byte(tc.body), nil)
-			requireInvalidField(t, status, out, tc.field)
+			res, err := tc.call()
+			require.NoError(t, err)
+			requireInvalidField(t, res, tc.field)
 		})
 	}
 	// Nothing was stored on the way to the error.
-	status, _ := sendRaw(t, e, http.MethodGet, "/v1/segments/seg_nul", nil, nil)
-	require.Equal(t, http.StatusNotFound, status)
+	res, err := e.api.GetSegmentWithResponse(ctx, "seg_nul")
+	answered(t, http.StatusNotFound, res, err)
 }
 
 func TestAttackInputInvalidUTF8IsRefusedNotRepaired(t *testing.T) {
@@ -91,33 +110,35 @@ func TestAttackInputInvalidUTF8IsRefusedNotRepaired(t *testing.T) {
 		{"payload data key", http.MethodPost, "/v1/messages", []byte("{" + attackAudience + ",\"payload\":{\"data\":{\"\xc3\":\"v\"}}}"), `payload.data.\xc3`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			status, out := sendRaw(t, e, tc.method, tc.path, tc.body, nil)
-			requireInvalidField(t, status, out, tc.field)
+			requireInvalidField(t, sendRaw(t, e, tc.method, tc.path, tc.body), tc.field)
 		})
 	}
-	status, _ := sendRaw(t, e, http.MethodGet, "/v1/segments/seg_utf8", nil, nil)
-	require.Equal(t, http.StatusNotFound, status, "a name that is not UTF-8 was stored with its bytes replaced")
+	res, err := e.api.GetSegmentWithResponse(t.Context(), "seg_utf8")
+	answered(t, http.StatusNotFound, res, err)
 }
 
 func TestAttackInputIdempotencyKeyMustBeText(t *testing.T) {
 	t.Parallel()
 	e := startE2E(t, nil)
-	body := []byte(`{` + attackAudience + `,"payload":{"title":"hello"}}`)
+	send := func(key string) *client.CreateMessageResponse {
+		res, err := e.api.CreateMessageWithResponse(t.Context(), &client.CreateMessageParams{IdempotencyKey: &key}, attackMessage(titled("hello")))
+		require.NoError(t, err)
+		return res
+	}
 	for name, key := range map[string]string{
 		"invalid UTF-8": "key-\xff\xfe",
 		"tab":           "key\twith-tab",
 	} {
 		t.Run(name, func(t *testing.T) {
-			status, out := sendRaw(t, e, http.MethodPost, "/v1/messages", body, map[string]string{"Idempotency-Key": key})
-			requireInvalidField(t, status, out, "Idempotency-Key")
+			requireInvalidField(t, send(key), "Idempotency-Key")
 		})
 	}
 	// A key of printable text still works, and replays.
-	var ids []any
+	var ids []string
 	for range 2 {
-		status, out := sendRaw(t, e, http.MethodPost, "/v1/messages", body, map[string]string{"Idempotency-Key": "standup 2026-09-04 #1"})
-		require.Equal(t, http.StatusAccepted, status, "%v", out)
-		ids = append(ids, out["message_id"])
+		res := send("standup 2026-09-04 #1")
+		require.Equal(t, http.StatusAccepted, res.StatusCode(), "%s", res.Body)
+		ids = append(ids, res.JSON202.MessageID)
 	}
 	require.Equal(t, ids[0], ids[1])
 }
@@ -126,46 +147,61 @@ func TestAttackInputTimestampsStayWithinYears1970To9999(t *testing.T) {
 	t.Parallel()
 	e := startE2E(t, nil)
 	// A recipient in UTC-11, whose wave of a local-time message is the last.
-	e.must(http.StatusCreated, http.MethodPut, "/v1/users/ann", map[string]any{"timezone": "Pacific/Pago_Pago"})
+	e.putUser("ann", "Pacific/Pago_Pago")
 	e.register("ann", false)
 
-	for _, tc := range []struct{ name, body, field string }{
+	at := func(value string) *time.Time {
+		ts, err := time.Parse(time.RFC3339, value)
+		require.NoError(t, err)
+		return &ts
+	}
+	sendMessage := func(m client.NewMessage) *client.CreateMessageResponse {
+		m.Audience, m.Payload = toUsers("ann"), titled("far")
+		res, err := e.api.CreateMessageWithResponse(t.Context(), nil, m)
+		require.NoError(t, err)
+		return res
+	}
+	for _, tc := range []struct {
+		name  string
+		msg   client.NewMessage
+		field string
+	}{
 		// The default expiry, an hour after dispatch_at, is in year 10000.
-		{"default expiry past 9999", `"dispatch_at":"9999-12-31T23:00:00Z"`, "expires_at"},
-		{"dispatch_at before 1970", `"dispatch_at":"1969-12-31T23:00:00Z","expires_at":"2999-01-01T00:00:00Z"`, "dispatch_at"},
+		{"default expiry past 9999", client.NewMessage{DispatchAt: at("9999-12-31T23:00:00Z")}, "expires_at"},
+		{"dispatch_at before 1970", client.NewMessage{DispatchAt: at("1969-12-31T23:00:00Z"), ExpiresAt: at("2999-01-01T00:00:00Z")}, "dispatch_at"},
 		// An offset carries a year-9999 timestamp into year 10000.
-		{"expires_at past 9999 by its offset", `"dispatch_at":"9999-12-31T20:00:00Z","expires_at":"9999-12-31T23:00:00-05:00"`, "expires_at"},
-		{"expires_at over 28 days after dispatch_at", `"dispatch_at":"2999-01-01T00:00:00Z","expires_at":"2999-01-29T00:00:01Z"`, "expires_at"},
-		{"local wave past 9999", `"deliver_at_local":"9999-12-31T23:00"`, "deliver_at_local"},
-		{"local wave's lifetime past 9999", `"deliver_at_local":"9999-12-20T00:00","ttl_seconds":2419200`, "deliver_at_local"},
+		{"expires_at past 9999 by its offset", client.NewMessage{DispatchAt: at("9999-12-31T20:00:00Z"), ExpiresAt: at("9999-12-31T23:00:00-05:00")}, "expires_at"},
+		{"expires_at over 28 days after dispatch_at", client.NewMessage{DispatchAt: at("2999-01-01T00:00:00Z"), ExpiresAt: at("2999-01-29T00:00:01Z")}, "expires_at"},
+		{"local wave past 9999", client.NewMessage{DeliverAtLocal: new("9999-12-31T23:00")}, "deliver_at_local"},
+		{"local wave's lifetime past 9999", client.NewMessage{DeliverAtLocal: new("9999-12-20T00:00"), TTLSeconds: new(2419200)}, "deliver_at_local"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			status, out := sendRaw(t, e, http.MethodPost, "/v1/messages",
-				[]byte(`{`+tc.body+`,`+attackAudience+`,"payload":{"title":"far"}}`), nil)
-			requireInvalidField(t, status, out, tc.field)
+			requireInvalidField(t, sendMessage(tc.msg), tc.field)
 		})
 	}
 	t.Run("expires_at 28 days after dispatch_at", func(t *testing.T) {
-		status, out := sendRaw(t, e, http.MethodPost, "/v1/messages",
-			[]byte(`{"dispatch_at":"2999-01-01T00:00:00Z","expires_at":"2999-01-29T00:00:00Z",`+attackAudience+`,"payload":{"title":"far"}}`), nil)
-		require.Equal(t, http.StatusAccepted, status, "%v", out)
-		require.Equal(t, "2999-01-29T00:00:00Z", out["expires_at"])
+		res := sendMessage(client.NewMessage{DispatchAt: at("2999-01-01T00:00:00Z"), ExpiresAt: at("2999-01-29T00:00:00Z")})
+		require.Equal(t, http.StatusAccepted, res.StatusCode(), "%s", res.Body)
+		require.Equal(t, *at("2999-01-29T00:00:00Z"), res.JSON202.ExpiresAt)
 	})
 	t.Run("expires_at cap message", func(t *testing.T) {
-		expires := time.Now().Add(29 * 24 * time.Hour).UTC().Format(time.RFC3339)
-		status, out := sendRaw(t, e, http.MethodPost, "/v1/messages",
-			[]byte(`{"expires_at":"`+expires+`",`+attackAudience+`,"payload":{"title":"far"}}`), nil)
-		requireInvalidField(t, status, out, "expires_at")
-		require.Contains(t, out["error"].(map[string]any)["message"], "28 days")
+		res := sendMessage(client.NewMessage{ExpiresAt: new(time.Now().Add(29 * 24 * time.Hour))})
+		requireInvalidField(t, res, "expires_at")
+		require.Contains(t, requireAPIError(t, res, "invalid_field", "expires_at").Message, "28 days")
 	})
-	for _, tc := range []struct{ name, body, field string }{
-		{"starts_at past 9999 by its offset", `"starts_at":"9999-12-31T23:00:00-05:00"`, "starts_at"},
-		{"ends_at before 1970", `"ends_at":"1969-01-01T00:00:00Z"`, "ends_at"},
+	for _, tc := range []struct {
+		name  string
+		sched client.NewSchedule
+		field string
+	}{
+		{"starts_at past 9999 by its offset", client.NewSchedule{StartsAt: at("9999-12-31T23:00:00-05:00")}, "starts_at"},
+		{"ends_at before 1970", client.NewSchedule{EndsAt: at("1969-01-01T00:00:00Z")}, "ends_at"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			status, out := sendRaw(t, e, http.MethodPost, "/v1/schedules",
-				[]byte(`{"cron":"@daily",`+tc.body+`,`+attackAudience+`,"payload":{"title":"far"}}`), nil)
-			requireInvalidField(t, status, out, tc.field)
+			tc.sched.Cron, tc.sched.Audience, tc.sched.Payload = "@daily", toUsers("ann"), titled("far")
+			res, err := e.api.CreateScheduleWithResponse(t.Context(), tc.sched)
+			require.NoError(t, err)
+			requireInvalidField(t, res, tc.field)
 		})
 	}
 }
@@ -177,15 +213,11 @@ func TestAttackInputTimestampsStayWithinYears1970To9999(t *testing.T) {
 func TestAttackInputFarScheduleKeepsListingsWorking(t *testing.T) {
 	t.Parallel()
 	e := startE2E(t, nil)
-	other := e.must(http.StatusCreated, http.MethodPost, "/v1/schedules", map[string]any{
-		"cron": "0 9 * * *", "audience": map[string]any{"type": "users", "ids": []string{"bob"}},
-		"payload": map[string]any{"title": "ordinary"},
-	})
+	other := e.createSchedule(client.NewSchedule{Cron: "0 9 * * *", Audience: toUsers("bob"), Payload: titled("ordinary")})
 
-	status, far := sendRaw(t, e, http.MethodPost, "/v1/schedules",
-		[]byte(`{"cron":"0 9 * * *","starts_at":"9999-12-30T00:00:00Z",`+attackAudience+`,"payload":{"title":"far"}}`), nil)
-	require.Equal(t, http.StatusCreated, status, "%v", far)
-	require.Equal(t, []any{"9999-12-30T09:00:00Z", "9999-12-31T09:00:00Z"}, far["next_runs"])
+	starts := time.Date(9999, 12, 30, 0, 0, 0, 0, time.UTC)
+	far := e.createSchedule(client.NewSchedule{Cron: "0 9 * * *", StartsAt: &starts, Audience: toUsers("ann"), Payload: titled("far")})
+	require.Equal(t, []time.Time{starts.Add(9 * time.Hour), starts.Add(33 * time.Hour)}, far.NextRuns)
 
 	// A row that cannot be shown, as one stored before this was checked:
 	// its ends_at lies in year 10000.
@@ -202,12 +234,13 @@ func TestAttackInputFarScheduleKeepsListingsWorking(t *testing.T) {
 	})
 	require.NoError(t, err)
 
-	list := e.must(http.StatusOK, http.MethodGet, "/v1/schedules", nil)
+	res, err := e.api.ListSchedulesWithResponse(t.Context(), nil)
 	var ids []string
-	for _, it := range list["items"].([]any) {
-		ids = append(ids, it.(map[string]any)["schedule_id"].(string))
+	for _, it := range answered(t, http.StatusOK, res, err).JSON200.Items {
+		ids = append(ids, it.ScheduleID)
 	}
-	require.Equal(t, []string{far["schedule_id"].(string), other["schedule_id"].(string)}, ids,
+	require.Equal(t, []string{far.ScheduleID, other.ScheduleID}, ids,
 		"the listing shows every schedule it can show, newest first")
-	e.must(http.StatusOK, http.MethodGet, fmt.Sprintf("/v1/schedules/%s", far["schedule_id"]), nil)
+	got, err := e.api.GetScheduleWithResponse(t.Context(), far.ScheduleID)
+	answered(t, http.StatusOK, got, err)
 }

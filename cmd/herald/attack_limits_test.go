@@ -1,16 +1,18 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"net/http/cookiejar"
 	"net/url"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/heraldpush/herald/api/client"
 )
 
 // These tests attack a running Herald (run(), real PostgreSQL, fakepush)
@@ -20,18 +22,6 @@ import (
 // otherAPIKey is a second caller's key, for tests that check one caller's
 // flood does not reach another.
 const otherAPIKey = "e2e-other-key-0123456789"
-
-// requireAPIError checks an error answer's code and, when given, its field.
-func requireAPIError(t *testing.T, out map[string]any, code, field string) map[string]any {
-	t.Helper()
-	e, ok := out["error"].(map[string]any)
-	require.True(t, ok, "not an error answer: %v", out)
-	require.Equal(t, code, e["code"], "%v", out)
-	if field != "" {
-		require.Equal(t, field, e["field"], "%v", out)
-	}
-	return e
-}
 
 // TestAttackLimitsRequestRate floods the API with one key: past its burst
 // the key is answered 429 with Retry-After, while another key and the
@@ -48,23 +38,24 @@ func TestAttackLimitsRequestRate(t *testing.T) {
 	// The flood: twice the burst at once, faster than two a second refill.
 	var limited int
 	for range 10 {
-		status, header, out := e.callAs(testAPIKey, http.MethodGet, "/v1/providers", nil)
-		if status == http.StatusOK {
+		res, err := e.api.GetProvidersWithResponse(t.Context())
+		require.NoError(t, err)
+		if res.StatusCode() == http.StatusOK {
 			continue
 		}
-		require.Equal(t, http.StatusTooManyRequests, status, "%v", out)
-		requireAPIError(t, out, "rate_limited", "")
-		retry, err := strconv.Atoi(header.Get("Retry-After"))
-		require.NoError(t, err, "Retry-After %q is whole seconds", header.Get("Retry-After"))
-		require.GreaterOrEqual(t, retry, 1)
+		require.Equal(t, http.StatusTooManyRequests, res.StatusCode(), "%s", res.Body)
+		requireAPIError(t, res, "rate_limited", "")
+		require.NotNil(t, res.Headers429, "Retry-After is whole seconds: %q", res.HTTPResponse.Header.Get("Retry-After"))
+		require.GreaterOrEqual(t, res.Headers429.RetryAfter, 1)
 		limited++
 	}
 	require.GreaterOrEqual(t, limited, 4, "a flood past the burst is refused")
 
 	// Another key is not slowed by the first one's flood.
+	other := newAPIClient(t, e.base, otherAPIKey)
 	for range 5 {
-		status, _, out := e.callAs(otherAPIKey, http.MethodGet, "/v1/providers", nil)
-		require.Equal(t, http.StatusOK, status, "%v", out)
+		res, err := other.GetProvidersWithResponse(t.Context())
+		answered(t, http.StatusOK, res, err)
 	}
 	// Nor is the dashboard, whose calls are a scope of their own.
 	jar, err := cookiejar.New(nil)
@@ -83,8 +74,9 @@ func TestAttackLimitsRequestRate(t *testing.T) {
 
 	// The flooded key is served again once its bucket refills.
 	require.Eventually(t, func() bool {
-		status, _, _ := e.callAs(testAPIKey, http.MethodGet, "/v1/providers", nil)
-		return status == http.StatusOK
+		res, err := e.api.GetProvidersWithResponse(context.Background())
+		require.NoError(t, err)
+		return res.StatusCode() == http.StatusOK
 	}, 5*time.Second, 100*time.Millisecond)
 }
 
@@ -95,38 +87,47 @@ func TestAttackLimitsRequestRate(t *testing.T) {
 func TestAttackLimitsDevicesPerUser(t *testing.T) {
 	t.Parallel()
 	e := startE2E(t, map[string]string{"HERALD_MAX_DEVICES_PER_USER": "3"})
-	fcm := func(user string, i int) map[string]any {
-		return map[string]any{"user_id": user, "channel": "fcm", "token": fmt.Sprintf("fcm-%s-%d", user, i)}
+	fcm := func(user string, i int) client.DeviceRegistration {
+		return client.DeviceRegistration{UserID: user, Channel: client.ChannelFCM, Token: new(fmt.Sprintf("fcm-%s-%d", user, i))}
+	}
+	register := func(d client.DeviceRegistration) *client.RegisterDeviceResponse {
+		res, err := e.api.RegisterDeviceWithResponse(t.Context(), d)
+		require.NoError(t, err)
+		return res
 	}
 	for i := range 3 {
-		e.must(http.StatusCreated, http.MethodPost, "/v1/devices", fcm("mallory", i))
+		e.registerDevice(fcm("mallory", i))
 	}
-	status, out := e.call(http.MethodPost, "/v1/devices", fcm("mallory", 3))
-	require.Equal(t, http.StatusConflict, status, "%v", out)
-	require.Contains(t, requireAPIError(t, out, "too_many_devices", "")["message"], "3")
+	res := register(fcm("mallory", 3))
+	require.Equal(t, http.StatusConflict, res.StatusCode(), "%s", res.Body)
+	require.Contains(t, requireAPIError(t, res, "too_many_devices", "").Message, "3")
 	// Re-registering a device the user has is not a new device.
-	e.must(http.StatusOK, http.MethodPost, "/v1/devices", fcm("mallory", 0))
+	require.Equal(t, http.StatusOK, register(fcm("mallory", 0)).StatusCode())
 	// Nor can the limit be passed by moving another user's device over.
-	e.must(http.StatusCreated, http.MethodPost, "/v1/devices", fcm("trent", 0))
-	status, out = e.call(http.MethodPost, "/v1/devices", map[string]any{"user_id": "mallory", "channel": "fcm", "token": "fcm-trent-0"})
-	require.Equal(t, http.StatusConflict, status, "%v", out)
-	requireAPIError(t, out, "too_many_devices", "")
+	e.registerDevice(fcm("trent", 0))
+	res = register(client.DeviceRegistration{UserID: "mallory", Channel: client.ChannelFCM, Token: new("fcm-trent-0")})
+	require.Equal(t, http.StatusConflict, res.StatusCode(), "%s", res.Body)
+	requireAPIError(t, res, "too_many_devices", "")
 
 	// A batch that would pass the limit is refused whole, naming the first
 	// registration over it.
-	batch := []map[string]any{fcm("eve", 0), fcm("oscar", 0), fcm("eve", 1), fcm("eve", 2), fcm("eve", 3), fcm("eve", 4)}
-	status, out = e.call(http.MethodPost, "/v1/devices/batch", map[string]any{"devices": batch})
-	require.Equal(t, http.StatusConflict, status, "%v", out)
-	requireAPIError(t, out, "too_many_devices", "devices[4]")
-	status, _ = e.call(http.MethodGet, "/v1/users/oscar/devices", nil)
-	require.Equal(t, http.StatusNotFound, status, "all or nothing: the batch's other users were not created either")
-	e.must(http.StatusOK, http.MethodPost, "/v1/devices/batch", map[string]any{"devices": batch[:4]})
+	batch := []client.DeviceRegistration{fcm("eve", 0), fcm("oscar", 0), fcm("eve", 1), fcm("eve", 2), fcm("eve", 3), fcm("eve", 4)}
+	batchRes, err := e.api.RegisterDevicesWithResponse(t.Context(), client.DeviceBatch{Devices: batch})
+	answered(t, http.StatusConflict, batchRes, err)
+	requireAPIError(t, batchRes, "too_many_devices", "devices[4]")
+	oscar, err := e.api.ListUserDevicesWithResponse(t.Context(), "oscar", nil)
+	answered(t, http.StatusNotFound, oscar, err)
+	e.registerDevices(batch[:4])
 
 	// Racing registrations for one user: exactly the limit get in.
 	var wg sync.WaitGroup
 	statuses := make([]int, 12)
 	for i := range statuses {
-		wg.Go(func() { statuses[i], _ = e.call(http.MethodPost, "/v1/devices", fcm("sybil", i)) })
+		wg.Go(func() {
+			if res, err := e.api.RegisterDeviceWithResponse(t.Context(), fcm("sybil", i)); err == nil {
+				statuses[i] = res.StatusCode()
+			}
+		})
 	}
 	wg.Wait()
 	created := 0
@@ -137,8 +138,7 @@ func TestAttackLimitsDevicesPerUser(t *testing.T) {
 		}
 	}
 	require.Equal(t, 3, created, "statuses %v", statuses)
-	list := e.must(http.StatusOK, http.MethodGet, "/v1/users/sybil/devices", nil)
-	require.Len(t, list["items"], 3)
+	require.Len(t, e.userDevices("sybil"), 3)
 }
 
 // TestAttackLimitsDevicePages lists a user with many devices: the answer
@@ -146,52 +146,53 @@ func TestAttackLimitsDevicesPerUser(t *testing.T) {
 func TestAttackLimitsDevicePages(t *testing.T) {
 	t.Parallel()
 	e := startE2E(t, map[string]string{"HERALD_MAX_DEVICES_PER_USER": "250"})
-	var batch []map[string]any
+	var batch []client.DeviceRegistration
 	for i := range 250 {
-		batch = append(batch, map[string]any{"user_id": "hoarder", "channel": "fcm", "token": fmt.Sprintf("fcm-hoarder-%03d", i)})
+		batch = append(batch, client.DeviceRegistration{UserID: "hoarder", Channel: client.ChannelFCM, Token: new(fmt.Sprintf("fcm-hoarder-%03d", i))})
 	}
-	e.must(http.StatusOK, http.MethodPost, "/v1/devices/batch", map[string]any{"devices": batch})
+	e.registerDevices(batch)
+	list := func(user string, params client.ListUserDevicesParams) *client.ListUserDevicesResponse {
+		res, err := e.api.ListUserDevicesWithResponse(t.Context(), user, &params)
+		require.NoError(t, err)
+		return res
+	}
 
 	// Unasked, a page is the default size.
-	page := e.must(http.StatusOK, http.MethodGet, "/v1/users/hoarder/devices", nil)
-	require.Equal(t, "hoarder", page["user_id"])
-	require.Equal(t, 100, len(page["items"].([]any)))
-	require.NotEmpty(t, page["next_cursor"])
+	page := list("hoarder", client.ListUserDevicesParams{}).JSON200
+	require.NotNil(t, page)
+	require.Equal(t, "hoarder", page.UserID)
+	require.Len(t, page.Items, 100)
+	require.NotNil(t, page.NextCursor)
 
 	seen := map[string]bool{}
-	cursor, pages := "", 0
+	params, pages := client.ListUserDevicesParams{Limit: new(60)}, 0
 	for {
-		path := "/v1/users/hoarder/devices?limit=60"
-		if cursor != "" {
-			path += "&cursor=" + cursor
-		}
-		page := e.must(http.StatusOK, http.MethodGet, path, nil)
+		page := list("hoarder", params).JSON200
+		require.NotNil(t, page)
 		pages++
-		items := page["items"].([]any)
-		require.LessOrEqual(t, len(items), 60)
-		for _, it := range items {
-			id := it.(map[string]any)["device_id"].(string)
-			require.False(t, seen[id], "device %s listed twice", id)
-			seen[id] = true
+		require.LessOrEqual(t, len(page.Items), 60)
+		for _, d := range page.Items {
+			require.False(t, seen[d.DeviceID], "device %s listed twice", d.DeviceID)
+			seen[d.DeviceID] = true
 		}
-		next, _ := page["next_cursor"].(string)
-		if next == "" {
+		if page.NextCursor == nil {
 			break
 		}
-		cursor = next
+		params.Cursor = page.NextCursor
 	}
 	require.Len(t, seen, 250)
 	require.Equal(t, 5, pages)
 
-	status, out := e.call(http.MethodGet, "/v1/users/hoarder/devices?limit=5000", nil)
-	require.Equal(t, http.StatusBadRequest, status)
-	requireAPIError(t, out, "invalid_field", "limit")
+	res := list("hoarder", client.ListUserDevicesParams{Limit: new(5000)})
+	require.Equal(t, http.StatusBadRequest, res.StatusCode())
+	requireAPIError(t, res, "invalid_field", "limit")
 	// A cursor of another listing is refused.
-	e.must(http.StatusCreated, http.MethodPost, "/v1/devices", map[string]any{"user_id": "other", "channel": "fcm", "token": "fcm-other"})
-	first := e.must(http.StatusOK, http.MethodGet, "/v1/users/hoarder/devices?limit=1", nil)
-	status, out = e.call(http.MethodGet, "/v1/users/other/devices?cursor="+first["next_cursor"].(string), nil)
-	require.Equal(t, http.StatusBadRequest, status)
-	requireAPIError(t, out, "invalid_field", "cursor")
+	e.registerDevice(client.DeviceRegistration{UserID: "other", Channel: client.ChannelFCM, Token: new("fcm-other")})
+	first := list("hoarder", client.ListUserDevicesParams{Limit: new(1)}).JSON200
+	require.NotNil(t, first)
+	res = list("other", client.ListUserDevicesParams{Cursor: first.NextCursor})
+	require.Equal(t, http.StatusBadRequest, res.StatusCode())
+	requireAPIError(t, res, "invalid_field", "cursor")
 }
 
 // TestAttackLimitsScheduleCadence creates schedules that would run too
@@ -200,28 +201,29 @@ func TestAttackLimitsDevicePages(t *testing.T) {
 func TestAttackLimitsScheduleCadence(t *testing.T) {
 	t.Parallel()
 	e := startE2E(t, map[string]string{"HERALD_SCHEDULE_MIN_INTERVAL": "5m", "HERALD_SCHEDULE_MAX_AHEAD": "30"})
-	schedule := func(cron string, localTime bool) (int, map[string]any) {
-		return e.call(http.MethodPost, "/v1/schedules", map[string]any{
-			"cron": cron, "timezone": "Europe/Berlin", "local_time": localTime,
-			"audience": map[string]any{"type": "users", "ids": []string{"ann"}},
-			"payload":  map[string]any{"title": "spam"},
+	schedule := func(cron string, localTime bool) *client.CreateScheduleResponse {
+		res, err := e.api.CreateScheduleWithResponse(t.Context(), client.NewSchedule{
+			Cron: cron, Timezone: new("Europe/Berlin"), LocalTime: &localTime,
+			Audience: toUsers("ann"), Payload: titled("spam"),
 		})
+		require.NoError(t, err)
+		return res
 	}
 	for _, cron := range []string{"* * * * *", "0,2 9 * * *", "* 3 1 * *"} {
-		status, out := schedule(cron, false)
-		require.Equal(t, http.StatusBadRequest, status, "%s: %v", cron, out)
-		require.Contains(t, requireAPIError(t, out, "invalid_field", "cron")["message"], "5m")
+		res := schedule(cron, false)
+		require.Equal(t, http.StatusBadRequest, res.StatusCode(), "%s: %s", cron, res.Body)
+		require.Contains(t, requireAPIError(t, res, "invalid_field", "cron").Message, "5m")
 	}
-	status, out := schedule("*/5 * * * *", false)
-	require.Equal(t, http.StatusCreated, status, "%v", out)
+	res := schedule("*/5 * * * *", false)
+	require.Equal(t, http.StatusCreated, res.StatusCode(), "%s", res.Body)
 
 	// Hourly in local time: 26 or 27 runs made ahead, within 30.
-	status, out = schedule("0 * * * *", true)
-	require.Equal(t, http.StatusCreated, status, "%v", out)
+	res = schedule("0 * * * *", true)
+	require.Equal(t, http.StatusCreated, res.StatusCode(), "%s", res.Body)
 	// Every half hour in local time: some 53, too many.
-	status, out = schedule("*/30 * * * *", true)
-	require.Equal(t, http.StatusBadRequest, status, "%v", out)
-	require.Contains(t, requireAPIError(t, out, "invalid_field", "cron")["message"], "30")
+	res = schedule("*/30 * * * *", true)
+	require.Equal(t, http.StatusBadRequest, res.StatusCode(), "%s", res.Body)
+	require.Contains(t, requireAPIError(t, res, "invalid_field", "cron").Message, "30")
 }
 
 // TestAttackLimitsRunsMadeAhead runs an every-minute schedule whose lead
@@ -237,8 +239,7 @@ func TestAttackLimitsRunsMadeAhead(t *testing.T) {
 	// Waiting runs are those not started; a run that starts on its minute
 	// while the test looks lets the materializer make the next one.
 	waiting := func() int {
-		page := e.must(http.StatusOK, http.MethodGet, "/v1/messages?state=scheduled&limit=1000&schedule_id="+id, nil)
-		return len(page["items"].([]any))
+		return len(e.listMessages(client.ListMessagesParams{State: new(client.MessageStateScheduled), Limit: new(1000), ScheduleID: &id}))
 	}
 	// The bound leaves room for a machine busy with the package's other
 	// end-to-end tests, where River's first periodic materializer pass can
@@ -248,5 +249,5 @@ func TestAttackLimitsRunsMadeAhead(t *testing.T) {
 	for deadline := time.Now().Add(1500 * time.Millisecond); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
 		require.LessOrEqual(t, waiting(), 4)
 	}
-	e.must(http.StatusNoContent, http.MethodDelete, "/v1/schedules/"+id, nil)
+	e.deleteSchedule(id)
 }

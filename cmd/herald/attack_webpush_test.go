@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/heraldpush/herald/api/client"
 	"github.com/heraldpush/herald/jobs/push/fake"
 	"github.com/heraldpush/herald/jobs/push/pushtest"
 )
@@ -41,10 +42,11 @@ func TestAttackWebPushEndpointsCannotReachInside(t *testing.T) {
 		"https://user:pw@" + strings.TrimPrefix(e.fake.URL(), "https://") + "/webpush/x",
 		"http://127.0.0.1:" + port + "/",
 	} {
-		s := map[string]any{"endpoint": endpoint, "keys": sub.Keys}
-		code, body := e.call(http.MethodPost, "/v1/devices", map[string]any{"user_id": "mallory", "channel": "webpush", "subscription": s})
-		require.Equal(t, http.StatusBadRequest, code, "%s: %v", endpoint, body)
-		require.Equal(t, "subscription.endpoint", body["error"].(map[string]any)["field"], endpoint)
+		s := webPush(sub)
+		s.Endpoint = endpoint
+		res, err := e.api.RegisterDeviceWithResponse(t.Context(), client.DeviceRegistration{UserID: "mallory", Channel: client.ChannelWebPush, Subscription: s})
+		answered(t, http.StatusBadRequest, res, err)
+		requireAPIError(t, res, "invalid_field", "subscription.endpoint")
 	}
 
 	// A device stored before the policy existed.
@@ -56,16 +58,12 @@ func TestAttackWebPushEndpointsCannotReachInside(t *testing.T) {
 		"https://localhost:"+port+"/stolen", sub.Keys.P256dh, sub.Keys.Auth)
 	require.NoError(t, err)
 
-	msg := e.must(http.StatusAccepted, http.MethodPost, "/v1/messages", map[string]any{
-		"audience": map[string]any{"type": "users", "ids": []string{"mallory"}},
-		"payload":  map[string]any{"title": "probe"},
-	})
-	id := msg["message_id"].(string)
+	id := e.send(client.NewMessage{Audience: toUsers("mallory"), Payload: titled("probe")}).MessageID
 	st := e.settle(id, 30*time.Second)
-	require.EqualValues(t, 1, st["deliveries"].(map[string]any)["failed"], "%v", st)
-	failed := e.deliveries(id, "failed")
+	require.Equal(t, 1, st.Deliveries.Failed, "%+v", st)
+	failed := e.deliveries(id, client.DeliveryStatusFailed)
 	require.Len(t, failed, 1)
-	require.Equal(t, "endpoint_forbidden", failed[0]["reason"])
+	require.Equal(t, new(client.ReasonEndpointForbidden), failed[0].Reason)
 	require.Zero(t, inside.Connections(), "the internal service received a connection")
 }
 
@@ -96,33 +94,28 @@ func TestAttackWebPushOneCallerCannotParkOthers(t *testing.T) {
 	for range 5 {
 		sub, err := failing.MintSubscription(false)
 		require.NoError(t, err)
-		e.must(http.StatusCreated, http.MethodPost, "/v1/devices", map[string]any{"user_id": "mallory", "channel": "webpush", "subscription": sub})
+		e.registerDevice(client.DeviceRegistration{UserID: "mallory", Channel: client.ChannelWebPush, Subscription: webPush(sub)})
 	}
-	e.must(http.StatusAccepted, http.MethodPost, "/v1/messages", map[string]any{
-		"audience": map[string]any{"type": "users", "ids": []string{"mallory"}},
-		"payload":  map[string]any{"title": "noise"},
-	})
-	var providers map[string]any
+	e.send(client.NewMessage{Audience: toUsers("mallory"), Payload: titled("noise")})
+	var providers client.Providers
 	require.Eventually(t, func() bool {
-		providers = e.must(http.StatusOK, http.MethodGet, "/v1/providers", nil)
-		return providers["webpush"].(map[string]any)["state"] == "open"
+		providers = e.providers()
+		return providers["webpush"].State == client.BreakerStateOpen
 	}, 30*time.Second, 50*time.Millisecond, "the failing push service's breaker did not open")
 
 	sub, err := e.fake.MintSubscription(false)
 	require.NoError(t, err)
-	e.must(http.StatusCreated, http.MethodPost, "/v1/devices", map[string]any{"user_id": "alice", "channel": "webpush", "subscription": sub})
-	msg := e.must(http.StatusAccepted, http.MethodPost, "/v1/messages", map[string]any{
-		"priority": "urgent",
-		"audience": map[string]any{"type": "users", "ids": []string{"alice"}},
-		"payload":  map[string]any{"title": "your train leaves in 5 minutes"},
-	})
-	id := msg["message_id"].(string)
+	e.registerDevice(client.DeviceRegistration{UserID: "alice", Channel: client.ChannelWebPush, Subscription: webPush(sub)})
+	id := e.send(client.NewMessage{
+		Priority: new(client.PriorityUrgent), Audience: toUsers("alice"), Payload: titled("your train leaves in 5 minutes"),
+	}).MessageID
 	// Far below the one-minute cooldown that would hold a parked push.
 	st := e.settle(id, 20*time.Second)
-	require.EqualValues(t, 1, st["deliveries"].(map[string]any)["accepted"], "%v", st)
+	require.Equal(t, 1, st.Deliveries.Accepted, "%+v", st)
 	require.Len(t, e.fake.Receipts(id), 1)
 
-	lastError := providers["webpush"].(map[string]any)["last_error"].(string)
-	require.Equal(t, strings.TrimPrefix(failing.URL(), "https://")+": push service answered 503 Service Unavailable", lastError,
+	lastError := providers["webpush"].LastError
+	require.NotNil(t, lastError)
+	require.Equal(t, strings.TrimPrefix(failing.URL(), "https://")+": push service answered 503 Service Unavailable", *lastError,
 		"the push service is named, and its answer's body is not shown")
 }

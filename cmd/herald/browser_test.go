@@ -18,6 +18,8 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/heraldpush/herald/api/client"
 )
 
 const testAdminPassword = "e2e-admin-password-0123"
@@ -151,23 +153,17 @@ func dashboardFixture(t *testing.T, e *e2e) (dispatched, scheduled, schedule str
 		e.register(u, false)
 	}
 	e.register("dee", true)
-	msg := e.must(http.StatusAccepted, http.MethodPost, "/v1/messages", map[string]any{
-		"audience": map[string]any{"type": "users", "ids": []string{"ann", "bob", "dee"}},
-		"payload":  map[string]any{"title": "Standup", "body": "now"},
+	dispatched = e.send(client.NewMessage{
+		Audience: toUsers("ann", "bob", "dee"), Payload: client.Payload{Title: new("Standup"), Body: new("now")},
+	}).MessageID
+	require.Equal(t, client.MessageStateDispatched, e.settle(dispatched, 30*time.Second).State)
+	later := e.send(client.NewMessage{
+		DispatchAt: new(time.Now().Add(time.Hour).Truncate(time.Second)), Audience: toUsers("ann"), Payload: titled("Later"),
 	})
-	dispatched = msg["message_id"].(string)
-	require.Equal(t, "dispatched", e.settle(dispatched, 30*time.Second)["state"])
-	later := e.must(http.StatusAccepted, http.MethodPost, "/v1/messages", map[string]any{
-		"dispatch_at": time.Now().Add(time.Hour).UTC().Format(time.RFC3339),
-		"audience":    map[string]any{"type": "users", "ids": []string{"ann"}},
-		"payload":     map[string]any{"title": "Later"},
+	sch := e.createSchedule(client.NewSchedule{
+		Cron: "0 9 * * MON-FRI", Timezone: new("Europe/Berlin"), Audience: toUsers("ann"), Payload: titled("Daily"),
 	})
-	sch := e.must(http.StatusCreated, http.MethodPost, "/v1/schedules", map[string]any{
-		"cron": "0 9 * * MON-FRI", "timezone": "Europe/Berlin",
-		"audience": map[string]any{"type": "users", "ids": []string{"ann"}},
-		"payload":  map[string]any{"title": "Daily"},
-	})
-	return dispatched, later["message_id"].(string), sch["schedule_id"].(string)
+	return dispatched, later.MessageID, sch.ScheduleID
 }
 
 // TestBrowserDashboard drives the dashboard and River UI in headless
@@ -213,34 +209,35 @@ func TestBrowserDashboard(t *testing.T) {
 		visible("#message-state .badge.cancelled"))
 	require.Equal(t, "3", b.text("#counter-cancelled b"))
 	b.screenshot("dashboard-cancelled")
-	st := e.must(http.StatusOK, http.MethodGet, "/v1/messages/"+scheduled, nil)
-	require.Equal(t, "cancelled", st["state"])
-	require.EqualValues(t, 3, st["deliveries"].(map[string]any)["cancelled"])
+	st := e.message(scheduled)
+	require.Equal(t, client.MessageStateCancelled, st.State)
+	require.Equal(t, 3, st.Deliveries.Cancelled)
 
 	// A local-time message to ann in Kolkata and bob in New York, two
 	// hours from now on Berlin's clocks: past in Kolkata, so ann's devices
 	// are sent at once (send_now), while bob's wave waits hours. Its page
 	// shows each wave's due instant, devices and progress.
 	for user, zone := range map[string]string{"ann": "Asia/Kolkata", "bob": "America/New_York"} {
-		e.must(http.StatusOK, http.MethodPut, "/v1/users/"+user, map[string]any{"timezone": zone})
+		e.putUser(user, zone)
 	}
 	berlin, err := time.LoadLocation("Europe/Berlin")
 	require.NoError(t, err)
-	local := e.must(http.StatusAccepted, http.MethodPost, "/v1/messages", map[string]any{
-		"deliver_at_local": time.Now().In(berlin).Add(2 * time.Hour).Format("2006-01-02T15:04"),
-		"if_passed":        "send_now", "ttl_seconds": 600,
-		"audience": map[string]any{"type": "users", "ids": []string{"ann", "bob"}},
-		"payload":  map[string]any{"title": "Good morning"},
-	})
-	localID := local["message_id"].(string)
-	var waves []any
+	localID := e.send(client.NewMessage{
+		DeliverAtLocal: new(time.Now().In(berlin).Add(2 * time.Hour).Format("2006-01-02T15:04")),
+		IfPassed:       new(client.IfPassedSendNow), TTLSeconds: new(600),
+		Audience: toUsers("ann", "bob"), Payload: titled("Good morning"),
+	}).MessageID
+	var waves []client.Wave
 	require.Eventually(t, func() bool {
-		waves = e.must(http.StatusOK, http.MethodGet, "/v1/messages/"+localID, nil)["waves"].([]any)
-		return len(waves) == 2 && waves[0].(map[string]any)["accepted"] == 3.0
+		if w := e.message(localID).Waves; w != nil {
+			waves = *w
+		}
+		return len(waves) == 2 && waves[0].Accepted == 3
 	}, 20*time.Second, 50*time.Millisecond, "ann's wave was not sent")
 	b.goHash("#/messages/" + localID)
-	first := fmt.Sprintf(`#waves-body tr[data-wave=%q]`, waves[0].(map[string]any)["dispatch_at"])
-	second := fmt.Sprintf(`#waves-body tr[data-wave=%q]`, waves[1].(map[string]any)["dispatch_at"])
+	// The page marks each wave with its dispatch_at as the API writes it.
+	first := fmt.Sprintf(`#waves-body tr[data-wave=%q]`, waves[0].DispatchAt.Format(time.RFC3339Nano))
+	second := fmt.Sprintf(`#waves-body tr[data-wave=%q]`, waves[1].DispatchAt.Format(time.RFC3339Nano))
 	b.do(visible(first), visible(second))
 	require.Equal(t, 2, evaluate[int](b, `document.querySelectorAll('#waves-body tr').length`))
 	require.Equal(t, []string{"3", "3", "0", "0"},
@@ -260,7 +257,8 @@ func TestBrowserDashboard(t *testing.T) {
 	schRow := fmt.Sprintf(`tr[data-schedule-id=%q]`, schedule)
 	b.goHash("#/schedules")
 	b.do(visible(schRow+" button"), click(schRow+" button"), visible(schRow+" .badge.paused"))
-	require.Equal(t, true, e.must(http.StatusOK, http.MethodGet, "/v1/schedules/"+schedule, nil)["paused"])
+	got, err := e.api.GetScheduleWithResponse(t.Context(), schedule)
+	require.True(t, answered(t, http.StatusOK, got, err).JSON200.Paused)
 
 	// Send a test message to bob from the form.
 	b.goHash("#/send")
@@ -269,7 +267,7 @@ func TestBrowserDashboard(t *testing.T) {
 	hash := evaluate[string](b, `location.hash`)
 	sent := strings.TrimPrefix(hash, "#/messages/")
 	require.NotEqual(t, hash, sent, "the form leads to the new message's page")
-	require.EqualValues(t, 3, e.must(http.StatusOK, http.MethodGet, "/v1/messages/"+sent, nil)["device_count"])
+	require.Equal(t, 3, e.message(sent).DeviceCount)
 
 	b.goHash("#/providers")
 	b.do(visible(`tr[data-channel="webpush"] .badge`))

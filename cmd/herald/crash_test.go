@@ -13,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/heraldpush/herald/api/client"
 	"github.com/heraldpush/herald/cmd/herald/heraldbench"
 	"github.com/heraldpush/herald/db/dbtest"
 	"github.com/heraldpush/herald/jobs/push/fake"
@@ -100,7 +101,7 @@ func newFanOutSetup(t *testing.T, n int) *fanOutSetup {
 	}
 	base, stop := startServe(t, apiVars, "--migrate", "--role", "api")
 	t.Cleanup(func() { _ = stop() })
-	s := &fanOutSetup{e2e: &e2e{t: t, fake: fp, base: base, stop: stop}, db: tdb, vars: vars}
+	s := &fanOutSetup{e2e: &e2e{t: t, fake: fp, base: base, stop: stop, api: newAPIClient(t, base, testAPIKey)}, db: tdb, vars: vars}
 	t.Cleanup(func() {
 		if t.Failed() {
 			s.diagnose()
@@ -108,36 +109,38 @@ func newFanOutSetup(t *testing.T, n int) *fanOutSetup {
 	})
 
 	for start := 0; start < n; start += 10_000 {
-		var batch []map[string]any
+		var batch []client.DeviceRegistration
 		for i := start; i < min(start+10_000, n); i++ {
 			u := fmt.Sprintf("u%d", i)
 			s.users = append(s.users, u)
 			if i%2 == 0 {
-				batch = append(batch, map[string]any{"user_id": u, "channel": "apns", "token": fmt.Sprintf("%064x", i)})
+				batch = append(batch, client.DeviceRegistration{UserID: u, Channel: client.ChannelAPNs, Token: new(fmt.Sprintf("%064x", i))})
 			} else {
-				batch = append(batch, map[string]any{"user_id": u, "channel": "fcm", "token": fmt.Sprintf("fcm-token-%d", i)})
+				batch = append(batch, client.DeviceRegistration{UserID: u, Channel: client.ChannelFCM, Token: new(fmt.Sprintf("fcm-token-%d", i))})
 			}
 		}
-		s.must(http.StatusOK, http.MethodPost, "/v1/devices/batch", map[string]any{"devices": batch})
+		s.registerDevices(batch)
 	}
 	return s
 }
 
 func (s *fanOutSetup) schedule() string {
 	s.t.Helper()
-	status, seg := s.call(http.MethodPut, "/v1/segments/all", map[string]any{"name": "all"})
-	if status == http.StatusCreated {
+	ctx := s.t.Context()
+	seg, err := s.api.CreateSegmentWithResponse(ctx, "all", client.SegmentUpdate{Name: new("all")})
+	require.NoError(s.t, err)
+	if seg.StatusCode() == http.StatusCreated {
 		for start := 0; start < len(s.users); start += 10_000 {
-			s.must(http.StatusOK, http.MethodPost, "/v1/segments/all/members", map[string]any{"user_ids": s.users[start:min(start+10_000, len(s.users))]})
+			res, err := s.api.AddSegmentMembersWithResponse(ctx, "all", client.MemberIDs{UserIDs: s.users[start:min(start+10_000, len(s.users))]})
+			answered(s.t, http.StatusOK, res, err)
 		}
 	} else {
-		require.Equal(s.t, http.StatusOK, status, seg)
+		require.Equal(s.t, http.StatusOK, seg.StatusCode(), "%s", seg.Body)
 	}
-	msg := s.must(http.StatusAccepted, http.MethodPost, "/v1/messages", map[string]any{
-		"audience": map[string]any{"type": "segment", "id": "all"},
-		"payload":  map[string]any{"title": "digest", "body": "twenty thousand of these"},
-	})
-	s.msgID = msg["message_id"].(string)
+	s.msgID = s.send(client.NewMessage{
+		Audience: client.Audience{Type: client.AudienceTypeSegment, ID: new("all")},
+		Payload:  client.Payload{Title: new("digest"), Body: new("twenty thousand of these")},
+	}).MessageID
 	return s.msgID
 }
 
@@ -192,9 +195,9 @@ func (s *fanOutSetup) accepted() int64 {
 func (s *fanOutSetup) checkOnceEach(id string, devices int) (duplicates int) {
 	s.t.Helper()
 	st := s.settle(id, 3*time.Minute)
-	require.Equal(s.t, "dispatched", st["state"])
-	require.Equal(s.t, map[string]any{"total": float64(devices), "accepted": float64(devices), "failed": 0.0, "expired": 0.0, "cancelled": 0.0, "pending": 0.0}, st["deliveries"])
-	require.Len(s.t, s.deliveries(id, "accepted"), devices, "one ledger row per device, each accepted")
+	require.Equal(s.t, client.MessageStateDispatched, st.State)
+	require.Equal(s.t, client.DeliveryCounts{Total: devices, Accepted: devices}, st.Deliveries)
+	require.Len(s.t, s.deliveries(id, client.DeliveryStatusAccepted), devices, "one ledger row per device, each accepted")
 
 	receipts := s.fake.Receipts(id)
 	perDevice := map[string]int{}

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -17,6 +16,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/heraldpush/herald/api/client"
 	"github.com/heraldpush/herald/cmd/herald/heraldbench"
 	"github.com/heraldpush/herald/db"
 	"github.com/heraldpush/herald/db/dbtest"
@@ -34,6 +34,9 @@ type e2e struct {
 	vars map[string]string
 	// db is Herald's database, for tests that look under the API.
 	db *dbtest.DB
+	// api is Herald's generated Go client, calling with testAPIKey: the
+	// tests drive the API through it as a Go caller would.
+	api *client.ClientWithResponses
 }
 
 // startE2E starts fakepush and `herald serve --migrate` with fakepush's env.
@@ -65,79 +68,154 @@ func startE2EWith(t *testing.T, configure func(vars map[string]string, fp *fake.
 	vars["HERALD_LOG_LEVEL"] = "warn"
 	configure(vars, fp)
 	base, stop := startServe(t, vars, "--migrate")
-	return &e2e{t: t, fake: fp, base: base, stop: stop, vars: vars, db: tdb}
+	return &e2e{t: t, fake: fp, base: base, stop: stop, vars: vars, db: tdb, api: newAPIClient(t, base, testAPIKey)}
 }
 
-// call makes an API call and decodes the JSON answer.
-func (e *e2e) call(method, path string, body any) (int, map[string]any) {
-	e.t.Helper()
-	status, _, out := e.callAs(testAPIKey, method, path, body)
-	return status, out
+// newAPIClient is Herald's generated Go client for base, calling with key.
+func newAPIClient(t testing.TB, base, key string) *client.ClientWithResponses {
+	t.Helper()
+	c, err := client.NewClientWithResponses(base, client.WithAPIKey(key))
+	require.NoError(t, err)
+	return c
 }
 
-// callAs makes an API call with key and returns the status, the headers and
-// the decoded JSON answer.
-func (e *e2e) callAs(key, method, path string, body any) (int, http.Header, map[string]any) {
-	e.t.Helper()
-	var raw []byte
-	if body != nil {
-		var err error
-		raw, err = json.Marshal(body)
-		require.NoError(e.t, err)
-	}
-	req, err := http.NewRequest(method, e.base+path, bytes.NewReader(raw))
-	require.NoError(e.t, err)
-	req.Header.Set("Authorization", "Bearer "+key)
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(e.t, err)
-	defer resp.Body.Close()
-	var out map[string]any
-	if resp.StatusCode != http.StatusNoContent {
-		require.NoError(e.t, json.NewDecoder(resp.Body).Decode(&out))
-	}
-	return resp.StatusCode, resp.Header, out
+// answer is what every generated client's response has.
+type answer interface {
+	StatusCode() int
+	GetBody() []byte
 }
 
-func (e *e2e) must(status int, method, path string, body any) map[string]any {
+// answered fails the test unless the call reached Herald and was answered
+// status, and returns the answer.
+func answered[R answer](t testing.TB, status int, res R, err error) R {
+	t.Helper()
+	require.NoError(t, err)
+	require.Equal(t, status, res.StatusCode(), "%s", res.GetBody())
+	return res
+}
+
+// requireAPIError checks that res is an error answer with code and, when
+// given, field; it returns the error.
+func requireAPIError(t testing.TB, res answer, code, field string) client.ErrorDetail {
+	t.Helper()
+	var body client.ErrorBody
+	require.NoError(t, json.Unmarshal(res.GetBody(), &body), "not an error answer: %d %s", res.StatusCode(), res.GetBody())
+	require.Equal(t, code, body.Error.Code, "%s", res.GetBody())
+	if field != "" {
+		require.NotNil(t, body.Error.Field, "%s", res.GetBody())
+		require.Equal(t, field, *body.Error.Field, "%s", res.GetBody())
+	}
+	return body.Error
+}
+
+// toUsers addresses users by id.
+func toUsers(ids ...string) client.Audience {
+	return client.Audience{Type: client.AudienceTypeUsers, IDs: &ids}
+}
+
+// titled is a payload with only a title.
+func titled(title string) client.Payload { return client.Payload{Title: &title} }
+
+// The helpers below call with context.Background(), not the test's context:
+// require.Eventually runs them in a goroutine of its own that may still be
+// calling when the test ends, and a cancelled call would then fail it late.
+
+// send schedules a message, which must be accepted.
+func (e *e2e) send(m client.NewMessage) client.MessageHead {
 	e.t.Helper()
-	got, out := e.call(method, path, body)
-	require.Equal(e.t, status, got, "%s %s: %v", method, path, out)
-	return out
+	res, err := e.api.CreateMessageWithResponse(context.Background(), nil, m)
+	return *answered(e.t, http.StatusAccepted, res, err).JSON202
+}
+
+// message reads a message's status.
+func (e *e2e) message(id string) client.MessageStatus {
+	e.t.Helper()
+	res, err := e.api.GetMessageWithResponse(context.Background(), id)
+	return *answered(e.t, http.StatusOK, res, err).JSON200
 }
 
 // settle waits until a message is no longer scheduled or dispatching.
-func (e *e2e) settle(id string, within time.Duration) map[string]any {
+func (e *e2e) settle(id string, within time.Duration) client.MessageStatus {
 	e.t.Helper()
-	var st map[string]any
+	var st client.MessageStatus
 	require.Eventually(e.t, func() bool {
-		st = e.must(http.StatusOK, http.MethodGet, "/v1/messages/"+id, nil)
-		return st["state"] != "scheduled" && st["state"] != "dispatching"
+		st = e.message(id)
+		return st.State != client.MessageStateScheduled && st.State != client.MessageStateDispatching
 	}, within, 20*time.Millisecond, "message %s did not settle", id)
 	return st
 }
 
-func (e *e2e) deliveries(id, status string) []map[string]any {
+// deliveries reads every page of a message's deliveries in status.
+func (e *e2e) deliveries(id string, status client.DeliveryStatus) []client.Delivery {
 	e.t.Helper()
-	var out []map[string]any
-	cursor := ""
+	var out []client.Delivery
+	params := &client.ListMessageDeliveriesParams{Status: &status, Limit: new(1000)}
 	for {
-		path := "/v1/messages/" + id + "/deliveries?limit=1000&status=" + status
-		if cursor != "" {
-			path += "&cursor=" + cursor
-		}
-		page := e.must(http.StatusOK, http.MethodGet, path, nil)
-		for _, it := range page["items"].([]any) {
-			out = append(out, it.(map[string]any))
-		}
-		next, _ := page["next_cursor"].(string)
-		if next == "" {
+		res, err := e.api.ListMessageDeliveriesWithResponse(context.Background(), id, params)
+		page := answered(e.t, http.StatusOK, res, err).JSON200
+		out = append(out, page.Items...)
+		if page.NextCursor == nil {
 			return out
 		}
-		cursor = next
+		params.Cursor = page.NextCursor
 	}
+}
+
+// userDevices reads the first page of a user's devices.
+func (e *e2e) userDevices(user string) []client.UserDevice {
+	e.t.Helper()
+	res, err := e.api.ListUserDevicesWithResponse(context.Background(), user, nil)
+	return answered(e.t, http.StatusOK, res, err).JSON200.Items
+}
+
+// providers reads /v1/providers.
+func (e *e2e) providers() client.Providers {
+	e.t.Helper()
+	res, err := e.api.GetProvidersWithResponse(context.Background())
+	return *answered(e.t, http.StatusOK, res, err).JSON200
+}
+
+// registerDevice registers a device that is new, so is answered 201.
+func (e *e2e) registerDevice(d client.DeviceRegistration) client.Device {
+	e.t.Helper()
+	res, err := e.api.RegisterDeviceWithResponse(context.Background(), d)
+	return *answered(e.t, http.StatusCreated, res, err).JSON201
+}
+
+// registerDevices registers a batch, which must be taken whole.
+func (e *e2e) registerDevices(devices []client.DeviceRegistration) client.DeviceBatchResult {
+	e.t.Helper()
+	res, err := e.api.RegisterDevicesWithResponse(context.Background(), client.DeviceBatch{Devices: devices})
+	return *answered(e.t, http.StatusOK, res, err).JSON200
+}
+
+// createSchedule creates a schedule, which must be taken.
+func (e *e2e) createSchedule(s client.NewSchedule) client.Schedule {
+	e.t.Helper()
+	res, err := e.api.CreateScheduleWithResponse(context.Background(), s)
+	return *answered(e.t, http.StatusCreated, res, err).JSON201
+}
+
+// deleteSchedule deletes a schedule, which must exist.
+func (e *e2e) deleteSchedule(id string) {
+	e.t.Helper()
+	res, err := e.api.DeleteScheduleWithResponse(context.Background(), id)
+	answered(e.t, http.StatusNoContent, res, err)
+}
+
+// putUser sets a user's time zone.
+func (e *e2e) putUser(user, timezone string) {
+	e.t.Helper()
+	res, err := e.api.PutUserWithResponse(context.Background(), user, client.UserUpdate{Timezone: &timezone})
+	require.NoError(e.t, err)
+	require.Contains(e.t, []int{http.StatusOK, http.StatusCreated}, res.StatusCode(), "%s", res.Body)
+}
+
+// listMessages reads the first page of the messages params select.
+func (e *e2e) listMessages(params client.ListMessagesParams) []client.MessageStatus {
+	e.t.Helper()
+	res, err := e.api.ListMessagesWithResponse(context.Background(), &params)
+	return answered(e.t, http.StatusOK, res, err).JSON200.Items
 }
 
 func hexToken(prefix string) string {
@@ -150,12 +228,14 @@ func hexToken(prefix string) string {
 // returns its id.
 func (e *e2e) everyMinute(user string) string {
 	e.t.Helper()
-	sch := e.must(http.StatusCreated, http.MethodPost, "/v1/schedules", map[string]any{
-		"cron": "* * * * *", "timezone": "UTC",
-		"audience": map[string]any{"type": "users", "ids": []string{user}},
-		"payload":  map[string]any{"title": "every minute"},
-	})
-	return sch["schedule_id"].(string)
+	return e.createSchedule(client.NewSchedule{
+		Cron: "* * * * *", Timezone: new("UTC"), Audience: toUsers(user), Payload: titled("every minute"),
+	}).ScheduleID
+}
+
+// webPush is a fakepush subscription as the API takes it.
+func webPush(sub fake.Subscription) *client.WebPushSubscription {
+	return &client.WebPushSubscription{Endpoint: sub.Endpoint, Keys: client.WebPushKeys{P256DH: sub.Keys.P256dh, Auth: sub.Keys.Auth}}
 }
 
 // register gives user one device per channel; dead tokens when dead.
@@ -167,9 +247,9 @@ func (e *e2e) register(user string, dead bool) {
 	}
 	sub, err := e.fake.MintSubscription(dead)
 	require.NoError(e.t, err)
-	e.must(http.StatusCreated, http.MethodPost, "/v1/devices", map[string]any{"user_id": user, "channel": "apns", "token": hexToken(prefix)})
-	e.must(http.StatusCreated, http.MethodPost, "/v1/devices", map[string]any{"user_id": user, "channel": "fcm", "token": prefix + "fcm-" + hexToken("")})
-	e.must(http.StatusCreated, http.MethodPost, "/v1/devices", map[string]any{"user_id": user, "channel": "webpush", "subscription": sub})
+	e.registerDevice(client.DeviceRegistration{UserID: user, Channel: client.ChannelAPNs, Token: new(hexToken(prefix))})
+	e.registerDevice(client.DeviceRegistration{UserID: user, Channel: client.ChannelFCM, Token: new(prefix + "fcm-" + hexToken(""))})
+	e.registerDevice(client.DeviceRegistration{UserID: user, Channel: client.ChannelWebPush, Subscription: webPush(sub)})
 }
 
 func TestE2EDeliversOncePerDeviceAndEvictsDeadTokens(t *testing.T) {
@@ -190,19 +270,19 @@ func TestE2EDeliversOncePerDeviceAndEvictsDeadTokens(t *testing.T) {
 	require.Positive(t, fresh.APNs.Warmups)
 	require.Positive(t, fresh.FCM.Warmups)
 
-	msg := e.must(http.StatusAccepted, http.MethodPost, "/v1/messages", map[string]any{
-		"priority": "urgent",
-		"audience": map[string]any{"type": "users", "ids": []string{"ann", "bob", "cy", "dee"}},
-		"payload":  map[string]any{"title": "Standup", "body": "now", "data": map[string]any{"room": "blue"}},
+	msg := e.send(client.NewMessage{
+		Priority: new(client.PriorityUrgent),
+		Audience: toUsers("ann", "bob", "cy", "dee"),
+		Payload:  client.Payload{Title: new("Standup"), Body: new("now"), Data: &map[string]string{"room": "blue"}},
 	})
-	id := msg["message_id"].(string)
-	require.EqualValues(t, 12, msg["device_count"])
+	id := msg.MessageID
+	require.Equal(t, 12, msg.DeviceCount)
 	st := e.settle(id, 30*time.Second)
-	require.Equal(t, "dispatched", st["state"])
-	require.Equal(t, map[string]any{"total": 12.0, "accepted": 9.0, "failed": 3.0, "expired": 0.0, "cancelled": 0.0, "pending": 0.0}, st["deliveries"])
-	require.NotNil(t, st["skew_ms"])
-	require.NotNil(t, st["started_at"])
-	require.NotNil(t, st["settled_at"])
+	require.Equal(t, client.MessageStateDispatched, st.State)
+	require.Equal(t, client.DeliveryCounts{Total: 12, Accepted: 9, Failed: 3}, st.Deliveries)
+	require.NotNil(t, st.SkewMs)
+	require.NotNil(t, st.StartedAt)
+	require.NotNil(t, st.SettledAt)
 
 	// fakepush took each live device's push exactly once, with the
 	// message id as collapse key.
@@ -217,50 +297,43 @@ func TestE2EDeliversOncePerDeviceAndEvictsDeadTokens(t *testing.T) {
 	stats := e.fake.Stats()
 	require.Zero(t, stats.APNs.Duplicates+stats.FCM.Duplicates+stats.WebPush.Duplicates)
 
-	for _, d := range e.deliveries(id, "accepted") {
-		require.NotNil(t, d["accepted_at"])
-		require.GreaterOrEqual(t, d["skew_ms"].(float64), 0.0)
+	for _, d := range e.deliveries(id, client.DeliveryStatusAccepted) {
+		require.NotNil(t, d.AcceptedAt)
+		require.NotNil(t, d.SkewMs)
+		require.GreaterOrEqual(t, *d.SkewMs, 0.0)
 	}
-	failed := e.deliveries(id, "failed")
+	failed := e.deliveries(id, client.DeliveryStatusFailed)
 	require.Len(t, failed, 3)
 	for _, d := range failed {
-		require.Equal(t, "dee", d["user_id"])
-		require.Equal(t, "unregistered", d["reason"])
+		require.Equal(t, "dee", d.UserID)
+		require.Equal(t, new(client.ReasonUnregistered), d.Reason)
 	}
 
 	// Dee's devices are evicted, and the next message skips them.
-	list := e.must(http.StatusOK, http.MethodGet, "/v1/users/dee/devices", nil)
-	for _, d := range list["items"].([]any) {
-		require.Equal(t, "evicted", d.(map[string]any)["status"])
-		require.Equal(t, "unregistered", d.(map[string]any)["evicted_reason"])
+	for _, d := range e.userDevices("dee") {
+		require.Equal(t, client.DeviceStatusEvicted, d.Status)
+		require.Equal(t, new("unregistered"), d.EvictedReason)
 	}
-	next := e.must(http.StatusAccepted, http.MethodPost, "/v1/messages", map[string]any{
-		"audience": map[string]any{"type": "users", "ids": []string{"ann", "bob", "cy", "dee"}},
-		"payload":  map[string]any{"title": "again"},
-	})
-	require.EqualValues(t, 9, next["device_count"])
-	require.Equal(t, "dispatched", e.settle(next["message_id"].(string), 30*time.Second)["state"])
+	next := e.send(client.NewMessage{Audience: toUsers("ann", "bob", "cy", "dee"), Payload: titled("again")})
+	require.Equal(t, 9, next.DeviceCount)
+	require.Equal(t, client.MessageStateDispatched, e.settle(next.MessageID, 30*time.Second).State)
 }
 
 func TestE2EDisabledChannelFailsLoudly(t *testing.T) {
 	t.Parallel()
 	e := startE2E(t, nil, "VAPID_PUBLIC_KEY", "VAPID_PRIVATE_KEY", "VAPID_SUBJECT")
 	e.register("ann", false)
-	providers := e.must(http.StatusOK, http.MethodGet, "/v1/providers", nil)
-	require.Equal(t, false, providers["webpush"].(map[string]any)["configured"])
-	require.Equal(t, true, providers["apns"].(map[string]any)["configured"])
+	providers := e.providers()
+	require.False(t, providers["webpush"].Configured)
+	require.True(t, providers["apns"].Configured)
 
-	msg := e.must(http.StatusAccepted, http.MethodPost, "/v1/messages", map[string]any{
-		"audience": map[string]any{"type": "users", "ids": []string{"ann"}},
-		"payload":  map[string]any{"title": "hi"},
-	})
-	id := msg["message_id"].(string)
+	id := e.send(client.NewMessage{Audience: toUsers("ann"), Payload: titled("hi")}).MessageID
 	st := e.settle(id, 30*time.Second)
-	require.Equal(t, map[string]any{"total": 3.0, "accepted": 2.0, "failed": 1.0, "expired": 0.0, "cancelled": 0.0, "pending": 0.0}, st["deliveries"])
-	failed := e.deliveries(id, "failed")
+	require.Equal(t, client.DeliveryCounts{Total: 3, Accepted: 2, Failed: 1}, st.Deliveries)
+	failed := e.deliveries(id, client.DeliveryStatusFailed)
 	require.Len(t, failed, 1)
-	require.Equal(t, "webpush", failed[0]["channel"])
-	require.Equal(t, "channel_disabled", failed[0]["reason"])
+	require.Equal(t, client.ChannelWebPush, failed[0].Channel)
+	require.Equal(t, new(client.ReasonChannelDisabled), failed[0].Reason)
 }
 
 func TestE2EProviderDownForTheWholeLifetime(t *testing.T) {
@@ -268,31 +341,30 @@ func TestE2EProviderDownForTheWholeLifetime(t *testing.T) {
 	e := startE2E(t, nil)
 	require.NoError(t, e.fake.SetControl(fake.Control{Channel: "apns", Mode: fake.ModeUnavailable}))
 	const devices = 40
-	var batch []map[string]any
+	var batch []client.DeviceRegistration
 	var users []string
 	for i := range devices {
 		u := fmt.Sprintf("u%d", i)
 		users = append(users, u)
-		batch = append(batch, map[string]any{"user_id": u, "channel": "apns", "token": hexToken("")})
+		batch = append(batch, client.DeviceRegistration{UserID: u, Channel: client.ChannelAPNs, Token: new(hexToken(""))})
 	}
-	e.must(http.StatusOK, http.MethodPost, "/v1/devices/batch", map[string]any{"devices": batch})
+	e.registerDevices(batch)
 
 	// Counted in case anything was pushed before (warm-ups are counted apart).
 	before := e.fake.Stats().APNs.Received
 	lifetime := 4 * time.Second
 	now := time.Now()
-	msg := e.must(http.StatusAccepted, http.MethodPost, "/v1/messages", map[string]any{
-		"dispatch_at": now.Format(time.RFC3339Nano),
-		"expires_at":  now.Add(lifetime).Format(time.RFC3339Nano),
-		"audience":    map[string]any{"type": "users", "ids": users},
-		"payload":     map[string]any{"title": "down"},
-	})
-	id := msg["message_id"].(string)
+	id := e.send(client.NewMessage{
+		DispatchAt: &now,
+		ExpiresAt:  new(now.Add(lifetime)),
+		Audience:   toUsers(users...),
+		Payload:    titled("down"),
+	}).MessageID
 	st := e.settle(id, lifetime+20*time.Second)
-	require.Equal(t, "expired", st["state"])
-	require.Equal(t, map[string]any{"total": 40.0, "accepted": 0.0, "failed": 0.0, "expired": 40.0, "cancelled": 0.0, "pending": 0.0}, st["deliveries"])
-	for _, d := range e.deliveries(id, "expired") {
-		require.Equal(t, "provider_unavailable", d["reason"], "an expired delivery says what held it back")
+	require.Equal(t, client.MessageStateExpired, st.State)
+	require.Equal(t, client.DeliveryCounts{Total: 40, Expired: 40}, st.Deliveries)
+	for _, d := range e.deliveries(id, client.DeliveryStatusExpired) {
+		require.Equal(t, new(client.ReasonProviderUnavailable), d.Reason, "an expired delivery says what held it back")
 	}
 
 	// The provider saw the first burst (sends already in flight when the
@@ -302,10 +374,10 @@ func TestE2EProviderDownForTheWholeLifetime(t *testing.T) {
 	t.Logf("fakepush received %d APNs requests for %d devices over a %s lifetime", received, devices, lifetime)
 	require.LessOrEqual(t, received, int64(devices+3))
 
-	providers := e.must(http.StatusOK, http.MethodGet, "/v1/providers", nil)
-	apns := providers["apns"].(map[string]any)
-	require.Contains(t, []any{"open", "half_open"}, apns["state"], "%v", apns)
-	require.NotEmpty(t, apns["last_error"])
+	apns := e.providers()["apns"]
+	require.Contains(t, []client.BreakerState{client.BreakerStateOpen, client.BreakerStateHalfOpen}, apns.State, "%+v", apns)
+	require.NotNil(t, apns.LastError)
+	require.NotEmpty(t, *apns.LastError)
 }
 
 func TestE2EUrgentIsNotBlockedByBulk(t *testing.T) {
@@ -318,44 +390,34 @@ func TestE2EUrgentIsNotBlockedByBulk(t *testing.T) {
 	const bulkDevices = 5000
 	var users []string
 	for start := 0; start < bulkDevices; start += 2500 {
-		var batch []map[string]any
+		var batch []client.DeviceRegistration
 		for i := start; i < start+2500; i++ {
 			u := fmt.Sprintf("b%d", i)
 			users = append(users, u)
-			batch = append(batch, map[string]any{"user_id": u, "channel": "fcm", "token": fmt.Sprintf("bulk-token-%d", i)})
+			batch = append(batch, client.DeviceRegistration{UserID: u, Channel: client.ChannelFCM, Token: new(fmt.Sprintf("bulk-token-%d", i))})
 		}
-		e.must(http.StatusOK, http.MethodPost, "/v1/devices/batch", map[string]any{"devices": batch})
+		e.registerDevices(batch)
 	}
-	e.must(http.StatusCreated, http.MethodPost, "/v1/devices", map[string]any{"user_id": "otp", "channel": "fcm", "token": "urgent-token"})
+	e.registerDevice(client.DeviceRegistration{UserID: "otp", Channel: client.ChannelFCM, Token: new("urgent-token")})
 
-	bulk := e.must(http.StatusAccepted, http.MethodPost, "/v1/messages", map[string]any{
-		"priority": "bulk",
-		"audience": map[string]any{"type": "users", "ids": users},
-		"payload":  map[string]any{"title": "digest"},
-	})
+	bulkID := e.send(client.NewMessage{Priority: new(client.PriorityBulk), Audience: toUsers(users...), Payload: titled("digest")}).MessageID
 	// Once the bulk message is dispatching, the urgent one goes out.
-	bulkID := bulk["message_id"].(string)
 	require.Eventually(t, func() bool {
-		return e.must(http.StatusOK, http.MethodGet, "/v1/messages/"+bulkID, nil)["state"] == "dispatching"
+		return e.message(bulkID).State == client.MessageStateDispatching
 	}, 20*time.Second, 5*time.Millisecond)
-	urgent := e.must(http.StatusAccepted, http.MethodPost, "/v1/messages", map[string]any{
-		"priority": "urgent",
-		"audience": map[string]any{"type": "users", "ids": []string{"otp"}},
-		"payload":  map[string]any{"title": "code 123456"},
-	})
-	urgentID := urgent["message_id"].(string)
+	urgentID := e.send(client.NewMessage{Priority: new(client.PriorityUrgent), Audience: toUsers("otp"), Payload: titled("code 123456")}).MessageID
 
 	urgentSt := e.settle(urgentID, 30*time.Second)
 	bulkSt := e.settle(bulkID, 60*time.Second)
-	require.EqualValues(t, 1, urgentSt["deliveries"].(map[string]any)["accepted"])
-	require.EqualValues(t, bulkDevices, bulkSt["deliveries"].(map[string]any)["accepted"])
+	require.Equal(t, 1, urgentSt.Deliveries.Accepted)
+	require.Equal(t, bulkDevices, bulkSt.Deliveries.Accepted)
 
-	urgentAt, err := time.Parse(time.RFC3339Nano, e.deliveries(urgentID, "accepted")[0]["accepted_at"].(string))
-	require.NoError(t, err)
-	bulkSettled, err := time.Parse(time.RFC3339Nano, bulkSt["settled_at"].(string))
-	require.NoError(t, err)
-	t.Logf("urgent skew %v ms; bulk skew %v", urgentSt["skew_ms"].(map[string]any)["max"], bulkSt["skew_ms"])
-	require.True(t, urgentAt.Before(bulkSettled), "the urgent push waited for the bulk fan-out to finish")
+	urgentAt := e.deliveries(urgentID, client.DeliveryStatusAccepted)[0].AcceptedAt
+	require.NotNil(t, urgentAt)
+	require.NotNil(t, bulkSt.SettledAt)
+	require.NotNil(t, urgentSt.SkewMs)
+	t.Logf("urgent skew %v ms; bulk skew %+v", urgentSt.SkewMs.Max, bulkSt.SkewMs)
+	require.True(t, urgentAt.Before(*bulkSt.SettledAt), "the urgent push waited for the bulk fan-out to finish")
 }
 
 // TestE2EDeviceDeletedBeforeDispatchGetsNothing deletes a device between
@@ -366,32 +428,32 @@ func TestE2EDeviceDeletedBeforeDispatchGetsNothing(t *testing.T) {
 	e := startE2E(t, nil)
 	e.register("ann", false)
 	e.register("bob", false)
-	msg := e.must(http.StatusAccepted, http.MethodPost, "/v1/messages", map[string]any{
-		"dispatch_at": time.Now().Add(3 * time.Second).UTC().Format(time.RFC3339Nano),
-		"audience":    map[string]any{"type": "users", "ids": []string{"ann", "bob"}},
-		"payload":     map[string]any{"title": "after a logout"},
-	})
-	id := msg["message_id"].(string)
-	var gone map[string]any
-	for _, d := range e.must(http.StatusOK, http.MethodGet, "/v1/users/ann/devices", nil)["items"].([]any) {
-		if d.(map[string]any)["channel"] == "apns" {
-			gone = d.(map[string]any)
+	id := e.send(client.NewMessage{
+		DispatchAt: new(time.Now().Add(3 * time.Second)),
+		Audience:   toUsers("ann", "bob"),
+		Payload:    titled("after a logout"),
+	}).MessageID
+	var gone *client.UserDevice
+	for _, d := range e.userDevices("ann") {
+		if d.Channel == client.ChannelAPNs {
+			gone = &d
 		}
 	}
 	require.NotNil(t, gone)
-	e.must(http.StatusNoContent, http.MethodDelete, "/v1/devices/"+gone["device_id"].(string), nil)
-	require.Equal(t, "scheduled", e.must(http.StatusOK, http.MethodGet, "/v1/messages/"+id, nil)["state"],
-		"the delete must come before the due instant")
+	res, err := e.api.DeleteDeviceWithResponse(t.Context(), gone.DeviceID)
+	answered(t, http.StatusNoContent, res, err)
+	require.Equal(t, client.MessageStateScheduled, e.message(id).State, "the delete must come before the due instant")
 
 	st := e.settle(id, 30*time.Second)
-	require.Equal(t, map[string]any{"total": 6.0, "accepted": 5.0, "failed": 0.0, "expired": 0.0, "cancelled": 1.0, "pending": 0.0}, st["deliveries"])
-	cancelled := e.deliveries(id, "cancelled")
+	require.Equal(t, client.DeliveryCounts{Total: 6, Accepted: 5, Cancelled: 1}, st.Deliveries)
+	cancelled := e.deliveries(id, client.DeliveryStatusCancelled)
 	require.Len(t, cancelled, 1)
-	require.Equal(t, gone["device_id"], cancelled[0]["device_id"])
+	require.Equal(t, gone.DeviceID, cancelled[0].DeviceID)
 	receipts := e.fake.Receipts(id)
 	require.Len(t, receipts, 5)
+	require.NotNil(t, gone.Token)
 	for _, r := range receipts {
-		require.NotEqual(t, gone["token"], r.Token, "the deleted device was sent the push")
+		require.NotEqual(t, *gone.Token, r.Token, "the deleted device was sent the push")
 	}
 }
 
@@ -408,29 +470,23 @@ func TestE2ELanesSplitAcrossProcesses(t *testing.T) {
 
 	// Four bulk chunks and five urgent messages: were the lanes ignored,
 	// each would go to either process.
-	var batch []map[string]any
+	var batch []client.DeviceRegistration
 	var users []string
 	for i := range 40 {
 		users = append(users, fmt.Sprintf("b%d", i))
-		batch = append(batch, map[string]any{"user_id": users[i], "channel": "fcm", "token": fmt.Sprintf("lane-token-%d", i)})
+		batch = append(batch, client.DeviceRegistration{UserID: users[i], Channel: client.ChannelFCM, Token: new(fmt.Sprintf("lane-token-%d", i))})
 	}
-	e.must(http.StatusOK, http.MethodPost, "/v1/devices/batch", map[string]any{"devices": batch})
-	bulk := e.must(http.StatusAccepted, http.MethodPost, "/v1/messages", map[string]any{
-		"audience": map[string]any{"type": "users", "ids": users},
-		"payload":  map[string]any{"title": "digest"},
-	})
-	require.EqualValues(t, 4, bulk["chunk_count"])
-	ids := []string{bulk["message_id"].(string)}
+	e.registerDevices(batch)
+	bulk := e.send(client.NewMessage{Audience: toUsers(users...), Payload: titled("digest")})
+	require.Equal(t, 4, bulk.ChunkCount)
+	ids := []string{bulk.MessageID}
 	for i := range 5 {
-		ids = append(ids, e.must(http.StatusAccepted, http.MethodPost, "/v1/messages", map[string]any{
-			"priority": "urgent",
-			"audience": map[string]any{"type": "users", "ids": []string{users[i]}},
-			"payload":  map[string]any{"title": "code"},
-		})["message_id"].(string))
+		ids = append(ids, e.send(client.NewMessage{
+			Priority: new(client.PriorityUrgent), Audience: toUsers(users[i]), Payload: titled("code"),
+		}).MessageID)
 	}
 	for _, id := range ids {
-		st := e.settle(id, 30*time.Second)
-		require.Equal(t, "dispatched", st["state"], id)
+		require.Equal(t, client.MessageStateDispatched, e.settle(id, 30*time.Second).State, id)
 	}
 
 	// Each process counts what it sent just after its write commits.
@@ -472,15 +528,11 @@ func TestE2EScheduleEveryMinute(t *testing.T) {
 	first := now.UTC().Truncate(time.Minute).Add(-2 * time.Minute)
 	require.NoError(t, q.AdvanceSchedule(ctx, db.AdvanceScheduleParams{ID: scheduleID, NextRunAt: &first}))
 
-	var runs []map[string]any
+	var runs []client.MessageStatus
 	require.Eventually(t, func() bool {
 		runs = runs[:0]
-		page := e.must(http.StatusOK, http.MethodGet, "/v1/messages?state=dispatched&schedule_id="+id, nil)
-		for _, it := range page["items"].([]any) {
-			m := it.(map[string]any)
-			at, err := time.Parse(time.RFC3339Nano, m["dispatch_at"].(string))
-			require.NoError(t, err)
-			if !at.After(now) {
+		for _, m := range e.listMessages(client.ListMessagesParams{State: new(client.MessageStateDispatched), ScheduleID: &id}) {
+			if !m.DispatchAt.After(now) {
 				runs = append(runs, m)
 			}
 		}
@@ -491,26 +543,23 @@ func TestE2EScheduleEveryMinute(t *testing.T) {
 	}, 45*time.Second, 100*time.Millisecond, "the three runs up to now were not delivered")
 
 	// Every message of the schedule, dispatched or still to come, is one run.
-	all := e.must(http.StatusOK, http.MethodGet, "/v1/messages?schedule_id="+id, nil)["items"].([]any)
 	perRun := map[time.Time]int{}
-	for _, it := range all {
-		at, err := time.Parse(time.RFC3339Nano, it.(map[string]any)["dispatch_at"].(string))
-		require.NoError(t, err)
-		perRun[at]++
+	for _, m := range e.listMessages(client.ListMessagesParams{ScheduleID: &id}) {
+		perRun[m.DispatchAt]++
 	}
 	require.Len(t, runs, 3)
 	for i, m := range runs {
 		// Pages are newest first.
 		want := first.Add(time.Duration(2-i) * time.Minute)
-		require.Equal(t, want.Format(time.RFC3339Nano), m["dispatch_at"], "runs are on the minute, one a minute")
+		require.Equal(t, want, m.DispatchAt, "runs are on the minute, one a minute")
 		require.Equal(t, 1, perRun[want], "run %s was made into %d messages", want, perRun[want])
-		require.Equal(t, id, m["schedule_id"])
-		require.Equal(t, map[string]any{"total": 3.0, "accepted": 3.0, "failed": 0.0, "expired": 0.0, "cancelled": 0.0, "pending": 0.0}, m["deliveries"])
-		require.Len(t, e.fake.Receipts(m["message_id"].(string)), 3, "each device got each run once")
+		require.Equal(t, &id, m.ScheduleID)
+		require.Equal(t, client.DeliveryCounts{Total: 3, Accepted: 3}, m.Deliveries)
+		require.Len(t, e.fake.Receipts(m.MessageID), 3, "each device got each run once")
 	}
 	stats := e.fake.Stats()
 	require.Zero(t, stats.APNs.Duplicates+stats.FCM.Duplicates+stats.WebPush.Duplicates)
-	e.must(http.StatusNoContent, http.MethodDelete, "/v1/schedules/"+id, nil)
+	e.deleteSchedule(id)
 }
 
 // TestE2EMetricsAfterDispatch scrapes /metrics after a dispatch and finds
@@ -520,12 +569,7 @@ func TestE2EMetricsAfterDispatch(t *testing.T) {
 	e := startE2E(t, nil)
 	e.register("ann", false)
 	e.register("dee", true)
-	msg := e.must(http.StatusAccepted, http.MethodPost, "/v1/messages", map[string]any{
-		"audience": map[string]any{"type": "users", "ids": []string{"ann", "dee"}},
-		"payload":  map[string]any{"title": "metrics"},
-	})
-	e.settle(msg["message_id"].(string), 30*time.Second)
-
+	e.settle(e.send(client.NewMessage{Audience: toUsers("ann", "dee"), Payload: titled("metrics")}).MessageID, 30*time.Second)
 	// A chunk counts its deliveries just after its write commits, so the
 	// API can show the message settled a moment before the counters move.
 	var families map[string]*dto.MetricFamily

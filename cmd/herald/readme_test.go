@@ -14,6 +14,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/heraldpush/herald/api/client"
 	"github.com/heraldpush/herald/db/dbtest"
 )
 
@@ -76,20 +77,18 @@ func TestREADMEWalkthrough(t *testing.T) {
 
 	out := runWalkthrough(t, dir, e.base, e.fake.URL())
 	require.Contains(t, out, `"member_count":2`)
-	requireWalkthroughDelivered(t, e.call)
+	requireWalkthroughDelivered(t, e)
 }
 
 // requireWalkthroughDelivered checks what the walkthrough sent: its
 // immediate messages settle with every device accepted.
-func requireWalkthroughDelivered(t *testing.T, call func(method, path string, body any) (int, map[string]any)) {
+func requireWalkthroughDelivered(t *testing.T, e *e2e) {
 	t.Helper()
-	var sent []map[string]any
+	var sent []client.MessageStatus
 	require.Eventually(t, func() bool {
-		code, page := call(http.MethodGet, "/v1/messages?limit=100", nil)
-		require.Equal(t, http.StatusOK, code)
 		sent = sent[:0]
-		for _, it := range page["items"].([]any) {
-			if m := it.(map[string]any); m["state"] == "dispatched" {
+		for _, m := range e.listMessages(client.ListMessagesParams{Limit: new(100)}) {
+			if m.State == client.MessageStateDispatched {
 				sent = append(sent, m)
 			}
 		}
@@ -97,8 +96,7 @@ func requireWalkthroughDelivered(t *testing.T, call func(method, path string, bo
 		return len(sent) == 2
 	}, 30*time.Second, 50*time.Millisecond, "the walkthrough's messages did not settle")
 	for _, m := range sent {
-		d := m["deliveries"].(map[string]any)
-		require.Equal(t, d["total"], d["accepted"], "message %s: %v", m["message_id"], d)
+		require.Equal(t, m.Deliveries.Total, m.Deliveries.Accepted, "message %s: %+v", m.MessageID, m.Deliveries)
 	}
 }
 

@@ -6,13 +6,13 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/heraldpush/herald/api/client"
 	"github.com/heraldpush/herald/db/dbtest"
 )
 
@@ -143,20 +143,11 @@ func TestMigrateThenServe(t *testing.T) {
 	require.Contains(t, out.String(), "up to date")
 
 	base, stop := startServe(t, vars)
-	resp, err := http.Get(base + "/readyz")
-	require.NoError(t, err)
-	resp.Body.Close()
-	require.Equal(t, http.StatusOK, resp.StatusCode)
-
-	req, err := http.NewRequest(http.MethodPost, base+"/v1/devices",
-		strings.NewReader(`{"user_id":"u1","channel":"fcm","token":"tok"}`))
-	require.NoError(t, err)
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Authorization", "Bearer "+testAPIKey)
-	resp, err = http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	resp.Body.Close()
-	require.Equal(t, http.StatusCreated, resp.StatusCode)
+	api := newAPIClient(t, base, testAPIKey)
+	ready, err := api.GetReadinessWithResponse(t.Context())
+	answered(t, http.StatusOK, ready, err)
+	res, err := api.RegisterDeviceWithResponse(t.Context(), client.DeviceRegistration{UserID: "u1", Channel: client.ChannelFCM, Token: new("tok")})
+	answered(t, http.StatusCreated, res, err)
 
 	require.NoError(t, stop(), "a signal ends serve cleanly")
 }
@@ -165,15 +156,12 @@ func TestServeMigratesWithFlag(t *testing.T) {
 	t.Parallel()
 	tdb := dbtest.NewEmpty(t)
 	base, stop := startServe(t, map[string]string{"DATABASE_URL": tdb.URL}, "--migrate")
-	resp, err := http.Get(base + "/readyz")
-	require.NoError(t, err)
-	resp.Body.Close()
-	require.Equal(t, http.StatusOK, resp.StatusCode)
+	api := newAPIClient(t, base, testAPIKey)
+	ready, err := api.GetReadinessWithResponse(t.Context())
+	answered(t, http.StatusOK, ready, err)
 	// Without API keys every /v1 call is refused.
-	resp, err = http.Get(base + "/v1/users/u1/devices")
-	require.NoError(t, err)
-	resp.Body.Close()
-	require.Equal(t, http.StatusUnauthorized, resp.StatusCode)
+	devices, err := api.ListUserDevicesWithResponse(t.Context(), "u1", nil)
+	answered(t, http.StatusUnauthorized, devices, err)
 	require.NoError(t, stop())
 }
 

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"slices"
 
+	"github.com/heraldpush/herald/api/client"
 	"github.com/heraldpush/herald/db"
 	"github.com/heraldpush/herald/jobs"
 )
@@ -40,6 +41,8 @@ type Benchmark struct {
 	// lane's worker with --urgent-worker.
 	heralds []heraldProcess
 	apiKey  string
+	// api is Herald's generated Go client, calling herald with apiKey.
+	api *client.ClientWithResponses
 }
 
 // Providers builds the provider clients a Herald worker of lane would

@@ -56,8 +56,10 @@ func (b *Benchmark) waitSettled(ctx context.Context, pool *pgxpool.Pool, id stri
 			return nil
 		}
 		if time.Now().After(deadline) {
-			st, _ := b.get("/v1/messages/" + id)
-			return fmt.Errorf("message %s did not settle: %v", id, st["deliveries"])
+			if st, err := b.api.GetMessageWithResponse(ctx, id); err == nil && st.JSON200 != nil {
+				return fmt.Errorf("message %s did not settle: %+v", id, st.JSON200.Deliveries)
+			}
+			return fmt.Errorf("message %s did not settle", id)
 		}
 		select {
 		case <-ctx.Done():

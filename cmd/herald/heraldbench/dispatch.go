@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/heraldpush/herald/api/client"
 	"github.com/heraldpush/herald/jobs"
 	"github.com/heraldpush/herald/jobs/push"
 )
@@ -26,25 +27,26 @@ func (b *Benchmark) schedule(ctx context.Context, res *Result) (scheduled, error
 	dispatchAt := time.Now().Add(b.Config.Ahead).Truncate(time.Millisecond)
 	b.Progress("scheduling the bulk message to %d devices and the urgent one for %s", res.Devices, dispatchAt.Format(time.RFC3339Nano))
 	start := time.Now()
-	bulk, err := b.api(http.MethodPost, "/v1/messages", map[string]any{
-		"dispatch_at": dispatchAt.Format(time.RFC3339Nano), "priority": "bulk",
-		"audience": map[string]any{"type": "segment", "id": "bench"},
-		"payload":  map[string]any{"title": "Your daily digest", "body": "12 new items since yesterday", "data": map[string]any{"deep_link": "app://digest"}},
-	}, http.StatusAccepted)
-	if err != nil {
+	bulk, err := b.api.CreateMessageWithResponse(ctx, nil, client.NewMessage{
+		DispatchAt: &dispatchAt, Priority: new(client.PriorityBulk),
+		Audience: client.Audience{Type: client.AudienceTypeSegment, ID: new("bench")},
+		Payload: client.Payload{Title: new("Your daily digest"), Body: new("12 new items since yesterday"),
+			Data: &map[string]string{"deep_link": "app://digest"}},
+	})
+	if err := answered("schedule the bulk message", http.StatusAccepted, bulk, err); err != nil {
 		return scheduled{}, err
 	}
 	res.ScheduleMs = ms(time.Since(start))
-	res.ChunkCount = int(bulk["chunk_count"].(float64))
-	urgent, err := b.api(http.MethodPost, "/v1/messages", map[string]any{
-		"dispatch_at": dispatchAt.Format(time.RFC3339Nano), "priority": "urgent",
-		"audience": map[string]any{"type": "users", "ids": []string{"urgent-user"}},
-		"payload":  map[string]any{"title": "Your sign-in code", "body": "123456"},
-	}, http.StatusAccepted)
-	if err != nil {
+	res.ChunkCount = bulk.JSON202.ChunkCount
+	urgent, err := b.api.CreateMessageWithResponse(ctx, nil, client.NewMessage{
+		DispatchAt: &dispatchAt, Priority: new(client.PriorityUrgent),
+		Audience: client.Audience{Type: client.AudienceTypeUsers, IDs: &[]string{"urgent-user"}},
+		Payload:  client.Payload{Title: new("Your sign-in code"), Body: new("123456")},
+	})
+	if err := answered("schedule the urgent message", http.StatusAccepted, urgent, err); err != nil {
 		return scheduled{}, err
 	}
-	s := scheduled{dispatchAt: dispatchAt, bulkID: bulk["message_id"].(string), urgentID: urgent["message_id"].(string)}
+	s := scheduled{dispatchAt: dispatchAt, bulkID: bulk.JSON202.MessageID, urgentID: urgent.JSON202.MessageID}
 	s.bulkN, _ = push.ParseMessageID(s.bulkID)
 	s.urgentN, _ = push.ParseMessageID(s.urgentID)
 	b.Progress("scheduled in %.0f ms (%d chunks); waiting for %s", res.ScheduleMs, res.ChunkCount, dispatchAt.Format("15:04:05.000"))

@@ -1,18 +1,25 @@
 package heraldbench
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	"github.com/heraldpush/herald/api/client"
 )
 
 // ScrapeMetrics reads a Herald process's /metrics (herald bench and the
 // tests read what a process counted).
 func ScrapeMetrics(base string) (map[string]*dto.MetricFamily, error) {
-	resp, err := http.Get(base + "/metrics")
+	c, err := client.NewClient(base)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.GetMetrics(context.Background())
 	if err != nil {
 		return nil, err
 	}

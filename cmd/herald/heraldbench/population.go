@@ -1,7 +1,6 @@
 package heraldbench
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -11,7 +10,7 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/heraldpush/herald/jobs"
+	"github.com/heraldpush/herald/api/client"
 	"github.com/heraldpush/herald/jobs/push/fake"
 )
 
@@ -20,7 +19,7 @@ import (
 // more user with one APNs device for the urgent message.
 func (b *Benchmark) populate(ctx context.Context) (int, error) {
 	rng := rand.New(rand.NewPCG(b.Config.Seed, 0x4865))
-	var devices []map[string]any
+	var devices []client.DeviceRegistration
 	var users []string
 	var webpush int
 	pick := func(weights []float64) int {
@@ -39,11 +38,11 @@ func (b *Benchmark) populate(ctx context.Context) (int, error) {
 		for d := range pick(devicesPerUser) + 1 {
 			switch pick(b.Config.Mix[:]) {
 			case 0:
-				devices = append(devices, map[string]any{"user_id": user, "channel": jobs.ChannelAPNs, "token": fmt.Sprintf("%056x%08x", u, d)})
+				devices = append(devices, client.DeviceRegistration{UserID: user, Channel: client.ChannelAPNs, Token: new(fmt.Sprintf("%056x%08x", u, d))})
 			case 1:
-				devices = append(devices, map[string]any{"user_id": user, "channel": jobs.ChannelFCM, "token": fmt.Sprintf("bench-%d-%d:APA91b%0140x", u, d, u)})
+				devices = append(devices, client.DeviceRegistration{UserID: user, Channel: client.ChannelFCM, Token: new(fmt.Sprintf("bench-%d-%d:APA91b%0140x", u, d, u))})
 			default:
-				devices = append(devices, map[string]any{"user_id": user, "channel": jobs.ChannelWebPush})
+				devices = append(devices, client.DeviceRegistration{UserID: user, Channel: client.ChannelWebPush})
 				webpush++
 			}
 		}
@@ -53,19 +52,23 @@ func (b *Benchmark) populate(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	for start := 0; start < len(devices); start += 10_000 {
-		if _, err := b.api(http.MethodPost, "/v1/devices/batch", map[string]any{"devices": devices[start:min(start+10_000, len(devices))]}, http.StatusOK); err != nil {
+		res, err := b.api.RegisterDevicesWithResponse(ctx, client.DeviceBatch{Devices: devices[start:min(start+10_000, len(devices))]})
+		if err := answered("register devices", http.StatusOK, res, err); err != nil {
 			return 0, err
 		}
 	}
-	if _, err := b.api(http.MethodPut, "/v1/segments/bench", map[string]any{"name": "bench"}, http.StatusCreated); err != nil {
+	seg, err := b.api.CreateSegmentWithResponse(ctx, "bench", client.SegmentUpdate{Name: new("bench")})
+	if err := answered("create segment", http.StatusCreated, seg, err); err != nil {
 		return 0, err
 	}
 	for start := 0; start < len(users); start += 10_000 {
-		if _, err := b.api(http.MethodPost, "/v1/segments/bench/members", map[string]any{"user_ids": users[start:min(start+10_000, len(users))]}, http.StatusOK); err != nil {
+		res, err := b.api.AddSegmentMembersWithResponse(ctx, "bench", client.MemberIDs{UserIDs: users[start:min(start+10_000, len(users))]})
+		if err := answered("add segment members", http.StatusOK, res, err); err != nil {
 			return 0, err
 		}
 	}
-	if _, err := b.api(http.MethodPost, "/v1/devices", map[string]any{"user_id": "urgent-user", "channel": jobs.ChannelAPNs, "token": strings.Repeat("ab", 32)}, http.StatusCreated); err != nil {
+	urgent, err := b.api.RegisterDeviceWithResponse(ctx, client.DeviceRegistration{UserID: "urgent-user", Channel: client.ChannelAPNs, Token: new(strings.Repeat("ab", 32))})
+	if err := answered("register the urgent device", http.StatusCreated, urgent, err); err != nil {
 		return 0, err
 	}
 	return len(devices), nil
@@ -73,11 +76,11 @@ func (b *Benchmark) populate(ctx context.Context) (int, error) {
 
 // mintSubscriptions fills in Web Push devices with subscriptions fakepush
 // mints, as browsers would hand them out.
-func (b *Benchmark) mintSubscriptions(ctx context.Context, devices []map[string]any) error {
-	var todo []map[string]any
-	for _, d := range devices {
-		if d["channel"] == jobs.ChannelWebPush {
-			todo = append(todo, d)
+func (b *Benchmark) mintSubscriptions(ctx context.Context, devices []client.DeviceRegistration) error {
+	var todo []*client.DeviceRegistration
+	for i := range devices {
+		if devices[i].Channel == client.ChannelWebPush {
+			todo = append(todo, &devices[i])
 		}
 	}
 	var (
@@ -85,7 +88,7 @@ func (b *Benchmark) mintSubscriptions(ctx context.Context, devices []map[string]
 		mu       sync.Mutex
 		firstErr error
 	)
-	work := make(chan map[string]any)
+	work := make(chan *client.DeviceRegistration)
 	for range 8 {
 		wg.Go(func() {
 			for d := range work {
@@ -101,7 +104,9 @@ func (b *Benchmark) mintSubscriptions(ctx context.Context, devices []map[string]
 					mu.Unlock()
 					continue
 				}
-				d["subscription"] = sub
+				d.Subscription = &client.WebPushSubscription{
+					Endpoint: sub.Endpoint, Keys: client.WebPushKeys{P256DH: sub.Keys.P256dh, Auth: sub.Keys.Auth},
+				}
 			}
 		})
 	}
@@ -123,50 +128,18 @@ func cmpErr(a, b error) error {
 	return b
 }
 
-// api calls Herald's API and decodes the answer, which must have status.
-func (b *Benchmark) api(method, path string, body any, status int) (map[string]any, error) {
-	raw, err := json.Marshal(body)
+// answered returns an error unless a call to Herald's API (what) reached it
+// and was answered status.
+func answered(what string, status int, res interface{ StatusCode() int }, err error) error {
 	if err != nil {
-		return nil, err
+		return fmt.Errorf("%s: %w", what, err)
 	}
-	req, err := http.NewRequest(method, b.base+path, bytes.NewReader(raw))
-	if err != nil {
-		return nil, err
+	if res.StatusCode() != status {
+		body := ""
+		if b, ok := res.(interface{ GetBody() []byte }); ok {
+			body = string(b.GetBody())
+		}
+		return fmt.Errorf("%s: answered %d, not %d: %s", what, res.StatusCode(), status, body)
 	}
-	req.Header.Set("Authorization", "Bearer "+b.apiKey)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("%s %s: %w", method, path, err)
-	}
-	defer resp.Body.Close()
-	var out map[string]any
-	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil && resp.StatusCode != http.StatusNoContent {
-		return nil, fmt.Errorf("%s %s: %d, unreadable answer: %w", method, path, resp.StatusCode, err)
-	}
-	if resp.StatusCode != status {
-		return nil, fmt.Errorf("%s %s: %d %v", method, path, resp.StatusCode, out)
-	}
-	return out, nil
-}
-
-func (b *Benchmark) get(path string) (map[string]any, error) {
-	req, err := http.NewRequest(http.MethodGet, b.base+path, nil)
-	if err != nil {
-		return nil, err
-	}
-	req.Header.Set("Authorization", "Bearer "+b.apiKey)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	var out map[string]any
-	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
-		return nil, err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET %s: %d %v", path, resp.StatusCode, out)
-	}
-	return out, nil
+	return nil
 }

@@ -20,6 +20,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/heraldpush/herald/api/client"
 	"github.com/heraldpush/herald/jobs/push/fake"
 )
 
@@ -108,6 +109,9 @@ func (b *Benchmark) startHerald(ctx context.Context, dbURL string) error {
 		return err
 	}
 	b.herald, b.base = cmd, base
+	if b.api, err = client.NewClientWithResponses(base, client.WithAPIKey(b.apiKey)); err != nil {
+		return err
+	}
 	b.Progress("herald at %s (pid %d)", b.base, cmd.Process.Pid)
 	if b.Config.UrgentWorker {
 		// After the first has migrated the database.
