@@ -70,7 +70,7 @@ func startServe(t *testing.T, vars map[string]string, args ...string) (string, f
 		}
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK
-	}, 20*time.Second, 20*time.Millisecond)
+	}, time.Minute, 20*time.Millisecond, "serve did not answer /healthz; stderr:\n%s", &stderr)
 	require.NotEmpty(t, base, "serve exited early; stderr:\n%s", stderr.String())
 	// Stopping waits for run to return, so that nothing of this Herald
 	// outlives its test (TestMain checks for leaked goroutines).
