@@ -13,6 +13,8 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivertype"
+
+	"github.com/heraldpush/herald/db"
 )
 
 // Lanes: each priority has its own River queue and its own workers, so that
@@ -177,6 +179,7 @@ func NewRiverClient(pool *pgxpool.Pool, cfg RiverConfig) (*river.Client[pgx.Tx],
 		// cannot check them.
 		rc.SkipUnknownJobCheck = true
 	}
+	rc.Schema = db.PoolSchema(pool)
 	client, err := river.NewClient(riverpgxv5.New(pool), rc)
 	if err != nil {
 		return nil, fmt.Errorf("river client: %w", err)
@@ -196,6 +199,7 @@ func NewUrgentRiverClient(cfg RiverConfig) (*river.Client[pgx.Tx], error) {
 	rc := cfg.base()
 	rc.Queues = map[string]river.QueueConfig{QueueUrgent: cfg.lane(cfg.UrgentWorkers)}
 	cfg.workerConfig(rc)
+	rc.Schema = db.PoolSchema(cfg.UrgentPool)
 	client, err := river.NewClient(riverpgxv5.New(cfg.UrgentPool), rc)
 	if err != nil {
 		return nil, fmt.Errorf("urgent river client: %w", err)

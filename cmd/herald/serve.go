@@ -84,7 +84,7 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 	}
 	defer ln.Close()
 
-	pool, err := db.Open(ctx, cfg.DatabaseURL, db.PoolConfig{MaxConns: cfg.poolSize()})
+	pool, err := db.Open(ctx, cfg.DatabaseURL, db.PoolConfig{MaxConns: cfg.poolSize(), Schema: cfg.DBSchema})
 	if err != nil {
 		return err
 	}
@@ -158,7 +158,7 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 				return err
 			}
 			defer urgent.close()
-			if urgentPool, err = db.Open(ctx, cfg.DatabaseURL, db.PoolConfig{MaxConns: cfg.urgentPoolSize(), MinConns: 2}); err != nil {
+			if urgentPool, err = db.Open(ctx, cfg.DatabaseURL, db.PoolConfig{MaxConns: cfg.urgentPoolSize(), MinConns: 2, Schema: cfg.DBSchema}); err != nil {
 				return err
 			}
 			defer urgentPool.Close()
@@ -213,7 +213,7 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 	riverClients := []*river.Client[pgx.Tx]{riverClient}
 	wake := map[string]func(context.Context) error{}
 	if works && cfg.Lanes.Bulk {
-		wake[jobs.QueueBulk] = jobs.RiverNotify(riverClient.Driver(), jobs.QueueBulk)
+		wake[jobs.QueueBulk] = jobs.RiverNotify(riverClient, jobs.QueueBulk)
 	}
 	if works && cfg.Lanes.Urgent {
 		urgentClient, err := jobs.NewUrgentRiverClient(riverCfg)
@@ -221,7 +221,7 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 			return err
 		}
 		riverClients = append(riverClients, urgentClient)
-		wake[jobs.QueueUrgent] = jobs.RiverNotify(urgentClient.Driver(), jobs.QueueUrgent)
+		wake[jobs.QueueUrgent] = jobs.RiverNotify(urgentClient, jobs.QueueUrgent)
 	}
 	if works {
 		for _, c := range riverClients {
