@@ -51,20 +51,23 @@ func moveFromPublic(ctx context.Context, conn *pgx.Conn, schema string) ([]strin
 	}
 	var moved []string
 	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		// Tables first (with their sequences and indexes), then River's enum
-		// type and functions, which its tables' columns and constraints
-		// refer to by identity, not by name.
+		// Tables first (with their sequences and indexes), then River's
+		// functions, named by argument types that must still be found, then
+		// its enum type. Columns, indexes and constraints refer to types and
+		// functions by identity, not by name, so nothing else changes.
 		rows, err := tx.Query(ctx, `
-			SELECT 'TABLE', quote_ident(c.relname), c.relname FROM pg_class c
-			WHERE c.relnamespace = 'public'::regnamespace AND c.relkind IN ('r', 'p')
-			  AND (c.relname = ANY ($1) OR c.relname LIKE 'river\_%')
-			UNION ALL
-			SELECT 'TYPE', quote_ident(t.typname), t.typname FROM pg_type t
-			WHERE t.typnamespace = 'public'::regnamespace AND t.typtype = 'e' AND t.typname LIKE 'river\_%'
-			UNION ALL
-			SELECT 'FUNCTION', quote_ident(p.proname) || '(' || pg_get_function_identity_arguments(p.oid) || ')', p.proname
-			FROM pg_proc p
-			WHERE p.pronamespace = 'public'::regnamespace AND p.proname LIKE 'river\_%'`, tables)
+			SELECT kind, ident, name FROM (
+				SELECT 1 AS step, 'TABLE' AS kind, quote_ident(c.relname) AS ident, c.relname::text AS name FROM pg_class c
+				WHERE c.relnamespace = 'public'::regnamespace AND c.relkind IN ('r', 'p')
+				  AND (c.relname = ANY ($1) OR c.relname LIKE 'river\_%')
+				UNION ALL
+				SELECT 2, 'FUNCTION', quote_ident(p.proname) || '(' || pg_get_function_identity_arguments(p.oid) || ')', p.proname::text
+				FROM pg_proc p
+				WHERE p.pronamespace = 'public'::regnamespace AND p.proname LIKE 'river\_%'
+				UNION ALL
+				SELECT 3, 'TYPE', quote_ident(t.typname), t.typname::text FROM pg_type t
+				WHERE t.typnamespace = 'public'::regnamespace AND t.typtype = 'e' AND t.typname LIKE 'river\_%'
+			) o ORDER BY step, name`, tables)
 		if err != nil {
 			return err
 		}

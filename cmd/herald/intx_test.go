@@ -1,0 +1,135 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"maps"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/heraldpush/herald/db/dbtest"
+	"github.com/heraldpush/herald/jobs"
+	"github.com/heraldpush/herald/jobs/push"
+	"github.com/heraldpush/herald/jobs/push/fake"
+)
+
+// An application sharing Herald's database schedules reminders in its own
+// transactions, on its own pool (PostgreSQL's default search_path), next to
+// its own table called messages. What it commits, the running Herald sends
+// through fakepush; what it rolls back, Herald never sees.
+func TestE2ESchedulesInTheCallersTransaction(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := startE2E(t, nil)
+	e.register("pat", false)
+
+	app, err := pgxpool.New(ctx, e.vars["DATABASE_URL"])
+	require.NoError(t, err)
+	defer app.Close()
+	_, err = app.Exec(ctx, `CREATE TABLE messages (id serial PRIMARY KEY, body text NOT NULL);
+		CREATE TABLE appointments (id serial PRIMARY KEY, reminder text NOT NULL)`)
+	require.NoError(t, err, "the application's own messages table does not meet Herald's")
+	scheduler, err := jobs.NewScheduler(jobs.SchedulerConfig{})
+	require.NoError(t, err)
+
+	book := func(commit bool) string {
+		tx, err := app.Begin(ctx)
+		require.NoError(t, err)
+		defer tx.Rollback(ctx)
+		receipt, err := scheduler.Schedule(ctx, tx, jobs.Message{
+			Priority: jobs.PriorityUrgent,
+			Audience: jobs.Audience{UserIDs: []string{"pat"}},
+			Payload:  push.Content{Title: "Dentist", Body: "tomorrow at nine"},
+		})
+		require.NoError(t, err)
+		_, err = tx.Exec(ctx, "INSERT INTO appointments (reminder) VALUES ($1)", receipt.MessageID)
+		require.NoError(t, err)
+		_, err = tx.Exec(ctx, "INSERT INTO messages (body) VALUES ('booked')")
+		require.NoError(t, err)
+		if commit {
+			require.NoError(t, tx.Commit(ctx))
+		}
+		return receipt.MessageID
+	}
+
+	gone := book(false)
+	kept := book(true)
+
+	st := e.settle(kept, 30*time.Second)
+	require.Equal(t, "dispatched", st["state"])
+	require.EqualValues(t, 3, st["deliveries"].(map[string]any)["accepted"])
+	require.Len(t, e.fake.Receipts(kept), 3, "fakepush took the committed reminder on every device")
+
+	e.must(http.StatusNotFound, http.MethodGet, "/v1/messages/"+gone, nil)
+	require.Empty(t, e.fake.Receipts(gone))
+	var appointments, appMessages int
+	require.NoError(t, app.QueryRow(ctx, "SELECT (SELECT count(*) FROM appointments), (SELECT count(*) FROM public.messages)").Scan(&appointments, &appMessages))
+	require.Equal(t, 1, appointments)
+	require.Equal(t, 1, appMessages)
+}
+
+// An installation from before Herald had a schema of its own (its tables and
+// River's in public, a message scheduled and not yet sent) is refused by the
+// new Herald until `herald migrate` moves it; then the same message is sent,
+// its devices are still there, and new messages work.
+func TestE2EMigrateMovesAnInstallationFromPublic(t *testing.T) {
+	t.Parallel()
+	fp, err := fake.New(fake.Config{Addr: "127.0.0.1:0", TLSDir: t.TempDir(), Latency: 5 * time.Millisecond})
+	require.NoError(t, err)
+	require.NoError(t, fp.Start(context.Background()))
+	t.Cleanup(func() { _ = fp.Close() })
+	tdb := dbtest.NewEmpty(t)
+	vars := fp.Env()
+	vars["DATABASE_URL"] = tdb.URL
+	vars["HERALD_API_KEYS"] = testAPIKey
+	vars["HERALD_LOG_LEVEL"] = "warn"
+
+	// The old layout: everything in public.
+	old := maps.Clone(vars)
+	old["HERALD_DB_SCHEMA"] = "public"
+	base, stop := startServe(t, old, "--migrate")
+	e := &e2e{t: t, fake: fp, base: base, stop: stop, vars: old, db: tdb}
+	e.register("lee", false)
+	e.must(http.StatusCreated, http.MethodPut, "/v1/segments/seg_old", map[string]any{"name": "old"})
+	e.must(http.StatusOK, http.MethodPost, "/v1/segments/seg_old/members", map[string]any{"user_ids": []string{"lee"}})
+	due := time.Now().Add(4 * time.Second).UTC().Format(time.RFC3339Nano)
+	pending := e.must(http.StatusAccepted, http.MethodPost, "/v1/messages", map[string]any{
+		"dispatch_at": due, "audience": map[string]any{"type": "segment", "id": "seg_old"}, "payload": map[string]any{"title": "before the move"},
+	})["message_id"].(string)
+	require.NoError(t, stop())
+
+	var stdout, stderr bytes.Buffer
+	err = run(context.Background(), []string{"herald", "serve", "--addr", "127.0.0.1:0"}, env(vars), &stdout, &stderr)
+	require.ErrorContains(t, err, "Herald's tables are in schema public; `herald migrate` moves them into schema herald")
+
+	require.NoError(t, run(context.Background(), []string{"herald", "migrate"}, env(vars), &stdout, &stderr), stderr.String())
+	require.Contains(t, stdout.String(), "moved ")
+	require.Contains(t, stdout.String(), "river_job")
+	var left int
+	require.NoError(t, tdb.Pool.QueryRow(context.Background(), `SELECT
+		(SELECT count(*) FROM pg_class WHERE relnamespace = 'public'::regnamespace) +
+		(SELECT count(*) FROM pg_type WHERE typnamespace = 'public'::regnamespace) +
+		(SELECT count(*) FROM pg_proc WHERE pronamespace = 'public'::regnamespace)`).Scan(&left))
+	require.Zero(t, left, "nothing of Herald's or River's is left in public")
+
+	base, stop = startServe(t, vars)
+	e = &e2e{t: t, fake: fp, base: base, stop: stop, vars: vars, db: tdb}
+	st := e.settle(pending, 30*time.Second)
+	require.Equal(t, "dispatched", st["state"])
+	require.Len(t, fp.Receipts(pending), 3, "the message scheduled before the move is sent after it")
+	require.EqualValues(t, 1, e.must(http.StatusOK, http.MethodGet, "/v1/segments/seg_old", nil)["member_count"])
+
+	fresh := e.must(http.StatusAccepted, http.MethodPost, "/v1/messages", map[string]any{
+		"priority": "urgent", "audience": map[string]any{"type": "users", "ids": []string{"lee"}}, "payload": map[string]any{"title": "after the move"},
+	})["message_id"].(string)
+	require.Equal(t, "dispatched", e.settle(fresh, 30*time.Second)["state"])
+	require.Len(t, fp.Receipts(fresh), 3)
+	require.NotEqual(t, pending, fresh, "ids go on from the moved sequences")
+	var inHerald bool
+	require.NoError(t, tdb.Pool.QueryRow(context.Background(), "SELECT to_regclass('herald.river_job') IS NOT NULL").Scan(&inHerald))
+	require.True(t, inHerald)
+}
