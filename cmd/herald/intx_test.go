@@ -11,10 +11,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/heraldpush/herald/db/dbtest"
 	"github.com/heraldpush/herald/jobs"
 	"github.com/heraldpush/herald/jobs/push"
-	"github.com/heraldpush/herald/jobs/push/fake"
 )
 
 // An application sharing Herald's database schedules reminders in its own
@@ -78,15 +76,7 @@ func TestE2ESchedulesInTheCallersTransaction(t *testing.T) {
 // its devices are still there, and new messages work.
 func TestE2EMigrateMovesAnInstallationFromPublic(t *testing.T) {
 	t.Parallel()
-	fp, err := fake.New(fake.Config{Addr: "127.0.0.1:0", TLSDir: t.TempDir(), Latency: 5 * time.Millisecond})
-	require.NoError(t, err)
-	require.NoError(t, fp.Start(context.Background()))
-	t.Cleanup(func() { _ = fp.Close() })
-	tdb := dbtest.NewEmpty(t)
-	vars := fp.Env()
-	vars["DATABASE_URL"] = tdb.URL
-	vars["HERALD_API_KEYS"] = testAPIKey
-	vars["HERALD_LOG_LEVEL"] = "warn"
+	fp, tdb, vars := e2eEnv(t)
 
 	// The old layout: everything in public.
 	old := maps.Clone(vars)
@@ -103,7 +93,7 @@ func TestE2EMigrateMovesAnInstallationFromPublic(t *testing.T) {
 	require.NoError(t, stop())
 
 	var stdout, stderr bytes.Buffer
-	err = run(context.Background(), []string{"herald", "serve", "--addr", "127.0.0.1:0"}, env(vars), &stdout, &stderr)
+	err := run(context.Background(), []string{"herald", "serve", "--addr", "127.0.0.1:0"}, env(vars), &stdout, &stderr)
 	require.ErrorContains(t, err, "Herald's tables are in schema public; `herald migrate` moves them into schema herald")
 
 	require.NoError(t, run(context.Background(), []string{"herald", "migrate"}, env(vars), &stdout, &stderr), stderr.String())
