@@ -73,9 +73,11 @@ func NewScheduler(cfg SchedulerConfig) (*Scheduler, error) {
 //
 // A message that breaks a rule is an *InvalidError naming the field (an
 // unknown segment is one too, wrapping ErrUnknownSegment); a key used with
-// another message is ErrIdempotencyKeyReused. After any error tx is as it
-// was before the call and still usable: Schedule works in a savepoint of
-// its own, released on success and rolled back on failure.
+// another message is ErrIdempotencyKeyReused. After such an error, or any
+// other that PostgreSQL answered, tx is as it was before the call and still
+// usable: Schedule works in a savepoint of its own, released on success and
+// rolled back on failure. (A tx that had failed before the call, or whose
+// connection or ctx ends during it, is not.)
 //
 // Herald's tables are found through search_path, which Schedule points at
 // Herald's schema for its own statements only (SET LOCAL inside its

@@ -158,6 +158,12 @@ func TestSchedulerRefusalLeavesTheTransactionUsable(t *testing.T) {
 		require.ErrorAs(t, err, &invalid, c.name)
 		require.Equal(t, c.field, invalid.Field, "%s: %v", c.name, err)
 	}
+	// An error of PostgreSQL's: a Scheduler told the wrong schema finds no
+	// tables there, and its savepoint takes the failure with it.
+	nowhere, err := NewScheduler(SchedulerConfig{Schema: "nowhere"})
+	require.NoError(t, err)
+	_, err = nowhere.Schedule(ctx, tx, Message{Audience: Audience{UserIDs: b.users}, Payload: push.Content{Title: "t"}})
+	require.ErrorContains(t, err, "does not exist")
 	_, err = tx.Exec(ctx, "INSERT INTO appointments DEFAULT VALUES")
 	require.NoError(t, err, "the transaction is still usable")
 	require.NoError(t, tx.Commit(ctx))
