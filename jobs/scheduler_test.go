@@ -23,7 +23,7 @@ type schedulerBundle struct {
 	users       []string
 }
 
-func setupScheduler(t *testing.T) *schedulerBundle {
+func setupScheduler(t testing.TB) *schedulerBundle {
 	t.Helper()
 	tdb := dbtest.New(t)
 	app, err := pgxpool.New(context.Background(), tdb.URL)
@@ -212,4 +212,31 @@ func TestSchedulerIdempotency(t *testing.T) {
 	var scope string
 	require.NoError(t, b.herald.QueryRow(ctx, "SELECT scope FROM idempotency_keys").Scan(&scope))
 	require.Equal(t, GoScope, scope)
+}
+
+// BenchmarkSchedule compares a one-device message scheduled in a caller's
+// transaction (Scheduler: a savepoint, search_path set and put back) with
+// the API's path (Enqueuer.Schedule in a transaction of Herald's pool), each
+// in a transaction of its own that commits.
+func BenchmarkSchedule(b *testing.B) {
+	ctx := context.Background()
+	bundle := setupScheduler(b)
+	m := Message{Audience: Audience{UserIDs: bundle.users[:1]}, Payload: push.Content{Title: "t"}}
+	enqueuer := bundle.scheduler.enqueuer
+	for _, c := range []struct {
+		name string
+		pool *pgxpool.Pool
+		run  func(tx pgx.Tx) error
+	}{
+		{"scheduler", bundle.app, func(tx pgx.Tx) error { _, err := bundle.scheduler.Schedule(ctx, tx, m); return err }},
+		{"enqueuer", bundle.herald, func(tx pgx.Tx) error { _, err := enqueuer.Schedule(ctx, tx, m, "bench"); return err }},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			for b.Loop() {
+				if err := pgx.BeginFunc(ctx, c.pool, c.run); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }
