@@ -39,6 +39,8 @@ type messageRequest struct {
 	msg jobs.Message
 }
 
+// validate checks the body's shape and reads it as the message it asks for;
+// that message's rules are checked when it is scheduled.
 func (r *messageRequest) validate() (err error) {
 	r.msg, err = r.message()
 	return err

@@ -179,6 +179,8 @@ func NewRiverClient(pool *pgxpool.Pool, cfg RiverConfig) (*river.Client[pgx.Tx],
 		// cannot check them.
 		rc.SkipUnknownJobCheck = true
 	}
+	// River works in the pool's schema, naming it in every query and
+	// notification topic (and River UI reads it from the client).
 	rc.Schema = db.PoolSchema(pool)
 	client, err := river.NewClient(riverpgxv5.New(pool), rc)
 	if err != nil {
