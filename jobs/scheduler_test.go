@@ -58,6 +58,9 @@ func TestSchedulerRollbackLeavesNoTrace(t *testing.T) {
 
 	tx, err := b.app.Begin(ctx)
 	require.NoError(t, err)
+	// A failed assertion must not leave the connection taken: the pool's
+	// Close would wait for it for ever.
+	defer tx.Rollback(ctx)
 	receipt, err := b.scheduler.Schedule(ctx, tx, Message{
 		Audience: Audience{UserIDs: b.users}, Payload: push.Content{Title: "t"}, IdempotencyKey: "k1",
 	})
@@ -87,6 +90,9 @@ func TestSchedulerCommitsWithTheCallersRows(t *testing.T) {
 
 	tx, err := b.app.Begin(ctx)
 	require.NoError(t, err)
+	// A failed assertion must not leave the connection taken: the pool's
+	// Close would wait for it for ever.
+	defer tx.Rollback(ctx)
 	var path string
 	require.NoError(t, tx.QueryRow(ctx, "SELECT current_setting('search_path')").Scan(&path))
 	_, err = tx.Exec(ctx, "INSERT INTO messages (body) VALUES ('before')")
@@ -149,6 +155,8 @@ func TestSchedulerRefusalLeavesTheTransactionUsable(t *testing.T) {
 	}
 	tx, err := b.app.Begin(ctx)
 	require.NoError(t, err)
+	// A failed assertion must not leave the connection taken: the pool's
+	// Close would wait for it for ever.
 	defer tx.Rollback(ctx)
 	_, err = tx.Exec(ctx, "INSERT INTO appointments DEFAULT VALUES")
 	require.NoError(t, err)
