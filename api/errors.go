@@ -10,6 +10,8 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/heraldpush/herald/db"
+	"github.com/heraldpush/herald/jobs"
+	"github.com/heraldpush/herald/jobs/push"
 )
 
 // Error is an API error as the caller sees it:
@@ -79,6 +81,14 @@ func toAPIError(err error) *Error {
 	var apiErr *Error
 	if errors.As(err, &apiErr) {
 		return apiErr
+	}
+	var invalidErr *jobs.InvalidError
+	if errors.As(err, &invalidErr) {
+		var sizeErr *push.SizeError
+		if errors.As(invalidErr, &sizeErr) {
+			return &Error{Status: http.StatusRequestEntityTooLarge, Code: "payload_too_large", Field: invalidErr.Field, Message: invalidErr.Message}
+		}
+		return invalid(invalidErr.Field, "%s", invalidErr.Message)
 	}
 	var httpErr *echo.HTTPError
 	if errors.As(err, &httpErr) {

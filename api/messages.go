@@ -1,7 +1,6 @@
 package api
 
 import (
-	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,20 +16,12 @@ import (
 	"github.com/heraldpush/herald/jobs/push"
 )
 
-const (
-	// maxAudienceUsers caps an explicit list of users.
-	maxAudienceUsers = 10_000
-	// messageBodyLimit fits 10,000 user ids of the longest kind and a payload.
-	messageBodyLimit = 4 << 20
-	// defaultLifetime is a message's lifetime when expires_at is not given.
-	defaultLifetime = time.Hour
-	// maxLifetime is the longest a message may live: APNs, FCM and Web
-	// Push services keep a push for at most four weeks, so a later expiry
-	// would promise what none of them keeps.
-	maxLifetime       = 28 * 24 * time.Hour
-	maxIdempotencyKey = 255
-)
+// messageBodyLimit fits 10,000 user ids of the longest kind and a payload.
+const messageBodyLimit = 4 << 20
 
+// messageRequest is POST /v1/messages' body. It checks its own shape and
+// reads its instants; the rules of a message itself are jobs.Message's, the
+// same for Go callers (jobs.Scheduler).
 type messageRequest struct {
 	DispatchAt *string          `json:"dispatch_at"`
 	ExpiresAt  *string          `json:"expires_at"`
@@ -45,87 +36,60 @@ type messageRequest struct {
 	IfPassed         *string `json:"if_passed,omitempty"`
 	TTLSeconds       *int    `json:"ttl_seconds,omitempty"`
 
-	dispatchAt, expiresAt *time.Time
-	local                 *localRequest
+	msg jobs.Message
 }
 
-// localRequest is a validated local-time delivery.
-type localRequest struct {
-	wall     time.Time
-	fallback *time.Location
-	sendNow  bool
-	lifetime time.Duration
-	json     []byte
+// validate checks the body's shape and reads it as the message it asks for;
+// that message's rules are checked when it is scheduled.
+func (r *messageRequest) validate() (err error) {
+	r.msg, err = r.message()
+	return err
 }
 
 // wallLayouts are the forms deliver_at_local takes: a date and a wall time,
 // without offset.
-var wallLayouts = []string{"2006-01-02T15:04", "2006-01-02T15:04:05"}
+var wallLayouts = []string{jobs.WallLayout, jobs.WallLayout + ":05"}
 
-func (r *messageRequest) validateLocal() error {
+func (r *messageRequest) local() (*jobs.LocalDelivery, error) {
 	if r.DeliverAtLocal == nil {
 		for field, set := range map[string]bool{"fallback_timezone": r.FallbackTimezone != nil, "if_passed": r.IfPassed != nil, "ttl_seconds": r.TTLSeconds != nil} {
 			if set {
-				return invalid(field, "%s goes with deliver_at_local", field)
+				return nil, invalid(field, "%s goes with deliver_at_local", field)
 			}
 		}
-		return nil
+		return nil, nil
 	}
-	if r.DispatchAt != nil {
-		return invalid("deliver_at_local", "give dispatch_at or deliver_at_local, not both")
-	}
-	if r.ExpiresAt != nil {
-		return invalid("expires_at", "a local-time message has a lifetime per wave: give ttl_seconds instead of expires_at")
-	}
-	local := &localRequest{lifetime: defaultLifetime}
+	local := &jobs.LocalDelivery{}
 	var err error
 	for _, layout := range wallLayouts {
-		if local.wall, err = time.Parse(layout, *r.DeliverAtLocal); err == nil {
+		if local.Wall, err = time.Parse(layout, *r.DeliverAtLocal); err == nil {
 			break
 		}
 	}
 	if err != nil {
-		return invalid("deliver_at_local", "deliver_at_local must be a wall time without offset, such as 2026-09-04T09:00")
+		return nil, invalid("deliver_at_local", "deliver_at_local must be a wall time without offset, such as 2026-09-04T09:00")
 	}
-	fallback := "UTC"
 	if r.FallbackTimezone != nil {
-		fallback = *r.FallbackTimezone
+		if local.FallbackTimezone = *r.FallbackTimezone; local.FallbackTimezone == "" {
+			return nil, jobs.CheckTimezone("fallback_timezone", "")
+		}
 	}
-	if err := checkTimezone("fallback_timezone", fallback); err != nil {
-		return err
-	}
-	local.fallback, _ = time.LoadLocation(fallback)
-	ifPassed := "skip"
 	if r.IfPassed != nil {
-		ifPassed = *r.IfPassed
-	}
-	switch ifPassed {
-	case "skip":
-	case "send_now":
-		local.sendNow = true
-	default:
-		return invalid("if_passed", "if_passed %q is not skip or send_now", ifPassed)
+		switch *r.IfPassed {
+		case "skip":
+		case "send_now":
+			local.SendIfPassed = true
+		default:
+			return nil, invalid("if_passed", "if_passed %q is not skip or send_now", *r.IfPassed)
+		}
 	}
 	if r.TTLSeconds != nil {
 		if *r.TTLSeconds < 1 || *r.TTLSeconds > maxTTLSeconds {
-			return invalid("ttl_seconds", "ttl_seconds must be from 1 to %d", maxTTLSeconds)
+			return nil, invalid("ttl_seconds", "ttl_seconds must be from 1 to %d", maxTTLSeconds)
 		}
-		local.lifetime = time.Duration(*r.TTLSeconds) * time.Second
+		local.TTL = time.Duration(*r.TTLSeconds) * time.Second
 	}
-	// Every zone's wave and its lifetime must fall within the instants
-	// Herald stores, whoever turns out to be in the audience.
-	if first, last := jobs.LocalWindow(local.wall, local.lifetime); !jobs.InstantInRange(first) || !jobs.InstantInRange(last) {
-		earliest := jobs.EarliestInstant.Add(first.Sub(local.wall).Abs())
-		latest := jobs.LatestInstant.Add(-last.Sub(local.wall)).Truncate(time.Minute)
-		return invalid("deliver_at_local", "deliver_at_local must be from %s to %s, so that every zone's wave and its lifetime lie in years 1970 to 9999 UTC",
-			earliest.Format(wallLayouts[0]), latest.Format(wallLayouts[0]))
-	}
-	local.json, err = json.Marshal(map[string]any{
-		"deliver_at_local": *r.DeliverAtLocal, "fallback_timezone": fallback, "if_passed": ifPassed,
-		"ttl_seconds": int(local.lifetime / time.Second),
-	})
-	r.local = local
-	return err
+	return local, nil
 }
 
 type audienceRequest struct {
@@ -151,168 +115,85 @@ func parseBoundedInstant(field, s string) (time.Time, error) {
 	if err != nil {
 		return t, err
 	}
-	return t, checkInstant(field, t)
+	return t, jobs.CheckInstant(field, t)
 }
 
-// checkInstant refuses an instant outside the years Herald stores
-// (jobs.InstantInRange). An offset can carry a timestamp written in year
-// 9999 into year 10000, so the bound is on the instant, not the text.
-func checkInstant(field string, t time.Time) error {
-	if !jobs.InstantInRange(t) {
-		return invalid(field, "%s is %s, outside the years 1970 to 9999 UTC that Herald stores and shows", field, t.UTC().Format(time.RFC3339))
-	}
-	return nil
-}
-
-// instants applies the defaults of dispatch_at (now) and expires_at (an
-// hour after dispatch_at) and checks the result as it will be stored: both
-// in years 1970 to 9999, expires_at after dispatch_at but at most
-// maxLifetime after it, and not yet passed. A local-time message's instants
-// come from its waves, bounded by validateLocal.
-func (r *messageRequest) instants(now time.Time) (dispatchAt, expiresAt time.Time, err error) {
-	if r.local != nil {
-		return now, now.Add(r.local.lifetime), nil
-	}
-	dispatchAt = now
-	if r.dispatchAt != nil {
-		dispatchAt = *r.dispatchAt
-	}
-	if err := checkInstant("dispatch_at", dispatchAt); err != nil {
-		return dispatchAt, expiresAt, err
-	}
-	if r.expiresAt == nil {
-		expiresAt = dispatchAt.Add(defaultLifetime)
-		if !jobs.InstantInRange(expiresAt) {
-			return dispatchAt, expiresAt, invalid("expires_at", "expires_at defaults to an hour after dispatch_at, %s, which is past year 9999: give an expires_at by 9999-12-31T23:59:59Z", expiresAt.UTC().Format(time.RFC3339))
-		}
-	} else {
-		expiresAt = *r.expiresAt
-		if err := checkInstant("expires_at", expiresAt); err != nil {
-			return dispatchAt, expiresAt, err
-		}
-	}
-	switch {
-	case !expiresAt.After(dispatchAt):
-		return dispatchAt, expiresAt, invalid("expires_at", "expires_at must be after dispatch_at")
-	case expiresAt.Sub(dispatchAt) > maxLifetime:
-		return dispatchAt, expiresAt, invalid("expires_at", "expires_at must be at most 28 days (%d seconds) after dispatch_at, the longest the push providers keep a push", int(maxLifetime/time.Second))
-	case !expiresAt.After(now):
-		return dispatchAt, expiresAt, invalid("expires_at", "the message would expire at %s, which has passed", expiresAt.UTC().Format(time.RFC3339))
-	}
-	return dispatchAt, expiresAt, nil
-}
-
-func (r *messageRequest) validate() error {
-	if err := r.validateLocal(); err != nil {
-		return err
+// message reads the request as the message it asks for.
+func (r *messageRequest) message() (jobs.Message, error) {
+	m := jobs.Message{Priority: r.Priority}
+	var err error
+	if m.Local, err = r.local(); err != nil {
+		return m, err
 	}
 	if r.DispatchAt != nil {
-		t, err := parseInstant("dispatch_at", *r.DispatchAt)
-		if err != nil {
-			return err
+		if m.DispatchAt, err = parseInstant("dispatch_at", *r.DispatchAt); err != nil {
+			return m, err
 		}
-		r.dispatchAt = &t
 	}
 	if r.ExpiresAt != nil {
-		t, err := parseInstant("expires_at", *r.ExpiresAt)
-		if err != nil {
-			return err
+		if m.ExpiresAt, err = parseInstant("expires_at", *r.ExpiresAt); err != nil {
+			return m, err
 		}
-		r.expiresAt = &t
 	}
-	switch r.Priority {
-	case "":
-		r.Priority = jobs.PriorityBulk
-	case jobs.PriorityUrgent, jobs.PriorityBulk:
-	default:
-		return invalid("priority", "priority %q is not urgent or bulk", r.Priority)
+	if m.Audience, err = r.Audience.audience(); err != nil {
+		return m, err
 	}
-	if err := r.Audience.validate(); err != nil {
-		return err
+	if r.Payload == nil {
+		return m, invalid("payload", "payload is required")
 	}
-	return validatePayload(r.Payload)
+	m.Payload = *r.Payload
+	return m, nil
 }
 
-func (a *audienceRequest) validate() error {
+// audience checks the audience's shape: a segment takes id, users take ids.
+func (a *audienceRequest) audience() (jobs.Audience, error) {
 	if a == nil {
-		return invalid("audience", `audience is required: {"type":"segment","id":...} or {"type":"users","ids":[...]}`)
+		return jobs.Audience{}, invalid("audience", `audience is required: {"type":"segment","id":...} or {"type":"users","ids":[...]}`)
 	}
 	switch a.Type {
 	case "segment":
 		if len(a.IDs) > 0 {
-			return invalid("audience.ids", "a segment audience takes id, not ids")
+			return jobs.Audience{}, invalid("audience.ids", "a segment audience takes id, not ids")
 		}
-		return checkID("audience.id", a.ID)
+		if a.ID == "" {
+			return jobs.Audience{}, invalid("audience.id", "audience.id is required")
+		}
+		return jobs.Audience{SegmentID: a.ID}, nil
 	case "users":
 		if a.ID != "" {
-			return invalid("audience.id", "a users audience takes ids, not id")
+			return jobs.Audience{}, invalid("audience.id", "a users audience takes ids, not id")
 		}
-		if len(a.IDs) == 0 || len(a.IDs) > maxAudienceUsers {
-			return invalid("audience.ids", "audience.ids must hold 1 to %d user ids, not %d", maxAudienceUsers, len(a.IDs))
-		}
-		for i, id := range a.IDs {
-			if err := checkID(fmt.Sprintf("audience.ids[%d]", i), id); err != nil {
-				return err
-			}
-		}
-		return nil
+		return jobs.Audience{UserIDs: a.IDs}, nil
 	case "":
-		return invalid("audience.type", "audience.type is required: segment or users")
+		return jobs.Audience{}, invalid("audience.type", "audience.type is required: segment or users")
 	default:
-		return invalid("audience.type", "audience.type %q is not segment or users", a.Type)
+		return jobs.Audience{}, invalid("audience.type", "audience.type %q is not segment or users", a.Type)
 	}
 }
 
+// validate checks an audience's shape and the rules of one.
+func (a *audienceRequest) validate() error {
+	audience, err := a.audience()
+	if err != nil {
+		return err
+	}
+	return jobs.CheckAudience(audience)
+}
+
+// validatePayload checks a payload that a request may have left out.
 func validatePayload(p *push.Content) error {
 	if p == nil {
 		return invalid("payload", "payload is required")
 	}
-	if p.Title == "" && p.Body == "" && len(p.Data) == 0 {
-		return invalid("payload", "payload needs a title, a body or data")
-	}
-	for k := range p.Data {
-		switch {
-		case k == "":
-			return invalid("payload.data", "payload.data keys must not be empty")
-		case k == push.MessageIDKey || k == "aps":
-			return invalid("payload.data."+k, "payload.data key %q is reserved", k)
-		}
-	}
-	var sizeErr *push.SizeError
-	if err := push.CheckSize(*p); errors.As(err, &sizeErr) {
-		return &Error{Status: http.StatusRequestEntityTooLarge, Code: "payload_too_large", Field: "payload",
-			Message: sizeErr.Error()}
-	} else if err != nil {
-		return invalid("payload", "payload cannot be encoded: %v", err)
-	}
-	return nil
+	return jobs.CheckPayload(*p)
 }
 
-// messageResponse is the body of a 202 and the head of a status response.
-type messageResponse struct {
-	MessageID      string    `json:"message_id"`
-	State          string    `json:"state"`
-	DispatchAt     time.Time `json:"dispatch_at"`
-	ExpiresAt      time.Time `json:"expires_at"`
-	Priority       string    `json:"priority"`
-	RecipientCount int32     `json:"recipient_count"`
-	DeviceCount    int32     `json:"device_count"`
-	ChunkCount     int32     `json:"chunk_count"`
-}
-
-func newMessageResponse(m db.Message) messageResponse {
-	return messageResponse{
-		MessageID: push.FormatMessageID(m.ID), State: m.State,
-		DispatchAt: m.DispatchAt.UTC(), ExpiresAt: m.ExpiresAt.UTC(), Priority: m.Priority,
-		RecipientCount: m.RecipientCount, DeviceCount: m.DeviceCount, ChunkCount: m.ChunkCount,
-	}
-}
-
-// createMessage schedules a message: validation, then one transaction that
-// claims the idempotency key, expands the audience, and stores the message,
-// its payload, its ledger and its chunk jobs.
+// createMessage schedules a message: its shape is checked here, and one
+// transaction claims the idempotency key, expands the audience, and stores
+// the message, its payload, its ledger and its chunk jobs (jobs.Enqueuer's
+// Schedule, which checks the message's rules first).
 func (s *Server) createMessage(c echo.Context) error {
-	key, err := storedHeader(c, "Idempotency-Key", maxIdempotencyKey)
+	key, err := storedHeader(c, "Idempotency-Key", jobs.MaxIdempotencyKey)
 	if err != nil {
 		return err
 	}
@@ -320,91 +201,23 @@ func (s *Server) createMessage(c echo.Context) error {
 	if err := decode(c, messageBodyLimit, &req); err != nil {
 		return err
 	}
-	audienceJSON, err := json.Marshal(req.Audience)
-	if err != nil {
-		return fmt.Errorf("encode audience: %w", err)
-	}
-	// The request's identity for idempotency: its canonical encoding, so
-	// that the same request sent with other spacing or key order matches.
-	canonical, err := json.Marshal(req)
-	if err != nil {
-		return fmt.Errorf("encode request: %w", err)
-	}
-	hash := sha256.Sum256(canonical)
-
+	m := req.msg
+	m.IdempotencyKey = key
 	ctx := c.Request().Context()
-	scope := callerScope(ctx)
-	var body []byte
+	var receipt jobs.Receipt
 	err = db.InTx(ctx, s.pool, func(tx pgx.Tx) error {
-		q := db.On(tx)
-		if key != "" {
-			if _, err := q.ClaimIdempotencyKey(ctx, db.ClaimIdempotencyKeyParams{Scope: scope, Key: key, RequestHash: hash[:]}); err != nil {
-				if !errors.Is(err, db.ErrNotFound) {
-					return fmt.Errorf("claim idempotency key: %w", err)
-				}
-				// Taken, by a request that has committed: replay or refuse.
-				prior, err := q.GetIdempotencyKey(ctx, db.GetIdempotencyKeyParams{Scope: scope, Key: key})
-				if err != nil {
-					return fmt.Errorf("read idempotency key: %w", err)
-				}
-				if string(prior.RequestHash) != string(hash[:]) {
-					return &Error{Status: http.StatusConflict, Code: "idempotency_key_reused",
-						Message: "this Idempotency-Key was used with a different request body"}
-				}
-				body = prior.Response
-				return nil
-			}
-		}
-		now, err := q.DatabaseNow(ctx)
-		if err != nil {
-			return fmt.Errorf("read clock: %w", err)
-		}
-		dispatchAt, expiresAt, err := req.instants(now)
-		if err != nil {
-			return err
-		}
-		var local *jobs.LocalTime
-		if l := req.local; l != nil {
-			local = &jobs.LocalTime{Wall: l.wall, Fallback: l.fallback, SendNow: l.sendNow, Now: now, Lifetime: l.lifetime, JSON: l.json}
-		}
-		msg, err := s.enqueuer.Create(ctx, tx, jobs.MessageSpec{
-			Priority:     req.Priority,
-			DispatchAt:   dispatchAt,
-			ExpiresAt:    expiresAt,
-			Audience:     jobs.Audience{SegmentID: req.Audience.ID, UserIDs: req.Audience.IDs},
-			AudienceJSON: audienceJSON,
-			Content:      *req.Payload,
-			LocalTime:    local,
-		})
-		if errors.Is(err, jobs.ErrUnknownSegment) {
-			return invalid("audience.id", "segment %q does not exist", req.Audience.ID)
-		}
-		if err != nil {
-			return fmt.Errorf("schedule message: %w", err)
-		}
-		if body, err = json.Marshal(newMessageResponse(msg)); err != nil {
-			return fmt.Errorf("encode response: %w", err)
-		}
-		if key != "" {
-			if err := q.CompleteIdempotencyKey(ctx, db.CompleteIdempotencyKeyParams{
-				Scope: scope, Key: key, MessageID: &msg.ID, Response: body,
-			}); err != nil {
-				return fmt.Errorf("record idempotency key: %w", err)
-			}
-		}
-		return nil
+		receipt, err = s.enqueuer.Schedule(ctx, tx, m, callerScope(ctx))
+		return err
 	})
+	if errors.Is(err, jobs.ErrIdempotencyKeyReused) {
+		return &Error{Status: http.StatusConflict, Code: "idempotency_key_reused",
+			Message: "this Idempotency-Key was used with a different request body"}
+	}
 	if err != nil {
 		return err
 	}
-	var head struct {
-		MessageID string `json:"message_id"`
-	}
-	if err := json.Unmarshal(body, &head); err != nil {
-		return fmt.Errorf("read response: %w", err)
-	}
-	c.Response().Header().Set(echo.HeaderLocation, "/v1/messages/"+head.MessageID)
-	return c.JSONBlob(http.StatusAccepted, body)
+	c.Response().Header().Set(echo.HeaderLocation, "/v1/messages/"+receipt.MessageID)
+	return c.JSON(http.StatusAccepted, receipt)
 }
 
 type deliveryCounts struct {
@@ -446,7 +259,7 @@ type wave struct {
 }
 
 type messageStatus struct {
-	messageResponse
+	jobs.Receipt
 	ScheduleID *string        `json:"schedule_id"`
 	CreatedAt  time.Time      `json:"created_at"`
 	StartedAt  *time.Time     `json:"started_at"`
@@ -458,11 +271,11 @@ type messageStatus struct {
 
 func newMessageStatus(m db.Message) messageStatus {
 	st := messageStatus{
-		messageResponse: newMessageResponse(m),
-		CreatedAt:       m.CreatedAt.UTC(),
-		StartedAt:       utcPtr(m.StartedAt),
-		SettledAt:       utcPtr(m.SettledAt),
-		Deliveries:      countsOf(m),
+		Receipt:    jobs.NewReceipt(m),
+		CreatedAt:  m.CreatedAt.UTC(),
+		StartedAt:  utcPtr(m.StartedAt),
+		SettledAt:  utcPtr(m.SettledAt),
+		Deliveries: countsOf(m),
 	}
 	if m.ScheduleID != nil {
 		id := formatScheduleID(*m.ScheduleID)

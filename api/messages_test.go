@@ -224,7 +224,7 @@ func TestCreateMessageRejectsBadInput(t *testing.T) {
 		}), 400, "invalid_field", "audience.ids"},
 		{"users without ids", with(func(m map[string]any) { m["audience"] = map[string]any{"type": "users"} }), 400, "invalid_field", "audience.ids"},
 		{"too many users", with(func(m map[string]any) {
-			m["audience"] = map[string]any{"type": "users", "ids": userIDs("u", maxAudienceUsers+1)}
+			m["audience"] = map[string]any{"type": "users", "ids": userIDs("u", jobs.MaxAudienceUsers+1)}
 		}), 400, "invalid_field", "audience.ids"},
 		{"bad user id", with(func(m map[string]any) {
 			m["audience"] = map[string]any{"type": "users", "ids": []string{"ok", "no way"}}

@@ -21,8 +21,8 @@ import (
 const (
 	// defaultTTLSeconds is a run's lifetime when ttl_seconds is not given:
 	// a message's default lifetime.
-	defaultTTLSeconds = int(defaultLifetime / time.Second)
-	maxTTLSeconds     = int(maxLifetime / time.Second)
+	defaultTTLSeconds = int(jobs.DefaultLifetime / time.Second)
+	maxTTLSeconds     = int(jobs.MaxLifetime / time.Second)
 	// nextRunsShown is how many upcoming runs a schedule lists, and how many
 	// of its runs made into messages and not started.
 	nextRunsShown = 5

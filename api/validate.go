@@ -6,46 +6,16 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"time"
 
+	"github.com/heraldpush/herald/jobs"
 	"github.com/heraldpush/herald/jobs/push"
 )
 
-// maxIDLen bounds caller-chosen ids (users, segments).
-const maxIDLen = 128
+// checkID validates a caller-chosen id (jobs.CheckID).
+func checkID(field, id string) error { return jobs.CheckID(field, id) }
 
-// checkID validates a caller-chosen id: 1 to 128 characters from a set that
-// is safe in a URL path without escaping.
-func checkID(field, id string) error {
-	if id == "" {
-		return invalid(field, "%s is required", field)
-	}
-	if len(id) > maxIDLen {
-		return invalid(field, "%s is longer than %d characters", field, maxIDLen)
-	}
-	for _, r := range id {
-		ok := r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' ||
-			strings.ContainsRune("_-.:@+=", r)
-		if !ok {
-			return invalid(field, "%s may hold only letters, digits and _-.:@+= (found %q)", field, r)
-		}
-	}
-	return nil
-}
-
-// checkTimezone validates an IANA zone name. The binary embeds the zone
-// database, so the answer does not depend on the host.
-func checkTimezone(field, name string) error {
-	// LoadLocation reads "" as UTC and "Local" as the host's zone; neither is
-	// a zone a caller can mean.
-	if name == "" || name == "Local" {
-		return invalid(field, "%s must be an IANA time zone name such as Europe/Berlin", field)
-	}
-	if _, err := time.LoadLocation(name); err != nil {
-		return invalid(field, "%s %q is not a known IANA time zone", field, name)
-	}
-	return nil
-}
+// checkTimezone validates an IANA zone name (jobs.CheckTimezone).
+func checkTimezone(field, name string) error { return jobs.CheckTimezone(field, name) }
 
 // Token length limits. APNs tokens are 32 bytes today and Apple reserves the
 // right to lengthen them; FCM registration tokens run to about 160

@@ -64,11 +64,18 @@ func Migrations() ([]Migration, error) {
 type MigrateResult struct {
 	RiverApplied  []int
 	HeraldApplied []string
+	// MovedFromPublic lists the tables, types and functions moved from the
+	// public schema into Herald's: an installation from before Herald had a
+	// schema of its own.
+	MovedFromPublic []string
 }
 
-// Migrate applies River's migrations and then Herald's, each at most once.
-// It holds an advisory lock for the whole run, so concurrent callers wait for
-// one another and then find nothing left to do.
+// Migrate applies River's migrations and then Herald's, each at most once,
+// in the pool's schema (PoolSchema), which it creates if need be. An
+// installation whose tables are still in public, from before Herald had a
+// schema of its own, is first moved there (moveFromPublic). It holds an
+// advisory lock for the whole run, so concurrent callers wait for one
+// another and then find nothing left to do.
 func Migrate(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) (MigrateResult, error) {
 	var res MigrateResult
 	conn, err := pool.Acquire(ctx)
@@ -84,7 +91,17 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) (Migr
 		_, _ = conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", migrationLockID)
 	}()
 
-	migrator, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Logger: logger})
+	schema, err := schemaOf(pool)
+	if err != nil {
+		return res, err
+	}
+	if _, err := conn.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{schema}.Sanitize()); err != nil {
+		return res, fmt.Errorf("create schema %s: %w", schema, err)
+	}
+	if res.MovedFromPublic, err = moveFromPublic(ctx, conn.Conn(), schema); err != nil {
+		return res, err
+	}
+	migrator, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Logger: logger, Schema: schema})
 	if err != nil {
 		return res, fmt.Errorf("river migrator: %w", err)
 	}
@@ -137,7 +154,16 @@ var ErrNotMigrated = errors.New("database is not migrated")
 // knows has been applied, and an error wrapping ErrNotMigrated that says what
 // is missing otherwise.
 func CheckMigrated(ctx context.Context, pool *pgxpool.Pool) error {
-	migrator, err := rivermigrate.New(riverpgxv5.New(pool), nil)
+	schema, err := schemaOf(pool)
+	if err != nil {
+		return err
+	}
+	if inPublic, err := inPublic(ctx, pool, schema); err != nil {
+		return err
+	} else if inPublic {
+		return fmt.Errorf("%w: Herald's tables are in schema public; `herald migrate` moves them into schema %s", ErrNotMigrated, schema)
+	}
+	migrator, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Schema: schema})
 	if err != nil {
 		return fmt.Errorf("river migrator: %w", err)
 	}

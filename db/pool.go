@@ -1,6 +1,7 @@
 package db
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -22,14 +23,26 @@ type PoolConfig struct {
 	// MinConns are kept open however idle the pool is, so that the first
 	// query after a quiet spell does not wait for a connection to be made.
 	MinConns int32
+	// Schema is where Herald's tables and River's are (DefaultSchema when
+	// empty): every connection of the pool looks there first.
+	Schema string
 }
 
-// Open connects a pool to url and checks that the database answers.
+// Open connects a pool to url, working in cfg.Schema, and checks that the
+// database answers.
 func Open(ctx context.Context, url string, cfg PoolConfig) (*pgxpool.Pool, error) {
 	pc, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, fmt.Errorf("parse database url: %w", err)
 	}
+	schema := cmp.Or(cfg.Schema, DefaultSchema)
+	if err := CheckSchema(schema); err != nil {
+		return nil, err
+	}
+	// Only the schema: a table Herald names that is missing from it is an
+	// error, never the application's table of that name in public.
+	// Functions and types of pg_catalog are found all the same.
+	pc.ConnConfig.RuntimeParams["search_path"] = schema
 	pc.MaxConns = 20
 	if cfg.MaxConns > 0 {
 		pc.MaxConns = cfg.MaxConns

@@ -19,12 +19,6 @@ import (
 // not exist.
 var ErrUnknownSegment = errors.New("unknown segment")
 
-// Audience is who a message is for: a segment, or users by id.
-type Audience struct {
-	SegmentID string
-	UserIDs   []string
-}
-
 // MessageSpec is a message to schedule, validated by the caller.
 type MessageSpec struct {
 	Priority   string

@@ -23,7 +23,7 @@ import (
 var discard = slog.New(slog.NewTextHandler(io.Discard, nil))
 
 // registerUsers gives users u0..u(n-1) one FCM device each.
-func registerUsers(t *testing.T, q *db.Queries, prefix string, n int) []string {
+func registerUsers(t testing.TB, q *db.Queries, prefix string, n int) []string {
 	t.Helper()
 	ctx := context.Background()
 	users := make([]string, n)

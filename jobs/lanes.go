@@ -16,6 +16,8 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivertype"
+
+	"github.com/heraldpush/herald/db"
 )
 
 // Lanes: each priority has its own River queue and its own workers, so that
@@ -177,6 +179,9 @@ func NewRiverClient(pool *pgxpool.Pool, cfg RiverConfig) (*river.Client[pgx.Tx],
 		// cannot check them.
 		rc.SkipUnknownJobCheck = true
 	}
+	// River works in the pool's schema, naming it in every query and
+	// notification topic (and River UI reads it from the client).
+	rc.Schema = db.PoolSchema(pool)
 	client, err := river.NewClient(riverpgxv5.New(pool), rc)
 	if err != nil {
 		return nil, fmt.Errorf("river client: %w", err)
@@ -212,6 +217,7 @@ func NewRiverClients(pool *pgxpool.Pool, cfg RiverConfig) (*RiverClients, error)
 		rc := cfg.base()
 		rc.Queues = map[string]river.QueueConfig{l.Queue: cfg.queue(l)}
 		cfg.workerConfig(rc)
+		rc.Schema = db.PoolSchema(l.Pool)
 		own, err := river.NewClient(riverpgxv5.New(l.Pool), rc)
 		if err != nil {
 			return nil, fmt.Errorf("river client of the %s lane: %w", l.Queue, err)
@@ -228,7 +234,7 @@ func NewRiverClients(pool *pgxpool.Pool, cfg RiverConfig) (*RiverClients, error)
 func (c *RiverClients) Wakers() map[string]func(context.Context) error {
 	wake := map[string]func(context.Context) error{}
 	for queue, client := range c.byQueue {
-		wake[queue] = RiverNotify(client.Driver(), queue)
+		wake[queue] = RiverNotify(client, queue)
 	}
 	return wake
 }

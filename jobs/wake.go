@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver"
 
 	"github.com/heraldpush/herald/db"
@@ -106,12 +107,13 @@ func (w *Waker) Run(ctx context.Context) {
 // jobs, with a payload naming the queue.
 const riverInsertTopic = "river_insert"
 
-// RiverNotify returns a Waker's wake for queue through a River client's
-// driver: it sends River's insert notification for the queue, as an insert
-// would.
-func RiverNotify(driver riverdriver.Driver[pgx.Tx], queue string) func(ctx context.Context) error {
+// RiverNotify returns a Waker's wake for queue through a River client: it
+// sends River's insert notification for the queue, as an insert would, on
+// the topic of the client's schema.
+func RiverNotify(client *river.Client[pgx.Tx], queue string) func(ctx context.Context) error {
 	payload := []string{fmt.Sprintf(`{"queue": %q}`, queue)}
+	params := &riverdriver.NotifyManyParams{Schema: client.Schema(), Topic: riverInsertTopic, Payload: payload}
 	return func(ctx context.Context) error {
-		return driver.GetExecutor().NotifyMany(ctx, &riverdriver.NotifyManyParams{Topic: riverInsertTopic, Payload: payload})
+		return client.Driver().GetExecutor().NotifyMany(ctx, params)
 	}
 }

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/heraldpush/herald/api/client"
@@ -221,7 +220,7 @@ func TestAttackInputFarScheduleKeepsListingsWorking(t *testing.T) {
 
 	// A row that cannot be shown, as one stored before this was checked:
 	// its ends_at lies in year 10000.
-	pool, err := pgxpool.New(context.Background(), e.vars["DATABASE_URL"])
+	pool, err := db.Open(context.Background(), e.vars["DATABASE_URL"], db.PoolConfig{})
 	require.NoError(t, err)
 	defer pool.Close()
 	q := db.On(pool)

@@ -10,6 +10,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/heraldpush/herald/db"
 	"github.com/heraldpush/herald/jobs"
 	"github.com/heraldpush/herald/jobs/push"
 )
@@ -17,7 +18,10 @@ import (
 // config is the environment's configuration of a Herald process (the
 // README's Configuration). Flags may override some fields after it is read.
 type config struct {
-	DatabaseURL   string
+	DatabaseURL string
+	// DBSchema is the PostgreSQL schema of Herald's tables and River's
+	// (HERALD_DB_SCHEMA).
+	DBSchema      string
 	Addr          string
 	APIKeys       []string
 	AdminPassword string
@@ -118,6 +122,7 @@ func (c config) enabled(channel string) bool {
 func loadConfig(getenv func(string) string) (config, error) {
 	c := config{
 		DatabaseURL:   getenv("DATABASE_URL"),
+		DBSchema:      cmp.Or(getenv("HERALD_DB_SCHEMA"), db.DefaultSchema),
 		Addr:          getenv("HERALD_ADDR"),
 		AdminPassword: getenv("HERALD_ADMIN_PASSWORD"),
 		APNs: apnsConfig{
@@ -136,6 +141,9 @@ func loadConfig(getenv func(string) string) (config, error) {
 		if k = strings.TrimSpace(k); k != "" {
 			c.APIKeys = append(c.APIKeys, k)
 		}
+	}
+	if err := db.CheckSchema(c.DBSchema); err != nil {
+		return c, fmt.Errorf("HERALD_DB_SCHEMA: %w", err)
 	}
 	var err error
 	if c.WebPushEgress, err = push.NewEgressPolicy(strings.Split(getenv("HERALD_WEBPUSH_HOSTS"), ",")); err != nil {

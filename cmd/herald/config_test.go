@@ -37,3 +37,15 @@ func TestLoadConfigLimits(t *testing.T) {
 		require.ErrorContains(t, err, name)
 	}
 }
+
+func TestLoadConfigSchema(t *testing.T) {
+	t.Parallel()
+	c, err := loadConfig(env(nil))
+	require.NoError(t, err)
+	require.Equal(t, "herald", c.DBSchema)
+	c, err = loadConfig(env(map[string]string{"HERALD_DB_SCHEMA": "push_2"}))
+	require.NoError(t, err)
+	require.Equal(t, "push_2", c.DBSchema)
+	_, err = loadConfig(env(map[string]string{"HERALD_DB_SCHEMA": "Push"}))
+	require.ErrorContains(t, err, "HERALD_DB_SCHEMA")
+}

@@ -56,6 +56,16 @@ func startE2E(t *testing.T, extra map[string]string, drop ...string) *e2e {
 // from fakepush's itself.
 func startE2EWith(t *testing.T, configure func(vars map[string]string, fp *fake.Server)) *e2e {
 	t.Helper()
+	fp, tdb, vars := e2eEnv(t)
+	configure(vars, fp)
+	base, stop := startServe(t, vars, "--migrate")
+	return &e2e{t: t, fake: fp, base: base, stop: stop, vars: vars, db: tdb, api: newAPIClient(t, base, testAPIKey)}
+}
+
+// e2eEnv starts fakepush and makes an empty database, and returns them with
+// the environment a Herald on them runs with.
+func e2eEnv(t *testing.T) (*fake.Server, *dbtest.DB, map[string]string) {
+	t.Helper()
 	fp, err := fake.New(fake.Config{Addr: "127.0.0.1:0", TLSDir: t.TempDir(), Latency: 5 * time.Millisecond})
 	require.NoError(t, err)
 	require.NoError(t, fp.Start(context.Background()))
@@ -66,9 +76,7 @@ func startE2EWith(t *testing.T, configure func(vars map[string]string, fp *fake.
 	vars["DATABASE_URL"] = tdb.URL
 	vars["HERALD_API_KEYS"] = testAPIKey
 	vars["HERALD_LOG_LEVEL"] = "warn"
-	configure(vars, fp)
-	base, stop := startServe(t, vars, "--migrate")
-	return &e2e{t: t, fake: fp, base: base, stop: stop, vars: vars, db: tdb, api: newAPIClient(t, base, testAPIKey)}
+	return fp, tdb, vars
 }
 
 // newAPIClient is Herald's generated Go client for base, calling with key.

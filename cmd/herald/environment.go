@@ -19,6 +19,7 @@ type envVar struct {
 // serveEnv is what `herald serve` reads.
 var serveEnv = []envVar{
 	{"DATABASE_URL", "PostgreSQL connection string", "none"},
+	{"HERALD_DB_SCHEMA", "PostgreSQL schema of Herald's tables and River's", "herald"},
 	{"HERALD_ADDR", "listen address (--addr)", "127.0.0.1:8080"},
 	{"HERALD_API_KEYS", "comma-separated bearer tokens for /v1, each at least 16 characters", "none (/v1 refuses all)"},
 	{"HERALD_ADMIN_PASSWORD", "password of user admin for the dashboard and River UI, at least 12 characters", "none (the UIs are off)"},
@@ -66,6 +67,8 @@ var serveEnv = []envVar{
 // migrateEnv is what `herald migrate` reads.
 var migrateEnv = []envVar{
 	{"DATABASE_URL", "PostgreSQL connection string", "none"},
+	{"HERALD_DB_SCHEMA", "PostgreSQL schema of Herald's tables and River's; moved there from public if found there", "herald"},
+	{"HERALD_DB_SCHEMA", "PostgreSQL schema of Herald's tables and River's", "herald"},
 	{"HERALD_LOG_LEVEL", "debug, info, warn or error", "info"},
 	{"HERALD_LOG_FORMAT", "json or text", "json"},
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strings"
 
 	"github.com/heraldpush/herald/db"
 )
@@ -25,7 +26,7 @@ func runMigrate(ctx context.Context, args []string, getenv func(string) string, 
 	if err != nil {
 		return err
 	}
-	pool, err := db.Open(ctx, cfg.DatabaseURL, db.PoolConfig{MaxConns: 2})
+	pool, err := db.Open(ctx, cfg.DatabaseURL, db.PoolConfig{MaxConns: 2, Schema: cfg.DBSchema})
 	if err != nil {
 		return err
 	}
@@ -33,6 +34,9 @@ func runMigrate(ctx context.Context, args []string, getenv func(string) string, 
 	res, err := db.Migrate(ctx, pool, logger)
 	if err != nil {
 		return fmt.Errorf("migrate: %w", err)
+	}
+	if len(res.MovedFromPublic) > 0 {
+		fmt.Fprintf(stdout, "herald migrate: moved %s from schema public to %s\n", strings.Join(res.MovedFromPublic, ", "), cfg.DBSchema)
 	}
 	if len(res.RiverApplied) == 0 && len(res.HeraldApplied) == 0 {
 		fmt.Fprintln(stdout, "herald migrate: the database is up to date")

@@ -40,7 +40,7 @@ func buildLanes(ctx context.Context, cfg config, logger *slog.Logger) (*lanes, e
 		}
 		lane.Providers, l.closers = p.byChannel, append(l.closers, p.close)
 		if queue == jobs.QueueUrgent {
-			if lane.Pool, err = db.Open(ctx, cfg.DatabaseURL, db.PoolConfig{MaxConns: cfg.urgentPoolSize(), MinConns: 2}); err != nil {
+			if lane.Pool, err = db.Open(ctx, cfg.DatabaseURL, db.PoolConfig{MaxConns: cfg.urgentPoolSize(), MinConns: 2, Schema: cfg.DBSchema}); err != nil {
 				l.close()
 				return nil, err
 			}

@@ -139,7 +139,7 @@ func openProcess(ctx context.Context, o serveOptions, getenv func(string) string
 			p.close()
 		}
 	}()
-	if p.pool, err = db.Open(ctx, o.cfg.DatabaseURL, db.PoolConfig{MaxConns: o.cfg.poolSize()}); err != nil {
+	if p.pool, err = db.Open(ctx, o.cfg.DatabaseURL, db.PoolConfig{MaxConns: o.cfg.poolSize(), Schema: o.cfg.DBSchema}); err != nil {
 		return nil, err
 	}
 	if o.migrate {

@@ -117,14 +117,17 @@ func clone(tb testing.TB, migrated bool) *DB {
 }
 
 // ensureTemplate creates the migrated template database once per migration
-// set. It is named after a digest of the migrations, so a changed migration
-// gets a new template rather than a stale one.
+// set. It is named after a digest of the migrations and the schema, so a
+// changed migration gets a new template rather than a stale one.
 func ensureTemplate(ctx context.Context, admin string) (string, error) {
 	all, err := db.Migrations()
 	if err != nil {
 		return "", err
 	}
 	h := sha256.New()
+	// The schema is part of the layout: a template made when Herald's tables
+	// were in public must not serve tests that look for them in DefaultSchema.
+	io.WriteString(h, "schema:"+db.DefaultSchema+"\n")
 	for _, m := range all {
 		io.WriteString(h, m.Name)
 		io.WriteString(h, m.SQL)
