@@ -7,23 +7,31 @@ import (
 
 // StrandedChunks counts the chunks of unsettled messages that still have
 // pending deliveries and that no River job will run: their job was
-// discarded or cancelled (in River UI, or after its last attempt), deleted,
-// or completed with deliveries left pending. Retried from River UI before
-// their expiry they send what is pending; otherwise the reconciler expires
-// them once their message is past its expiry.
+// discarded or cancelled (in River UI, or after its last attempt), or
+// deleted. Retried from River UI before their expiry they send what is
+// pending; otherwise the reconciler expires them once their message is past
+// its expiry.
+//
+// A chunk's deliveries are found by walking its message's part of the
+// ledger, so only the chunks without a live job are looked at (the
+// materialized step): during a fan-out the finished chunks of a message
+// still dispatching are many, and each walk reads the whole message.
 func StrandedChunks(ctx context.Context, q DBTX) (int64, error) {
 	var n int64
 	err := q.QueryRow(ctx, `
+		WITH idle AS MATERIALIZED (
+			SELECT mc.message_id, mc.chunk
+			FROM message_chunks mc
+			JOIN messages m ON m.id = mc.message_id
+			LEFT JOIN river_job j ON j.id = mc.job_id
+			WHERE m.state IN ('scheduled', 'dispatching')
+			  AND (j.id IS NULL OR j.state IN ('discarded', 'cancelled'))
+		)
 		SELECT count(*)
-		FROM message_chunks mc
-		JOIN messages m ON m.id = mc.message_id
-		WHERE m.state IN ('scheduled', 'dispatching')
-		  AND NOT EXISTS (
-			SELECT 1 FROM river_job j
-			WHERE j.id = mc.job_id AND j.state IN ('available', 'pending', 'running', 'retryable', 'scheduled'))
-		  AND EXISTS (
+		FROM idle
+		WHERE EXISTS (
 			SELECT 1 FROM deliveries d
-			WHERE d.message_id = mc.message_id AND d.chunk = mc.chunk AND d.status = 'pending')`).Scan(&n)
+			WHERE d.message_id = idle.message_id AND d.chunk = idle.chunk AND d.status = 'pending')`).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("count stranded chunks: %w", err)
 	}
