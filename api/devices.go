@@ -385,8 +385,9 @@ func (s *Server) listUserDevices(c echo.Context) error {
 	return c.JSON(http.StatusOK, resp)
 }
 
-// deleteDevice removes a device and cancels whatever is still pending for it;
-// the ledger keeps its history.
+// deleteDevice removes a device, cancels whatever is still pending for it
+// and takes its token out of the chunk jobs River keeps; the ledger keeps
+// its history.
 func (s *Server) deleteDevice(c echo.Context) error {
 	ctx := c.Request().Context()
 	raw := c.Param("device_id")
@@ -395,18 +396,14 @@ func (s *Server) deleteDevice(c echo.Context) error {
 		return notFound("device", raw)
 	}
 	err := db.InTx(ctx, s.pool, func(tx pgx.Tx) error {
-		q := db.On(tx)
-		n, err := q.DeleteDevice(ctx, id)
+		n, err := db.On(tx).DeleteDevice(ctx, id)
 		if err != nil {
 			return fmt.Errorf("delete device: %w", err)
 		}
 		if n == 0 {
 			return notFound("device", raw)
 		}
-		if err := q.CancelPendingForDevice(ctx, id); err != nil {
-			return fmt.Errorf("cancel pending deliveries: %w", err)
-		}
-		return nil
+		return db.EraseDevices(ctx, tx, []int64{id})
 	})
 	if err != nil {
 		return err

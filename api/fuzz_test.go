@@ -34,6 +34,12 @@ var fuzzRoutes = []struct{ method, path string }{
 	{http.MethodPatch, "/v1/schedules/{}"},
 	{http.MethodDelete, "/v1/schedules/{}"},
 	{http.MethodGet, "/v1/providers"},
+	// Appended, so that the saved corpus keeps naming the routes it named.
+	{http.MethodGet, "/v1/users/{}"},
+	{http.MethodDelete, "/v1/users/{}"},
+	{http.MethodGet, "/v1/segments"},
+	{http.MethodGet, "/v1/segments/{}/members"},
+	{http.MethodDelete, "/v1/segments/{}"},
 }
 
 // fuzzRoute finds a route of fuzzRoutes by method and path, for the seeds.
@@ -96,6 +102,11 @@ func FuzzAPI(f *testing.F) {
 		{http.MethodPatch, "/v1/schedules/{}", "sch_1", "", "", `{"paused":true}`},
 		{http.MethodDelete, "/v1/schedules/{}", "sch_1", "", "", ""},
 		{http.MethodGet, "/v1/providers", "", "", "", ""},
+		{http.MethodGet, "/v1/users/{}", "u0", "", "", ""},
+		{http.MethodGet, "/v1/segments", "", "limit=1&cursor=eyJrIjoic2VnMSIsImYiOiJzZWdtZW50cyJ9", "", ""},
+		{http.MethodGet, "/v1/segments/{}/members", "seg1", "limit=1", "", ""},
+		{http.MethodDelete, "/v1/segments/{}", "seg1", "", "", ""},
+		{http.MethodDelete, "/v1/users/{}", "u1", "", "", ""},
 	} {
 		f.Add(fuzzRoute(f, s.method, s.path), s.id, s.query, s.key, []byte(s.body))
 	}

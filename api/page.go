@@ -24,6 +24,9 @@ type pageRequest struct {
 	// after is the key of the previous page's last row, 0 on the first
 	// page (ids start at 1).
 	after int64
+	// afterKey is the same for a listing keyed by a caller's text id (users,
+	// segments): empty on the first page, as no id is empty.
+	afterKey string
 	// filter names the listing and its filters; a cursor carries it so
 	// that it is never used with another listing or other filters.
 	filter string
@@ -45,7 +48,7 @@ func readPage(c echo.Context, filter string) (pageRequest, error) {
 		if err != nil {
 			return pageRequest{}, err
 		}
-		p.after = cur.After
+		p.after, p.afterKey = cur.After, cur.Key
 	}
 	return p, nil
 }
@@ -67,17 +70,30 @@ func (p pageRequest) fetch() int32 { return p.limit + 1 }
 // cursor of the next page (nil when this is the last one); key is a row's
 // id.
 func paginate[R any](p pageRequest, rows []R, key func(R) int64) ([]R, *string) {
+	return cutPage(p, rows, func(r R) cursor { return cursor{After: key(r)} })
+}
+
+// paginateByKey is paginate for a listing keyed by a caller's text id.
+func paginateByKey[R any](p pageRequest, rows []R, key func(R) string) ([]R, *string) {
+	return cutPage(p, rows, func(r R) cursor { return cursor{Key: key(r)} })
+}
+
+// cutPage is paginate with the cursor of a row given by at.
+func cutPage[R any](p pageRequest, rows []R, at func(R) cursor) ([]R, *string) {
 	if len(rows) <= int(p.limit) {
 		return rows, nil
 	}
 	rows = rows[:p.limit]
-	return rows, encodeCursor(cursor{After: key(rows[len(rows)-1]), Filter: p.filter})
+	c := at(rows[len(rows)-1])
+	c.Filter = p.filter
+	return rows, encodeCursor(c)
 }
 
-// cursor is the opaque position of a page: the last row's key and the
-// filter it was made under.
+// cursor is the opaque position of a page: the last row's key (a number, or
+// a text id) and the filter it was made under.
 type cursor struct {
-	After  int64  `json:"a"`
+	After  int64  `json:"a,omitempty"`
+	Key    string `json:"k,omitempty"`
 	Filter string `json:"f,omitempty"`
 }
 
@@ -93,7 +109,7 @@ func decodeCursor(s, filter string) (cursor, error) {
 	if err == nil {
 		err = json.Unmarshal(raw, &c)
 	}
-	if err != nil || c.After <= 0 || c.Filter != filter {
+	if err != nil || (c.After <= 0) == (c.Key == "") || c.Filter != filter {
 		return cursor{}, invalid("cursor", "cursor is not one this listing returned")
 	}
 	return c, nil

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/labstack/echo/v4"
@@ -173,4 +174,94 @@ func (s *Server) changeMembers(c echo.Context,
 		return err
 	}
 	return c.JSON(http.StatusOK, resp)
+}
+
+type segmentListResponse struct {
+	Items      []segmentResponse `json:"items"`
+	NextCursor *string           `json:"next_cursor"`
+}
+
+// listSegments pages through the segments in id order.
+func (s *Server) listSegments(c echo.Context) error {
+	pg, err := readPage(c, "segments")
+	if err != nil {
+		return err
+	}
+	rows, err := db.On(s.pool).ListSegments(c.Request().Context(), db.ListSegmentsParams{AfterID: pg.afterKey, PageSize: pg.fetch()})
+	if err != nil {
+		return fmt.Errorf("list segments: %w", err)
+	}
+	rows, next := paginateByKey(pg, rows, func(r db.ListSegmentsRow) string { return r.ID })
+	resp := segmentListResponse{Items: make([]segmentResponse, 0, len(rows)), NextCursor: next}
+	for _, r := range rows {
+		resp.Items = append(resp.Items, segmentResponse{SegmentID: r.ID, Name: r.Name, MemberCount: r.MemberCount})
+	}
+	return c.JSON(http.StatusOK, resp)
+}
+
+type memberItem struct {
+	UserID  string    `json:"user_id"`
+	AddedAt time.Time `json:"added_at"`
+}
+
+type memberListResponse struct {
+	SegmentID  string       `json:"segment_id"`
+	Items      []memberItem `json:"items"`
+	NextCursor *string      `json:"next_cursor"`
+}
+
+// listSegmentMembers pages through a segment's members in user id order.
+func (s *Server) listSegmentMembers(c echo.Context) error {
+	ctx := c.Request().Context()
+	id := c.Param("segment_id")
+	if checkID("segment_id", id) != nil {
+		return notFound("segment", id)
+	}
+	pg, err := readPage(c, "members:"+id)
+	if err != nil {
+		return err
+	}
+	var rows []db.ListSegmentMembersRow
+	err = db.InTx(ctx, s.pool, func(tx pgx.Tx) error {
+		q := db.On(tx)
+		exists, err := q.SegmentExists(ctx, id)
+		if err != nil {
+			return fmt.Errorf("find segment: %w", err)
+		}
+		if !exists {
+			return notFound("segment", id)
+		}
+		rows, err = q.ListSegmentMembers(ctx, db.ListSegmentMembersParams{SegmentID: id, AfterUserID: pg.afterKey, PageSize: pg.fetch()})
+		if err != nil {
+			return fmt.Errorf("list members: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	rows, next := paginateByKey(pg, rows, func(r db.ListSegmentMembersRow) string { return r.UserID })
+	resp := memberListResponse{SegmentID: id, Items: make([]memberItem, 0, len(rows)), NextCursor: next}
+	for _, r := range rows {
+		resp.Items = append(resp.Items, memberItem{UserID: r.UserID, AddedAt: r.AddedAt.UTC()})
+	}
+	return c.JSON(http.StatusOK, resp)
+}
+
+// deleteSegment deletes a segment and its memberships; its users stay.
+// Messages already made for it keep their audience (it was expanded when
+// they were made); a schedule's later runs reach nobody.
+func (s *Server) deleteSegment(c echo.Context) error {
+	id := c.Param("segment_id")
+	if checkID("segment_id", id) != nil {
+		return notFound("segment", id)
+	}
+	n, err := db.On(s.pool).DeleteSegment(c.Request().Context(), id)
+	if err != nil {
+		return fmt.Errorf("delete segment: %w", err)
+	}
+	if n == 0 {
+		return notFound("segment", id)
+	}
+	return c.NoContent(http.StatusNoContent)
 }

@@ -1,9 +1,12 @@
 package api
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
+	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/labstack/echo/v4"
 
 	"github.com/heraldpush/herald/db"
@@ -50,4 +53,78 @@ func (s *Server) putUser(c echo.Context) error {
 		status = http.StatusCreated
 	}
 	return c.JSON(status, userResponse{UserID: row.ID, Timezone: row.Timezone})
+}
+
+// userDetail is a user as GET /v1/users/{id} shows it.
+type userDetail struct {
+	UserID   string  `json:"user_id"`
+	Timezone *string `json:"timezone"`
+	// DeviceCount counts every device of the user (GET .../devices lists
+	// them); ActiveDeviceCount those messages go to (not evicted).
+	DeviceCount       int32     `json:"device_count"`
+	ActiveDeviceCount int32     `json:"active_device_count"`
+	CreatedAt         time.Time `json:"created_at"`
+	UpdatedAt         time.Time `json:"updated_at"`
+}
+
+func (s *Server) getUser(c echo.Context) error {
+	userID := c.Param("user_id")
+	if checkID("user_id", userID) != nil {
+		return notFound("user", userID)
+	}
+	u, err := db.On(s.pool).GetUser(c.Request().Context(), userID)
+	if err != nil {
+		if errors.Is(err, db.ErrNotFound) {
+			return notFound("user", userID)
+		}
+		return fmt.Errorf("read user: %w", err)
+	}
+	return c.JSON(http.StatusOK, userDetail{
+		UserID: u.ID, Timezone: u.Timezone, DeviceCount: u.DeviceCount, ActiveDeviceCount: u.ActiveDeviceCount,
+		CreatedAt: u.CreatedAt.UTC(), UpdatedAt: u.UpdatedAt.UTC(),
+	})
+}
+
+// deleteUser erases a user: its devices (their tokens and keys, also from
+// the chunk jobs River keeps), its memberships, its time zone and the user
+// itself, in one transaction. What was still pending for its devices is
+// cancelled; the ledger keeps its settled rows, which hold no token.
+func (s *Server) deleteUser(c echo.Context) error {
+	ctx := c.Request().Context()
+	userID := c.Param("user_id")
+	if checkID("user_id", userID) != nil {
+		return notFound("user", userID)
+	}
+	err := db.InTx(ctx, s.pool, func(tx pgx.Tx) error {
+		q := db.On(tx)
+		// The user first: registrations for it wait, so its list of
+		// devices is whole.
+		if _, err := q.LockUser(ctx, userID); err != nil {
+			if errors.Is(err, db.ErrNotFound) {
+				return notFound("user", userID)
+			}
+			return fmt.Errorf("lock user: %w", err)
+		}
+		devices, err := q.UserDeviceIDs(ctx, userID)
+		if err != nil {
+			return fmt.Errorf("find devices: %w", err)
+		}
+		if err := db.EraseDevices(ctx, tx, devices); err != nil {
+			return err
+		}
+		if _, err := q.DeleteUserDevices(ctx, userID); err != nil {
+			return fmt.Errorf("delete devices: %w", err)
+		}
+		if _, err := q.DeleteUserMemberships(ctx, userID); err != nil {
+			return fmt.Errorf("delete memberships: %w", err)
+		}
+		if _, err := q.DeleteUser(ctx, userID); err != nil {
+			return fmt.Errorf("delete user: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	return c.NoContent(http.StatusNoContent)
 }

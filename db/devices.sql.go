@@ -85,11 +85,11 @@ func (q *Queries) ActiveDeviceOwners(ctx context.Context, arg ActiveDeviceOwners
 	return items, nil
 }
 
-const cancelPendingForDevice = `-- name: CancelPendingForDevice :exec
+const cancelPendingForDevices = `-- name: CancelPendingForDevices :exec
 WITH cancelled AS (
     UPDATE deliveries
     SET status = 'cancelled'
-    WHERE device_id = $1 AND status = 'pending'
+    WHERE device_id = ANY ($1::bigint[]) AND status = 'pending'
     RETURNING message_id
 ), per_message AS (
     SELECT message_id, count(*)::integer AS n FROM cancelled GROUP BY message_id
@@ -101,10 +101,10 @@ FROM per_message p
 WHERE m.id = p.message_id
 `
 
-// A deleted device is sent nothing more: its pending deliveries are cancelled
-// and their messages' counters moved with them.
-func (q *Queries) CancelPendingForDevice(ctx context.Context, deviceID int64) error {
-	_, err := q.db.Exec(ctx, cancelPendingForDevice, deviceID)
+// Deleted devices are sent nothing more: their pending deliveries are
+// cancelled and their messages' counters moved with them.
+func (q *Queries) CancelPendingForDevices(ctx context.Context, deviceIds []int64) error {
+	_, err := q.db.Exec(ctx, cancelPendingForDevices, deviceIds)
 	return err
 }
 

@@ -29,6 +29,19 @@ func (q *Queries) AddSegmentMembers(ctx context.Context, arg AddSegmentMembersPa
 	return result.RowsAffected(), nil
 }
 
+const deleteSegment = `-- name: DeleteSegment :execrows
+DELETE FROM segments WHERE id = $1
+`
+
+// Deletes a segment and its memberships (ON DELETE CASCADE); its users stay.
+func (q *Queries) DeleteSegment(ctx context.Context, id string) (int64, error) {
+	result, err := q.db.Exec(ctx, deleteSegment, id)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const getSegment = `-- name: GetSegment :one
 SELECT s.id, s.name, s.created_at, s.updated_at,
        (SELECT count(*) FROM segment_members m WHERE m.segment_id = s.id)::integer AS member_count
@@ -55,6 +68,97 @@ func (q *Queries) GetSegment(ctx context.Context, id string) (GetSegmentRow, err
 		&i.MemberCount,
 	)
 	return i, err
+}
+
+const listSegmentMembers = `-- name: ListSegmentMembers :many
+SELECT user_id, added_at
+FROM segment_members
+WHERE segment_id = $1 AND user_id > $2
+ORDER BY user_id
+LIMIT $3
+`
+
+type ListSegmentMembersParams struct {
+	SegmentID   string
+	AfterUserID string
+	PageSize    int32
+}
+
+type ListSegmentMembersRow struct {
+	UserID  string
+	AddedAt time.Time
+}
+
+// A page of a segment's members in user id order, after after_user_id
+// (keyset pagination on the primary key).
+func (q *Queries) ListSegmentMembers(ctx context.Context, arg ListSegmentMembersParams) ([]ListSegmentMembersRow, error) {
+	rows, err := q.db.Query(ctx, listSegmentMembers, arg.SegmentID, arg.AfterUserID, arg.PageSize)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []ListSegmentMembersRow{}
+	for rows.Next() {
+		var i ListSegmentMembersRow
+		if err := rows.Scan(&i.UserID, &i.AddedAt); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const listSegments = `-- name: ListSegments :many
+SELECT s.id, s.name, s.created_at, s.updated_at,
+       (SELECT count(*) FROM segment_members m WHERE m.segment_id = s.id)::integer AS member_count
+FROM segments s
+WHERE s.id > $1
+ORDER BY s.id
+LIMIT $2
+`
+
+type ListSegmentsParams struct {
+	AfterID  string
+	PageSize int32
+}
+
+type ListSegmentsRow struct {
+	ID          string
+	Name        string
+	CreatedAt   time.Time
+	UpdatedAt   time.Time
+	MemberCount int32
+}
+
+// A page of segments in id order, after after_id (keyset pagination on the
+// primary key), with their member counts.
+func (q *Queries) ListSegments(ctx context.Context, arg ListSegmentsParams) ([]ListSegmentsRow, error) {
+	rows, err := q.db.Query(ctx, listSegments, arg.AfterID, arg.PageSize)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []ListSegmentsRow{}
+	for rows.Next() {
+		var i ListSegmentsRow
+		if err := rows.Scan(
+			&i.ID,
+			&i.Name,
+			&i.CreatedAt,
+			&i.UpdatedAt,
+			&i.MemberCount,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const lockSegment = `-- name: LockSegment :one

@@ -10,6 +10,42 @@ import (
 	"time"
 )
 
+const deleteUser = `-- name: DeleteUser :execrows
+DELETE FROM users WHERE id = $1
+`
+
+func (q *Queries) DeleteUser(ctx context.Context, id string) (int64, error) {
+	result, err := q.db.Exec(ctx, deleteUser, id)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const deleteUserDevices = `-- name: DeleteUserDevices :execrows
+DELETE FROM devices WHERE user_id = $1
+`
+
+func (q *Queries) DeleteUserDevices(ctx context.Context, userID string) (int64, error) {
+	result, err := q.db.Exec(ctx, deleteUserDevices, userID)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const deleteUserMemberships = `-- name: DeleteUserMemberships :execrows
+DELETE FROM segment_members WHERE user_id = $1
+`
+
+func (q *Queries) DeleteUserMemberships(ctx context.Context, userID string) (int64, error) {
+	result, err := q.db.Exec(ctx, deleteUserMemberships, userID)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const ensureUsers = `-- name: EnsureUsers :exec
 INSERT INTO users (id)
 SELECT unnest($1::text[])
@@ -21,6 +57,76 @@ ON CONFLICT (id) DO NOTHING
 func (q *Queries) EnsureUsers(ctx context.Context, ids []string) error {
 	_, err := q.db.Exec(ctx, ensureUsers, ids)
 	return err
+}
+
+const getUser = `-- name: GetUser :one
+SELECT u.id, u.timezone, u.created_at, u.updated_at,
+       (SELECT count(*) FROM devices d WHERE d.user_id = u.id)::integer AS device_count,
+       (SELECT count(*) FROM devices d WHERE d.user_id = u.id AND d.status = 'active')::integer AS active_device_count
+FROM users u
+WHERE u.id = $1
+`
+
+type GetUserRow struct {
+	ID                string
+	Timezone          *string
+	CreatedAt         time.Time
+	UpdatedAt         time.Time
+	DeviceCount       int32
+	ActiveDeviceCount int32
+}
+
+// A user with how many devices it has, and how many of them are active
+// (the ones messages go to).
+func (q *Queries) GetUser(ctx context.Context, id string) (GetUserRow, error) {
+	row := q.db.QueryRow(ctx, getUser, id)
+	var i GetUserRow
+	err := row.Scan(
+		&i.ID,
+		&i.Timezone,
+		&i.CreatedAt,
+		&i.UpdatedAt,
+		&i.DeviceCount,
+		&i.ActiveDeviceCount,
+	)
+	return i, err
+}
+
+const lockDirectoryExclusive = `-- name: LockDirectoryExclusive :exec
+SELECT pg_advisory_xact_lock(hashtextextended('herald:directory-erase', 0))
+`
+
+func (q *Queries) LockDirectoryExclusive(ctx context.Context) error {
+	_, err := q.db.Exec(ctx, lockDirectoryExclusive)
+	return err
+}
+
+const lockDirectoryShared = `-- name: LockDirectoryShared :exec
+SELECT pg_advisory_xact_lock_shared(hashtextextended('herald:directory-erase', 0))
+`
+
+// Taken by every transaction that expands an audience into a message's
+// ledger, before it reads the devices; erasing a device or a user takes the
+// same lock exclusively (LockDirectoryExclusive) before cancelling their
+// pending deliveries. So a message being made while a device is erased has
+// either committed its ledger rows before the erasure cancels them, or reads
+// the devices after the erasure committed and never sees them.
+func (q *Queries) LockDirectoryShared(ctx context.Context) error {
+	_, err := q.db.Exec(ctx, lockDirectoryShared)
+	return err
+}
+
+const lockUser = `-- name: LockUser :one
+SELECT id FROM users WHERE id = $1 FOR UPDATE
+`
+
+// Holds a user for its erasure: registrations and membership changes for
+// it wait (they lock or reference the row), so none lands half-way.
+func (q *Queries) LockUser(ctx context.Context, id string) (string, error) {
+	row := q.db.QueryRow(ctx, lockUser, id)
+	var id_2 string
+	err := row.Scan(&id_2)
+	return id_2, err
 }
 
 const upsertUserTimezone = `-- name: UpsertUserTimezone :one
@@ -56,6 +162,30 @@ func (q *Queries) UpsertUserTimezone(ctx context.Context, arg UpsertUserTimezone
 		&i.Created,
 	)
 	return i, err
+}
+
+const userDeviceIDs = `-- name: UserDeviceIDs :many
+SELECT id FROM devices WHERE user_id = $1 ORDER BY id
+`
+
+func (q *Queries) UserDeviceIDs(ctx context.Context, userID string) ([]int64, error) {
+	rows, err := q.db.Query(ctx, userDeviceIDs, userID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []int64{}
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		items = append(items, id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const userExists = `-- name: UserExists :one

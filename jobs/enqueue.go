@@ -366,6 +366,11 @@ func (lt *LocalTime) lastWave(due, passed []target) time.Time {
 
 // resolve expands an audience to its active devices, each due at dispatchAt.
 func resolve(ctx context.Context, q *db.Queries, a Audience, dispatchAt time.Time) ([]target, error) {
+	// A device erased meanwhile is either cancelled with this message's
+	// ledger committed, or not read at all (db.EraseDevices).
+	if err := q.LockDirectoryShared(ctx); err != nil {
+		return nil, fmt.Errorf("lock directory: %w", err)
+	}
 	var out []target
 	add := func(id int64, userID, channel, token string, p256dh, auth, timezone *string) {
 		t := target{Target: Target{Target: push.Target{DeviceID: id, Token: token}, Channel: channel}, userID: userID, dueAt: dispatchAt}

@@ -304,6 +304,10 @@ func (c RiverConfig) workerConfig(rc *river.Config) {
 		river.PeriodicInterval(c.MaterializeEvery),
 		func() (river.JobArgs, *river.InsertOpts) { return MaterializeArgs{}, nil },
 		&river.PeriodicJobOpts{RunOnStart: true},
+	), river.NewPeriodicJob(
+		river.PeriodicInterval(DefaultReconcileEvery),
+		func() (river.JobArgs, *river.InsertOpts) { return ReconcileArgs{}, nil },
+		nil,
 	)}
 	rc.Workers = c.Workers
 	rc.FetchPollInterval = c.FetchPollInterval

@@ -28,10 +28,14 @@ func (MaterializeArgs) Kind() string { return MaterializeKind }
 // InsertOpts keeps one materializer job waiting or running at a time: a
 // slow pass is not joined by a pile of others.
 func (MaterializeArgs) InsertOpts() river.InsertOpts {
-	return river.InsertOpts{UniqueOpts: river.UniqueOpts{ByState: []rivertype.JobState{
-		rivertype.JobStateAvailable, rivertype.JobStatePending, rivertype.JobStateRunning,
-		rivertype.JobStateScheduled, rivertype.JobStateRetryable,
-	}}}
+	return river.InsertOpts{UniqueOpts: river.UniqueOpts{ByState: periodicUniqueStates}}
+}
+
+// periodicUniqueStates are the states in which a periodic job keeps River
+// from inserting another of its kind.
+var periodicUniqueStates = []rivertype.JobState{
+	rivertype.JobStateAvailable, rivertype.JobStatePending, rivertype.JobStateRunning,
+	rivertype.JobStateScheduled, rivertype.JobStateRetryable,
 }
 
 // Materializer makes each due schedule run into an ordinary message, through
@@ -183,8 +187,13 @@ type MaterializeWorker struct {
 	m *Materializer
 }
 
-// Work makes the due runs.
+// Work makes the due runs, after removing the completed runs of its own
+// kind: one every 15 s, kept a day by River, would bury the chunk jobs in
+// River UI's lists.
 func (w *MaterializeWorker) Work(ctx context.Context, _ *river.Job[MaterializeArgs]) error {
+	if err := db.DeleteCompletedRuns(ctx, w.m.Pool, MaterializeKind); err != nil {
+		return err
+	}
 	n, err := w.m.Run(ctx, river.ClientFromContext[pgx.Tx](ctx))
 	if n > 0 {
 		w.m.Logger.InfoContext(ctx, "materialized schedule runs", "runs", n)

@@ -19,6 +19,10 @@ type Metrics struct {
 	latency        *prometheus.HistogramVec
 	chunksInFlight *prometheus.GaugeVec
 	wakes          *prometheus.CounterVec
+	// reconciled counts what the reconciler settled: messages no chunk
+	// would settle, and their deliveries it expired, by channel.
+	reconciledMessages prometheus.Counter
+	reconciledExpired  *prometheus.CounterVec
 }
 
 // skewBuckets are fine below a second, where the SLO lives, and coarse
@@ -50,9 +54,32 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "herald_lane_wakes_total",
 			Help: "Times this process woke a lane's fetch at the instant its chunks fell due, by lane.",
 		}, []string{"lane"}),
+		reconciledMessages: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "herald_reconciled_messages_total",
+			Help: "Messages the reconciler settled because no chunk would: their chunk jobs were discarded, cancelled or deleted, or a settle was lost.",
+		}),
+		reconciledExpired: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "herald_reconciled_deliveries_total",
+			Help: "Pending deliveries the reconciler expired, past their expiry with no chunk left to send them, by channel.",
+		}, []string{"channel"}),
 	}
-	reg.MustRegister(m.deliveries, m.skew, m.latency, m.chunksInFlight, m.wakes)
+	reg.MustRegister(m.deliveries, m.skew, m.latency, m.chunksInFlight, m.wakes, m.reconciledMessages, m.reconciledExpired)
 	return m
+}
+
+// reconciledMessage counts a message the reconciler settled.
+func (m *Metrics) reconciledMessage() {
+	if m != nil {
+		m.reconciledMessages.Inc()
+	}
+}
+
+// reconciledDeliveries counts deliveries of a channel the reconciler
+// expired.
+func (m *Metrics) reconciledDeliveries(channel string, n int) {
+	if m != nil {
+		m.reconciledExpired.WithLabelValues(channel).Add(float64(n))
+	}
 }
 
 // chunkStarted counts a chunk in flight until the returned func is called.
@@ -140,25 +167,40 @@ func RegisterProcessMetrics(reg prometheus.Registerer, breakers *Breakers, clock
 	}, func() float64 { return clock.Offset().Seconds() }))
 }
 
-// messagesByState is a collector that counts messages per state in the
-// database when scraped.
+// messagesByState is a collector that counts messages per state, and the
+// stranded chunks (db.StrandedChunks), in the database when scraped.
 type messagesByState struct {
-	pool *pgxpool.Pool
-	desc *prometheus.Desc
+	pool     *pgxpool.Pool
+	desc     *prometheus.Desc
+	stranded *prometheus.Desc
 }
 
-// RegisterMessageMetrics adds the count of messages by state, read from the
-// database at each scrape (with a short timeout).
+// RegisterMessageMetrics adds the count of messages by state and of
+// stranded chunks, read from the database at each scrape (with a short
+// timeout), so that every process reports the same whichever ran what.
 func RegisterMessageMetrics(reg prometheus.Registerer, pool *pgxpool.Pool) {
-	reg.MustRegister(&messagesByState{pool: pool, desc: prometheus.NewDesc(
-		"herald_messages", "Messages by state, in the database.", []string{"state"}, nil)})
+	reg.MustRegister(&messagesByState{
+		pool: pool,
+		desc: prometheus.NewDesc("herald_messages", "Messages by state, in the database.", []string{"state"}, nil),
+		stranded: prometheus.NewDesc("herald_stranded_chunks",
+			"Chunks of unsettled messages with deliveries pending that no River job will run (discarded, cancelled or deleted): retry them in River UI before they expire, or the reconciler expires them.",
+			nil, nil),
+	})
 }
 
-func (c *messagesByState) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+func (c *messagesByState) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.desc
+	ch <- c.stranded
+}
 
 func (c *messagesByState) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
+	if n, err := db.StrandedChunks(ctx, c.pool); err != nil {
+		ch <- prometheus.NewInvalidMetric(c.stranded, err)
+	} else {
+		ch <- prometheus.MustNewConstMetric(c.stranded, prometheus.GaugeValue, float64(n))
+	}
 	rows, err := db.On(c.pool).MessagesByState(ctx)
 	if err != nil {
 		ch <- prometheus.NewInvalidMetric(c.desc, err)

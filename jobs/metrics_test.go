@@ -26,6 +26,7 @@ func TestAlertRulesUseRealMetrics(t *testing.T) {
 	m.count(PriorityBulk, []settledDelivery{{channel: "apns", status: "accepted", skew: time.Millisecond}})
 	m.chunkStarted(PriorityBulk)()
 	m.latency.WithLabelValues("apns", "accepted").Observe(0.02)
+	m.reconciledDeliveries("apns", 1)
 	families, err := reg.Gather()
 	require.NoError(t, err)
 	exported := map[string]bool{}

@@ -80,13 +80,13 @@ WHERE d.status = 'active';
 -- name: DeleteDevice :execrows
 DELETE FROM devices WHERE id = @id;
 
--- name: CancelPendingForDevice :exec
--- A deleted device is sent nothing more: its pending deliveries are cancelled
--- and their messages' counters moved with them.
+-- name: CancelPendingForDevices :exec
+-- Deleted devices are sent nothing more: their pending deliveries are
+-- cancelled and their messages' counters moved with them.
 WITH cancelled AS (
     UPDATE deliveries
     SET status = 'cancelled'
-    WHERE device_id = @device_id AND status = 'pending'
+    WHERE device_id = ANY (@device_ids::bigint[]) AND status = 'pending'
     RETURNING message_id
 ), per_message AS (
     SELECT message_id, count(*)::integer AS n FROM cancelled GROUP BY message_id

@@ -25,3 +25,26 @@ ON CONFLICT (segment_id, user_id) DO NOTHING;
 -- name: RemoveSegmentMembers :execrows
 DELETE FROM segment_members
 WHERE segment_id = @segment_id AND user_id = ANY (@user_ids::text[]);
+
+-- name: ListSegments :many
+-- A page of segments in id order, after after_id (keyset pagination on the
+-- primary key), with their member counts.
+SELECT s.id, s.name, s.created_at, s.updated_at,
+       (SELECT count(*) FROM segment_members m WHERE m.segment_id = s.id)::integer AS member_count
+FROM segments s
+WHERE s.id > @after_id
+ORDER BY s.id
+LIMIT @page_size;
+
+-- name: ListSegmentMembers :many
+-- A page of a segment's members in user id order, after after_user_id
+-- (keyset pagination on the primary key).
+SELECT user_id, added_at
+FROM segment_members
+WHERE segment_id = @segment_id AND user_id > @after_user_id
+ORDER BY user_id
+LIMIT @page_size;
+
+-- name: DeleteSegment :execrows
+-- Deletes a segment and its memberships (ON DELETE CASCADE); its users stay.
+DELETE FROM segments WHERE id = @id;

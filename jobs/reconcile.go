@@ -1,0 +1,137 @@
+package jobs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+
+	"github.com/heraldpush/herald/db"
+)
+
+// ReconcileKind is the River kind of the periodic reconciliation.
+const ReconcileKind = "reconcile"
+
+// DefaultReconcileEvery is how often River's leader runs the reconciler.
+const DefaultReconcileEvery = time.Minute
+
+// ReconcileArgs is the periodic reconciliation job; it carries nothing.
+type ReconcileArgs struct{}
+
+// Kind implements river.JobArgs.
+func (ReconcileArgs) Kind() string { return ReconcileKind }
+
+// InsertOpts keeps one reconciliation waiting or running at a time.
+func (ReconcileArgs) InsertOpts() river.InsertOpts {
+	return river.InsertOpts{UniqueOpts: river.UniqueOpts{ByState: periodicUniqueStates}}
+}
+
+// Reconciler finds the messages that no chunk will settle any more and
+// settles them. A message normally settles with its last chunk; one whose
+// chunk jobs were discarded or cancelled (an operator in River UI, a chunk
+// that ran out of attempts), deleted, or whose settle was lost, would stay
+// scheduled or dispatching for ever, its deliveries pending. Once every
+// delivery is past its expiry by Grace, nothing can send them any more:
+// the reconciler expires them and settles the message, and counts both
+// (herald_reconciled_messages_total, herald_reconciled_deliveries_total).
+// The chunks stranded before that, still retryable from River UI, are
+// counted at each scrape (herald_stranded_chunks, RegisterMessageMetrics).
+type Reconciler struct {
+	Pool    *pgxpool.Pool
+	Logger  *slog.Logger
+	Metrics *Metrics
+	// Grace is how long past its expiry a message may stay unsettled: it
+	// must exceed a chunk attempt (which may send until its timeout ends)
+	// so that no attempt still running is overtaken. Default 5 minutes.
+	Grace time.Duration
+}
+
+// reconcileBatch bounds the messages one pass settles, each in its own
+// transaction.
+const reconcileBatch = 100
+
+// Reconciled is what one reconciliation settled.
+type Reconciled struct {
+	Messages, Deliveries int
+}
+
+// Run settles every stuck message, a batch at a time.
+func (r *Reconciler) Run(ctx context.Context) (Reconciled, error) {
+	grace := r.Grace
+	if grace <= 0 {
+		grace = 5 * time.Minute
+	}
+	var done Reconciled
+	for {
+		ids, err := db.On(r.Pool).StuckMessages(ctx, db.StuckMessagesParams{GraceSeconds: grace.Seconds(), Batch: reconcileBatch})
+		if err != nil {
+			return done, fmt.Errorf("find stuck messages: %w", err)
+		}
+		for _, id := range ids {
+			n, err := r.settle(ctx, id)
+			if err != nil {
+				return done, fmt.Errorf("message %d: %w", id, err)
+			}
+			done.Messages++
+			done.Deliveries += n
+		}
+		if len(ids) < reconcileBatch {
+			return done, nil
+		}
+	}
+}
+
+// settle expires what a stuck message has pending and settles it, with the
+// message row locked first (jobs/state.go's lock order for a message that
+// may still be scheduled). It returns how many deliveries expired.
+func (r *Reconciler) settle(ctx context.Context, id int64) (int, error) {
+	var expired []db.ExpireStuckDeliveriesRow
+	err := db.InTx(ctx, r.Pool, func(tx pgx.Tx) error {
+		q := db.On(tx)
+		if _, err := q.LockMessage(ctx, id); err != nil {
+			return fmt.Errorf("lock message: %w", err)
+		}
+		var err error
+		if expired, err = q.ExpireStuckDeliveries(ctx, id); err != nil {
+			return fmt.Errorf("expire deliveries: %w", err)
+		}
+		// Settled meanwhile by a chunk: its guard leaves it alone.
+		if _, err := q.SettleMessage(ctx, id); err != nil && !errors.Is(err, db.ErrNotFound) {
+			return fmt.Errorf("settle message: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, e := range expired {
+		n += int(e.Expired)
+		r.Metrics.reconciledDeliveries(e.Channel, int(e.Expired))
+	}
+	r.Metrics.reconciledMessage()
+	r.Logger.WarnContext(ctx, "reconciled a message no chunk would settle: its pending deliveries expired",
+		"message_id", id, "expired", n)
+	return n, nil
+}
+
+// ReconcileWorker runs the Reconciler as River's periodic job.
+type ReconcileWorker struct {
+	river.WorkerDefaults[ReconcileArgs]
+	r *Reconciler
+}
+
+// Work settles the stuck messages, after removing the completed runs of
+// its own kind so that they do not fill River UI's lists.
+func (w *ReconcileWorker) Work(ctx context.Context, _ *river.Job[ReconcileArgs]) error {
+	if err := db.DeleteCompletedRuns(ctx, w.r.Pool, ReconcileKind); err != nil {
+		return err
+	}
+	_, err := w.r.Run(ctx)
+	return err
+}
