@@ -48,7 +48,7 @@ func TestFanOutDeviceErasedMidSend(t *testing.T) {
 			return db.EraseDevices(ctx, tx, []int64{erased})
 		}))
 	}}
-	w := b.worker(FanOutConfig{Providers: map[string]Sender{ChannelFCM: sender}})
+	w := b.worker(map[string]Sender{ChannelFCM: sender}, FanOutConfig{})
 
 	// Worked directly, not through rivertest, whose transaction holds the
 	// job's row while it runs: the erasure rewrites that row's args, and

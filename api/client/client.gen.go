@@ -331,9 +331,22 @@ type HealthStatus struct {
 // IfPassed A local-time wave whose instant has passed for a recipient: skipped, or sent at once.
 type IfPassed string
 
+// Member defines model for Member.
+type Member struct {
+	AddedAt time.Time `json:"added_at"`
+	UserID  string    `json:"user_id"`
+}
+
 // MemberIDs defines model for MemberIDs.
 type MemberIDs struct {
 	UserIDs []string `json:"user_ids"`
+}
+
+// MemberPage defines model for MemberPage.
+type MemberPage struct {
+	Items      []Member `json:"items"`
+	NextCursor *string  `json:"next_cursor"`
+	SegmentID  string   `json:"segment_id"`
 }
 
 // MembersChange defines model for MembersChange.
@@ -516,6 +529,12 @@ type Segment struct {
 	SegmentID   string `json:"segment_id"`
 }
 
+// SegmentPage defines model for SegmentPage.
+type SegmentPage struct {
+	Items      []Segment `json:"items"`
+	NextCursor *string   `json:"next_cursor"`
+}
+
 // SegmentUpdate defines model for SegmentUpdate.
 type SegmentUpdate struct {
 	Name *string `json:"name,omitempty"`
@@ -533,6 +552,19 @@ type Skew struct {
 type User struct {
 	Timezone *string `json:"timezone"`
 	UserID   string  `json:"user_id"`
+}
+
+// UserDetail defines model for UserDetail.
+type UserDetail struct {
+	// ActiveDeviceCount The devices messages go to.
+	ActiveDeviceCount int       `json:"active_device_count"`
+	CreatedAt         time.Time `json:"created_at"`
+
+	// DeviceCount Every device of the user, active or evicted.
+	DeviceCount int       `json:"device_count"`
+	Timezone    *string   `json:"timezone"`
+	UpdatedAt   time.Time `json:"updated_at"`
+	UserID      string    `json:"user_id"`
 }
 
 // UserDevice defines model for UserDevice.
@@ -647,6 +679,18 @@ type ListMessageDeliveriesParams struct {
 
 // ListSchedulesParams defines parameters for ListSchedules.
 type ListSchedulesParams struct {
+	Limit  *Limit  `form:"limit,omitempty" json:"limit,omitempty"`
+	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
+}
+
+// ListSegmentsParams defines parameters for ListSegments.
+type ListSegmentsParams struct {
+	Limit  *Limit  `form:"limit,omitempty" json:"limit,omitempty"`
+	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
+}
+
+// ListSegmentMembersParams defines parameters for ListSegmentMembers.
+type ListSegmentMembersParams struct {
 	Limit  *Limit  `form:"limit,omitempty" json:"limit,omitempty"`
 	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
 }
@@ -987,6 +1031,19 @@ type ClientInterface interface {
 	// Corresponds with PATCH /v1/schedules/{schedule_id} (the `UpdateSchedule` operationId).
 	UpdateSchedule(ctx context.Context, scheduleID ScheduleID, body UpdateScheduleJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// ListSegments The segments, a page at a time in id order, with their member counts.
+	//
+	// Corresponds with GET /v1/segments (the `ListSegments` operationId).
+	ListSegments(ctx context.Context, params *ListSegmentsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// DeleteSegment Delete a segment and its memberships; its users stay.
+	//
+	// Messages already made for the segment keep their audience (it was expanded to devices
+	// when they were made); a schedule's later runs for it reach nobody.
+	//
+	// Corresponds with DELETE /v1/segments/{segment_id} (the `DeleteSegment` operationId).
+	DeleteSegment(ctx context.Context, segmentID SegmentID, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// GetSegment A segment and its member count.
 	//
 	// Corresponds with GET /v1/segments/{segment_id} (the `GetSegment` operationId).
@@ -1020,6 +1077,11 @@ type ClientInterface interface {
 	// Corresponds with DELETE /v1/segments/{segment_id}/members (the `RemoveSegmentMembers` operationId).
 	RemoveSegmentMembers(ctx context.Context, segmentID SegmentID, body RemoveSegmentMembersJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// ListSegmentMembers A segment's members, a page at a time in user id order.
+	//
+	// Corresponds with GET /v1/segments/{segment_id}/members (the `ListSegmentMembers` operationId).
+	ListSegmentMembers(ctx context.Context, segmentID SegmentID, params *ListSegmentMembersParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// AddSegmentMembersWithBody Add up to 10,000 users (new users are created).
 	//
 	// Takes any type of body and a specified content type.
@@ -1033,6 +1095,22 @@ type ClientInterface interface {
 	//
 	// Corresponds with POST /v1/segments/{segment_id}/members (the `AddSegmentMembers` operationId).
 	AddSegmentMembers(ctx context.Context, segmentID SegmentID, body AddSegmentMembersJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// DeleteUser Erase a user.
+	//
+	// Deletes the user, its devices (their tokens and Web Push keys, also from the chunk jobs
+	// River keeps) and its segment memberships, in one transaction. Deliveries still pending
+	// for its devices are cancelled; settled deliveries stay in the ledger, which holds no
+	// token. A chunk that had already started sending before the delete committed may still
+	// send to the devices within that attempt; no later attempt does.
+	//
+	// Corresponds with DELETE /v1/users/{user_id} (the `DeleteUser` operationId).
+	DeleteUser(ctx context.Context, userID UserID, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetUser A user, its time zone and how many devices it has.
+	//
+	// Corresponds with GET /v1/users/{user_id} (the `GetUser` operationId).
+	GetUser(ctx context.Context, userID UserID, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// PutUserWithBody Create or update a user (its IANA time zone, for local-time delivery).
 	//
@@ -1419,6 +1497,39 @@ func (c *Client) UpdateSchedule(ctx context.Context, scheduleID ScheduleID, body
 	return c.Client.Do(req)
 }
 
+// ListSegments The segments, a page at a time in id order, with their member counts.
+//
+// Corresponds with GET /v1/segments (the `ListSegments` operationId).
+func (c *Client) ListSegments(ctx context.Context, params *ListSegmentsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListSegmentsRequest(c.Server, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// DeleteSegment Delete a segment and its memberships; its users stay.
+//
+// Messages already made for the segment keep their audience (it was expanded to devices
+// when they were made); a schedule's later runs for it reach nobody.
+//
+// Corresponds with DELETE /v1/segments/{segment_id} (the `DeleteSegment` operationId).
+func (c *Client) DeleteSegment(ctx context.Context, segmentID SegmentID, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewDeleteSegmentRequest(c.Server, segmentID)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 // GetSegment A segment and its member count.
 //
 // Corresponds with GET /v1/segments/{segment_id} (the `GetSegment` operationId).
@@ -1502,6 +1613,21 @@ func (c *Client) RemoveSegmentMembers(ctx context.Context, segmentID SegmentID, 
 	return c.Client.Do(req)
 }
 
+// ListSegmentMembers A segment's members, a page at a time in user id order.
+//
+// Corresponds with GET /v1/segments/{segment_id}/members (the `ListSegmentMembers` operationId).
+func (c *Client) ListSegmentMembers(ctx context.Context, segmentID SegmentID, params *ListSegmentMembersParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListSegmentMembersRequest(c.Server, segmentID, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 // AddSegmentMembersWithBody Add up to 10,000 users (new users are created).
 //
 // Takes any type of body and a specified content type.
@@ -1526,6 +1652,42 @@ func (c *Client) AddSegmentMembersWithBody(ctx context.Context, segmentID Segmen
 // Corresponds with POST /v1/segments/{segment_id}/members (the `AddSegmentMembers` operationId).
 func (c *Client) AddSegmentMembers(ctx context.Context, segmentID SegmentID, body AddSegmentMembersJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewAddSegmentMembersRequest(c.Server, segmentID, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// DeleteUser Erase a user.
+//
+// Deletes the user, its devices (their tokens and Web Push keys, also from the chunk jobs
+// River keeps) and its segment memberships, in one transaction. Deliveries still pending
+// for its devices are cancelled; settled deliveries stay in the ledger, which holds no
+// token. A chunk that had already started sending before the delete committed may still
+// send to the devices within that attempt; no later attempt does.
+//
+// Corresponds with DELETE /v1/users/{user_id} (the `DeleteUser` operationId).
+func (c *Client) DeleteUser(ctx context.Context, userID UserID, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewDeleteUserRequest(c.Server, userID)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetUser A user, its time zone and how many devices it has.
+//
+// Corresponds with GET /v1/users/{user_id} (the `GetUser` operationId).
+func (c *Client) GetUser(ctx context.Context, userID UserID, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetUserRequest(c.Server, userID)
 	if err != nil {
 		return nil, err
 	}
@@ -2353,6 +2515,106 @@ func NewUpdateScheduleRequestWithBody(server string, scheduleID ScheduleID, cont
 	return req, nil
 }
 
+// NewListSegmentsRequest constructs an http.Request for the ListSegments method
+func NewListSegmentsRequest(server string, params *ListSegmentsParams) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/segments")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.Limit != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "limit", *params.Limit, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.Cursor != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "cursor", *params.Cursor, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewDeleteSegmentRequest constructs an http.Request for the DeleteSegment method
+func NewDeleteSegmentRequest(server string, segmentID SegmentID) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "segment_id", segmentID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/segments/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodDelete, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
 // NewGetSegmentRequest constructs an http.Request for the GetSegment method
 func NewGetSegmentRequest(server string, segmentID SegmentID) (*http.Request, error) {
 	var err error
@@ -2481,6 +2743,79 @@ func NewRemoveSegmentMembersRequestWithBody(server string, segmentID SegmentID, 
 	return req, nil
 }
 
+// NewListSegmentMembersRequest constructs an http.Request for the ListSegmentMembers method
+func NewListSegmentMembersRequest(server string, segmentID SegmentID, params *ListSegmentMembersParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "segment_id", segmentID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/segments/%s/members", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.Limit != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "limit", *params.Limit, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.Cursor != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "cursor", *params.Cursor, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
 // NewAddSegmentMembersRequest calls the generic AddSegmentMembers builder with application/json body
 func NewAddSegmentMembersRequest(server string, segmentID SegmentID, body AddSegmentMembersJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
@@ -2524,6 +2859,74 @@ func NewAddSegmentMembersRequestWithBody(server string, segmentID SegmentID, con
 	}
 
 	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
+// NewDeleteUserRequest constructs an http.Request for the DeleteUser method
+func NewDeleteUserRequest(server string, userID UserID) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "user_id", userID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/users/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodDelete, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewGetUserRequest constructs an http.Request for the GetUser method
+func NewGetUserRequest(server string, userID UserID) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "user_id", userID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/users/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
 
 	return req, nil
 }
@@ -2853,6 +3256,23 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with PATCH /v1/schedules/{schedule_id} (the `UpdateSchedule` operationId).
 	UpdateScheduleWithResponse(ctx context.Context, scheduleID ScheduleID, body UpdateScheduleJSONRequestBody, reqEditors ...RequestEditorFn) (*UpdateScheduleResponse, error)
 
+	// ListSegmentsWithResponse The segments, a page at a time in id order, with their member counts.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/segments (the `ListSegments` operationId).
+	ListSegmentsWithResponse(ctx context.Context, params *ListSegmentsParams, reqEditors ...RequestEditorFn) (*ListSegmentsResponse, error)
+
+	// DeleteSegmentWithResponse Delete a segment and its memberships; its users stay.
+	//
+	// Messages already made for the segment keep their audience (it was expanded to devices
+	// when they were made); a schedule's later runs for it reach nobody.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with DELETE /v1/segments/{segment_id} (the `DeleteSegment` operationId).
+	DeleteSegmentWithResponse(ctx context.Context, segmentID SegmentID, reqEditors ...RequestEditorFn) (*DeleteSegmentResponse, error)
+
 	// GetSegmentWithResponse A segment and its member count.
 	//
 	// Returns a wrapper object for the known response body format(s).
@@ -2888,6 +3308,13 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with DELETE /v1/segments/{segment_id}/members (the `RemoveSegmentMembers` operationId).
 	RemoveSegmentMembersWithResponse(ctx context.Context, segmentID SegmentID, body RemoveSegmentMembersJSONRequestBody, reqEditors ...RequestEditorFn) (*RemoveSegmentMembersResponse, error)
 
+	// ListSegmentMembersWithResponse A segment's members, a page at a time in user id order.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/segments/{segment_id}/members (the `ListSegmentMembers` operationId).
+	ListSegmentMembersWithResponse(ctx context.Context, segmentID SegmentID, params *ListSegmentMembersParams, reqEditors ...RequestEditorFn) (*ListSegmentMembersResponse, error)
+
 	// AddSegmentMembersWithBodyWithResponse Add up to 10,000 users (new users are created).
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
@@ -2901,6 +3328,26 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with POST /v1/segments/{segment_id}/members (the `AddSegmentMembers` operationId).
 	AddSegmentMembersWithResponse(ctx context.Context, segmentID SegmentID, body AddSegmentMembersJSONRequestBody, reqEditors ...RequestEditorFn) (*AddSegmentMembersResponse, error)
+
+	// DeleteUserWithResponse Erase a user.
+	//
+	// Deletes the user, its devices (their tokens and Web Push keys, also from the chunk jobs
+	// River keeps) and its segment memberships, in one transaction. Deliveries still pending
+	// for its devices are cancelled; settled deliveries stay in the ledger, which holds no
+	// token. A chunk that had already started sending before the delete committed may still
+	// send to the devices within that attempt; no later attempt does.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with DELETE /v1/users/{user_id} (the `DeleteUser` operationId).
+	DeleteUserWithResponse(ctx context.Context, userID UserID, reqEditors ...RequestEditorFn) (*DeleteUserResponse, error)
+
+	// GetUserWithResponse A user, its time zone and how many devices it has.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/users/{user_id} (the `GetUser` operationId).
+	GetUserWithResponse(ctx context.Context, userID UserID, reqEditors ...RequestEditorFn) (*GetUserResponse, error)
 
 	// PutUserWithBodyWithResponse Create or update a user (its IANA time zone, for local-time delivery).
 	//
@@ -4145,6 +4592,137 @@ func (r UpdateScheduleResponse) ContentType() string {
 	return ""
 }
 
+// ListSegmentsResponse429Headers the declared response headers of an HTTP 429 response for ListSegments
+type ListSegmentsResponse429Headers struct {
+	RetryAfter int
+}
+
+type ListSegmentsResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *SegmentPage
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *Error
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Error
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *RateLimited
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *ListSegmentsResponse429Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ListSegmentsResponse) GetJSON200() *SegmentPage {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r ListSegmentsResponse) GetJSON400() *Error {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r ListSegmentsResponse) GetJSON401() *Error {
+	return r.JSON401
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r ListSegmentsResponse) GetJSON429() *RateLimited {
+	return r.JSON429
+}
+
+// GetBody returns the raw response body bytes
+func (r ListSegmentsResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ListSegmentsResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ListSegmentsResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ListSegmentsResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// DeleteSegmentResponse429Headers the declared response headers of an HTTP 429 response for DeleteSegment
+type DeleteSegmentResponse429Headers struct {
+	RetryAfter int
+}
+
+type DeleteSegmentResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Error
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *Error
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *RateLimited
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *DeleteSegmentResponse429Headers
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r DeleteSegmentResponse) GetJSON401() *Error {
+	return r.JSON401
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r DeleteSegmentResponse) GetJSON404() *Error {
+	return r.JSON404
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r DeleteSegmentResponse) GetJSON429() *RateLimited {
+	return r.JSON429
+}
+
+// GetBody returns the raw response body bytes
+func (r DeleteSegmentResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r DeleteSegmentResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r DeleteSegmentResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r DeleteSegmentResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 // GetSegmentResponse429Headers the declared response headers of an HTTP 429 response for GetSegment
 type GetSegmentResponse429Headers struct {
 	RetryAfter int
@@ -4380,6 +4958,82 @@ func (r RemoveSegmentMembersResponse) ContentType() string {
 	return ""
 }
 
+// ListSegmentMembersResponse429Headers the declared response headers of an HTTP 429 response for ListSegmentMembers
+type ListSegmentMembersResponse429Headers struct {
+	RetryAfter int
+}
+
+type ListSegmentMembersResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *MemberPage
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *Error
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Error
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *Error
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *RateLimited
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *ListSegmentMembersResponse429Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ListSegmentMembersResponse) GetJSON200() *MemberPage {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r ListSegmentMembersResponse) GetJSON400() *Error {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r ListSegmentMembersResponse) GetJSON401() *Error {
+	return r.JSON401
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r ListSegmentMembersResponse) GetJSON404() *Error {
+	return r.JSON404
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r ListSegmentMembersResponse) GetJSON429() *RateLimited {
+	return r.JSON429
+}
+
+// GetBody returns the raw response body bytes
+func (r ListSegmentMembersResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ListSegmentMembersResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ListSegmentMembersResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ListSegmentMembersResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 // AddSegmentMembersResponse429Headers the declared response headers of an HTTP 429 response for AddSegmentMembers
 type AddSegmentMembersResponse429Headers struct {
 	RetryAfter int
@@ -4457,6 +5111,137 @@ func (r AddSegmentMembersResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r AddSegmentMembersResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// DeleteUserResponse429Headers the declared response headers of an HTTP 429 response for DeleteUser
+type DeleteUserResponse429Headers struct {
+	RetryAfter int
+}
+
+type DeleteUserResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Error
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *Error
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *RateLimited
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *DeleteUserResponse429Headers
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r DeleteUserResponse) GetJSON401() *Error {
+	return r.JSON401
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r DeleteUserResponse) GetJSON404() *Error {
+	return r.JSON404
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r DeleteUserResponse) GetJSON429() *RateLimited {
+	return r.JSON429
+}
+
+// GetBody returns the raw response body bytes
+func (r DeleteUserResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r DeleteUserResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r DeleteUserResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r DeleteUserResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// GetUserResponse429Headers the declared response headers of an HTTP 429 response for GetUser
+type GetUserResponse429Headers struct {
+	RetryAfter int
+}
+
+type GetUserResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *UserDetail
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Error
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *Error
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *RateLimited
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *GetUserResponse429Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetUserResponse) GetJSON200() *UserDetail {
+	return r.JSON200
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r GetUserResponse) GetJSON401() *Error {
+	return r.JSON401
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r GetUserResponse) GetJSON404() *Error {
+	return r.JSON404
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r GetUserResponse) GetJSON429() *RateLimited {
+	return r.JSON429
+}
+
+// GetBody returns the raw response body bytes
+func (r GetUserResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetUserResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetUserResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetUserResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -4921,6 +5706,35 @@ func (c *ClientWithResponses) UpdateScheduleWithResponse(ctx context.Context, sc
 	return ParseUpdateScheduleResponse(rsp)
 }
 
+// ListSegmentsWithResponse The segments, a page at a time in id order, with their member counts.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/segments (the `ListSegments` operationId).
+func (c *ClientWithResponses) ListSegmentsWithResponse(ctx context.Context, params *ListSegmentsParams, reqEditors ...RequestEditorFn) (*ListSegmentsResponse, error) {
+	rsp, err := c.ListSegments(ctx, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListSegmentsResponse(rsp)
+}
+
+// DeleteSegmentWithResponse Delete a segment and its memberships; its users stay.
+//
+// Messages already made for the segment keep their audience (it was expanded to devices
+// when they were made); a schedule's later runs for it reach nobody.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with DELETE /v1/segments/{segment_id} (the `DeleteSegment` operationId).
+func (c *ClientWithResponses) DeleteSegmentWithResponse(ctx context.Context, segmentID SegmentID, reqEditors ...RequestEditorFn) (*DeleteSegmentResponse, error) {
+	rsp, err := c.DeleteSegment(ctx, segmentID, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseDeleteSegmentResponse(rsp)
+}
+
 // GetSegmentWithResponse A segment and its member count.
 //
 // Returns a wrapper object for the known response body format(s).
@@ -4986,6 +5800,19 @@ func (c *ClientWithResponses) RemoveSegmentMembersWithResponse(ctx context.Conte
 	return ParseRemoveSegmentMembersResponse(rsp)
 }
 
+// ListSegmentMembersWithResponse A segment's members, a page at a time in user id order.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/segments/{segment_id}/members (the `ListSegmentMembers` operationId).
+func (c *ClientWithResponses) ListSegmentMembersWithResponse(ctx context.Context, segmentID SegmentID, params *ListSegmentMembersParams, reqEditors ...RequestEditorFn) (*ListSegmentMembersResponse, error) {
+	rsp, err := c.ListSegmentMembers(ctx, segmentID, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListSegmentMembersResponse(rsp)
+}
+
 // AddSegmentMembersWithBodyWithResponse Add up to 10,000 users (new users are created).
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
@@ -5010,6 +5837,38 @@ func (c *ClientWithResponses) AddSegmentMembersWithResponse(ctx context.Context,
 		return nil, err
 	}
 	return ParseAddSegmentMembersResponse(rsp)
+}
+
+// DeleteUserWithResponse Erase a user.
+//
+// Deletes the user, its devices (their tokens and Web Push keys, also from the chunk jobs
+// River keeps) and its segment memberships, in one transaction. Deliveries still pending
+// for its devices are cancelled; settled deliveries stay in the ledger, which holds no
+// token. A chunk that had already started sending before the delete committed may still
+// send to the devices within that attempt; no later attempt does.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with DELETE /v1/users/{user_id} (the `DeleteUser` operationId).
+func (c *ClientWithResponses) DeleteUserWithResponse(ctx context.Context, userID UserID, reqEditors ...RequestEditorFn) (*DeleteUserResponse, error) {
+	rsp, err := c.DeleteUser(ctx, userID, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseDeleteUserResponse(rsp)
+}
+
+// GetUserWithResponse A user, its time zone and how many devices it has.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/users/{user_id} (the `GetUser` operationId).
+func (c *ClientWithResponses) GetUserWithResponse(ctx context.Context, userID UserID, reqEditors ...RequestEditorFn) (*GetUserResponse, error) {
+	rsp, err := c.GetUser(ctx, userID, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetUserResponse(rsp)
 }
 
 // PutUserWithBodyWithResponse Create or update a user (its IANA time zone, for local-time delivery).
@@ -6092,6 +6951,122 @@ func ParseUpdateScheduleResponse(rsp *http.Response) (*UpdateScheduleResponse, e
 	return response, nil
 }
 
+// ParseListSegmentsResponse parses an HTTP response from a ListSegmentsWithResponse call
+func ParseListSegmentsResponse(rsp *http.Response) (*ListSegmentsResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ListSegmentsResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest SegmentPage
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 429:
+		var headers ListSegmentsResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers429 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseDeleteSegmentResponse parses an HTTP response from a DeleteSegmentWithResponse call
+func ParseDeleteSegmentResponse(rsp *http.Response) (*DeleteSegmentResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &DeleteSegmentResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case rsp.StatusCode == 204:
+		break // No content-type
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 429:
+		var headers DeleteSegmentResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers429 = &headers
+	}
+
+	return response, nil
+}
+
 // ParseGetSegmentResponse parses an HTTP response from a GetSegmentWithResponse call
 func ParseGetSegmentResponse(rsp *http.Response) (*GetSegmentResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -6300,6 +7275,73 @@ func ParseRemoveSegmentMembersResponse(rsp *http.Response) (*RemoveSegmentMember
 	return response, nil
 }
 
+// ParseListSegmentMembersResponse parses an HTTP response from a ListSegmentMembersWithResponse call
+func ParseListSegmentMembersResponse(rsp *http.Response) (*ListSegmentMembersResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ListSegmentMembersResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest MemberPage
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 429:
+		var headers ListSegmentMembersResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers429 = &headers
+	}
+
+	return response, nil
+}
+
 // ParseAddSegmentMembersResponse parses an HTTP response from a AddSegmentMembersWithResponse call
 func ParseAddSegmentMembersResponse(rsp *http.Response) (*AddSegmentMembersResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -6361,6 +7403,122 @@ func ParseAddSegmentMembersResponse(rsp *http.Response) (*AddSegmentMembersRespo
 	switch {
 	case rsp.StatusCode == 429:
 		var headers AddSegmentMembersResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers429 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseDeleteUserResponse parses an HTTP response from a DeleteUserWithResponse call
+func ParseDeleteUserResponse(rsp *http.Response) (*DeleteUserResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &DeleteUserResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case rsp.StatusCode == 204:
+		break // No content-type
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 429:
+		var headers DeleteUserResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers429 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseGetUserResponse parses an HTTP response from a GetUserWithResponse call
+func ParseGetUserResponse(rsp *http.Response) (*GetUserResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetUserResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest UserDetail
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 429:
+		var headers GetUserResponse429Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {

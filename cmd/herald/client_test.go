@@ -22,7 +22,8 @@ import (
 // the operations the other end-to-end tests have no reason to: the
 // unauthenticated documents, a segment's members added and removed, a
 // message to the segment cancelled before its instant and one sent, and a
-// schedule paused and resumed.
+// schedule paused and resumed, and the segment and a user read back and
+// erased.
 func TestE2EClientSegmentsCancelAndPause(t *testing.T) {
 	t.Parallel()
 	e := startE2E(t, nil)
@@ -64,6 +65,27 @@ func TestE2EClientSegmentsCancelAndPause(t *testing.T) {
 		res, err := e.api.UpdateScheduleWithResponse(ctx, sch.ScheduleID, client.SchedulePatch{Paused: paused})
 		require.Equal(t, paused, answered(t, http.StatusOK, res, err).JSON200.Paused)
 	}
+
+	// Read back, then erased: the segment, and a user with its devices.
+	segments, err := e.api.ListSegmentsWithResponse(ctx, &client.ListSegmentsParams{})
+	require.Equal(t, []client.Segment{{SegmentID: "team", Name: "Team", MemberCount: 1}}, answered(t, http.StatusOK, segments, err).JSON200.Items)
+	members, err := e.api.ListSegmentMembersWithResponse(ctx, "team", &client.ListSegmentMembersParams{})
+	page := answered(t, http.StatusOK, members, err).JSON200
+	require.Len(t, page.Items, 1)
+	require.Equal(t, "ann", page.Items[0].UserID)
+	dropped, err := e.api.DeleteSegmentWithResponse(ctx, "team")
+	answered(t, http.StatusNoContent, dropped, err)
+	gone, err := e.api.GetSegmentWithResponse(ctx, "team")
+	answered(t, http.StatusNotFound, gone, err)
+
+	ann, err := e.api.GetUserWithResponse(ctx, "ann")
+	require.Equal(t, 3, answered(t, http.StatusOK, ann, err).JSON200.DeviceCount)
+	erased, err := e.api.DeleteUserWithResponse(ctx, "ann")
+	answered(t, http.StatusNoContent, erased, err)
+	ann, err = e.api.GetUserWithResponse(ctx, "ann")
+	answered(t, http.StatusNotFound, ann, err)
+	devices, err := e.api.ListUserDevicesWithResponse(ctx, "ann", nil)
+	answered(t, http.StatusNotFound, devices, err)
 }
 
 // TestE2EClientCallsEveryOperation holds the end-to-end tests (and herald

@@ -13,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/heraldpush/herald/api/client"
 	"github.com/heraldpush/herald/jobs/push/fake"
 )
 
@@ -120,26 +121,26 @@ func TestE2ERiverUIRetrySendsOnlyWhatIsPending(t *testing.T) {
 	})
 	ui := signInRiverUI(t, e)
 	const users = 4
-	var batch []map[string]any
+	var batch []client.DeviceRegistration
 	var ids []string
 	for i := range users {
 		u := fmt.Sprintf("u%d", i)
 		ids = append(ids, u)
 		batch = append(batch,
-			map[string]any{"user_id": u, "channel": "apns", "token": hexToken("")},
-			map[string]any{"user_id": u, "channel": "fcm", "token": "fcm-" + hexToken("")})
+			client.DeviceRegistration{UserID: u, Channel: client.ChannelAPNs, Token: new(hexToken(""))},
+			client.DeviceRegistration{UserID: u, Channel: client.ChannelFCM, Token: new("fcm-" + hexToken(""))})
 	}
-	e.must(http.StatusOK, http.MethodPost, "/v1/devices/batch", map[string]any{"devices": batch})
+	e.registerDevices(batch)
 	require.NoError(t, e.fake.SetControl(fake.Control{Channel: "apns", Mode: fake.ModeUnavailable}))
 
 	now := time.Now()
 	send := func(lifetime time.Duration) string {
-		return e.must(http.StatusAccepted, http.MethodPost, "/v1/messages", map[string]any{
-			"dispatch_at": now.Format(time.RFC3339Nano),
-			"expires_at":  now.Add(lifetime).Format(time.RFC3339Nano),
-			"audience":    map[string]any{"type": "users", "ids": ids},
-			"payload":     map[string]any{"title": "after a fault"},
-		})["message_id"].(string)
+		return e.send(client.NewMessage{
+			DispatchAt: new(now),
+			ExpiresAt:  new(now.Add(lifetime)),
+			Audience:   toUsers(ids...),
+			Payload:    titled("after a fault"),
+		}).MessageID
 	}
 	live, short := send(time.Hour), send(8*time.Second)
 	liveJob, shortJob := e.chunkJobOf(live), e.chunkJobOf(short)
@@ -148,9 +149,8 @@ func TestE2ERiverUIRetrySendsOnlyWhatIsPending(t *testing.T) {
 	// lets a probe through.
 	for _, msg := range []string{live, short} {
 		require.Eventually(t, func() bool {
-			st := e.must(http.StatusOK, http.MethodGet, "/v1/messages/"+msg, nil)
-			d := st["deliveries"].(map[string]any)
-			return d["accepted"] == float64(users) && d["pending"] == float64(users)
+			d := e.message(msg).Deliveries
+			return d.Accepted == users && d.Pending == users
 		}, 20*time.Second, 20*time.Millisecond, "message %s did not reach FCM", msg)
 	}
 	require.Eventually(t, func() bool {
@@ -176,13 +176,13 @@ func TestE2ERiverUIRetrySendsOnlyWhatIsPending(t *testing.T) {
 	// deliveries are still pending, since no chunk is left to expire them.
 	require.NoError(t, e.fake.SetControl(fake.Control{Channel: "apns", Mode: fake.ModeOK}))
 	time.Sleep(time.Until(now.Add(8 * time.Second)))
-	require.Equal(t, float64(users), e.must(http.StatusOK, http.MethodGet, "/v1/messages/"+short, nil)["deliveries"].(map[string]any)["pending"])
+	require.Equal(t, users, e.message(short).Deliveries.Pending)
 
 	ui.call(http.MethodPost, "/jobs/retry", map[string]any{"ids": []string{strconv.FormatInt(liveJob, 10), strconv.FormatInt(shortJob, 10)}}, nil)
 
 	st := e.settle(live, 30*time.Second)
-	require.Equal(t, "dispatched", st["state"])
-	require.Equal(t, map[string]any{"total": 2.0 * users, "accepted": 2.0 * users, "failed": 0.0, "expired": 0.0, "cancelled": 0.0, "pending": 0.0}, st["deliveries"])
+	require.Equal(t, client.MessageStateDispatched, st.State)
+	require.Equal(t, client.DeliveryCounts{Total: 2 * users, Accepted: 2 * users}, st.Deliveries)
 	perDevice := map[string]int{}
 	for _, r := range e.fake.Receipts(live) {
 		perDevice[r.Channel+"/"+r.Token]++
@@ -193,7 +193,7 @@ func TestE2ERiverUIRetrySendsOnlyWhatIsPending(t *testing.T) {
 	}
 
 	st = e.settle(short, 30*time.Second)
-	require.Equal(t, map[string]any{"total": 2.0 * users, "accepted": float64(users), "failed": 0.0, "expired": float64(users), "cancelled": 0.0, "pending": 0.0}, st["deliveries"])
+	require.Equal(t, client.DeliveryCounts{Total: 2 * users, Accepted: users, Expired: users}, st.Deliveries)
 	for _, r := range e.fake.Receipts(short) {
 		require.Equal(t, "fcm", r.Channel, "the expired chunk's retry sent to %s/%s", r.Channel, r.Token)
 	}
