@@ -152,3 +152,46 @@ func (q *Queries) Ping(ctx context.Context) error {
 	_, err := q.db.Exec(ctx, ping)
 	return err
 }
+
+const tableSizes = `-- name: TableSizes :many
+SELECT t.name::text AS name,
+       pg_relation_size(t.name::regclass)::bigint AS heap_bytes,
+       pg_indexes_size(t.name::regclass)::bigint AS index_bytes,
+       pg_stat_get_live_tuples(t.name::regclass)::bigint AS live_rows
+FROM unnest($1::text[]) AS t(name)
+ORDER BY 1
+`
+
+type TableSizesRow struct {
+	Name       string
+	HeapBytes  int64
+	IndexBytes int64
+	LiveRows   int64
+}
+
+// The size on disk of each named table, its heap and its indexes apart, and
+// the live rows the statistics count (herald soak).
+func (q *Queries) TableSizes(ctx context.Context, names []string) ([]TableSizesRow, error) {
+	rows, err := q.db.Query(ctx, tableSizes, names)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []TableSizesRow{}
+	for rows.Next() {
+		var i TableSizesRow
+		if err := rows.Scan(
+			&i.Name,
+			&i.HeapBytes,
+			&i.IndexBytes,
+			&i.LiveRows,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}

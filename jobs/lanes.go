@@ -105,6 +105,10 @@ type RiverConfig struct {
 	// materializer (default 15 s); it is a fraction of the schedule lead, so
 	// a run is made several passes before it is due.
 	MaterializeEvery time.Duration
+	// Retention is how long settled messages and finished jobs are kept
+	// (DefaultRetention when zero): the retention job's period follows from
+	// it, and River's job cleaner never keeps a finished job longer.
+	Retention time.Duration
 	// UrgentPool, when set, gives the urgent lane a River client of its own
 	// on these connections (NewUrgentRiverClient), and the client
 	// NewRiverClient returns leaves the urgent queue to it.
@@ -137,6 +141,9 @@ func (c *RiverConfig) setDefaults() {
 	}
 	if c.MaterializeEvery <= 0 {
 		c.MaterializeEvery = 15 * time.Second
+	}
+	if c.Retention <= 0 {
+		c.Retention = DefaultRetention
 	}
 }
 
@@ -238,7 +245,12 @@ func (c RiverConfig) workerConfig(rc *river.Config) {
 		river.PeriodicInterval(c.MaterializeEvery),
 		func() (river.JobArgs, *river.InsertOpts) { return MaterializeArgs{}, nil },
 		&river.PeriodicJobOpts{RunOnStart: true},
+	), river.NewPeriodicJob(
+		river.PeriodicInterval(retainEvery(c.Retention)),
+		func() (river.JobArgs, *river.InsertOpts) { return RetainArgs{}, nil },
+		nil,
 	)}
+	retainRiverJobs(rc, c.Retention)
 	rc.Workers = c.Workers
 	rc.FetchPollInterval = c.FetchPollInterval
 	rc.FetchCooldown = c.fetchCooldown()

@@ -42,7 +42,7 @@ func TestUrgentClientLeadsWithTheMaterializer(t *testing.T) {
 	t.Parallel()
 	tdb := dbtest.New(t)
 	workers := river.NewWorkers()
-	Register(workers, FanOutConfig{Pool: tdb.Pool, Logger: discard}, &Materializer{Pool: tdb.Pool, Logger: discard})
+	Register(workers, FanOutConfig{Pool: tdb.Pool, Logger: discard}, &Materializer{Pool: tdb.Pool, Logger: discard}, &Retainer{Pool: tdb.Pool, Logger: discard})
 	urgent, err := NewUrgentRiverClient(RiverConfig{
 		Logger: discard, Workers: workers, UrgentPool: tdb.Pool, MaterializeEvery: 100 * time.Millisecond,
 	})

@@ -27,7 +27,11 @@ func (MaterializeArgs) Kind() string { return MaterializeKind }
 
 // InsertOpts keeps one materializer job waiting or running at a time: a
 // slow pass is not joined by a pile of others.
-func (MaterializeArgs) InsertOpts() river.InsertOpts {
+func (MaterializeArgs) InsertOpts() river.InsertOpts { return oneAtATime() }
+
+// oneAtATime are the insert options of a periodic job of which one may be
+// waiting or running at a time.
+func oneAtATime() river.InsertOpts {
 	return river.InsertOpts{UniqueOpts: river.UniqueOpts{ByState: []rivertype.JobState{
 		rivertype.JobStateAvailable, rivertype.JobStatePending, rivertype.JobStateRunning,
 		rivertype.JobStateScheduled, rivertype.JobStateRetryable,

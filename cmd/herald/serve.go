@@ -127,7 +127,7 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		Logger: logger, UrgentWorkers: cfg.UrgentWorkers, BulkWorkers: cfg.BulkWorkers,
 		FetchPollInterval: cfg.FetchPollInterval,
 		ChunkTimeout:      cfg.ChunkTimeout, RescueAfter: cfg.RescueAfter,
-		MaterializeEvery: cfg.MaterializeEvery,
+		MaterializeEvery: cfg.MaterializeEvery, Retention: cfg.Retention,
 	}
 	// A worker's clock on the database and dispatch metrics.
 	var (
@@ -191,7 +191,7 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		if urgent != nil {
 			fanOut.UrgentProviders = urgent.byChannel
 		}
-		worker := jobs.Register(workers, fanOut, materializer)
+		worker := jobs.Register(workers, fanOut, materializer, &jobs.Retainer{Pool: pool, Logger: logger, Retention: cfg.Retention})
 		riverCfg.Workers = workers
 		riverCfg.UrgentPool = urgentPool
 		riverCfg.Lanes = cfg.Lanes

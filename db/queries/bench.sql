@@ -41,3 +41,13 @@ SELECT 1;
 -- name: DataDirectory :one
 -- Where the server keeps its data, to find its postmaster's process.
 SELECT current_setting('data_directory')::text;
+
+-- name: TableSizes :many
+-- The size on disk of each named table, its heap and its indexes apart, and
+-- the live rows the statistics count (herald soak).
+SELECT t.name::text AS name,
+       pg_relation_size(t.name::regclass)::bigint AS heap_bytes,
+       pg_indexes_size(t.name::regclass)::bigint AS index_bytes,
+       pg_stat_get_live_tuples(t.name::regclass)::bigint AS live_rows
+FROM unnest(@names::text[]) AS t(name)
+ORDER BY 1;

@@ -103,17 +103,23 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		return err
 	}
-	line, err := json.Marshal(res)
+	return writeResult(res, cfg.Out, stdout)
+}
+
+// writeResult prints v as one line of JSON on stdout and, unless out is
+// empty, writes it indented to the file out.
+func writeResult(v any, out string, stdout io.Writer) error {
+	line, err := json.Marshal(v)
 	if err != nil {
 		return err
 	}
-	if cfg.Out != "" {
-		if err := os.MkdirAll(filepath.Dir(cfg.Out), 0o755); err != nil {
+	if out != "" {
+		if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
 			return err
 		}
 		var pretty bytes.Buffer
 		_ = json.Indent(&pretty, line, "", "  ")
-		if err := os.WriteFile(cfg.Out, append(pretty.Bytes(), '\n'), 0o644); err != nil {
+		if err := os.WriteFile(out, append(pretty.Bytes(), '\n'), 0o644); err != nil {
 			return err
 		}
 	}

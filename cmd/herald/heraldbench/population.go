@@ -125,6 +125,11 @@ func cmpErr(a, b error) error {
 
 // api calls Herald's API and decodes the answer, which must have status.
 func (b *Benchmark) api(method, path string, body any, status int) (map[string]any, error) {
+	return b.apiWithKey(method, path, "", body, status)
+}
+
+// apiWithKey is api with an Idempotency-Key, unless key is empty.
+func (b *Benchmark) apiWithKey(method, path, key string, body any, status int) (map[string]any, error) {
 	raw, err := json.Marshal(body)
 	if err != nil {
 		return nil, err
@@ -135,6 +140,9 @@ func (b *Benchmark) api(method, path string, body any, status int) (map[string]a
 	}
 	req.Header.Set("Authorization", "Bearer "+b.apiKey)
 	req.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("%s %s: %w", method, path, err)
