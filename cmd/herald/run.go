@@ -47,7 +47,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	case "bench":
 		return runBench(ctx, rest, getenv, stdout, stderr)
 	case "soak":
-		return heraldbench.Soak(ctx, rest, getenv, stdout, stderr)
+		return heraldbench.RunSoak(ctx, rest, getenv, stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, version)
 		return nil

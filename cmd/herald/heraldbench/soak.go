@@ -43,11 +43,11 @@ type SoakSize struct {
 	LiveRows   int64 `json:"live_rows"`
 }
 
-// Soak is `herald soak`: a Herald with a short retention under steady
+// RunSoak is `herald soak`: a Herald with a short retention under steady
 // traffic, the tables' sizes read every Sample. It shows whether the
 // retention job holds the database at a plateau. Its last line is the
 // JSON of every sample.
-func Soak(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+func RunSoak(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	cfg := SoakConfig{}
 	fs := flag.NewFlagSet("herald soak", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -82,7 +82,7 @@ func Soak(ctx context.Context, args []string, getenv func(string) string, stdout
 		ChildEnv: []string{"HERALD_RETENTION=" + cfg.Retention.String()},
 	}
 	defer b.Cleanup()
-	samples, err := b.soak(ctx, admin, cfg)
+	samples, err := b.Soak(ctx, admin, cfg)
 	if err != nil {
 		return err
 	}
@@ -90,10 +90,11 @@ func Soak(ctx context.Context, args []string, getenv func(string) string, stdout
 	return writeResult(samples, cfg.Out, stdout)
 }
 
-// soak starts fakepush and Herald on a fresh database, then sends a message
-// to everyone every cfg.Every for cfg.Duration, reading the sizes every
-// cfg.Sample.
-func (b *Benchmark) soak(ctx context.Context, admin string, cfg SoakConfig) ([]SoakSample, error) {
+// Soak starts fakepush and Herald (with HERALD_RETENTION from ChildEnv) on
+// a fresh database on the server of admin, then sends a message to everyone
+// every cfg.Every for cfg.Duration, reading the sizes every cfg.Sample.
+// Call Cleanup afterwards.
+func (b *Benchmark) Soak(ctx context.Context, admin string, cfg SoakConfig) ([]SoakSample, error) {
 	dbURL, err := b.start(ctx, admin, &Result{})
 	if err != nil {
 		return nil, err
