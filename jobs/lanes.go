@@ -234,12 +234,13 @@ func (c RiverConfig) fetchCooldown() time.Duration {
 
 // workerConfig sets what every working client shares.
 //
-// The periodic materializer is one of those. Only River's leader enqueues
+// The periodic jobs (the materializer, retention) are among those. Only River's leader enqueues
 // periodic jobs, and every working client takes part in the election: a
 // process's urgent client as much as its main one. Were the materializer
 // the main client's alone, a deployment whose leader was an urgent client
 // would make no schedule runs at all. Either client enqueues it on the
-// default queue, which every worker's main client works.
+// default queue, which every worker's main client works. So is River's job
+// cleaner, which also runs on the leader.
 func (c RiverConfig) workerConfig(rc *river.Config) {
 	rc.PeriodicJobs = []*river.PeriodicJob{river.NewPeriodicJob(
 		river.PeriodicInterval(c.MaterializeEvery),
