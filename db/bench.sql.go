@@ -57,17 +57,6 @@ func (q *Queries) AcceptedSkews(ctx context.Context, messageID int64) ([]float64
 	return items, nil
 }
 
-const analyze = `-- name: Analyze :exec
-ANALYZE
-`
-
-// Gives the planner statistics of every table, as a production database
-// has them (herald bench, after the population).
-func (q *Queries) Analyze(ctx context.Context) error {
-	_, err := q.db.Exec(ctx, analyze)
-	return err
-}
-
 const analyzeDeliveries = `-- name: AnalyzeDeliveries :exec
 ANALYZE deliveries
 `
@@ -75,6 +64,17 @@ ANALYZE deliveries
 // Gives the planner the ledger's statistics once a message's rows are in.
 func (q *Queries) AnalyzeDeliveries(ctx context.Context) error {
 	_, err := q.db.Exec(ctx, analyzeDeliveries)
+	return err
+}
+
+const checkpoint = `-- name: Checkpoint :exec
+CHECKPOINT
+`
+
+// Writes the history's pages out before a measurement, so that the
+// checkpointer's CPU is not counted in it.
+func (q *Queries) Checkpoint(ctx context.Context) error {
+	_, err := q.db.Exec(ctx, checkpoint)
 	return err
 }
 
@@ -143,6 +143,59 @@ func (q *Queries) DataDirectory(ctx context.Context) (string, error) {
 	return column_1, err
 }
 
+const insertHistoryDeliveries = `-- name: InsertHistoryDeliveries :execrows
+INSERT INTO deliveries (message_id, device_id, user_id, channel, chunk, due_at, status, attempt, attempted_at, accepted_at)
+SELECT p.message_id, d, 'u' || d, 'apns', (d - 1) / 500, p.at, 'accepted', 1, p.at, p.at + interval '50 milliseconds'
+FROM (SELECT $1::bigint AS message_id, $2::timestamptz AS at) p, generate_series(1, $3::integer) d
+`
+
+type InsertHistoryDeliveriesParams struct {
+	MessageID  int64
+	DispatchAt time.Time
+	Devices    int32
+}
+
+// A history message's ledger: devices 1 to devices, all accepted.
+func (q *Queries) InsertHistoryDeliveries(ctx context.Context, arg InsertHistoryDeliveriesParams) (int64, error) {
+	result, err := q.db.Exec(ctx, insertHistoryDeliveries, arg.MessageID, arg.DispatchAt, arg.Devices)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const insertHistoryMessage = `-- name: InsertHistoryMessage :one
+WITH p AS (
+    SELECT $1::timestamptz AS at, $2::integer AS n, $3::bigint AS payload_id
+), m AS (
+    INSERT INTO messages (state, priority, dispatch_at, expires_at, payload_id, audience, recipient_count,
+                          device_count, chunk_count, accepted_count, started_at, settled_at, created_at)
+    SELECT 'dispatched', 'bulk', p.at, p.at + interval '1 hour', p.payload_id, '{}', p.n,
+           p.n, (p.n + 499) / 500, p.n, p.at, p.at + interval '2 seconds', p.at
+    FROM p
+    RETURNING id
+), c AS (
+    INSERT INTO message_chunks (message_id, chunk, job_id, due_at, device_count)
+    SELECT m.id, k, 0, p.at, 500 FROM m, p, generate_series(0, (p.n - 1) / 500) k
+)
+SELECT id FROM m
+`
+
+type InsertHistoryMessageParams struct {
+	DispatchAt time.Time
+	Devices    int32
+	PayloadID  int64
+}
+
+// One settled message of the history `herald bench --history` fills in,
+// dispatched at dispatch_at to devices devices in chunks of 500.
+func (q *Queries) InsertHistoryMessage(ctx context.Context, arg InsertHistoryMessageParams) (int64, error) {
+	row := q.db.QueryRow(ctx, insertHistoryMessage, arg.DispatchAt, arg.Devices, arg.PayloadID)
+	var id int64
+	err := row.Scan(&id)
+	return id, err
+}
+
 const ping = `-- name: Ping :exec
 SELECT 1
 `
@@ -150,5 +203,59 @@ SELECT 1
 // One round trip that does nothing: what a database probe measures.
 func (q *Queries) Ping(ctx context.Context) error {
 	_, err := q.db.Exec(ctx, ping)
+	return err
+}
+
+const tableSizes = `-- name: TableSizes :many
+SELECT t.name::text AS name,
+       pg_relation_size(t.name::regclass)::bigint AS heap_bytes,
+       pg_indexes_size(t.name::regclass)::bigint AS index_bytes,
+       pg_stat_get_live_tuples(t.name::regclass)::bigint AS live_rows
+FROM unnest($1::text[]) AS t(name)
+ORDER BY 1
+`
+
+type TableSizesRow struct {
+	Name       string
+	HeapBytes  int64
+	IndexBytes int64
+	LiveRows   int64
+}
+
+// The size on disk of each named table, its heap and its indexes apart, and
+// the live rows the statistics count (herald soak).
+func (q *Queries) TableSizes(ctx context.Context, names []string) ([]TableSizesRow, error) {
+	rows, err := q.db.Query(ctx, tableSizes, names)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []TableSizesRow{}
+	for rows.Next() {
+		var i TableSizesRow
+		if err := rows.Scan(
+			&i.Name,
+			&i.HeapBytes,
+			&i.IndexBytes,
+			&i.LiveRows,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const vacuumAnalyze = `-- name: VacuumAnalyze :exec
+VACUUM ANALYZE
+`
+
+// Leaves nothing for autovacuum to do during a measurement, as on a
+// database whose history was written long ago.
+func (q *Queries) VacuumAnalyze(ctx context.Context) error {
+	_, err := q.db.Exec(ctx, vacuumAnalyze)
 	return err
 }

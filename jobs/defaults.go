@@ -61,4 +61,13 @@ const (
 	// DefaultBreakerMaxCooldown (or the cooldown itself, when longer).
 	DefaultBreakerCooldown    = time.Second
 	DefaultBreakerMaxCooldown = 30 * time.Second
+
+	// DefaultRetention is how long a settled message, its ledger and its
+	// idempotency key are kept (HERALD_RETENTION); finished River jobs are
+	// kept no longer.
+	DefaultRetention = 30 * 24 * time.Hour
+
+	// DefaultReconcileEvery is how often River's leader looks for messages
+	// no chunk will settle.
+	DefaultReconcileEvery = time.Minute
 )

@@ -128,6 +128,10 @@ type RiverConfig struct {
 	// MaterializeEvery is how often River's leader runs the schedule
 	// materializer.
 	MaterializeEvery time.Duration
+	// Retention is how long settled messages and finished jobs are kept:
+	// the retention job's period follows from it, and River's job cleaner
+	// never keeps a finished job longer.
+	Retention time.Duration
 }
 
 func (c *RiverConfig) setDefaults() {
@@ -139,6 +143,7 @@ func (c *RiverConfig) setDefaults() {
 	c.ChunkTimeout = cmp.Or(c.ChunkTimeout, DefaultChunkTimeout)
 	c.RescueAfter = cmp.Or(c.RescueAfter, DefaultRescueAfter)
 	c.MaterializeEvery = cmp.Or(c.MaterializeEvery, DefaultMaterializeEvery)
+	c.Retention = cmp.Or(c.Retention, DefaultRetention)
 }
 
 // NewRiverClient returns the River client on pool: an insert-only one when
@@ -308,7 +313,14 @@ func (c RiverConfig) workerConfig(rc *river.Config) {
 		river.PeriodicInterval(DefaultReconcileEvery),
 		func() (river.JobArgs, *river.InsertOpts) { return ReconcileArgs{}, nil },
 		nil,
+	), river.NewPeriodicJob(
+		river.PeriodicInterval(retainEvery(c.Retention)),
+		func() (river.JobArgs, *river.InsertOpts) { return RetainArgs{}, nil },
+		nil,
 	)}
+	// River's job cleaner, which also runs on the leader, keeps finished
+	// jobs no longer than the retention.
+	retainRiverJobs(rc, c.Retention)
 	rc.Workers = c.Workers
 	rc.FetchPollInterval = c.FetchPollInterval
 	rc.FetchCooldown = c.fetchCooldown()

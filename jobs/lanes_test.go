@@ -43,7 +43,7 @@ func TestUrgentClientLeadsWithTheMaterializer(t *testing.T) {
 	t.Parallel()
 	tdb := dbtest.New(t)
 	workers := river.NewWorkers()
-	Register(workers, FanOutConfig{Pool: tdb.Pool, Logger: discard}, &Materializer{Pool: tdb.Pool, Logger: discard})
+	Register(workers, FanOutConfig{Pool: tdb.Pool, Logger: discard}, &Materializer{Pool: tdb.Pool, Logger: discard}, &Retainer{Pool: tdb.Pool, Logger: discard})
 	clients, err := NewRiverClients(tdb.Pool, RiverConfig{
 		Logger: discard, Workers: workers, Lanes: []Lane{{Queue: QueueUrgent, Pool: tdb.Pool}},
 		MaterializeEvery: 100 * time.Millisecond,

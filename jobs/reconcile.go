@@ -17,9 +17,6 @@ import (
 // ReconcileKind is the River kind of the periodic reconciliation.
 const ReconcileKind = "reconcile"
 
-// DefaultReconcileEvery is how often River's leader runs the reconciler.
-const DefaultReconcileEvery = time.Minute
-
 // ReconcileArgs is the periodic reconciliation job; it carries nothing.
 type ReconcileArgs struct{}
 

@@ -8,7 +8,7 @@ import (
 
 // Register adds Herald's job workers to workers and returns the chunk
 // worker, whose breakers the API reports.
-func Register(workers *river.Workers, fanOut FanOutConfig, materializer *Materializer) *FanOutWorker {
+func Register(workers *river.Workers, fanOut FanOutConfig, materializer *Materializer, retainer *Retainer) *FanOutWorker {
 	w := NewFanOutWorker(fanOut)
 	river.AddWorker(workers, w)
 	river.AddWorker(workers, &MaterializeWorker{m: materializer})
@@ -18,5 +18,6 @@ func Register(workers *river.Workers, fanOut FanOutConfig, materializer *Materia
 		// chunk whose process died.
 		Grace: max(5*time.Minute, 2*w.cfg.Timeout),
 	}})
+	river.AddWorker(workers, NewRetainWorker(retainer))
 	return w
 }

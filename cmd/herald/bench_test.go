@@ -34,6 +34,8 @@ func testBench(t *testing.T, urgentWorker bool) {
 		Config: heraldbench.Config{
 			Users: 40, Mix: [3]float64{45, 45, 10}, Latency: 5 * time.Millisecond, Ahead: 4 * time.Second,
 			Seed: 7, DecryptOneIn: 1, UrgentWorker: urgentWorker,
+			// Two history messages, one of them partial.
+			History: 30_000,
 		},
 		Getenv:    func(k string) string { return map[string]string{"PATH": os.Getenv("PATH")}[k] },
 		Progress:  func(format string, a ...any) { progress.WriteString(strings.TrimSpace(format) + "\n") },
@@ -71,5 +73,35 @@ func testBench(t *testing.T, urgentWorker bool) {
 	require.GreaterOrEqual(t, res.Probe.ProviderMs.P50, 5.0, "a probe push waits fakepush's round trip")
 	require.Positive(t, res.Probe.DatabaseMs.Max)
 	require.Equal(t, urgentWorker, res.UrgentWorker)
+	require.Equal(t, 30_000, res.HistoryRows, "the history is in the ledger")
 	require.Equal(t, map[bool]int{false: 1, true: 2}[urgentWorker], b.Heralds())
+}
+
+// TestSoakShort runs herald soak for a few seconds: its own fakepush and
+// Herald, steady traffic, and the tables' sizes read as it goes. The
+// plateau itself takes minutes (README, Retention).
+func TestSoakShort(t *testing.T) {
+	t.Parallel()
+	b := &heraldbench.Benchmark{
+		Config:   heraldbench.Config{Users: 20, Mix: [3]float64{45, 45, 10}, Latency: 5 * time.Millisecond, Seed: 7, DecryptOneIn: 1},
+		Getenv:   func(k string) string { return map[string]string{"PATH": os.Getenv("PATH")}[k] },
+		Progress: func(string, ...any) {},
+		Stderr:   os.Stderr,
+		ChildEnv: []string{childEnv + "=1", "HERALD_RETENTION=1m"},
+	}
+	t.Cleanup(b.Cleanup)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	samples, err := b.Soak(ctx, dbtest.AdminURL(t), heraldbench.SoakConfig{
+		Duration: 3 * time.Second, Every: 200 * time.Millisecond, Sample: time.Second, Retention: time.Minute,
+	})
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, len(samples), 3, "one at the start, one a second, one at the end")
+	first, last := samples[0], samples[len(samples)-1]
+	require.Zero(t, first.Messages)
+	// Every 200 ms for 3 s, fewer on a busy machine (a tick that finds
+	// the last message still being scheduled is skipped).
+	require.GreaterOrEqual(t, last.Messages, 2)
+	require.Greater(t, last.Tables["deliveries"].HeapBytes, first.Tables["deliveries"].HeapBytes, "the ledger grew")
+	require.Contains(t, heraldbench.SoakTable(samples), "| deliveries |")
 }

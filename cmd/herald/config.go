@@ -80,6 +80,9 @@ type config struct {
 	// ScheduleLead is how long before a schedule run its message is made;
 	// MaterializeEvery is how often runs are looked for.
 	ScheduleLead, MaterializeEvery time.Duration
+	// Retention is how long settled messages (their ledger, payloads and
+	// idempotency keys) and finished River jobs are kept (HERALD_RETENTION).
+	Retention time.Duration
 
 	// Limits on what one caller or one schedule may cost; zero takes the
 	// defaults, which api and jobs fill in.
@@ -188,6 +191,9 @@ func loadConfig(getenv func(string) string) (config, error) {
 		return c, err
 	}
 	if c.MaterializeEvery, err = durationVar(getenv, "HERALD_MATERIALIZE_EVERY", 0, 100*time.Millisecond); err != nil {
+		return c, err
+	}
+	if c.Retention, err = durationVar(getenv, "HERALD_RETENTION", jobs.DefaultRetention, jobs.MinRetention); err != nil {
 		return c, err
 	}
 	if c.TrustedProxies, err = cidrsVar(getenv, "HERALD_TRUSTED_PROXIES"); err != nil {

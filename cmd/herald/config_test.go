@@ -49,3 +49,18 @@ func TestLoadConfigSchema(t *testing.T) {
 	_, err = loadConfig(env(map[string]string{"HERALD_DB_SCHEMA": "Push"}))
 	require.ErrorContains(t, err, "HERALD_DB_SCHEMA")
 }
+
+func TestLoadConfigRetention(t *testing.T) {
+	t.Parallel()
+	c, err := loadConfig(env(nil))
+	require.NoError(t, err)
+	require.Equal(t, 30*24*time.Hour, c.Retention)
+
+	c, err = loadConfig(env(map[string]string{"HERALD_RETENTION": "3m"}))
+	require.NoError(t, err)
+	require.Equal(t, 3*time.Minute, c.Retention)
+
+	// Shorter than a minute deletes what a test is still reading.
+	_, err = loadConfig(env(map[string]string{"HERALD_RETENTION": "30s"}))
+	require.ErrorContains(t, err, "HERALD_RETENTION")
+}

@@ -8,6 +8,8 @@ import (
 	"io"
 	"log/slog"
 	"strings"
+
+	"github.com/heraldpush/herald/cmd/herald/heraldbench"
 )
 
 const usage = `herald: scheduled push reminders
@@ -17,6 +19,7 @@ Usage:
   herald migrate
   herald fakepush [--addr ADDR] [--latency D] [--tls-dir DIR]
   herald bench [--users N] [--latency D] [--mix 45,45,10] [--profile DIR]
+  herald soak [--duration 20m] [--retention 3m] [--users N]
   herald version
 
 Configuration is read from the environment (DATABASE_URL, HERALD_ADDR,
@@ -43,6 +46,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return runFakepush(ctx, rest, getenv, stdout, stderr)
 	case "bench":
 		return runBench(ctx, rest, getenv, stdout, stderr)
+	case "soak":
+		return heraldbench.RunSoak(ctx, rest, getenv, stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, version)
 		return nil

@@ -25,11 +25,6 @@ SELECT min(accepted_at)::timestamptz AS first, max(accepted_at)::timestamptz AS 
 FROM deliveries
 WHERE message_id = @message_id AND status = 'accepted';
 
--- name: Analyze :exec
--- Gives the planner statistics of every table, as a production database
--- has them (herald bench, after the population).
-ANALYZE;
-
 -- name: AnalyzeDeliveries :exec
 -- Gives the planner the ledger's statistics once a message's rows are in.
 ANALYZE deliveries;
@@ -41,3 +36,47 @@ SELECT 1;
 -- name: DataDirectory :one
 -- Where the server keeps its data, to find its postmaster's process.
 SELECT current_setting('data_directory')::text;
+
+-- name: TableSizes :many
+-- The size on disk of each named table, its heap and its indexes apart, and
+-- the live rows the statistics count (herald soak).
+SELECT t.name::text AS name,
+       pg_relation_size(t.name::regclass)::bigint AS heap_bytes,
+       pg_indexes_size(t.name::regclass)::bigint AS index_bytes,
+       pg_stat_get_live_tuples(t.name::regclass)::bigint AS live_rows
+FROM unnest(@names::text[]) AS t(name)
+ORDER BY 1;
+
+-- name: InsertHistoryMessage :one
+-- One settled message of the history `herald bench --history` fills in,
+-- dispatched at dispatch_at to devices devices in chunks of 500.
+WITH p AS (
+    SELECT @dispatch_at::timestamptz AS at, @devices::integer AS n, @payload_id::bigint AS payload_id
+), m AS (
+    INSERT INTO messages (state, priority, dispatch_at, expires_at, payload_id, audience, recipient_count,
+                          device_count, chunk_count, accepted_count, started_at, settled_at, created_at)
+    SELECT 'dispatched', 'bulk', p.at, p.at + interval '1 hour', p.payload_id, '{}', p.n,
+           p.n, (p.n + 499) / 500, p.n, p.at, p.at + interval '2 seconds', p.at
+    FROM p
+    RETURNING id
+), c AS (
+    INSERT INTO message_chunks (message_id, chunk, job_id, due_at, device_count)
+    SELECT m.id, k, 0, p.at, 500 FROM m, p, generate_series(0, (p.n - 1) / 500) k
+)
+SELECT id FROM m;
+
+-- name: InsertHistoryDeliveries :execrows
+-- A history message's ledger: devices 1 to devices, all accepted.
+INSERT INTO deliveries (message_id, device_id, user_id, channel, chunk, due_at, status, attempt, attempted_at, accepted_at)
+SELECT p.message_id, d, 'u' || d, 'apns', (d - 1) / 500, p.at, 'accepted', 1, p.at, p.at + interval '50 milliseconds'
+FROM (SELECT @message_id::bigint AS message_id, @dispatch_at::timestamptz AS at) p, generate_series(1, @devices::integer) d;
+
+-- name: VacuumAnalyze :exec
+-- Leaves nothing for autovacuum to do during a measurement, as on a
+-- database whose history was written long ago.
+VACUUM ANALYZE;
+
+-- name: Checkpoint :exec
+-- Writes the history's pages out before a measurement, so that the
+-- checkpointer's CPU is not counted in it.
+CHECKPOINT;

@@ -76,10 +76,17 @@ func (b *Benchmark) Run(ctx context.Context, admin string) (*Result, error) {
 		return nil, err
 	}
 	defer pool.Close()
-	// Let Herald settle after the population (autovacuum, pools) and give
-	// the planner statistics, as a production database has.
-	if err := db.On(pool).Analyze(ctx); err != nil {
-		return nil, fmt.Errorf("analyze: %w", err)
+	if res.HistoryRows, err = b.fillHistory(ctx, pool); err != nil {
+		return nil, err
+	}
+	// Give the planner statistics, as a production database has, and
+	// leave autovacuum and the checkpointer nothing of the population (or
+	// the history) to do while the CPU is measured.
+	if err := db.On(pool).VacuumAnalyze(ctx); err != nil {
+		return nil, fmt.Errorf("vacuum: %w", err)
+	}
+	if err := db.On(pool).Checkpoint(ctx); err != nil {
+		b.Progress("no checkpoint before the measurement (%v): the checkpointer may write during it", err)
 	}
 
 	cpu := &cpuSpans{herald: b.heraldCPU, postgres: clusterCPU(ctx, pool)}

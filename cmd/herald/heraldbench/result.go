@@ -65,6 +65,9 @@ type Result struct {
 	// (--urgent-worker); cpu_us_per_send and peak_rss_mb then cover both
 	// processes (the sum of their CPU, the larger peak).
 	UrgentWorker bool `json:"urgent_worker,omitempty"`
+	// HistoryRows are the settled ledger rows the database held before the
+	// measured messages (--history).
+	HistoryRows int `json:"history_rows"`
 }
 
 type summary struct {

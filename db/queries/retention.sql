@@ -1,0 +1,52 @@
+-- name: RetainableMessages :many
+-- The settled messages that settled before the cutoff, oldest first, at most
+-- max_messages of them; the index on settled_at finds them without reading
+-- the rest of the table.
+SELECT id
+FROM messages
+WHERE settled_at < @cutoff::timestamptz AND state IN ('dispatched', 'cancelled', 'expired')
+ORDER BY settled_at
+LIMIT @max_messages;
+
+-- name: DeleteLedgerRows :execrows
+-- Deletes at most max_rows ledger rows of the given messages, found by the
+-- primary key's leading column.
+DELETE FROM deliveries d
+USING (
+    SELECT message_id, device_id
+    FROM deliveries
+    WHERE message_id = ANY(@message_ids::bigint[])
+    LIMIT @max_rows
+) v
+WHERE d.message_id = v.message_id AND d.device_id = v.device_id;
+
+-- name: DeleteMessagesWithoutLedger :many
+-- Deletes those of the given messages whose ledger is gone (their chunks go
+-- with them), and returns their payloads.
+DELETE FROM messages m
+WHERE m.id = ANY(@message_ids::bigint[])
+  AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.message_id = m.id)
+RETURNING m.payload_id;
+
+-- name: DeleteUnreferencedPayloads :execrows
+-- Deletes those of the given payloads that no message and no schedule
+-- references any more (a schedule's runs share its payload).
+DELETE FROM payloads p
+WHERE p.id = ANY(@payload_ids::bigint[])
+  AND NOT EXISTS (SELECT 1 FROM messages m WHERE m.payload_id = p.id)
+  AND NOT EXISTS (SELECT 1 FROM schedules s WHERE s.payload_id = p.id);
+
+-- name: DeleteIdempotencyKeys :execrows
+-- Deletes at most max_rows idempotency keys claimed before the cutoff whose
+-- message is gone, oldest first. A key whose message is still kept (one
+-- scheduled far ahead) stays, so that a late retry still finds it.
+DELETE FROM idempotency_keys k
+USING (
+    SELECT i.scope, i.key
+    FROM idempotency_keys i
+    WHERE i.created_at < @cutoff
+      AND (i.message_id IS NULL OR NOT EXISTS (SELECT 1 FROM messages m WHERE m.id = i.message_id))
+    ORDER BY i.created_at
+    LIMIT @max_rows
+) v
+WHERE k.scope = v.scope AND k.key = v.key;

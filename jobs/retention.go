@@ -1,0 +1,210 @@
+package jobs
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+
+	"github.com/heraldpush/herald/db"
+)
+
+// RetainKind is the River kind of the periodic job that deletes what is
+// older than the retention.
+const RetainKind = "retain"
+
+// MinRetention is the shortest retention accepted; shorter than a day is
+// meant for tests and soaks.
+const MinRetention = time.Minute
+
+// RetainArgs is the periodic retention job; it carries nothing.
+type RetainArgs struct{}
+
+// Kind implements river.JobArgs.
+func (RetainArgs) Kind() string { return RetainKind }
+
+// InsertOpts keeps one retention job waiting or running at a time.
+func (RetainArgs) InsertOpts() river.InsertOpts {
+	return river.InsertOpts{UniqueOpts: river.UniqueOpts{ByState: periodicUniqueStates}}
+}
+
+// retainEvery is how often the retention job runs: every minute, or four
+// times a retention when that is shorter, so that nothing outlives the
+// retention by much.
+func retainEvery(retention time.Duration) time.Duration {
+	return min(time.Minute, max(retention/4, time.Second))
+}
+
+// retainRiverJobs has River's own job cleaner (a maintenance service of
+// River's leader, every 30 s, 10,000 jobs a statement) remove finished jobs
+// by River's defaults (completed and cancelled after a day, discarded after
+// a week, so an operator can still retry them from River UI), and never
+// later than the retention. A chunk job carries its devices' tokens, so
+// keeping them as long as the ledger would cost far more than the ledger.
+func retainRiverJobs(rc *river.Config, retention time.Duration) {
+	rc.CompletedJobRetentionPeriod = min(retention, 24*time.Hour)
+	rc.CancelledJobRetentionPeriod = min(retention, 24*time.Hour)
+	rc.DiscardedJobRetentionPeriod = min(retention, 7*24*time.Hour)
+}
+
+// Retainer deletes settled messages older than the retention, with their
+// ledger (deliveries) and chunks, the payloads no message or schedule
+// references any more, and the idempotency keys of deleted messages.
+//
+// It works in bounded batches, each one statement found through an index,
+// so a batch costs the same however much history the tables hold, and
+// locks no more than a batch of rows. A message whose ledger is larger than
+// a batch loses its ledger over several statements and is deleted with the
+// last one: until then its counters still describe the whole ledger.
+type Retainer struct {
+	Pool   *pgxpool.Pool
+	Logger *slog.Logger
+	// Retention is how long after settling a message is kept
+	// (DefaultRetention when zero).
+	Retention time.Duration
+	// BatchRows is the most ledger rows or idempotency keys one statement
+	// deletes (default 10,000); BatchMessages the most messages one batch
+	// takes on (default 100).
+	BatchRows, BatchMessages int
+	// Budget is how long one run works before it leaves the rest to the
+	// next run (default 20 s), so that a backlog (retention shortened, or
+	// first enabled on a year of history) is worked off over several runs.
+	Budget time.Duration
+	// Now is the authoritative clock; the database's when nil.
+	Now func(ctx context.Context) (time.Time, error)
+}
+
+// Removed counts what a run deleted.
+type Removed struct {
+	Messages, Deliveries, Payloads, IdempotencyKeys int64
+}
+
+func (r *Retainer) withDefaults() Retainer {
+	c := *r
+	if c.Retention <= 0 {
+		c.Retention = DefaultRetention
+	}
+	if c.BatchRows <= 0 {
+		c.BatchRows = 10_000
+	}
+	if c.BatchMessages <= 0 {
+		c.BatchMessages = 100
+	}
+	if c.Budget <= 0 {
+		c.Budget = 20 * time.Second
+	}
+	return c
+}
+
+// Run deletes what settled before now minus the retention, until nothing is
+// left or the budget is spent.
+func (r *Retainer) Run(ctx context.Context) (Removed, error) {
+	c := r.withDefaults()
+	var removed Removed
+	now, err := c.now(ctx)
+	if err != nil {
+		return removed, fmt.Errorf("read the clock: %w", err)
+	}
+	cutoff := now.Add(-c.Retention)
+	deadline := time.Now().Add(c.Budget)
+	q := db.On(c.Pool)
+	for time.Now().Before(deadline) {
+		more, err := c.messageBatch(ctx, q, cutoff, &removed)
+		if err != nil || !more {
+			if err != nil {
+				return removed, err
+			}
+			break
+		}
+	}
+	// Keys follow their messages: a key is deleted once its message is.
+	// At least one batch each run, however the messages used the budget.
+	for {
+		n, err := q.DeleteIdempotencyKeys(ctx, db.DeleteIdempotencyKeysParams{Cutoff: cutoff, MaxRows: int32(c.BatchRows)})
+		removed.IdempotencyKeys += n
+		if err != nil {
+			return removed, fmt.Errorf("delete idempotency keys: %w", err)
+		}
+		if n < int64(c.BatchRows) || !time.Now().Before(deadline) {
+			return removed, nil
+		}
+	}
+}
+
+// messageBatch deletes one batch: up to BatchRows ledger rows of the oldest
+// retainable messages and, once their ledger is gone, the messages and the
+// payloads left unreferenced. It reports whether there may be more.
+func (c Retainer) messageBatch(ctx context.Context, q *db.Queries, cutoff time.Time, removed *Removed) (bool, error) {
+	ids, err := q.RetainableMessages(ctx, db.RetainableMessagesParams{Cutoff: cutoff, MaxMessages: int32(c.BatchMessages)})
+	if err != nil {
+		return false, fmt.Errorf("find retainable messages: %w", err)
+	}
+	if len(ids) == 0 {
+		return false, nil
+	}
+	rows, err := q.DeleteLedgerRows(ctx, db.DeleteLedgerRowsParams{MessageIds: ids, MaxRows: int32(c.BatchRows)})
+	removed.Deliveries += rows
+	if err != nil {
+		return false, fmt.Errorf("delete ledger rows: %w", err)
+	}
+	if rows == int64(c.BatchRows) {
+		// These messages may have more ledger left.
+		return true, nil
+	}
+	payloads, err := q.DeleteMessagesWithoutLedger(ctx, ids)
+	removed.Messages += int64(len(payloads))
+	if err != nil {
+		return false, fmt.Errorf("delete messages: %w", err)
+	}
+	slices.Sort(payloads)
+	n, err := q.DeleteUnreferencedPayloads(ctx, slices.Compact(payloads))
+	removed.Payloads += n
+	if err != nil {
+		return false, fmt.Errorf("delete payloads: %w", err)
+	}
+	// Nothing deleted at all means the messages found are not deletable
+	// (which only a concurrent change could cause): stop rather than spin.
+	return rows > 0 || len(payloads) > 0, nil
+}
+
+func (c Retainer) now(ctx context.Context) (time.Time, error) {
+	if c.Now != nil {
+		return c.Now(ctx)
+	}
+	return db.On(c.Pool).DatabaseNow(ctx)
+}
+
+// RetainWorker runs the Retainer as River's periodic job.
+type RetainWorker struct {
+	river.WorkerDefaults[RetainArgs]
+	r *Retainer
+}
+
+// NewRetainWorker returns the worker of the periodic retention job.
+func NewRetainWorker(r *Retainer) *RetainWorker { return &RetainWorker{r: r} }
+
+// Timeout lets a run spend its budget: River's job timeout is the chunks'
+// (30 s by default), which a run's last statements could pass.
+func (w *RetainWorker) Timeout(*river.Job[RetainArgs]) time.Duration {
+	return w.r.withDefaults().Budget + time.Minute
+}
+
+// Work deletes what is older than the retention.
+func (w *RetainWorker) Work(ctx context.Context, _ *river.Job[RetainArgs]) error {
+	// Its own completed runs go first, as the materializer's do, so that
+	// they never bury the chunk jobs in River UI's lists.
+	if err := db.DeleteCompletedRuns(ctx, w.r.Pool, RetainKind); err != nil {
+		return err
+	}
+	removed, err := w.r.Run(ctx)
+	if removed != (Removed{}) {
+		w.r.Logger.InfoContext(ctx, "deleted history older than the retention",
+			"messages", removed.Messages, "deliveries", removed.Deliveries,
+			"payloads", removed.Payloads, "idempotency_keys", removed.IdempotencyKeys)
+	}
+	return err
+}

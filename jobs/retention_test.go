@@ -1,0 +1,174 @@
+package jobs
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
+	"github.com/stretchr/testify/require"
+
+	"github.com/heraldpush/herald/db"
+	"github.com/heraldpush/herald/db/dbtest"
+	"github.com/heraldpush/herald/jobs/push"
+)
+
+// retainBundle is a database with five users, an insert-only River client
+// for making messages through the Enqueuer, and a fixed clock.
+type retainBundle struct {
+	t      *testing.T
+	db     *dbtest.DB
+	q      *db.Queries
+	client *river.Client[pgx.Tx]
+	users  []string
+	now    time.Time
+}
+
+func setupRetain(t *testing.T) *retainBundle {
+	t.Helper()
+	tdb := dbtest.New(t)
+	q := db.On(tdb.Pool)
+	client, err := NewRiverClient(tdb.Pool, RiverConfig{Logger: discard})
+	require.NoError(t, err)
+	now, err := q.DatabaseNow(context.Background())
+	require.NoError(t, err)
+	return &retainBundle{t: t, db: tdb, q: q, client: client, users: registerUsers(t, q, "r", 5), now: now}
+}
+
+// message makes a message to every user through the Enqueuer, two devices
+// a chunk, with payload as its payload when non-zero (a schedule's runs
+// share the schedule's), and an idempotency key claimed created ago.
+func (b *retainBundle) message(key string, created time.Duration, payload int64) db.Message {
+	b.t.Helper()
+	ctx := context.Background()
+	var msg db.Message
+	require.NoError(b.t, db.InTx(ctx, b.db.Pool, func(tx pgx.Tx) error {
+		var err error
+		msg, err = NewEnqueuer(b.client, 2).Create(ctx, tx, MessageSpec{
+			Priority: PriorityBulk, DispatchAt: b.now.Add(time.Hour), ExpiresAt: b.now.Add(2 * time.Hour),
+			Audience: Audience{UserIDs: b.users}, AudienceJSON: []byte(`{}`),
+			Content: push.Content{Title: key}, PayloadID: payload,
+		})
+		if err != nil {
+			return err
+		}
+		q := db.On(tx)
+		if _, err := q.ClaimIdempotencyKey(ctx, db.ClaimIdempotencyKeyParams{Scope: "s", Key: key, RequestHash: []byte{1}}); err != nil {
+			return err
+		}
+		return q.CompleteIdempotencyKey(ctx, db.CompleteIdempotencyKeyParams{Scope: "s", Key: key, MessageID: &msg.ID, Response: []byte(`{}`)})
+	}))
+	b.exec("UPDATE idempotency_keys SET created_at = $1 WHERE key = $2", b.now.Add(-created), key)
+	return msg
+}
+
+// settle marks msg dispatched ago, every delivery accepted, as the chunk
+// workers would have left it.
+func (b *retainBundle) settle(msg db.Message, ago time.Duration) {
+	b.t.Helper()
+	b.exec("UPDATE deliveries SET status = 'accepted', accepted_at = $2 WHERE message_id = $1", msg.ID, b.now.Add(-ago))
+	b.exec(`UPDATE messages SET state = 'dispatched', settled_at = $2,
+	        pending_count = 0, accepted_count = device_count WHERE id = $1`, msg.ID, b.now.Add(-ago))
+}
+
+func (b *retainBundle) exec(sql string, args ...any) {
+	b.t.Helper()
+	_, err := b.db.Pool.Exec(context.Background(), sql, args...)
+	require.NoError(b.t, err)
+}
+
+func (b *retainBundle) count(sql string, args ...any) int {
+	b.t.Helper()
+	var n int
+	require.NoError(b.t, b.db.Pool.QueryRow(context.Background(), sql, args...).Scan(&n))
+	return n
+}
+
+// kept says what is left of msg: its row, ledger rows, chunks, payload and
+// idempotency key.
+func (b *retainBundle) kept(msg db.Message, key string) [5]int {
+	b.t.Helper()
+	return [5]int{
+		b.count("SELECT count(*) FROM messages WHERE id = $1", msg.ID),
+		b.count("SELECT count(*) FROM deliveries WHERE message_id = $1", msg.ID),
+		b.count("SELECT count(*) FROM message_chunks WHERE message_id = $1", msg.ID),
+		b.count("SELECT count(*) FROM payloads WHERE id = $1", msg.PayloadID),
+		b.count("SELECT count(*) FROM idempotency_keys WHERE key = $1", key),
+	}
+}
+
+func TestRetainerDeletesSettledHistoryOlderThanTheRetention(t *testing.T) {
+	t.Parallel()
+	b := setupRetain(t)
+	ctx := context.Background()
+	const retention = time.Hour
+
+	old := b.message("old", 3*time.Hour, 0)
+	b.settle(old, 2*time.Hour)
+	recent := b.message("recent", 3*time.Hour, 0)
+	b.settle(recent, 30*time.Minute)
+	// Made long ago and not settled (due far ahead): kept, with its key.
+	unsettled := b.message("unsettled", 3*time.Hour, 0)
+	// Two old runs of a schedule share its payload: the runs go, the
+	// payload stays for the schedule's next runs.
+	sched := b.message("schedule", 3*time.Hour, 0)
+	b.settle(sched, 2*time.Hour)
+	b.exec("INSERT INTO schedules (cron, timezone, audience, payload_id, priority, ttl_seconds) VALUES ('@daily', 'UTC', '{}', $1, 'bulk', 60)", sched.PayloadID)
+	run := b.message("run", 3*time.Hour, sched.PayloadID)
+	b.settle(run, 2*time.Hour)
+
+	r := &Retainer{Pool: b.db.Pool, Logger: discard, Retention: retention, BatchRows: 2, BatchMessages: 1,
+		Now: func(context.Context) (time.Time, error) { return b.now, nil }}
+	removed, err := r.Run(ctx)
+	require.NoError(t, err)
+	require.Equal(t, Removed{Messages: 3, Deliveries: 15, Payloads: 1, IdempotencyKeys: 3}, removed)
+
+	require.Equal(t, [5]int{0, 0, 0, 0, 0}, b.kept(old, "old"))
+	require.Equal(t, [5]int{1, 5, 3, 1, 1}, b.kept(recent, "recent"))
+	require.Equal(t, [5]int{1, 5, 3, 1, 1}, b.kept(unsettled, "unsettled"))
+	require.Equal(t, [5]int{0, 0, 0, 1, 0}, b.kept(sched, "schedule"))
+	require.Equal(t, [5]int{0, 0, 0, 1, 0}, b.kept(run, "run"))
+
+	// Nothing more to do: a second run deletes nothing.
+	removed, err = r.Run(ctx)
+	require.NoError(t, err)
+	require.Equal(t, Removed{}, removed)
+}
+
+func TestRetainerLeavesABacklogToTheNextRunOnceItsBudgetIsSpent(t *testing.T) {
+	t.Parallel()
+	b := setupRetain(t)
+	msg := b.message("old", 3*time.Hour, 0)
+	b.settle(msg, 2*time.Hour)
+
+	now := func(context.Context) (time.Time, error) { return b.now, nil }
+	spent := &Retainer{Pool: b.db.Pool, Logger: discard, Retention: time.Hour, Budget: time.Nanosecond, Now: now}
+	removed, err := spent.Run(context.Background())
+	require.NoError(t, err)
+	require.Zero(t, removed.Messages)
+	require.Equal(t, [5]int{1, 5, 3, 1, 1}, b.kept(msg, "old"))
+
+	removed, err = (&Retainer{Pool: b.db.Pool, Logger: discard, Retention: time.Hour, Now: now}).Run(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, Removed{Messages: 1, Deliveries: 5, Payloads: 1, IdempotencyKeys: 1}, removed)
+}
+
+func TestRetentionSetsRiversJobCleaner(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		retention                   time.Duration
+		every, completed, discarded time.Duration
+	}{
+		{DefaultRetention, time.Minute, 24 * time.Hour, 7 * 24 * time.Hour},
+		{3 * 24 * time.Hour, time.Minute, 24 * time.Hour, 3 * 24 * time.Hour},
+		{3 * time.Minute, 45 * time.Second, 3 * time.Minute, 3 * time.Minute},
+	} {
+		rc := &river.Config{}
+		retainRiverJobs(rc, tc.retention)
+		require.Equal(t, tc.completed, rc.CompletedJobRetentionPeriod, tc.retention)
+		require.Equal(t, tc.completed, rc.CancelledJobRetentionPeriod, tc.retention)
+		require.Equal(t, tc.discarded, rc.DiscardedJobRetentionPeriod, tc.retention)
+		require.Equal(t, tc.every, retainEvery(tc.retention), tc.retention)
+	}
+}
