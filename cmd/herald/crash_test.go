@@ -78,12 +78,18 @@ type fanOutSetup struct {
 
 func newFanOutSetup(t *testing.T, n int) *fanOutSetup {
 	t.Helper()
-	fp, err := fake.New(fake.Config{Addr: "127.0.0.1:0", TLSDir: t.TempDir(), Latency: 20 * time.Millisecond})
+	return newFanOutSetupOn(t, n, dbtest.NewEmpty(t), 20*time.Millisecond)
+}
+
+// newFanOutSetupOn is newFanOutSetup on an empty database of the test's
+// choosing, with fakepush answering after latency.
+func newFanOutSetupOn(t *testing.T, n int, tdb *dbtest.DB, latency time.Duration) *fanOutSetup {
+	t.Helper()
+	fp, err := fake.New(fake.Config{Addr: "127.0.0.1:0", TLSDir: t.TempDir(), Latency: latency})
 	require.NoError(t, err)
 	require.NoError(t, fp.Start(context.Background()))
 	t.Cleanup(func() { _ = fp.Close() })
 
-	tdb := dbtest.NewEmpty(t)
 	vars := fp.Env()
 	vars["DATABASE_URL"] = tdb.URL
 	vars["HERALD_API_KEYS"] = testAPIKey
