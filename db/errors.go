@@ -62,6 +62,10 @@ func unavailable(err error) bool {
 		netErr     net.Error
 	)
 	switch {
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		// The caller's own deadline or cancellation, whatever the
+		// driver was doing at the time.
+		return false
 	case errors.As(err, &pgErr):
 		// Class 08: connection exceptions. 57P01-57P03: the server is
 		// shutting down or not yet accepting connections. 53300: too many

@@ -194,12 +194,15 @@ func (l *ledger) run() {
 		backoff time.Duration
 		failing error
 	)
-	for {
-		wait := recordEvery
+	for last := time.Now(); ; {
+		// A write that took longer than recordEvery is followed by the
+		// next at once: answers wait for at most one write in progress.
+		wait := recordEvery - time.Since(last)
 		if backoff > 0 {
 			wait = backoff
 		}
 		time.Sleep(wait)
+		last = time.Now()
 		batch, more := l.take()
 		if !more {
 			return
@@ -215,7 +218,9 @@ func (l *ledger) run() {
 			}
 			backoff, failing = 0, nil
 			l.written(batch)
-		case errors.Is(err, db.ErrUnavailable):
+		case errors.Is(err, db.ErrUnavailable), errors.Is(err, context.DeadlineExceeded):
+			// The database away, or too slow to answer within
+			// recordTimeout (a connection hung by a failover).
 			if failing == nil {
 				l.w.cfg.Logger.Warn("ledger write failed: the database is unavailable; results are kept and written when it is back",
 					"error", err)
