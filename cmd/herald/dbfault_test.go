@@ -25,8 +25,8 @@ func dbFaultSetup(t *testing.T, devices int) (*fanOutSetup, *dbtest.Cluster) {
 	// after their 5 s timeout, and a send that went unanswered may be sent
 	// twice, which would hide what these tests look for. The chunk timeout
 	// leaves room for a slow fan-out plus the fault.
-	s.vars["HERALD_MAX_IN_FLIGHT_APNS"] = "100"
-	s.vars["HERALD_MAX_IN_FLIGHT_FCM"] = "100"
+	s.vars["HERALD_MAX_IN_FLIGHT_APNS"] = "50"
+	s.vars["HERALD_MAX_IN_FLIGHT_FCM"] = "50"
 	s.vars["HERALD_CHUNK_TIMEOUT"] = "60s"
 	s.vars["HERALD_RESCUE_AFTER"] = "65s"
 	return s, c
