@@ -483,10 +483,7 @@ type chunkResults struct {
 	evictIDs              []int64
 	evictReasons          []string
 	firstAccept, lastSeen *time.Time
-	// parked is true when some delivery waits for a breaker: refused by it,
-	// or attempted and transient.
-	parked  bool
-	counted []settledDelivery
+	counted               []settledDelivery
 }
 
 // resultsOf gathers the results of the targets at idx for one write: the
@@ -498,8 +495,8 @@ func (w *FanOutWorker) resultsOf(a FanOutArgs, results []push.Result, idx []int)
 	for _, i := range idx {
 		r := results[i]
 		if r.At.IsZero() {
-			// Parked: the provider's breaker refused the send.
-			c.parked = c.parked || r.Reason != push.ReasonNone
+			// Not attempted (parked by the breaker, or not sent in time):
+			// nothing to write; it stays pending.
 			continue
 		}
 		at := w.cfg.Clock.ToDB(r.At)
@@ -516,7 +513,7 @@ func (w *FanOutWorker) resultsOf(a FanOutArgs, results []push.Result, idx []int)
 		case r.Reason.Transient():
 			// Attempted, not settled: it waits for the breaker and is
 			// retried when the chunk wakes, until it expires.
-			status, c.parked = "pending", true
+			status = "pending"
 		}
 		p.DeviceIds = append(p.DeviceIds, a.Targets[i].DeviceID)
 		p.Statuses = append(p.Statuses, status)
@@ -552,7 +549,7 @@ func (w *FanOutWorker) expire(ctx context.Context, a FanOutArgs, at time.Time) e
 		if err != nil {
 			return fmt.Errorf("expire deliveries: %w", err)
 		}
-		// Its timings, and the settle check of db.WriteChunk; done here in
+		// Its timings, and the settle check of db.WriteChunks; done here in
 		// a transaction of its own because the message row is locked first.
 		if err := q.RecordChunk(ctx, db.RecordChunkParams{MessageID: a.MessageID, Chunk: int32(a.Chunk), StartedAt: &at, FinishedAt: &at}); err != nil {
 			return fmt.Errorf("record chunk: %w", err)
