@@ -153,13 +153,15 @@ func (l *ledger) add(r *chunkRecord, idx ...int) {
 // It waits even when ctx was cancelled (a shutdown): pushes that were sent
 // must be written, or the retry sends them again. It waits until ctx's
 // deadline (the attempt's timeout, which leaves a reserve for this after
-// sending), at least closeGrace.
+// sending), and at least recordTimeout: on a machine the database shares,
+// a write can take seconds, and an attempt that gave up on a write in
+// progress would leave its retry to send those answers again.
 func (l *ledger) close(ctx context.Context, r *chunkRecord, parked bool) error {
 	l.mu.Lock()
 	r.closing, r.parked = true, parked
 	l.startLocked()
 	l.mu.Unlock()
-	deadline := time.Now().Add(closeGrace)
+	deadline := time.Now().Add(recordTimeout)
 	if d, ok := ctx.Deadline(); ok && d.After(deadline) {
 		deadline = d
 	}
@@ -175,9 +177,6 @@ func (l *ledger) close(ctx context.Context, r *chunkRecord, parked bool) error {
 		return fmt.Errorf("record results: the database did not take them in time: %w", wait.Err())
 	}
 }
-
-// closeGrace is the least a chunk waits for its close to be written.
-const closeGrace = time.Second
 
 func (l *ledger) startLocked() {
 	if !l.running {
