@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strconv"
 
 	"github.com/labstack/echo/v4"
 
@@ -25,6 +26,9 @@ type Error struct {
 	// Extra carries additional members of the error object, such as the
 	// delivery counts of a message that can no longer be cancelled.
 	Extra map[string]any
+	// RetryAfter, when positive, is sent as the Retry-After header, in
+	// whole seconds.
+	RetryAfter int
 }
 
 func (e *Error) Error() string {
@@ -58,6 +62,9 @@ func errorHandler(logger *slog.Logger) echo.HTTPErrorHandler {
 				"request_id", c.Response().Header().Get(echo.HeaderXRequestID),
 				"method", c.Request().Method, "path", c.Path(), "error", err)
 		}
+		if apiErr.RetryAfter > 0 {
+			c.Response().Header().Set("Retry-After", strconv.Itoa(apiErr.RetryAfter))
+		}
 		body := map[string]any{"code": apiErr.Code, "message": apiErr.Message}
 		if apiErr.Field != "" {
 			body["field"] = apiErr.Field
@@ -76,6 +83,10 @@ func errorHandler(logger *slog.Logger) echo.HTTPErrorHandler {
 		}
 	}
 }
+
+// unavailableRetryAfter is the Retry-After of a 503 for an unreachable
+// database, in seconds: about what a restart takes.
+const unavailableRetryAfter = 2
 
 func toAPIError(err error) *Error {
 	var apiErr *Error
@@ -111,6 +122,11 @@ func toAPIError(err error) *Error {
 		return &Error{Status: http.StatusNotFound, Code: "not_found", Message: "not found"}
 	case errors.Is(err, db.ErrConflict):
 		return &Error{Status: http.StatusConflict, Code: "conflict", Message: "conflicts with an existing resource"}
+	case errors.Is(err, db.ErrUnavailable):
+		// The database restarting or failing over: the same request will
+		// do once it is back (an Idempotency-Key makes a message's safe).
+		return &Error{Status: http.StatusServiceUnavailable, Code: "unavailable", RetryAfter: unavailableRetryAfter,
+			Message: "the database is unavailable; try again after Retry-After seconds"}
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return &Error{Status: http.StatusServiceUnavailable, Code: "unavailable", Message: "the request was cancelled or timed out"}
 	}

@@ -253,3 +253,30 @@ func TestBodyThatDoesNotArriveIs408(t *testing.T) {
 		require.NotContains(t, rec.Body.String(), "deadline", path)
 	}
 }
+
+// TestDatabaseUnavailable checks that a call that needs the database while
+// it cannot be reached answers 503 unavailable with Retry-After, not 500,
+// and works again once the database is back, by itself.
+func TestDatabaseUnavailable(t *testing.T) {
+	t.Parallel()
+	tdb := dbtest.New(t)
+	proxy := dbtest.NewProxy(t, tdb.URL)
+	pool, err := db.Open(context.Background(), proxy.URL, db.PoolConfig{MaxConns: 2})
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	b := setupWith(t, &dbtest.DB{Pool: pool, URL: proxy.URL}, Config{})
+	device := map[string]any{"user_id": "u1", "channel": "fcm", "token": "fcm-token-1"}
+
+	proxy.Down()
+	for _, r := range []request{
+		{method: http.MethodGet, path: "/v1/messages/msg_1"},
+		{method: http.MethodPost, path: "/v1/devices", body: device},
+	} {
+		rec := b.call(t, r)
+		requireError(t, rec, http.StatusServiceUnavailable, "unavailable", "")
+		require.Equal(t, "2", rec.Header().Get("Retry-After"), "%s %s", r.method, r.path)
+	}
+	proxy.Up()
+	rec := b.call(t, request{method: http.MethodPost, path: "/v1/devices", body: device})
+	require.Equal(t, http.StatusCreated, rec.Code, rec.Body.String())
+}

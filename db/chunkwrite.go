@@ -1,21 +1,23 @@
 package db
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// ChunkWrite is one write of a chunk's results: the devices to evict, what
-// the worker saw of the chunk, the deliveries, and, on the chunk's last
-// write, whether to settle the message.
+// ChunkWrite is one write of a message's results, from one or more of its
+// chunks: the devices to evict, what the workers saw of those chunks, the
+// deliveries, and, on a chunk's last write, whether to settle the message.
 type ChunkWrite struct {
 	// Evict, when it holds ids, evicts the devices whose tokens are dead.
 	Evict   EvictDevicesParams
-	Chunk   RecordChunkParams
+	Chunks  []RecordChunkParams
 	Results RecordResultsParams
 	// Settle asks to settle the message if nothing of it is pending after
 	// this write; SettleMessage's own guard decides.
@@ -42,32 +44,63 @@ type ChunkWritten struct {
 // to the commit, both on the server: the counters move last, then the
 // settle check.
 func WriteChunk(ctx context.Context, pool *pgxpool.Pool, w ChunkWrite) (ChunkWritten, error) {
-	var out ChunkWritten
-	c, r := w.Chunk, w.Results
+	out, err := WriteChunks(ctx, pool, []ChunkWrite{w})
+	if err != nil {
+		return ChunkWritten{}, err
+	}
+	return out[0], nil
+}
+
+// WriteChunks runs the writes of several messages as one pipelined batch,
+// one round trip and one transaction, as WriteChunk runs one: a process's
+// ledger writer commits the answers of all its running chunks at once. The
+// messages' rows are locked in the order of their ids, whatever the order
+// of ws, so that two processes' writes never wait for each other in a
+// cycle. out[i] is what ws[i] did.
+func WriteChunks(ctx context.Context, pool *pgxpool.Pool, ws []ChunkWrite) ([]ChunkWritten, error) {
+	order := make([]int, len(ws))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(i, j int) int { return cmp.Compare(ws[i].Results.MessageID, ws[j].Results.MessageID) })
+	out := make([]ChunkWritten, len(ws))
 	err := inBatch(ctx, pool, func(b *pgx.Batch) {
-		out = ChunkWritten{}
+		clear(out)
 		b.Queue(commitWithoutWaitingForDisk)
-		if len(w.Evict.Ids) > 0 {
-			b.Queue(evictDevices, w.Evict.SentAfter, w.Evict.Ids, w.Evict.Reasons)
-		}
-		b.Queue(recordChunk, c.StartedAt, c.FirstAcceptedAt, c.LastAcceptedAt, c.FinishedAt, c.MessageID, c.Chunk)
-		b.Queue(recordResults, r.MessageID, r.DeviceIds, r.Statuses, r.Reasons, r.AttemptedUs, r.AcceptedUs).
-			QueryRow(func(row pgx.Row) error {
-				return row.Scan(&out.PendingCount, &out.Accepted, &out.Failed, &out.Expired)
-			})
-		if w.Settle {
-			b.Queue(settleMessage, r.MessageID).QueryRow(func(row pgx.Row) error {
-				if err := row.Scan(&out.Settled); err != nil && !errors.Is(err, pgx.ErrNoRows) {
-					return err
-				}
-				return nil
-			})
+		for _, i := range order {
+			queueChunkWrite(b, ws[i], &out[i])
 		}
 	})
 	if err != nil {
-		return ChunkWritten{}, fmt.Errorf("write chunk %d of message %d: %w", c.Chunk, c.MessageID, err)
+		if len(ws) == 1 {
+			return nil, fmt.Errorf("write results of message %d: %w", ws[0].Results.MessageID, err)
+		}
+		return nil, fmt.Errorf("write results of %d messages: %w", len(ws), err)
 	}
 	return out, nil
+}
+
+// queueChunkWrite queues the statements of one message's write.
+func queueChunkWrite(b *pgx.Batch, w ChunkWrite, out *ChunkWritten) {
+	r := w.Results
+	if len(w.Evict.Ids) > 0 {
+		b.Queue(evictDevices, w.Evict.SentAfter, w.Evict.Ids, w.Evict.Reasons)
+	}
+	for _, c := range w.Chunks {
+		b.Queue(recordChunk, c.StartedAt, c.FirstAcceptedAt, c.LastAcceptedAt, c.FinishedAt, c.MessageID, c.Chunk)
+	}
+	b.Queue(recordResults, r.MessageID, r.DeviceIds, r.Statuses, r.Reasons, r.AttemptedUs, r.AcceptedUs).
+		QueryRow(func(row pgx.Row) error {
+			return row.Scan(&out.PendingCount, &out.Accepted, &out.Failed, &out.Expired)
+		})
+	if w.Settle {
+		b.Queue(settleMessage, r.MessageID).QueryRow(func(row pgx.Row) error {
+			if err := row.Scan(&out.Settled); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+				return err
+			}
+			return nil
+		})
+	}
 }
 
 // inBatch sends the statements build queues as one pipelined batch: one

@@ -38,7 +38,7 @@ func TestWriteChunk(t *testing.T) {
 	at := due.Add(150 * time.Millisecond)
 	write := func(chunk int32, devices []int64, status string) (db.ChunkWritten, error) {
 		w := db.ChunkWrite{
-			Chunk:   db.RecordChunkParams{MessageID: id, Chunk: chunk, StartedAt: &due, FinishedAt: &at},
+			Chunks:  []db.RecordChunkParams{{MessageID: id, Chunk: chunk, StartedAt: &due, FinishedAt: &at}},
 			Results: db.RecordResultsParams{MessageID: id},
 			Settle:  true,
 		}

@@ -3,6 +3,10 @@ package db
 import (
 	"context"
 	"errors"
+	"io"
+	"net"
+	"strings"
+	"syscall"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -13,6 +17,11 @@ var ErrNotFound = errors.New("not found")
 
 // ErrConflict is returned when a write breaks a unique constraint.
 var ErrConflict = errors.New("conflict")
+
+// ErrUnavailable is returned when the database cannot be reached or is
+// shutting down or starting up: the same request may succeed once it is
+// back, so callers wait and retry rather than fail for good.
+var ErrUnavailable = errors.New("database unavailable")
 
 // On returns the queries run on dbtx (a pool, a connection or a
 // transaction) with their errors interpreted: a missing row is ErrNotFound
@@ -29,16 +38,48 @@ func On(dbtx DBTX) *Queries {
 // use errors.Is. Other errors pass through unchanged.
 func interpretError(err error) error {
 	switch {
-	case err == nil, errors.Is(err, ErrNotFound), errors.Is(err, ErrConflict):
+	case err == nil, errors.Is(err, ErrNotFound), errors.Is(err, ErrConflict), errors.Is(err, ErrUnavailable):
 		return err
 	case errors.Is(err, pgx.ErrNoRows):
 		return &interpreted{kind: ErrNotFound, cause: err}
+	case unavailable(err):
+		return &interpreted{kind: ErrUnavailable, cause: err}
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
 		return &interpreted{kind: ErrConflict, cause: err}
 	}
 	return err
+}
+
+// unavailable reports whether err says the database was out of reach
+// rather than that the statement was wrong: no connection could be made or
+// it broke, or the server is shutting down, starting up or full.
+func unavailable(err error) bool {
+	var (
+		pgErr      *pgconn.PgError
+		connectErr *pgconn.ConnectError
+		netErr     net.Error
+	)
+	switch {
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		// The caller's own deadline or cancellation, whatever the
+		// driver was doing at the time.
+		return false
+	case errors.As(err, &pgErr):
+		// Class 08: connection exceptions. 57P01-57P03: the server is
+		// shutting down or not yet accepting connections. 53300: too many
+		// connections.
+		return strings.HasPrefix(pgErr.Code, "08") || pgErr.Code == "57P01" || pgErr.Code == "57P02" ||
+			pgErr.Code == "57P03" || pgErr.Code == "53300"
+	case errors.As(err, &connectErr), errors.As(err, &netErr),
+		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed),
+		errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE):
+		return true
+	}
+	// A query that never reached the server (its connection was found
+	// closed) is safe to send again, and says the server went away.
+	return pgconn.SafeToRetry(err)
 }
 
 // interpreted is a driver error with the package error it stands for: it

@@ -81,6 +81,29 @@ func TestQueriesInterpretErrors(t *testing.T) {
 		require.Equal(t, "23505", pgErr.Code)
 	})
 
+	t.Run("database unavailable", func(t *testing.T) {
+		t.Parallel()
+		proxy := dbtest.NewProxy(t, tdb.URL)
+		pool, err := db.Open(ctx, proxy.URL, db.PoolConfig{MaxConns: 1})
+		require.NoError(t, err)
+		defer pool.Close()
+		q := db.On(pool)
+		_, err = q.GetMessage(ctx, 1<<40)
+		require.ErrorIs(t, err, db.ErrNotFound)
+		// The connection breaks under the pool, and then none can be made.
+		proxy.Down()
+		for range 2 {
+			_, err = q.GetMessage(ctx, 1<<40)
+			require.ErrorIs(t, err, db.ErrUnavailable)
+			require.NotErrorIs(t, err, db.ErrNotFound)
+		}
+		err = db.InTx(ctx, pool, func(tx pgx.Tx) error { return nil })
+		require.ErrorIs(t, err, db.ErrUnavailable)
+		proxy.Up()
+		_, err = q.GetMessage(ctx, 1<<40)
+		require.ErrorIs(t, err, db.ErrNotFound, "the pool recovers by itself")
+	})
+
 	t.Run("other errors unchanged", func(t *testing.T) {
 		t.Parallel()
 		cancelled, cancel := context.WithCancel(ctx)

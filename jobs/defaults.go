@@ -23,10 +23,11 @@ const (
 	DefaultBulkWorkers   = 50
 
 	// DefaultPoolSize is a process's shared connections. A chunk holds one
-	// only for its read at the start and for each write of its results, one
-	// round trip each (db.WriteChunk), so 20 serve the 50 bulk workers; more
-	// only lets more of them reach PostgreSQL at the same instant, which on
-	// a small machine takes CPU from the sends.
+	// only for its read at the start; its answers are written by the
+	// process's ledger writer, one batch for all running chunks every few
+	// tens of milliseconds (ledger.go), so 20 serve the 50 bulk workers;
+	// more only lets more of them reach PostgreSQL at the same instant,
+	// which on a small machine takes CPU from the sends.
 	DefaultPoolSize = 20
 
 	// DefaultFetchPollInterval is how often a lane looks for due chunks: it

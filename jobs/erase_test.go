@@ -20,12 +20,12 @@ type hookedSender struct {
 	inner  *recordingSender
 }
 
-func (s *hookedSender) Send(ctx context.Context, m *push.Message, targets []push.Target, results []push.Result, allow func() bool) {
+func (s *hookedSender) Send(ctx context.Context, m *push.Message, targets []push.Target, results []push.Result, allow func() bool, answered func(int)) {
 	if s.before != nil {
 		s.before()
 		s.before = nil
 	}
-	s.inner.Send(ctx, m, targets, results, allow)
+	s.inner.Send(ctx, m, targets, results, allow, answered)
 }
 
 // TestFanOutDeviceErasedMidSend is the bound the README states for an

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -140,9 +141,11 @@ func (a FanOutArgs) InsertOpts() river.InsertOpts {
 // Sender sends one message to many devices of one channel: a provider. It
 // fills results[i] for targets[i], asking allow before each request; a send
 // that allow refuses is left unattempted (zero Result.At) and parked. It
-// bounds its own requests in flight.
+// calls answered (unless nil) with i once results[i] holds a request's
+// answer, as answers come, and does not call it for targets it refused
+// without a request. It bounds its own requests in flight.
 type Sender interface {
-	Send(ctx context.Context, m *push.Message, targets []push.Target, results []push.Result, allow func() bool)
+	Send(ctx context.Context, m *push.Message, targets []push.Target, results []push.Result, allow func() bool, answered func(i int))
 }
 
 // FanOutConfig holds what the chunk worker needs.
@@ -167,13 +170,18 @@ type FanOutConfig struct {
 
 // FanOutWorker turns a chunk into pushes: it checks expiry, marks the
 // message dispatching (unless a cancel won), skips devices already settled
-// by an earlier attempt, sends to every provider at once, and writes the
-// results as they come back (db.WriteChunk).
+// by an earlier attempt, sends to every provider at once, and hands the
+// answers as they come back to its process's ledger writer (ledger.go).
 type FanOutWorker struct {
 	river.WorkerDefaults[FanOutArgs]
 	cfg      FanOutConfig
 	lanes    map[string]Lane
 	messages *messageCache
+
+	ledgersMu sync.Mutex
+	// ledgers are the ledger writers, one per lane's pool, made on first
+	// use.
+	ledgers map[*pgxpool.Pool]*ledger
 }
 
 // NewFanOutWorker returns the chunk worker.
@@ -209,9 +217,6 @@ func (w *FanOutWorker) lane(a FanOutArgs) Lane {
 	return Lane{Queue: q, Pool: w.cfg.Pool}
 }
 
-// recordTimeout bounds the write of a chunk's results.
-const recordTimeout = 10 * time.Second
-
 // sendBudget is how long a chunk attempt may spend sending: its timeout less
 // a reserve for recording the results (a quarter of the timeout, at most 5 s).
 func (w *FanOutWorker) sendBudget() time.Duration {
@@ -225,8 +230,8 @@ func (w *FanOutWorker) Timeout(*river.Job[FanOutArgs]) time.Duration { return w.
 
 // Work sends one chunk: it begins the chunk (one round trip), groups its
 // pending targets by the breaker they answer to, sends every group at once
-// in slices, records the slices' results as they return, and finishes the
-// chunk with the last of them.
+// in slices, hands each answer as it comes to the ledger writer, and waits
+// for the writer to have written them all and closed the chunk.
 func (w *FanOutWorker) Work(ctx context.Context, job *river.Job[FanOutArgs]) error {
 	a := job.Args
 	defer w.cfg.Metrics.chunkStarted(a.Priority)()
@@ -235,12 +240,16 @@ func (w *FanOutWorker) Work(ctx context.Context, job *river.Job[FanOutArgs]) err
 		// Past its lifetime nothing is sent: what is pending expires.
 		return w.expire(ctx, a, startedAt)
 	}
+	ledger := w.ledger(a)
+	if err := ledger.drain(ctx, a); err != nil {
+		return err
+	}
 	pending, msg, err := w.begin(ctx, job)
 	if err != nil || pending == nil {
 		return err
 	}
 	if len(pending) == 0 {
-		return w.finish(ctx, a, startedAt, nil, nil)
+		return w.finish(ctx, a, ledger, ledger.open(a, startedAt, nil))
 	}
 	groups := w.group(a, pending)
 	// Sending stops early enough to leave time to record what was sent: a
@@ -248,12 +257,9 @@ func (w *FanOutWorker) Work(ctx context.Context, job *river.Job[FanOutArgs]) err
 	// sends only what was not answered.
 	sendCtx, cancel := context.WithTimeout(ctx, w.sendBudget())
 	defer cancel()
-	s := w.send(sendCtx, a, msg, groups)
-	unrecorded, err := w.recordAsTheyReturn(ctx, a, startedAt, s)
-	if err != nil {
-		return err
-	}
-	return w.finish(ctx, a, startedAt, s.results, unrecorded)
+	rec := ledger.open(a, startedAt, make([]push.Result, len(a.Targets)))
+	w.send(sendCtx, a, msg, groups, ledger, rec).wait()
+	return w.finish(ctx, a, ledger, rec)
 }
 
 // begin starts the chunk in one round trip: the first chunk turns the
@@ -314,24 +320,32 @@ func (w *FanOutWorker) group(a FanOutArgs, pending map[int64]bool) map[sendGroup
 	return groups
 }
 
-// sends are a chunk's sends in flight. results[i] is the outcome of
+// sends are a chunk's sends in flight. rec.results[i] is the outcome of
 // a.Targets[i], written by the one goroutine that sends it before it hands
-// its slice of indexes over done.
+// i to the ledger writer.
 type sends struct {
-	results []push.Result
-	// done is buffered for every slice, so that no sender is left blocked
-	// if a write fails and Work returns before the last slice is back.
-	done     chan []int
+	ledger *ledger
+	rec    *chunkRecord
+	// done is buffered for every slice, so that no sender is ever left
+	// blocked.
+	done     chan struct{}
 	inFlight int
+}
+
+// wait returns when every slice is back.
+func (s *sends) wait() {
+	for ; s.inFlight > 0; s.inFlight-- {
+		<-s.done
+	}
 }
 
 // send sends to every group at once; each provider bounds its own
 // concurrency. A channel's targets go to its provider in slices, all at
 // once. A provider serves concurrent calls in the order they came
 // (push.Limiter), so slices finish one after another rather than all at the
-// end, and their results can be recorded as they return.
-func (w *FanOutWorker) send(ctx context.Context, a FanOutArgs, msg *push.Message, groups map[sendGroup][]int) *sends {
-	s := &sends{results: make([]push.Result, len(a.Targets)), done: make(chan []int, len(a.Targets)+len(groups))}
+// end.
+func (w *FanOutWorker) send(ctx context.Context, a FanOutArgs, msg *push.Message, groups map[sendGroup][]int, ledger *ledger, rec *chunkRecord) *sends {
+	s := &sends{ledger: ledger, rec: rec, done: make(chan struct{}, len(a.Targets)+len(groups))}
 	providers := w.lane(a).Providers
 	for g, idx := range groups {
 		provider, ok := providers[g.channel]
@@ -352,83 +366,69 @@ func (w *FanOutWorker) send(ctx context.Context, a FanOutArgs, msg *push.Message
 func (s *sends) disabled(channel string, idx []int) {
 	now := time.Now()
 	for _, i := range idx {
-		s.results[i] = push.Result{At: now, Reason: push.ReasonChannelDisabled, Detail: channel + " is not configured"}
+		s.rec.results[i] = push.Result{At: now, Reason: push.ReasonChannelDisabled, Detail: channel + " is not configured"}
 	}
-	s.inFlight++
-	go func() { s.done <- idx }()
+	s.ledger.add(s.rec, idx...)
 }
 
-// sendTargets sends the targets at slice through provider, feeds each
-// answer to the group's breaker, and hands the slice over once its results
-// are in.
+// sendTargets sends the targets at slice through provider and hands each
+// answer over as it comes: to the group's breaker and to the ledger
+// writer. What the provider settled without an answer (refused locally,
+// parked, not sent) is handed over when the slice is back.
 func (w *FanOutWorker) sendTargets(ctx context.Context, a FanOutArgs, msg *push.Message, provider Sender, g sendGroup, slice []int, s *sends) {
 	targets := make([]push.Target, len(slice))
 	for j, i := range slice {
 		targets[j] = a.Targets[i].Target
 	}
 	out := make([]push.Result, len(slice))
-	provider.Send(ctx, msg, targets, out, g.breaker.Allow)
-	for j, i := range slice {
+	// answered[j] is written by the goroutine that got target j's answer
+	// and read here once Send has returned, which waits for them all.
+	answered := make([]bool, len(slice))
+	hand := func(j int) {
 		r := out[j]
 		w.cfg.Metrics.requested(g.channel, r)
 		switch {
 		case r.At.IsZero():
+		case r.Reason.Transient() && errors.Is(ctx.Err(), context.Canceled):
+			// The chunk was stopped (a shutdown): the request was cut
+			// short here, not failed by the provider.
 		case r.Reason.Transient():
 			g.breaker.Failure(r.Detail)
 		default:
 			g.breaker.Success()
 		}
-		s.results[i] = r
+		s.rec.results[slice[j]] = r
 	}
-	s.done <- slice
-}
-
-// recordAsTheyReturn writes the results of the slices that came back every
-// recordEvery while others are still in flight, so that a process that
-// dies mid-fan-out resends only what it had not yet recorded, about one
-// provider's requests in flight. It returns what came back since the last
-// write, which finish writes with the chunk's close.
-func (w *FanOutWorker) recordAsTheyReturn(ctx context.Context, a FanOutArgs, startedAt time.Time, s *sends) ([]int, error) {
-	var unrecorded []int
-	tick := time.NewTicker(recordEvery)
-	defer tick.Stop()
-	for s.inFlight > 0 {
-		select {
-		case slice := <-s.done:
-			s.inFlight--
-			unrecorded = append(unrecorded, slice...)
-		case <-tick.C:
-			if len(unrecorded) == 0 {
-				continue
-			}
-			if err := w.record(ctx, a, startedAt, s.results, unrecorded, false); err != nil {
-				return nil, err
-			}
-			unrecorded = unrecorded[:0]
+	provider.Send(ctx, msg, targets, out, g.breaker.Allow, func(j int) {
+		hand(j)
+		answered[j] = true
+		s.ledger.add(s.rec, slice[j])
+	})
+	var rest []int
+	for j, i := range slice {
+		if !answered[j] {
+			hand(j)
+			rest = append(rest, i)
 		}
 	}
-	return unrecorded, nil
+	s.ledger.add(s.rec, rest...)
+	s.done <- struct{}{}
 }
 
-// Sending in slices, recorded as they return.
-const (
-	// sendSlice is how many of a chunk's devices on one channel go to the
-	// provider in one call: a whole chunk's. Smaller slices record sooner
-	// but cost more CPU per send than they save (measured with herald
-	// bench at 50 and 125).
-	sendSlice = 500
-	// recordEvery is how often a chunk writes the results that came back.
-	recordEvery = 200 * time.Millisecond
-)
+// sendSlice is how many of a chunk's devices on one channel go to the
+// provider in one call: a whole chunk's. Answers are handed to the ledger
+// writer one by one as they come, so a slice's size does not delay their
+// recording.
+const sendSlice = 500
 
-// finish writes the last of a chunk's results and closes the chunk: it
-// settles the message when nothing of it is pending any more, and snoozes
-// the chunk when some of its deliveries were parked.
-func (w *FanOutWorker) finish(ctx context.Context, a FanOutArgs, startedAt time.Time, results []push.Result, idx []int) error {
-	if err := w.record(ctx, a, startedAt, results, idx, true); err != nil {
+// finish closes the chunk once its answers are written: the ledger writer
+// writes its timings and settles the message when nothing of it is pending
+// any more. The chunk snoozes when some of its deliveries were parked.
+func (w *FanOutWorker) finish(ctx context.Context, a FanOutArgs, ledger *ledger, rec *chunkRecord) error {
+	parked, detail, wait := w.parked(a, rec.results)
+	if err := ledger.close(ctx, rec, len(parked) > 0); err != nil {
 		return err
 	}
-	parked, detail, wait := w.parked(a, results)
 	if len(parked) == 0 {
 		return nil
 	}
@@ -475,10 +475,7 @@ type chunkResults struct {
 	evictIDs              []int64
 	evictReasons          []string
 	firstAccept, lastSeen *time.Time
-	// parked is true when some delivery waits for a breaker: refused by it,
-	// or attempted and transient.
-	parked  bool
-	counted []settledDelivery
+	counted               []settledDelivery
 }
 
 // resultsOf gathers the results of the targets at idx for one write: the
@@ -490,8 +487,8 @@ func (w *FanOutWorker) resultsOf(a FanOutArgs, results []push.Result, idx []int)
 	for _, i := range idx {
 		r := results[i]
 		if r.At.IsZero() {
-			// Parked: the provider's breaker refused the send.
-			c.parked = c.parked || r.Reason != push.ReasonNone
+			// Not attempted (parked by the breaker, or not sent in time):
+			// nothing to write; it stays pending.
 			continue
 		}
 		at := w.cfg.Clock.ToDB(r.At)
@@ -508,7 +505,7 @@ func (w *FanOutWorker) resultsOf(a FanOutArgs, results []push.Result, idx []int)
 		case r.Reason.Transient():
 			// Attempted, not settled: it waits for the breaker and is
 			// retried when the chunk wakes, until it expires.
-			status, c.parked = "pending", true
+			status = "pending"
 		}
 		p.DeviceIds = append(p.DeviceIds, a.Targets[i].DeviceID)
 		p.Statuses = append(p.Statuses, status)
@@ -522,45 +519,6 @@ func (w *FanOutWorker) resultsOf(a FanOutArgs, results []push.Result, idx []int)
 		}
 	}
 	return c
-}
-
-// record writes the results of the targets at idx, evicts dead tokens and
-// moves the message's counters, in one pipelined batch (db.WriteChunk);
-// final also closes the chunk's timings and settles the message if nothing
-// of it is pending.
-func (w *FanOutWorker) record(ctx context.Context, a FanOutArgs, startedAt time.Time, results []push.Result, idx []int, final bool) error {
-	c := w.resultsOf(a, results, idx)
-	if !final && len(c.results.DeviceIds) == 0 {
-		return nil
-	}
-	finishedAt := w.cfg.Clock.Now()
-	chunk := db.RecordChunkParams{
-		MessageID: a.MessageID, Chunk: int32(a.Chunk), StartedAt: &startedAt,
-		FirstAcceptedAt: c.firstAccept, LastAcceptedAt: c.lastSeen,
-	}
-	if final && !c.parked {
-		chunk.FinishedAt = &finishedAt
-	}
-	// Record even when the attempt's context is done (timeout, shutdown):
-	// pushes that were sent must be written, or the retry sends them again.
-	// The message row, which every chunk of the message writes (its
-	// counters), is locked last and held only to the commit, on the server
-	// (db.WriteChunk). The message is dispatching here, so no cancel can be
-	// holding it while waiting for this chunk's deliveries (see
-	// jobs/state.go for the lock order).
-	writeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
-	defer cancel()
-	_, err := db.WriteChunk(writeCtx, w.lane(a).Pool, db.ChunkWrite{
-		Evict:   db.EvictDevicesParams{Ids: c.evictIDs, Reasons: c.evictReasons, SentAfter: startedAt},
-		Chunk:   chunk,
-		Results: c.results,
-		Settle:  final,
-	})
-	if err != nil {
-		return fmt.Errorf("record results: %w", err)
-	}
-	w.cfg.Metrics.count(a.Priority, c.counted)
-	return nil
 }
 
 // expire marks what is still pending in the chunk expired and settles the
@@ -583,7 +541,7 @@ func (w *FanOutWorker) expire(ctx context.Context, a FanOutArgs, at time.Time) e
 		if err != nil {
 			return fmt.Errorf("expire deliveries: %w", err)
 		}
-		// Its timings, and the settle check of db.WriteChunk; done here in
+		// Its timings, and the settle check of db.WriteChunks; done here in
 		// a transaction of its own because the message row is locked first.
 		if err := q.RecordChunk(ctx, db.RecordChunkParams{MessageID: a.MessageID, Chunk: int32(a.Chunk), StartedAt: &at, FinishedAt: &at}); err != nil {
 			return fmt.Errorf("record chunk: %w", err)

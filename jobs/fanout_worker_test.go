@@ -15,6 +15,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivertest"
 	"github.com/riverqueue/river/rivertype"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/heraldpush/herald/db"
@@ -226,6 +227,8 @@ type recordingSender struct {
 	stallAfter int
 	// stalled, when set, is called as a Send stalls.
 	stalled func()
+	// sending, when set, is called as a Send begins.
+	sending func()
 
 	mu   sync.Mutex
 	sent []string
@@ -234,7 +237,10 @@ type recordingSender struct {
 	hung bool
 }
 
-func (s *recordingSender) Send(ctx context.Context, _ *push.Message, targets []push.Target, results []push.Result, allow func() bool) {
+func (s *recordingSender) Send(ctx context.Context, _ *push.Message, targets []push.Target, results []push.Result, allow func() bool, answered func(i int)) {
+	if s.sending != nil {
+		s.sending()
+	}
 	for i, t := range targets {
 		if s.stallAfter > 0 && i == s.stallAfter {
 			if s.stalled != nil {
@@ -259,6 +265,7 @@ func (s *recordingSender) Send(ctx context.Context, _ *push.Message, targets []p
 			return
 		}
 		results[i] = s.answer(t.Token)
+		answered(i)
 	}
 }
 
@@ -561,4 +568,70 @@ func TestFanOutEvictsDeadTokens(t *testing.T) {
 	require.Equal(t, StateDispatched, m.State)
 	require.EqualValues(t, 2, m.AcceptedCount)
 	require.EqualValues(t, 3, m.FailedCount)
+}
+
+// TestFanOutKeepsItsAnswersThroughADatabaseOutage takes the database away
+// from the worker once the chunk has begun, before any answer is written,
+// and gives it back within the chunk's timeout: the chunk keeps what it
+// sent and writes it once the database is back, so nothing is sent twice,
+// and no provider's breaker hears of the database.
+func TestFanOutKeepsItsAnswersThroughADatabaseOutage(t *testing.T) {
+	t.Parallel()
+	b := setupFanOut(t)
+	tokens := []string{"apns-1", "fcm-1", "fcm-2"}
+	c := b.dueNow(b.devices(tokens...))
+	proxy := dbtest.NewProxy(t, b.db.URL)
+	pool, err := db.Open(context.Background(), proxy.URL, db.PoolConfig{MaxConns: 4})
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	var outage sync.Once
+	down := func() {
+		outage.Do(func() {
+			proxy.Down()
+			time.AfterFunc(time.Second, proxy.Up)
+		})
+	}
+	apns, fcm := &recordingSender{sending: down}, &recordingSender{sending: down}
+	breakers := NewBreakers(BreakerConfig{Threshold: 1}, Channels...)
+	providers := map[string]Sender{ChannelAPNs: apns, ChannelFCM: fcm}
+	w := NewFanOutWorker(FanOutConfig{Pool: pool, Logger: discard, Clock: b.clock, Breakers: breakers,
+		Lanes: []Lane{{Queue: QueueUrgent, Providers: providers}, {Queue: QueueBulk, Providers: providers}}})
+
+	res := b.work(w, c)
+	require.Equal(t, river.EventKindJobCompleted, res.EventKind)
+	require.Equal(t, []string{"apns-1"}, apns.sends())
+	require.Equal(t, []string{"fcm-1", "fcm-2"}, fcm.sends())
+	for _, token := range tokens {
+		b.requireStatus(c, token, "accepted", push.ReasonNone)
+	}
+	require.Equal(t, StateDispatched, b.settled(c.msg.ID).State)
+	for _, channel := range []string{ChannelAPNs, ChannelFCM} {
+		st, _ := breakers.Status(channel)
+		require.Equal(t, BreakerClosed, st.State, channel)
+		require.Zero(t, st.Failures, "%s: a database fault counted against the provider", channel)
+	}
+}
+
+// TestFanOutRecordsEachAnswerAsItComes checks the crash window: the answers
+// of a slice still sending are in the ledger within moments, not when the
+// slice or the chunk is done, so a process that dies resends little.
+func TestFanOutRecordsEachAnswerAsItComes(t *testing.T) {
+	t.Parallel()
+	b := setupFanOut(t)
+	tokens := []string{"fcm-1", "fcm-2", "fcm-3", "fcm-4"}
+	c := b.dueNow(b.devices(tokens...))
+	var recorded bool
+	fcm := &recordingSender{stallAfter: 2}
+	fcm.stalled = func() {
+		// The first two answers are in; the slice waits for the rest.
+		recorded = assert.Eventually(t, func() bool {
+			ledger := b.ledger(c.msg.ID)
+			return ledger[c.device(t, "fcm-1")].Status == "accepted" && ledger[c.device(t, "fcm-2")].Status == "accepted"
+		}, 5*time.Second, 5*time.Millisecond, "answers wait for their slice to be written")
+	}
+	w := b.worker(map[string]Sender{ChannelFCM: fcm}, FanOutConfig{Timeout: 8 * time.Second})
+	res := b.work(w, c)
+	require.True(t, recorded)
+	require.Equal(t, river.EventKindJobSnoozed, res.EventKind)
+	b.requireStatus(c, "fcm-3", "pending", push.ReasonNone)
 }

@@ -79,12 +79,18 @@ type fanOutSetup struct {
 
 func newFanOutSetup(t *testing.T, n int) *fanOutSetup {
 	t.Helper()
-	fp, err := fake.New(fake.Config{Addr: "127.0.0.1:0", TLSDir: t.TempDir(), Latency: 20 * time.Millisecond})
+	return newFanOutSetupOn(t, n, dbtest.NewEmpty(t), 20*time.Millisecond)
+}
+
+// newFanOutSetupOn is newFanOutSetup on an empty database of the test's
+// choosing, with fakepush answering after latency.
+func newFanOutSetupOn(t *testing.T, n int, tdb *dbtest.DB, latency time.Duration) *fanOutSetup {
+	t.Helper()
+	fp, err := fake.New(fake.Config{Addr: "127.0.0.1:0", TLSDir: t.TempDir(), Latency: latency})
 	require.NoError(t, err)
 	require.NoError(t, fp.Start(context.Background()))
 	t.Cleanup(func() { _ = fp.Close() })
 
-	tdb := dbtest.NewEmpty(t)
 	vars := fp.Env()
 	vars["DATABASE_URL"] = tdb.URL
 	vars["HERALD_API_KEYS"] = testAPIKey
@@ -211,18 +217,27 @@ func (s *fanOutSetup) checkOnceEach(id string, devices int) (duplicates int) {
 }
 
 // TestCrashMidFanOut kills -9 the only worker in the middle of a
-// 20,000-device fan-out and starts another: the message still ends with
-// every device settled once, and the pushes sent twice are at most what was
-// in flight (chunks started but not recorded) at the kill.
+// 20,000-device fan-out (40 ms provider latency) and starts another: the
+// message still ends with every device settled once, and the pushes sent
+// twice are at most the requests that can be in flight at the kill (500 per
+// provider): the answers a process had and had not yet written are about
+// one ledger write's worth (jobs/ledger.go), and the requests cut short by
+// the kill are not taken by fakepush.
 func TestCrashMidFanOut(t *testing.T) {
 	t.Parallel()
-	const devices = 20_000
-	s := newFanOutSetup(t, devices)
+	const (
+		devices = 20_000
+		// maxInFlight is the default in-flight limit of APNs and FCM
+		// together.
+		maxInFlight = 2 * 500
+	)
+	s := newFanOutSetupOn(t, devices, dbtest.NewEmpty(t), 40*time.Millisecond)
 	id := s.schedule()
 
 	first := startWorker(t, s.vars)
 	require.Eventually(t, func() bool { return s.accepted() >= devices/4 }, 2*time.Minute, 5*time.Millisecond,
 		"the first worker never got going:\n%s", first.out.String())
+	inFlight := s.fake.Stats().Process.InFlight
 	first.kill(t)
 	// Requests the dead process had already written may still be answered,
 	// and some may still sit unread in fakepush's socket buffers, which its
@@ -241,7 +256,8 @@ func TestCrashMidFanOut(t *testing.T) {
 	var recorded int64
 	require.NoError(t, s.db.Pool.QueryRow(context.Background(),
 		"SELECT count(*) FROM deliveries WHERE status = 'accepted'").Scan(&recorded))
-	t.Logf("killed the worker with %d of %d pushes accepted by fakepush, %d of them recorded", atKill, devices, recorded)
+	t.Logf("killed the worker with %d requests in flight and %d of %d pushes accepted by fakepush, %d of them recorded",
+		inFlight, atKill, devices, recorded)
 	require.Less(t, atKill, int64(devices), "the fan-out finished before the kill; the test proved nothing")
 
 	second := startWorker(t, s.vars)
@@ -250,10 +266,12 @@ func TestCrashMidFanOut(t *testing.T) {
 	// provider's answer and the ledger write, or if a send got no answer
 	// (a timeout on a loaded machine) though the provider took it: the
 	// duplicates are at most the pushes accepted but not recorded at the
-	// kill, plus the second worker's unanswered sends.
+	// kill, plus the second worker's unanswered sends, and the ledger
+	// writer keeps the first of those under the requests in flight.
 	unanswered := second.unanswered(t)
 	t.Logf("duplicates after the crash: %d; unanswered sends of the second worker: %d", dups, unanswered)
 	require.LessOrEqual(t, int64(dups), atKill-recorded+unanswered)
+	require.LessOrEqual(t, int64(dups), maxInFlight+unanswered, "more answers were lost with the process than requests can be in flight")
 }
 
 // TestTwoWorkersShareTheFanOut runs two worker processes on one database:

@@ -105,8 +105,10 @@ func parked() Result {
 //   - allow is asked with the slot in hand, just before the request starts,
 //     so that a breaker that opened while Send waited for a slot is seen;
 //   - send runs on a sender goroutine (see run) and its result is the
-//     target's.
-func (l *Limiter) Send(ctx context.Context, targets []Target, results []Result, allow func() bool,
+//     target's; answered, which may be nil, is then called with i on that
+//     goroutine, so that a caller can record the answer before the others
+//     are in. It must be quick: the sender waits for it.
+func (l *Limiter) Send(ctx context.Context, targets []Target, results []Result, allow func() bool, answered func(i int),
 	reject func(Target) (Result, bool), send func(Target) Result) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -152,6 +154,9 @@ func (l *Limiter) Send(ctx context.Context, targets []Target, results []Result, 
 			r := send(t)
 			r.Latency = time.Since(start)
 			results[i] = r
+			if answered != nil {
+				answered(i)
+			}
 		})
 	}
 }

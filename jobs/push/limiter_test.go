@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -109,7 +110,7 @@ func TestLimiterSend(t *testing.T) {
 			results := make([]Result, len(tc.targets))
 			l := NewLimiter(len(tc.targets) + 1)
 			t.Cleanup(l.Close)
-			l.Send(context.Background(), tc.targets, results, allow, tc.reject, sent)
+			l.Send(context.Background(), tc.targets, results, allow, nil, tc.reject, sent)
 			require.Equal(t, tc.want, withoutLatency(t, results))
 			require.Equal(t, tc.asked, int(asked.Load()))
 			for i, r := range results {
@@ -147,7 +148,7 @@ func TestLimiterSendCanceled(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		l.Send(ctx, tokens("a", "b", "bad", "d"), results, func() bool { return true }, rejectBad, send)
+		l.Send(ctx, tokens("a", "b", "bad", "d"), results, func() bool { return true }, nil, rejectBad, send)
 	}()
 	<-started
 	cancel()
@@ -183,7 +184,7 @@ func TestLimiterSendAllowWithSlotInHand(t *testing.T) {
 		return sent(t)
 	}
 	results := make([]Result, 5)
-	l.Send(context.Background(), tokens("a", "b", "c", "d", "e"), results, allow, nil, send)
+	l.Send(context.Background(), tokens("a", "b", "c", "d", "e"), results, allow, nil, nil, send)
 	for i, r := range results {
 		require.True(t, r.Accepted, "target %d", i)
 	}
@@ -197,13 +198,13 @@ func TestLimiterSendRefusalFreesSlot(t *testing.T) {
 	t.Cleanup(l.Close)
 	results := make([]Result, 1)
 	for range 3 {
-		l.Send(context.Background(), tokens("a"), results, func() bool { return false }, nil, sent)
+		l.Send(context.Background(), tokens("a"), results, func() bool { return false }, nil, nil, sent)
 		require.Equal(t, parked(), results[0])
 	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		l.Send(context.Background(), tokens("a"), results, func() bool { return true }, nil, sent)
+		l.Send(context.Background(), tokens("a"), results, func() bool { return true }, nil, nil, sent)
 	}()
 	select {
 	case <-done:
@@ -233,7 +234,7 @@ func TestLimiterSendBound(t *testing.T) {
 	for range 2 {
 		go func() {
 			results := make([]Result, len(ts))
-			l.Send(context.Background(), ts, results, func() bool { return true }, nil, send)
+			l.Send(context.Background(), ts, results, func() bool { return true }, nil, nil, send)
 			done <- results
 		}()
 	}
@@ -261,4 +262,50 @@ func withoutLatency(t *testing.T, results []Result) []Result {
 		out[i] = r
 	}
 	return out
+}
+
+// TestLimiterSendAnswered checks that answered hears of each request's
+// answer as it comes, with the result already in place, and only of
+// requests: a target refused locally or parked gets its result without it.
+func TestLimiterSendAnswered(t *testing.T) {
+	t.Parallel()
+	l := NewLimiter(2)
+	t.Cleanup(l.Close)
+	results := make([]Result, 4)
+	release := make(chan struct{})
+	send := func(t Target) Result {
+		if t.Token == "slow" {
+			<-release
+		}
+		return sent(t)
+	}
+	heard := make(chan int, len(results))
+	answered := func(i int) {
+		assert.True(t, results[i].Accepted, "answered before the result was in place")
+		heard <- i
+	}
+	var asked atomic.Int32
+	allow := func() bool { return asked.Add(1) <= 2 }
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		l.Send(context.Background(), tokens("a", "bad", "slow", "parked"), results, allow, answered, rejectBad, send)
+	}()
+	// "a" is heard of while "slow" still waits for its answer.
+	select {
+	case i := <-heard:
+		require.Equal(t, 0, i)
+	case <-time.After(10 * time.Second):
+		t.Fatal("an answer was not heard of until the Send was done")
+	}
+	close(release)
+	<-done
+	close(heard)
+	var rest []int
+	for i := range heard {
+		rest = append(rest, i)
+	}
+	require.Equal(t, []int{2}, rest, "only requests are heard of")
+	require.Equal(t, parked(), results[3])
+	require.Equal(t, ReasonBadToken, results[1].Reason)
 }

@@ -72,7 +72,7 @@ func (b *Benchmark) blast(ctx context.Context, pool db.DBTX, messageID int64) (w
 					p := provs[channel]
 					cw.Go(func() {
 						results := make([]push.Result, len(targets))
-						p.Send(ctx, msg, targets, results, allow)
+						p.Send(ctx, msg, targets, results, allow, nil)
 						mu.Lock()
 						defer mu.Unlock()
 						for _, r := range results {

@@ -44,7 +44,7 @@ func (b *Benchmark) probe(ctx context.Context, apns jobs.Sender, conn *pgx.Conn,
 		msg, err := push.NewMessage("msg_probe_"+strconv.Itoa(n), true, push.Content{Title: "probe"}, time.Now().Add(time.Minute))
 		if err == nil && apns != nil {
 			start := time.Now()
-			apns.Send(ctx, msg, target, result, allow)
+			apns.Send(ctx, msg, target, result, allow, nil)
 			if result[0].Accepted {
 				provider = append(provider, ms(time.Since(start)))
 			}

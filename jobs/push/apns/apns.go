@@ -121,10 +121,11 @@ func (p *Provider) Close() {
 
 // Send pushes m to every target, filling results[i] for targets[i], in the
 // way push.Limiter.Send describes: within the Provider's in-flight limit,
-// asking allow before each request and parking the rest once it refuses.
-// Each request is bounded by RequestTimeout; Send returns when all have
-// answered.
-func (p *Provider) Send(ctx context.Context, m *push.Message, targets []push.Target, results []push.Result, allow func() bool) {
+// asking allow before each request and parking the rest once it refuses,
+// and calling answered (unless nil) with each request's index as its answer
+// comes. Each request is bounded by RequestTimeout; Send returns when all
+// have answered.
+func (p *Provider) Send(ctx context.Context, m *push.Message, targets []push.Target, results []push.Result, allow func() bool, answered func(i int)) {
 	// The notification is the same for every device but its token; each
 	// request gets a copy. The payload was encoded once, with the message.
 	n := apns2.Notification{
@@ -139,7 +140,7 @@ func (p *Provider) Send(ctx context.Context, m *push.Message, targets []push.Tar
 		n.Priority = apns2.PriorityHigh
 	}
 
-	p.limiter.Send(ctx, targets, results, allow, rejectToken, func(t push.Target) push.Result {
+	p.limiter.Send(ctx, targets, results, allow, answered, rejectToken, func(t push.Target) push.Result {
 		n := n
 		n.DeviceToken = t.Token
 		return p.push(ctx, &n)

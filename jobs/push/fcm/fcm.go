@@ -178,18 +178,19 @@ func (p *pool) RoundTrip(r *http.Request) (*http.Response, error) {
 
 // Send pushes m to every target, filling results[i] for targets[i], in the
 // way push.Limiter.Send describes: within the Provider's in-flight limit,
-// asking allow before each request and parking the rest once it refuses.
-// Each request is bounded by RequestTimeout; Send returns when all have
-// answered.
+// asking allow before each request and parking the rest once it refuses,
+// and calling answered (unless nil) with each request's index as its answer
+// comes. Each request is bounded by RequestTimeout; Send returns when all
+// have answered.
 //
 // Each device is one SDK Send rather than a share of SendEachForMulticast:
 // the wire traffic is the same (the SDK sends one request per token either
 // way), but this way allow is asked before every request, the in-flight
 // limit is the Provider's rather than 50 per call, and each result carries
 // the time its own answer arrived, which the skew figures are made of.
-func (p *Provider) Send(ctx context.Context, m *push.Message, targets []push.Target, results []push.Result, allow func() bool) {
+func (p *Provider) Send(ctx context.Context, m *push.Message, targets []push.Target, results []push.Result, allow func() bool, answered func(i int)) {
 	base := p.message(m, time.Now())
-	p.limiter.Send(ctx, targets, results, allow, rejectToken, func(t push.Target) push.Result {
+	p.limiter.Send(ctx, targets, results, allow, answered, rejectToken, func(t push.Target) push.Result {
 		msg := base
 		msg.Token = t.Token
 		return p.send(ctx, &msg)

@@ -49,7 +49,7 @@ func MeasureSend(b *testing.B, p Provider, m *push.Message, ts []push.Target) {
 	start := time.Now()
 	b.ResetTimer()
 	for b.Loop() {
-		p.Send(context.Background(), m, ts, results, AllowAll)
+		p.Send(context.Background(), m, ts, results, AllowAll, nil)
 		for _, r := range results {
 			if !r.Accepted {
 				b.Fatalf("not accepted: %+v", r)

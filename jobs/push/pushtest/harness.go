@@ -16,7 +16,7 @@ import (
 // Provider is what every provider package's New returns, as far as the
 // shared tests use it.
 type Provider interface {
-	Send(ctx context.Context, m *push.Message, targets []push.Target, results []push.Result, allow func() bool)
+	Send(ctx context.Context, m *push.Message, targets []push.Target, results []push.Result, allow func() bool, answered func(i int))
 	Warm(ctx context.Context) error
 	Close()
 }
@@ -107,7 +107,7 @@ func (b *Bundle[C, P]) Targets(t testing.TB, n int) []push.Target {
 // results.
 func (b *Bundle[C, P]) Send(m *push.Message, ts []push.Target) []push.Result {
 	results := make([]push.Result, len(ts))
-	b.P.Send(context.Background(), m, ts, results, AllowAll)
+	b.P.Send(context.Background(), m, ts, results, AllowAll, nil)
 	return results
 }
 

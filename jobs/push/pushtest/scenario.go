@@ -124,7 +124,7 @@ func (h *Harness[C, P]) SendParked(t *testing.T) {
 		b := h.Setup(t)
 		ts := b.Targets(t, 4)
 		results := make([]push.Result, len(ts))
-		b.P.Send(context.Background(), Message(t, "msg_parked", true), ts, results, func() bool { return false })
+		b.P.Send(context.Background(), Message(t, "msg_parked", true), ts, results, func() bool { return false }, nil)
 		for _, r := range results {
 			require.Equal(t, push.Result{Reason: push.ReasonProviderUnavailable, Detail: "parked: circuit breaker open"}, r)
 		}
@@ -137,7 +137,7 @@ func (h *Harness[C, P]) SendParked(t *testing.T) {
 		ts := b.Targets(t, 5)
 		var asked atomic.Int32
 		results := make([]push.Result, len(ts))
-		b.P.Send(context.Background(), Message(t, "msg_midway", true), ts, results, func() bool { return asked.Add(1) <= 2 })
+		b.P.Send(context.Background(), Message(t, "msg_midway", true), ts, results, func() bool { return asked.Add(1) <= 2 }, nil)
 		require.True(t, results[0].Accepted)
 		require.True(t, results[1].Accepted)
 		for _, r := range results[2:] {
@@ -182,7 +182,7 @@ func (h *Harness[C, P]) SendManyTargets(t *testing.T) {
 	for range 2 {
 		go func() {
 			results := make([]push.Result, len(ts))
-			b.P.Send(ctx, m, ts, results, AllowAll)
+			b.P.Send(ctx, m, ts, results, AllowAll, nil)
 			done <- results
 		}()
 	}
@@ -219,7 +219,7 @@ func FirstSendReused[C any, P Provider](t *testing.T, b *Bundle[C, P], n int) []
 		},
 	})
 	results := make([]push.Result, n)
-	b.P.Send(ctx, Message(t, "msg_reused", true), b.Targets(t, n), results, AllowAll)
+	b.P.Send(ctx, Message(t, "msg_reused", true), b.Targets(t, n), results, AllowAll, nil)
 	for _, r := range results {
 		require.True(t, r.Accepted)
 	}

@@ -36,7 +36,7 @@ func BenchmarkSend(b *testing.B) {
 			p.padRecords = tc.padded
 			// Connections, and fakepush's cache of each subscription's keys,
 			// outside the measurement.
-			p.Send(context.Background(), m, ts, make([]push.Result, len(ts)), pushtest.AllowAll)
+			p.Send(context.Background(), m, ts, make([]push.Result, len(ts)), pushtest.AllowAll, nil)
 			pushtest.MeasureSend(b, p, m, ts)
 			b.ReportMetric(float64(body), "body-bytes/send")
 		})

@@ -103,10 +103,11 @@ func (p *Provider) Close() {
 
 // Send pushes m to every target, filling results[i] for targets[i], in the
 // way push.Limiter.Send describes: within the Provider's in-flight limit,
-// asking allow before each request and parking the rest once it refuses.
-// Each request is bounded by RequestTimeout; Send returns when all have
-// answered.
-func (p *Provider) Send(ctx context.Context, m *push.Message, targets []push.Target, results []push.Result, allow func() bool) {
+// asking allow before each request and parking the rest once it refuses,
+// and calling answered (unless nil) with each request's index as its answer
+// comes. Each request is bounded by RequestTimeout; Send returns when all
+// have answered.
+func (p *Provider) Send(ctx context.Context, m *push.Message, targets []push.Target, results []push.Result, allow func() bool, answered func(i int)) {
 	urgency := webpush.UrgencyNormal
 	if m.Urgent {
 		urgency = webpush.UrgencyHigh
@@ -128,7 +129,7 @@ func (p *Provider) Send(ctx context.Context, m *push.Message, targets []push.Tar
 		VAPIDPrivateKey: p.cfg.VAPIDPrivateKey,
 	}
 
-	p.limiter.Send(ctx, targets, results, allow, p.rejectEndpoint, func(t push.Target) push.Result {
+	p.limiter.Send(ctx, targets, results, allow, answered, p.rejectEndpoint, func(t push.Target) push.Result {
 		return p.send(ctx, m.WebPush, &t, opts)
 	})
 }

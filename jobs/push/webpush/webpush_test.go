@@ -298,7 +298,7 @@ func TestEgressRefusesInternalEndpoints(t *testing.T) {
 		targets = append(targets, tg)
 	}
 	results := make([]push.Result, len(targets))
-	p.Send(context.Background(), pushtest.Message(t, "msg_9", false), targets, results, pushtest.AllowAll)
+	p.Send(context.Background(), pushtest.Message(t, "msg_9", false), targets, results, pushtest.AllowAll, nil)
 	for i, r := range results {
 		require.Equal(t, push.ReasonEndpointForbidden, r.Reason, "%s: %+v", targets[i].Token, r)
 		require.False(t, r.Unanswered, "a refused endpoint is known not to have been sent to")

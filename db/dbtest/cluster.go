@@ -1,0 +1,166 @@
+package dbtest
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/heraldpush/herald/db"
+)
+
+// Cluster is a PostgreSQL server of a test's own, in a temporary directory
+// in RAM, for a test that restarts or stops its database under a running
+// Herald without disturbing the tests that share the server of `make test`.
+type Cluster struct {
+	tb   testing.TB
+	dir  string
+	bin  string
+	data string
+	// URL connects to the cluster's database herald, empty: `herald serve
+	// --migrate` or db.Migrate makes its tables.
+	URL string
+}
+
+// NewCluster initialises and starts a cluster (as db/cluster.sh starts the
+// test cluster: a Unix socket only, fsync off) with an empty database,
+// and stops and deletes it when the test ends. It takes a few seconds.
+func NewCluster(tb testing.TB) *Cluster {
+	tb.Helper()
+	bin, err := postgresBin()
+	if err != nil {
+		tb.Fatalf("dbtest: %v", err)
+	}
+	parent := "/dev/shm"
+	if _, err := os.Stat(parent); err != nil {
+		parent = os.TempDir()
+	}
+	dir, err := os.MkdirTemp(parent, "herald-pg-")
+	if err != nil {
+		tb.Fatalf("dbtest: %v", err)
+	}
+	c := &Cluster{tb: tb, dir: dir, bin: bin, data: filepath.Join(dir, "data")}
+	tb.Cleanup(func() {
+		_ = c.pgctl("stop", "-m", "immediate")
+		_ = os.RemoveAll(dir)
+	})
+	if err := c.own(dir); err != nil {
+		tb.Fatalf("dbtest: %v", err)
+	}
+	if out, err := c.asOwner(filepath.Join(bin, "initdb"), "-D", c.data, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--locale=C").CombinedOutput(); err != nil {
+		tb.Fatalf("dbtest: initdb: %v\n%s", err, out)
+	}
+	c.Start()
+	admin := fmt.Sprintf("postgres://postgres@/postgres?host=%s&sslmode=disable", dir)
+	ctx := context.Background()
+	pool, err := db.Open(ctx, admin, db.PoolConfig{MaxConns: 1})
+	if err != nil {
+		tb.Fatalf("dbtest: %v", err)
+	}
+	defer pool.Close()
+	if _, err := pool.Exec(ctx, "CREATE DATABASE herald"); err != nil {
+		tb.Fatalf("dbtest: create database: %v", err)
+	}
+	c.URL = fmt.Sprintf("postgres://postgres@/herald?host=%s&sslmode=disable", dir)
+	return c
+}
+
+// Pool opens a pool on the cluster's database, closed when the test ends.
+func (c *Cluster) Pool() *pgxpool.Pool {
+	c.tb.Helper()
+	pool, err := db.Open(context.Background(), c.URL, db.PoolConfig{MaxConns: 4})
+	if err != nil {
+		c.tb.Fatalf("dbtest: %v", err)
+	}
+	c.tb.Cleanup(pool.Close)
+	return pool
+}
+
+// Start starts the stopped cluster and waits until it takes connections.
+func (c *Cluster) Start() {
+	c.tb.Helper()
+	opts := fmt.Sprintf("-k %s -c listen_addresses='' -c max_connections=200 -c fsync=off -c full_page_writes=off", c.dir)
+	if err := c.pgctl("start", "-l", filepath.Join(c.dir, "server.log"), "-w", "-t", "60", "-o", opts); err != nil {
+		log, _ := os.ReadFile(filepath.Join(c.dir, "server.log"))
+		c.tb.Fatalf("dbtest: start cluster: %v\n%s", err, log)
+	}
+}
+
+// Stop stops the cluster the way `pg_ctl stop -m fast` does: sessions are
+// ended, transactions in progress roll back, committed ones are kept.
+func (c *Cluster) Stop() {
+	c.tb.Helper()
+	if err := c.pgctl("stop", "-m", "fast", "-w"); err != nil {
+		c.tb.Fatalf("dbtest: stop cluster: %v", err)
+	}
+}
+
+// Restart is `pg_ctl restart -m fast`.
+func (c *Cluster) Restart() {
+	c.tb.Helper()
+	c.Stop()
+	c.Start()
+}
+
+func (c *Cluster) pgctl(args ...string) error {
+	args = append([]string{"-D", c.data}, args...)
+	out, err := c.asOwner(filepath.Join(c.bin, "pg_ctl"), args...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("pg_ctl %s: %w: %s", strings.Join(args, " "), err, out)
+	}
+	return nil
+}
+
+// asOwner runs a PostgreSQL program as the cluster's owner: PostgreSQL
+// refuses to run as root, so as root that is the postgres user.
+func (c *Cluster) asOwner(name string, args ...string) *exec.Cmd {
+	if os.Getuid() == 0 {
+		return exec.Command("runuser", append([]string{"-u", "postgres", "--", name}, args...)...)
+	}
+	return exec.Command(name, args...)
+}
+
+// own hands dir to the postgres user when the test runs as root.
+func (c *Cluster) own(dir string) error {
+	if os.Getuid() != 0 {
+		return nil
+	}
+	u, err := user.Lookup("postgres")
+	if err != nil {
+		return fmt.Errorf("running as root with no postgres user to own a cluster: %w", err)
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	return os.Chown(dir, uid, gid)
+}
+
+// postgresBin finds the server binaries as db/cluster.sh does: pg_config's
+// bindir, else the newest /usr/lib/postgresql/*/bin.
+func postgresBin() (string, error) {
+	var dirs []string
+	if out, err := exec.Command("pg_config", "--bindir").Output(); err == nil {
+		dirs = append(dirs, strings.TrimSpace(string(out)))
+	}
+	found, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	sort.Slice(found, func(i, j int) bool { return versionOf(found[i]) > versionOf(found[j]) })
+	dirs = append(dirs, found...)
+	for _, d := range dirs {
+		if _, err := os.Stat(filepath.Join(d, "pg_ctl")); err == nil {
+			return d, nil
+		}
+	}
+	return "", fmt.Errorf("no PostgreSQL server binaries (pg_ctl, initdb) found")
+}
+
+func versionOf(bin string) int {
+	n, _ := strconv.Atoi(filepath.Base(filepath.Dir(bin)))
+	return n
+}

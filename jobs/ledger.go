@@ -1,0 +1,401 @@
+package jobs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/heraldpush/herald/db"
+	"github.com/heraldpush/herald/jobs/push"
+)
+
+// The ledger writer. A provider's answer is worth nothing until it is in the
+// ledger: a chunk retried after a crash sends again to every device whose
+// row is still pending. So answers are not kept by the chunk that got them
+// until it finishes; each is handed, as it comes, to its process's writer,
+// which commits the answers of all running chunks together every
+// recordEvery. The time between an answer and its durable row is bounded by
+// that and one write, whatever the chunks are doing, and a process killed
+// mid fan-out resends about the answers of that last moment.
+//
+// The writer also keeps what a chunk sent when a write fails because the
+// database is away (a restart, a failover): it keeps the answers and tries
+// again with backoff, while the chunk waits for its close to be written
+// within its own timeout, instead of failing and having its retry send
+// everything again.
+
+// recordEvery is how often a process's writer commits the answers that came
+// back: often enough that little is lost with a process, seldom enough
+// that a write carries the answers of many chunks.
+const recordEvery = 25 * time.Millisecond
+
+// recordTimeout bounds one write of the ledger writer.
+const recordTimeout = 10 * time.Second
+
+// Backoff of the ledger writer while the database is unavailable.
+const (
+	retryFirst = 50 * time.Millisecond
+	retryMax   = time.Second
+)
+
+// ledger is a process's writer of chunk results through one connection pool
+// (a lane's: the urgent lane's writes never queue behind the bulk lane's).
+// Its goroutine runs while it holds something to write.
+type ledger struct {
+	w    *FanOutWorker
+	pool *pgxpool.Pool
+
+	mu      sync.Mutex
+	chunks  map[chunkKey]*chunkRecord
+	running bool
+}
+
+type chunkKey struct {
+	message int64
+	chunk   int
+}
+
+// chunkRecord is one chunk attempt's business with the ledger writer. Its
+// fields below mu are guarded by the ledger's mu.
+type chunkRecord struct {
+	a         FanOutArgs
+	startedAt time.Time
+	// results are the chunk's; results[i] is written before i is handed
+	// over (add) and not after.
+	results []push.Result
+	// done is closed once the chunk's close is written, or the writer gave
+	// up on it (err says why).
+	done chan struct{}
+	err  error
+
+	// unwritten are the indexes of results handed over and not yet
+	// written.
+	unwritten []int
+	// closing: the chunk has handed everything over and asks for its
+	// close (timings, settle check); parked says some delivery waits for a
+	// breaker, so the chunk is not finished.
+	closing, parked bool
+	// abandonedAt is when the chunk stopped waiting for its close (its
+	// attempt timed out); the writer keeps its answers for a while more.
+	abandonedAt time.Time
+
+	// firstAccept and lastAccept gather the chunk's accepted answers over
+	// its writes, for the close; only the writer's goroutine uses them.
+	firstAccept, lastAccept *time.Time
+}
+
+// ledger returns the writer of a chunk's lane.
+func (w *FanOutWorker) ledger(a FanOutArgs) *ledger {
+	pool := w.lane(a).Pool
+	w.ledgersMu.Lock()
+	defer w.ledgersMu.Unlock()
+	if w.ledgers == nil {
+		w.ledgers = map[*pgxpool.Pool]*ledger{}
+	}
+	l := w.ledgers[pool]
+	if l == nil {
+		l = &ledger{w: w, pool: pool, chunks: map[chunkKey]*chunkRecord{}}
+		w.ledgers[pool] = l
+	}
+	return l
+}
+
+func recordKey(a FanOutArgs) chunkKey { return chunkKey{a.MessageID, a.Chunk} }
+
+// drain waits until this process holds nothing unwritten of a's chunk: an
+// earlier attempt that gave up waiting for the database may have left
+// answers here, and the ledger must have them before a new attempt reads
+// what is pending.
+func (l *ledger) drain(ctx context.Context, a FanOutArgs) error {
+	l.mu.Lock()
+	r := l.chunks[recordKey(a)]
+	l.mu.Unlock()
+	if r == nil {
+		return nil
+	}
+	select {
+	case <-r.done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("wait for an earlier attempt's results to be written: %w", ctx.Err())
+	}
+}
+
+// open registers a chunk attempt whose answers will fill results.
+func (l *ledger) open(a FanOutArgs, startedAt time.Time, results []push.Result) *chunkRecord {
+	r := &chunkRecord{a: a, startedAt: startedAt, results: results, done: make(chan struct{})}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.chunks[recordKey(a)] = r
+	return r
+}
+
+// add hands over the answers at idx, to be written with the next write.
+func (l *ledger) add(r *chunkRecord, idx ...int) {
+	if len(idx) == 0 {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	r.unwritten = append(r.unwritten, idx...)
+	l.startLocked()
+}
+
+// close asks for the chunk's close to be written after its answers, and
+// waits until it is. parked says some of the chunk's deliveries wait for a
+// breaker.
+//
+// It waits even when ctx was cancelled (a shutdown): pushes that were sent
+// must be written, or the retry sends them again. It waits until ctx's
+// deadline (the attempt's timeout, which leaves a reserve for this after
+// sending), and at least recordTimeout: on a machine the database shares,
+// a write can take seconds, and an attempt that gave up on a write in
+// progress would leave its retry to send those answers again.
+func (l *ledger) close(ctx context.Context, r *chunkRecord, parked bool) error {
+	l.mu.Lock()
+	r.closing, r.parked = true, parked
+	l.startLocked()
+	l.mu.Unlock()
+	deadline := time.Now().Add(recordTimeout)
+	if d, ok := ctx.Deadline(); ok && d.After(deadline) {
+		deadline = d
+	}
+	wait, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
+	defer cancel()
+	select {
+	case <-r.done:
+		return r.err
+	case <-wait.Done():
+		l.mu.Lock()
+		r.abandonedAt = time.Now()
+		l.mu.Unlock()
+		return fmt.Errorf("record results: the database did not take them in time: %w", wait.Err())
+	}
+}
+
+func (l *ledger) startLocked() {
+	if !l.running {
+		l.running = true
+		go l.run()
+	}
+}
+
+// run writes what the chunks handed over every recordEvery, until nothing
+// is left. A write the database was not there for is kept and tried again,
+// backing off; one it refused fails the chunks it held.
+func (l *ledger) run() {
+	var (
+		backoff time.Duration
+		failing error
+	)
+	for last := time.Now(); ; {
+		// A write that took longer than recordEvery is followed by the
+		// next at once: answers wait for at most one write in progress.
+		wait := recordEvery - time.Since(last)
+		if backoff > 0 {
+			wait = backoff
+		}
+		time.Sleep(wait)
+		last = time.Now()
+		batch, more := l.take()
+		if !more {
+			return
+		}
+		if len(batch) == 0 {
+			continue
+		}
+		err := l.write(batch)
+		switch {
+		case err == nil:
+			if failing != nil {
+				l.w.cfg.Logger.Info("ledger writes resumed: the results kept meanwhile are written")
+			}
+			backoff, failing = 0, nil
+			l.written(batch)
+		case errors.Is(err, db.ErrUnavailable), errors.Is(err, context.DeadlineExceeded):
+			// The database away, or too slow to answer within
+			// recordTimeout (a connection hung by a failover).
+			if failing == nil {
+				l.w.cfg.Logger.Warn("ledger write failed: the database is unavailable; results are kept and written when it is back",
+					"error", err)
+			}
+			backoff, failing = min(max(2*backoff, retryFirst), retryMax), err
+			l.putBack(batch)
+		default:
+			l.w.cfg.Logger.Error("ledger write failed; its chunks fail and will be retried", "error", err)
+			l.failed(batch, err)
+		}
+	}
+}
+
+// pick is one chunk's share of a write.
+type pick struct {
+	r     *chunkRecord
+	idx   []int
+	close bool
+}
+
+// take collects what every chunk has to write. more is false, and the
+// writer ends, when no chunk is left.
+func (l *ledger) take() (batch []pick, more bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for key, r := range l.chunks {
+		if !r.abandonedAt.IsZero() && time.Since(r.abandonedAt) > l.w.cfg.Timeout {
+			// Its chunk gave up long ago and the database is still away:
+			// the chunk's retry, here or in another process, sends these
+			// again.
+			r.err = errors.New("results dropped: the database was unavailable for too long")
+			delete(l.chunks, key)
+			close(r.done)
+			l.w.cfg.Logger.Warn("chunk results dropped after the database stayed unavailable; its retry sends them again",
+				"message_id", push.FormatMessageID(r.a.MessageID), "chunk", r.a.Chunk, "unwritten", len(r.unwritten))
+			continue
+		}
+		if len(r.unwritten) == 0 && !r.closing {
+			continue
+		}
+		batch = append(batch, pick{r: r, idx: r.unwritten, close: r.closing})
+		r.unwritten = nil
+	}
+	if len(l.chunks) == 0 {
+		l.running = false
+		return nil, false
+	}
+	return batch, true
+}
+
+// putBack returns a failed write's answers to their chunks, ahead of what
+// came since.
+func (l *ledger) putBack(batch []pick) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, p := range batch {
+		p.r.unwritten = append(p.idx, p.r.unwritten...)
+	}
+}
+
+// written counts what a write committed and releases the chunks it closed.
+func (l *ledger) written(batch []pick) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, p := range batch {
+		if p.close && len(p.r.unwritten) == 0 {
+			delete(l.chunks, recordKey(p.r.a))
+			close(p.r.done)
+		}
+	}
+}
+
+// failed fails the chunks of a write the database refused.
+func (l *ledger) failed(batch []pick, err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, p := range batch {
+		if l.chunks[recordKey(p.r.a)] == p.r {
+			delete(l.chunks, recordKey(p.r.a))
+			p.r.err = fmt.Errorf("record results: %w", err)
+			close(p.r.done)
+		}
+	}
+}
+
+// write commits a batch in one transaction, each message's answers in one
+// write of its ledger rows and counters.
+func (l *ledger) write(batch []pick) error {
+	var (
+		writes  []db.ChunkWrite
+		counted [][]settledDelivery
+		byMsg   = map[int64]int{}
+	)
+	for _, p := range batch {
+		c := l.w.resultsOf(p.r.a, p.r.results, p.idx)
+		i, ok := byMsg[p.r.a.MessageID]
+		if !ok {
+			i = len(writes)
+			byMsg[p.r.a.MessageID] = i
+			writes = append(writes, db.ChunkWrite{
+				Results: db.RecordResultsParams{MessageID: p.r.a.MessageID},
+				Evict:   db.EvictDevicesParams{SentAfter: p.r.startedAt},
+			})
+			counted = append(counted, nil)
+		}
+		w := &writes[i]
+		merge(&w.Results, c.results)
+		if len(c.evictIDs) > 0 {
+			w.Evict.Ids = append(w.Evict.Ids, c.evictIDs...)
+			w.Evict.Reasons = append(w.Evict.Reasons, c.evictReasons...)
+			// Evict unless re-registered since the earliest of the
+			// chunks' sends began.
+			if p.r.startedAt.Before(w.Evict.SentAfter) {
+				w.Evict.SentAfter = p.r.startedAt
+			}
+		}
+		counted[i] = append(counted[i], c.counted...)
+		first, last := earlier(p.r.firstAccept, c.firstAccept), later(p.r.lastAccept, c.lastSeen)
+		if p.close {
+			// The chunk's timings are written once, with its close.
+			chunk := db.RecordChunkParams{
+				MessageID: p.r.a.MessageID, Chunk: int32(p.r.a.Chunk), StartedAt: &p.r.startedAt,
+				FirstAcceptedAt: first, LastAcceptedAt: last,
+			}
+			if !p.r.parked {
+				finishedAt := l.w.cfg.Clock.Now()
+				chunk.FinishedAt = &finishedAt
+			}
+			w.Chunks = append(w.Chunks, chunk)
+			w.Settle = true
+		}
+		p.r.firstAccept, p.r.lastAccept = first, last
+	}
+	// Record even when the chunks' attempts are over (timeout, shutdown):
+	// pushes that were sent must be written, or the retry sends them
+	// again. The messages' rows, which every chunk of a message writes
+	// (the counters), are locked last and held only to the commit, on the
+	// server (db.WriteChunks). The messages are dispatching here, so no
+	// cancel can be holding one while waiting for these deliveries (see
+	// jobs/state.go for the lock order).
+	ctx, cancel := context.WithTimeout(context.Background(), recordTimeout)
+	defer cancel()
+	if _, err := db.WriteChunks(ctx, l.pool, writes); err != nil {
+		return err
+	}
+	for i, w := range writes {
+		l.w.cfg.Metrics.count(priorityOf(batch, w.Results.MessageID), counted[i])
+	}
+	return nil
+}
+
+// priorityOf is the priority of a message in batch, for the metrics.
+func priorityOf(batch []pick, messageID int64) string {
+	i := slices.IndexFunc(batch, func(p pick) bool { return p.r.a.MessageID == messageID })
+	return batch[i].r.a.Priority
+}
+
+// merge appends src's rows to dst.
+func merge(dst *db.RecordResultsParams, src db.RecordResultsParams) {
+	dst.DeviceIds = append(dst.DeviceIds, src.DeviceIds...)
+	dst.Statuses = append(dst.Statuses, src.Statuses...)
+	dst.Reasons = append(dst.Reasons, src.Reasons...)
+	dst.AttemptedUs = append(dst.AttemptedUs, src.AttemptedUs...)
+	dst.AcceptedUs = append(dst.AcceptedUs, src.AcceptedUs...)
+}
+
+func earlier(a, b *time.Time) *time.Time {
+	if a == nil || (b != nil && b.Before(*a)) {
+		return b
+	}
+	return a
+}
+
+func later(a, b *time.Time) *time.Time {
+	if a == nil || (b != nil && b.After(*a)) {
+		return b
+	}
+	return a
+}
