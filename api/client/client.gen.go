@@ -653,6 +653,9 @@ type Status = HealthStatus
 // TooManyDevices defines model for TooManyDevices.
 type TooManyDevices = ErrorBody
 
+// Unavailable defines model for Unavailable.
+type Unavailable = ErrorBody
+
 // SegmentMembers defines model for SegmentMembers.
 type SegmentMembers = MemberIDs
 
@@ -3533,6 +3536,11 @@ type RegisterDeviceResponse429Headers struct {
 	RetryAfter int
 }
 
+// RegisterDeviceResponse503Headers the declared response headers of an HTTP 503 response for RegisterDevice
+type RegisterDeviceResponse503Headers struct {
+	RetryAfter int
+}
+
 type RegisterDeviceResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -3554,8 +3562,12 @@ type RegisterDeviceResponse struct {
 	JSON415 *Error
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *RateLimited
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Unavailable
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *RegisterDeviceResponse429Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *RegisterDeviceResponse503Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
@@ -3603,6 +3615,11 @@ func (r RegisterDeviceResponse) GetJSON429() *RateLimited {
 	return r.JSON429
 }
 
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r RegisterDeviceResponse) GetJSON503() *Unavailable {
+	return r.JSON503
+}
+
 // GetBody returns the raw response body bytes
 func (r RegisterDeviceResponse) GetBody() []byte {
 	return r.Body
@@ -3637,6 +3654,11 @@ type RegisterDevicesResponse429Headers struct {
 	RetryAfter int
 }
 
+// RegisterDevicesResponse503Headers the declared response headers of an HTTP 503 response for RegisterDevices
+type RegisterDevicesResponse503Headers struct {
+	RetryAfter int
+}
+
 type RegisterDevicesResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -3654,8 +3676,12 @@ type RegisterDevicesResponse struct {
 	JSON413 *Error
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *RateLimited
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Unavailable
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *RegisterDevicesResponse429Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *RegisterDevicesResponse503Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
@@ -3693,6 +3719,11 @@ func (r RegisterDevicesResponse) GetJSON429() *RateLimited {
 	return r.JSON429
 }
 
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r RegisterDevicesResponse) GetJSON503() *Unavailable {
+	return r.JSON503
+}
+
 // GetBody returns the raw response body bytes
 func (r RegisterDevicesResponse) GetBody() []byte {
 	return r.Body
@@ -3727,6 +3758,11 @@ type DeleteDeviceResponse429Headers struct {
 	RetryAfter int
 }
 
+// DeleteDeviceResponse503Headers the declared response headers of an HTTP 503 response for DeleteDevice
+type DeleteDeviceResponse503Headers struct {
+	RetryAfter int
+}
+
 type DeleteDeviceResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -3736,8 +3772,12 @@ type DeleteDeviceResponse struct {
 	JSON404 *Error
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *RateLimited
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Unavailable
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *DeleteDeviceResponse429Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *DeleteDeviceResponse503Headers
 }
 
 // GetJSON401 returns the response for an HTTP 401 `application/json` response
@@ -3753,6 +3793,11 @@ func (r DeleteDeviceResponse) GetJSON404() *Error {
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
 func (r DeleteDeviceResponse) GetJSON429() *RateLimited {
 	return r.JSON429
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r DeleteDeviceResponse) GetJSON503() *Unavailable {
+	return r.JSON503
 }
 
 // GetBody returns the raw response body bytes
@@ -3789,6 +3834,11 @@ type ListMessagesResponse429Headers struct {
 	RetryAfter int
 }
 
+// ListMessagesResponse503Headers the declared response headers of an HTTP 503 response for ListMessages
+type ListMessagesResponse503Headers struct {
+	RetryAfter int
+}
+
 type ListMessagesResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -3800,8 +3850,12 @@ type ListMessagesResponse struct {
 	JSON401 *Error
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *RateLimited
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Unavailable
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *ListMessagesResponse429Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *ListMessagesResponse503Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
@@ -3822,6 +3876,11 @@ func (r ListMessagesResponse) GetJSON401() *Error {
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
 func (r ListMessagesResponse) GetJSON429() *RateLimited {
 	return r.JSON429
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r ListMessagesResponse) GetJSON503() *Unavailable {
+	return r.JSON503
 }
 
 // GetBody returns the raw response body bytes
@@ -3863,6 +3922,11 @@ type CreateMessageResponse429Headers struct {
 	RetryAfter int
 }
 
+// CreateMessageResponse503Headers the declared response headers of an HTTP 503 response for CreateMessage
+type CreateMessageResponse503Headers struct {
+	RetryAfter int
+}
+
 type CreateMessageResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -3882,10 +3946,14 @@ type CreateMessageResponse struct {
 	JSON415 *Error
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *RateLimited
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Unavailable
 	// Headers202 the parsed response headers for an HTTP 202 response
 	Headers202 *CreateMessageResponse202Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *CreateMessageResponse429Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *CreateMessageResponse503Headers
 }
 
 // GetJSON202 returns the response for an HTTP 202 `application/json` response
@@ -3928,6 +3996,11 @@ func (r CreateMessageResponse) GetJSON429() *RateLimited {
 	return r.JSON429
 }
 
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r CreateMessageResponse) GetJSON503() *Unavailable {
+	return r.JSON503
+}
+
 // GetBody returns the raw response body bytes
 func (r CreateMessageResponse) GetBody() []byte {
 	return r.Body
@@ -3962,6 +4035,11 @@ type CancelMessageResponse429Headers struct {
 	RetryAfter int
 }
 
+// CancelMessageResponse503Headers the declared response headers of an HTTP 503 response for CancelMessage
+type CancelMessageResponse503Headers struct {
+	RetryAfter int
+}
+
 type CancelMessageResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -3973,8 +4051,12 @@ type CancelMessageResponse struct {
 	JSON409 *Error
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *RateLimited
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Unavailable
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *CancelMessageResponse429Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *CancelMessageResponse503Headers
 }
 
 // GetJSON401 returns the response for an HTTP 401 `application/json` response
@@ -3995,6 +4077,11 @@ func (r CancelMessageResponse) GetJSON409() *Error {
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
 func (r CancelMessageResponse) GetJSON429() *RateLimited {
 	return r.JSON429
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r CancelMessageResponse) GetJSON503() *Unavailable {
+	return r.JSON503
 }
 
 // GetBody returns the raw response body bytes
@@ -4031,6 +4118,11 @@ type GetMessageResponse429Headers struct {
 	RetryAfter int
 }
 
+// GetMessageResponse503Headers the declared response headers of an HTTP 503 response for GetMessage
+type GetMessageResponse503Headers struct {
+	RetryAfter int
+}
+
 type GetMessageResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -4042,8 +4134,12 @@ type GetMessageResponse struct {
 	JSON404 *Error
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *RateLimited
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Unavailable
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *GetMessageResponse429Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *GetMessageResponse503Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
@@ -4064,6 +4160,11 @@ func (r GetMessageResponse) GetJSON404() *Error {
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
 func (r GetMessageResponse) GetJSON429() *RateLimited {
 	return r.JSON429
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r GetMessageResponse) GetJSON503() *Unavailable {
+	return r.JSON503
 }
 
 // GetBody returns the raw response body bytes
@@ -4100,6 +4201,11 @@ type ListMessageDeliveriesResponse429Headers struct {
 	RetryAfter int
 }
 
+// ListMessageDeliveriesResponse503Headers the declared response headers of an HTTP 503 response for ListMessageDeliveries
+type ListMessageDeliveriesResponse503Headers struct {
+	RetryAfter int
+}
+
 type ListMessageDeliveriesResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -4113,8 +4219,12 @@ type ListMessageDeliveriesResponse struct {
 	JSON404 *Error
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *RateLimited
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Unavailable
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *ListMessageDeliveriesResponse429Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *ListMessageDeliveriesResponse503Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
@@ -4140,6 +4250,11 @@ func (r ListMessageDeliveriesResponse) GetJSON404() *Error {
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
 func (r ListMessageDeliveriesResponse) GetJSON429() *RateLimited {
 	return r.JSON429
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r ListMessageDeliveriesResponse) GetJSON503() *Unavailable {
+	return r.JSON503
 }
 
 // GetBody returns the raw response body bytes
@@ -4176,6 +4291,11 @@ type GetProvidersResponse429Headers struct {
 	RetryAfter int
 }
 
+// GetProvidersResponse503Headers the declared response headers of an HTTP 503 response for GetProviders
+type GetProvidersResponse503Headers struct {
+	RetryAfter int
+}
+
 type GetProvidersResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -4185,8 +4305,12 @@ type GetProvidersResponse struct {
 	JSON401 *Error
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *RateLimited
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Unavailable
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *GetProvidersResponse429Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *GetProvidersResponse503Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
@@ -4202,6 +4326,11 @@ func (r GetProvidersResponse) GetJSON401() *Error {
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
 func (r GetProvidersResponse) GetJSON429() *RateLimited {
 	return r.JSON429
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r GetProvidersResponse) GetJSON503() *Unavailable {
+	return r.JSON503
 }
 
 // GetBody returns the raw response body bytes
@@ -4238,6 +4367,11 @@ type ListSchedulesResponse429Headers struct {
 	RetryAfter int
 }
 
+// ListSchedulesResponse503Headers the declared response headers of an HTTP 503 response for ListSchedules
+type ListSchedulesResponse503Headers struct {
+	RetryAfter int
+}
+
 type ListSchedulesResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -4249,8 +4383,12 @@ type ListSchedulesResponse struct {
 	JSON401 *Error
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *RateLimited
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Unavailable
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *ListSchedulesResponse429Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *ListSchedulesResponse503Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
@@ -4271,6 +4409,11 @@ func (r ListSchedulesResponse) GetJSON401() *Error {
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
 func (r ListSchedulesResponse) GetJSON429() *RateLimited {
 	return r.JSON429
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r ListSchedulesResponse) GetJSON503() *Unavailable {
+	return r.JSON503
 }
 
 // GetBody returns the raw response body bytes
@@ -4307,6 +4450,11 @@ type CreateScheduleResponse429Headers struct {
 	RetryAfter int
 }
 
+// CreateScheduleResponse503Headers the declared response headers of an HTTP 503 response for CreateSchedule
+type CreateScheduleResponse503Headers struct {
+	RetryAfter int
+}
+
 type CreateScheduleResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -4320,8 +4468,12 @@ type CreateScheduleResponse struct {
 	JSON408 *Error
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *RateLimited
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Unavailable
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *CreateScheduleResponse429Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *CreateScheduleResponse503Headers
 }
 
 // GetJSON201 returns the response for an HTTP 201 `application/json` response
@@ -4347,6 +4499,11 @@ func (r CreateScheduleResponse) GetJSON408() *Error {
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
 func (r CreateScheduleResponse) GetJSON429() *RateLimited {
 	return r.JSON429
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r CreateScheduleResponse) GetJSON503() *Unavailable {
+	return r.JSON503
 }
 
 // GetBody returns the raw response body bytes
@@ -4383,6 +4540,11 @@ type DeleteScheduleResponse429Headers struct {
 	RetryAfter int
 }
 
+// DeleteScheduleResponse503Headers the declared response headers of an HTTP 503 response for DeleteSchedule
+type DeleteScheduleResponse503Headers struct {
+	RetryAfter int
+}
+
 type DeleteScheduleResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -4392,8 +4554,12 @@ type DeleteScheduleResponse struct {
 	JSON404 *Error
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *RateLimited
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Unavailable
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *DeleteScheduleResponse429Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *DeleteScheduleResponse503Headers
 }
 
 // GetJSON401 returns the response for an HTTP 401 `application/json` response
@@ -4409,6 +4575,11 @@ func (r DeleteScheduleResponse) GetJSON404() *Error {
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
 func (r DeleteScheduleResponse) GetJSON429() *RateLimited {
 	return r.JSON429
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r DeleteScheduleResponse) GetJSON503() *Unavailable {
+	return r.JSON503
 }
 
 // GetBody returns the raw response body bytes
@@ -4445,6 +4616,11 @@ type GetScheduleResponse429Headers struct {
 	RetryAfter int
 }
 
+// GetScheduleResponse503Headers the declared response headers of an HTTP 503 response for GetSchedule
+type GetScheduleResponse503Headers struct {
+	RetryAfter int
+}
+
 type GetScheduleResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -4456,8 +4632,12 @@ type GetScheduleResponse struct {
 	JSON404 *Error
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *RateLimited
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Unavailable
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *GetScheduleResponse429Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *GetScheduleResponse503Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
@@ -4478,6 +4658,11 @@ func (r GetScheduleResponse) GetJSON404() *Error {
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
 func (r GetScheduleResponse) GetJSON429() *RateLimited {
 	return r.JSON429
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r GetScheduleResponse) GetJSON503() *Unavailable {
+	return r.JSON503
 }
 
 // GetBody returns the raw response body bytes
@@ -4514,6 +4699,11 @@ type UpdateScheduleResponse429Headers struct {
 	RetryAfter int
 }
 
+// UpdateScheduleResponse503Headers the declared response headers of an HTTP 503 response for UpdateSchedule
+type UpdateScheduleResponse503Headers struct {
+	RetryAfter int
+}
+
 type UpdateScheduleResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -4529,8 +4719,12 @@ type UpdateScheduleResponse struct {
 	JSON408 *Error
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *RateLimited
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Unavailable
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *UpdateScheduleResponse429Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *UpdateScheduleResponse503Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
@@ -4561,6 +4755,11 @@ func (r UpdateScheduleResponse) GetJSON408() *Error {
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
 func (r UpdateScheduleResponse) GetJSON429() *RateLimited {
 	return r.JSON429
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r UpdateScheduleResponse) GetJSON503() *Unavailable {
+	return r.JSON503
 }
 
 // GetBody returns the raw response body bytes
@@ -4597,6 +4796,11 @@ type ListSegmentsResponse429Headers struct {
 	RetryAfter int
 }
 
+// ListSegmentsResponse503Headers the declared response headers of an HTTP 503 response for ListSegments
+type ListSegmentsResponse503Headers struct {
+	RetryAfter int
+}
+
 type ListSegmentsResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -4608,8 +4812,12 @@ type ListSegmentsResponse struct {
 	JSON401 *Error
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *RateLimited
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Unavailable
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *ListSegmentsResponse429Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *ListSegmentsResponse503Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
@@ -4630,6 +4838,11 @@ func (r ListSegmentsResponse) GetJSON401() *Error {
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
 func (r ListSegmentsResponse) GetJSON429() *RateLimited {
 	return r.JSON429
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r ListSegmentsResponse) GetJSON503() *Unavailable {
+	return r.JSON503
 }
 
 // GetBody returns the raw response body bytes
@@ -4666,6 +4879,11 @@ type DeleteSegmentResponse429Headers struct {
 	RetryAfter int
 }
 
+// DeleteSegmentResponse503Headers the declared response headers of an HTTP 503 response for DeleteSegment
+type DeleteSegmentResponse503Headers struct {
+	RetryAfter int
+}
+
 type DeleteSegmentResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -4675,8 +4893,12 @@ type DeleteSegmentResponse struct {
 	JSON404 *Error
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *RateLimited
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Unavailable
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *DeleteSegmentResponse429Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *DeleteSegmentResponse503Headers
 }
 
 // GetJSON401 returns the response for an HTTP 401 `application/json` response
@@ -4692,6 +4914,11 @@ func (r DeleteSegmentResponse) GetJSON404() *Error {
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
 func (r DeleteSegmentResponse) GetJSON429() *RateLimited {
 	return r.JSON429
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r DeleteSegmentResponse) GetJSON503() *Unavailable {
+	return r.JSON503
 }
 
 // GetBody returns the raw response body bytes
@@ -4728,6 +4955,11 @@ type GetSegmentResponse429Headers struct {
 	RetryAfter int
 }
 
+// GetSegmentResponse503Headers the declared response headers of an HTTP 503 response for GetSegment
+type GetSegmentResponse503Headers struct {
+	RetryAfter int
+}
+
 type GetSegmentResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -4739,8 +4971,12 @@ type GetSegmentResponse struct {
 	JSON404 *Error
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *RateLimited
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Unavailable
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *GetSegmentResponse429Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *GetSegmentResponse503Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
@@ -4761,6 +4997,11 @@ func (r GetSegmentResponse) GetJSON404() *Error {
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
 func (r GetSegmentResponse) GetJSON429() *RateLimited {
 	return r.JSON429
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r GetSegmentResponse) GetJSON503() *Unavailable {
+	return r.JSON503
 }
 
 // GetBody returns the raw response body bytes
@@ -4797,6 +5038,11 @@ type CreateSegmentResponse429Headers struct {
 	RetryAfter int
 }
 
+// CreateSegmentResponse503Headers the declared response headers of an HTTP 503 response for CreateSegment
+type CreateSegmentResponse503Headers struct {
+	RetryAfter int
+}
+
 type CreateSegmentResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -4812,8 +5058,12 @@ type CreateSegmentResponse struct {
 	JSON408 *Error
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *RateLimited
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Unavailable
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *CreateSegmentResponse429Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *CreateSegmentResponse503Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
@@ -4844,6 +5094,11 @@ func (r CreateSegmentResponse) GetJSON408() *Error {
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
 func (r CreateSegmentResponse) GetJSON429() *RateLimited {
 	return r.JSON429
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r CreateSegmentResponse) GetJSON503() *Unavailable {
+	return r.JSON503
 }
 
 // GetBody returns the raw response body bytes
@@ -4880,6 +5135,11 @@ type RemoveSegmentMembersResponse429Headers struct {
 	RetryAfter int
 }
 
+// RemoveSegmentMembersResponse503Headers the declared response headers of an HTTP 503 response for RemoveSegmentMembers
+type RemoveSegmentMembersResponse503Headers struct {
+	RetryAfter int
+}
+
 type RemoveSegmentMembersResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -4895,8 +5155,12 @@ type RemoveSegmentMembersResponse struct {
 	JSON408 *Error
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *RateLimited
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Unavailable
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *RemoveSegmentMembersResponse429Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *RemoveSegmentMembersResponse503Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
@@ -4927,6 +5191,11 @@ func (r RemoveSegmentMembersResponse) GetJSON408() *Error {
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
 func (r RemoveSegmentMembersResponse) GetJSON429() *RateLimited {
 	return r.JSON429
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r RemoveSegmentMembersResponse) GetJSON503() *Unavailable {
+	return r.JSON503
 }
 
 // GetBody returns the raw response body bytes
@@ -4963,6 +5232,11 @@ type ListSegmentMembersResponse429Headers struct {
 	RetryAfter int
 }
 
+// ListSegmentMembersResponse503Headers the declared response headers of an HTTP 503 response for ListSegmentMembers
+type ListSegmentMembersResponse503Headers struct {
+	RetryAfter int
+}
+
 type ListSegmentMembersResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -4976,8 +5250,12 @@ type ListSegmentMembersResponse struct {
 	JSON404 *Error
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *RateLimited
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Unavailable
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *ListSegmentMembersResponse429Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *ListSegmentMembersResponse503Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
@@ -5003,6 +5281,11 @@ func (r ListSegmentMembersResponse) GetJSON404() *Error {
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
 func (r ListSegmentMembersResponse) GetJSON429() *RateLimited {
 	return r.JSON429
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r ListSegmentMembersResponse) GetJSON503() *Unavailable {
+	return r.JSON503
 }
 
 // GetBody returns the raw response body bytes
@@ -5039,6 +5322,11 @@ type AddSegmentMembersResponse429Headers struct {
 	RetryAfter int
 }
 
+// AddSegmentMembersResponse503Headers the declared response headers of an HTTP 503 response for AddSegmentMembers
+type AddSegmentMembersResponse503Headers struct {
+	RetryAfter int
+}
+
 type AddSegmentMembersResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -5054,8 +5342,12 @@ type AddSegmentMembersResponse struct {
 	JSON408 *Error
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *RateLimited
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Unavailable
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *AddSegmentMembersResponse429Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *AddSegmentMembersResponse503Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
@@ -5086,6 +5378,11 @@ func (r AddSegmentMembersResponse) GetJSON408() *Error {
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
 func (r AddSegmentMembersResponse) GetJSON429() *RateLimited {
 	return r.JSON429
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r AddSegmentMembersResponse) GetJSON503() *Unavailable {
+	return r.JSON503
 }
 
 // GetBody returns the raw response body bytes
@@ -5122,6 +5419,11 @@ type DeleteUserResponse429Headers struct {
 	RetryAfter int
 }
 
+// DeleteUserResponse503Headers the declared response headers of an HTTP 503 response for DeleteUser
+type DeleteUserResponse503Headers struct {
+	RetryAfter int
+}
+
 type DeleteUserResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -5131,8 +5433,12 @@ type DeleteUserResponse struct {
 	JSON404 *Error
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *RateLimited
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Unavailable
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *DeleteUserResponse429Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *DeleteUserResponse503Headers
 }
 
 // GetJSON401 returns the response for an HTTP 401 `application/json` response
@@ -5148,6 +5454,11 @@ func (r DeleteUserResponse) GetJSON404() *Error {
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
 func (r DeleteUserResponse) GetJSON429() *RateLimited {
 	return r.JSON429
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r DeleteUserResponse) GetJSON503() *Unavailable {
+	return r.JSON503
 }
 
 // GetBody returns the raw response body bytes
@@ -5184,6 +5495,11 @@ type GetUserResponse429Headers struct {
 	RetryAfter int
 }
 
+// GetUserResponse503Headers the declared response headers of an HTTP 503 response for GetUser
+type GetUserResponse503Headers struct {
+	RetryAfter int
+}
+
 type GetUserResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -5195,8 +5511,12 @@ type GetUserResponse struct {
 	JSON404 *Error
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *RateLimited
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Unavailable
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *GetUserResponse429Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *GetUserResponse503Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
@@ -5217,6 +5537,11 @@ func (r GetUserResponse) GetJSON404() *Error {
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
 func (r GetUserResponse) GetJSON429() *RateLimited {
 	return r.JSON429
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r GetUserResponse) GetJSON503() *Unavailable {
+	return r.JSON503
 }
 
 // GetBody returns the raw response body bytes
@@ -5253,6 +5578,11 @@ type PutUserResponse429Headers struct {
 	RetryAfter int
 }
 
+// PutUserResponse503Headers the declared response headers of an HTTP 503 response for PutUser
+type PutUserResponse503Headers struct {
+	RetryAfter int
+}
+
 type PutUserResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -5268,8 +5598,12 @@ type PutUserResponse struct {
 	JSON408 *Error
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *RateLimited
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Unavailable
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *PutUserResponse429Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *PutUserResponse503Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
@@ -5300,6 +5634,11 @@ func (r PutUserResponse) GetJSON408() *Error {
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
 func (r PutUserResponse) GetJSON429() *RateLimited {
 	return r.JSON429
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r PutUserResponse) GetJSON503() *Unavailable {
+	return r.JSON503
 }
 
 // GetBody returns the raw response body bytes
@@ -5336,6 +5675,11 @@ type ListUserDevicesResponse429Headers struct {
 	RetryAfter int
 }
 
+// ListUserDevicesResponse503Headers the declared response headers of an HTTP 503 response for ListUserDevices
+type ListUserDevicesResponse503Headers struct {
+	RetryAfter int
+}
+
 type ListUserDevicesResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -5349,8 +5693,12 @@ type ListUserDevicesResponse struct {
 	JSON404 *Error
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *RateLimited
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Unavailable
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *ListUserDevicesResponse429Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *ListUserDevicesResponse503Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
@@ -5376,6 +5724,11 @@ func (r ListUserDevicesResponse) GetJSON404() *Error {
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
 func (r ListUserDevicesResponse) GetJSON429() *RateLimited {
 	return r.JSON429
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r ListUserDevicesResponse) GetJSON503() *Unavailable {
+	return r.JSON503
 }
 
 // GetBody returns the raw response body bytes
@@ -6078,6 +6431,13 @@ func ParseRegisterDeviceResponse(rsp *http.Response) (*RegisterDeviceResponse, e
 		}
 		response.JSON429 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
 	}
 
 	switch {
@@ -6091,6 +6451,16 @@ func ParseRegisterDeviceResponse(rsp *http.Response) (*RegisterDeviceResponse, e
 			headers.RetryAfter = value
 		}
 		response.Headers429 = &headers
+	case rsp.StatusCode == 503:
+		var headers RegisterDeviceResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers503 = &headers
 	}
 
 	return response, nil
@@ -6159,6 +6529,13 @@ func ParseRegisterDevicesResponse(rsp *http.Response) (*RegisterDevicesResponse,
 		}
 		response.JSON429 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
 	}
 
 	switch {
@@ -6172,6 +6549,16 @@ func ParseRegisterDevicesResponse(rsp *http.Response) (*RegisterDevicesResponse,
 			headers.RetryAfter = value
 		}
 		response.Headers429 = &headers
+	case rsp.StatusCode == 503:
+		var headers RegisterDevicesResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers503 = &headers
 	}
 
 	return response, nil
@@ -6215,6 +6602,13 @@ func ParseDeleteDeviceResponse(rsp *http.Response) (*DeleteDeviceResponse, error
 		}
 		response.JSON429 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
 	}
 
 	switch {
@@ -6228,6 +6622,16 @@ func ParseDeleteDeviceResponse(rsp *http.Response) (*DeleteDeviceResponse, error
 			headers.RetryAfter = value
 		}
 		response.Headers429 = &headers
+	case rsp.StatusCode == 503:
+		var headers DeleteDeviceResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers503 = &headers
 	}
 
 	return response, nil
@@ -6275,6 +6679,13 @@ func ParseListMessagesResponse(rsp *http.Response) (*ListMessagesResponse, error
 		}
 		response.JSON429 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
 	}
 
 	switch {
@@ -6288,6 +6699,16 @@ func ParseListMessagesResponse(rsp *http.Response) (*ListMessagesResponse, error
 			headers.RetryAfter = value
 		}
 		response.Headers429 = &headers
+	case rsp.StatusCode == 503:
+		var headers ListMessagesResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers503 = &headers
 	}
 
 	return response, nil
@@ -6363,6 +6784,13 @@ func ParseCreateMessageResponse(rsp *http.Response) (*CreateMessageResponse, err
 		}
 		response.JSON429 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
 	}
 
 	switch {
@@ -6386,6 +6814,16 @@ func ParseCreateMessageResponse(rsp *http.Response) (*CreateMessageResponse, err
 			headers.RetryAfter = value
 		}
 		response.Headers429 = &headers
+	case rsp.StatusCode == 503:
+		var headers CreateMessageResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers503 = &headers
 	}
 
 	return response, nil
@@ -6436,6 +6874,13 @@ func ParseCancelMessageResponse(rsp *http.Response) (*CancelMessageResponse, err
 		}
 		response.JSON429 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
 	}
 
 	switch {
@@ -6449,6 +6894,16 @@ func ParseCancelMessageResponse(rsp *http.Response) (*CancelMessageResponse, err
 			headers.RetryAfter = value
 		}
 		response.Headers429 = &headers
+	case rsp.StatusCode == 503:
+		var headers CancelMessageResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers503 = &headers
 	}
 
 	return response, nil
@@ -6496,6 +6951,13 @@ func ParseGetMessageResponse(rsp *http.Response) (*GetMessageResponse, error) {
 		}
 		response.JSON429 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
 	}
 
 	switch {
@@ -6509,6 +6971,16 @@ func ParseGetMessageResponse(rsp *http.Response) (*GetMessageResponse, error) {
 			headers.RetryAfter = value
 		}
 		response.Headers429 = &headers
+	case rsp.StatusCode == 503:
+		var headers GetMessageResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers503 = &headers
 	}
 
 	return response, nil
@@ -6563,6 +7035,13 @@ func ParseListMessageDeliveriesResponse(rsp *http.Response) (*ListMessageDeliver
 		}
 		response.JSON429 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
 	}
 
 	switch {
@@ -6576,6 +7055,16 @@ func ParseListMessageDeliveriesResponse(rsp *http.Response) (*ListMessageDeliver
 			headers.RetryAfter = value
 		}
 		response.Headers429 = &headers
+	case rsp.StatusCode == 503:
+		var headers ListMessageDeliveriesResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers503 = &headers
 	}
 
 	return response, nil
@@ -6616,6 +7105,13 @@ func ParseGetProvidersResponse(rsp *http.Response) (*GetProvidersResponse, error
 		}
 		response.JSON429 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
 	}
 
 	switch {
@@ -6629,6 +7125,16 @@ func ParseGetProvidersResponse(rsp *http.Response) (*GetProvidersResponse, error
 			headers.RetryAfter = value
 		}
 		response.Headers429 = &headers
+	case rsp.StatusCode == 503:
+		var headers GetProvidersResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers503 = &headers
 	}
 
 	return response, nil
@@ -6676,6 +7182,13 @@ func ParseListSchedulesResponse(rsp *http.Response) (*ListSchedulesResponse, err
 		}
 		response.JSON429 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
 	}
 
 	switch {
@@ -6689,6 +7202,16 @@ func ParseListSchedulesResponse(rsp *http.Response) (*ListSchedulesResponse, err
 			headers.RetryAfter = value
 		}
 		response.Headers429 = &headers
+	case rsp.StatusCode == 503:
+		var headers ListSchedulesResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers503 = &headers
 	}
 
 	return response, nil
@@ -6743,6 +7266,13 @@ func ParseCreateScheduleResponse(rsp *http.Response) (*CreateScheduleResponse, e
 		}
 		response.JSON429 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
 	}
 
 	switch {
@@ -6756,6 +7286,16 @@ func ParseCreateScheduleResponse(rsp *http.Response) (*CreateScheduleResponse, e
 			headers.RetryAfter = value
 		}
 		response.Headers429 = &headers
+	case rsp.StatusCode == 503:
+		var headers CreateScheduleResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers503 = &headers
 	}
 
 	return response, nil
@@ -6799,6 +7339,13 @@ func ParseDeleteScheduleResponse(rsp *http.Response) (*DeleteScheduleResponse, e
 		}
 		response.JSON429 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
 	}
 
 	switch {
@@ -6812,6 +7359,16 @@ func ParseDeleteScheduleResponse(rsp *http.Response) (*DeleteScheduleResponse, e
 			headers.RetryAfter = value
 		}
 		response.Headers429 = &headers
+	case rsp.StatusCode == 503:
+		var headers DeleteScheduleResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers503 = &headers
 	}
 
 	return response, nil
@@ -6859,6 +7416,13 @@ func ParseGetScheduleResponse(rsp *http.Response) (*GetScheduleResponse, error) 
 		}
 		response.JSON429 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
 	}
 
 	switch {
@@ -6872,6 +7436,16 @@ func ParseGetScheduleResponse(rsp *http.Response) (*GetScheduleResponse, error) 
 			headers.RetryAfter = value
 		}
 		response.Headers429 = &headers
+	case rsp.StatusCode == 503:
+		var headers GetScheduleResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers503 = &headers
 	}
 
 	return response, nil
@@ -6933,6 +7507,13 @@ func ParseUpdateScheduleResponse(rsp *http.Response) (*UpdateScheduleResponse, e
 		}
 		response.JSON429 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
 	}
 
 	switch {
@@ -6946,6 +7527,16 @@ func ParseUpdateScheduleResponse(rsp *http.Response) (*UpdateScheduleResponse, e
 			headers.RetryAfter = value
 		}
 		response.Headers429 = &headers
+	case rsp.StatusCode == 503:
+		var headers UpdateScheduleResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers503 = &headers
 	}
 
 	return response, nil
@@ -6993,6 +7584,13 @@ func ParseListSegmentsResponse(rsp *http.Response) (*ListSegmentsResponse, error
 		}
 		response.JSON429 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
 	}
 
 	switch {
@@ -7006,6 +7604,16 @@ func ParseListSegmentsResponse(rsp *http.Response) (*ListSegmentsResponse, error
 			headers.RetryAfter = value
 		}
 		response.Headers429 = &headers
+	case rsp.StatusCode == 503:
+		var headers ListSegmentsResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers503 = &headers
 	}
 
 	return response, nil
@@ -7049,6 +7657,13 @@ func ParseDeleteSegmentResponse(rsp *http.Response) (*DeleteSegmentResponse, err
 		}
 		response.JSON429 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
 	}
 
 	switch {
@@ -7062,6 +7677,16 @@ func ParseDeleteSegmentResponse(rsp *http.Response) (*DeleteSegmentResponse, err
 			headers.RetryAfter = value
 		}
 		response.Headers429 = &headers
+	case rsp.StatusCode == 503:
+		var headers DeleteSegmentResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers503 = &headers
 	}
 
 	return response, nil
@@ -7109,6 +7734,13 @@ func ParseGetSegmentResponse(rsp *http.Response) (*GetSegmentResponse, error) {
 		}
 		response.JSON429 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
 	}
 
 	switch {
@@ -7122,6 +7754,16 @@ func ParseGetSegmentResponse(rsp *http.Response) (*GetSegmentResponse, error) {
 			headers.RetryAfter = value
 		}
 		response.Headers429 = &headers
+	case rsp.StatusCode == 503:
+		var headers GetSegmentResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers503 = &headers
 	}
 
 	return response, nil
@@ -7183,6 +7825,13 @@ func ParseCreateSegmentResponse(rsp *http.Response) (*CreateSegmentResponse, err
 		}
 		response.JSON429 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
 	}
 
 	switch {
@@ -7196,6 +7845,16 @@ func ParseCreateSegmentResponse(rsp *http.Response) (*CreateSegmentResponse, err
 			headers.RetryAfter = value
 		}
 		response.Headers429 = &headers
+	case rsp.StatusCode == 503:
+		var headers CreateSegmentResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers503 = &headers
 	}
 
 	return response, nil
@@ -7257,6 +7916,13 @@ func ParseRemoveSegmentMembersResponse(rsp *http.Response) (*RemoveSegmentMember
 		}
 		response.JSON429 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
 	}
 
 	switch {
@@ -7270,6 +7936,16 @@ func ParseRemoveSegmentMembersResponse(rsp *http.Response) (*RemoveSegmentMember
 			headers.RetryAfter = value
 		}
 		response.Headers429 = &headers
+	case rsp.StatusCode == 503:
+		var headers RemoveSegmentMembersResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers503 = &headers
 	}
 
 	return response, nil
@@ -7324,6 +8000,13 @@ func ParseListSegmentMembersResponse(rsp *http.Response) (*ListSegmentMembersRes
 		}
 		response.JSON429 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
 	}
 
 	switch {
@@ -7337,6 +8020,16 @@ func ParseListSegmentMembersResponse(rsp *http.Response) (*ListSegmentMembersRes
 			headers.RetryAfter = value
 		}
 		response.Headers429 = &headers
+	case rsp.StatusCode == 503:
+		var headers ListSegmentMembersResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers503 = &headers
 	}
 
 	return response, nil
@@ -7398,6 +8091,13 @@ func ParseAddSegmentMembersResponse(rsp *http.Response) (*AddSegmentMembersRespo
 		}
 		response.JSON429 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
 	}
 
 	switch {
@@ -7411,6 +8111,16 @@ func ParseAddSegmentMembersResponse(rsp *http.Response) (*AddSegmentMembersRespo
 			headers.RetryAfter = value
 		}
 		response.Headers429 = &headers
+	case rsp.StatusCode == 503:
+		var headers AddSegmentMembersResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers503 = &headers
 	}
 
 	return response, nil
@@ -7454,6 +8164,13 @@ func ParseDeleteUserResponse(rsp *http.Response) (*DeleteUserResponse, error) {
 		}
 		response.JSON429 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
 	}
 
 	switch {
@@ -7467,6 +8184,16 @@ func ParseDeleteUserResponse(rsp *http.Response) (*DeleteUserResponse, error) {
 			headers.RetryAfter = value
 		}
 		response.Headers429 = &headers
+	case rsp.StatusCode == 503:
+		var headers DeleteUserResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers503 = &headers
 	}
 
 	return response, nil
@@ -7514,6 +8241,13 @@ func ParseGetUserResponse(rsp *http.Response) (*GetUserResponse, error) {
 		}
 		response.JSON429 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
 	}
 
 	switch {
@@ -7527,6 +8261,16 @@ func ParseGetUserResponse(rsp *http.Response) (*GetUserResponse, error) {
 			headers.RetryAfter = value
 		}
 		response.Headers429 = &headers
+	case rsp.StatusCode == 503:
+		var headers GetUserResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers503 = &headers
 	}
 
 	return response, nil
@@ -7588,6 +8332,13 @@ func ParsePutUserResponse(rsp *http.Response) (*PutUserResponse, error) {
 		}
 		response.JSON429 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
 	}
 
 	switch {
@@ -7601,6 +8352,16 @@ func ParsePutUserResponse(rsp *http.Response) (*PutUserResponse, error) {
 			headers.RetryAfter = value
 		}
 		response.Headers429 = &headers
+	case rsp.StatusCode == 503:
+		var headers PutUserResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers503 = &headers
 	}
 
 	return response, nil
@@ -7655,6 +8416,13 @@ func ParseListUserDevicesResponse(rsp *http.Response) (*ListUserDevicesResponse,
 		}
 		response.JSON429 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
 	}
 
 	switch {
@@ -7668,6 +8436,16 @@ func ParseListUserDevicesResponse(rsp *http.Response) (*ListUserDevicesResponse,
 			headers.RetryAfter = value
 		}
 		response.Headers429 = &headers
+	case rsp.StatusCode == 503:
+		var headers ListUserDevicesResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers503 = &headers
 	}
 
 	return response, nil
