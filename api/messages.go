@@ -263,31 +263,6 @@ func (a *audienceRequest) validate() error {
 	}
 }
 
-func validatePayload(p *push.Content) error {
-	if p == nil {
-		return invalid("payload", "payload is required")
-	}
-	if p.Title == "" && p.Body == "" && len(p.Data) == 0 {
-		return invalid("payload", "payload needs a title, a body or data")
-	}
-	for k := range p.Data {
-		switch {
-		case k == "":
-			return invalid("payload.data", "payload.data keys must not be empty")
-		case k == push.MessageIDKey || k == "aps":
-			return invalid("payload.data."+k, "payload.data key %q is reserved", k)
-		}
-	}
-	var sizeErr *push.SizeError
-	if err := push.CheckSize(*p); errors.As(err, &sizeErr) {
-		return &Error{Status: http.StatusRequestEntityTooLarge, Code: "payload_too_large", Field: "payload",
-			Message: sizeErr.Error()}
-	} else if err != nil {
-		return invalid("payload", "payload cannot be encoded: %v", err)
-	}
-	return nil
-}
-
 // messageResponse is the body of a 202 and the head of a status response.
 type messageResponse struct {
 	MessageID      string    `json:"message_id"`
