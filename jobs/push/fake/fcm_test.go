@@ -125,6 +125,16 @@ func TestFCMRawRequests(t *testing.T) {
 		{name: "names are case-sensitive", body: `{"Message":{"token":"t1"}}`, status: 400, message: `Unknown name "Message"`},
 		{name: "null is absent", body: `{"message":{"token":"t1","android":null,"data":null}}`, status: 200},
 		{name: "bad priority", body: `{"message":{"token":"t1","android":{"priority":"urgent"}}}`, status: 400, message: "message.android.priority"},
+		{name: "notification title not a string", body: `{"message":{"token":"t1","notification":{"title":1}}}`, status: 400, message: "message.notification.title"},
+		{name: "unknown notification field", body: `{"message":{"token":"t1","notification":{"subtitle":"s"}}}`, status: 400, message: `Unknown name "subtitle" at 'message.notification'`},
+		{name: "color not #rrggbb", body: `{"message":{"token":"t1","android":{"notification":{"color":"orange"}}}}`, status: 400, message: "message.android.notification.color"},
+		{name: "notification_count not an integer", body: `{"message":{"token":"t1","android":{"notification":{"notification_count":"7"}}}}`, status: 400, message: "message.android.notification.notification_count"},
+		{name: "unknown android notification field", body: `{"message":{"token":"t1","android":{"notification":{"badge":7}}}}`, status: 400, message: `Unknown name "badge" at 'message.android.notification'`},
+		{name: "bad visibility", body: `{"message":{"token":"t1","android":{"notification":{"visibility":"HIDDEN"}}}}`, status: 400, message: "message.android.notification.visibility"},
+		{name: "bad web push urgency", body: `{"message":{"token":"t1","webpush":{"headers":{"Urgency":"urgent"}}}}`, status: 400, message: "Urgency"},
+		{name: "web push header not a string", body: `{"message":{"token":"t1","webpush":{"headers":{"TTL":60}}}}`, status: 400, message: "message.webpush.headers"},
+		{name: "web push link not https", body: `{"message":{"token":"t1","webpush":{"fcm_options":{"link":"http://x"}}}}`, status: 400, message: "https"},
+		{name: "rich android notification", body: `{"message":{"token":"t1","notification":{"title":"t","image":"https://x/i.png"},"android":{"notification":{"color":"#ff8800","notification_count":3,"channel_id":"c","visibility":"PUBLIC"}}}}`, status: 200},
 		{name: "expired or forged bearer", bearer: "ya29.fake-AAAAAAAAAAAAAAAAAAAAAA.AAAAAAAAAAAAAAAAAAAAAA", body: `{"message":{"token":"t1"}}`, status: 401, message: "invalid authentication credentials"},
 	}
 	for _, tt := range tests {

@@ -2,6 +2,7 @@ package fake
 
 import (
 	"fmt"
+	"net/http"
 	"runtime"
 	"testing"
 	"time"
@@ -92,4 +93,30 @@ func BenchmarkRecorderAdd(b *testing.B) {
 	for i := 0; b.Loop(); i++ {
 		r.add(APNs, tokens[i%len(tokens)], "msg_1", "msg_1", int64(i), nil)
 	}
+}
+
+// TestRecorderDetailsBounded: only the most recent pushes keep their
+// details, however many are recorded, and a reset forgets them.
+func TestRecorderDetailsBounded(t *testing.T) {
+	t.Parallel()
+	r := newRecorder("", 3)
+	for i := range 5 {
+		h := http.Header{"Apns-Priority": {"10"}, "Authorization": {"bearer secret"}}
+		r.add(APNs, fmt.Sprintf("t%d", i), "m1", "m1", int64(i), newDetail(h, []byte(`{"aps":{}}`)))
+	}
+	got := r.receipts("m1", true)
+	require.Len(t, got, 5)
+	for i, rc := range got {
+		if i < 2 {
+			require.Nil(t, rc.Headers, "push %d is older than the last 3", i)
+			require.Nil(t, rc.Body)
+			continue
+		}
+		require.Equal(t, map[string]string{"apns-priority": "10", "authorization": "bearer (redacted)"}, rc.Headers)
+		require.JSONEq(t, `{"aps":{}}`, string(rc.Body))
+	}
+	require.Nil(t, r.receipts("m1", false)[4].Headers, "details only when asked for")
+	r.reset()
+	r.add(APNs, "t9", "m1", "m1", 9, nil)
+	require.Nil(t, r.receipts("m1", true)[0].Headers)
 }
