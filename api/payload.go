@@ -1,6 +1,8 @@
 package api
 
 import (
+	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -8,6 +10,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/heraldpush/herald/db"
 	"github.com/heraldpush/herald/jobs/push"
 )
 
@@ -217,4 +220,18 @@ func isRGBColor(s string) bool {
 		}
 	}
 	return true
+}
+
+// payloadsOf reads the stored payloads that ids name, by id: a page of
+// messages or schedules reads its payloads in one query.
+func payloadsOf(ctx context.Context, q *db.Queries, ids ...int64) (map[int64]json.RawMessage, error) {
+	rows, err := q.GetPayloads(ctx, ids)
+	if err != nil {
+		return nil, fmt.Errorf("read payloads: %w", err)
+	}
+	out := make(map[int64]json.RawMessage, len(rows))
+	for _, r := range rows {
+		out[r.ID] = r.Content
+	}
+	return out, nil
 }
