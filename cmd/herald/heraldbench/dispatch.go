@@ -1,6 +1,7 @@
 package heraldbench
 
 import (
+	"cmp"
 	"context"
 	"net/http"
 	"time"
@@ -19,6 +20,31 @@ type scheduled struct {
 	bulkN, urgentN   int64
 }
 
+// bulkPayloads are the bulk message's payloads that --payload names: plain,
+// and rich with every field of the payload reference that a digest would
+// use, so that the two runs compare what the fields cost per send.
+var bulkPayloads = map[string]push.Content{
+	"plain": {Title: "Your daily digest", Body: "12 new items since yesterday", Data: map[string]string{"deep_link": "app://digest"}},
+	"rich": {
+		Title: "Your daily digest", Subtitle: "Tuesday", Body: "12 new items since yesterday",
+		Data:  map[string]string{"deep_link": "app://digest"},
+		Image: "https://cdn.example.com/digest.png", URL: "https://app.example.com/digest",
+		Sound: "default", Badge: ptr(12), Category: "DIGEST", ThreadID: "digest",
+		InterruptionLevel: "passive", RelevanceScore: ptr(0.4),
+		APNs: &push.APNsOptions{TargetContentID: "digest"},
+		FCM:  &push.FCMOptions{AndroidChannelID: "digest", Tag: "digest", Color: "#3366ff", Icon: "ic_digest"},
+		WebPush: &push.WebPushOptions{Icon: "https://cdn.example.com/icon.png", BadgeIcon: "https://cdn.example.com/badge.png",
+			Actions: []push.WebPushAction{{Action: "open", Title: "Open"}, {Action: "later", Title: "Later"}}, Tag: "digest", Urgency: "low"},
+	},
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// bulkPayload is the payload Config.Payload names, plain when empty.
+func (b *Benchmark) bulkPayload() push.Content {
+	return bulkPayloads[cmp.Or(b.Config.Payload, "plain")]
+}
+
 // schedule schedules, through the API, the bulk message to every user of
 // segment "bench" and the urgent one to the urgent user, both for the same
 // instant Config.Ahead from now.
@@ -29,7 +55,7 @@ func (b *Benchmark) schedule(ctx context.Context, res *Result) (scheduled, error
 	bulk, err := b.api(http.MethodPost, "/v1/messages", map[string]any{
 		"dispatch_at": dispatchAt.Format(time.RFC3339Nano), "priority": "bulk",
 		"audience": map[string]any{"type": "segment", "id": "bench"},
-		"payload":  map[string]any{"title": "Your daily digest", "body": "12 new items since yesterday", "data": map[string]any{"deep_link": "app://digest"}},
+		"payload":  b.bulkPayload(),
 	}, http.StatusAccepted)
 	if err != nil {
 		return scheduled{}, err

@@ -65,6 +65,8 @@ type Result struct {
 	// (--urgent-worker); cpu_us_per_send and peak_rss_mb then cover both
 	// processes (the sum of their CPU, the larger peak).
 	UrgentWorker bool `json:"urgent_worker,omitempty"`
+	// Payload is the bulk message's payload, plain or rich (--payload).
+	Payload string `json:"payload"`
 }
 
 type summary struct {
