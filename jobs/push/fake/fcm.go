@@ -336,16 +336,7 @@ func parseFCMSend(body []byte) (fcmSend, string) {
 		case "webpush":
 			p.webpush(v)
 		case "apns":
-			p.object("message.apns", v, func(k, v []byte) {
-				switch string(k) {
-				case "headers":
-					p.stringMap("message.apns.headers", v)
-				case "payload", "fcm_options", "fcmOptions":
-					p.object("message.apns."+string(k), v, nil)
-				default:
-					p.unknown(k, "message.apns")
-				}
-			})
+			p.apns(v)
 		case "fcm_options", "fcmOptions":
 			p.object("message."+string(k), v, nil)
 		default:
@@ -576,6 +567,52 @@ func (p *fcmParser) webpush(v []byte) {
 			p.unknown(k, at)
 		}
 	})
+}
+
+// apns checks message.apns: string headers, and the payload's aps as APNs
+// would check it with those headers (a background push must be
+// content-available alone at priority 5).
+func (p *fcmParser) apns(v []byte) {
+	const at = "message.apns"
+	var headers, aps []byte
+	p.object(at, v, func(k, v []byte) {
+		switch string(k) {
+		case "headers":
+			headers = v
+			p.stringMap(at+".headers", v)
+		case "payload":
+			p.object(at+".payload", v, func(k, v []byte) {
+				if string(k) == "aps" {
+					aps = v
+				}
+			})
+		case "fcm_options", "fcmOptions":
+			p.object(at+"."+string(k), v, nil)
+		default:
+			p.unknown(k, at)
+		}
+	})
+	if p.problem != "" || isNull(headers) {
+		return
+	}
+	pushType, priority := "", "10"
+	forEachField(headers, func(k, v []byte) {
+		switch strings.ToLower(string(k)) {
+		case "apns-push-type":
+			pushType = jsonString(v)
+		case "apns-priority":
+			priority = jsonString(v)
+		}
+	})
+	if pushType == "" {
+		return
+	}
+	if isNull(aps) {
+		aps = []byte("{}")
+	}
+	if reason := checkAPS(aps, pushType, priority); reason != "" {
+		p.fail("Request contains an invalid argument: APNs would refuse it (" + reason + ").")
+	}
 }
 
 // stringMap checks a map<string, string>.

@@ -134,6 +134,9 @@ func TestFCMRawRequests(t *testing.T) {
 		{name: "bad web push urgency", body: `{"message":{"token":"t1","webpush":{"headers":{"Urgency":"urgent"}}}}`, status: 400, message: "Urgency"},
 		{name: "web push header not a string", body: `{"message":{"token":"t1","webpush":{"headers":{"TTL":60}}}}`, status: 400, message: "message.webpush.headers"},
 		{name: "web push link not https", body: `{"message":{"token":"t1","webpush":{"fcm_options":{"link":"http://x"}}}}`, status: 400, message: "https"},
+		{name: "apns background without content-available", body: `{"message":{"token":"t1","apns":{"headers":{"apns-push-type":"background","apns-priority":"5"}}}}`, status: 400, message: "InvalidPushType"},
+		{name: "apns background at priority 10", body: `{"message":{"token":"t1","apns":{"headers":{"apns-push-type":"background"},"payload":{"aps":{"content-available":1}}}}}`, status: 400, message: "BadPriority"},
+		{name: "apns background", body: `{"message":{"token":"t1","apns":{"headers":{"apns-push-type":"background","apns-priority":"5"},"payload":{"aps":{"content-available":1}}}}}`, status: 200},
 		{name: "rich android notification", body: `{"message":{"token":"t1","notification":{"title":"t","image":"https://x/i.png"},"android":{"notification":{"color":"#ff8800","notification_count":3,"channel_id":"c","visibility":"PUBLIC"}}}}`, status: 200},
 		{name: "expired or forged bearer", bearer: "ya29.fake-AAAAAAAAAAAAAAAAAAAAAA.AAAAAAAAAAAAAAAAAAAAAA", body: `{"message":{"token":"t1"}}`, status: 401, message: "invalid authentication credentials"},
 	}

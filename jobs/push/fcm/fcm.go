@@ -248,8 +248,11 @@ func (p *Provider) message(m *push.Message, now time.Time) messaging.Message {
 		}},
 	}
 	if c.Silent {
+		// What FCM documents for a background push to an iOS app: APNs'
+		// own background push, content-available alone at priority 5.
 		msg.APNS.Headers["apns-priority"] = "5"
 		msg.APNS.Headers["apns-push-type"] = "background"
+		msg.APNS.Payload = &messaging.APNSPayload{Aps: &messaging.Aps{ContentAvailable: true}}
 	} else {
 		msg.Notification = &messaging.Notification{Title: c.Title, Body: c.Body, ImageURL: c.Image}
 		msg.Android.Notification = androidNotification(m)

@@ -296,5 +296,6 @@ func TestRichPayload(t *testing.T) {
 		apnsHeaders := got.Body["apns"].(map[string]any)["headers"].(map[string]any)
 		require.Equal(t, "background", apnsHeaders["apns-push-type"])
 		require.Equal(t, "5", apnsHeaders["apns-priority"])
+		require.Equal(t, map[string]any{"aps": map[string]any{"content-available": 1.0}}, got.Body["apns"].(map[string]any)["payload"])
 	})
 }
