@@ -128,7 +128,7 @@ func (c *Content) ReservedDataKey(k string) bool {
 	return false
 }
 
-// Interruption levels, as APNs names them.
+// InterruptionLevels are the interruption levels APNs knows, in its words.
 var InterruptionLevels = []string{"passive", "active", "time-sensitive", "critical"}
 
 // apnsAlert is the alert of an APNs payload.
