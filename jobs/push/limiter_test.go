@@ -107,7 +107,9 @@ func TestLimiterSend(t *testing.T) {
 				return tc.allows[n-1]
 			}
 			results := make([]Result, len(tc.targets))
-			NewLimiter(len(tc.targets)+1).Send(context.Background(), tc.targets, results, allow, tc.reject, sent)
+			l := NewLimiter(len(tc.targets) + 1)
+			t.Cleanup(l.Close)
+			l.Send(context.Background(), tc.targets, results, allow, tc.reject, sent)
 			require.Equal(t, tc.want, withoutLatency(t, results))
 			require.Equal(t, tc.asked, int(asked.Load()))
 			for i, r := range results {
@@ -131,6 +133,7 @@ func TestLimiterSendCanceled(t *testing.T) {
 	// One slot, held by the first target's request until release closes, so
 	// that Send is waiting for a slot when ctx ends.
 	l := NewLimiter(1)
+	t.Cleanup(l.Close)
 	started, release := make(chan struct{}), make(chan struct{})
 	send := func(t Target) Result {
 		if t.Token == "a" {
@@ -167,6 +170,7 @@ func TestLimiterSendAllowWithSlotInHand(t *testing.T) {
 	// while allow is asked: a breaker that opened while Send waited is seen
 	// before the next request starts.
 	l := NewLimiter(1)
+	t.Cleanup(l.Close)
 	var inFlight atomic.Int32
 	allow := func() bool {
 		require.Zero(t, inFlight.Load(), "allow was asked without the slot")
@@ -190,6 +194,7 @@ func TestLimiterSendRefusalFreesSlot(t *testing.T) {
 	// A refused allow hands its slot back: otherwise every refusal would
 	// shrink the limit shared by later Sends until they hung.
 	l := NewLimiter(1)
+	t.Cleanup(l.Close)
 	results := make([]Result, 1)
 	for range 3 {
 		l.Send(context.Background(), tokens("a"), results, func() bool { return false }, nil, sent)
@@ -212,6 +217,7 @@ func TestLimiterSendBound(t *testing.T) {
 	t.Parallel()
 	const limit = 4
 	l := NewLimiter(limit)
+	t.Cleanup(l.Close)
 	var now, peak atomic.Int32
 	send := func(t Target) Result {
 		n := now.Add(1)
