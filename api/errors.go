@@ -97,7 +97,8 @@ func toAPIError(err error) *Error {
 	if errors.As(err, &invalidErr) {
 		var sizeErr *push.SizeError
 		if errors.As(invalidErr, &sizeErr) {
-			return &Error{Status: http.StatusRequestEntityTooLarge, Code: "payload_too_large", Field: invalidErr.Field, Message: invalidErr.Message}
+			return &Error{Status: http.StatusRequestEntityTooLarge, Code: "payload_too_large", Field: invalidErr.Field, Message: invalidErr.Message,
+				Extra: map[string]any{"channel": sizeErr.Channel}}
 		}
 		return invalid(invalidErr.Field, "%s", invalidErr.Message)
 	}

@@ -267,10 +267,13 @@ type messageStatus struct {
 	Deliveries deliveryCounts `json:"deliveries"`
 	SkewMs     *skewSummary   `json:"skew_ms"`
 	Waves      []wave         `json:"waves,omitempty"`
+	// Payload is what the message sends, as it was stored.
+	Payload json.RawMessage `json:"payload"`
 }
 
-func newMessageStatus(m db.Message) messageStatus {
+func newMessageStatus(m db.Message, payload json.RawMessage) messageStatus {
 	st := messageStatus{
+		Payload:    payload,
 		Receipt:    jobs.NewReceipt(m),
 		CreatedAt:  m.CreatedAt.UTC(),
 		StartedAt:  utcPtr(m.StartedAt),
@@ -298,7 +301,11 @@ func (s *Server) getMessage(c echo.Context) error {
 		return err
 	}
 	id := m.ID
-	st := newMessageStatus(m)
+	payloads, err := payloadsOf(ctx, q, m.PayloadID)
+	if err != nil {
+		return err
+	}
+	st := newMessageStatus(m, payloads[m.PayloadID])
 	if st.SkewMs == nil && m.AcceptedCount > 0 {
 		sk, err := q.MessageSkew(ctx, id)
 		if err != nil {
@@ -491,9 +498,17 @@ func (s *Server) listMessages(c echo.Context) error {
 		return fmt.Errorf("list messages: %w", err)
 	}
 	rows, next := paginate(pg, rows, func(m db.Message) int64 { return m.ID })
+	payloadIDs := make([]int64, len(rows))
+	for i, m := range rows {
+		payloadIDs[i] = m.PayloadID
+	}
+	payloads, err := payloadsOf(ctx, db.On(s.pool), payloadIDs...)
+	if err != nil {
+		return err
+	}
 	page := messagePage{Items: make([]json.RawMessage, 0, len(rows)), NextCursor: next}
 	for _, m := range rows {
-		if item, ok := s.listed(c, "message_id", push.FormatMessageID(m.ID), newMessageStatus(m), nil); ok {
+		if item, ok := s.listed(c, "message_id", push.FormatMessageID(m.ID), newMessageStatus(m, payloads[m.PayloadID]), nil); ok {
 			page.Items = append(page.Items, item)
 		}
 	}

@@ -167,6 +167,8 @@ type scheduleResponse struct {
 	// NextRuns, and cancelling a message cancels its run.
 	PendingRuns []pendingRun `json:"pending_runs"`
 	CreatedAt   time.Time    `json:"created_at"`
+	// Payload is what each run sends, as it was stored.
+	Payload json.RawMessage `json:"payload"`
 }
 
 // pendingRun is a schedule run made into a message that has not started.
@@ -175,10 +177,11 @@ type pendingRun struct {
 	MessageID string    `json:"message_id"`
 }
 
-// newScheduleResponse shows schedule s; pending are its runs made into
-// messages and not started (pendingRuns), earliest first.
-func newScheduleResponse(s db.Schedule, pending []db.PendingRunsRow) (scheduleResponse, error) {
+// newScheduleResponse shows schedule s with its payload; pending are its
+// runs made into messages and not started (pendingRuns), earliest first.
+func newScheduleResponse(s db.Schedule, payload json.RawMessage, pending []db.PendingRunsRow) (scheduleResponse, error) {
 	r := scheduleResponse{
+		Payload:    payload,
 		ScheduleID: formatScheduleID(s.ID), Cron: s.Cron, Timezone: s.Timezone, Audience: s.Audience,
 		Priority: s.Priority, TTLSeconds: s.TtlSeconds, StartsAt: utcPtr(s.StartsAt), EndsAt: utcPtr(s.EndsAt),
 		LocalTime: s.LocalTime, Paused: s.Paused, NextRuns: []time.Time{}, PendingRuns: []pendingRun{},
@@ -288,7 +291,7 @@ func (s *Server) createSchedule(c echo.Context) error {
 		if err != nil {
 			return 0, nil, fmt.Errorf("store schedule: %w", err)
 		}
-		resp, err := newScheduleResponse(sch, nil)
+		resp, err := newScheduleResponse(sch, content, nil)
 		if err != nil {
 			return 0, nil, err
 		}
@@ -323,7 +326,11 @@ func (s *Server) getSchedule(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	resp, err := newScheduleResponse(sch, pending[sch.ID])
+	payloads, err := payloadsOf(c.Request().Context(), q, sch.PayloadID)
+	if err != nil {
+		return err
+	}
+	resp, err := newScheduleResponse(sch, payloads[sch.PayloadID], pending[sch.ID])
 	if err != nil {
 		return err
 	}
@@ -349,16 +356,21 @@ func (s *Server) listSchedules(c echo.Context) error {
 	}
 	rows, next := paginate(pg, rows, func(sch db.Schedule) int64 { return sch.ID })
 	ids := make([]int64, len(rows))
+	payloadIDs := make([]int64, len(rows))
 	for i, sch := range rows {
-		ids[i] = sch.ID
+		ids[i], payloadIDs[i] = sch.ID, sch.PayloadID
 	}
 	pending, err := pendingRuns(c.Request().Context(), q, ids...)
 	if err != nil {
 		return err
 	}
+	payloads, err := payloadsOf(c.Request().Context(), q, payloadIDs...)
+	if err != nil {
+		return err
+	}
 	page := schedulePage{Items: make([]json.RawMessage, 0, len(rows)), NextCursor: next}
 	for _, sch := range rows {
-		r, err := newScheduleResponse(sch, pending[sch.ID])
+		r, err := newScheduleResponse(sch, payloads[sch.PayloadID], pending[sch.ID])
 		if item, ok := s.listed(c, "schedule_id", formatScheduleID(sch.ID), r, err); ok {
 			page.Items = append(page.Items, item)
 		}
@@ -424,7 +436,11 @@ func (s *Server) patchSchedule(c echo.Context) error {
 		if err != nil {
 			return 0, nil, err
 		}
-		resp, err := newScheduleResponse(sch, pending[id])
+		payloads, err := payloadsOf(ctx, q, sch.PayloadID)
+		if err != nil {
+			return 0, nil, err
+		}
+		resp, err := newScheduleResponse(sch, payloads[sch.PayloadID], pending[id])
 		return http.StatusOK, resp, err
 	})
 }

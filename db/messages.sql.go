@@ -294,6 +294,36 @@ func (q *Queries) GetPayload(ctx context.Context, id int64) ([]byte, error) {
 	return content, err
 }
 
+const getPayloads = `-- name: GetPayloads :many
+SELECT id, content FROM payloads WHERE id = ANY ($1::bigint[])
+`
+
+type GetPayloadsRow struct {
+	ID      int64
+	Content []byte
+}
+
+// The payloads of a page of messages or schedules, read back as stored.
+func (q *Queries) GetPayloads(ctx context.Context, ids []int64) ([]GetPayloadsRow, error) {
+	rows, err := q.db.Query(ctx, getPayloads, ids)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []GetPayloadsRow{}
+	for rows.Next() {
+		var i GetPayloadsRow
+		if err := rows.Scan(&i.ID, &i.Content); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 type InsertDeliveriesParams struct {
 	MessageID int64
 	DeviceID  int64

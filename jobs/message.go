@@ -375,22 +375,17 @@ func CheckInstant(field string, t time.Time) error {
 // CheckPayload checks a message's content: something to show or deliver,
 // no reserved data key, and a size every provider takes.
 func CheckPayload(p push.Content) error {
-	if p.Title == "" && p.Body == "" && len(p.Data) == 0 {
-		return invalid("payload", "payload needs a title, a body or data")
-	}
-	if err := CheckText("payload.title", p.Title); err != nil {
+	if err := checkPayloadFields(&p); err != nil {
 		return err
 	}
-	if err := CheckText("payload.body", p.Body); err != nil {
-		return err
+	// Over HTTP the body was checked whole; a Go caller's strings are
+	// checked here, each by its field.
+	for field, v := range payloadTexts(&p) {
+		if err := CheckText("payload."+field, v); err != nil {
+			return err
+		}
 	}
 	for k, v := range p.Data {
-		switch {
-		case k == "":
-			return invalid("payload.data", "payload.data keys must not be empty")
-		case k == push.MessageIDKey || k == "aps":
-			return invalid("payload.data."+k, "payload.data key %q is reserved", k)
-		}
 		if err := CheckText("payload.data", k); err != nil {
 			return err
 		}

@@ -122,6 +122,24 @@ func (e DeviceStatus) Valid() bool {
 	}
 }
 
+// Defines values for FCMOptionsAndroidPriority.
+const (
+	FCMOptionsAndroidPriorityHigh   FCMOptionsAndroidPriority = "high"
+	FCMOptionsAndroidPriorityNormal FCMOptionsAndroidPriority = "normal"
+)
+
+// Valid indicates whether the value is a known member of the FCMOptionsAndroidPriority enum.
+func (e FCMOptionsAndroidPriority) Valid() bool {
+	switch e {
+	case FCMOptionsAndroidPriorityHigh:
+		return true
+	case FCMOptionsAndroidPriorityNormal:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for IfPassed.
 const (
 	IfPassedSendNow IfPassed = "send_now"
@@ -161,6 +179,30 @@ func (e MessageState) Valid() bool {
 	case MessageStateExpired:
 		return true
 	case MessageStateScheduled:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for PayloadInterruptionLevel.
+const (
+	PayloadInterruptionLevelActive        PayloadInterruptionLevel = "active"
+	PayloadInterruptionLevelCritical      PayloadInterruptionLevel = "critical"
+	PayloadInterruptionLevelPassive       PayloadInterruptionLevel = "passive"
+	PayloadInterruptionLevelTimeSensitive PayloadInterruptionLevel = "time-sensitive"
+)
+
+// Valid indicates whether the value is a known member of the PayloadInterruptionLevel enum.
+func (e PayloadInterruptionLevel) Valid() bool {
+	switch e {
+	case PayloadInterruptionLevelActive:
+		return true
+	case PayloadInterruptionLevelCritical:
+		return true
+	case PayloadInterruptionLevelPassive:
+		return true
+	case PayloadInterruptionLevelTimeSensitive:
 		return true
 	default:
 		return false
@@ -219,6 +261,39 @@ func (e Reason) Valid() bool {
 	default:
 		return false
 	}
+}
+
+// Defines values for WebPushOptionsUrgency.
+const (
+	WebPushOptionsUrgencyHigh    WebPushOptionsUrgency = "high"
+	WebPushOptionsUrgencyLow     WebPushOptionsUrgency = "low"
+	WebPushOptionsUrgencyNormal  WebPushOptionsUrgency = "normal"
+	WebPushOptionsUrgencyVeryLow WebPushOptionsUrgency = "very-low"
+)
+
+// Valid indicates whether the value is a known member of the WebPushOptionsUrgency enum.
+func (e WebPushOptionsUrgency) Valid() bool {
+	switch e {
+	case WebPushOptionsUrgencyHigh:
+		return true
+	case WebPushOptionsUrgencyLow:
+		return true
+	case WebPushOptionsUrgencyNormal:
+		return true
+	case WebPushOptionsUrgencyVeryLow:
+		return true
+	default:
+		return false
+	}
+}
+
+// APNsOptions What only APNs has.
+type APNsOptions struct {
+	// CriticalSoundVolume Needs interruption_level critical. APNs aps.sound {critical 1, name, volume}.
+	CriticalSoundVolume *float32 `json:"critical_sound_volume,omitempty"`
+
+	// TargetContentID APNs aps.target-content-id.
+	TargetContentID *string `json:"target_content_id,omitempty"`
 }
 
 // Audience defines model for Audience.
@@ -323,6 +398,27 @@ type ErrorDetail struct {
 	AdditionalProperties map[string]interface{} `json:"-"`
 }
 
+// FCMOptions What only FCM has.
+type FCMOptions struct {
+	// AndroidChannelID FCM android.notification.channel_id.
+	AndroidChannelID *string `json:"android_channel_id,omitempty"`
+
+	// AndroidPriority FCM android.priority, instead of the message's priority.
+	AndroidPriority *FCMOptionsAndroidPriority `json:"android_priority,omitempty"`
+
+	// Color FCM android.notification.color.
+	Color *string `json:"color,omitempty"`
+
+	// Icon FCM android.notification.icon.
+	Icon *string `json:"icon,omitempty"`
+
+	// Tag FCM android.notification.tag; the message id when absent.
+	Tag *string `json:"tag,omitempty"`
+}
+
+// FCMOptionsAndroidPriority FCM android.priority, instead of the message's priority.
+type FCMOptionsAndroidPriority string
+
 // HealthStatus defines model for HealthStatus.
 type HealthStatus struct {
 	Status *string `json:"status,omitempty"`
@@ -389,8 +485,11 @@ type MessageStatus struct {
 	DispatchAt  time.Time      `json:"dispatch_at"`
 
 	// ExpiresAt When the message ends: for a local-time message, its last wave's expiry.
-	ExpiresAt      time.Time    `json:"expires_at"`
-	MessageID      string       `json:"message_id"`
+	ExpiresAt time.Time `json:"expires_at"`
+	MessageID string    `json:"message_id"`
+
+	// Payload What a message shows, encoded once per channel; each field's provider field is in the description (README, The payload). Needs a title, a body, data or silent: true. A wrong field is a 400 naming it (payload.badge, payload.webpush.actions[1].title, ...); an encoding over 4096 bytes is a 413 naming the channel.
+	Payload        Payload      `json:"payload"`
 	Priority       Priority     `json:"priority"`
 	RecipientCount int          `json:"recipient_count"`
 	ScheduleID     *string      `json:"schedule_id"`
@@ -421,6 +520,8 @@ type NewMessage struct {
 
 	// IfPassed A local-time wave whose instant has passed for a recipient: skipped, or sent at once.
 	IfPassed *IfPassed `json:"if_passed,omitempty"`
+
+	// Payload What a message shows, encoded once per channel; each field's provider field is in the description (README, The payload). Needs a title, a body, data or silent: true. A wrong field is a 400 naming it (payload.badge, payload.webpush.actions[1].title, ...); an encoding over 4096 bytes is a 413 naming the channel.
 	Payload  Payload   `json:"payload"`
 	Priority *Priority `json:"priority,omitempty"`
 
@@ -442,8 +543,10 @@ type NewSchedule struct {
 	// IfPassed A local-time wave whose instant has passed for a recipient: skipped, or sent at once.
 	IfPassed  *IfPassed `json:"if_passed,omitempty"`
 	LocalTime *bool     `json:"local_time,omitempty"`
-	Payload   Payload   `json:"payload"`
-	Priority  *Priority `json:"priority,omitempty"`
+
+	// Payload What a message shows, encoded once per channel; each field's provider field is in the description (README, The payload). Needs a title, a body, data or silent: true. A wrong field is a 400 naming it (payload.badge, payload.webpush.actions[1].title, ...); an encoding over 4096 bytes is a 413 naming the channel.
+	Payload  Payload   `json:"payload"`
+	Priority *Priority `json:"priority,omitempty"`
 
 	// StartsAt In years 1970 to 9999 UTC.
 	StartsAt *time.Time `json:"starts_at,omitempty"`
@@ -453,12 +556,59 @@ type NewSchedule struct {
 	TTLSeconds *int    `json:"ttl_seconds,omitempty"`
 }
 
-// Payload defines model for Payload.
+// Payload What a message shows, encoded once per channel; each field's provider field is in the description (README, The payload). Needs a title, a body, data or silent: true. A wrong field is a 400 naming it (payload.badge, payload.webpush.actions[1].title, ...); an encoding over 4096 bytes is a 413 naming the channel.
 type Payload struct {
-	Body  *string            `json:"body,omitempty"`
-	Data  *map[string]string `json:"data,omitempty"`
-	Title *string            `json:"title,omitempty"`
+	// Apns What only APNs has.
+	Apns *APNsOptions `json:"apns,omitempty"`
+
+	// Badge APNs aps.badge; FCM android.notification.notification_count; Web Push app_badge. 0 clears.
+	Badge *int `json:"badge,omitempty"`
+
+	// Body APNs aps.alert.body; FCM notification.body; Web Push body.
+	Body *string `json:"body,omitempty"`
+
+	// Category APNs aps.category; FCM android.notification.click_action.
+	Category *string `json:"category,omitempty"`
+
+	// Data APNs custom top-level keys; FCM data; Web Push data. Keys herald_message_id and aps are reserved, and url and image when those fields are set.
+	Data *map[string]string `json:"data,omitempty"`
+
+	// Fcm What only FCM has.
+	Fcm *FCMOptions `json:"fcm,omitempty"`
+
+	// Image An https URL. APNs custom key image with aps.mutable-content 1; FCM notification.image; Web Push image.
+	Image *string `json:"image,omitempty"`
+
+	// InterruptionLevel APNs aps.interruption-level.
+	InterruptionLevel *PayloadInterruptionLevel `json:"interruption_level,omitempty"`
+
+	// RelevanceScore APNs aps.relevance-score.
+	RelevanceScore *float32 `json:"relevance_score,omitempty"`
+
+	// Silent A background push: APNs aps.content-available 1 alone with apns-push-type background and apns-priority 5; FCM data only; Web Push silent true without display fields. Refuses title, subtitle, body, image, sound, badge, interruption_level and apns.critical_sound_volume.
+	Silent *bool `json:"silent,omitempty"`
+
+	// Sound "default" or a sound file's name. APNs aps.sound; FCM android.notification.sound.
+	Sound *string `json:"sound,omitempty"`
+
+	// Subtitle APNs aps.alert.subtitle; Web Push subtitle; not on FCM.
+	Subtitle *string `json:"subtitle,omitempty"`
+
+	// ThreadID APNs aps.thread-id.
+	ThreadID *string `json:"thread_id,omitempty"`
+
+	// Title APNs aps.alert.title; FCM notification.title; Web Push title.
+	Title *string `json:"title,omitempty"`
+
+	// URL Absolute (https or an app's own scheme), opened on tap. APNs custom key url; FCM data.url; Web Push url.
+	URL *string `json:"url,omitempty"`
+
+	// Webpush What only Web Push has.
+	Webpush *WebPushOptions `json:"webpush,omitempty"`
 }
+
+// PayloadInterruptionLevel APNs aps.interruption-level.
+type PayloadInterruptionLevel string
 
 // PendingRun defines model for PendingRun.
 type PendingRun struct {
@@ -501,6 +651,9 @@ type Schedule struct {
 	// NextRuns The next five runs not yet sent, earliest first: those already made into messages that have not started (pending_runs), then those still to be made; none past ends_at or year 9999.
 	NextRuns []time.Time `json:"next_runs"`
 	Paused   bool        `json:"paused"`
+
+	// Payload What a message shows, encoded once per channel; each field's provider field is in the description (README, The payload). Needs a title, a body, data or silent: true. A wrong field is a 400 naming it (payload.badge, payload.webpush.actions[1].title, ...); an encoding over 4096 bytes is a 413 naming the channel.
+	Payload Payload `json:"payload"`
 
 	// PendingRuns The runs already made into messages that have not started, earliest first (up to five), each with its message. Pausing or deleting the schedule cancels them.
 	PendingRuns []PendingRun `json:"pending_runs"`
@@ -605,11 +758,44 @@ type Wave struct {
 	Pending    int       `json:"pending"`
 }
 
+// WebPushAction defines model for WebPushAction.
+type WebPushAction struct {
+	Action string `json:"action"`
+	Title  string `json:"title"`
+}
+
 // WebPushKeys The user agent's public key and authentication secret, both unpadded base64url.
 type WebPushKeys struct {
 	Auth   string `json:"auth"`
 	P256DH string `json:"p256dh"`
 }
+
+// WebPushOptions What only Web Push has.
+type WebPushOptions struct {
+	// Actions Web Push actions.
+	Actions *[]WebPushAction `json:"actions,omitempty"`
+
+	// BadgeIcon An https URL. Web Push badge.
+	BadgeIcon *string `json:"badge_icon,omitempty"`
+
+	// Icon An https URL. Web Push icon.
+	Icon *string `json:"icon,omitempty"`
+
+	// Renotify Needs tag. Web Push renotify.
+	Renotify *bool `json:"renotify,omitempty"`
+
+	// RequireInteraction Web Push requireInteraction.
+	RequireInteraction *bool `json:"require_interaction,omitempty"`
+
+	// Tag Web Push tag.
+	Tag *string `json:"tag,omitempty"`
+
+	// Urgency The Urgency header (and FCM webpush.headers.Urgency), instead of the message's priority.
+	Urgency *WebPushOptionsUrgency `json:"urgency,omitempty"`
+}
+
+// WebPushOptionsUrgency The Urgency header (and FCM webpush.headers.Urgency), instead of the message's priority.
+type WebPushOptionsUrgency string
 
 // WebPushSubscription A Web Push subscription, as PushSubscription.toJSON() gives it.
 type WebPushSubscription struct {

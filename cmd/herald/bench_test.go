@@ -22,7 +22,8 @@ import (
 func TestBenchEndToEnd(t *testing.T) {
 	t.Parallel()
 	t.Run("one process", func(t *testing.T) { testBench(t, false) })
-	// The urgent lane in a worker of its own (--urgent-worker).
+	// The urgent lane in a worker of its own (--urgent-worker), with the
+	// rich payload (--payload rich).
 	t.Run("urgent worker", func(t *testing.T) { testBench(t, true) })
 }
 
@@ -33,7 +34,7 @@ func testBench(t *testing.T, urgentWorker bool) {
 	b := &heraldbench.Benchmark{
 		Config: heraldbench.Config{
 			Users: 40, Mix: [3]float64{45, 45, 10}, Latency: 5 * time.Millisecond, Ahead: 4 * time.Second,
-			Seed: 7, DecryptOneIn: 1, UrgentWorker: urgentWorker,
+			Seed: 7, DecryptOneIn: 1, UrgentWorker: urgentWorker, Payload: map[bool]string{false: "plain", true: "rich"}[urgentWorker],
 			// Two history messages, one of them partial.
 			History: 30_000,
 		},

@@ -188,12 +188,15 @@ func TestBrowserDashboard(t *testing.T) {
 	)
 	counts := []string{b.text(row + " td.total"), b.text(row + " td.accepted"), b.text(row + " td.failed"), b.text(row + " td.pending")}
 	require.Equal(t, []string{"9", "6", "3", "0"}, counts, "total, accepted, failed, pending")
+	require.Equal(t, []string{"Standup", "now"}, []string{b.text(row + " td.content .title"), b.text(row + " td.content .body")},
+		"each message shows its title and body")
 	b.screenshot("dashboard-messages")
 
 	// The message page: counters, a histogram of the 6 accepted skews, the
 	// percentiles, and the 3 failures by reason and one by one.
 	b.do(click(row+" a"), visible("#histogram svg rect"), visible("#failures-body td"))
 	require.Equal(t, "6", b.text("#counter-accepted b"))
+	require.Equal(t, "Standup", b.text("#message-content .title"))
 	require.NotEqual(t, "—", b.text("#skew-p50 b"))
 	require.Contains(t, b.text("#reasons"), "unregistered")
 	require.Equal(t, 20, evaluate[int](b, `document.querySelectorAll('#histogram svg rect').length`))

@@ -23,6 +23,7 @@ func runFakepush(ctx context.Context, args []string, getenv func(string) string,
 	tlsDir := fs.String("tls-dir", "./"+fake.DefaultTLSDir, "directory for the CA, provider keys and the env file (reused across runs)")
 	hostname := fs.String("hostname", "", "host name clients use to reach fakepush (default: the host of --addr, or 127.0.0.1)")
 	decryptOneIn := fs.Int("decrypt-one-in", 1, "decrypt one Web Push body in N (1 decrypts all; raise it to save CPU in benchmarks)")
+	details := fs.Int("details", fake.DefaultDetails, "keep the headers and decoded body of the last N pushes for GET /_receipts?detail=1 (-1 keeps none)")
 	topic := fs.String("apns-topic", fake.DefaultAPNsTopic, "the only apns-topic the APNs endpoint accepts")
 	project := fs.String("fcm-project", fake.DefaultFCMProjectID, "the Firebase project id of the written service account")
 	synopsis := "herald fakepush [flags]\n\nServes fake APNs, FCM and Web Push over HTTPS and writes DIR/env for Herald to use."
@@ -37,6 +38,7 @@ func runFakepush(ctx context.Context, args []string, getenv func(string) string,
 		TLSDir:       *tlsDir,
 		Latency:      *latency,
 		DecryptOneIn: *decryptOneIn,
+		Details:      *details,
 		APNsTopic:    *topic,
 		FCMProjectID: *project,
 		Logger:       logger,

@@ -9,6 +9,10 @@ INSERT INTO payloads (content) VALUES (@content) RETURNING id;
 -- name: GetPayload :one
 SELECT content FROM payloads WHERE id = @id;
 
+-- name: GetPayloads :many
+-- The payloads of a page of messages or schedules, read back as stored.
+SELECT id, content FROM payloads WHERE id = ANY (@ids::bigint[]);
+
 -- name: SegmentExists :one
 SELECT EXISTS (SELECT 1 FROM segments WHERE id = @id)::boolean;
 

@@ -6,6 +6,7 @@
 package push
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
@@ -30,48 +31,227 @@ const webPushOverhead = 16 + 4 + 1 + 65 + 1 + 16
 // 19 digits). Size checks made before the id exists assume it.
 const MaxMessageIDLen = 4 + 19
 
-// Content is what a caller asks to show: a title, a body and string data.
-// Data values are strings because FCM carries nothing else.
+// Content is what a caller asks to show, as every channel's encoding is made
+// from it. The common fields map to each provider's own (README, "The
+// payload"); APNs, FCM and WebPush hold what only one provider has. Data
+// values are strings because FCM carries nothing else.
+//
+// A Content is encoded by pure functions of its fields (APNsPayload,
+// WebPushPayload, FCMData), so that a variant of it (another language's
+// title and body) is encoded the same way by replacing those fields.
 type Content struct {
-	Title string            `json:"title,omitempty"`
-	Body  string            `json:"body,omitempty"`
-	Data  map[string]string `json:"data,omitempty"`
+	Title    string            `json:"title,omitempty"`
+	Subtitle string            `json:"subtitle,omitempty"`
+	Body     string            `json:"body,omitempty"`
+	Data     map[string]string `json:"data,omitempty"`
+	// Image is an https URL of a picture shown with the notification.
+	Image string `json:"image,omitempty"`
+	// URL is the link opened when the notification is tapped.
+	URL string `json:"url,omitempty"`
+	// Sound is "default" or the name of a sound the app ships.
+	Sound string `json:"sound,omitempty"`
+	// Badge is the count shown on the app's icon; 0 clears it.
+	Badge *int `json:"badge,omitempty"`
+	// Silent makes a background push: nothing shown, the app woken with
+	// the data.
+	Silent            bool     `json:"silent,omitempty"`
+	Category          string   `json:"category,omitempty"`
+	ThreadID          string   `json:"thread_id,omitempty"`
+	InterruptionLevel string   `json:"interruption_level,omitempty"`
+	RelevanceScore    *float64 `json:"relevance_score,omitempty"`
+
+	APNs    *APNsOptions    `json:"apns,omitempty"`
+	FCM     *FCMOptions     `json:"fcm,omitempty"`
+	WebPush *WebPushOptions `json:"webpush,omitempty"`
 }
 
-// apnsAlert and apnsAPS are the standard part of an APNs payload.
+// APNsOptions are the fields only APNs has.
+type APNsOptions struct {
+	// CriticalSoundVolume (0 to 1) plays Sound as a critical alert; it
+	// needs interruption_level critical.
+	CriticalSoundVolume *float64 `json:"critical_sound_volume,omitempty"`
+	TargetContentID     string   `json:"target_content_id,omitempty"`
+}
+
+// FCMOptions are the fields only FCM (Android) has.
+type FCMOptions struct {
+	AndroidChannelID string `json:"android_channel_id,omitempty"`
+	// AndroidPriority (high or normal) overrides the message's priority on
+	// Android.
+	AndroidPriority string `json:"android_priority,omitempty"`
+	// Tag replaces an earlier notification with the same tag; the message
+	// id when empty.
+	Tag   string `json:"tag,omitempty"`
+	Color string `json:"color,omitempty"`
+	Icon  string `json:"icon,omitempty"`
+}
+
+// WebPushOptions are the fields only Web Push has; their names in the
+// plaintext are those of the Notification API's options.
+type WebPushOptions struct {
+	Icon               string          `json:"icon,omitempty"`
+	BadgeIcon          string          `json:"badge_icon,omitempty"`
+	Actions            []WebPushAction `json:"actions,omitempty"`
+	Tag                string          `json:"tag,omitempty"`
+	Renotify           bool            `json:"renotify,omitempty"`
+	RequireInteraction bool            `json:"require_interaction,omitempty"`
+	// Urgency (very-low, low, normal, high) overrides the Urgency header
+	// the message's priority gives.
+	Urgency string `json:"urgency,omitempty"`
+}
+
+// WebPushAction is a button of a Web Push notification.
+type WebPushAction struct {
+	Action string `json:"action"`
+	Title  string `json:"title"`
+}
+
+// The custom keys Herald adds to what a channel carries beside the caller's
+// data: the message id everywhere, and the link and image where the
+// provider has no field of its own for them. Data may not use them.
+const (
+	URLKey   = "url"
+	ImageKey = "image"
+)
+
+// ReservedDataKey reports whether data key k would collide with what c
+// itself puts next to the data, and so must be refused.
+func (c *Content) ReservedDataKey(k string) bool {
+	switch k {
+	case MessageIDKey, "aps":
+		return true
+	case URLKey:
+		return c.URL != ""
+	case ImageKey:
+		return c.Image != ""
+	}
+	return false
+}
+
+// InterruptionLevels are the interruption levels APNs knows, in its words.
+var InterruptionLevels = []string{"passive", "active", "time-sensitive", "critical"}
+
+// apnsAlert is the alert of an APNs payload.
 type apnsAlert struct {
-	Title string `json:"title,omitempty"`
-	Body  string `json:"body,omitempty"`
+	Title    string `json:"title,omitempty"`
+	Subtitle string `json:"subtitle,omitempty"`
+	Body     string `json:"body,omitempty"`
 }
 
+// apnsSound is a critical alert's sound, which APNs takes as a dictionary.
+type apnsSound struct {
+	Critical int     `json:"critical"`
+	Name     string  `json:"name"`
+	Volume   float64 `json:"volume"`
+}
+
+// apnsAPS is the "aps" dictionary, with Apple's key names.
 type apnsAPS struct {
-	Alert apnsAlert `json:"alert"`
+	Alert             *apnsAlert `json:"alert,omitempty"`
+	Badge             *int       `json:"badge,omitempty"`
+	Sound             any        `json:"sound,omitempty"`
+	ThreadID          string     `json:"thread-id,omitempty"`
+	Category          string     `json:"category,omitempty"`
+	ContentAvailable  int        `json:"content-available,omitempty"`
+	MutableContent    int        `json:"mutable-content,omitempty"`
+	TargetContentID   string     `json:"target-content-id,omitempty"`
+	InterruptionLevel string     `json:"interruption-level,omitempty"`
+	RelevanceScore    *float64   `json:"relevance-score,omitempty"`
 }
 
-// APNsPayload encodes c for APNs: the alert under "aps", and the data keys
-// and the message id as custom top-level keys.
+// apnsAPSOf maps c to the aps dictionary. A silent push is content-available
+// alone; anything else always has an alert, even an empty one, so that it is
+// an alert push. An image needs the app's notification service extension to
+// fetch it, which mutable-content asks for.
+func apnsAPSOf(c *Content) apnsAPS {
+	if c.Silent {
+		return apnsAPS{ContentAvailable: 1}
+	}
+	aps := apnsAPS{
+		Alert:    &apnsAlert{Title: c.Title, Subtitle: c.Subtitle, Body: c.Body},
+		Badge:    c.Badge,
+		ThreadID: c.ThreadID, Category: c.Category,
+		InterruptionLevel: c.InterruptionLevel, RelevanceScore: c.RelevanceScore,
+	}
+	if c.Sound != "" {
+		aps.Sound = c.Sound
+	}
+	if c.APNs != nil {
+		aps.TargetContentID = c.APNs.TargetContentID
+		if v := c.APNs.CriticalSoundVolume; v != nil {
+			aps.Sound = apnsSound{Critical: 1, Name: cmp.Or(c.Sound, "default"), Volume: *v}
+		}
+	}
+	if c.Image != "" {
+		aps.MutableContent = 1
+	}
+	return aps
+}
+
+// APNsPayload encodes c for APNs: the aps dictionary, and the data keys,
+// the link, the image and the message id as custom top-level keys.
 func APNsPayload(c Content, messageID string) ([]byte, error) {
-	body := make(map[string]any, len(c.Data)+2)
+	body := make(map[string]any, len(c.Data)+4)
 	for k, v := range c.Data {
 		body[k] = v
 	}
-	body["aps"] = apnsAPS{Alert: apnsAlert{Title: c.Title, Body: c.Body}}
+	body["aps"] = apnsAPSOf(&c)
+	if c.URL != "" {
+		body[URLKey] = c.URL
+	}
+	if c.Image != "" && !c.Silent {
+		body[ImageKey] = c.Image
+	}
 	body[MessageIDKey] = messageID
 	return json.Marshal(body)
 }
 
-// webPushBody is the plaintext of a Web Push message: the content as JSON,
-// which the service worker reads.
-type webPushBody struct {
-	Title     string            `json:"title,omitempty"`
-	Body      string            `json:"body,omitempty"`
-	Data      map[string]string `json:"data,omitempty"`
-	MessageID string            `json:"herald_message_id"`
+// APNsPushType is the apns-push-type a message is sent with: a silent push
+// is a background push (which Apple takes only at priority 5), any other an
+// alert.
+func APNsPushType(c *Content) string {
+	if c.Silent {
+		return "background"
+	}
+	return "alert"
 }
 
-// WebPushPayload encodes c as the plaintext of a Web Push message.
+// webPushBody is the plaintext of a Web Push message: the content as JSON,
+// which the service worker reads. Display fields are named as the
+// Notification API's options, so that a service worker can pass them to
+// showNotification as they are; app_badge is the Badging API's count.
+type webPushBody struct {
+	Title              string            `json:"title,omitempty"`
+	Subtitle           string            `json:"subtitle,omitempty"`
+	Body               string            `json:"body,omitempty"`
+	Icon               string            `json:"icon,omitempty"`
+	Image              string            `json:"image,omitempty"`
+	Badge              string            `json:"badge,omitempty"`
+	Tag                string            `json:"tag,omitempty"`
+	Renotify           bool              `json:"renotify,omitempty"`
+	RequireInteraction bool              `json:"requireInteraction,omitempty"`
+	Actions            []WebPushAction   `json:"actions,omitempty"`
+	AppBadge           *int              `json:"app_badge,omitempty"`
+	URL                string            `json:"url,omitempty"`
+	Silent             bool              `json:"silent,omitempty"`
+	Data               map[string]string `json:"data,omitempty"`
+	MessageID          string            `json:"herald_message_id"`
+}
+
+// WebPushPayload encodes c as the plaintext of a Web Push message. A silent
+// message carries its data, its link and "silent": true, and no display
+// field.
 func WebPushPayload(c Content, messageID string) ([]byte, error) {
-	return json.Marshal(webPushBody{Title: c.Title, Body: c.Body, Data: c.Data, MessageID: messageID})
+	b := webPushBody{URL: c.URL, Data: c.Data, MessageID: messageID}
+	if c.Silent {
+		b.Silent = true
+		return json.Marshal(b)
+	}
+	b.Title, b.Subtitle, b.Body, b.Image, b.AppBadge = c.Title, c.Subtitle, c.Body, c.Image, c.Badge
+	if w := c.WebPush; w != nil {
+		b.Icon, b.Badge, b.Tag, b.Renotify, b.RequireInteraction, b.Actions = w.Icon, w.BadgeIcon, w.Tag, w.Renotify, w.RequireInteraction, w.Actions
+	}
+	return json.Marshal(b)
 }
 
 // maxTopicLen is the longest Topic RFC 8030 allows: 32 base64url characters.
@@ -100,19 +280,31 @@ func isBase64URL(s string) bool {
 	return s != ""
 }
 
+// fcmNotification is FCM's notification block as it counts against the size
+// limit.
+type fcmNotification struct {
+	Title string `json:"title,omitempty"`
+	Body  string `json:"body,omitempty"`
+	Image string `json:"image,omitempty"`
+}
+
 // fcmPayload is the part of an FCM message that counts against its size
 // limit: the notification and the data.
 type fcmPayload struct {
-	Notification apnsAlert         `json:"notification"`
+	Notification *fcmNotification  `json:"notification,omitempty"`
 	Data         map[string]string `json:"data"`
 }
 
-// FCMData returns the data map an FCM message carries: the caller's data
-// and the message id.
+// FCMData returns the data map an FCM message carries: the caller's data,
+// the link (FCM has no field for it that an Android app reads) and the
+// message id.
 func FCMData(c Content, messageID string) map[string]string {
-	data := make(map[string]string, len(c.Data)+1)
+	data := make(map[string]string, len(c.Data)+2)
 	for k, v := range c.Data {
 		data[k] = v
+	}
+	if c.URL != "" {
+		data[URLKey] = c.URL
 	}
 	data[MessageIDKey] = messageID
 	return data
@@ -145,7 +337,11 @@ func CheckSize(c Content) error {
 	if len(apns) > MaxPayloadBytes {
 		return &SizeError{Channel: "apns", Size: len(apns), Limit: MaxPayloadBytes}
 	}
-	fcm, err := json.Marshal(fcmPayload{Notification: apnsAlert{Title: c.Title, Body: c.Body}, Data: FCMData(c, messageID)})
+	f := fcmPayload{Data: FCMData(c, messageID)}
+	if !c.Silent {
+		f.Notification = &fcmNotification{Title: c.Title, Body: c.Body, Image: c.Image}
+	}
+	fcm, err := json.Marshal(f)
 	if err != nil {
 		return err
 	}

@@ -124,6 +124,14 @@
   // ---- Shared pieces.
 
   const badge = (state) => h('span', { class: `badge ${state}` }, state.replace('_', ' '));
+  // content shows what a message says: its title and body, or what kind of
+  // push it is when it has neither.
+  const content = (p) => {
+    p = p || {};
+    if (p.silent) return h('span', { class: 'muted' }, 'silent push');
+    if (!p.title && !p.body) return h('span', { class: 'muted' }, 'data only');
+    return [p.title ? h('b', { class: 'title' }, p.title) : null, p.body ? h('div', { class: 'muted body' }, p.body) : null].filter(Boolean);
+  };
 
   const settledKinds = ['accepted', 'failed', 'expired', 'cancelled'];
 
@@ -157,7 +165,7 @@
       h('div', { class: 'panel' },
         h('table', { id: 'messages' },
           h('thead', {}, h('tr', {},
-            h('th', {}, 'Message'), h('th', {}, 'State'), h('th', {}, 'Dispatch at'), h('th', {}, 'Priority'),
+            h('th', {}, 'Message'), h('th', {}, 'Content'), h('th', {}, 'State'), h('th', {}, 'Dispatch at'), h('th', {}, 'Priority'),
             ['Devices', 'Accepted', 'Failed', 'Expired', 'Cancelled', 'Pending'].map((c) => h('th', { class: 'num' }, c)),
             h('th', {}, 'Progress'))),
           h('tbody', { id: 'messages-body' })),
@@ -179,12 +187,13 @@
         const d = m.deliveries;
         return h('tr', { 'data-message-id': m.message_id, 'data-state': m.state },
           h('td', {}, h('a', { href: `#/messages/${m.message_id}`, class: 'mono' }, m.message_id)),
+          h('td', { class: 'content' }, content(m.payload)),
           h('td', {}, badge(m.state)),
           h('td', { title: m.dispatch_at }, fmtTime(m.dispatch_at), h('div', { class: 'muted' }, fmtRel(m.dispatch_at))),
           h('td', {}, m.priority),
           ['total', 'accepted', 'failed', 'expired', 'cancelled', 'pending'].map((k) => h('td', { class: `num ${k}` }, fmtNum(d[k]))),
           h('td', {}, progress(d)));
-      }) : h('tr', {}, h('td', { colspan: 11, class: 'muted' }, 'No messages.')));
+      }) : h('tr', {}, h('td', { colspan: 12, class: 'muted' }, 'No messages.')));
     };
     poll(2000, load);
   }
@@ -236,6 +245,7 @@
       h('div', { class: 'toolbar' },
         h('h1', { class: 'grow' }, 'Message ', h('span', { class: 'mono' }, id), ' ', h('span', { id: 'message-state' })),
         h('span', { id: 'cancel-box' })),
+      h('div', { class: 'panel', id: 'message-content' }),
       h('div', { class: 'row' },
         h('div', { class: 'panel' }, h('h2', {}, 'Timeline'), h('div', { id: 'timeline' })),
         h('div', { class: 'panel', style: 'flex:2' }, h('h2', {}, 'Deliveries'),
@@ -290,6 +300,7 @@
     const load = async () => {
       const [m, breakdown] = await Promise.all([api('GET', `/messages/${id}`), api('GET', `/messages/${id}/breakdown`)]);
       replace('message-state', badge(m.state));
+      replace('message-content', content(m.payload));
       if (m.state !== shownState) replace('cancel-box', cancelBox(m));
       shownState = m.state;
       replace('timeline', timeline(m));

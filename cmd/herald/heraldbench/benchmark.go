@@ -1,6 +1,7 @@
 package heraldbench
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -66,7 +67,7 @@ func (b *Benchmark) Cleanup() {
 // connection string) and returns its figures. Call Cleanup afterwards.
 func (b *Benchmark) Run(ctx context.Context, admin string) (*Result, error) {
 	res := &Result{Users: b.Config.Users, LatencyMs: float64(b.Config.Latency.Microseconds()) / 1000, Machine: machine(),
-		UrgentWorker: b.Config.UrgentWorker}
+		UrgentWorker: b.Config.UrgentWorker, Payload: cmp.Or(b.Config.Payload, "plain")}
 	dbURL, err := b.start(ctx, admin, res)
 	if err != nil {
 		return nil, err

@@ -41,8 +41,7 @@ func (b *Benchmark) blast(ctx context.Context, pool db.DBTX, messageID int64) (w
 		return 0, 0, err
 	}
 	defer closeProvs()
-	msg, err := push.NewMessage("msg_blast", false, push.Content{Title: "Your daily digest", Body: "12 new items since yesterday",
-		Data: map[string]string{"deep_link": "app://digest"}}, time.Now().Add(time.Hour))
+	msg, err := push.NewMessage("msg_blast", false, b.bulkPayload(), time.Now().Add(time.Hour))
 	if err != nil {
 		return 0, 0, err
 	}

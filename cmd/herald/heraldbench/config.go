@@ -42,6 +42,9 @@ type Config struct {
 	// measured messages (--history), to show that dispatch does not cost
 	// more on a database with history.
 	History int
+	// Payload is the bulk message's payload: "plain" (title, body, one
+	// data key) or "rich" (every field of the payload reference).
+	Payload string
 }
 
 // benchTuning are the variables a bench run passes on to its Herald
@@ -75,6 +78,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	fs.IntVar(&cfg.DecryptOneIn, "decrypt-one-in", 10, "fakepush decrypts one Web Push body in N, to leave the CPU to Herald")
 	fs.BoolVar(&cfg.KeepDB, "keep-db", false, "keep the bench database afterwards")
 	fs.IntVar(&cfg.History, "history", 0, "settled ledger rows (in messages of 25,000) written with SQL before the measured messages")
+	fs.StringVar(&cfg.Payload, "payload", "plain", "the bulk message's payload: plain (title, body, data) or rich (every payload field)")
 	fs.BoolVar(&cfg.UrgentWorker, "urgent-worker", false, "run the urgent lane in a worker process of its own (HERALD_LANES=urgent)")
 	// --help answers on stdout and succeeds; a bad flag fails with the
 	// usage on stderr.
@@ -92,6 +96,9 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	if err := parseMix(*mix, &cfg.Mix); err != nil {
 		return err
+	}
+	if _, ok := bulkPayloads[cfg.Payload]; !ok {
+		return fmt.Errorf("--payload must be plain or rich, not %q", cfg.Payload)
 	}
 	if cfg.Users < 1 {
 		return errors.New("--users must be at least 1")

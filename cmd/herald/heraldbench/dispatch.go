@@ -1,7 +1,10 @@
 package heraldbench
 
 import (
+	"cmp"
 	"context"
+	"encoding/json"
+	"fmt"
 	"net/http"
 	"time"
 
@@ -20,6 +23,31 @@ type scheduled struct {
 	bulkN, urgentN   int64
 }
 
+// bulkPayloads are the bulk message's payloads that --payload names: plain,
+// and rich with every field of the payload reference that a digest would
+// use, so that the two runs compare what the fields cost per send.
+var bulkPayloads = map[string]push.Content{
+	"plain": {Title: "Your daily digest", Body: "12 new items since yesterday", Data: map[string]string{"deep_link": "app://digest"}},
+	"rich": {
+		Title: "Your daily digest", Subtitle: "Tuesday", Body: "12 new items since yesterday",
+		Data:  map[string]string{"deep_link": "app://digest"},
+		Image: "https://cdn.example.com/digest.png", URL: "https://app.example.com/digest",
+		Sound: "default", Badge: ptr(12), Category: "DIGEST", ThreadID: "digest",
+		InterruptionLevel: "passive", RelevanceScore: ptr(0.4),
+		APNs: &push.APNsOptions{TargetContentID: "digest"},
+		FCM:  &push.FCMOptions{AndroidChannelID: "digest", Tag: "digest", Color: "#3366ff", Icon: "ic_digest"},
+		WebPush: &push.WebPushOptions{Icon: "https://cdn.example.com/icon.png", BadgeIcon: "https://cdn.example.com/badge.png",
+			Actions: []push.WebPushAction{{Action: "open", Title: "Open"}, {Action: "later", Title: "Later"}}, Tag: "digest", Urgency: "low"},
+	},
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// bulkPayload is the payload Config.Payload names, plain when empty.
+func (b *Benchmark) bulkPayload() push.Content {
+	return bulkPayloads[cmp.Or(b.Config.Payload, "plain")]
+}
+
 // schedule schedules, through the API, the bulk message to every user of
 // segment "bench" and the urgent one to the urgent user, both for the same
 // instant Config.Ahead from now.
@@ -27,11 +55,18 @@ func (b *Benchmark) schedule(ctx context.Context, res *Result) (scheduled, error
 	dispatchAt := time.Now().Add(b.Config.Ahead).Truncate(time.Millisecond)
 	b.Progress("scheduling the bulk message to %d devices and the urgent one for %s", res.Devices, dispatchAt.Format(time.RFC3339Nano))
 	start := time.Now()
+	// The bulk payload is push.Content, what Herald stores; the client
+	// takes the same JSON.
+	var payload client.Payload
+	if raw, err := json.Marshal(b.bulkPayload()); err != nil {
+		return scheduled{}, err
+	} else if err := json.Unmarshal(raw, &payload); err != nil {
+		return scheduled{}, fmt.Errorf("the %s payload as the client's: %w", b.Config.Payload, err)
+	}
 	bulk, err := b.api.CreateMessageWithResponse(ctx, nil, client.NewMessage{
 		DispatchAt: &dispatchAt, Priority: new(client.PriorityBulk),
 		Audience: client.Audience{Type: client.AudienceTypeSegment, ID: new("bench")},
-		Payload: client.Payload{Title: new("Your daily digest"), Body: new("12 new items since yesterday"),
-			Data: &map[string]string{"deep_link": "app://digest"}},
+		Payload:  payload,
 	})
 	if err := answered("schedule the bulk message", http.StatusAccepted, bulk, err); err != nil {
 		return scheduled{}, err

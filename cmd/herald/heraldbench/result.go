@@ -68,6 +68,8 @@ type Result struct {
 	// HistoryRows are the settled ledger rows the database held before the
 	// measured messages (--history).
 	HistoryRows int `json:"history_rows"`
+	// Payload is the bulk message's payload, plain or rich (--payload).
+	Payload string `json:"payload"`
 }
 
 type summary struct {

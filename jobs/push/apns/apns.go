@@ -133,10 +133,12 @@ func (p *Provider) Send(ctx context.Context, m *push.Message, targets []push.Tar
 		CollapseID: m.ID,
 		Expiration: m.ExpiresAt,
 		Priority:   apns2.PriorityLow,
-		PushType:   apns2.PushTypeAlert,
+		PushType:   apns2.EPushType(push.APNsPushType(&m.Content)),
 		Payload:    m.APNs,
 	}
-	if m.Urgent {
+	// A background push goes at priority 5 whatever the message's
+	// priority: Apple refuses it at 10.
+	if m.Urgent && !m.Content.Silent {
 		n.Priority = apns2.PriorityHigh
 	}
 

@@ -240,3 +240,45 @@ func TestErrorReason(t *testing.T) {
 type marshalsTo string
 
 func (m marshalsTo) MarshalJSON() ([]byte, error) { return []byte(m), nil }
+
+// TestRichPayload follows every field of a payload to fakepush: each
+// arrives under the aps key or custom key Apple documents, with the push
+// type, priority and expiry headers that go with it.
+func TestRichPayload(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	m := pushtest.NewContentMessage(t, "msg_rich", pushtest.RichContent(), time.Hour)
+	got := b.SendDetailed(t, m)
+	require.Equal(t, pushtest.JSON(t, `{
+		"aps": {
+			"alert": {"title": "Standup", "subtitle": "Team Blue", "body": "In five minutes"},
+			"badge": 7,
+			"sound": {"critical": 1, "name": "chime.caf", "volume": 0.5},
+			"thread-id": "standups",
+			"category": "MEETING",
+			"mutable-content": 1,
+			"target-content-id": "standup-42",
+			"interruption-level": "critical",
+			"relevance-score": 0.75
+		},
+		"room": "blue",
+		"url": "https://app.example.com/standup/42",
+		"image": "https://cdn.example.com/standup.png",
+		"herald_message_id": "msg_rich"
+	}`), got.Body)
+	require.Equal(t, "alert", got.Headers["apns-push-type"])
+	require.Equal(t, "5", got.Headers["apns-priority"], "a bulk message")
+	require.Equal(t, "msg_rich", got.Headers["apns-collapse-id"])
+	require.Equal(t, fmt.Sprint(m.ExpiresAt.Unix()), got.Headers["apns-expiration"], "the message's TTL reaches APNs")
+	require.Equal(t, "bearer (redacted)", got.Headers["authorization"])
+
+	t.Run("Silent", func(t *testing.T) {
+		t.Parallel()
+		m, err := push.NewMessage("msg_silent", true, pushtest.SilentContent(), time.Now().Add(time.Hour))
+		require.NoError(t, err)
+		got := b.SendDetailed(t, m)
+		require.Equal(t, pushtest.JSON(t, `{"aps":{"content-available":1},"sync":"inbox","url":"https://app.example.com/inbox","herald_message_id":"msg_silent"}`), got.Body)
+		require.Equal(t, "background", got.Headers["apns-push-type"])
+		require.Equal(t, "5", got.Headers["apns-priority"], "a background push goes at 5 even when urgent")
+	})
+}

@@ -15,6 +15,14 @@ func BenchmarkSend(b *testing.B) {
 	harness().BenchmarkSend(b, 64, 200, DefaultMaxInFlight)
 }
 
+// BenchmarkPayloads compares the plain and the rich payload's cost per
+// push (pushtest.Harness.BenchmarkPayloads).
+//
+//	go test -run '^$' -bench Payloads -benchtime 40x ./jobs/push/apns/
+func BenchmarkPayloads(b *testing.B) {
+	harness().BenchmarkPayloads(b, DefaultMaxInFlight)
+}
+
 // TestFakepushChild is the benchmark's fakepush; it does nothing unless
 // started by pushtest.StartChild.
 func TestFakepushChild(t *testing.T) { pushtest.ServeChild(t) }

@@ -1,6 +1,7 @@
 package fake
 
 import (
+	"cmp"
 	"encoding/json"
 	"math/rand/v2"
 	"net/http"
@@ -166,12 +167,20 @@ func (s *Server) handleAPNs(w http.ResponseWriter, r *http.Request) {
 		s.apnsReject(w, http.StatusBadRequest, reasonBadPayload)
 		return
 	}
+	if reason := checkAPS(aps, pushType, cmp.Or(headerValue(r.Header, "Apns-Priority"), "10")); reason != "" {
+		s.apnsReject(w, http.StatusBadRequest, reason)
+		return
+	}
 	if strings.HasPrefix(token, "dead") {
 		s.apnsUnregistered(w, at)
 		return
 	}
 
-	if s.rec.add(APNs, token, jsonString(messageID), collapseID, at) {
+	var d *detail
+	if s.cfg.Details > 0 {
+		d = newDetail(r.Header, body)
+	}
+	if s.rec.add(APNs, token, jsonString(messageID), collapseID, at, d) {
 		cnt.duplicates.Add(1)
 	}
 	cnt.accepted.Add(1)

@@ -128,6 +128,7 @@ func TestAPNsRawRequests(t *testing.T) {
 
 	tests := []struct {
 		name, method, path, body, reason string
+		pushType, priority               string
 		status                           int
 	}{
 		{name: "empty payload", method: "POST", path: "/3/device/" + apnsToken, body: "", status: 400, reason: "PayloadEmpty"},
@@ -136,6 +137,19 @@ func TestAPNsRawRequests(t *testing.T) {
 		{name: "GET", method: "GET", path: "/3/device/" + apnsToken, status: 405, reason: "MethodNotAllowed"},
 		{name: "unknown path", method: "POST", path: "/3/devices/" + apnsToken, body: `{"aps":{}}`, status: 404, reason: "BadPath"},
 		{name: "no token", method: "POST", path: "/3/device/", body: `{"aps":{}}`, status: 400, reason: "MissingDeviceToken"},
+		{name: "badge not an integer", method: "POST", path: "/3/device/" + apnsToken, body: `{"aps":{"badge":"3"}}`, status: 400, reason: "BadPayload"},
+		{name: "negative badge", method: "POST", path: "/3/device/" + apnsToken, body: `{"aps":{"badge":-1}}`, status: 400, reason: "BadPayload"},
+		{name: "unknown interruption level", method: "POST", path: "/3/device/" + apnsToken, body: `{"aps":{"alert":"x","interruption-level":"urgent"}}`, status: 400, reason: "BadPayload"},
+		{name: "relevance over 1", method: "POST", path: "/3/device/" + apnsToken, body: `{"aps":{"alert":"x","relevance-score":1.5}}`, status: 400, reason: "BadPayload"},
+		{name: "critical volume over 1", method: "POST", path: "/3/device/" + apnsToken, body: `{"aps":{"sound":{"critical":1,"name":"a","volume":2}}}`, status: 400, reason: "BadPayload"},
+		{name: "alert title not a string", method: "POST", path: "/3/device/" + apnsToken, body: `{"aps":{"alert":{"title":1}}}`, status: 400, reason: "BadPayload"},
+		{name: "background with an alert", method: "POST", path: "/3/device/" + apnsToken, pushType: "background", priority: "5", body: `{"aps":{"content-available":1,"alert":"x"}}`, status: 400, reason: "InvalidPushType"},
+		{name: "background with a badge", method: "POST", path: "/3/device/" + apnsToken, pushType: "background", priority: "5", body: `{"aps":{"content-available":1,"badge":1}}`, status: 400, reason: "InvalidPushType"},
+		{name: "background without content-available", method: "POST", path: "/3/device/" + apnsToken, pushType: "background", priority: "5", body: `{"aps":{}}`, status: 400, reason: "InvalidPushType"},
+		{name: "background at priority 10", method: "POST", path: "/3/device/" + apnsToken, pushType: "background", priority: "10", body: `{"aps":{"content-available":1}}`, status: 400, reason: "BadPriority"},
+		{name: "background without priority", method: "POST", path: "/3/device/" + apnsToken, pushType: "background", body: `{"aps":{"content-available":1}}`, status: 400, reason: "BadPriority"},
+		{name: "background", method: "POST", path: "/3/device/" + apnsToken, pushType: "background", priority: "5", body: `{"aps":{"content-available":1}}`, status: 200},
+		{name: "rich alert", method: "POST", path: "/3/device/" + apnsToken, body: `{"aps":{"alert":{"title":"t","subtitle":"s","body":"b"},"badge":0,"sound":{"critical":1,"name":"default","volume":0.5},"interruption-level":"time-sensitive","relevance-score":1,"mutable-content":1}}`, status: 200},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -144,11 +158,20 @@ func TestAPNsRawRequests(t *testing.T) {
 			require.NoError(t, err)
 			req.Header.Set("authorization", "bearer "+bearer)
 			req.Header.Set("apns-topic", b.env[EnvAPNsTopic])
+			if tt.pushType != "" {
+				req.Header.Set("apns-push-type", tt.pushType)
+			}
+			if tt.priority != "" {
+				req.Header.Set("apns-priority", tt.priority)
+			}
 			resp, err := b.client.Do(req)
 			require.NoError(t, err)
 			defer resp.Body.Close()
 			require.Equal(t, 2, resp.ProtoMajor, "served over HTTP/2")
 			require.Equal(t, tt.status, resp.StatusCode)
+			if tt.status == http.StatusOK {
+				return
+			}
 			var body struct{ Reason string }
 			require.NoError(t, jsonDecode(resp.Body, &body))
 			require.Equal(t, tt.reason, body.Reason)

@@ -18,6 +18,7 @@ const (
 	DefaultFCMProjectID         = "herald-fake"
 	DefaultVAPIDSubject         = "mailto:fakepush@herald.localhost"
 	DefaultMaxConcurrentStreams = 1000
+	DefaultDetails              = 1024
 )
 
 // Config describes one fakepush server. The zero value is usable: every empty field
@@ -44,6 +45,12 @@ type Config struct {
 	// DecryptOneIn makes fakepush decrypt only one Web Push body in N, which saves
 	// CPU in benchmarks. Zero or one decrypts every body, which is what tests want.
 	DecryptOneIn int
+
+	// Details is how many of the most recent accepted pushes keep their
+	// request headers and decoded body for GET /_receipts?detail=1: a ring
+	// of fixed size, so that memory stays bounded however many pushes a
+	// benchmark sends. Zero means DefaultDetails; negative keeps none.
+	Details int
 
 	// APNsTopic is the only apns-topic the APNs endpoint accepts, like an app's
 	// bundle id bound to a team's key.
@@ -78,6 +85,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.DecryptOneIn == 0 {
 		c.DecryptOneIn = 1
+	}
+	if c.Details == 0 {
+		c.Details = DefaultDetails
 	}
 	if c.APNsTopic == "" {
 		c.APNsTopic = DefaultAPNsTopic

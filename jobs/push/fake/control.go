@@ -124,7 +124,11 @@ func (s *Server) Stats() Stats {
 }
 
 // Receipts lists the accepted pushes that carried messageID, in arrival order.
-func (s *Server) Receipts(messageID string) []Receipt { return s.rec.receipts(messageID) }
+func (s *Server) Receipts(messageID string) []Receipt { return s.rec.receipts(messageID, false) }
+
+// DetailedReceipts is Receipts where those among the most recent
+// Config.Details pushes show what fakepush received (see Receipt).
+func (s *Server) DetailedReceipts(messageID string) []Receipt { return s.rec.receipts(messageID, true) }
 
 // Reset forgets every recorded push and counter and puts every channel back to
 // mode ok with the configured latency: the state of a fresh start, minus the keys.
@@ -152,7 +156,16 @@ func (s *Server) handleReceipts(w http.ResponseWriter, r *http.Request) {
 		s.writeJSON(w, http.StatusBadRequest, controlError("query parameter message_id is required"))
 		return
 	}
-	s.writeJSON(w, http.StatusOK, s.Receipts(q.Get("message_id")))
+	var detail bool
+	switch q.Get("detail") {
+	case "", "0", "false":
+	case "1", "true":
+		detail = true
+	default:
+		s.writeJSON(w, http.StatusBadRequest, controlError("query parameter detail must be 1 or 0"))
+		return
+	}
+	s.writeJSON(w, http.StatusOK, s.rec.receipts(q.Get("message_id"), detail))
 }
 
 func (s *Server) handleReset(w http.ResponseWriter, _ *http.Request) {

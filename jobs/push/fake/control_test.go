@@ -178,6 +178,17 @@ func TestDuplicatesAndReset(t *testing.T) {
 	require.NoError(t, err)
 	resp.Body.Close()
 	require.Equal(t, http.StatusBadRequest, resp.StatusCode, "message_id is required")
+
+	resp, err = b.client.Get(b.srv.URL() + "/_receipts?message_id=m1&detail=yes")
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusBadRequest, resp.StatusCode, "detail is 1 or 0")
+	var detailed []Receipt
+	b.getJSON(t, "/_receipts?message_id=m1&detail=1", &detailed)
+	for _, r := range detailed {
+		require.NotEmpty(t, r.Headers, "%s: the last pushes keep their details", r.Channel)
+	}
+	require.Len(t, detailed, 3)
 }
 
 // TestInFlight counts a push while fakepush holds it for the injected

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -185,6 +186,9 @@ type fcmSend struct {
 	validateOnly            bool
 	token, topic, condition string
 	messageID, collapseKey  string
+	// message is the raw message object, which points into the request's
+	// buffer.
+	message []byte
 }
 
 func (s *Server) handleFCMSend(w http.ResponseWriter, r *http.Request) {
@@ -243,7 +247,11 @@ func (s *Server) handleFCMSend(w http.ResponseWriter, r *http.Request) {
 			target = req.condition
 		}
 	}
-	if s.rec.add(FCM, target, req.messageID, req.collapseKey, at) {
+	var d *detail
+	if s.cfg.Details > 0 {
+		d = newDetail(r.Header, req.message)
+	}
+	if s.rec.add(FCM, target, req.messageID, req.collapseKey, at, d) {
 		cnt.duplicates.Add(1)
 	}
 	// FCM message ids look like "0:1500415314455276%31bd1c9631bd1c96".
@@ -299,6 +307,7 @@ func parseFCMSend(body []byte) (fcmSend, string) {
 	if isNull(message) {
 		return req, "Request contains an invalid argument."
 	}
+	req.message = message
 	var data, notification, android []byte
 	if !p.object("message", message, func(k, v []byte) {
 		switch string(k) {
@@ -314,10 +323,21 @@ func parseFCMSend(body []byte) (fcmSend, string) {
 			data = v
 		case "notification":
 			notification = v
-			p.object("message.notification", v, nil)
+			p.object("message.notification", v, func(k, v []byte) {
+				switch string(k) {
+				case "title", "body", "image":
+					p.str("message.notification."+string(k), v)
+				default:
+					p.unknown(k, "message.notification")
+				}
+			})
 		case "android":
 			android = v
-		case "webpush", "apns", "fcm_options", "fcmOptions":
+		case "webpush":
+			p.webpush(v)
+		case "apns":
+			p.apns(v)
+		case "fcm_options", "fcmOptions":
 			p.object("message."+string(k), v, nil)
 		default:
 			p.unknown(k, "message")
@@ -349,7 +369,7 @@ func parseFCMSend(body []byte) (fcmSend, string) {
 			}
 		case "notification":
 			androidNotification = v
-			p.object("message.android.notification", v, nil)
+			p.androidNotification(v)
 		case "fcm_options", "fcmOptions":
 			p.object("message.android.fcm_options", v, nil)
 		case "direct_boot_ok", "directBootOk", "bandwidth_constrained_ok", "bandwidthConstrainedOk",
@@ -480,6 +500,143 @@ func (p *fcmParser) data(field string, v []byte, size *int) string {
 		i++
 	})
 	return id
+}
+
+// androidNotification checks message.android.notification: the fields
+// Herald's SDK sends, with their types, the color as #rrggbb and the enums
+// FCM defines.
+func (p *fcmParser) androidNotification(v []byte) {
+	const at = "message.android.notification"
+	p.object(at, v, func(k, v []byte) {
+		field := at + "." + string(k)
+		switch string(k) {
+		case "title", "body", "icon", "sound", "tag", "click_action", "body_loc_key", "title_loc_key",
+			"channel_id", "image", "ticker", "event_time":
+			p.str(field, v)
+		case "color":
+			if c := p.str(field, v); c != "" && !isRGBColor(c) {
+				p.fail(fmt.Sprintf("Invalid value at '%s' (TYPE_STRING), %s: color must be #rrggbb", field, v))
+			}
+		case "sticky", "local_only", "default_vibrate_timings", "default_sound", "default_light_settings":
+			p.boolean(field, v)
+		case "notification_count":
+			if !isNull(v) && !isNonNegativeInt(v) {
+				p.fail(fmt.Sprintf("Invalid value at '%s' (TYPE_INT32), %s", field, v))
+			}
+		case "notification_priority":
+			p.enum(field, v, "PRIORITY_UNSPECIFIED", "PRIORITY_MIN", "PRIORITY_LOW", "PRIORITY_DEFAULT", "PRIORITY_HIGH", "PRIORITY_MAX")
+		case "visibility":
+			p.enum(field, v, "VISIBILITY_UNSPECIFIED", "PRIVATE", "PUBLIC", "SECRET")
+		case "proxy":
+			p.enum(field, v, "PROXY_UNSPECIFIED", "ALLOW", "DENY", "IF_PRIORITY_LOWERED")
+		case "body_loc_args", "title_loc_args", "vibrate_timings", "light_settings":
+		default:
+			p.unknown(k, at)
+		}
+	})
+}
+
+// webpush checks message.webpush: string headers, the Urgency header's
+// values, data, a notification object and fcm_options' https link.
+func (p *fcmParser) webpush(v []byte) {
+	const at = "message.webpush"
+	p.object(at, v, func(k, v []byte) {
+		switch string(k) {
+		case "headers":
+			p.stringMap(at+".headers", v)
+			forEachField(v, func(k, v []byte) {
+				if strings.EqualFold(string(k), "Urgency") {
+					switch jsonString(v) {
+					case "very-low", "low", "normal", "high":
+					default:
+						p.fail(fmt.Sprintf("Invalid value at '%s.headers' : Urgency %s is not very-low, low, normal or high", at, v))
+					}
+				}
+			})
+		case "data":
+			p.stringMap(at+".data", v)
+		case "notification":
+			p.object(at+".notification", v, nil)
+		case "fcm_options", "fcmOptions":
+			p.object(at+".fcm_options", v, func(k, v []byte) {
+				if string(k) == "link" && !strings.HasPrefix(p.str(at+".fcm_options.link", v), "https://") {
+					p.fail("The link must be an https URL.")
+				}
+			})
+		default:
+			p.unknown(k, at)
+		}
+	})
+}
+
+// apns checks message.apns: string headers, and the payload's aps as APNs
+// would check it with those headers (a background push must be
+// content-available alone at priority 5).
+func (p *fcmParser) apns(v []byte) {
+	const at = "message.apns"
+	var headers, aps []byte
+	p.object(at, v, func(k, v []byte) {
+		switch string(k) {
+		case "headers":
+			headers = v
+			p.stringMap(at+".headers", v)
+		case "payload":
+			p.object(at+".payload", v, func(k, v []byte) {
+				if string(k) == "aps" {
+					aps = v
+				}
+			})
+		case "fcm_options", "fcmOptions":
+			p.object(at+"."+string(k), v, nil)
+		default:
+			p.unknown(k, at)
+		}
+	})
+	if p.problem != "" || isNull(headers) {
+		return
+	}
+	pushType, priority := "", "10"
+	forEachField(headers, func(k, v []byte) {
+		switch strings.ToLower(string(k)) {
+		case "apns-push-type":
+			pushType = jsonString(v)
+		case "apns-priority":
+			priority = jsonString(v)
+		}
+	})
+	if pushType == "" {
+		return
+	}
+	if isNull(aps) {
+		aps = []byte("{}")
+	}
+	if reason := checkAPS(aps, pushType, priority); reason != "" {
+		p.fail("Request contains an invalid argument: APNs would refuse it (" + reason + ").")
+	}
+}
+
+// stringMap checks a map<string, string>.
+func (p *fcmParser) stringMap(field string, v []byte) {
+	p.object(field, v, func(k, val []byte) {
+		if len(val) == 0 || val[0] != '"' {
+			p.fail(fmt.Sprintf("Invalid value at '%s[%s]' (TYPE_STRING), %s", field, k, val))
+		}
+	})
+}
+
+// enum checks a protobuf enum given by its name.
+func (p *fcmParser) enum(field string, v []byte, names ...string) {
+	s := p.str(field, v)
+	if s != "" && !slices.Contains(names, s) {
+		p.fail(fmt.Sprintf("Invalid value at '%s', %s", field, v))
+	}
+}
+
+func isRGBColor(s string) bool {
+	if len(s) != 7 || s[0] != '#' {
+		return false
+	}
+	return isHex(s[1:])
 }
 
 // isFCMToken accepts the characters registration tokens are made of (base64url

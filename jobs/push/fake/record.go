@@ -1,6 +1,9 @@
 package fake
 
 import (
+	"bytes"
+	"encoding/json"
+	"net/http"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -78,12 +81,54 @@ type Stats struct {
 	Process ProcessStats `json:"process"`
 }
 
-// Receipt is one accepted push as GET /_receipts lists it.
+// Receipt is one accepted push as GET /_receipts lists it. With detail=1,
+// a push among the most recent Config.Details also has what the provider
+// received: its request headers (names in lower case, as HTTP/2 sends
+// them, with the credentials of Authorization left out) and its decoded
+// body (the APNs JSON, the FCM message object, the Web Push plaintext after
+// decryption; a plaintext that is not JSON is a string).
 type Receipt struct {
-	Channel     string    `json:"channel"`
-	Token       string    `json:"token"`
-	CollapseKey string    `json:"collapse_key,omitempty"`
-	ReceivedAt  time.Time `json:"received_at"`
+	Channel     string            `json:"channel"`
+	Token       string            `json:"token"`
+	CollapseKey string            `json:"collapse_key,omitempty"`
+	ReceivedAt  time.Time         `json:"received_at"`
+	Headers     map[string]string `json:"headers,omitempty"`
+	Body        json.RawMessage   `json:"body,omitempty"`
+}
+
+// detail is what a detailed receipt adds, kept for the most recent pushes.
+type detail struct {
+	headers map[string]string
+	body    json.RawMessage
+}
+
+// detailEntry is one slot of the recorder's ring of details.
+type detailEntry struct {
+	message, token uint32
+	at             int64
+	detail
+}
+
+// newDetail copies what a push's receipt shows in detail out of the request,
+// whose buffers are reused once it is answered.
+func newDetail(h http.Header, body []byte) *detail {
+	d := &detail{headers: make(map[string]string, len(h))}
+	for k, v := range h {
+		val := strings.Join(v, ", ")
+		if k == "Authorization" {
+			scheme, _, _ := strings.Cut(val, " ")
+			val = scheme + " (redacted)"
+		}
+		d.headers[strings.ToLower(k)] = val
+	}
+	switch {
+	case body == nil:
+	case json.Valid(body):
+		d.body = bytes.Clone(body)
+	default:
+		d.body, _ = json.Marshal(string(body))
+	}
+	return d
 }
 
 // counters are the lock-free per-channel tallies behind ChannelStats.
@@ -117,6 +162,12 @@ type recorder struct {
 
 	// webPushBase turns a subscription id back into the endpoint a client used.
 	webPushBase string
+
+	// details is a ring of the most recent pushes' details: its length is
+	// fixed, so that details cost the same memory after a million pushes as
+	// after a thousand. next is the slot to overwrite.
+	details []detailEntry
+	next    int
 }
 
 type tokenEntry struct {
@@ -136,8 +187,9 @@ type compactReceipt struct {
 	collapse uint32
 }
 
-func newRecorder(webPushBase string) *recorder {
-	r := &recorder{webPushBase: webPushBase}
+// newRecorder keeps the details of the last details pushes.
+func newRecorder(webPushBase string, details int) *recorder {
+	r := &recorder{webPushBase: webPushBase, details: make([]detailEntry, max(details, 0))}
 	r.resetLocked()
 	return r
 }
@@ -156,12 +208,14 @@ func (r *recorder) resetLocked() {
 	r.strIdx = map[string]uint32{"": 0}
 	r.strs = []stringEntry{{}}
 	r.seen = newPairSet()
+	clear(r.details)
+	r.next = 0
 }
 
 // add records an accepted push and reports whether it is a duplicate. at is Unix
 // nanoseconds. The strings may point into request buffers: they are copied only
-// when first seen.
-func (r *recorder) add(ch Channel, token, messageID, collapseKey string, at int64) bool {
+// when first seen. d, when not nil, is the push's detail.
+func (r *recorder) add(ch Channel, token, messageID, collapseKey string, at int64, d *detail) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 
@@ -182,6 +236,10 @@ func (r *recorder) add(ch Channel, token, messageID, collapseKey string, at int6
 		c = r.internLocked(collapseKey)
 	}
 	r.strs[m].receipts = append(r.strs[m].receipts, compactReceipt{at: at, token: t, collapse: c})
+	if d != nil && len(r.details) > 0 {
+		r.details[r.next] = detailEntry{message: m, token: t, at: at, detail: *d}
+		r.next = (r.next + 1) % len(r.details)
+	}
 
 	if m == 0 {
 		return false // without a message id there is nothing to be a duplicate of
@@ -201,13 +259,27 @@ func (r *recorder) internLocked(s string) uint32 {
 }
 
 // receipts lists the pushes recorded for messageID in arrival order. The empty id
-// lists pushes that carried none.
-func (r *recorder) receipts(messageID string) []Receipt {
+// lists pushes that carried none. With withDetail, the pushes whose details are
+// still kept have them.
+func (r *recorder) receipts(messageID string, withDetail bool) []Receipt {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	m, ok := r.strIdx[messageID]
 	if !ok {
 		return []Receipt{}
+	}
+	type key struct {
+		token uint32
+		at    int64
+	}
+	var details map[key]*detailEntry
+	if withDetail {
+		details = make(map[key]*detailEntry)
+		for i := range r.details {
+			if e := &r.details[i]; e.message == m && e.headers != nil {
+				details[key{e.token, e.at}] = e
+			}
+		}
 	}
 	list := r.strs[m].receipts
 	out := make([]Receipt, len(list))
@@ -218,6 +290,9 @@ func (r *recorder) receipts(messageID string) []Receipt {
 			Token:       tok.name,
 			CollapseKey: r.strs[cr.collapse].s,
 			ReceivedAt:  time.Unix(0, cr.at).UTC(),
+		}
+		if e, ok := details[key{cr.token, cr.at}]; ok {
+			out[i].Headers, out[i].Body = e.headers, e.body
 		}
 	}
 	return out

@@ -2,6 +2,7 @@ package fake
 
 import (
 	"fmt"
+	"net/http"
 	"runtime"
 	"testing"
 	"time"
@@ -11,7 +12,7 @@ import (
 
 func TestRecorderDuplicates(t *testing.T) {
 	t.Parallel()
-	r := newRecorder("https://fake/webpush/")
+	r := newRecorder("https://fake/webpush/", 0)
 	tests := []struct {
 		ch          Channel
 		token, msg  string
@@ -29,18 +30,18 @@ func TestRecorderDuplicates(t *testing.T) {
 		{WebPush, "id1", "m1", true, "web push again"},
 	}
 	for i, tt := range tests {
-		require.Equal(t, tt.wantDup, r.add(tt.ch, tt.token, tt.msg, "c-"+tt.msg, int64(i)), tt.description)
+		require.Equal(t, tt.wantDup, r.add(tt.ch, tt.token, tt.msg, "c-"+tt.msg, int64(i), nil), tt.description)
 	}
-	got := r.receipts("m1")
+	got := r.receipts("m1", false)
 	require.Len(t, got, 6)
 	require.Equal(t, Receipt{Channel: "apns", Token: "t1", CollapseKey: "c-m1", ReceivedAt: time.Unix(0, 0).UTC()}, got[0])
 	require.Equal(t, "https://fake/webpush/id1", got[4].Token)
-	require.Len(t, r.receipts(""), 2)
-	require.Empty(t, r.receipts("never"))
+	require.Len(t, r.receipts("", false), 2)
+	require.Empty(t, r.receipts("never", false))
 
 	r.reset()
-	require.Empty(t, r.receipts("m1"))
-	require.False(t, r.add(APNs, "t1", "m1", "", 0))
+	require.Empty(t, r.receipts("m1", false))
+	require.False(t, r.add(APNs, "t1", "m1", "", 0, nil))
 }
 
 // TestRecorderMemoryIsBounded records a million pushes, a bench-sized run many
@@ -63,11 +64,11 @@ func TestRecorderMemoryIsBounded(t *testing.T) {
 	var before, after runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&before)
-	r := newRecorder("")
+	r := newRecorder("", 0)
 	dups := 0
 	for i := range pushes {
 		// Every device gets every message once, then the pattern repeats.
-		if r.add(Channel(i%3), tokens[i%devices], ids[(i/devices)%messages], ids[(i/devices)%messages], int64(i)) {
+		if r.add(Channel(i%3), tokens[i%devices], ids[(i/devices)%messages], ids[(i/devices)%messages], int64(i), nil) {
 			dups++
 		}
 	}
@@ -76,20 +77,46 @@ func TestRecorderMemoryIsBounded(t *testing.T) {
 	runtime.KeepAlive(r)
 
 	require.Zero(t, dups, "each (token, message) pair occurs once")
-	require.Len(t, r.receipts(ids[3]), devices)
+	require.Len(t, r.receipts(ids[3], false), devices)
 	grown := int64(after.HeapAlloc) - int64(before.HeapAlloc)
 	t.Logf("heap grew by %.1f MB for %d pushes (%.0f bytes per push)", float64(grown)/1e6, pushes, float64(grown)/pushes)
 	require.Less(t, grown, int64(64<<20))
 }
 
 func BenchmarkRecorderAdd(b *testing.B) {
-	r := newRecorder("")
+	r := newRecorder("", 0)
 	tokens := make([]string, 10_000)
 	for i := range tokens {
 		tokens[i] = fmt.Sprintf("%064x", i)
 	}
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
-		r.add(APNs, tokens[i%len(tokens)], "msg_1", "msg_1", int64(i))
+		r.add(APNs, tokens[i%len(tokens)], "msg_1", "msg_1", int64(i), nil)
 	}
+}
+
+// TestRecorderDetailsBounded: only the most recent pushes keep their
+// details, however many are recorded, and a reset forgets them.
+func TestRecorderDetailsBounded(t *testing.T) {
+	t.Parallel()
+	r := newRecorder("", 3)
+	for i := range 5 {
+		h := http.Header{"Apns-Priority": {"10"}, "Authorization": {"bearer secret"}}
+		r.add(APNs, fmt.Sprintf("t%d", i), "m1", "m1", int64(i), newDetail(h, []byte(`{"aps":{}}`)))
+	}
+	got := r.receipts("m1", true)
+	require.Len(t, got, 5)
+	for i, rc := range got {
+		if i < 2 {
+			require.Nil(t, rc.Headers, "push %d is older than the last 3", i)
+			require.Nil(t, rc.Body)
+			continue
+		}
+		require.Equal(t, map[string]string{"apns-priority": "10", "authorization": "bearer (redacted)"}, rc.Headers)
+		require.JSONEq(t, `{"aps":{}}`, string(rc.Body))
+	}
+	require.Nil(t, r.receipts("m1", false)[4].Headers, "details only when asked for")
+	r.reset()
+	r.add(APNs, "t9", "m1", "m1", 9, nil)
+	require.Nil(t, r.receipts("m1", true)[0].Headers)
 }

@@ -102,7 +102,7 @@ func New(cfg Config) (*Server, error) {
 		pool:       pool,
 		vapid:      &creds.vapidKey.PublicKey,
 		served:     make(chan struct{}),
-		rec:        newRecorder(""),
+		rec:        newRecorder("", 0),
 		apnsBodies: apnsErrorBodies(),
 		fcmBodies:  newFCMBodies(),
 		jsonType:   []string{"application/json"},
@@ -138,7 +138,7 @@ func (s *Server) Start(ctx context.Context) error {
 		}
 	}
 	s.baseURL = "https://" + net.JoinHostPort(host, port)
-	s.rec = newRecorder(s.baseURL + "/webpush/")
+	s.rec = newRecorder(s.baseURL+"/webpush/", s.cfg.Details)
 
 	cert, err := s.ca.serverCertificate(host, s.cfg.Now())
 	if err != nil {

@@ -245,6 +245,11 @@ func (s *Server) handleWebPush(w http.ResponseWriter, r *http.Request) {
 	}
 
 	messageID := ""
+	var d *detail
+	if s.cfg.Details > 0 {
+		// The headers now; the plaintext once decrypted, if it is.
+		d = newDetail(r.Header, nil)
+	}
 	if len(body) > 0 {
 		if !strings.EqualFold(r.Header.Get("Content-Encoding"), "aes128gcm") {
 			s.webPushReject(w, http.StatusBadRequest, 110, "Bad Request", "Content-Encoding must be aes128gcm.")
@@ -259,6 +264,9 @@ func (s *Server) handleWebPush(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 			messageID = webPushMessageID(plain)
+			if d != nil {
+				d.body = newDetail(nil, plain).body
+			}
 			*pbuf = plain
 			s.putBuffer(pbuf)
 		} else {
@@ -268,7 +276,7 @@ func (s *Server) handleWebPush(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 
-	if s.rec.add(WebPush, id, messageID, topic, at) {
+	if s.rec.add(WebPush, id, messageID, topic, at, d) {
 		cnt.duplicates.Add(1)
 	}
 	cnt.accepted.Add(1)

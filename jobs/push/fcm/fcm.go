@@ -5,6 +5,7 @@
 package fcm
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -221,25 +222,41 @@ func (p *Provider) send(ctx context.Context, msg *messaging.Message) push.Result
 
 // message builds what every device of one Send shares: everything but the
 // token. The parts are pointers the SDK only reads, so the per-device copies
-// share them.
+// share them. A silent message is data only: no notification block, so that
+// Android hands it to the app instead of showing anything.
 func (p *Provider) message(m *push.Message, now time.Time) messaging.Message {
+	c := &m.Content
 	androidPriority, apnsPriority, urgency := "normal", "5", "normal"
 	if m.Urgent {
 		androidPriority, apnsPriority, urgency = "high", "10", "high"
 	}
+	if c.FCM != nil && c.FCM.AndroidPriority != "" {
+		androidPriority = c.FCM.AndroidPriority
+	}
+	if c.WebPush != nil && c.WebPush.Urgency != "" {
+		urgency = c.WebPush.Urgency
+	}
 	msg := messaging.Message{
-		Data:         m.FCMData,
-		Notification: &messaging.Notification{Title: m.Content.Title, Body: m.Content.Body},
+		Data: m.FCMData,
 		Android: &messaging.AndroidConfig{
-			CollapseKey:  m.ID,
-			Priority:     androidPriority,
-			Notification: &messaging.AndroidNotification{Tag: m.ID},
+			CollapseKey: m.ID,
+			Priority:    androidPriority,
 		},
 		APNS: &messaging.APNSConfig{Headers: map[string]string{"apns-collapse-id": m.ID, "apns-priority": apnsPriority}},
 		Webpush: &messaging.WebpushConfig{Headers: map[string]string{
 			"Urgency": urgency,
 			"Topic":   push.WebPushTopic(m.ID),
 		}},
+	}
+	if c.Silent {
+		// What FCM documents for a background push to an iOS app: APNs'
+		// own background push, content-available alone at priority 5.
+		msg.APNS.Headers["apns-priority"] = "5"
+		msg.APNS.Headers["apns-push-type"] = "background"
+		msg.APNS.Payload = &messaging.APNSPayload{Aps: &messaging.Aps{ContentAvailable: true}}
+	} else {
+		msg.Notification = &messaging.Notification{Title: c.Title, Body: c.Body, ImageURL: c.Image}
+		msg.Android.Notification = androidNotification(m)
 	}
 	// Without an expiry FCM's own default lifetime applies; Herald's
 	// messages always have one.
@@ -250,6 +267,19 @@ func (p *Provider) message(m *push.Message, now time.Time) messaging.Message {
 		msg.Webpush.Headers["TTL"] = strconv.FormatInt(int64(ttl/time.Second), 10)
 	}
 	return msg
+}
+
+// androidNotification maps the display fields Android has: the tag that
+// collapses notifications (the message id unless fcm.tag names another),
+// sound, badge count, category as the click action, and fcm's own section.
+func androidNotification(m *push.Message) *messaging.AndroidNotification {
+	c := &m.Content
+	n := &messaging.AndroidNotification{Tag: m.ID, Sound: c.Sound, NotificationCount: c.Badge, ClickAction: c.Category}
+	if f := c.FCM; f != nil {
+		n.Tag = cmp.Or(f.Tag, m.ID)
+		n.ChannelID, n.Color, n.Icon = f.AndroidChannelID, f.Color, f.Icon
+	}
+	return n
 }
 
 // ttlOf is the message's remaining lifetime in whole seconds, rounded up so

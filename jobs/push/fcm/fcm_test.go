@@ -269,3 +269,49 @@ func TestClassify(t *testing.T) {
 	require.Equal(t, push.ReasonInternal, reason, "the SDK refused the message before sending it")
 	require.False(t, unanswered)
 }
+
+// TestRichPayload follows every field of a payload to fakepush: each
+// arrives in the FCM v1 message field Google documents, and the message's
+// TTL as android.ttl, apns-expiration and the Web Push TTL.
+func TestRichPayload(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	m := pushtest.NewContentMessage(t, "msg_rich", pushtest.RichContent(), time.Hour)
+	got := b.SendDetailed(t, m)
+	android := got.Body["android"].(map[string]any)
+	require.Contains(t, []any{"3600s", "3599s"}, android["ttl"], "the message's TTL reaches FCM")
+	delete(android, "ttl")
+	apnsHeaders := got.Body["apns"].(map[string]any)["headers"].(map[string]any)
+	require.Equal(t, fmt.Sprint(m.ExpiresAt.Unix()), apnsHeaders["apns-expiration"])
+	webHeaders := got.Body["webpush"].(map[string]any)["headers"].(map[string]any)
+	require.Contains(t, []any{"3600", "3599"}, webHeaders["TTL"])
+	delete(webHeaders, "TTL")
+	delete(got.Body, "token")
+	require.Equal(t, pushtest.JSON(t, `{
+		"data": {"room": "blue", "url": "https://app.example.com/standup/42", "herald_message_id": "msg_rich"},
+		"notification": {"title": "Standup", "body": "In five minutes", "image": "https://cdn.example.com/standup.png"},
+		"android": {
+			"collapse_key": "msg_rich",
+			"priority": "high",
+			"notification": {
+				"tag": "standup", "channel_id": "meetings", "color": "#ff8800", "icon": "ic_meeting",
+				"sound": "chime.caf", "notification_count": 7, "click_action": "MEETING"
+			}
+		},
+		"apns": {"headers": {"apns-collapse-id": "msg_rich", "apns-priority": "5", "apns-expiration": "`+fmt.Sprint(m.ExpiresAt.Unix())+`"}},
+		"webpush": {"headers": {"Urgency": "low", "Topic": "msg_rich"}}
+	}`), got.Body)
+
+	t.Run("Silent", func(t *testing.T) {
+		t.Parallel()
+		m := pushtest.NewContentMessage(t, "msg_silent", pushtest.SilentContent(), time.Hour)
+		got := b.SendDetailed(t, m)
+		require.NotContains(t, got.Body, "notification", "a silent message is data only")
+		require.NotContains(t, got.Body["android"], "notification")
+		require.Equal(t, map[string]any{"sync": "inbox", "url": "https://app.example.com/inbox", "herald_message_id": "msg_silent"}, got.Body["data"])
+		apnsHeaders := got.Body["apns"].(map[string]any)["headers"].(map[string]any)
+		require.Equal(t, "background", apnsHeaders["apns-push-type"])
+		require.Equal(t, "5", apnsHeaders["apns-priority"])
+		require.Equal(t, map[string]any{"aps": map[string]any{"content-available": 1.0}}, got.Body["apns"].(map[string]any)["payload"])
+	})
+}

@@ -38,6 +38,24 @@ func (h *Harness[C, P]) BenchmarkSend(b *testing.B, inFlights ...int) {
 	}
 }
 
+// BenchmarkPayloads measures Send as BenchmarkSend does, at one in-flight
+// limit, for the plain message and for one with every payload field
+// (RichContent), so that what the rich fields cost per push shows apart.
+func (h *Harness[C, P]) BenchmarkPayloads(b *testing.B, inFlight int) {
+	fp := StartBenchFakepush(b, h.Channel, 1)
+	ts := h.Targets(b, fp, 500)
+	for name, m := range map[string]*push.Message{
+		"plain": Message(b, "msg_1", false),
+		"rich":  NewContentMessage(b, "msg_2", RichContent(), time.Hour),
+	} {
+		b.Run("payload="+name, func(b *testing.B) {
+			_, p := h.NewProvider(b, fp, Limits{MaxInFlight: inFlight})
+			require.NoError(b, p.Warm(context.Background()))
+			MeasureSend(b, p, m, ts)
+		})
+	}
+}
+
 // MeasureSend runs b's loop of one Send of m to ts each, failing on any
 // push not accepted, and reports:
 //

@@ -134,3 +134,12 @@ func (f *Fakepush) Subscribe(t testing.TB, n int, dead bool) []push.Target {
 	}
 	return ts
 }
+
+// DetailedReceipts reads GET /_receipts with detail=1: the accepted pushes
+// that carried messageID, with the headers and decoded body of each.
+func (f *Fakepush) DetailedReceipts(t testing.TB, messageID string) []fake.Receipt {
+	t.Helper()
+	var rs []fake.Receipt
+	f.getJSON(t, "/_receipts?detail=1&message_id="+url.QueryEscape(messageID), &rs)
+	return rs
+}

@@ -112,6 +112,9 @@ func (p *Provider) Send(ctx context.Context, m *push.Message, targets []push.Tar
 	if m.Urgent {
 		urgency = webpush.UrgencyHigh
 	}
+	if w := m.Content.WebPush; w != nil && w.Urgency != "" {
+		urgency = webpush.Urgency(w.Urgency)
+	}
 	recordSize := uint32(len(m.WebPush) + recordOverhead)
 	if p.padRecords {
 		recordSize = webpush.MaxRecordSize

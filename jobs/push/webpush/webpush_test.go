@@ -308,3 +308,34 @@ func TestEgressRefusesInternalEndpoints(t *testing.T) {
 	require.Zero(t, inside.Connections(), "no connection reached the inside address")
 	require.Zero(t, fp.Stats(t).WebPush.Received)
 }
+
+// TestRichPayload follows every field of a payload to fakepush, which
+// decrypts the push as the browser would: the plaintext names the display
+// fields as the Notification API's options do, and the headers carry the
+// Urgency asked for and the message's TTL.
+func TestRichPayload(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	m := pushtest.NewContentMessage(t, "msg_rich", pushtest.RichContent(), time.Hour)
+	got := b.SendDetailed(t, m)
+	require.Equal(t, pushtest.JSON(t, `{
+		"title": "Standup", "subtitle": "Team Blue", "body": "In five minutes",
+		"icon": "https://cdn.example.com/icon.png", "image": "https://cdn.example.com/standup.png",
+		"badge": "https://cdn.example.com/badge.png", "tag": "standup", "renotify": true,
+		"requireInteraction": true,
+		"actions": [{"action": "join", "title": "Join"}, {"action": "snooze", "title": "Snooze"}],
+		"app_badge": 7, "url": "https://app.example.com/standup/42",
+		"data": {"room": "blue"}, "herald_message_id": "msg_rich"
+	}`), got.Body)
+	require.Equal(t, "low", got.Headers["urgency"], "webpush.urgency overrides the priority's")
+	require.Equal(t, "msg_rich", got.Headers["topic"])
+	require.Contains(t, []string{"3600", "3599"}, got.Headers["ttl"], "the message's TTL reaches the push service")
+	require.Equal(t, "aes128gcm", got.Headers["content-encoding"])
+
+	t.Run("Silent", func(t *testing.T) {
+		t.Parallel()
+		m := pushtest.NewContentMessage(t, "msg_silent", pushtest.SilentContent(), time.Hour)
+		got := b.SendDetailed(t, m)
+		require.Equal(t, pushtest.JSON(t, `{"silent":true,"url":"https://app.example.com/inbox","data":{"sync":"inbox"},"herald_message_id":"msg_silent"}`), got.Body)
+	})
+}
