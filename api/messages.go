@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -278,12 +280,51 @@ func validatePayload(p *push.Content) error {
 			return invalid("payload.data."+k, "payload.data key %q is reserved", k)
 		}
 	}
+	if err := validateLocalizations(p); err != nil {
+		return err
+	}
 	var sizeErr *push.SizeError
-	if err := push.CheckSize(*p); errors.As(err, &sizeErr) {
-		return &Error{Status: http.StatusRequestEntityTooLarge, Code: "payload_too_large", Field: "payload",
+	if err := push.CheckSizes(*p); errors.As(err, &sizeErr) {
+		field := "payload"
+		if sizeErr.Locale != "" {
+			field = "payload.localizations." + sizeErr.Locale
+		}
+		return &Error{Status: http.StatusRequestEntityTooLarge, Code: "payload_too_large", Field: field,
 			Message: sizeErr.Error()}
 	} else if err != nil {
 		return invalid("payload", "payload cannot be encoded: %v", err)
+	}
+	return nil
+}
+
+// maxLocalizations bounds a payload's localizations: more languages than
+// any app ships, few enough that encoding every one stays cheap.
+const maxLocalizations = 100
+
+// validateLocalizations checks a payload's localizations and puts their
+// keys in canonical case, so that users' locales find them.
+func validateLocalizations(p *push.Content) error {
+	if len(p.Localizations) > maxLocalizations {
+		return invalid("payload.localizations", "payload.localizations may hold at most %d languages, not %d", maxLocalizations, len(p.Localizations))
+	}
+	canonical := make(map[string]push.Text, len(p.Localizations))
+	for _, key := range slices.Sorted(maps.Keys(p.Localizations)) {
+		field := "payload.localizations." + key
+		tag, err := push.CanonicalLocale(key)
+		if err != nil {
+			return invalid(field, "%s: %v", field, err)
+		}
+		if _, dup := canonical[tag]; dup {
+			return invalid(field, "%s: payload.localizations names %s twice (tags are case-insensitive)", field, tag)
+		}
+		text := p.Localizations[key]
+		if text == (push.Text{}) {
+			return invalid(field, "%s needs a title, a subtitle or a body", field)
+		}
+		canonical[tag] = text
+	}
+	if len(canonical) > 0 {
+		p.Localizations = canonical
 	}
 	return nil
 }

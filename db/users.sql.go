@@ -23,34 +23,39 @@ func (q *Queries) EnsureUsers(ctx context.Context, ids []string) error {
 	return err
 }
 
-const upsertUserTimezone = `-- name: UpsertUserTimezone :one
-INSERT INTO users (id, timezone)
-VALUES ($1, $2)
+const upsertUser = `-- name: UpsertUser :one
+INSERT INTO users (id, timezone, locale)
+VALUES ($1, $2, $3)
 ON CONFLICT (id) DO UPDATE
 SET timezone = excluded.timezone,
+    locale = excluded.locale,
     updated_at = now()
-RETURNING id, timezone, created_at, updated_at, (xmax = 0)::boolean AS created
+RETURNING id, timezone, locale, created_at, updated_at, (xmax = 0)::boolean AS created
 `
 
-type UpsertUserTimezoneParams struct {
+type UpsertUserParams struct {
 	ID       string
 	Timezone *string
+	Locale   *string
 }
 
-type UpsertUserTimezoneRow struct {
+type UpsertUserRow struct {
 	ID        string
 	Timezone  *string
+	Locale    *string
 	CreatedAt time.Time
 	UpdatedAt time.Time
 	Created   bool
 }
 
-func (q *Queries) UpsertUserTimezone(ctx context.Context, arg UpsertUserTimezoneParams) (UpsertUserTimezoneRow, error) {
-	row := q.db.QueryRow(ctx, upsertUserTimezone, arg.ID, arg.Timezone)
-	var i UpsertUserTimezoneRow
+// PUT /v1/users/{id}: the caller's fields replace the user's.
+func (q *Queries) UpsertUser(ctx context.Context, arg UpsertUserParams) (UpsertUserRow, error) {
+	row := q.db.QueryRow(ctx, upsertUser, arg.ID, arg.Timezone, arg.Locale)
+	var i UpsertUserRow
 	err := row.Scan(
 		&i.ID,
 		&i.Timezone,
+		&i.Locale,
 		&i.CreatedAt,
 		&i.UpdatedAt,
 		&i.Created,

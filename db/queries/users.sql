@@ -5,13 +5,15 @@ INSERT INTO users (id)
 SELECT unnest(@ids::text[])
 ON CONFLICT (id) DO NOTHING;
 
--- name: UpsertUserTimezone :one
-INSERT INTO users (id, timezone)
-VALUES (@id, @timezone)
+-- name: UpsertUser :one
+-- PUT /v1/users/{id}: the caller's fields replace the user's.
+INSERT INTO users (id, timezone, locale)
+VALUES (@id, @timezone, @locale)
 ON CONFLICT (id) DO UPDATE
 SET timezone = excluded.timezone,
+    locale = excluded.locale,
     updated_at = now()
-RETURNING id, timezone, created_at, updated_at, (xmax = 0)::boolean AS created;
+RETURNING id, timezone, locale, created_at, updated_at, (xmax = 0)::boolean AS created;
 
 -- name: UserExists :one
 SELECT EXISTS (SELECT 1 FROM users WHERE id = @id)::boolean;

@@ -145,6 +145,12 @@ func (s *Server) handleAPNs(w http.ResponseWriter, r *http.Request) {
 		s.apnsReject(w, http.StatusBadRequest, reasonBadDeviceToken)
 		return
 	}
+	sandbox := onSandbox(r)
+	if s.wrongEnvironment(r, token) {
+		// Apple's answer to a token of the other environment.
+		s.apnsReject(w, http.StatusBadRequest, reasonBadDeviceToken)
+		return
+	}
 	if tooLarge {
 		s.apnsReject(w, http.StatusRequestEntityTooLarge, reasonPayloadTooLarge)
 		return
@@ -171,7 +177,7 @@ func (s *Server) handleAPNs(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	if s.rec.add(APNs, token, jsonString(messageID), collapseID, at) {
+	if s.rec.addAPNs(sandbox, token, jsonString(messageID), collapseID, at) {
 		cnt.duplicates.Add(1)
 	}
 	cnt.accepted.Add(1)

@@ -126,10 +126,11 @@ func (s *Server) Stats() Stats {
 // Receipts lists the accepted pushes that carried messageID, in arrival order.
 func (s *Server) Receipts(messageID string) []Receipt { return s.rec.receipts(messageID) }
 
-// Reset forgets every recorded push and counter and puts every channel back to
+// Reset forgets every recorded push, counter and declared sandbox token, and puts every channel back to
 // mode ok with the configured latency: the state of a fresh start, minus the keys.
 func (s *Server) Reset() {
 	s.rec.reset()
+	s.sandbox.reset()
 	for ch := range numChannels {
 		c := &s.counters[ch]
 		c.received.Store(0)
