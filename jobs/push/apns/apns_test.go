@@ -135,7 +135,7 @@ func TestSendSandbox(t *testing.T) {
 	results := b.Send(m, []push.Target{
 		{DeviceID: 1, Token: debug, Sandbox: true},
 		{DeviceID: 2, Token: release},
-		{DeviceID: 3, Token: debug},                 // registered as production
+		{DeviceID: 3, Token: debug},                  // registered as production
 		{DeviceID: 4, Token: release, Sandbox: true}, // registered as sandbox
 	})
 	require.True(t, results[0].Accepted, "%+v", results[0])
