@@ -327,7 +327,7 @@ func (w *FanOutWorker) group(a FanOutArgs, pending map[int64]bool) map[sendGroup
 	groups := map[sendGroup][]int{}
 	for i, t := range a.Targets {
 		if pending[t.DeviceID] {
-			g := sendGroup{t.Channel, w.cfg.Breakers.For(t.Channel, t.Token), t.Locale}
+			g := sendGroup{t.Channel, w.cfg.Breakers.ForTarget(t), t.Locale}
 			groups[g] = append(groups[g], i)
 		}
 	}
@@ -474,7 +474,7 @@ func (w *FanOutWorker) parked(a FanOutArgs, results []push.Result) (parked map[s
 			if detail == "" || !r.At.IsZero() {
 				detail = r.Detail
 			}
-			if d := w.cfg.Breakers.For(t.Channel, t.Token).RetryIn(); wait < 0 || d < wait {
+			if d := w.cfg.Breakers.ForTarget(t).RetryIn(); wait < 0 || d < wait {
 				wait = d
 			}
 		}

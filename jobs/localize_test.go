@@ -74,19 +74,13 @@ func registerLocalized(t *testing.T, q *db.Queries) []string {
 	return users
 }
 
-// TestFanOutSendsEachUserTheirLanguage is issue 14's case: users in de-AT,
-// pt-BR and no locale, a message with de and pt-BR localizations. Each
-// device's variant is fixed in its chunk when the message is made (de-AT
-// falls back to de), and the worker sends each its variant, encoded once per
-// channel; the sandbox device is marked so for its provider.
-func TestFanOutSendsEachUserTheirLanguage(t *testing.T) {
-	t.Parallel()
-	b := setupFanOut(t)
-	users := registerLocalized(t, b.q)
+// localizedMessage schedules localizedContent to users, due now, and
+// returns its one chunk.
+func (b *fanOutBundle) localizedMessage(users []string) chunkJob {
+	b.t.Helper()
 	ctx := context.Background()
-
 	var msg db.Message
-	require.NoError(t, db.InTx(ctx, b.db.Pool, func(tx pgx.Tx) error {
+	require.NoError(b.t, db.InTx(ctx, b.db.Pool, func(tx pgx.Tx) error {
 		var err error
 		now := b.clock.Now()
 		msg, err = NewEnqueuer(b.client, 0).Create(ctx, tx, MessageSpec{
@@ -96,10 +90,22 @@ func TestFanOutSendsEachUserTheirLanguage(t *testing.T) {
 		return err
 	}))
 	jobIDs, err := b.q.MessageChunkJobs(ctx, msg.ID)
-	require.NoError(t, err)
-	require.Len(t, jobIDs, 1)
+	require.NoError(b.t, err)
+	require.Len(b.t, jobIDs, 1)
 	c := chunkJob{msg: msg, job: b.job(jobIDs[0])}
-	require.NoError(t, json.Unmarshal(c.job.EncodedArgs, &c.args))
+	require.NoError(b.t, json.Unmarshal(c.job.EncodedArgs, &c.args))
+	return c
+}
+
+// TestFanOutSendsEachUserTheirLanguage is issue 14's case: users in de-AT,
+// pt-BR and no locale, a message with de and pt-BR localizations. Each
+// device's variant is fixed in its chunk when the message is made (de-AT
+// falls back to de), and the worker sends each its variant, encoded once per
+// channel; the sandbox device is marked so for its provider.
+func TestFanOutSendsEachUserTheirLanguage(t *testing.T) {
+	t.Parallel()
+	b := setupFanOut(t)
+	c := b.localizedMessage(registerLocalized(t, b.q))
 
 	picked := map[string]string{}
 	for _, tg := range c.args.Targets {
@@ -134,7 +140,7 @@ func TestFanOutSendsEachUserTheirLanguage(t *testing.T) {
 	}
 	require.Equal(t, map[string]bool{"apns-u-at": true, "apns-u-br": false, "apns-u-none": false}, apns.sandbox,
 		"the sandbox device reaches its provider marked sandbox")
-	b.settled(msg.ID)
+	b.settled(c.msg.ID)
 }
 
 // TestScheduledAndLocalTimeRunsAreLocalized checks the two other ways a
@@ -179,4 +185,24 @@ func TestScheduledAndLocalTimeRunsAreLocalized(t *testing.T) {
 			"apns-u-at": "de", "fcm-u-at": "de", "apns-u-br": "pt-BR", "fcm-u-br": "pt-BR", "apns-u-none": "", "fcm-u-none": "",
 		}, picked, name)
 	}
+}
+
+// TestFanOutSandboxOutageParksOnlySandboxDevices checks that the worker
+// sends a sandbox device under the APNs sandbox's own breaker: the sandbox
+// host failing parks its device alone, and production APNs stays closed.
+func TestFanOutSandboxOutageParksOnlySandboxDevices(t *testing.T) {
+	t.Parallel()
+	b := setupFanOut(t)
+	c := b.localizedMessage(registerLocalized(t, b.q))
+	apns := &recordingSender{script: map[string][]push.Result{"apns-u-at": {failing(push.ReasonProviderUnavailable)}}}
+	breakers := openBreakers(time.Minute)
+	w := b.worker(map[string]Sender{ChannelAPNs: apns, ChannelFCM: &recordingSender{}}, FanOutConfig{Breakers: breakers})
+	b.work(w, c)
+
+	b.requireStatus(c, "apns-u-at", "pending", push.ReasonProviderUnavailable)
+	b.requireStatus(c, "apns-u-br", "accepted", push.ReasonNone)
+	b.requireStatus(c, "apns-u-none", "accepted", push.ReasonNone)
+	require.Equal(t, BreakerClosed, breakers.For(ChannelAPNs, "apns-u-br").Status().State, "production APNs is not parked")
+	st, _ := breakers.Status(ChannelAPNs)
+	require.Equal(t, BreakerOpen, st.State, "the channel shows its sandbox open")
 }
