@@ -31,6 +31,9 @@ type deviceRequest struct {
 	Channel      string               `json:"channel"`
 	Token        string               `json:"token"`
 	Subscription *subscriptionRequest `json:"subscription"`
+	// Environment is an APNs token's: production (the default) or sandbox,
+	// for an app built for debugging.
+	Environment string `json:"environment"`
 
 	// egress is the policy a Web Push endpoint must pass, set by the
 	// handler before decoding.
@@ -52,9 +55,15 @@ type subscriptionRequest struct {
 	ExpirationTime *float64 `json:"expirationTime"`
 }
 
+// The APNs environments a device's token can be of.
+const (
+	environmentProduction = "production"
+	environmentSandbox    = "sandbox"
+)
+
 // device is a validated, normalised registration.
 type device struct {
-	userID, channel, token, p256dh, auth string
+	userID, channel, token, p256dh, auth, environment string
 }
 
 func (r *deviceRequest) validate() error { return r.check("") }
@@ -65,7 +74,17 @@ func (r *deviceRequest) check(prefix string) error {
 	if err := checkID(prefix+"user_id", r.UserID); err != nil {
 		return err
 	}
-	r.norm = device{userID: r.UserID, channel: r.Channel}
+	r.norm = device{userID: r.UserID, channel: r.Channel, environment: environmentProduction}
+	switch r.Environment {
+	case "", environmentProduction:
+	case environmentSandbox:
+		if r.Channel != jobs.ChannelAPNs {
+			return invalid(prefix+"environment", "environment sandbox is only for channel apns")
+		}
+		r.norm.environment = environmentSandbox
+	default:
+		return invalid(prefix+"environment", "environment %q is not production or sandbox", r.Environment)
+	}
 	switch r.Channel {
 	case jobs.ChannelAPNs, jobs.ChannelFCM:
 		if r.Subscription != nil {
@@ -113,10 +132,11 @@ func (r *deviceRequest) check(prefix string) error {
 }
 
 type deviceResponse struct {
-	DeviceID string `json:"device_id"`
-	UserID   string `json:"user_id"`
-	Channel  string `json:"channel"`
-	Status   string `json:"status"`
+	DeviceID    string `json:"device_id"`
+	UserID      string `json:"user_id"`
+	Channel     string `json:"channel"`
+	Environment string `json:"environment"`
+	Status      string `json:"status"`
 }
 
 func (s *Server) registerDevice(c echo.Context) error {
@@ -141,7 +161,7 @@ func (s *Server) registerDevice(c echo.Context) error {
 		}
 		row, err = q.RegisterDevice(ctx, db.RegisterDeviceParams{
 			UserID: d.userID, Channel: d.channel, Token: d.token,
-			P256dh: nullable(d.p256dh), Auth: nullable(d.auth),
+			P256dh: nullable(d.p256dh), Auth: nullable(d.auth), Environment: d.environment,
 		})
 		if err != nil {
 			return fmt.Errorf("register device: %w", err)
@@ -156,7 +176,8 @@ func (s *Server) registerDevice(c echo.Context) error {
 		status = http.StatusCreated
 	}
 	return c.JSON(status, deviceResponse{
-		DeviceID: formatDeviceID(row.ID), UserID: row.UserID, Channel: row.Channel, Status: row.Status,
+		DeviceID: formatDeviceID(row.ID), UserID: row.UserID, Channel: row.Channel,
+		Environment: row.Environment, Status: row.Status,
 	})
 }
 
@@ -207,15 +228,16 @@ func (s *Server) registerDevices(c echo.Context) error {
 		return cmp.Or(cmp.Compare(a.channel, b.channel), cmp.Compare(a.token, b.token))
 	})
 	params := db.RegisterDevicesParams{
-		UserIds:  make([]string, len(devices)),
-		Channels: make([]string, len(devices)),
-		Tokens:   make([]string, len(devices)),
-		P256dhs:  make([]string, len(devices)),
-		Auths:    make([]string, len(devices)),
+		UserIds:      make([]string, len(devices)),
+		Channels:     make([]string, len(devices)),
+		Tokens:       make([]string, len(devices)),
+		P256dhs:      make([]string, len(devices)),
+		Auths:        make([]string, len(devices)),
+		Environments: make([]string, len(devices)),
 	}
 	for i, d := range devices {
 		params.UserIds[i], params.Channels[i], params.Tokens[i] = d.userID, d.channel, d.token
-		params.P256dhs[i], params.Auths[i] = d.p256dh, d.auth
+		params.P256dhs[i], params.Auths[i], params.Environments[i] = d.p256dh, d.auth, d.environment
 	}
 	users := sortedUnique(params.UserIds)
 
@@ -321,6 +343,7 @@ func (s *Server) tooManyDevices(user, field string) *Error {
 type deviceListItem struct {
 	DeviceID      string     `json:"device_id"`
 	Channel       string     `json:"channel"`
+	Environment   string     `json:"environment"`
 	Token         string     `json:"token,omitempty"`
 	Endpoint      string     `json:"endpoint,omitempty"`
 	Status        string     `json:"status"`
@@ -371,7 +394,7 @@ func (s *Server) listUserDevices(c echo.Context) error {
 	resp := deviceListResponse{UserID: userID, Items: make([]deviceListItem, 0, len(rows)), NextCursor: next}
 	for _, d := range rows {
 		item := deviceListItem{
-			DeviceID: formatDeviceID(d.ID), Channel: d.Channel, Status: d.Status,
+			DeviceID: formatDeviceID(d.ID), Channel: d.Channel, Environment: d.Environment, Status: d.Status,
 			EvictedReason: d.EvictedReason, EvictedAt: utcPtr(d.EvictedAt),
 			CreatedAt: d.CreatedAt.UTC(), UpdatedAt: d.UpdatedAt.UTC(),
 		}

@@ -71,6 +71,48 @@ func TestRegisterDeviceEachChannel(t *testing.T) {
 	require.Equal(t, "active", webpush["status"])
 }
 
+func TestRegisterDeviceEnvironment(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	token := apnsToken()
+	status, resp := b.do(t, http.MethodPost, "/v1/devices", map[string]any{"user_id": "u_env", "channel": "apns", "token": token})
+	require.Equal(t, http.StatusCreated, status, resp)
+	require.Equal(t, "production", resp["environment"], "production by default")
+
+	// Registering the token again with its right environment changes it.
+	status, resp = b.do(t, http.MethodPost, "/v1/devices", map[string]any{"user_id": "u_env", "channel": "apns", "token": token, "environment": "sandbox"})
+	require.Equal(t, http.StatusOK, status, resp)
+	require.Equal(t, "sandbox", resp["environment"])
+
+	status, resp = b.do(t, http.MethodPost, "/v1/devices/batch", map[string]any{"devices": []map[string]any{
+		{"user_id": "u_env", "channel": "apns", "token": apnsToken(), "environment": "sandbox"},
+		{"user_id": "u_env", "channel": "fcm", "token": "fcm-env"},
+	}})
+	require.Equal(t, http.StatusOK, status, resp)
+
+	status, list := b.do(t, http.MethodGet, "/v1/users/u_env/devices", nil)
+	require.Equal(t, http.StatusOK, status)
+	var envs []string
+	for _, item := range list["items"].([]any) {
+		envs = append(envs, item.(map[string]any)["environment"].(string))
+	}
+	require.Equal(t, []string{"sandbox", "sandbox", "production"}, envs)
+
+	for _, tc := range []struct {
+		body  map[string]any
+		field string
+	}{
+		{map[string]any{"user_id": "u_env", "channel": "apns", "token": apnsToken(), "environment": "development"}, "environment"},
+		{map[string]any{"user_id": "u_env", "channel": "fcm", "token": "fcm-x", "environment": "sandbox"}, "environment"},
+	} {
+		requireError(t, b.call(t, request{method: http.MethodPost, path: "/v1/devices", body: tc.body}), http.StatusBadRequest, "invalid_field", tc.field)
+	}
+	rec := b.call(t, request{method: http.MethodPost, path: "/v1/devices/batch", body: map[string]any{"devices": []map[string]any{
+		{"user_id": "u_env", "channel": "webpush", "subscription": webpushSubscription(t), "environment": "sandbox"},
+	}}})
+	requireError(t, rec, http.StatusBadRequest, "invalid_field", "devices[0].environment")
+}
+
 func TestReRegisteringMovesAndReactivates(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

@@ -185,7 +185,7 @@ func validatePayload(p *push.Content) error {
 	if p == nil {
 		return invalid("payload", "payload is required")
 	}
-	return jobs.CheckPayload(*p)
+	return jobs.CheckPayload(p)
 }
 
 // createMessage schedules a message: its shape is checked here, and one

@@ -236,6 +236,23 @@ func TestCreateMessageRejectsBadInput(t *testing.T) {
 			m["payload"] = map[string]any{"title": "t", "data": map[string]any{"herald_message_id": "x"}}
 		}), 400, "invalid_field", "payload.data.herald_message_id"},
 		{"payload too large", with(func(m map[string]any) { m["payload"] = map[string]any{"title": "t", "body": strings.Repeat("x", 4000)} }), 413, "payload_too_large", "payload"},
+		{"localization key not a locale", with(func(m map[string]any) {
+			m["payload"] = map[string]any{"title": "t", "localizations": map[string]any{"german": map[string]any{"title": "Hallo"}}}
+		}), 400, "invalid_field", "payload.localizations.german"},
+		{"localization key twice", with(func(m map[string]any) {
+			m["payload"] = map[string]any{"title": "t", "localizations": map[string]any{
+				"pt-BR": map[string]any{"title": "Olá"}, "pt-br": map[string]any{"title": "Oi"}}}
+		}), 400, "invalid_field", "payload.localizations.pt-br"},
+		{"empty localization", with(func(m map[string]any) {
+			m["payload"] = map[string]any{"title": "t", "localizations": map[string]any{"de": map[string]any{}}}
+		}), 400, "invalid_field", "payload.localizations.de"},
+		{"localization unknown field", with(func(m map[string]any) {
+			m["payload"] = map[string]any{"title": "t", "localizations": map[string]any{"de": map[string]any{"titel": "Hallo"}}}
+		}), 400, "unknown_field", "titel"},
+		{"localization too large", with(func(m map[string]any) {
+			m["payload"] = map[string]any{"title": "t", "localizations": map[string]any{
+				"de": map[string]any{"title": "Hallo"}, "fr": map[string]any{"body": strings.Repeat("x", 4000)}}}
+		}), 413, "payload_too_large", "payload.localizations.fr"},
 		{"unknown field", with(func(m map[string]any) { m["dispatchAt"] = future(time.Hour) }), 400, "unknown_field", "dispatchAt"},
 		{"malformed", `{"audience": {`, 400, "malformed_json", ""},
 	}

@@ -10,29 +10,43 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/heraldpush/herald/db"
+	"github.com/heraldpush/herald/jobs/push"
 )
 
 // userRequest is the whole of a user as a caller sets it. A missing or null
-// timezone clears it, as PUT replaces the resource.
+// timezone or locale clears it, as PUT replaces the resource.
 type userRequest struct {
 	Timezone *string `json:"timezone"`
+	// Locale is a BCP 47 tag ("de-AT"), kept in canonical case; it picks
+	// each message's localization for the user's devices.
+	Locale *string `json:"locale"`
 }
 
 func (r *userRequest) validate() error {
-	if r.Timezone == nil {
-		return nil
+	if r.Timezone != nil {
+		if err := checkTimezone("timezone", *r.Timezone); err != nil {
+			return err
+		}
 	}
-	return checkTimezone("timezone", *r.Timezone)
+	if r.Locale != nil {
+		locale, err := push.CanonicalLocale(*r.Locale)
+		if err != nil {
+			return invalid("locale", "locale: %v", err)
+		}
+		r.Locale = &locale
+	}
+	return nil
 }
 
 type userResponse struct {
 	UserID   string  `json:"user_id"`
 	Timezone *string `json:"timezone"`
+	Locale   *string `json:"locale"`
 }
 
 // putUser creates or updates a user. Users are also created implicitly by
 // device registration and segment membership; this is where their time zone
-// is set.
+// and locale are set.
 func (s *Server) putUser(c echo.Context) error {
 	userID := c.Param("user_id")
 	if err := checkID("user_id", userID); err != nil {
@@ -42,8 +56,8 @@ func (s *Server) putUser(c echo.Context) error {
 	if err := decode(c, smallBodyLimit, &req); err != nil {
 		return err
 	}
-	row, err := db.On(s.pool).UpsertUserTimezone(c.Request().Context(), db.UpsertUserTimezoneParams{
-		ID: userID, Timezone: req.Timezone,
+	row, err := db.On(s.pool).UpsertUser(c.Request().Context(), db.UpsertUserParams{
+		ID: userID, Timezone: req.Timezone, Locale: req.Locale,
 	})
 	if err != nil {
 		return fmt.Errorf("put user: %w", err)
@@ -52,13 +66,14 @@ func (s *Server) putUser(c echo.Context) error {
 	if row.Created {
 		status = http.StatusCreated
 	}
-	return c.JSON(status, userResponse{UserID: row.ID, Timezone: row.Timezone})
+	return c.JSON(status, userResponse{UserID: row.ID, Timezone: row.Timezone, Locale: row.Locale})
 }
 
 // userDetail is a user as GET /v1/users/{id} shows it.
 type userDetail struct {
 	UserID   string  `json:"user_id"`
 	Timezone *string `json:"timezone"`
+	Locale   *string `json:"locale"`
 	// DeviceCount counts every device of the user (GET .../devices lists
 	// them); ActiveDeviceCount those messages go to (not evicted).
 	DeviceCount       int32     `json:"device_count"`
@@ -80,7 +95,7 @@ func (s *Server) getUser(c echo.Context) error {
 		return fmt.Errorf("read user: %w", err)
 	}
 	return c.JSON(http.StatusOK, userDetail{
-		UserID: u.ID, Timezone: u.Timezone, DeviceCount: u.DeviceCount, ActiveDeviceCount: u.ActiveDeviceCount,
+		UserID: u.ID, Timezone: u.Timezone, Locale: u.Locale, DeviceCount: u.DeviceCount, ActiveDeviceCount: u.ActiveDeviceCount,
 		CreatedAt: u.CreatedAt.UTC(), UpdatedAt: u.UpdatedAt.UTC(),
 	})
 }

@@ -13,7 +13,7 @@ func TestPutUserTimezone(t *testing.T) {
 
 	status, resp := b.do(t, http.MethodPut, "/v1/users/u_tz", map[string]any{"timezone": "Asia/Kolkata"})
 	require.Equal(t, http.StatusCreated, status, resp)
-	require.Equal(t, map[string]any{"user_id": "u_tz", "timezone": "Asia/Kolkata"}, resp)
+	require.Equal(t, map[string]any{"user_id": "u_tz", "timezone": "Asia/Kolkata", "locale": nil}, resp)
 
 	status, resp = b.do(t, http.MethodPut, "/v1/users/u_tz", map[string]any{"timezone": "America/New_York"})
 	require.Equal(t, http.StatusOK, status, resp)
@@ -27,6 +27,28 @@ func TestPutUserTimezone(t *testing.T) {
 	// The user now exists for the directory.
 	status, _ = b.do(t, http.MethodGet, "/v1/users/u_tz/devices", nil)
 	require.Equal(t, http.StatusOK, status)
+}
+
+func TestPutUserLocale(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	status, resp := b.do(t, http.MethodPut, "/v1/users/u_loc", map[string]any{"locale": "pt-br"})
+	require.Equal(t, http.StatusCreated, status, resp)
+	require.Equal(t, map[string]any{"user_id": "u_loc", "timezone": nil, "locale": "pt-BR"}, resp, "kept in canonical case")
+
+	status, resp = b.do(t, http.MethodPut, "/v1/users/u_loc", map[string]any{"locale": "zh-hant-tw", "timezone": "Asia/Taipei"})
+	require.Equal(t, http.StatusOK, status, resp)
+	require.Equal(t, "zh-Hant-TW", resp["locale"])
+
+	// PUT replaces: without a locale the user has none.
+	status, resp = b.do(t, http.MethodPut, "/v1/users/u_loc", map[string]any{"timezone": "Asia/Taipei"})
+	require.Equal(t, http.StatusOK, status, resp)
+	require.Nil(t, resp["locale"])
+
+	for _, bad := range []string{"", "german", "de_AT", "de-AT-CH", "en-x-private", "12"} {
+		rec := b.call(t, request{method: http.MethodPut, path: "/v1/users/u_loc", body: map[string]any{"locale": bad}})
+		requireError(t, rec, http.StatusBadRequest, "invalid_field", "locale")
+	}
 }
 
 func TestPutUserRejectsBadInput(t *testing.T) {

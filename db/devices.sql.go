@@ -142,7 +142,7 @@ func (q *Queries) EvictDevice(ctx context.Context, arg EvictDeviceParams) (int64
 }
 
 const getDevice = `-- name: GetDevice :one
-SELECT id, user_id, channel, token, p256dh, auth, status, evicted_reason, evicted_at, created_at, updated_at
+SELECT id, user_id, channel, token, p256dh, auth, status, evicted_reason, evicted_at, created_at, updated_at, environment
 FROM devices
 WHERE id = $1
 `
@@ -162,12 +162,13 @@ func (q *Queries) GetDevice(ctx context.Context, id int64) (Device, error) {
 		&i.EvictedAt,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.Environment,
 	)
 	return i, err
 }
 
 const listUserDevices = `-- name: ListUserDevices :many
-SELECT id, user_id, channel, token, p256dh, auth, status, evicted_reason, evicted_at, created_at, updated_at
+SELECT id, user_id, channel, token, p256dh, auth, status, evicted_reason, evicted_at, created_at, updated_at, environment
 FROM devices
 WHERE user_id = $1 AND id > $2
 ORDER BY id
@@ -203,6 +204,7 @@ func (q *Queries) ListUserDevices(ctx context.Context, arg ListUserDevicesParams
 			&i.EvictedAt,
 			&i.CreatedAt,
 			&i.UpdatedAt,
+			&i.Environment,
 		); err != nil {
 			return nil, err
 		}
@@ -227,33 +229,36 @@ func (q *Queries) LockUsers(ctx context.Context, ids []string) error {
 }
 
 const registerDevice = `-- name: RegisterDevice :one
-INSERT INTO devices (user_id, channel, token, p256dh, auth)
-VALUES ($1, $2, $3, $4, $5)
+INSERT INTO devices (user_id, channel, token, p256dh, auth, environment)
+VALUES ($1, $2, $3, $4, $5, $6)
 ON CONFLICT (channel, token) DO UPDATE
 SET user_id = excluded.user_id,
     p256dh = excluded.p256dh,
     auth = excluded.auth,
+    environment = excluded.environment,
     status = 'active',
     evicted_reason = NULL,
     evicted_at = NULL,
     updated_at = now()
-RETURNING id, user_id, channel, status, (xmax = 0)::boolean AS created
+RETURNING id, user_id, channel, environment, status, (xmax = 0)::boolean AS created
 `
 
 type RegisterDeviceParams struct {
-	UserID  string
-	Channel string
-	Token   string
-	P256dh  *string
-	Auth    *string
+	UserID      string
+	Channel     string
+	Token       string
+	P256dh      *string
+	Auth        *string
+	Environment string
 }
 
 type RegisterDeviceRow struct {
-	ID      int64
-	UserID  string
-	Channel string
-	Status  string
-	Created bool
+	ID          int64
+	UserID      string
+	Channel     string
+	Environment string
+	Status      string
+	Created     bool
 }
 
 // Registers a device, or moves an existing (channel, token) to the given user
@@ -266,12 +271,14 @@ func (q *Queries) RegisterDevice(ctx context.Context, arg RegisterDeviceParams) 
 		arg.Token,
 		arg.P256dh,
 		arg.Auth,
+		arg.Environment,
 	)
 	var i RegisterDeviceRow
 	err := row.Scan(
 		&i.ID,
 		&i.UserID,
 		&i.Channel,
+		&i.Environment,
 		&i.Status,
 		&i.Created,
 	)
@@ -280,20 +287,23 @@ func (q *Queries) RegisterDevice(ctx context.Context, arg RegisterDeviceParams) 
 
 const registerDevices = `-- name: RegisterDevices :one
 WITH upserted AS (
-    INSERT INTO devices (user_id, channel, token, p256dh, auth)
-    SELECT d.user_id, d.channel, d.token, NULLIF(d.p256dh, ''), NULLIF(d.auth, '')
+    INSERT INTO devices (user_id, channel, token, p256dh, auth, environment)
+    SELECT d.user_id, d.channel, d.token, NULLIF(d.p256dh, ''), NULLIF(d.auth, ''),
+           COALESCE(d.environment, 'production')
     FROM (
         -- Set-returning functions side by side in a select list advance in step.
         SELECT unnest($1::text[]) AS user_id,
                unnest($2::text[]) AS channel,
                unnest($3::text[]) AS token,
                unnest($4::text[]) AS p256dh,
-               unnest($5::text[]) AS auth
+               unnest($5::text[]) AS auth,
+               unnest($6::text[]) AS environment
     ) d
     ON CONFLICT (channel, token) DO UPDATE
     SET user_id = excluded.user_id,
         p256dh = excluded.p256dh,
         auth = excluded.auth,
+        environment = excluded.environment,
         status = 'active',
         evicted_reason = NULL,
         evicted_at = NULL,
@@ -306,11 +316,12 @@ FROM upserted
 `
 
 type RegisterDevicesParams struct {
-	UserIds  []string
-	Channels []string
-	Tokens   []string
-	P256dhs  []string
-	Auths    []string
+	UserIds      []string
+	Channels     []string
+	Tokens       []string
+	P256dhs      []string
+	Auths        []string
+	Environments []string
 }
 
 type RegisterDevicesRow struct {
@@ -319,7 +330,8 @@ type RegisterDevicesRow struct {
 }
 
 // The batch form of RegisterDevice: one statement for the whole batch. The
-// arrays are parallel; an empty p256dh or auth stands for NULL. Callers pass
+// arrays are parallel; an empty p256dh or auth stands for NULL, and a
+// missing environment (a shorter array) for production. Callers pass
 // each (channel, token) once, in sorted order, so that concurrent batches lock
 // rows in one order.
 func (q *Queries) RegisterDevices(ctx context.Context, arg RegisterDevicesParams) (RegisterDevicesRow, error) {
@@ -329,6 +341,7 @@ func (q *Queries) RegisterDevices(ctx context.Context, arg RegisterDevicesParams
 		arg.Tokens,
 		arg.P256dhs,
 		arg.Auths,
+		arg.Environments,
 	)
 	var i RegisterDevicesRow
 	err := row.Scan(&i.Created, &i.Updated)

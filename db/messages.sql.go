@@ -11,7 +11,7 @@ import (
 )
 
 const audienceOfSegment = `-- name: AudienceOfSegment :many
-SELECT d.id, d.user_id, d.channel, d.token, d.p256dh, d.auth, u.timezone
+SELECT d.id, d.user_id, d.channel, d.token, d.p256dh, d.auth, d.environment, u.timezone, u.locale
 FROM segment_members m
 JOIN devices d ON d.user_id = m.user_id AND d.status = 'active'
 JOIN users u ON u.id = m.user_id
@@ -20,16 +20,19 @@ ORDER BY d.user_id, d.id
 `
 
 type AudienceOfSegmentRow struct {
-	ID       int64
-	UserID   string
-	Channel  string
-	Token    string
-	P256dh   *string
-	Auth     *string
-	Timezone *string
+	ID          int64
+	UserID      string
+	Channel     string
+	Token       string
+	P256dh      *string
+	Auth        *string
+	Environment string
+	Timezone    *string
+	Locale      *string
 }
 
-// The active devices of a segment's members, with each user's time zone.
+// The active devices of a segment's members, with each user's time zone and
+// locale.
 func (q *Queries) AudienceOfSegment(ctx context.Context, segmentID string) ([]AudienceOfSegmentRow, error) {
 	rows, err := q.db.Query(ctx, audienceOfSegment, segmentID)
 	if err != nil {
@@ -46,7 +49,9 @@ func (q *Queries) AudienceOfSegment(ctx context.Context, segmentID string) ([]Au
 			&i.Token,
 			&i.P256dh,
 			&i.Auth,
+			&i.Environment,
 			&i.Timezone,
+			&i.Locale,
 		); err != nil {
 			return nil, err
 		}
@@ -59,7 +64,7 @@ func (q *Queries) AudienceOfSegment(ctx context.Context, segmentID string) ([]Au
 }
 
 const audienceOfUsers = `-- name: AudienceOfUsers :many
-SELECT d.id, d.user_id, d.channel, d.token, d.p256dh, d.auth, u.timezone
+SELECT d.id, d.user_id, d.channel, d.token, d.p256dh, d.auth, d.environment, u.timezone, u.locale
 FROM devices d
 JOIN users u ON u.id = d.user_id
 WHERE d.user_id = ANY ($1::text[]) AND d.status = 'active'
@@ -67,16 +72,19 @@ ORDER BY d.user_id, d.id
 `
 
 type AudienceOfUsersRow struct {
-	ID       int64
-	UserID   string
-	Channel  string
-	Token    string
-	P256dh   *string
-	Auth     *string
-	Timezone *string
+	ID          int64
+	UserID      string
+	Channel     string
+	Token       string
+	P256dh      *string
+	Auth        *string
+	Environment string
+	Timezone    *string
+	Locale      *string
 }
 
-// The active devices of the given users, with each user's time zone.
+// The active devices of the given users, with each user's time zone and
+// locale.
 func (q *Queries) AudienceOfUsers(ctx context.Context, userIds []string) ([]AudienceOfUsersRow, error) {
 	rows, err := q.db.Query(ctx, audienceOfUsers, userIds)
 	if err != nil {
@@ -93,7 +101,9 @@ func (q *Queries) AudienceOfUsers(ctx context.Context, userIds []string) ([]Audi
 			&i.Token,
 			&i.P256dh,
 			&i.Auth,
+			&i.Environment,
 			&i.Timezone,
+			&i.Locale,
 		); err != nil {
 			return nil, err
 		}

@@ -34,6 +34,7 @@ type Device struct {
 	EvictedAt     *time.Time
 	CreatedAt     time.Time
 	UpdatedAt     time.Time
+	Environment   string
 }
 
 type IdempotencyKey struct {
@@ -143,4 +144,5 @@ type User struct {
 	Timezone  *string
 	CreatedAt time.Time
 	UpdatedAt time.Time
+	Locale    *string
 }

@@ -60,7 +60,7 @@ func (q *Queries) EnsureUsers(ctx context.Context, ids []string) error {
 }
 
 const getUser = `-- name: GetUser :one
-SELECT u.id, u.timezone, u.created_at, u.updated_at,
+SELECT u.id, u.timezone, u.locale, u.created_at, u.updated_at,
        (SELECT count(*) FROM devices d WHERE d.user_id = u.id)::integer AS device_count,
        (SELECT count(*) FROM devices d WHERE d.user_id = u.id AND d.status = 'active')::integer AS active_device_count
 FROM users u
@@ -70,6 +70,7 @@ WHERE u.id = $1
 type GetUserRow struct {
 	ID                string
 	Timezone          *string
+	Locale            *string
 	CreatedAt         time.Time
 	UpdatedAt         time.Time
 	DeviceCount       int32
@@ -84,6 +85,7 @@ func (q *Queries) GetUser(ctx context.Context, id string) (GetUserRow, error) {
 	err := row.Scan(
 		&i.ID,
 		&i.Timezone,
+		&i.Locale,
 		&i.CreatedAt,
 		&i.UpdatedAt,
 		&i.DeviceCount,
@@ -129,34 +131,39 @@ func (q *Queries) LockUser(ctx context.Context, id string) (string, error) {
 	return id_2, err
 }
 
-const upsertUserTimezone = `-- name: UpsertUserTimezone :one
-INSERT INTO users (id, timezone)
-VALUES ($1, $2)
+const upsertUser = `-- name: UpsertUser :one
+INSERT INTO users (id, timezone, locale)
+VALUES ($1, $2, $3)
 ON CONFLICT (id) DO UPDATE
 SET timezone = excluded.timezone,
+    locale = excluded.locale,
     updated_at = now()
-RETURNING id, timezone, created_at, updated_at, (xmax = 0)::boolean AS created
+RETURNING id, timezone, locale, created_at, updated_at, (xmax = 0)::boolean AS created
 `
 
-type UpsertUserTimezoneParams struct {
+type UpsertUserParams struct {
 	ID       string
 	Timezone *string
+	Locale   *string
 }
 
-type UpsertUserTimezoneRow struct {
+type UpsertUserRow struct {
 	ID        string
 	Timezone  *string
+	Locale    *string
 	CreatedAt time.Time
 	UpdatedAt time.Time
 	Created   bool
 }
 
-func (q *Queries) UpsertUserTimezone(ctx context.Context, arg UpsertUserTimezoneParams) (UpsertUserTimezoneRow, error) {
-	row := q.db.QueryRow(ctx, upsertUserTimezone, arg.ID, arg.Timezone)
-	var i UpsertUserTimezoneRow
+// PUT /v1/users/{id}: the caller's fields replace the user's.
+func (q *Queries) UpsertUser(ctx context.Context, arg UpsertUserParams) (UpsertUserRow, error) {
+	row := q.db.QueryRow(ctx, upsertUser, arg.ID, arg.Timezone, arg.Locale)
+	var i UpsertUserRow
 	err := row.Scan(
 		&i.ID,
 		&i.Timezone,
+		&i.Locale,
 		&i.CreatedAt,
 		&i.UpdatedAt,
 		&i.Created,

@@ -159,9 +159,14 @@ const maxHostBreakers = 1000
 // service each and have one breaker each. Web Push has one per push-service
 // host: subscriptions name the host, so a caller who registers endpoints
 // that fail can only park pushes to those hosts, never every browser's.
+// APNs's sandbox host, another service than its production host, has a
+// breaker of its own, so that an outage of Apple's sandbox parks only the
+// debug builds' pushes.
 type Breakers struct {
 	cfg      BreakerConfig
 	channels map[string]*Breaker
+	// apnsSandbox is the APNs sandbox host's breaker; nil without APNs.
+	apnsSandbox *Breaker
 
 	mu sync.Mutex
 	// hosts are Web Push's breakers, made on first use.
@@ -177,7 +182,19 @@ func NewBreakers(cfg BreakerConfig, channels ...string) *Breakers {
 	for _, ch := range channels {
 		b.channels[ch] = NewBreaker(cfg)
 	}
+	if _, ok := b.channels[ChannelAPNs]; ok {
+		b.apnsSandbox = NewBreaker(cfg)
+	}
 	return b
+}
+
+// ForTarget is For a chunk's target, which for an APNs sandbox token is the
+// sandbox host's breaker.
+func (b *Breakers) ForTarget(t Target) *Breaker {
+	if t.Sandbox && t.Channel == ChannelAPNs && b.apnsSandbox != nil {
+		return b.apnsSandbox
+	}
+	return b.For(t.Channel, t.Token)
 }
 
 // Configured reports whether channel has a provider here.
@@ -253,6 +270,15 @@ func (b *Breakers) Status(channel string) (st BreakerStatus, ok bool) {
 		return BreakerStatus{}, false
 	}
 	st = own.Status()
+	if channel == ChannelAPNs && b.apnsSandbox != nil {
+		sb := b.apnsSandbox.Status()
+		st.Sends += sb.Sends
+		st.Failures += sb.Failures
+		st.State = WorseState(st.State, sb.State)
+		if sb.LastError != "" && sb.LastErrorAt.After(st.LastErrorAt) {
+			st.LastError, st.LastErrorAt = "sandbox: "+sb.LastError, sb.LastErrorAt
+		}
+	}
 	if channel != ChannelWebPush {
 		return st, true
 	}

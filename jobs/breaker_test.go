@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/heraldpush/herald/jobs/push"
 )
 
 type fakeClock struct{ t time.Time }
@@ -92,6 +94,30 @@ func TestBreakersPerPushService(t *testing.T) {
 	require.Equal(t, BreakerClosed, apns.State)
 	_, ok = b.Status(ChannelFCM)
 	require.False(t, ok)
+}
+
+// TestBreakersAPNsSandbox checks that Apple's sandbox host, a service of
+// its own, has its own breaker: its outage parks the debug builds' pushes
+// alone, and APNs's status shows it, named.
+func TestBreakersAPNsSandbox(t *testing.T) {
+	t.Parallel()
+	clock := &fakeClock{t: time.Unix(1000, 0)}
+	b := NewBreakers(BreakerConfig{Threshold: 1, Now: clock.now}, ChannelAPNs, ChannelFCM)
+	production := b.ForTarget(Target{Target: push.Target{Token: "aa"}, Channel: ChannelAPNs})
+	sandbox := b.ForTarget(Target{Target: push.Target{Token: "bb", Sandbox: true}, Channel: ChannelAPNs})
+	require.Same(t, b.For(ChannelAPNs, "aa"), production)
+	require.NotSame(t, production, sandbox)
+	require.Same(t, b.For(ChannelFCM, "x"), b.ForTarget(Target{Target: push.Target{Token: "x"}, Channel: ChannelFCM}))
+
+	sandbox.Failure("503 ServiceUnavailable")
+	require.False(t, sandbox.Allow(), "the sandbox is parked")
+	require.True(t, production.Allow(), "production is not")
+	st, ok := b.Status(ChannelAPNs)
+	require.True(t, ok)
+	require.Equal(t, BreakerOpen, st.State)
+	require.Equal(t, "sandbox: 503 ServiceUnavailable", st.LastError)
+	require.Nil(t, NewBreakers(BreakerConfig{}, ChannelFCM).ForTarget(Target{Target: push.Target{Sandbox: true}, Channel: ChannelAPNs}),
+		"no breaker without an APNs provider")
 }
 
 // TestBreakersStayBounded fills the host breakers past their bound: closed

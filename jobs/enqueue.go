@@ -89,6 +89,7 @@ type target struct {
 	Target
 	userID   string
 	timezone string
+	locale   string
 	dueAt    time.Time
 }
 
@@ -100,6 +101,9 @@ func (e *Enqueuer) Create(ctx context.Context, tx pgx.Tx, m MessageSpec) (db.Mes
 	q := db.On(tx)
 	all, err := resolve(ctx, q, m.Audience, m.DispatchAt)
 	if err != nil {
+		return db.Message{}, err
+	}
+	if err := localize(ctx, q, m, all); err != nil {
 		return db.Message{}, err
 	}
 	targets, passed := all, []target(nil)
@@ -372,10 +376,13 @@ func resolve(ctx context.Context, q *db.Queries, a Audience, dispatchAt time.Tim
 		return nil, fmt.Errorf("lock directory: %w", err)
 	}
 	var out []target
-	add := func(id int64, userID, channel, token string, p256dh, auth, timezone *string) {
-		t := target{Target: Target{Target: push.Target{DeviceID: id, Token: token}, Channel: channel}, userID: userID, dueAt: dispatchAt}
+	add := func(id int64, userID, channel, token string, p256dh, auth *string, environment string, timezone, locale *string) {
+		t := target{Target: Target{Target: push.Target{DeviceID: id, Token: token, Sandbox: environment == "sandbox"}, Channel: channel}, userID: userID, dueAt: dispatchAt}
 		if timezone != nil {
 			t.timezone = *timezone
+		}
+		if locale != nil {
+			t.locale = *locale
 		}
 		if p256dh != nil && auth != nil {
 			t.P256dh, t.Auth = *p256dh, *auth
@@ -396,7 +403,7 @@ func resolve(ctx context.Context, q *db.Queries, a Audience, dispatchAt time.Tim
 		}
 		out = make([]target, 0, len(rows))
 		for _, r := range rows {
-			add(r.ID, r.UserID, r.Channel, r.Token, r.P256dh, r.Auth, r.Timezone)
+			add(r.ID, r.UserID, r.Channel, r.Token, r.P256dh, r.Auth, r.Environment, r.Timezone, r.Locale)
 		}
 		return out, nil
 	}
@@ -406,9 +413,36 @@ func resolve(ctx context.Context, q *db.Queries, a Audience, dispatchAt time.Tim
 	}
 	out = make([]target, 0, len(rows))
 	for _, r := range rows {
-		add(r.ID, r.UserID, r.Channel, r.Token, r.P256dh, r.Auth, r.Timezone)
+		add(r.ID, r.UserID, r.Channel, r.Token, r.P256dh, r.Auth, r.Environment, r.Timezone, r.Locale)
 	}
 	return out, nil
+}
+
+// localize fixes each target's localization: the one its user's locale
+// picks among the message's (push.PickLocalization). A schedule's run
+// reuses a stored payload, whose localizations are read from it.
+func localize(ctx context.Context, q *db.Queries, m MessageSpec, targets []target) error {
+	localizations := m.Content.Localizations
+	if m.PayloadID != 0 {
+		raw, err := q.GetPayload(ctx, m.PayloadID)
+		if err != nil {
+			return fmt.Errorf("read payload: %w", err)
+		}
+		var stored struct {
+			Localizations map[string]push.Text `json:"localizations"`
+		}
+		if err := json.Unmarshal(raw, &stored); err != nil {
+			return fmt.Errorf("decode payload %d: %w", m.PayloadID, err)
+		}
+		localizations = stored.Localizations
+	}
+	if len(localizations) == 0 {
+		return nil
+	}
+	for i := range targets {
+		targets[i].Locale = push.PickLocalization(targets[i].locale, localizations)
+	}
+	return nil
 }
 
 // chunk is a run of targets due at the same instant.

@@ -39,10 +39,13 @@ type FanOutArgs struct {
 }
 
 // Target is one device of a chunk: what its provider needs to send to it,
-// and which provider that is.
+// which provider that is, and which of the message's localizations it gets
+// ("" for the message's own text), picked by its user's locale when the
+// message was scheduled.
 type Target struct {
 	push.Target
 	Channel string
+	Locale  string
 }
 
 // Targets are a chunk's devices. In the job's args they are packed into one
@@ -52,21 +55,30 @@ type Target struct {
 // message) and cost more than the rest of scheduling together. A string
 // longer than 125 bytes is one hashed entry. Tokens, endpoints and keys never
 // hold tabs or line breaks (the API rejects them).
+//
+// The second field is the channel's letter ('s' for an APNs sandbox
+// token), followed by the device's localization key, if any ("fpt-BR"):
+// locale tags are letters, digits and hyphens.
 type Targets []Target
 
 // channelCodes packs a channel into one letter.
 var channelCodes = map[string]byte{ChannelAPNs: 'a', ChannelFCM: 'f', ChannelWebPush: 'w'}
 
-func channelOfCode(c byte) (string, bool) {
+// sandboxCode is the letter of an APNs target with a sandbox token.
+const sandboxCode = 's'
+
+func channelOfCode(c byte) (channel string, sandbox, ok bool) {
 	switch c {
 	case 'a':
-		return ChannelAPNs, true
+		return ChannelAPNs, false, true
+	case sandboxCode:
+		return ChannelAPNs, true, true
 	case 'f':
-		return ChannelFCM, true
+		return ChannelFCM, false, true
 	case 'w':
-		return ChannelWebPush, true
+		return ChannelWebPush, false, true
 	}
-	return "", false
+	return "", false, false
 }
 
 // MarshalJSON packs the targets into one JSON string.
@@ -77,12 +89,19 @@ func (ts Targets) MarshalJSON() ([]byte, error) {
 		if !ok {
 			return nil, fmt.Errorf("target %d: unknown channel %q", t.DeviceID, t.Channel)
 		}
-		if strings.ContainsAny(t.Token+t.P256dh+t.Auth, "\t\n") {
+		if strings.ContainsAny(t.Token+t.P256dh+t.Auth+t.Locale, "\t\n") {
 			return nil, fmt.Errorf("target %d: a field holds a tab or line break", t.DeviceID)
+		}
+		if t.Sandbox {
+			if t.Channel != ChannelAPNs {
+				return nil, fmt.Errorf("target %d: only an APNs token can be a sandbox one", t.DeviceID)
+			}
+			code = sandboxCode
 		}
 		b.WriteString(strconv.FormatInt(t.DeviceID, 10))
 		b.WriteByte('\t')
 		b.WriteByte(code)
+		b.WriteString(t.Locale)
 		b.WriteByte('\t')
 		b.WriteString(t.Token)
 		if t.P256dh != "" || t.Auth != "" {
@@ -109,14 +128,14 @@ func (ts *Targets) UnmarshalJSON(data []byte) error {
 			return fmt.Errorf("targets: malformed line %q", line)
 		}
 		id, err := strconv.ParseInt(fields[0], 10, 64)
-		if err != nil || len(fields[1]) != 1 {
+		if err != nil || fields[1] == "" {
 			return fmt.Errorf("targets: malformed line %q", line)
 		}
-		channel, ok := channelOfCode(fields[1][0])
+		channel, sandbox, ok := channelOfCode(fields[1][0])
 		if !ok {
 			return fmt.Errorf("targets: malformed line %q", line)
 		}
-		t := Target{Target: push.Target{DeviceID: id, Token: fields[2]}, Channel: channel}
+		t := Target{Target: push.Target{DeviceID: id, Token: fields[2], Sandbox: sandbox}, Channel: channel, Locale: fields[1][1:]}
 		if len(fields) == 5 {
 			t.P256dh, t.Auth = fields[3], fields[4]
 		}
@@ -266,9 +285,9 @@ func (w *FanOutWorker) Work(ctx context.Context, job *river.Job[FanOutArgs]) err
 // message from scheduled to dispatching, unless a cancel won; every chunk
 // reads the state that resulted, its still-pending devices and, unless the
 // message is cached, its payload. pending is nil when the message is no
-// longer sendable; msg, the encoded push, is only built when something is
+// longer sendable; msg, the encoded pushes, is only built when something is
 // pending.
-func (w *FanOutWorker) begin(ctx context.Context, job *river.Job[FanOutArgs]) (pending map[int64]bool, msg *push.Message, err error) {
+func (w *FanOutWorker) begin(ctx context.Context, job *river.Job[FanOutArgs]) (pending map[int64]bool, msg *encodedMessage, err error) {
 	a := job.Args
 	msg, cached := w.messages.lookup(a)
 	payloadID := a.PayloadID
@@ -300,10 +319,11 @@ func (w *FanOutWorker) begin(ctx context.Context, job *river.Job[FanOutArgs]) (p
 }
 
 // sendGroup is what a group of a chunk's targets answers to: a channel's
-// breaker, or a Web Push service host's.
+// breaker, or a Web Push service host's; and the localization they are sent.
 type sendGroup struct {
 	channel string
 	breaker *Breaker
+	locale  string
 }
 
 // group sorts the chunk's pending targets (their indexes in a.Targets) by the
@@ -313,7 +333,7 @@ func (w *FanOutWorker) group(a FanOutArgs, pending map[int64]bool) map[sendGroup
 	groups := map[sendGroup][]int{}
 	for i, t := range a.Targets {
 		if pending[t.DeviceID] {
-			g := sendGroup{t.Channel, w.cfg.Breakers.For(t.Channel, t.Token)}
+			g := sendGroup{t.Channel, w.cfg.Breakers.ForTarget(t), t.Locale}
 			groups[g] = append(groups[g], i)
 		}
 	}
@@ -344,7 +364,7 @@ func (s *sends) wait() {
 // once. A provider serves concurrent calls in the order they came
 // (push.Limiter), so slices finish one after another rather than all at the
 // end.
-func (w *FanOutWorker) send(ctx context.Context, a FanOutArgs, msg *push.Message, groups map[sendGroup][]int, ledger *ledger, rec *chunkRecord) *sends {
+func (w *FanOutWorker) send(ctx context.Context, a FanOutArgs, msg *encodedMessage, groups map[sendGroup][]int, ledger *ledger, rec *chunkRecord) *sends {
 	s := &sends{ledger: ledger, rec: rec, done: make(chan struct{}, len(a.Targets)+len(groups))}
 	providers := w.lane(a).Providers
 	for g, idx := range groups {
@@ -356,7 +376,7 @@ func (w *FanOutWorker) send(ctx context.Context, a FanOutArgs, msg *push.Message
 		for start := 0; start < len(idx); start += sendSlice {
 			slice := idx[start:min(start+sendSlice, len(idx))]
 			s.inFlight++
-			go w.sendTargets(ctx, a, msg, provider, g, slice, s)
+			go w.sendTargets(ctx, a, msg.localized(g.locale), provider, g, slice, s)
 		}
 	}
 	return s
@@ -454,7 +474,7 @@ func (w *FanOutWorker) parked(a FanOutArgs, results []push.Result) (parked map[s
 			if detail == "" || !r.At.IsZero() {
 				detail = r.Detail
 			}
-			if d := w.cfg.Breakers.For(t.Channel, t.Token).RetryIn(); wait < 0 || d < wait {
+			if d := w.cfg.Breakers.ForTarget(t).RetryIn(); wait < 0 || d < wait {
 				wait = d
 			}
 		}

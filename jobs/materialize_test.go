@@ -235,7 +235,7 @@ func TestMaterializeLocalTimeRun(t *testing.T) {
 	b := newSchedBundle(t)
 	ctx := context.Background()
 	for user, zone := range map[string]string{"s000": "Asia/Kolkata", "s001": "Europe/Berlin", "s002": "America/New_York"} {
-		_, err := b.q.UpsertUserTimezone(ctx, db.UpsertUserTimezoneParams{ID: user, Timezone: &zone})
+		_, err := b.q.UpsertUser(ctx, db.UpsertUserParams{ID: user, Timezone: &zone})
 		require.NoError(t, err)
 	}
 	run := time.Date(2026, 12, 2, 9, 0, 0, 0, time.UTC)

@@ -212,7 +212,7 @@ func (m *Message) check() error {
 	if err := CheckAudience(m.Audience); err != nil {
 		return err
 	}
-	if err := CheckPayload(m.Payload); err != nil {
+	if err := CheckPayload(&m.Payload); err != nil {
 		return err
 	}
 	if len(m.IdempotencyKey) > MaxIdempotencyKey {
@@ -374,13 +374,16 @@ func CheckInstant(field string, t time.Time) error {
 
 // CheckPayload checks a message's content: something to show or deliver,
 // no reserved data key, and a size every provider takes.
-func CheckPayload(p push.Content) error {
-	if err := checkPayloadFields(&p); err != nil {
+func CheckPayload(p *push.Content) error {
+	if err := checkPayloadFields(p); err != nil {
+		return err
+	}
+	if err := checkLocalizations(p); err != nil {
 		return err
 	}
 	// Over HTTP the body was checked whole; a Go caller's strings are
 	// checked here, each by its field.
-	for field, v := range payloadTexts(&p) {
+	for field, v := range payloadTexts(p) {
 		if err := CheckText("payload."+field, v); err != nil {
 			return err
 		}
@@ -394,8 +397,12 @@ func CheckPayload(p push.Content) error {
 		}
 	}
 	var sizeErr *push.SizeError
-	if err := push.CheckSize(p); errors.As(err, &sizeErr) {
-		return &InvalidError{Field: "payload", Message: sizeErr.Error(), Err: sizeErr}
+	if err := push.CheckSizes(*p); errors.As(err, &sizeErr) {
+		field := "payload"
+		if sizeErr.Locale != "" {
+			field = "payload.localizations." + sizeErr.Locale
+		}
+		return &InvalidError{Field: field, Message: sizeErr.Error(), Err: sizeErr}
 	} else if err != nil {
 		return invalid("payload", "payload cannot be encoded: %v", err)
 	}

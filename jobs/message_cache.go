@@ -8,7 +8,7 @@ import (
 	"github.com/heraldpush/herald/jobs/push"
 )
 
-// messageCache keeps the encoded push of recent messages, so that a
+// messageCache keeps the encoded pushes of recent messages, so that a
 // message's chunks encode its payload about once per process, not once per
 // chunk: a chunk that finds its message here does not read the payload at
 // all.
@@ -16,7 +16,7 @@ type messageCache struct {
 	size int
 
 	mu    sync.Mutex
-	items map[messageKey]*push.Message
+	items map[messageKey]*encodedMessage
 	order []messageKey // oldest first
 }
 
@@ -28,7 +28,7 @@ type messageKey struct {
 }
 
 func newMessageCache(size int) *messageCache {
-	return &messageCache{size: size, items: make(map[messageKey]*push.Message, size)}
+	return &messageCache{size: size, items: make(map[messageKey]*encodedMessage, size)}
 }
 
 func keyOf(a FanOutArgs) messageKey {
@@ -36,7 +36,7 @@ func keyOf(a FanOutArgs) messageKey {
 }
 
 // lookup returns a's message if it is cached.
-func (c *messageCache) lookup(a FanOutArgs) (*push.Message, bool) {
+func (c *messageCache) lookup(a FanOutArgs) (*encodedMessage, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	m, ok := c.items[keyOf(a)]
@@ -46,14 +46,14 @@ func (c *messageCache) lookup(a FanOutArgs) (*push.Message, bool) {
 // build encodes a's message from its stored payload and caches it. Chunks
 // that started together may each build it; the first one kept is returned
 // to all.
-func (c *messageCache) build(a FanOutArgs, raw []byte) (*push.Message, error) {
+func (c *messageCache) build(a FanOutArgs, raw []byte) (*encodedMessage, error) {
 	var content push.Content
 	if err := json.Unmarshal(raw, &content); err != nil {
 		return nil, fmt.Errorf("decode payload %d: %w", a.PayloadID, err)
 	}
-	m, err := push.NewMessage(push.FormatMessageID(a.MessageID), a.Priority == PriorityUrgent, content, a.ExpiresAt)
+	m, err := encode(a, content)
 	if err != nil {
-		return nil, fmt.Errorf("encode payload %d: %w", a.PayloadID, err)
+		return nil, err
 	}
 	key := keyOf(a)
 	c.mu.Lock()
@@ -68,4 +68,39 @@ func (c *messageCache) build(a FanOutArgs, raw []byte) (*push.Message, error) {
 		c.order = c.order[1:]
 	}
 	return m, nil
+}
+
+// encodedMessage is a message encoded for every channel once per variant:
+// its own text and each of its localizations.
+type encodedMessage struct {
+	own  *push.Message
+	byID map[string]*push.Message // by localization key
+}
+
+// encode encodes a's message, content, in each of its variants: the same
+// push.NewMessage for each, on a copy of content with the localization's
+// text.
+func encode(a FanOutArgs, content push.Content) (*encodedMessage, error) {
+	id, urgent := push.FormatMessageID(a.MessageID), a.Priority == PriorityUrgent
+	own, err := push.NewMessage(id, urgent, content.Localized(""), a.ExpiresAt)
+	if err != nil {
+		return nil, fmt.Errorf("encode payload %d: %w", a.PayloadID, err)
+	}
+	m := &encodedMessage{own: own, byID: make(map[string]*push.Message, len(content.Localizations))}
+	for key := range content.Localizations {
+		if m.byID[key], err = push.NewMessage(id, urgent, content.Localized(key), a.ExpiresAt); err != nil {
+			return nil, fmt.Errorf("encode payload %d, localization %q: %w", a.PayloadID, key, err)
+		}
+	}
+	return m, nil
+}
+
+// localized is the push in localization key; the message's own text when it
+// has no such localization (a chunk packed before the payload was read
+// cannot name one it lacks, but its own text is the safe answer).
+func (m *encodedMessage) localized(key string) *push.Message {
+	if l, ok := m.byID[key]; ok {
+		return l
+	}
+	return m.own
 }

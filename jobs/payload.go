@@ -2,6 +2,7 @@ package jobs
 
 import (
 	"fmt"
+	"maps"
 	"net/url"
 	"slices"
 	"strings"
@@ -219,5 +220,40 @@ func payloadTexts(p *push.Content) map[string]string {
 			t[fmt.Sprintf("webpush.actions[%d].title", i)] = a.Title
 		}
 	}
+	for tag, l := range p.Localizations {
+		t["localizations."+tag+".title"], t["localizations."+tag+".subtitle"], t["localizations."+tag+".body"] = l.Title, l.Subtitle, l.Body
+	}
 	return t
+}
+
+// maxLocalizations bounds a payload's localizations: more languages than
+// any app ships, few enough that encoding every one stays cheap.
+const maxLocalizations = 100
+
+// checkLocalizations checks a payload's localizations and puts their
+// keys in canonical case, so that users' locales find them.
+func checkLocalizations(p *push.Content) error {
+	if len(p.Localizations) > maxLocalizations {
+		return invalid("payload.localizations", "payload.localizations may hold at most %d languages, not %d", maxLocalizations, len(p.Localizations))
+	}
+	canonical := make(map[string]push.Text, len(p.Localizations))
+	for _, key := range slices.Sorted(maps.Keys(p.Localizations)) {
+		field := "payload.localizations." + key
+		tag, err := push.CanonicalLocale(key)
+		if err != nil {
+			return invalid(field, "%s: %v", field, err)
+		}
+		if _, dup := canonical[tag]; dup {
+			return invalid(field, "%s: payload.localizations names %s twice (tags are case-insensitive)", field, tag)
+		}
+		text := p.Localizations[key]
+		if text == (push.Text{}) {
+			return invalid(field, "%s needs a title, a subtitle or a body", field)
+		}
+		canonical[tag] = text
+	}
+	if len(canonical) > 0 {
+		p.Localizations = canonical
+	}
+	return nil
 }

@@ -104,6 +104,24 @@ func (e DeliveryStatus) Valid() bool {
 	}
 }
 
+// Defines values for DeviceRegistrationEnvironment.
+const (
+	DeviceRegistrationEnvironmentProduction DeviceRegistrationEnvironment = "production"
+	DeviceRegistrationEnvironmentSandbox    DeviceRegistrationEnvironment = "sandbox"
+)
+
+// Valid indicates whether the value is a known member of the DeviceRegistrationEnvironment enum.
+func (e DeviceRegistrationEnvironment) Valid() bool {
+	switch e {
+	case DeviceRegistrationEnvironmentProduction:
+		return true
+	case DeviceRegistrationEnvironmentSandbox:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for DeviceStatus.
 const (
 	DeviceStatusActive  DeviceStatus = "active"
@@ -116,6 +134,24 @@ func (e DeviceStatus) Valid() bool {
 	case DeviceStatusActive:
 		return true
 	case DeviceStatusEvicted:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for Environment.
+const (
+	EnvironmentProduction Environment = "production"
+	EnvironmentSandbox    Environment = "sandbox"
+)
+
+// Valid indicates whether the value is a known member of the Environment enum.
+func (e Environment) Valid() bool {
+	switch e {
+	case EnvironmentProduction:
+		return true
+	case EnvironmentSandbox:
 		return true
 	default:
 		return false
@@ -237,6 +273,7 @@ const (
 	ReasonProviderUnavailable Reason = "provider_unavailable"
 	ReasonRateLimited         Reason = "rate_limited"
 	ReasonUnregistered        Reason = "unregistered"
+	ReasonWrongEnvironment    Reason = "wrong_environment"
 )
 
 // Valid indicates whether the value is a known member of the Reason enum.
@@ -257,6 +294,8 @@ func (e Reason) Valid() bool {
 	case ReasonRateLimited:
 		return true
 	case ReasonUnregistered:
+		return true
+	case ReasonWrongEnvironment:
 		return true
 	default:
 		return false
@@ -348,10 +387,13 @@ type DeliveryStatus string
 
 // Device defines model for Device.
 type Device struct {
-	Channel  Channel      `json:"channel"`
-	DeviceID string       `json:"device_id"`
-	Status   DeviceStatus `json:"status"`
-	UserID   string       `json:"user_id"`
+	Channel  Channel `json:"channel"`
+	DeviceID string  `json:"device_id"`
+
+	// Environment The APNs environment of a device's token: sandbox for an app built for debugging, whose pushes go to APNS_SANDBOX_HOST. Always production on FCM and Web Push.
+	Environment Environment  `json:"environment"`
+	Status      DeviceStatus `json:"status"`
+	UserID      string       `json:"user_id"`
 }
 
 // DeviceBatch defines model for DeviceBatch.
@@ -369,6 +411,9 @@ type DeviceBatchResult struct {
 type DeviceRegistration struct {
 	Channel Channel `json:"channel"`
 
+	// Environment An APNs token's environment: sandbox for an app built for debugging (channel apns only).
+	Environment *DeviceRegistrationEnvironment `json:"environment,omitempty"`
+
 	// Subscription A Web Push subscription, as PushSubscription.toJSON() gives it.
 	Subscription *WebPushSubscription `json:"subscription,omitempty"`
 
@@ -377,8 +422,14 @@ type DeviceRegistration struct {
 	UserID string  `json:"user_id"`
 }
 
+// DeviceRegistrationEnvironment An APNs token's environment: sandbox for an app built for debugging (channel apns only).
+type DeviceRegistrationEnvironment string
+
 // DeviceStatus defines model for DeviceStatus.
 type DeviceStatus string
+
+// Environment The APNs environment of a device's token: sandbox for an app built for debugging, whose pushes go to APNS_SANDBOX_HOST. Always production on FCM and Web Push.
+type Environment string
 
 // ErrorBody defines model for ErrorBody.
 type ErrorBody struct {
@@ -582,6 +633,11 @@ type Payload struct {
 	// InterruptionLevel APNs aps.interruption-level.
 	InterruptionLevel *PayloadInterruptionLevel `json:"interruption_level,omitempty"`
 
+	// Localizations The text in other languages, by BCP 47 tag (de, pt-BR, zh-Hant). Each device gets the localization its user's locale picks when the message is made: the whole locale, then the locale cut short one subtag at a time (de-AT finds de), then the message's own text. A field a localization leaves out is the message's own. Tags are case-insensitive and kept in canonical case; each localization's encoding must fit every channel's limit (else 413 naming payload.localizations.TAG).
+	//
+	// Example: {"de":{"body":"Deine Erinnerung","title":"Hallo"},"pt-BR":{"body":"Seu lembrete","title":"Olá"}}
+	Localizations *map[string]Text `json:"localizations,omitempty"`
+
 	// RelevanceScore APNs aps.relevance-score.
 	RelevanceScore *float32 `json:"relevance_score,omitempty"`
 
@@ -701,8 +757,16 @@ type Skew struct {
 	P99 float64 `json:"p99"`
 }
 
+// Text A message's text in one language; at least one field.
+type Text struct {
+	Body     *string `json:"body,omitempty"`
+	Subtitle *string `json:"subtitle,omitempty"`
+	Title    *string `json:"title,omitempty"`
+}
+
 // User defines model for User.
 type User struct {
+	Locale   *string `json:"locale"`
 	Timezone *string `json:"timezone"`
 	UserID   string  `json:"user_id"`
 }
@@ -715,6 +779,7 @@ type UserDetail struct {
 
 	// DeviceCount Every device of the user, active or evicted.
 	DeviceCount int       `json:"device_count"`
+	Locale      *string   `json:"locale"`
 	Timezone    *string   `json:"timezone"`
 	UpdatedAt   time.Time `json:"updated_at"`
 	UserID      string    `json:"user_id"`
@@ -722,10 +787,13 @@ type UserDetail struct {
 
 // UserDevice defines model for UserDevice.
 type UserDevice struct {
-	Channel       Channel      `json:"channel"`
-	CreatedAt     time.Time    `json:"created_at"`
-	DeviceID      string       `json:"device_id"`
-	Endpoint      *string      `json:"endpoint,omitempty"`
+	Channel   Channel   `json:"channel"`
+	CreatedAt time.Time `json:"created_at"`
+	DeviceID  string    `json:"device_id"`
+	Endpoint  *string   `json:"endpoint,omitempty"`
+
+	// Environment The APNs environment of a device's token: sandbox for an app built for debugging, whose pushes go to APNS_SANDBOX_HOST. Always production on FCM and Web Push.
+	Environment   Environment  `json:"environment"`
 	EvictedAt     *time.Time   `json:"evicted_at,omitempty"`
 	EvictedReason *string      `json:"evicted_reason,omitempty"`
 	Status        DeviceStatus `json:"status"`
@@ -742,6 +810,11 @@ type UserDevicePage struct {
 
 // UserUpdate defines model for UserUpdate.
 type UserUpdate struct {
+	// Locale A BCP 47 tag (language, then optionally script, region, variants), kept in canonical case. It picks each message's localization: the whole tag, then the tag cut short one subtag at a time (de-AT, de), then the message's own text.
+	//
+	// Example: de-AT
+	Locale *string `json:"locale,omitempty"`
+
 	// Timezone Example: Asia/Kolkata
 	Timezone *string `json:"timezone,omitempty"`
 }
@@ -1301,14 +1374,14 @@ type ClientInterface interface {
 	// Corresponds with GET /v1/users/{user_id} (the `GetUser` operationId).
 	GetUser(ctx context.Context, userID UserID, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// PutUserWithBody Create or update a user (its IANA time zone, for local-time delivery).
+	// PutUserWithBody Create or update a user (its IANA time zone, for local-time delivery, and its locale, for localized messages).
 	//
 	// Takes any type of body and a specified content type.
 	//
 	// Corresponds with PUT /v1/users/{user_id} (the `PutUser` operationId).
 	PutUserWithBody(ctx context.Context, userID UserID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// PutUser Create or update a user (its IANA time zone, for local-time delivery).
+	// PutUser Create or update a user (its IANA time zone, for local-time delivery, and its locale, for localized messages).
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -1887,7 +1960,7 @@ func (c *Client) GetUser(ctx context.Context, userID UserID, reqEditors ...Reque
 	return c.Client.Do(req)
 }
 
-// PutUserWithBody Create or update a user (its IANA time zone, for local-time delivery).
+// PutUserWithBody Create or update a user (its IANA time zone, for local-time delivery, and its locale, for localized messages).
 //
 // Takes any type of body and a specified content type.
 //
@@ -1904,7 +1977,7 @@ func (c *Client) PutUserWithBody(ctx context.Context, userID UserID, contentType
 	return c.Client.Do(req)
 }
 
-// PutUser Create or update a user (its IANA time zone, for local-time delivery).
+// PutUser Create or update a user (its IANA time zone, for local-time delivery, and its locale, for localized messages).
 //
 // Takes a body of the `application/json` content type.
 //
@@ -3538,14 +3611,14 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with GET /v1/users/{user_id} (the `GetUser` operationId).
 	GetUserWithResponse(ctx context.Context, userID UserID, reqEditors ...RequestEditorFn) (*GetUserResponse, error)
 
-	// PutUserWithBodyWithResponse Create or update a user (its IANA time zone, for local-time delivery).
+	// PutUserWithBodyWithResponse Create or update a user (its IANA time zone, for local-time delivery, and its locale, for localized messages).
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with PUT /v1/users/{user_id} (the `PutUser` operationId).
 	PutUserWithBodyWithResponse(ctx context.Context, userID UserID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PutUserResponse, error)
 
-	// PutUserWithResponse Create or update a user (its IANA time zone, for local-time delivery).
+	// PutUserWithResponse Create or update a user (its IANA time zone, for local-time delivery, and its locale, for localized messages).
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -6410,7 +6483,7 @@ func (c *ClientWithResponses) GetUserWithResponse(ctx context.Context, userID Us
 	return ParseGetUserResponse(rsp)
 }
 
-// PutUserWithBodyWithResponse Create or update a user (its IANA time zone, for local-time delivery).
+// PutUserWithBodyWithResponse Create or update a user (its IANA time zone, for local-time delivery, and its locale, for localized messages).
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
@@ -6423,7 +6496,7 @@ func (c *ClientWithResponses) PutUserWithBodyWithResponse(ctx context.Context, u
 	return ParsePutUserResponse(rsp)
 }
 
-// PutUserWithResponse Create or update a user (its IANA time zone, for local-time delivery).
+// PutUserWithResponse Create or update a user (its IANA time zone, for local-time delivery, and its locale, for localized messages).
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //

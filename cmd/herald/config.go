@@ -97,7 +97,7 @@ type config struct {
 	ScheduleLimits jobs.ScheduleLimits
 }
 
-type apnsConfig struct{ KeyFile, KeyID, TeamID, Topic, Host string }
+type apnsConfig struct{ KeyFile, KeyID, TeamID, Topic, Host, SandboxHost string }
 
 type fcmConfig struct{ CredentialsFile, Endpoint string }
 
@@ -130,7 +130,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		AdminPassword: getenv("HERALD_ADMIN_PASSWORD"),
 		APNs: apnsConfig{
 			KeyFile: getenv("APNS_KEY_FILE"), KeyID: getenv("APNS_KEY_ID"), TeamID: getenv("APNS_TEAM_ID"),
-			Topic: getenv("APNS_TOPIC"), Host: getenv("APNS_HOST"),
+			Topic: getenv("APNS_TOPIC"), Host: getenv("APNS_HOST"), SandboxHost: getenv("APNS_SANDBOX_HOST"),
 		},
 		FCM:      fcmConfig{CredentialsFile: getenv("FCM_CREDENTIALS_FILE"), Endpoint: getenv("FCM_ENDPOINT")},
 		WebPush:  webPushConfig{PublicKey: getenv("VAPID_PUBLIC_KEY"), PrivateKey: getenv("VAPID_PRIVATE_KEY"), Subject: getenv("VAPID_SUBJECT")},

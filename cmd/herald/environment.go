@@ -35,6 +35,7 @@ var serveEnv = []envVar{
 	{"APNS_TEAM_ID", "APNs team id", ""},
 	{"APNS_TOPIC", "APNs topic (the app's bundle id)", ""},
 	{"APNS_HOST", "APNs base URL", "https://api.push.apple.com"},
+	{"APNS_SANDBOX_HOST", "APNs base URL for devices registered with environment sandbox", "https://api.sandbox.push.apple.com"},
 	{"FCM_CREDENTIALS_FILE", "Google service-account JSON", "FCM disabled"},
 	{"FCM_ENDPOINT", "FCM v1 base URL, ending in /v1", "https://fcm.googleapis.com/v1"},
 	{"VAPID_PRIVATE_KEY", "Web Push VAPID private key; with VAPID_PUBLIC_KEY, VAPID_SUBJECT", "Web Push disabled"},

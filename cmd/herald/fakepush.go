@@ -19,6 +19,7 @@ func runFakepush(ctx context.Context, args []string, getenv func(string) string,
 	fs := flag.NewFlagSet("herald fakepush", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	addr := fs.String("addr", fake.DefaultAddr, "listen address (use port 0 for any free port)")
+	sandboxAddr := fs.String("sandbox-addr", "", "listen address of the APNs sandbox host, written to DIR/env as APNS_SANDBOX_HOST (default: a free port on the host of --addr)")
 	latency := fs.Duration("latency", 20*time.Millisecond, "latency added to every provider response")
 	tlsDir := fs.String("tls-dir", "./"+fake.DefaultTLSDir, "directory for the CA, provider keys and the env file (reused across runs)")
 	hostname := fs.String("hostname", "", "host name clients use to reach fakepush (default: the host of --addr, or 127.0.0.1)")
@@ -34,6 +35,7 @@ func runFakepush(ctx context.Context, args []string, getenv func(string) string,
 	logger := slog.New(slog.NewTextHandler(stderr, nil))
 	srv, err := fake.New(fake.Config{
 		Addr:         *addr,
+		SandboxAddr:  *sandboxAddr,
 		Hostname:     *hostname,
 		TLSDir:       *tlsDir,
 		Latency:      *latency,

@@ -133,7 +133,7 @@ func buildProviders(ctx context.Context, cfg config, roots *x509.CertPool, logge
 	if cfg.APNs.enabled() {
 		a, e := apns.New(apns.Config{
 			KeyFile: cfg.APNs.KeyFile, KeyID: cfg.APNs.KeyID, TeamID: cfg.APNs.TeamID,
-			Topic: cfg.APNs.Topic, Host: cfg.APNs.Host, RootCAs: roots, MaxInFlight: cfg.MaxInFlight[jobs.ChannelAPNs],
+			Topic: cfg.APNs.Topic, Host: cfg.APNs.Host, SandboxHost: cfg.APNs.SandboxHost, RootCAs: roots, MaxInFlight: cfg.MaxInFlight[jobs.ChannelAPNs],
 		})
 		err = add(jobs.ChannelAPNs, a, e)
 	}

@@ -2,38 +2,43 @@
 -- Registers a device, or moves an existing (channel, token) to the given user
 -- and reactivates it. One statement, so that racing registrations of the same
 -- token end in one row.
-INSERT INTO devices (user_id, channel, token, p256dh, auth)
-VALUES (@user_id, @channel, @token, @p256dh, @auth)
+INSERT INTO devices (user_id, channel, token, p256dh, auth, environment)
+VALUES (@user_id, @channel, @token, @p256dh, @auth, @environment)
 ON CONFLICT (channel, token) DO UPDATE
 SET user_id = excluded.user_id,
     p256dh = excluded.p256dh,
     auth = excluded.auth,
+    environment = excluded.environment,
     status = 'active',
     evicted_reason = NULL,
     evicted_at = NULL,
     updated_at = now()
-RETURNING id, user_id, channel, status, (xmax = 0)::boolean AS created;
+RETURNING id, user_id, channel, environment, status, (xmax = 0)::boolean AS created;
 
 -- name: RegisterDevices :one
 -- The batch form of RegisterDevice: one statement for the whole batch. The
--- arrays are parallel; an empty p256dh or auth stands for NULL. Callers pass
+-- arrays are parallel; an empty p256dh or auth stands for NULL, and a
+-- missing environment (a shorter array) for production. Callers pass
 -- each (channel, token) once, in sorted order, so that concurrent batches lock
 -- rows in one order.
 WITH upserted AS (
-    INSERT INTO devices (user_id, channel, token, p256dh, auth)
-    SELECT d.user_id, d.channel, d.token, NULLIF(d.p256dh, ''), NULLIF(d.auth, '')
+    INSERT INTO devices (user_id, channel, token, p256dh, auth, environment)
+    SELECT d.user_id, d.channel, d.token, NULLIF(d.p256dh, ''), NULLIF(d.auth, ''),
+           COALESCE(d.environment, 'production')
     FROM (
         -- Set-returning functions side by side in a select list advance in step.
         SELECT unnest(@user_ids::text[]) AS user_id,
                unnest(@channels::text[]) AS channel,
                unnest(@tokens::text[]) AS token,
                unnest(@p256dhs::text[]) AS p256dh,
-               unnest(@auths::text[]) AS auth
+               unnest(@auths::text[]) AS auth,
+               unnest(@environments::text[]) AS environment
     ) d
     ON CONFLICT (channel, token) DO UPDATE
     SET user_id = excluded.user_id,
         p256dh = excluded.p256dh,
         auth = excluded.auth,
+        environment = excluded.environment,
         status = 'active',
         evicted_reason = NULL,
         evicted_at = NULL,
@@ -47,7 +52,7 @@ FROM upserted;
 -- name: ListUserDevices :many
 -- A page of a user's devices: those after after_id, in id order (keyset
 -- pagination on devices_user_id_idx).
-SELECT id, user_id, channel, token, p256dh, auth, status, evicted_reason, evicted_at, created_at, updated_at
+SELECT id, user_id, channel, token, p256dh, auth, status, evicted_reason, evicted_at, created_at, updated_at, environment
 FROM devices
 WHERE user_id = @user_id AND id > @after_id
 ORDER BY id
@@ -105,6 +110,6 @@ SET status = 'evicted', evicted_reason = @reason, evicted_at = now(), updated_at
 WHERE id = @id AND status = 'active';
 
 -- name: GetDevice :one
-SELECT id, user_id, channel, token, p256dh, auth, status, evicted_reason, evicted_at, created_at, updated_at
+SELECT id, user_id, channel, token, p256dh, auth, status, evicted_reason, evicted_at, created_at, updated_at, environment
 FROM devices
 WHERE id = @id;

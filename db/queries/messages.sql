@@ -17,16 +17,18 @@ SELECT id, content FROM payloads WHERE id = ANY (@ids::bigint[]);
 SELECT EXISTS (SELECT 1 FROM segments WHERE id = @id)::boolean;
 
 -- name: AudienceOfUsers :many
--- The active devices of the given users, with each user's time zone.
-SELECT d.id, d.user_id, d.channel, d.token, d.p256dh, d.auth, u.timezone
+-- The active devices of the given users, with each user's time zone and
+-- locale.
+SELECT d.id, d.user_id, d.channel, d.token, d.p256dh, d.auth, d.environment, u.timezone, u.locale
 FROM devices d
 JOIN users u ON u.id = d.user_id
 WHERE d.user_id = ANY (@user_ids::text[]) AND d.status = 'active'
 ORDER BY d.user_id, d.id;
 
 -- name: AudienceOfSegment :many
--- The active devices of a segment's members, with each user's time zone.
-SELECT d.id, d.user_id, d.channel, d.token, d.p256dh, d.auth, u.timezone
+-- The active devices of a segment's members, with each user's time zone and
+-- locale.
+SELECT d.id, d.user_id, d.channel, d.token, d.p256dh, d.auth, d.environment, u.timezone, u.locale
 FROM segment_members m
 JOIN devices d ON d.user_id = m.user_id AND d.status = 'active'
 JOIN users u ON u.id = m.user_id

@@ -5,13 +5,15 @@ INSERT INTO users (id)
 SELECT unnest(@ids::text[])
 ON CONFLICT (id) DO NOTHING;
 
--- name: UpsertUserTimezone :one
-INSERT INTO users (id, timezone)
-VALUES (@id, @timezone)
+-- name: UpsertUser :one
+-- PUT /v1/users/{id}: the caller's fields replace the user's.
+INSERT INTO users (id, timezone, locale)
+VALUES (@id, @timezone, @locale)
 ON CONFLICT (id) DO UPDATE
 SET timezone = excluded.timezone,
+    locale = excluded.locale,
     updated_at = now()
-RETURNING id, timezone, created_at, updated_at, (xmax = 0)::boolean AS created;
+RETURNING id, timezone, locale, created_at, updated_at, (xmax = 0)::boolean AS created;
 
 -- name: UserExists :one
 SELECT EXISTS (SELECT 1 FROM users WHERE id = @id)::boolean;
@@ -19,7 +21,7 @@ SELECT EXISTS (SELECT 1 FROM users WHERE id = @id)::boolean;
 -- name: GetUser :one
 -- A user with how many devices it has, and how many of them are active
 -- (the ones messages go to).
-SELECT u.id, u.timezone, u.created_at, u.updated_at,
+SELECT u.id, u.timezone, u.locale, u.created_at, u.updated_at,
        (SELECT count(*) FROM devices d WHERE d.user_id = u.id)::integer AS device_count,
        (SELECT count(*) FROM devices d WHERE d.user_id = u.id AND d.status = 'active')::integer AS active_device_count
 FROM users u

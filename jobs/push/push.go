@@ -63,6 +63,11 @@ type Content struct {
 	APNs    *APNsOptions    `json:"apns,omitempty"`
 	FCM     *FCMOptions     `json:"fcm,omitempty"`
 	WebPush *WebPushOptions `json:"webpush,omitempty"`
+
+	// Localizations are the texts in other languages, by BCP 47 tag in
+	// canonical case ("de", "pt-BR"); a device gets the one its user's
+	// locale picks (PickLocalization), fixed when the message is scheduled.
+	Localizations map[string]Text `json:"localizations,omitempty"`
 }
 
 // APNsOptions are the fields only APNs has.
@@ -313,11 +318,17 @@ func FCMData(c Content, messageID string) map[string]string {
 // SizeError says which channel's encoding of a message is over the limit.
 type SizeError struct {
 	Channel string
-	Size    int
-	Limit   int
+	// Locale is the localization whose encoding is over; empty for the
+	// message's own text.
+	Locale string
+	Size   int
+	Limit  int
 }
 
 func (e *SizeError) Error() string {
+	if e.Locale != "" {
+		return fmt.Sprintf("the %s encoding of the payload's %q localization is %d bytes; the limit is %d", e.Channel, e.Locale, e.Size, e.Limit)
+	}
 	return fmt.Sprintf("the %s encoding of the payload is %d bytes; the limit is %d", e.Channel, e.Size, e.Limit)
 }
 

@@ -20,6 +20,13 @@ const (
 	ReasonProviderUnavailable Reason = "provider_unavailable"
 	ReasonChannelDisabled     Reason = "channel_disabled"
 	ReasonInternal            Reason = "internal"
+	// ReasonWrongEnvironment is an APNs token that the host it was sent to
+	// does not know: a sandbox token registered as production, or the other
+	// way round. Apple says BadDeviceToken for it, as for a malformed
+	// token, but Herald sends only well-formed tokens, so the likelier
+	// cause is the device's environment, which a registration with the
+	// right one fixes; the device is not evicted.
+	ReasonWrongEnvironment Reason = "wrong_environment"
 )
 
 // Transient reports whether a failure may go away by itself: the provider
@@ -94,6 +101,9 @@ type Target struct {
 	Token string
 	// P256dh and Auth are a Web Push subscription's keys (base64url).
 	P256dh, Auth string
+	// Sandbox marks an APNs token from Apple's sandbox environment (a
+	// debug build), which only the sandbox host knows.
+	Sandbox bool
 }
 
 // Result is the outcome of one send.

@@ -38,10 +38,14 @@ const maxTokenLen = 200
 // Provider sends to APNs. It is safe for concurrent use; all Send calls share
 // its connections and its in-flight limit.
 type Provider struct {
-	cfg        Config
-	clients    []*apns2.Client
-	transports []*http2.Transport
-	next       atomic.Uint64
+	cfg Config
+	// clients send to the production host, sandboxClients to the sandbox
+	// host: each environment has a pool of its own, since a connection is
+	// to one host.
+	clients        []*apns2.Client
+	sandboxClients []*apns2.Client
+	transports     []*http2.Transport
+	next           atomic.Uint64
 	// limiter bounds the requests in flight across all concurrent Send
 	// calls.
 	limiter *push.Limiter
@@ -67,7 +71,18 @@ func New(cfg Config) (*Provider, error) {
 		return nil, fmt.Errorf("apns config: KeyFile (APNS_KEY_FILE): sign a provider token: %w", err)
 	}
 	p := &Provider{cfg: cfg, limiter: push.NewLimiter(cfg.MaxInFlight)}
-	for range cfg.Connections {
+	p.clients = p.pool(cfg.Host, cfg.Connections, tok)
+	// Sandbox devices are debug builds, few beside the production ones: one
+	// connection serves them.
+	p.sandboxClients = p.pool(cfg.SandboxHost, 1, tok)
+	return p, nil
+}
+
+// pool makes n clients of host, each with a connection of its own.
+func (p *Provider) pool(host string, n int, tok *token.Token) []*apns2.Client {
+	cfg := p.cfg
+	var clients []*apns2.Client
+	for range n {
 		// Each client has its own transport, and so its own connection: one
 		// transport would multiplex everything onto a single connection.
 		// StrictMaxConcurrentStreams stays false, so that should Apple ever
@@ -80,20 +95,24 @@ func New(cfg Config) (*Provider, error) {
 			PingTimeout:     pingTimeout,
 		}
 		p.transports = append(p.transports, tr)
-		p.clients = append(p.clients, &apns2.Client{
-			Host:  cfg.Host,
+		clients = append(clients, &apns2.Client{
+			Host:  host,
 			Token: tok,
 			// No client timeout: each request carries its own deadline.
 			HTTPClient: &http.Client{Transport: tr},
 		})
 	}
-	return p, nil
+	return clients
 }
 
 // Warm opens every connection of the pool, concurrently, so that the first
 // push of a message pays no TLS handshake. It sends one request per
 // connection without a device token, which Apple answers with an error at no
 // cost to anyone; any answer proves the connection.
+//
+// The sandbox connection is not warmed: sandbox devices are debug builds,
+// whose first push may pay the handshake, and a deployment without any
+// should not depend on reaching Apple's sandbox to start.
 func (p *Provider) Warm(ctx context.Context) error {
 	errs := make([]error, len(p.clients))
 	var wg sync.WaitGroup
@@ -145,13 +164,15 @@ func (p *Provider) Send(ctx context.Context, m *push.Message, targets []push.Tar
 	p.limiter.Send(ctx, targets, results, allow, answered, rejectToken, func(t push.Target) push.Result {
 		n := n
 		n.DeviceToken = t.Token
-		return p.push(ctx, &n)
+		return p.push(ctx, &n, t.Sandbox)
 	})
 }
 
-// rejectToken refuses a token that would change the request's path: with
-// '/', '?' or '#' in it, Apple would read another path or even another
-// device's token.
+// rejectToken refuses a token that is not hex: Apple's tokens are, and one
+// with '/', '?' or '#' in it would change the request's path, so that Apple
+// would read another path or even another device's token. Checking here
+// also lets Apple's BadDeviceToken mean the token's environment
+// (errors.go).
 func rejectToken(t push.Target) (push.Result, bool) {
 	if validToken(t.Token) {
 		return push.Result{}, false
@@ -159,9 +180,14 @@ func rejectToken(t push.Target) (push.Result, bool) {
 	return push.Result{At: time.Now(), Reason: push.ReasonBadToken, Detail: "not an APNs device token"}, true
 }
 
-// push sends one notification on the next connection of the pool.
-func (p *Provider) push(ctx context.Context, n *apns2.Notification) push.Result {
-	c := p.clients[p.next.Add(1)%uint64(len(p.clients))]
+// push sends one notification on the next connection of its environment's
+// pool.
+func (p *Provider) push(ctx context.Context, n *apns2.Notification, sandbox bool) push.Result {
+	clients := p.clients
+	if sandbox {
+		clients = p.sandboxClients
+	}
+	c := clients[p.next.Add(1)%uint64(len(clients))]
 	rctx, cancel := context.WithTimeout(ctx, p.cfg.RequestTimeout)
 	res, err := c.PushWithContext(rctx, n)
 	cancel()
@@ -176,16 +202,16 @@ func (p *Provider) push(ctx context.Context, n *apns2.Notification) push.Result 
 	return push.Result{At: at, Reason: reasonFor(res.StatusCode, res.Reason), Detail: strconv.Itoa(res.StatusCode) + " " + res.Reason}
 }
 
-// validToken reports whether t can go into the request path as it is:
-// letters and digits only. Apple's tokens are hex; whether this one is, and
-// whether it is live, is Apple's to answer.
+// validToken reports whether t can be an APNs device token: hex digits, of
+// a length the path can carry. Whether it is live, and of which
+// environment, is Apple's to answer.
 func validToken(t string) bool {
 	if t == "" || len(t) > maxTokenLen {
 		return false
 	}
 	for i := 0; i < len(t); i++ {
 		c := t[i]
-		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z') {
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F') {
 			return false
 		}
 	}

@@ -42,6 +42,7 @@ func configFromEnv(env map[string]string, roots *x509.CertPool, limits pushtest.
 		TeamID:         env[fake.EnvAPNsTeamID],
 		Topic:          env[fake.EnvAPNsTopic],
 		Host:           env[fake.EnvAPNsHost],
+		SandboxHost:    env[fake.EnvAPNsSandboxHost],
 		RootCAs:        roots,
 		MaxInFlight:    limits.MaxInFlight,
 		RequestTimeout: limits.RequestTimeout,
@@ -104,7 +105,7 @@ func TestSendFailures(t *testing.T) {
 	results := b.Send(m, pushtest.Targets(
 		live,
 		"dead"+live[4:],
-		"nothexatall",  // judged by the provider
+		"nothexatall",  // judged here: Apple's tokens are hex
 		"abc/../"+live, // judged here: it would change the path
 		"",
 	))
@@ -116,8 +117,41 @@ func TestSendFailures(t *testing.T) {
 		require.False(t, r.At.IsZero(), "target %d has a definite outcome", i)
 	}
 	require.Contains(t, results[1].Detail, "Unregistered")
-	require.Contains(t, results[2].Detail, "BadDeviceToken")
-	require.Equal(t, int64(3), b.Stats(t).Received, "tokens that would change the path are never sent")
+	require.Equal(t, int64(2), b.Stats(t).Received, "tokens that are not hex are never sent")
+}
+
+// TestSendSandbox checks that a sandbox token goes to the sandbox host
+// alone, and that a token sent to the host of the other environment, which
+// answers BadDeviceToken as Apple does, fails wrong_environment: not a dead
+// token, so nothing evicts the device.
+func TestSendSandbox(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	m := pushtest.Message(t, "msg_sandbox", false)
+	tokens := b.Targets(t, 2)
+	debug, release := tokens[0].Token, tokens[1].Token
+	b.Post(t, "/_apns/sandbox-tokens", `{"tokens":["`+debug+`"]}`, http.StatusNoContent)
+
+	results := b.Send(m, []push.Target{
+		{DeviceID: 1, Token: debug, Sandbox: true},
+		{DeviceID: 2, Token: release},
+		{DeviceID: 3, Token: debug},                  // registered as production
+		{DeviceID: 4, Token: release, Sandbox: true}, // registered as sandbox
+	})
+	require.True(t, results[0].Accepted, "%+v", results[0])
+	require.True(t, results[1].Accepted, "%+v", results[1])
+	for _, r := range results[2:] {
+		require.Equal(t, push.ReasonWrongEnvironment, r.Reason, "%+v", r)
+		require.False(t, r.Reason.Evicts())
+		require.False(t, r.Reason.Transient())
+	}
+	receipts := b.Receipts(t, m.ID)
+	require.Len(t, receipts, 2)
+	byToken := map[string]string{}
+	for _, r := range receipts {
+		byToken[r.Token] = r.Environment
+	}
+	require.Equal(t, map[string]string{debug: "sandbox", release: "production"}, byToken)
 }
 
 func TestWarm(t *testing.T) {
@@ -192,7 +226,7 @@ func TestReasonFor(t *testing.T) {
 		{410, "Unregistered", push.ReasonUnregistered},
 		{410, "ExpiredToken", push.ReasonUnregistered},
 		{410, "", push.ReasonUnregistered},
-		{400, "BadDeviceToken", push.ReasonBadToken},
+		{400, "BadDeviceToken", push.ReasonWrongEnvironment},
 		{400, "MissingDeviceToken", push.ReasonBadToken},
 		{400, "DeviceTokenNotForTopic", push.ReasonInternal},
 		{413, "PayloadTooLarge", push.ReasonPayloadRejected},

@@ -12,6 +12,9 @@ import (
 const (
 	// DefaultHost is Apple's production endpoint.
 	DefaultHost = "https://api.push.apple.com"
+	// DefaultSandboxHost is Apple's development endpoint, which knows the
+	// tokens of apps built for debugging.
+	DefaultSandboxHost = "https://api.sandbox.push.apple.com"
 	// DefaultConnections is the size of the connection pool. Apple serves up
 	// to 1000 streams on one connection, so two are enough for throughput;
 	// the second keeps sends flowing while the first is being replaced.
@@ -44,6 +47,9 @@ type Config struct {
 	Topic string
 	// Host is the APNs base URL (APNS_HOST). Default DefaultHost.
 	Host string
+	// SandboxHost is the base URL for sandbox tokens (APNS_SANDBOX_HOST).
+	// Default DefaultSandboxHost.
+	SandboxHost string
 	// RootCAs verifies the server; nil means the system pool, which Go
 	// extends with SSL_CERT_FILE itself.
 	RootCAs *x509.CertPool
@@ -61,6 +67,9 @@ type Config struct {
 func (c Config) withDefaults() Config {
 	if c.Host == "" {
 		c.Host = DefaultHost
+	}
+	if c.SandboxHost == "" {
+		c.SandboxHost = DefaultSandboxHost
 	}
 	if c.Connections == 0 {
 		c.Connections = DefaultConnections
@@ -91,6 +100,9 @@ func (c Config) validate() error {
 	}
 	if u, err := url.Parse(c.Host); err != nil || u.Scheme != "https" || u.Host == "" {
 		errs = append(errs, fmt.Errorf("apns config: Host (APNS_HOST) must be an https:// URL, got %q", c.Host))
+	}
+	if u, err := url.Parse(c.SandboxHost); err != nil || u.Scheme != "https" || u.Host == "" {
+		errs = append(errs, fmt.Errorf("apns config: SandboxHost (APNS_SANDBOX_HOST) must be an https:// URL, got %q", c.SandboxHost))
 	}
 	if c.Connections < 1 {
 		errs = append(errs, fmt.Errorf("apns config: Connections must be at least 1, got %d", c.Connections))

@@ -15,8 +15,11 @@ import (
 // decides the rest.
 //
 // The permanent token failures evict the device: 410 (Unregistered,
-// ExpiredToken), BadDeviceToken and MissingDeviceToken (the token is not one,
-// or belongs to the other APNs environment). Failures of our own request or
+// ExpiredToken) and MissingDeviceToken. BadDeviceToken, which Apple answers
+// both for a token that is not one and for a token of the other APNs
+// environment, is wrong_environment and does not evict: Herald's tokens are
+// checked before they are sent, so the device's registered environment is
+// the likely fault, and a registration with the right one fixes it. Failures of our own request or
 // credentials (403 token problems, a bad topic, priority or collapse id) are
 // internal: evicting a device for them would punish it for Herald's
 // misconfiguration. DeviceTokenNotForTopic is one of those too: a token of
@@ -26,7 +29,11 @@ func reasonFor(status int, reason string) push.Reason {
 	switch reason {
 	case apns2.ReasonUnregistered, apns2.ReasonExpiredToken:
 		return push.ReasonUnregistered
-	case apns2.ReasonBadDeviceToken, apns2.ReasonMissingDeviceToken:
+	case apns2.ReasonBadDeviceToken:
+		// Herald sends only well-formed tokens (rejectToken), so a token
+		// the host does not know is most likely of the other environment.
+		return push.ReasonWrongEnvironment
+	case apns2.ReasonMissingDeviceToken:
 		return push.ReasonBadToken
 	case apns2.ReasonPayloadTooLarge, apns2.ReasonPayloadEmpty, "BadPayload":
 		return push.ReasonPayloadRejected

@@ -146,6 +146,12 @@ func (s *Server) handleAPNs(w http.ResponseWriter, r *http.Request) {
 		s.apnsReject(w, http.StatusBadRequest, reasonBadDeviceToken)
 		return
 	}
+	sandbox := onSandbox(r)
+	if s.wrongEnvironment(r, token) {
+		// Apple's answer to a token of the other environment.
+		s.apnsReject(w, http.StatusBadRequest, reasonBadDeviceToken)
+		return
+	}
 	if tooLarge {
 		s.apnsReject(w, http.StatusRequestEntityTooLarge, reasonPayloadTooLarge)
 		return
@@ -180,7 +186,7 @@ func (s *Server) handleAPNs(w http.ResponseWriter, r *http.Request) {
 	if s.cfg.Details > 0 {
 		d = newDetail(r.Header, body)
 	}
-	if s.rec.add(APNs, token, jsonString(messageID), collapseID, at, d) {
+	if s.rec.addAPNs(sandbox, token, jsonString(messageID), collapseID, at, d) {
 		cnt.duplicates.Add(1)
 	}
 	cnt.accepted.Add(1)

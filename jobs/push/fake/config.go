@@ -28,6 +28,13 @@ type Config struct {
 	// free port; the real port then appears in URL and Env.
 	Addr string
 
+	// SandboxAddr is the address of the APNs sandbox host, a second listener
+	// that serves APNs alone and knows only the tokens declared sandbox ones
+	// (POST /_apns/sandbox-tokens), as Apple's sandbox knows only debug
+	// builds' tokens. Its URL goes to the env file as APNS_SANDBOX_HOST.
+	// Empty means any free port on the host of Addr.
+	SandboxAddr string
+
 	// Hostname is the host name clients use to reach the server. It goes into the
 	// server certificate and every URL fakepush hands out (APNS_HOST, FCM_ENDPOINT,
 	// the token_uri, Web Push endpoints). Empty means the host of Addr, or
@@ -80,6 +87,10 @@ func (c Config) withDefaults() Config {
 	if c.Addr == "" {
 		c.Addr = DefaultAddr
 	}
+	if c.SandboxAddr == "" {
+		host, _, _ := net.SplitHostPort(c.Addr)
+		c.SandboxAddr = net.JoinHostPort(host, "0")
+	}
 	if c.TLSDir == "" {
 		c.TLSDir = DefaultTLSDir
 	}
@@ -114,6 +125,9 @@ func (c Config) withDefaults() Config {
 func (c Config) validate() error {
 	if _, _, err := net.SplitHostPort(c.Addr); err != nil {
 		return fmt.Errorf("fakepush config: Addr %q: %w", c.Addr, err)
+	}
+	if _, _, err := net.SplitHostPort(c.SandboxAddr); err != nil {
+		return fmt.Errorf("fakepush config: SandboxAddr %q: %w", c.SandboxAddr, err)
 	}
 	if c.Latency < 0 {
 		return fmt.Errorf("fakepush config: Latency must not be negative, got %s", c.Latency)

@@ -130,10 +130,11 @@ func (s *Server) Receipts(messageID string) []Receipt { return s.rec.receipts(me
 // Config.Details pushes show what fakepush received (see Receipt).
 func (s *Server) DetailedReceipts(messageID string) []Receipt { return s.rec.receipts(messageID, true) }
 
-// Reset forgets every recorded push and counter and puts every channel back to
+// Reset forgets every recorded push, counter and declared sandbox token, and puts every channel back to
 // mode ok with the configured latency: the state of a fresh start, minus the keys.
 func (s *Server) Reset() {
 	s.rec.reset()
+	s.sandbox.reset()
 	for ch := range numChannels {
 		c := &s.counters[ch]
 		c.received.Store(0)

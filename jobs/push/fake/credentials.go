@@ -28,6 +28,7 @@ const (
 	EnvAPNsTeamID         = "APNS_TEAM_ID"
 	EnvAPNsTopic          = "APNS_TOPIC"
 	EnvAPNsHost           = "APNS_HOST"
+	EnvAPNsSandboxHost    = "APNS_SANDBOX_HOST"
 	EnvFCMCredentialsFile = "FCM_CREDENTIALS_FILE"
 	EnvFCMEndpoint        = "FCM_ENDPOINT"
 	EnvVAPIDPublicKey     = "VAPID_PUBLIC_KEY"

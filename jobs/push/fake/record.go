@@ -88,7 +88,10 @@ type Stats struct {
 // body (the APNs JSON, the FCM message object, the Web Push plaintext after
 // decryption; a plaintext that is not JSON is a string).
 type Receipt struct {
-	Channel     string            `json:"channel"`
+	Channel string `json:"channel"`
+	// Environment is the APNs host a push came to: production or sandbox;
+	// empty on other channels.
+	Environment string            `json:"environment,omitempty"`
 	Token       string            `json:"token"`
 	CollapseKey string            `json:"collapse_key,omitempty"`
 	ReceivedAt  time.Time         `json:"received_at"`
@@ -173,6 +176,19 @@ type recorder struct {
 type tokenEntry struct {
 	name    string
 	channel Channel
+	sandbox bool
+}
+
+// environment is the APNs environment of the token's pushes; empty on
+// other channels.
+func (t tokenEntry) environment() string {
+	switch {
+	case t.channel != APNs:
+		return ""
+	case t.sandbox:
+		return "sandbox"
+	}
+	return "production"
 }
 
 type stringEntry struct {
@@ -216,19 +232,37 @@ func (r *recorder) resetLocked() {
 // nanoseconds. The strings may point into request buffers: they are copied only
 // when first seen. d, when not nil, is the push's detail.
 func (r *recorder) add(ch Channel, token, messageID, collapseKey string, at int64, d *detail) bool {
+	return r.record(ch, false, token, messageID, collapseKey, at, d)
+}
+
+// addAPNs is add for an APNs push, which came to the production host or
+// the sandbox one.
+func (r *recorder) addAPNs(sandbox bool, token, messageID, collapseKey string, at int64, d *detail) bool {
+	return r.record(APNs, sandbox, token, messageID, collapseKey, at, d)
+}
+
+// sandboxKey prefixes a sandbox token's key, so that a token's pushes to the
+// two hosts are told apart; hex tokens never start with it.
+const sandboxKey = "sandbox:"
+
+func (r *recorder) record(ch Channel, sandbox bool, token, messageID, collapseKey string, at int64, d *detail) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 
-	t, ok := r.tokenIdx[ch][token]
+	lookup := token
+	if sandbox {
+		lookup = sandboxKey + token
+	}
+	t, ok := r.tokenIdx[ch][lookup]
 	if !ok {
 		t = uint32(len(r.tokens))
-		key := strings.Clone(token)
-		name := key
+		key := strings.Clone(lookup)
+		name := strings.TrimPrefix(key, sandboxKey)
 		if ch == WebPush {
 			name = r.webPushBase + key
 		}
 		r.tokenIdx[ch][key] = t
-		r.tokens = append(r.tokens, tokenEntry{name: name, channel: ch})
+		r.tokens = append(r.tokens, tokenEntry{name: name, channel: ch, sandbox: sandbox})
 	}
 	m := r.internLocked(messageID)
 	c := m
@@ -287,6 +321,7 @@ func (r *recorder) receipts(messageID string, withDetail bool) []Receipt {
 		tok := r.tokens[cr.token]
 		out[i] = Receipt{
 			Channel:     tok.channel.String(),
+			Environment: tok.environment(),
 			Token:       tok.name,
 			CollapseKey: r.strs[cr.collapse].s,
 			ReceivedAt:  time.Unix(0, cr.at).UTC(),

@@ -34,7 +34,7 @@ func TestRecorderDuplicates(t *testing.T) {
 	}
 	got := r.receipts("m1", false)
 	require.Len(t, got, 6)
-	require.Equal(t, Receipt{Channel: "apns", Token: "t1", CollapseKey: "c-m1", ReceivedAt: time.Unix(0, 0).UTC()}, got[0])
+	require.Equal(t, Receipt{Channel: "apns", Environment: "production", Token: "t1", CollapseKey: "c-m1", ReceivedAt: time.Unix(0, 0).UTC()}, got[0])
 	require.Equal(t, "https://fake/webpush/id1", got[4].Token)
 	require.Len(t, r.receipts("", false), 2)
 	require.Empty(t, r.receipts("never", false))

@@ -40,11 +40,12 @@ type Server struct {
 	vapid *ecdsa.PublicKey
 
 	// Set by Start and read-only afterwards.
-	baseURL string
-	env     map[string]string
-	http    *http.Server
-	served  chan struct{} // closed when Serve returns
-	started atomic.Bool
+	baseURL    string
+	sandboxURL string
+	env        map[string]string
+	http       *http.Server
+	served     sync.WaitGroup // done when both listeners' Serve return
+	started    atomic.Bool
 
 	closeOnce sync.Once
 	closeErr  error
@@ -55,6 +56,7 @@ type Server struct {
 	cpuBase   atomic.Int64 // process CPU nanoseconds at start or last reset
 	handling  atomic.Int64 // push requests being handled now
 
+	sandbox     sandboxTokens
 	apnsTokens  tokenCache
 	subKeys     subscriptionCache
 	apnsBodies  map[string][]byte
@@ -101,7 +103,6 @@ func New(cfg Config) (*Server, error) {
 		creds:      creds,
 		pool:       pool,
 		vapid:      &creds.vapidKey.PublicKey,
-		served:     make(chan struct{}),
 		rec:        newRecorder("", 0),
 		apnsBodies: apnsErrorBodies(),
 		fcmBodies:  newFCMBodies(),
@@ -109,6 +110,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.apnsTokens.m = make(map[string]int64)
 	s.subKeys.m = make(map[string]subscriptionKeys)
+	s.sandbox.m = make(map[string]struct{})
 	s.bodyBuffers.New = func() any {
 		b := make([]byte, 0, 8<<10)
 		return &b
@@ -129,7 +131,13 @@ func (s *Server) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("fakepush: listen: %w", err)
 	}
+	sandboxLn, err := (&net.ListenConfig{}).Listen(ctx, "tcp", s.cfg.SandboxAddr)
+	if err != nil {
+		ln.Close()
+		return fmt.Errorf("fakepush: listen for the APNs sandbox: %w", err)
+	}
 	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	_, sandboxPort, _ := net.SplitHostPort(sandboxLn.Addr().String())
 	host := s.cfg.Hostname
 	if host == "" {
 		host, _, _ = net.SplitHostPort(s.cfg.Addr)
@@ -138,15 +146,18 @@ func (s *Server) Start(ctx context.Context) error {
 		}
 	}
 	s.baseURL = "https://" + net.JoinHostPort(host, port)
+	s.sandboxURL = "https://" + net.JoinHostPort(host, sandboxPort)
 	s.rec = newRecorder(s.baseURL+"/webpush/", s.cfg.Details)
 
 	cert, err := s.ca.serverCertificate(host, s.cfg.Now())
 	if err != nil {
 		ln.Close()
+		sandboxLn.Close()
 		return fmt.Errorf("fakepush: %w", err)
 	}
 	if err := s.writeClientFiles(); err != nil {
 		ln.Close()
+		sandboxLn.Close()
 		return fmt.Errorf("fakepush: %w", err)
 	}
 
@@ -164,13 +175,22 @@ func (s *Server) Start(ctx context.Context) error {
 		HTTP2: &http.HTTP2Config{
 			MaxConcurrentStreams: s.cfg.MaxConcurrentStreams,
 		},
+		// A connection to the sandbox listener is marked, so that the APNs
+		// handler knows which host a push came to.
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			if c.LocalAddr().String() == sandboxLn.Addr().String() {
+				return context.WithValue(ctx, sandboxConn{}, true)
+			}
+			return ctx
+		},
 	}
-	go func() {
-		defer close(s.served)
-		if err := s.http.ServeTLS(ln, "", ""); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			s.cfg.Logger.Error("fakepush: serve", "err", err)
-		}
-	}()
+	for _, l := range []net.Listener{ln, sandboxLn} {
+		s.served.Go(func() {
+			if err := s.http.ServeTLS(l, "", ""); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				s.cfg.Logger.Error("fakepush: serve", "err", err)
+			}
+		})
+	}
 	context.AfterFunc(ctx, func() { s.Close() })
 	return nil
 }
@@ -206,7 +226,8 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("POST /_reset", s.handleReset)
 	mux.HandleFunc("GET /_control", s.handleGetControl)
 	mux.HandleFunc("POST /_control", s.handleControl)
-	return mux
+	mux.HandleFunc("POST /_apns/sandbox-tokens", s.handleSandboxTokens)
+	return s.sandboxServesAPNsOnly(mux)
 }
 
 // writeClientFiles writes what a client needs beside the keys New wrote: the
@@ -222,6 +243,7 @@ func (s *Server) writeClientFiles() error {
 		EnvAPNsTeamID:         s.creds.apnsTeamID,
 		EnvAPNsTopic:          s.cfg.APNsTopic,
 		EnvAPNsHost:           s.baseURL,
+		EnvAPNsSandboxHost:    s.sandboxURL,
 		EnvFCMCredentialsFile: saPath,
 		EnvFCMEndpoint:        s.baseURL + "/v1",
 		EnvVAPIDPublicKey:     b64(s.creds.vapidPublic),
@@ -248,10 +270,14 @@ func (s *Server) Close() error {
 		if err := s.http.Shutdown(ctx); err != nil {
 			s.closeErr = s.http.Close()
 		}
-		<-s.served
+		s.served.Wait()
 	})
 	return s.closeErr
 }
+
+// SandboxURL is the base URL of the APNs sandbox host. It is known once
+// Start has returned.
+func (s *Server) SandboxURL() string { return s.sandboxURL }
 
 // URL is the base URL clients use, such as https://127.0.0.1:8443. It is known
 // once Start has returned.
