@@ -1,7 +1,9 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"net/http"
 	"testing"
 	"time"
 
@@ -70,4 +72,50 @@ func TestE2ERichAndSilentPayloads(t *testing.T) {
 	require.NotContains(t, got["fcm"], "notification")
 	require.Equal(t, true, got["webpush"]["silent"])
 	require.NotContains(t, got["webpush"], "title")
+}
+
+// TestE2ELocalizedMessages sends one message with German and Brazilian
+// Portuguese localizations to three users, in de-AT, pt-BR and no locale,
+// and reads in fakepush's detailed receipts what each of their devices
+// received on every channel: German (de-AT falls back to de), Portuguese,
+// and the message's own text.
+func TestE2ELocalizedMessages(t *testing.T) {
+	t.Parallel()
+	e := startE2E(t, nil)
+	ctx := context.Background()
+	want := map[string]string{"anna": "Erinnerung", "joao": "Lembrete", "sam": "Reminder"}
+	for user, locale := range map[string]*string{"anna": new("de-AT"), "joao": new("pt-br"), "sam": nil} {
+		res, err := e.api.PutUserWithResponse(ctx, user, client.UserUpdate{Locale: locale})
+		answered(t, http.StatusCreated, res, err)
+		e.register(user, false)
+	}
+	id := e.send(client.NewMessage{
+		Audience: toUsers("anna", "joao", "sam"),
+		Payload: client.Payload{Title: new("Reminder"), Body: new("at nine"), Localizations: &map[string]client.Text{
+			"de": {Title: new("Erinnerung"), Body: new("um neun")}, "pt-BR": {Title: new("Lembrete")},
+		}},
+	}).MessageID
+	require.Equal(t, client.MessageStateDispatched, e.settle(id, 30*time.Second).State)
+
+	titles := map[string]string{}
+	for _, r := range e.fake.DetailedReceipts(id) {
+		var body struct {
+			APS          struct{ Alert struct{ Title string } } `json:"aps"`
+			Notification struct{ Title string }
+			Title        string
+		}
+		require.NoError(t, json.Unmarshal(r.Body, &body), "%s: %s", r.Channel, r.Body)
+		titles[r.Token] = body.APS.Alert.Title + body.Notification.Title + body.Title
+	}
+	for user, title := range want {
+		devices := e.userDevices(user)
+		require.Len(t, devices, 3, user)
+		for _, d := range devices {
+			token := d.Token
+			if token == nil {
+				token = d.Endpoint
+			}
+			require.Equal(t, title, titles[*token], "%s's %s device", user, d.Channel)
+		}
+	}
 }
