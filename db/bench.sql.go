@@ -206,6 +206,20 @@ func (q *Queries) Ping(ctx context.Context) error {
 	return err
 }
 
+const setBenchLocales = `-- name: SetBenchLocales :execrows
+UPDATE users SET locale = (ARRAY['de-AT', 'pt-BR', 'fr', 'es', NULL])[1 + abs(hashtext(id)) % 5]
+`
+
+// Gives the population's users locales for a localized run: a fifth each
+// de-AT, pt-BR, fr, es, and none, spread by id.
+func (q *Queries) SetBenchLocales(ctx context.Context) (int64, error) {
+	result, err := q.db.Exec(ctx, setBenchLocales)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const tableSizes = `-- name: TableSizes :many
 SELECT t.name::text AS name,
        pg_relation_size(t.name::regclass)::bigint AS heap_bytes,

@@ -80,3 +80,8 @@ VACUUM ANALYZE;
 -- Writes the history's pages out before a measurement, so that the
 -- checkpointer's CPU is not counted in it.
 CHECKPOINT;
+
+-- name: SetBenchLocales :execrows
+-- Gives the population's users locales for a localized run: a fifth each
+-- de-AT, pt-BR, fr, es, and none, spread by id.
+UPDATE users SET locale = (ARRAY['de-AT', 'pt-BR', 'fr', 'es', NULL])[1 + abs(hashtext(id)) % 5];

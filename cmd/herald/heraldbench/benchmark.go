@@ -80,6 +80,11 @@ func (b *Benchmark) Run(ctx context.Context, admin string) (*Result, error) {
 	if res.HistoryRows, err = b.fillHistory(ctx, pool); err != nil {
 		return nil, err
 	}
+	if b.Config.Payload == "localized" {
+		if _, err := db.On(pool).SetBenchLocales(ctx); err != nil {
+			return nil, fmt.Errorf("users' locales: %w", err)
+		}
+	}
 	// Give the planner statistics, as a production database has, and
 	// leave autovacuum and the checkpointer nothing of the population (or
 	// the history) to do while the CPU is measured.

@@ -43,7 +43,9 @@ type Config struct {
 	// more on a database with history.
 	History int
 	// Payload is the bulk message's payload: "plain" (title, body, one
-	// data key) or "rich" (every field of the payload reference).
+	// data key), "rich" (every field of the payload reference) or
+	// "localized" (the rich one in five languages, the users' locales
+	// spread over them).
 	Payload string
 }
 
@@ -78,7 +80,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	fs.IntVar(&cfg.DecryptOneIn, "decrypt-one-in", 10, "fakepush decrypts one Web Push body in N, to leave the CPU to Herald")
 	fs.BoolVar(&cfg.KeepDB, "keep-db", false, "keep the bench database afterwards")
 	fs.IntVar(&cfg.History, "history", 0, "settled ledger rows (in messages of 25,000) written with SQL before the measured messages")
-	fs.StringVar(&cfg.Payload, "payload", "plain", "the bulk message's payload: plain (title, body, data) or rich (every payload field)")
+	fs.StringVar(&cfg.Payload, "payload", "plain", "the bulk message's payload: plain (title, body, data), rich (every payload field) or localized (rich, in five languages the users' locales spread over)")
 	fs.BoolVar(&cfg.UrgentWorker, "urgent-worker", false, "run the urgent lane in a worker process of its own (HERALD_LANES=urgent)")
 	// --help answers on stdout and succeeds; a bad flag fails with the
 	// usage on stderr.
@@ -98,7 +100,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return err
 	}
 	if _, ok := bulkPayloads[cfg.Payload]; !ok {
-		return fmt.Errorf("--payload must be plain or rich, not %q", cfg.Payload)
+		return fmt.Errorf("--payload must be plain, rich or localized, not %q", cfg.Payload)
 	}
 	if cfg.Users < 1 {
 		return errors.New("--users must be at least 1")

@@ -24,8 +24,9 @@ type scheduled struct {
 }
 
 // bulkPayloads are the bulk message's payloads that --payload names: plain,
-// and rich with every field of the payload reference that a digest would
-// use, so that the two runs compare what the fields cost per send.
+// rich with every field of the payload reference that a digest would use,
+// and localized, the rich one in five languages, so that the runs compare
+// what the fields and the languages cost per send.
 var bulkPayloads = map[string]push.Content{
 	"plain": {Title: "Your daily digest", Body: "12 new items since yesterday", Data: map[string]string{"deep_link": "app://digest"}},
 	"rich": {
@@ -40,6 +41,22 @@ var bulkPayloads = map[string]push.Content{
 			Actions: []push.WebPushAction{{Action: "open", Title: "Open"}, {Action: "later", Title: "Later"}}, Tag: "digest", Urgency: "low"},
 	},
 }
+
+// localized is the rich payload in four more languages; a run with it
+// gives the users locales (SetBenchLocales), so that a fifth of the
+// devices each get German, Portuguese, French, Spanish and the English.
+func localized() push.Content {
+	c := bulkPayloads["rich"]
+	c.Localizations = map[string]push.Text{
+		"de":    {Title: "Deine tägliche Übersicht", Subtitle: "Dienstag", Body: "12 neue Einträge seit gestern"},
+		"pt-BR": {Title: "Seu resumo diário", Subtitle: "Terça-feira", Body: "12 novos itens desde ontem"},
+		"fr":    {Title: "Votre résumé du jour", Subtitle: "Mardi", Body: "12 nouveaux éléments depuis hier"},
+		"es":    {Title: "Tu resumen diario", Subtitle: "Martes", Body: "12 elementos nuevos desde ayer"},
+	}
+	return c
+}
+
+func init() { bulkPayloads["localized"] = localized() }
 
 func ptr[T any](v T) *T { return &v }
 
