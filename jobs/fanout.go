@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -388,7 +389,7 @@ func (s *sends) disabled(channel string, idx []int) {
 	for _, i := range idx {
 		s.rec.results[i] = push.Result{At: now, Reason: push.ReasonChannelDisabled, Detail: channel + " is not configured"}
 	}
-	s.ledger.add(s.rec, idx...)
+	s.ledger.add(s.rec, false, idx...)
 }
 
 // sendTargets sends the targets at slice through provider and hands each
@@ -419,11 +420,29 @@ func (w *FanOutWorker) sendTargets(ctx context.Context, a FanOutArgs, msg *push.
 		}
 		s.rec.results[slice[j]] = r
 	}
-	provider.Send(ctx, msg, targets, out, g.breaker.Allow, func(j int) {
+	// Each request takes a place in the ledger writer first, held until
+	// its answer is written (MaxUnwritten), then asks the breaker.
+	var reserved, made atomic.Int64
+	allow := func() bool {
+		if !s.ledger.reserve(ctx) {
+			return false
+		}
+		if !g.breaker.Allow() {
+			s.ledger.release(1)
+			return false
+		}
+		reserved.Add(1)
+		return true
+	}
+	provider.Send(ctx, msg, targets, out, allow, func(j int) {
 		hand(j)
 		answered[j] = true
-		s.ledger.add(s.rec, slice[j])
+		made.Add(1)
+		s.ledger.add(s.rec, true, slice[j])
 	})
+	// Places taken for requests that were never made (the attempt ended
+	// while they waited for a slot) are given back.
+	s.ledger.release(int(reserved.Load() - made.Load()))
 	var rest []int
 	for j, i := range slice {
 		if !answered[j] {
@@ -431,7 +450,7 @@ func (w *FanOutWorker) sendTargets(ctx context.Context, a FanOutArgs, msg *push.
 			rest = append(rest, i)
 		}
 	}
-	s.ledger.add(s.rec, rest...)
+	s.ledger.add(s.rec, false, rest...)
 	s.done <- struct{}{}
 }
 

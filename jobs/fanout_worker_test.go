@@ -163,6 +163,15 @@ func (b *fanOutBundle) work(w *FanOutWorker, c chunkJob) *rivertest.WorkResult {
 	tw := rivertest.NewWorker(b.t, riverpgxv5.New(nil), &river.Config{Logger: discard}, river.Worker[FanOutArgs](w))
 	res, err := tw.WorkJob(context.Background(), b.t, b.tx, b.job(c.job.ID))
 	require.NoError(b.t, err)
+	if res.EventKind == river.EventKindJobCompleted {
+		// Every place a request took in the ledger writer is free again
+		// once the chunk's answers are written.
+		l := w.ledger(c.args)
+		l.mu.Lock()
+		owed := l.owed
+		l.mu.Unlock()
+		require.Zero(b.t, owed, "places still held in the ledger writer after the chunk completed")
+	}
 	return res
 }
 

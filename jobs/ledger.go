@@ -34,6 +34,16 @@ import (
 // that a write carries the answers of many chunks.
 const recordEvery = 25 * time.Millisecond
 
+// MaxUnwritten bounds, per ledger writer, the pushes that are sent or being
+// sent and whose answers are not yet in the ledger: a chunk reserves a place
+// before each request and the place is freed once the answer is written. A
+// writer slowed down (a loaded database, a machine the database shares)
+// then slows the sends instead of piling up answers a crash would lose: a
+// process killed mid fan-out resends at most this many pushes per lane. A
+// healthy writer never holds this many: at 25,000 sends a second it holds
+// the requests in flight and about one write's worth of answers.
+const MaxUnwritten = 1000
+
 // recordTimeout bounds one write of the ledger writer.
 const recordTimeout = 10 * time.Second
 
@@ -53,6 +63,50 @@ type ledger struct {
 	mu      sync.Mutex
 	chunks  map[chunkKey]*chunkRecord
 	running bool
+	// owed counts the places reserved: requests made or being made whose
+	// answers are not yet written (or given up on); room is closed, and
+	// replaced, whenever it falls.
+	owed int
+	room chan struct{}
+}
+
+// reserve waits for a place for one request (MaxUnwritten) and takes it; it
+// reports false if ctx ends first.
+func (l *ledger) reserve(ctx context.Context) bool {
+	for {
+		l.mu.Lock()
+		if l.owed < MaxUnwritten {
+			l.owed++
+			l.mu.Unlock()
+			return true
+		}
+		if l.room == nil {
+			l.room = make(chan struct{})
+		}
+		room := l.room
+		l.mu.Unlock()
+		select {
+		case <-room:
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+// release frees n places whose requests were never made.
+func (l *ledger) release(n int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.releaseLocked(n)
+}
+
+// releaseLocked frees n places, and wakes the chunks waiting for one.
+func (l *ledger) releaseLocked(n int) {
+	l.owed -= n
+	if l.room != nil && n > 0 {
+		close(l.room)
+		l.room = nil
+	}
 }
 
 type chunkKey struct {
@@ -74,8 +128,9 @@ type chunkRecord struct {
 	err  error
 
 	// unwritten are the indexes of results handed over and not yet
-	// written.
+	// written; owed, the places their requests hold (ledger.reserve).
 	unwritten []int
+	owed      int
 	// closing: the chunk has handed everything over and asks for its
 	// close (timings, settle check); parked says some delivery waits for a
 	// breaker, so the chunk is not finished.
@@ -131,18 +186,36 @@ func (l *ledger) open(a FanOutArgs, startedAt time.Time, results []push.Result) 
 	r := &chunkRecord{a: a, startedAt: startedAt, results: results, done: make(chan struct{})}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if old := l.chunks[recordKey(a)]; old != nil {
+		// An earlier attempt's answers still unwritten (drain gave up on
+		// them) are no longer this writer's to count.
+		l.releaseLocked(old.owed)
+		old.unwritten, old.owed = nil, 0
+	}
 	l.chunks[recordKey(a)] = r
 	return r
 }
 
-// add hands over the answers at idx, to be written with the next write.
-func (l *ledger) add(r *chunkRecord, idx ...int) {
+// add hands over the results at idx, to be written with the next write;
+// reserved says each is the answer of a request that took a place.
+func (l *ledger) add(r *chunkRecord, reserved bool, idx ...int) {
 	if len(idx) == 0 {
 		return
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.chunks[recordKey(r.a)] != r {
+		// The writer gave up on this attempt (a write the database
+		// refused): its retry sends these again.
+		if reserved {
+			l.releaseLocked(len(idx))
+		}
+		return
+	}
 	r.unwritten = append(r.unwritten, idx...)
+	if reserved {
+		r.owed += len(idx)
+	}
 	l.startLocked()
 }
 
@@ -238,6 +311,8 @@ type pick struct {
 	r     *chunkRecord
 	idx   []int
 	close bool
+	// owed are the places idx's answers hold (ledger.reserve).
+	owed int
 }
 
 // take collects what every chunk has to write. more is false, and the
@@ -251,6 +326,7 @@ func (l *ledger) take() (batch []pick, more bool) {
 			// the chunk's retry, here or in another process, sends these
 			// again.
 			r.err = errors.New("results dropped: the database was unavailable for too long")
+			l.releaseLocked(r.owed)
 			delete(l.chunks, key)
 			close(r.done)
 			l.w.cfg.Logger.Warn("chunk results dropped after the database stayed unavailable; its retry sends them again",
@@ -260,8 +336,8 @@ func (l *ledger) take() (batch []pick, more bool) {
 		if len(r.unwritten) == 0 && !r.closing {
 			continue
 		}
-		batch = append(batch, pick{r: r, idx: r.unwritten, close: r.closing})
-		r.unwritten = nil
+		batch = append(batch, pick{r: r, idx: r.unwritten, close: r.closing, owed: r.owed})
+		r.unwritten, r.owed = nil, 0
 	}
 	if len(l.chunks) == 0 {
 		l.running = false
@@ -277,6 +353,7 @@ func (l *ledger) putBack(batch []pick) {
 	defer l.mu.Unlock()
 	for _, p := range batch {
 		p.r.unwritten = append(p.idx, p.r.unwritten...)
+		p.r.owed += p.owed
 	}
 }
 
@@ -285,6 +362,7 @@ func (l *ledger) written(batch []pick) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, p := range batch {
+		l.releaseLocked(p.owed)
 		if p.close && len(p.r.unwritten) == 0 {
 			delete(l.chunks, recordKey(p.r.a))
 			close(p.r.done)
@@ -297,7 +375,10 @@ func (l *ledger) failed(batch []pick, err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, p := range batch {
+		l.releaseLocked(p.owed)
 		if l.chunks[recordKey(p.r.a)] == p.r {
+			l.releaseLocked(p.r.owed)
+			p.r.unwritten, p.r.owed = nil, 0
 			delete(l.chunks, recordKey(p.r.a))
 			p.r.err = fmt.Errorf("record results: %w", err)
 			close(p.r.done)
