@@ -32,9 +32,10 @@ type ChunkWritten struct {
 	Settled string
 }
 
-// WriteChunk runs w as one pipelined batch: every statement goes to the
-// server in one round trip and runs in one implicit transaction, committed
-// without waiting for the disk.
+// WriteChunks runs the writes of several messages as one pipelined batch:
+// every statement goes to the server in one round trip and runs in one
+// implicit transaction, committed without waiting for the disk. A process's
+// ledger writer commits the answers of all its running chunks at once.
 //
 // Every chunk of a message moves the message row's counters, so that row is
 // the one lock all of a message's chunks share. Sent as separate statements,
@@ -42,21 +43,9 @@ type ChunkWritten struct {
 // timings, the commit), and on a busy machine chunks queued behind each
 // other for seconds. Pipelined, the lock is held from the counters' update
 // to the commit, both on the server: the counters move last, then the
-// settle check.
-func WriteChunk(ctx context.Context, pool *pgxpool.Pool, w ChunkWrite) (ChunkWritten, error) {
-	out, err := WriteChunks(ctx, pool, []ChunkWrite{w})
-	if err != nil {
-		return ChunkWritten{}, err
-	}
-	return out[0], nil
-}
-
-// WriteChunks runs the writes of several messages as one pipelined batch,
-// one round trip and one transaction, as WriteChunk runs one: a process's
-// ledger writer commits the answers of all its running chunks at once. The
-// messages' rows are locked in the order of their ids, whatever the order
-// of ws, so that two processes' writes never wait for each other in a
-// cycle. out[i] is what ws[i] did.
+// settle check. The messages' rows are locked in the order of their ids,
+// whatever the order of ws, so that two processes' writes never wait for
+// each other in a cycle. out[i] is what ws[i] did.
 func WriteChunks(ctx context.Context, pool *pgxpool.Pool, ws []ChunkWrite) ([]ChunkWritten, error) {
 	order := make([]int, len(ws))
 	for i := range order {
@@ -126,7 +115,7 @@ type ChunkStart struct {
 	Payload []byte
 }
 
-// BeginChunk starts a chunk in one round trip, pipelined like WriteChunk:
+// BeginChunk starts a chunk in one round trip, pipelined like WriteChunks:
 // it marks the message dispatching if it is still scheduled (only the
 // first chunk changes the row), reads the state that resulted, the chunk's
 // pending devices and, when payloadID is not zero, the payload. Before,

@@ -50,7 +50,11 @@ func TestWriteChunk(t *testing.T) {
 			r.AttemptedUs = append(r.AttemptedUs, at.UnixMicro())
 			r.AcceptedUs = append(r.AcceptedUs, at.UnixMicro())
 		}
-		return db.WriteChunk(ctx, tdb.Pool, w)
+		out, err := db.WriteChunks(ctx, tdb.Pool, []db.ChunkWrite{w})
+		if err != nil {
+			return db.ChunkWritten{}, err
+		}
+		return out[0], nil
 	}
 	counters := func() (pending, accepted int32, state string) {
 		require.NoError(t, tdb.Pool.QueryRow(ctx,
@@ -95,7 +99,7 @@ func TestWriteChunk(t *testing.T) {
 	require.Empty(t, out.Settled)
 }
 
-// TestBatchIsOneTransaction checks what WriteChunk relies on: a batch sent
+// TestBatchIsOneTransaction checks what WriteChunks relies on: a batch sent
 // outside a transaction runs as one implicit transaction, in which a local
 // setting holds, and after which it is gone. (The test cluster runs with
 // synchronous_commit off already, so a setting of Herald's own shows it.)

@@ -28,14 +28,17 @@ func (MaterializeArgs) Kind() string { return MaterializeKind }
 // InsertOpts keeps one materializer job waiting or running at a time: a
 // slow pass is not joined by a pile of others.
 func (MaterializeArgs) InsertOpts() river.InsertOpts {
-	return river.InsertOpts{UniqueOpts: river.UniqueOpts{ByState: periodicUniqueStates}}
+	return periodicInsertOpts()
 }
 
-// periodicUniqueStates are the states in which a periodic job keeps River
-// from inserting another of its kind.
-var periodicUniqueStates = []rivertype.JobState{
-	rivertype.JobStateAvailable, rivertype.JobStatePending, rivertype.JobStateRunning,
-	rivertype.JobStateScheduled, rivertype.JobStateRetryable,
+// periodicInsertOpts are the insert options of Herald's periodic jobs (the
+// materializer, the reconciler, retention): one of each waiting or running
+// at a time, so that a slow run is not joined by a pile of others.
+func periodicInsertOpts() river.InsertOpts {
+	return river.InsertOpts{UniqueOpts: river.UniqueOpts{ByState: []rivertype.JobState{
+		rivertype.JobStateAvailable, rivertype.JobStatePending, rivertype.JobStateRunning,
+		rivertype.JobStateScheduled, rivertype.JobStateRetryable,
+	}}}
 }
 
 // Materializer makes each due schedule run into an ordinary message, through

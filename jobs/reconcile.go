@@ -25,7 +25,7 @@ func (ReconcileArgs) Kind() string { return ReconcileKind }
 
 // InsertOpts keeps one reconciliation waiting or running at a time.
 func (ReconcileArgs) InsertOpts() river.InsertOpts {
-	return river.InsertOpts{UniqueOpts: river.UniqueOpts{ByState: periodicUniqueStates}}
+	return periodicInsertOpts()
 }
 
 // Reconciler finds the messages that no chunk will settle any more and

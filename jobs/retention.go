@@ -29,7 +29,7 @@ func (RetainArgs) Kind() string { return RetainKind }
 
 // InsertOpts keeps one retention job waiting or running at a time.
 func (RetainArgs) InsertOpts() river.InsertOpts {
-	return river.InsertOpts{UniqueOpts: river.UniqueOpts{ByState: periodicUniqueStates}}
+	return periodicInsertOpts()
 }
 
 // retainEvery is how often the retention job runs: every minute, or four
