@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"strings"
 	"sync"
@@ -114,8 +115,10 @@ func TestCreateMessageToUsers(t *testing.T) {
 	require.Equal(t, "bulk", jobsOf[0].Queue)
 	require.Equal(t, "scheduled", jobsOf[0].State, "an hour ahead, the chunk waits for the promoter")
 	require.True(t, dispatchAt.Equal(jobsOf[0].ScheduledAt), "%s != %s", dispatchAt, jobsOf[0].ScheduledAt)
-	require.Len(t, jobsOf[0].Args.Targets, 5)
-	for _, tg := range jobsOf[0].Args.Targets {
+	// The chunk, as its worker will read it: the five active devices.
+	targets := chunkTargets(t, b.db.Pool, jobsOf[0].Args)
+	require.Len(t, targets, 5)
+	for _, tg := range targets {
 		require.NotEqual(t, evicted, tg.DeviceID)
 		require.NotEmpty(t, tg.Token)
 		if tg.Channel == "webpush" {
@@ -130,6 +133,16 @@ func TestCreateMessageToUsers(t *testing.T) {
 	require.Nil(t, st["skew_ms"])
 	require.Nil(t, st["started_at"])
 	require.Nil(t, st["settled_at"])
+}
+
+// chunkTargets reads a chunk's pending deliveries, with their devices, as
+// its worker does.
+func chunkTargets(t *testing.T, q db.DBTX, a jobs.FanOutArgs) []db.ChunkPendingRow {
+	t.Helper()
+	targets, err := db.On(q).ChunkPending(context.Background(), db.ChunkPendingParams{
+		MessageID: a.MessageID, FirstDevice: a.FirstDevice, LastDevice: a.LastDevice, Chunk: int32(a.Chunk)})
+	require.NoError(t, err)
+	return targets
 }
 
 func TestCreateMessageToSegmentInChunks(t *testing.T) {
@@ -156,8 +169,9 @@ func TestCreateMessageToSegmentInChunks(t *testing.T) {
 		require.Equal(t, "urgent", j.Queue)
 		require.Equal(t, "available", j.State, "a chunk already due is available at once")
 		require.Equal(t, i, j.Args.Chunk)
-		require.LessOrEqual(t, len(j.Args.Targets), 7)
-		for _, tg := range j.Args.Targets {
+		targets := chunkTargets(t, tdb.Pool, j.Args)
+		require.LessOrEqual(t, len(targets), 7)
+		for _, tg := range targets {
 			require.False(t, seen[tg.DeviceID], "device %d in two chunks", tg.DeviceID)
 			seen[tg.DeviceID] = true
 		}
@@ -605,7 +619,7 @@ func TestCancelRacesFirstChunk(t *testing.T) {
 			defer wg.Done()
 			// The chunk worker's own first step.
 			var begun db.ChunkStart
-			begun, err = db.BeginChunk(ctx, b.db.Pool, n, nil, 0)
+			begun, err = db.BeginChunk(ctx, b.db.Pool, db.ChunkPendingParams{MessageID: n, LastDevice: math.MaxInt64}, 0)
 			started = begun.State == "dispatching"
 		}()
 		wg.Wait()

@@ -67,6 +67,55 @@ func (q *Queries) AnalyzeDeliveries(ctx context.Context) error {
 	return err
 }
 
+const benchChunkTargets = `-- name: BenchChunkTargets :many
+SELECT d.chunk, d.device_id, d.channel, v.token, v.p256dh, v.auth, v.environment
+FROM deliveries d
+JOIN devices v ON v.id = d.device_id
+WHERE d.message_id = $1 AND d.chunk >= 0
+ORDER BY d.chunk, d.device_id
+`
+
+type BenchChunkTargetsRow struct {
+	Chunk       int32
+	DeviceID    int64
+	Channel     string
+	Token       string
+	P256dh      *string
+	Auth        *string
+	Environment string
+}
+
+// A message's devices chunk by chunk, with what their provider needs, as
+// its workers read them (ChunkPending) but whatever their status: herald
+// bench sends them again to measure the floor.
+func (q *Queries) BenchChunkTargets(ctx context.Context, messageID int64) ([]BenchChunkTargetsRow, error) {
+	rows, err := q.db.Query(ctx, benchChunkTargets, messageID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []BenchChunkTargetsRow{}
+	for rows.Next() {
+		var i BenchChunkTargetsRow
+		if err := rows.Scan(
+			&i.Chunk,
+			&i.DeviceID,
+			&i.Channel,
+			&i.Token,
+			&i.P256dh,
+			&i.Auth,
+			&i.Environment,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const checkpoint = `-- name: Checkpoint :exec
 CHECKPOINT
 `

@@ -118,19 +118,20 @@ type ChunkStart struct {
 // BeginChunk starts a chunk in one round trip, pipelined like WriteChunks:
 // it marks the message dispatching if it is still scheduled (only the
 // first chunk changes the row), reads the state that resulted, the chunk's
-// pending devices and, when payloadID is not zero, the payload. Before,
-// these were four round trips at the instant every chunk of a message
-// starts, when the database is busiest.
-func BeginChunk(ctx context.Context, pool *pgxpool.Pool, messageID int64, deviceIDs []int64, payloadID int64) (ChunkStart, error) {
+// pending deliveries with their devices' tokens (ChunkPending) and, when
+// payloadID is not zero, the payload. Before, these were four round trips
+// at the instant every chunk of a message starts, when the database is
+// busiest.
+func BeginChunk(ctx context.Context, pool *pgxpool.Pool, c ChunkPendingParams, payloadID int64) (ChunkStart, error) {
 	var out ChunkStart
 	err := inBatch(ctx, pool, func(b *pgx.Batch) {
-		out = ChunkStart{Pending: make([]ChunkPendingRow, 0, len(deviceIDs))}
-		b.Queue(startMessage, messageID)
-		b.Queue(messageState, messageID).QueryRow(func(row pgx.Row) error { return row.Scan(&out.State) })
-		b.Queue(chunkPending, messageID, deviceIDs).Query(func(rows pgx.Rows) error {
+		out = ChunkStart{}
+		b.Queue(startMessage, c.MessageID)
+		b.Queue(messageState, c.MessageID).QueryRow(func(row pgx.Row) error { return row.Scan(&out.State) })
+		b.Queue(chunkPending, c.MessageID, c.FirstDevice, c.LastDevice, c.Chunk).Query(func(rows pgx.Rows) error {
 			for rows.Next() {
 				var r ChunkPendingRow
-				if err := rows.Scan(&r.DeviceID, &r.Attempt); err != nil {
+				if err := rows.Scan(&r.DeviceID, &r.Attempt, &r.Channel, &r.Locale, &r.Token, &r.P256dh, &r.Auth, &r.Environment); err != nil {
 					return err
 				}
 				out.Pending = append(out.Pending, r)
@@ -142,7 +143,7 @@ func BeginChunk(ctx context.Context, pool *pgxpool.Pool, messageID int64, device
 		}
 	})
 	if err != nil {
-		return ChunkStart{}, fmt.Errorf("begin chunk of message %d: %w", messageID, err)
+		return ChunkStart{}, fmt.Errorf("begin chunk %d of message %d: %w", c.Chunk, c.MessageID, err)
 	}
 	return out, nil
 }

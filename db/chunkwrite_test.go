@@ -129,12 +129,23 @@ func TestBatchIsOneTransaction(t *testing.T) {
 }
 
 // TestBeginChunk starts a scheduled message, finds a started one as it is,
-// leaves a cancelled one alone, and reads the chunk's pending devices and
-// the payload in the same round trip.
+// leaves a cancelled one alone, and reads the chunk's pending devices, with
+// their tokens, and the payload in the same round trip.
 func TestBeginChunk(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	tdb := dbtest.New(t)
+	var d1, d2, d3 int64
+	require.NoError(t, tdb.Pool.QueryRow(ctx, `
+		WITH u AS (INSERT INTO users (id) VALUES ('a'), ('b')),
+		d AS (INSERT INTO devices (user_id, channel, token, p256dh, auth, environment)
+		      VALUES ('a', 'apns', 'tok-a', NULL, NULL, 'sandbox'), ('b', 'webpush', 'https://push.example/b', 'K', 'A', 'production'),
+		             ('b', 'fcm', 'tok-b', NULL, NULL, 'production')
+		      RETURNING id)
+		SELECT min(id), min(id) + 1, max(id) FROM d`).Scan(&d1, &d2, &d3))
+	chunkOf := func(message, first, last int64) db.ChunkPendingParams {
+		return db.ChunkPendingParams{MessageID: message, FirstDevice: first, LastDevice: last, Chunk: 0}
+	}
 	newMessage := func(state string) (id, payload int64) {
 		require.NoError(t, tdb.Pool.QueryRow(ctx, `
 			WITH p AS (INSERT INTO payloads (content) VALUES ('{"title":"hi"}') RETURNING id)
@@ -146,32 +157,36 @@ func TestBeginChunk(t *testing.T) {
 		if state == "cancelled" {
 			status = "cancelled"
 		}
+		// Devices 1 and 2 in chunk 0, device 3 in chunk 1.
 		_, err := tdb.Pool.Exec(ctx, `
-			INSERT INTO deliveries (message_id, device_id, user_id, channel, chunk, due_at, status)
-			VALUES ($1, 1, 'a', 'apns', 0, now(), $2), ($1, 2, 'b', 'fcm', 0, now(), $2)`, id, status)
+			INSERT INTO deliveries (message_id, device_id, user_id, channel, chunk, due_at, status, locale)
+			VALUES ($1, $3, 'a', 'apns', 0, now(), $2, 'de'), ($1, $4, 'b', 'webpush', 0, now(), $2, NULL),
+			       ($1, $5, 'b', 'fcm', 1, now(), $2, NULL)`, id, status, d1, d2, d3)
 		require.NoError(t, err)
 		return id, payload
 	}
 
 	id, payload := newMessage("scheduled")
-	begun, err := db.BeginChunk(ctx, tdb.Pool, id, []int64{1, 2, 3}, payload)
+	begun, err := db.BeginChunk(ctx, tdb.Pool, chunkOf(id, d1, d3), payload)
 	require.NoError(t, err)
 	require.Equal(t, "dispatching", begun.State)
-	require.Len(t, begun.Pending, 2, "device 3 has no delivery of this message")
+	require.Len(t, begun.Pending, 2, "device 3 is in the range but in another chunk")
+	require.Equal(t, db.ChunkPendingRow{DeviceID: d1, Channel: "apns", Locale: new("de"), Token: "tok-a", Environment: "sandbox"}, begun.Pending[0])
+	require.Equal(t, db.ChunkPendingRow{DeviceID: d2, Channel: "webpush", Token: "https://push.example/b", P256dh: new("K"), Auth: new("A"), Environment: "production"}, begun.Pending[1])
 	require.JSONEq(t, `{"title":"hi"}`, string(begun.Payload))
 	var started bool
 	require.NoError(t, tdb.Pool.QueryRow(ctx, "SELECT started_at IS NOT NULL FROM messages WHERE id = $1", id).Scan(&started))
 	require.True(t, started)
 
 	// A later chunk of it, with the payload cached: no payload read.
-	begun, err = db.BeginChunk(ctx, tdb.Pool, id, []int64{2}, 0)
+	begun, err = db.BeginChunk(ctx, tdb.Pool, chunkOf(id, d2, d2), 0)
 	require.NoError(t, err)
 	require.Equal(t, "dispatching", begun.State)
 	require.Len(t, begun.Pending, 1)
 	require.Nil(t, begun.Payload)
 
 	id, payload = newMessage("cancelled")
-	begun, err = db.BeginChunk(ctx, tdb.Pool, id, []int64{1, 2}, payload)
+	begun, err = db.BeginChunk(ctx, tdb.Pool, chunkOf(id, d1, d2), payload)
 	require.NoError(t, err)
 	require.Equal(t, "cancelled", begun.State, "a cancel that came first wins")
 	require.Empty(t, begun.Pending)

@@ -11,26 +11,48 @@ import (
 )
 
 const chunkPending = `-- name: ChunkPending :many
-SELECT device_id, attempt
-FROM deliveries
-WHERE message_id = $1 AND device_id = ANY ($2::bigint[])
-  AND status NOT IN ('accepted', 'failed', 'expired', 'cancelled')
+SELECT d.device_id, d.attempt, d.channel, d.locale, v.token, v.p256dh, v.auth, v.environment
+FROM deliveries d
+JOIN devices v ON v.id = d.device_id
+WHERE d.message_id = $1
+  AND d.device_id BETWEEN $2 AND $3
+  AND d.chunk = $4
+  AND d.status NOT IN ('accepted', 'failed', 'expired', 'cancelled')
+ORDER BY d.device_id
 `
 
 type ChunkPendingParams struct {
-	MessageID int64
-	DeviceIds []int64
+	MessageID   int64
+	FirstDevice int64
+	LastDevice  int64
+	Chunk       int32
 }
 
 type ChunkPendingRow struct {
-	DeviceID int64
-	Attempt  int16
+	DeviceID    int64
+	Attempt     int16
+	Channel     string
+	Locale      *string
+	Token       string
+	P256dh      *string
+	Auth        *string
+	Environment string
 }
 
-// The chunk's devices that are still pending, so that a retried chunk sends
-// only what was not settled. Found by primary key, as in RecordResults.
+// A chunk's deliveries that are still pending, with what their provider
+// needs from the directory: the device's token, Web Push keys and
+// environment. A chunk is a range of the message's part of the primary key
+// (ExpandAudience cuts it so), read as RecordResults writes it; a retried
+// chunk reads only what was not settled. The status test is a NOT IN so
+// that the planner never reads the range through the partial index of
+// pending deliveries, which holds every message's.
 func (q *Queries) ChunkPending(ctx context.Context, arg ChunkPendingParams) ([]ChunkPendingRow, error) {
-	rows, err := q.db.Query(ctx, chunkPending, arg.MessageID, arg.DeviceIds)
+	rows, err := q.db.Query(ctx, chunkPending,
+		arg.MessageID,
+		arg.FirstDevice,
+		arg.LastDevice,
+		arg.Chunk,
+	)
 	if err != nil {
 		return nil, err
 	}
@@ -38,7 +60,16 @@ func (q *Queries) ChunkPending(ctx context.Context, arg ChunkPendingParams) ([]C
 	items := []ChunkPendingRow{}
 	for rows.Next() {
 		var i ChunkPendingRow
-		if err := rows.Scan(&i.DeviceID, &i.Attempt); err != nil {
+		if err := rows.Scan(
+			&i.DeviceID,
+			&i.Attempt,
+			&i.Channel,
+			&i.Locale,
+			&i.Token,
+			&i.P256dh,
+			&i.Auth,
+			&i.Environment,
+		); err != nil {
 			return nil, err
 		}
 		items = append(items, i)

@@ -115,11 +115,6 @@ func (t interpreting) QueryRow(ctx context.Context, sql string, args ...any) pgx
 	return interpretingRow{t.DBTX.QueryRow(ctx, sql, args...)}
 }
 
-func (t interpreting) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
-	n, err := t.DBTX.CopyFrom(ctx, table, columns, src)
-	return n, interpretError(err)
-}
-
 type interpretingRows struct {
 	pgx.Rows
 }

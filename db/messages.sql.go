@@ -10,111 +10,6 @@ import (
 	"time"
 )
 
-const audienceOfSegment = `-- name: AudienceOfSegment :many
-SELECT d.id, d.user_id, d.channel, d.token, d.p256dh, d.auth, d.environment, u.timezone, u.locale
-FROM segment_members m
-JOIN devices d ON d.user_id = m.user_id AND d.status = 'active'
-JOIN users u ON u.id = m.user_id
-WHERE m.segment_id = $1
-ORDER BY d.user_id, d.id
-`
-
-type AudienceOfSegmentRow struct {
-	ID          int64
-	UserID      string
-	Channel     string
-	Token       string
-	P256dh      *string
-	Auth        *string
-	Environment string
-	Timezone    *string
-	Locale      *string
-}
-
-// The active devices of a segment's members, with each user's time zone and
-// locale.
-func (q *Queries) AudienceOfSegment(ctx context.Context, segmentID string) ([]AudienceOfSegmentRow, error) {
-	rows, err := q.db.Query(ctx, audienceOfSegment, segmentID)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	items := []AudienceOfSegmentRow{}
-	for rows.Next() {
-		var i AudienceOfSegmentRow
-		if err := rows.Scan(
-			&i.ID,
-			&i.UserID,
-			&i.Channel,
-			&i.Token,
-			&i.P256dh,
-			&i.Auth,
-			&i.Environment,
-			&i.Timezone,
-			&i.Locale,
-		); err != nil {
-			return nil, err
-		}
-		items = append(items, i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
-const audienceOfUsers = `-- name: AudienceOfUsers :many
-SELECT d.id, d.user_id, d.channel, d.token, d.p256dh, d.auth, d.environment, u.timezone, u.locale
-FROM devices d
-JOIN users u ON u.id = d.user_id
-WHERE d.user_id = ANY ($1::text[]) AND d.status = 'active'
-ORDER BY d.user_id, d.id
-`
-
-type AudienceOfUsersRow struct {
-	ID          int64
-	UserID      string
-	Channel     string
-	Token       string
-	P256dh      *string
-	Auth        *string
-	Environment string
-	Timezone    *string
-	Locale      *string
-}
-
-// The active devices of the given users, with each user's time zone and
-// locale.
-func (q *Queries) AudienceOfUsers(ctx context.Context, userIds []string) ([]AudienceOfUsersRow, error) {
-	rows, err := q.db.Query(ctx, audienceOfUsers, userIds)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	items := []AudienceOfUsersRow{}
-	for rows.Next() {
-		var i AudienceOfUsersRow
-		if err := rows.Scan(
-			&i.ID,
-			&i.UserID,
-			&i.Channel,
-			&i.Token,
-			&i.P256dh,
-			&i.Auth,
-			&i.Environment,
-			&i.Timezone,
-			&i.Locale,
-		); err != nil {
-			return nil, err
-		}
-		items = append(items, i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
 const cancelMessage = `-- name: CancelMessage :one
 UPDATE messages
 SET state = 'cancelled',
@@ -332,16 +227,6 @@ func (q *Queries) GetPayloads(ctx context.Context, ids []int64) ([]GetPayloadsRo
 		return nil, err
 	}
 	return items, nil
-}
-
-type InsertDeliveriesParams struct {
-	MessageID int64
-	DeviceID  int64
-	UserID    string
-	Channel   string
-	Chunk     int32
-	DueAt     time.Time
-	Status    string
 }
 
 const insertMessage = `-- name: InsertMessage :one
@@ -753,6 +638,71 @@ func (q *Queries) SegmentExists(ctx context.Context, id string) (bool, error) {
 	var column_1 bool
 	err := row.Scan(&column_1)
 	return column_1, err
+}
+
+const setMessageAudience = `-- name: SetMessageAudience :one
+UPDATE messages
+SET state = $1, settled_at = $2,
+    recipient_count = $3, device_count = $4, chunk_count = $5,
+    pending_count = $6, expired_count = $7
+WHERE id = $8
+RETURNING id, state, priority, dispatch_at, expires_at, payload_id, audience, local_time, recipient_count, device_count, chunk_count, pending_count, accepted_count, failed_count, expired_count, cancelled_count, schedule_id, schedule_run_at, started_at, settled_at, cancelled_at, skew_p50_ms, skew_p95_ms, skew_p99_ms, skew_max_ms, created_at
+`
+
+type SetMessageAudienceParams struct {
+	State          string
+	SettledAt      *time.Time
+	RecipientCount int32
+	DeviceCount    int32
+	ChunkCount     int32
+	PendingCount   int32
+	ExpiredCount   int32
+	ID             int64
+}
+
+// What the expansion of a message's audience wrote, in the same
+// transaction: its counts, and its state when nothing is left to send.
+func (q *Queries) SetMessageAudience(ctx context.Context, arg SetMessageAudienceParams) (Message, error) {
+	row := q.db.QueryRow(ctx, setMessageAudience,
+		arg.State,
+		arg.SettledAt,
+		arg.RecipientCount,
+		arg.DeviceCount,
+		arg.ChunkCount,
+		arg.PendingCount,
+		arg.ExpiredCount,
+		arg.ID,
+	)
+	var i Message
+	err := row.Scan(
+		&i.ID,
+		&i.State,
+		&i.Priority,
+		&i.DispatchAt,
+		&i.ExpiresAt,
+		&i.PayloadID,
+		&i.Audience,
+		&i.LocalTime,
+		&i.RecipientCount,
+		&i.DeviceCount,
+		&i.ChunkCount,
+		&i.PendingCount,
+		&i.AcceptedCount,
+		&i.FailedCount,
+		&i.ExpiredCount,
+		&i.CancelledCount,
+		&i.ScheduleID,
+		&i.ScheduleRunAt,
+		&i.StartedAt,
+		&i.SettledAt,
+		&i.CancelledAt,
+		&i.SkewP50Ms,
+		&i.SkewP95Ms,
+		&i.SkewP99Ms,
+		&i.SkewMaxMs,
+		&i.CreatedAt,
+	)
+	return i, err
 }
 
 const startMessage = `-- name: StartMessage :exec

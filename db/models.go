@@ -20,6 +20,7 @@ type Delivery struct {
 	Attempt     int16
 	AttemptedAt *time.Time
 	AcceptedAt  *time.Time
+	Locale      *string
 }
 
 type Device struct {

@@ -65,17 +65,3 @@ func UpcomingDue(ctx context.Context, q DBTX, queues []string, horizon time.Dura
 	}
 	return out, nil
 }
-
-// ChunkJobArgs returns the args of a message's chunk jobs, in chunk order,
-// exactly as River hands them to the workers (herald bench sends them again
-// to measure the floor). River's table is not in the schema sqlc reads, so
-// the query is written here.
-func ChunkJobArgs(ctx context.Context, q DBTX, messageID int64) ([][]byte, error) {
-	rows, err := q.Query(ctx, `
-		SELECT j.args FROM river_job j JOIN message_chunks c ON c.job_id = j.id
-		WHERE c.message_id = $1 ORDER BY c.chunk`, messageID)
-	if err != nil {
-		return nil, fmt.Errorf("read chunk jobs: %w", err)
-	}
-	return pgx.CollectRows(rows, pgx.RowTo[[]byte])
-}

@@ -84,126 +84,122 @@ func NewEnqueuer(client jobClient, chunkSize int) *Enqueuer {
 	return &Enqueuer{client: client, chunkSize: chunkSize}
 }
 
-// target is a resolved device with the instant it is due.
-type target struct {
-	Target
-	userID   string
-	timezone string
-	locale   string
-	dueAt    time.Time
-}
+// jobBatch is how many chunk jobs are enqueued in one statement: enough to
+// make a message of a million devices (2,000 chunks) two round trips, few
+// enough that no batch holds much.
+const jobBatch = 1000
 
-// Create resolves m's audience to active devices, stores the payload once,
-// the message, one pending ledger row per device (COPY), and one chunk job
-// per chunk (scheduled at its due time), all in tx. Nothing is visible until
-// the caller commits, and nothing is kept if it rolls back.
+// Create stores the payload once, the message, and expands its audience in
+// tx: one ledger row per active device (pending in its chunk, or expired
+// for a local-time recipient whose time had passed) written by the
+// database from the directory (db.ExpandAudience), then one small chunk job
+// per chunk, scheduled at its due time. The audience never passes through
+// this process, so scheduling a million devices takes no more memory than
+// ten. Nothing is visible until the caller commits, and nothing is kept if
+// it rolls back.
 func (e *Enqueuer) Create(ctx context.Context, tx pgx.Tx, m MessageSpec) (db.Message, error) {
 	q := db.On(tx)
-	all, err := resolve(ctx, q, m.Audience, m.DispatchAt)
-	if err != nil {
-		return db.Message{}, err
+	// A device erased meanwhile is either cancelled with this message's
+	// ledger committed, or not read at all (db.EraseDevices).
+	if err := q.LockDirectoryShared(ctx); err != nil {
+		return db.Message{}, fmt.Errorf("lock directory: %w", err)
 	}
-	if err := localize(ctx, q, m, all); err != nil {
-		return db.Message{}, err
+	audience := db.Audience{SegmentID: m.Audience.SegmentID, UserIDs: m.Audience.UserIDs}
+	if audience.SegmentID != "" {
+		exists, err := q.SegmentExists(ctx, audience.SegmentID)
+		if err != nil {
+			return db.Message{}, fmt.Errorf("find segment: %w", err)
+		}
+		if !exists {
+			return db.Message{}, ErrUnknownSegment
+		}
 	}
-	targets, passed := all, []target(nil)
+	plan := db.Expansion{ChunkSize: e.chunkSize, DispatchAt: m.DispatchAt}
 	// Each chunk lives as long after its due instant as the message does
 	// after dispatch_at, or a local-time wave's lifetime.
 	lifetime := m.ExpiresAt.Sub(m.DispatchAt)
 	var localJSON []byte
+	if err := e.plan(ctx, tx, m, audience, &plan); err != nil {
+		return db.Message{}, err
+	}
 	if lt := m.LocalTime; lt != nil {
-		targets, passed, err = lt.place(all)
-		if err != nil {
-			return db.Message{}, err
-		}
 		lifetime = lt.Lifetime
 		// The message lasts until its last wave expires: an expires_at of
 		// the first wave's would say it was over while later waves were
 		// still to be sent.
-		m.DispatchAt = lt.firstWave(targets, passed)
-		m.ExpiresAt = lt.lastWave(targets, passed).Add(lifetime)
+		m.DispatchAt, m.ExpiresAt = lt.firstWave(plan), lt.lastWave(plan).Add(lifetime)
 		localJSON = lt.JSON
 	}
 	payloadID, err := storePayload(ctx, q, m)
 	if err != nil {
 		return db.Message{}, err
 	}
-
-	chunks := cut(targets, e.chunkSize)
-	params := db.InsertMessageParams{
-		State:          StateScheduled,
-		Priority:       m.Priority,
-		DispatchAt:     m.DispatchAt,
-		ExpiresAt:      m.ExpiresAt,
-		PayloadID:      payloadID,
-		Audience:       m.AudienceJSON,
-		LocalTime:      localJSON,
-		RecipientCount: int32(countUsers(all)),
-		DeviceCount:    int32(len(all)),
-		ChunkCount:     int32(len(chunks)),
-		PendingCount:   int32(len(targets)),
-		ExpiredCount:   int32(len(passed)),
-		ScheduleID:     m.ScheduleID,
-		ScheduleRunAt:  m.ScheduleRunAt,
+	msg, err := q.InsertMessage(ctx, db.InsertMessageParams{
+		State: StateScheduled, Priority: m.Priority, DispatchAt: m.DispatchAt, ExpiresAt: m.ExpiresAt,
+		PayloadID: payloadID, Audience: m.AudienceJSON, LocalTime: localJSON,
+		ScheduleID: m.ScheduleID, ScheduleRunAt: m.ScheduleRunAt,
+	})
+	if err != nil {
+		return db.Message{}, fmt.Errorf("store message: %w", err)
 	}
-	if len(targets) == 0 {
+	plan.MessageID = msg.ID
+	expanded, err := db.ExpandAudience(ctx, tx, audience, plan)
+	if err != nil {
+		return db.Message{}, err
+	}
+	counts := db.SetMessageAudienceParams{ID: msg.ID, State: StateScheduled, RecipientCount: expanded.Recipients}
+	var chunks []db.ExpandedChunk
+	for _, c := range expanded.Chunks {
+		counts.DeviceCount += c.Devices
+		if c.Chunk < 0 {
+			counts.ExpiredCount += c.Devices
+			continue
+		}
+		counts.PendingCount += c.Devices
+		chunks = append(chunks, c)
+	}
+	counts.ChunkCount = int32(len(chunks))
+	if len(chunks) == 0 {
 		// Nothing to send: the message is settled the moment it exists,
 		// expired if every recipient's time had passed.
 		now, err := q.DatabaseNow(ctx)
 		if err != nil {
 			return db.Message{}, fmt.Errorf("read clock: %w", err)
 		}
-		params.State, params.SettledAt = StateDispatched, &now
-		if len(passed) > 0 {
-			params.State = StateExpired
+		counts.State, counts.SettledAt = StateDispatched, &now
+		if counts.ExpiredCount > 0 {
+			counts.State = StateExpired
 		}
 	}
-	msg, err := q.InsertMessage(ctx, params)
-	if err != nil {
-		return db.Message{}, fmt.Errorf("store message: %w", err)
-	}
-	ledger := make([]db.InsertDeliveriesParams, 0, len(all))
-	for _, t := range passed {
-		ledger = append(ledger, db.InsertDeliveriesParams{
-			MessageID: msg.ID, DeviceID: t.DeviceID, UserID: t.userID,
-			Channel: t.Channel, Chunk: -1, DueAt: t.dueAt, Status: "expired",
-		})
-	}
-	if len(targets) == 0 {
-		if _, err := q.InsertDeliveries(ctx, ledger); err != nil {
-			return db.Message{}, fmt.Errorf("write ledger: %w", err)
+	for start := 0; start < len(chunks); start += jobBatch {
+		if err := e.enqueue(ctx, tx, msg, payloadID, lifetime, chunks[start:min(start+jobBatch, len(chunks))]); err != nil {
+			return db.Message{}, err
 		}
-		return msg, nil
 	}
+	if msg, err = q.SetMessageAudience(ctx, counts); err != nil {
+		return db.Message{}, fmt.Errorf("count the audience: %w", err)
+	}
+	return msg, nil
+}
 
+// enqueue inserts the jobs of chunks and records which job carries each.
+func (e *Enqueuer) enqueue(ctx context.Context, tx pgx.Tx, msg db.Message, payloadID int64, lifetime time.Duration, chunks []db.ExpandedChunk) error {
 	jobs := make([]river.InsertManyParams, len(chunks))
 	for i, c := range chunks {
-		args := FanOutArgs{
-			MessageID:  msg.ID,
-			Chunk:      i,
-			PayloadID:  payloadID,
-			Priority:   m.Priority,
-			DispatchAt: c.dueAt,
-			ExpiresAt:  c.dueAt.Add(lifetime),
-			Targets:    make([]Target, len(c.targets)),
+		jobs[i] = river.InsertManyParams{
+			Args: FanOutArgs{
+				MessageID: msg.ID, Chunk: int(c.Chunk), PayloadID: payloadID, Priority: msg.Priority,
+				DispatchAt: c.DueAt, ExpiresAt: c.DueAt.Add(lifetime),
+				FirstDevice: c.FirstDevice, LastDevice: c.LastDevice,
+			},
+			InsertOpts: &river.InsertOpts{ScheduledAt: c.DueAt, Priority: chunkPriority(c.Chunk)},
 		}
-		for j, t := range c.targets {
-			args.Targets[j] = t.Target
-			ledger = append(ledger, db.InsertDeliveriesParams{
-				MessageID: msg.ID, DeviceID: t.DeviceID, UserID: t.userID,
-				Channel: t.Channel, Chunk: int32(i), DueAt: t.dueAt, Status: "pending",
-			})
-		}
-		jobs[i] = river.InsertManyParams{Args: args, InsertOpts: &river.InsertOpts{ScheduledAt: c.dueAt}}
-	}
-	if _, err := q.InsertDeliveries(ctx, ledger); err != nil {
-		return db.Message{}, fmt.Errorf("write ledger: %w", err)
 	}
 	results, err := e.client.InsertManyTx(ctx, tx, jobs)
 	if err != nil {
-		return db.Message{}, fmt.Errorf("enqueue chunks: %w", err)
+		return fmt.Errorf("enqueue chunks: %w", err)
 	}
-	chunkParams := db.InsertMessageChunksParams{
+	p := db.InsertMessageChunksParams{
 		MessageID:    msg.ID,
 		Chunks:       make([]int32, len(chunks)),
 		JobIds:       make([]int64, len(chunks)),
@@ -211,15 +207,60 @@ func (e *Enqueuer) Create(ctx context.Context, tx pgx.Tx, m MessageSpec) (db.Mes
 		DeviceCounts: make([]int32, len(chunks)),
 	}
 	for i, c := range chunks {
-		chunkParams.Chunks[i] = int32(i)
-		chunkParams.JobIds[i] = results[i].Job.ID
-		chunkParams.DueAts[i] = c.dueAt
-		chunkParams.DeviceCounts[i] = int32(len(c.targets))
+		p.Chunks[i], p.JobIds[i], p.DueAts[i], p.DeviceCounts[i] = c.Chunk, results[i].Job.ID, c.DueAt, c.Devices
 	}
-	if err := q.InsertMessageChunks(ctx, chunkParams); err != nil {
-		return db.Message{}, fmt.Errorf("record chunks: %w", err)
+	if err := db.On(tx).InsertMessageChunks(ctx, p); err != nil {
+		return fmt.Errorf("record chunks: %w", err)
 	}
-	return msg, nil
+	return nil
+}
+
+// chunkPriority is the River priority of a message's chunk: its first
+// chunk comes before the rest, its first ten before the rest of those, and
+// so on. Chunks due at the same instant are taken in the order of their
+// priority, then of their insertion; so when many messages are due at one
+// second, every message's first devices are sent before any message's
+// hundredth chunk, instead of the first message sent whole before the
+// second begins.
+func chunkPriority(chunk int32) int {
+	switch {
+	case chunk == 0:
+		return 1
+	case chunk < 10:
+		return 2
+	case chunk < 100:
+		return 3
+	}
+	return 4
+}
+
+// plan fills in what the expansion needs beyond the message: a local-time
+// message's waves, and the localization each locale gets. Both come from
+// the audience's distinct zones and locales, read only when the message
+// has local time or localizations.
+func (e *Enqueuer) plan(ctx context.Context, tx pgx.Tx, m MessageSpec, audience db.Audience, plan *db.Expansion) error {
+	localizations, err := localizationsOf(ctx, db.On(tx), m)
+	if err != nil {
+		return err
+	}
+	if m.LocalTime == nil && len(localizations) == 0 {
+		return nil
+	}
+	keys, err := db.ReadAudienceKeys(ctx, tx, audience)
+	if err != nil {
+		return err
+	}
+	if len(localizations) > 0 {
+		for _, locale := range keys.Locales {
+			if key := push.PickLocalization(locale, localizations); key != "" {
+				plan.Locales, plan.Keys = append(plan.Locales, locale), append(plan.Keys, key)
+			}
+		}
+	}
+	if lt := m.LocalTime; lt != nil {
+		return lt.place(keys.Zones, plan)
+	}
+	return nil
 }
 
 // Cancel cancels message id in tx if no chunk of it has started: its
@@ -305,174 +346,77 @@ func (e *Enqueuer) RecordMissed(ctx context.Context, tx pgx.Tx, m MessageSpec) (
 	return msg, nil
 }
 
-// place gives each target its due instant, its user's zone's Wall, and
-// splits off those whose time has passed (unless SendNow, which makes them
-// due now).
-func (lt *LocalTime) place(all []target) (due, passed []target, err error) {
-	zones := map[string]*time.Location{}
+// place gives each zone of the audience ("" for users without one, who
+// take Fallback) its wave: the instant its clocks show Wall, or passed when
+// that instant is before Now (unless SendNow, which makes it due at Now).
+func (lt *LocalTime) place(zones []string, plan *db.Expansion) error {
 	wall := time.Date(lt.Wall.Year(), lt.Wall.Month(), lt.Wall.Day(), lt.Wall.Hour(), lt.Wall.Minute(), lt.Wall.Second(), 0, time.UTC)
-	for _, t := range all {
+	for _, zone := range zones {
 		loc := lt.Fallback
-		if t.timezone != "" {
-			if loc = zones[t.timezone]; loc == nil {
-				if loc, err = time.LoadLocation(t.timezone); err != nil {
-					return nil, nil, fmt.Errorf("user %s's zone %q: %w", t.userID, t.timezone, err)
-				}
-				zones[t.timezone] = loc
+		if zone != "" {
+			var err error
+			if loc, err = time.LoadLocation(zone); err != nil {
+				return fmt.Errorf("zone %q of a recipient: %w", zone, err)
 			}
 		}
-		t.dueAt = instantOf(wall, loc)
-		if t.dueAt.Before(lt.Now) {
-			if !lt.SendNow {
-				passed = append(passed, t)
-				continue
-			}
-			t.dueAt = lt.Now
-		}
-		due = append(due, t)
-	}
-	return due, passed, nil
-}
-
-// firstWave is the earliest due instant, which the message shows as its
-// dispatch_at; the earliest passed one when nothing is left to send.
-func (lt *LocalTime) firstWave(due, passed []target) time.Time {
-	var first time.Time
-	for _, set := range [][]target{due, passed} {
-		for _, t := range set {
-			if first.IsZero() || t.dueAt.Before(first) {
-				first = t.dueAt
+		due, passed := instantOf(wall, loc), false
+		if due.Before(lt.Now) {
+			if lt.SendNow {
+				due = lt.Now
+			} else {
+				passed = true
 			}
 		}
-		if !first.IsZero() {
-			return first
-		}
-	}
-	return lt.Now
-}
-
-// lastWave is the latest due instant; the latest passed one when nothing is
-// left to send.
-func (lt *LocalTime) lastWave(due, passed []target) time.Time {
-	var last time.Time
-	for _, set := range [][]target{due, passed} {
-		for _, t := range set {
-			if t.dueAt.After(last) {
-				last = t.dueAt
-			}
-		}
-		if !last.IsZero() {
-			return last
-		}
-	}
-	return lt.Now
-}
-
-// resolve expands an audience to its active devices, each due at dispatchAt.
-func resolve(ctx context.Context, q *db.Queries, a Audience, dispatchAt time.Time) ([]target, error) {
-	// A device erased meanwhile is either cancelled with this message's
-	// ledger committed, or not read at all (db.EraseDevices).
-	if err := q.LockDirectoryShared(ctx); err != nil {
-		return nil, fmt.Errorf("lock directory: %w", err)
-	}
-	var out []target
-	add := func(id int64, userID, channel, token string, p256dh, auth *string, environment string, timezone, locale *string) {
-		t := target{Target: Target{Target: push.Target{DeviceID: id, Token: token, Sandbox: environment == "sandbox"}, Channel: channel}, userID: userID, dueAt: dispatchAt}
-		if timezone != nil {
-			t.timezone = *timezone
-		}
-		if locale != nil {
-			t.locale = *locale
-		}
-		if p256dh != nil && auth != nil {
-			t.P256dh, t.Auth = *p256dh, *auth
-		}
-		out = append(out, t)
-	}
-	if a.SegmentID != "" {
-		exists, err := q.SegmentExists(ctx, a.SegmentID)
-		if err != nil {
-			return nil, fmt.Errorf("find segment: %w", err)
-		}
-		if !exists {
-			return nil, ErrUnknownSegment
-		}
-		rows, err := q.AudienceOfSegment(ctx, a.SegmentID)
-		if err != nil {
-			return nil, fmt.Errorf("expand segment: %w", err)
-		}
-		out = make([]target, 0, len(rows))
-		for _, r := range rows {
-			add(r.ID, r.UserID, r.Channel, r.Token, r.P256dh, r.Auth, r.Environment, r.Timezone, r.Locale)
-		}
-		return out, nil
-	}
-	rows, err := q.AudienceOfUsers(ctx, a.UserIDs)
-	if err != nil {
-		return nil, fmt.Errorf("expand users: %w", err)
-	}
-	out = make([]target, 0, len(rows))
-	for _, r := range rows {
-		add(r.ID, r.UserID, r.Channel, r.Token, r.P256dh, r.Auth, r.Environment, r.Timezone, r.Locale)
-	}
-	return out, nil
-}
-
-// localize fixes each target's localization: the one its user's locale
-// picks among the message's (push.PickLocalization). A schedule's run
-// reuses a stored payload, whose localizations are read from it.
-func localize(ctx context.Context, q *db.Queries, m MessageSpec, targets []target) error {
-	localizations := m.Content.Localizations
-	if m.PayloadID != 0 {
-		raw, err := q.GetPayload(ctx, m.PayloadID)
-		if err != nil {
-			return fmt.Errorf("read payload: %w", err)
-		}
-		var stored struct {
-			Localizations map[string]push.Text `json:"localizations"`
-		}
-		if err := json.Unmarshal(raw, &stored); err != nil {
-			return fmt.Errorf("decode payload %d: %w", m.PayloadID, err)
-		}
-		localizations = stored.Localizations
-	}
-	if len(localizations) == 0 {
-		return nil
-	}
-	for i := range targets {
-		targets[i].Locale = push.PickLocalization(targets[i].locale, localizations)
+		plan.Zones, plan.DueAts, plan.Passed = append(plan.Zones, zone), append(plan.DueAts, due), append(plan.Passed, passed)
 	}
 	return nil
 }
 
-// chunk is a run of targets due at the same instant.
-type chunk struct {
-	dueAt   time.Time
-	targets []target
+// firstWave is the earliest wave still to send, which the message shows
+// as its dispatch_at; the earliest passed one when nothing is left to send,
+// and Now when the audience is empty.
+func (lt *LocalTime) firstWave(plan db.Expansion) time.Time {
+	return lt.wave(plan, func(a, b time.Time) bool { return a.Before(b) })
 }
 
-// cut splits targets into chunks of at most size, never mixing due times, so
-// that each chunk job has one scheduled_at. Targets arrive grouped by user;
-// a user's devices stay together where the size allows.
-func cut(targets []target, size int) []chunk {
-	var chunks []chunk
-	byDue := map[time.Time]int{} // due time -> index of its open chunk
-	for _, t := range targets {
-		i, ok := byDue[t.dueAt]
-		if !ok || len(chunks[i].targets) == size {
-			chunks = append(chunks, chunk{dueAt: t.dueAt, targets: make([]target, 0, min(size, len(targets)))})
-			i = len(chunks) - 1
-			byDue[t.dueAt] = i
+// lastWave is the latest wave still to send; the latest passed one when
+// nothing is left to send, and Now when the audience is empty.
+func (lt *LocalTime) lastWave(plan db.Expansion) time.Time {
+	return lt.wave(plan, func(a, b time.Time) bool { return a.After(b) })
+}
+
+// wave is the wave that comes first by better among those to send, or
+// among the passed ones when none is.
+func (lt *LocalTime) wave(plan db.Expansion, better func(a, b time.Time) bool) time.Time {
+	for _, passed := range []bool{false, true} {
+		var found time.Time
+		for i, due := range plan.DueAts {
+			if plan.Passed[i] == passed && (found.IsZero() || better(due, found)) {
+				found = due
+			}
 		}
-		chunks[i].targets = append(chunks[i].targets, t)
+		if !found.IsZero() {
+			return found
+		}
 	}
-	return chunks
+	return lt.Now
 }
 
-func countUsers(targets []target) int {
-	seen := make(map[string]struct{}, len(targets)/2)
-	for _, t := range targets {
-		seen[t.userID] = struct{}{}
+// localizationsOf are m's localizations: its content's, or for a
+// schedule's run, which reuses a stored payload, the stored payload's.
+func localizationsOf(ctx context.Context, q *db.Queries, m MessageSpec) (map[string]push.Text, error) {
+	if m.PayloadID == 0 {
+		return m.Content.Localizations, nil
 	}
-	return len(seen)
+	raw, err := q.GetPayload(ctx, m.PayloadID)
+	if err != nil {
+		return nil, fmt.Errorf("read payload: %w", err)
+	}
+	var stored struct {
+		Localizations map[string]push.Text `json:"localizations"`
+	}
+	if err := json.Unmarshal(raw, &stored); err != nil {
+		return nil, fmt.Errorf("decode payload %d: %w", m.PayloadID, err)
+	}
+	return stored.Localizations, nil
 }

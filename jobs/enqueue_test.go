@@ -2,9 +2,11 @@ package jobs
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -189,28 +191,146 @@ func TestCancel(t *testing.T) {
 	require.False(t, cancel(), "a message cancelled already is not cancelled again")
 }
 
-func TestCut(t *testing.T) {
+// TestExpansionCutsRangesByWave schedules a local-time message, chunks of
+// two, to users in three zones, one of them already past the wall time, and
+// checks what each chunk's worker will read: chunks never mix due instants,
+// hold at most two devices, are numbered in the order of their instants,
+// and between them hold every device still to send exactly once, while the
+// passed zone's devices expired at once in no chunk. Their jobs carry the
+// chunks' priorities, first chunk first.
+func TestExpansionCutsRangesByWave(t *testing.T) {
 	t.Parallel()
-	a, b := time.Unix(100, 0), time.Unix(200, 0)
-	var targets []target
-	for i := range 7 {
-		due := a
-		if i%2 == 1 {
-			due = b
+	ctx := context.Background()
+	tdb := dbtest.New(t)
+	q := db.On(tdb.Pool)
+	client, err := NewRiverClient(tdb.Pool, RiverConfig{Logger: discard})
+	require.NoError(t, err)
+	zones := map[string]string{"tokyo": "Asia/Tokyo", "paris": "Europe/Paris", "ny": "America/New_York"}
+	var all []string
+	for prefix, zone := range zones {
+		// Users registered in turns, so that each zone's device ids
+		// interleave with the others'.
+		users := registerUsers(t, q, prefix, 3)
+		for _, u := range users {
+			_, err := q.UpsertUser(ctx, db.UpsertUserParams{ID: u, Timezone: &zone})
+			require.NoError(t, err)
 		}
-		targets = append(targets, target{Target: Target{Target: push.Target{DeviceID: int64(i)}}, dueAt: due})
+		all = append(all, users...)
 	}
-	chunks := cut(targets, 2)
-	// Due a: devices 0, 2, 4, 6; due b: 1, 3, 5. Never mixed, at most 2 each.
-	var got [][]int64
-	for _, c := range chunks {
-		var ids []int64
-		for _, tg := range c.targets {
-			require.True(t, tg.dueAt.Equal(c.dueAt))
-			ids = append(ids, tg.DeviceID)
+	for _, prefix := range []string{"tokyo", "paris", "ny"} {
+		registerUsers(t, q, prefix+"-2nd-", 2)
+		for i := range 2 {
+			u := fmt.Sprintf("%s-2nd-%03d", prefix, i)
+			zone := zones[prefix]
+			_, err := q.UpsertUser(ctx, db.UpsertUserParams{ID: u, Timezone: &zone})
+			require.NoError(t, err)
+			all = append(all, u)
 		}
-		got = append(got, ids)
 	}
-	require.Equal(t, [][]int64{{0, 2}, {1, 3}, {4, 6}, {5}}, got)
-	require.Empty(t, cut(nil, 500))
+	// 12:00 wall time on a day when it is between 12:00 in Tokyo and in
+	// Paris: Tokyo's time has passed, Paris's and New York's have not.
+	now := time.Date(2026, 6, 1, 6, 0, 0, 0, time.UTC) // 15:00 Tokyo, 08:00 Paris, 02:00 New York
+	var msg db.Message
+	require.NoError(t, db.InTx(ctx, tdb.Pool, func(tx pgx.Tx) error {
+		msg, err = NewEnqueuer(client, 2).Create(ctx, tx, MessageSpec{
+			Priority: PriorityBulk, Audience: Audience{UserIDs: all}, AudienceJSON: []byte(`{}`),
+			Content: push.Content{Title: "t"},
+			LocalTime: &LocalTime{Wall: time.Date(2026, 6, 1, 12, 0, 0, 0, time.UTC), Fallback: time.UTC,
+				Now: now, Lifetime: time.Hour, JSON: []byte(`{}`)},
+		})
+		return err
+	}))
+	paris := time.Date(2026, 6, 1, 10, 0, 0, 0, time.UTC)
+	newYork := time.Date(2026, 6, 1, 16, 0, 0, 0, time.UTC)
+	require.EqualValues(t, 15, msg.DeviceCount)
+	require.EqualValues(t, 15, msg.RecipientCount)
+	require.EqualValues(t, 5, msg.ExpiredCount, "Tokyo's time had passed")
+	require.EqualValues(t, 10, msg.PendingCount)
+	require.EqualValues(t, 6, msg.ChunkCount, "two waves of five, in chunks of two")
+	require.True(t, msg.DispatchAt.Equal(paris), msg.DispatchAt)
+	require.True(t, msg.ExpiresAt.Equal(newYork.Add(time.Hour)), msg.ExpiresAt)
+
+	jobIDs, err := q.MessageChunkJobs(ctx, msg.ID)
+	require.NoError(t, err)
+	require.Len(t, jobIDs, 6)
+	seen := map[int64]int{}
+	var lastDue time.Time
+	for i, id := range jobIDs {
+		job, err := client.JobGet(ctx, id)
+		require.NoError(t, err)
+		var a FanOutArgs
+		require.NoError(t, json.Unmarshal(job.EncodedArgs, &a))
+		require.Equal(t, i, a.Chunk)
+		require.Equal(t, chunkPriority(int32(i)), job.Priority)
+		require.True(t, job.ScheduledAt.Equal(a.DispatchAt))
+		require.True(t, a.DispatchAt.Equal(paris) || a.DispatchAt.Equal(newYork), a.DispatchAt)
+		require.False(t, a.DispatchAt.Before(lastDue), "chunks are numbered in the order of their waves")
+		lastDue = a.DispatchAt
+		targets := chunkTargets(t, q, a)
+		require.NotEmpty(t, targets)
+		require.LessOrEqual(t, len(targets), 2)
+		for _, tg := range targets {
+			require.GreaterOrEqual(t, tg.DeviceID, a.FirstDevice)
+			require.LessOrEqual(t, tg.DeviceID, a.LastDevice)
+			seen[tg.DeviceID]++
+		}
+	}
+	require.Len(t, seen, 10)
+	for id, n := range seen {
+		require.Equal(t, 1, n, "device %d", id)
+	}
+	var expired []string
+	require.NoError(t, pgxscan(ctx, tdb.Pool, &expired, `SELECT user_id FROM deliveries WHERE message_id = $1 AND chunk = -1 AND status = 'expired' ORDER BY user_id`, msg.ID))
+	require.Equal(t, []string{"tokyo-2nd-000", "tokyo-2nd-001", "tokyo000", "tokyo001", "tokyo002"}, expired)
+}
+
+// pgxscan collects the first column of query's rows into dest.
+func pgxscan[T any](ctx context.Context, pool *pgxpool.Pool, dest *[]T, query string, args ...any) error {
+	rows, err := pool.Query(ctx, query, args...)
+	if err != nil {
+		return err
+	}
+	*dest, err = pgx.CollectRows(rows, pgx.RowTo[T])
+	return err
+}
+
+// TestSchedulingHoldsNoAudience schedules a message to 100,000 devices
+// and counts what the scheduling process allocated meanwhile: less than the
+// audience's tokens alone would take (a 100-byte token a device is 10 MB),
+// so no Herald process holds an audience, whatever its size; only a job a
+// chunk. It runs alone (no t.Parallel), so that the count is this test's.
+func TestSchedulingHoldsNoAudience(t *testing.T) {
+	ctx := context.Background()
+	tdb := dbtest.New(t)
+	const devices = 100_000
+	_, err := tdb.Pool.Exec(ctx, `
+		WITH u AS (INSERT INTO users (id) SELECT 'big' || g FROM generate_series(1, $1 / 2) g)
+		INSERT INTO devices (user_id, channel, token)
+		SELECT 'big' || (g / 2 + 1), 'fcm', 'big-' || g || ':' || repeat(md5(g::text), 3)
+		FROM generate_series(0, $1 - 1) g`, devices)
+	require.NoError(t, err)
+	_, err = tdb.Pool.Exec(ctx, `INSERT INTO segments (id) VALUES ('big');
+		INSERT INTO segment_members (segment_id, user_id) SELECT 'big', id FROM users`)
+	require.NoError(t, err)
+	client, err := NewRiverClient(tdb.Pool, RiverConfig{Logger: discard})
+	require.NoError(t, err)
+
+	runtime.GC()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	var msg db.Message
+	require.NoError(t, db.InTx(ctx, tdb.Pool, func(tx pgx.Tx) error {
+		msg, err = NewEnqueuer(client, 500).Create(ctx, tx, MessageSpec{
+			Priority: PriorityBulk, DispatchAt: time.Now().Add(time.Hour), ExpiresAt: time.Now().Add(2 * time.Hour),
+			Audience: Audience{SegmentID: "big"}, AudienceJSON: []byte(`{}`), Content: push.Content{Title: "t"},
+		})
+		return err
+	}))
+	runtime.ReadMemStats(&after)
+	allocated := after.TotalAlloc - before.TotalAlloc
+	t.Logf("scheduled %d devices in %d chunks allocating %d KB", msg.DeviceCount, msg.ChunkCount, allocated/1024)
+	require.EqualValues(t, devices, msg.DeviceCount)
+	require.EqualValues(t, devices/2, msg.RecipientCount)
+	require.EqualValues(t, devices/500, msg.ChunkCount)
+	require.Less(t, allocated, uint64(4<<20), "scheduling allocated %d bytes for %d devices", allocated, devices)
 }

@@ -3,13 +3,11 @@ package jobs
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -25,9 +23,13 @@ import (
 // FanOutKind is the River kind of a chunk job.
 const FanOutKind = "fan_out"
 
-// FanOutArgs is one chunk of a message: everything its worker needs to send,
-// resolved when the message was scheduled, so that the dispatch second does
-// no lookups. The payload travels by reference; it is the same for every
+// FanOutArgs is one chunk of a message: a range of the message's part of
+// the ledger, cut when the message was scheduled (db.ExpandAudience), and
+// when to send it. The devices are not in the job: its worker reads the
+// range's pending deliveries, with their devices' tokens, in the round trip
+// that begins the chunk. So a job holds no token (River keeps finished jobs
+// for days, and shows them to operators), and scheduling writes no copy of
+// the audience. The payload travels by reference; it is the same for every
 // chunk.
 type FanOutArgs struct {
 	MessageID  int64     `json:"message_id" river:"unique"`
@@ -36,7 +38,20 @@ type FanOutArgs struct {
 	Priority   string    `json:"priority"`
 	DispatchAt time.Time `json:"dispatch_at"`
 	ExpiresAt  time.Time `json:"expires_at"`
-	Targets    Targets   `json:"targets"`
+	// FirstDevice and LastDevice bound the chunk's device ids. Zero in a
+	// job enqueued before chunks were ranges: its message's whole ledger is
+	// read for its chunk number.
+	FirstDevice int64 `json:"first_device,omitempty"`
+	LastDevice  int64 `json:"last_device,omitempty"`
+}
+
+// ledgerRange is the part of the ledger a's chunk reads.
+func (a FanOutArgs) ledgerRange() db.ChunkPendingParams {
+	p := db.ChunkPendingParams{MessageID: a.MessageID, FirstDevice: a.FirstDevice, LastDevice: a.LastDevice, Chunk: int32(a.Chunk)}
+	if p.LastDevice == 0 {
+		p.LastDevice = math.MaxInt64
+	}
+	return p
 }
 
 // Target is one device of a chunk: what its provider needs to send to it,
@@ -49,101 +64,23 @@ type Target struct {
 	Locale  string
 }
 
-// Targets are a chunk's devices. In the job's args they are packed into one
-// string, a line per device with tab-separated fields, rather than an array
-// of objects: River indexes args with a GIN index, which would otherwise take
-// an entry for every field of every device (125,000 for a 25,000-device
-// message) and cost more than the rest of scheduling together. A string
-// longer than 125 bytes is one hashed entry. Tokens, endpoints and keys never
-// hold tabs or line breaks (the API rejects them).
-//
-// The second field is the channel's letter ('s' for an APNs sandbox
-// token), followed by the device's localization key, if any ("fpt-BR"):
-// locale tags are letters, digits and hyphens.
-type Targets []Target
-
-// channelCodes packs a channel into one letter.
-var channelCodes = map[string]byte{ChannelAPNs: 'a', ChannelFCM: 'f', ChannelWebPush: 'w'}
-
-// sandboxCode is the letter of an APNs target with a sandbox token.
-const sandboxCode = 's'
-
-func channelOfCode(c byte) (channel string, sandbox, ok bool) {
-	switch c {
-	case 'a':
-		return ChannelAPNs, false, true
-	case sandboxCode:
-		return ChannelAPNs, true, true
-	case 'f':
-		return ChannelFCM, false, true
-	case 'w':
-		return ChannelWebPush, false, true
+// targetOf is the target of a pending delivery the chunk read.
+func targetOf(r db.ChunkPendingRow) Target {
+	t := Target{Target: push.Target{DeviceID: r.DeviceID, Token: r.Token, Sandbox: r.Environment == "sandbox"}, Channel: r.Channel}
+	if r.Locale != nil {
+		t.Locale = *r.Locale
 	}
-	return "", false, false
+	if r.P256dh != nil && r.Auth != nil {
+		t.P256dh, t.Auth = *r.P256dh, *r.Auth
+	}
+	return t
 }
 
-// MarshalJSON packs the targets into one JSON string.
-func (ts Targets) MarshalJSON() ([]byte, error) {
-	var b strings.Builder
-	for _, t := range ts {
-		code, ok := channelCodes[t.Channel]
-		if !ok {
-			return nil, fmt.Errorf("target %d: unknown channel %q", t.DeviceID, t.Channel)
-		}
-		if strings.ContainsAny(t.Token+t.P256dh+t.Auth+t.Locale, "\t\n") {
-			return nil, fmt.Errorf("target %d: a field holds a tab or line break", t.DeviceID)
-		}
-		if t.Sandbox {
-			if t.Channel != ChannelAPNs {
-				return nil, fmt.Errorf("target %d: only an APNs token can be a sandbox one", t.DeviceID)
-			}
-			code = sandboxCode
-		}
-		b.WriteString(strconv.FormatInt(t.DeviceID, 10))
-		b.WriteByte('\t')
-		b.WriteByte(code)
-		b.WriteString(t.Locale)
-		b.WriteByte('\t')
-		b.WriteString(t.Token)
-		if t.P256dh != "" || t.Auth != "" {
-			b.WriteByte('\t')
-			b.WriteString(t.P256dh)
-			b.WriteByte('\t')
-			b.WriteString(t.Auth)
-		}
-		b.WriteByte('\n')
-	}
-	return json.Marshal(b.String())
-}
-
-// UnmarshalJSON unpacks targets packed by MarshalJSON.
-func (ts *Targets) UnmarshalJSON(data []byte) error {
-	var packed string
-	if err := json.Unmarshal(data, &packed); err != nil {
-		return fmt.Errorf("targets: %w", err)
-	}
-	out := make(Targets, 0, strings.Count(packed, "\n"))
-	for line := range strings.Lines(packed) {
-		fields := strings.Split(strings.TrimSuffix(line, "\n"), "\t")
-		if len(fields) != 3 && len(fields) != 5 {
-			return fmt.Errorf("targets: malformed line %q", line)
-		}
-		id, err := strconv.ParseInt(fields[0], 10, 64)
-		if err != nil || fields[1] == "" {
-			return fmt.Errorf("targets: malformed line %q", line)
-		}
-		channel, sandbox, ok := channelOfCode(fields[1][0])
-		if !ok {
-			return fmt.Errorf("targets: malformed line %q", line)
-		}
-		t := Target{Target: push.Target{DeviceID: id, Token: fields[2], Sandbox: sandbox}, Channel: channel, Locale: fields[1][1:]}
-		if len(fields) == 5 {
-			t.P256dh, t.Auth = fields[3], fields[4]
-		}
-		out = append(out, t)
-	}
-	*ts = out
-	return nil
+// running is a chunk attempt under way: its job's args and the targets it
+// read when it began, the deliveries still pending then.
+type running struct {
+	FanOutArgs
+	Targets []Target
 }
 
 // Kind implements river.JobArgs.
@@ -264,38 +201,38 @@ func (w *FanOutWorker) Work(ctx context.Context, job *river.Job[FanOutArgs]) err
 	if err := ledger.drain(ctx, a); err != nil {
 		return err
 	}
-	pending, msg, err := w.begin(ctx, job)
-	if err != nil || pending == nil {
+	c, msg, err := w.begin(ctx, job)
+	if err != nil || c == nil {
 		return err
 	}
-	if len(pending) == 0 {
-		return w.finish(ctx, a, ledger, ledger.open(a, startedAt, nil))
+	if len(c.Targets) == 0 {
+		return w.finish(ctx, c, ledger, ledger.open(c, startedAt, nil))
 	}
-	groups := w.group(a, pending)
+	groups := w.group(c)
 	// Sending stops early enough to leave time to record what was sent: a
 	// chunk that ran out of time still writes its results, so its retry
 	// sends only what was not answered.
 	sendCtx, cancel := context.WithTimeout(ctx, w.sendBudget())
 	defer cancel()
-	rec := ledger.open(a, startedAt, make([]push.Result, len(a.Targets)))
-	w.send(sendCtx, a, msg, groups, ledger, rec).wait()
-	return w.finish(ctx, a, ledger, rec)
+	rec := ledger.open(c, startedAt, make([]push.Result, len(c.Targets)))
+	w.send(sendCtx, c, msg, groups, ledger, rec).wait()
+	return w.finish(ctx, c, ledger, rec)
 }
 
 // begin starts the chunk in one round trip: the first chunk turns the
 // message from scheduled to dispatching, unless a cancel won; every chunk
-// reads the state that resulted, its still-pending devices and, unless the
-// message is cached, its payload. pending is nil when the message is no
-// longer sendable; msg, the encoded pushes, is only built when something is
-// pending.
-func (w *FanOutWorker) begin(ctx context.Context, job *river.Job[FanOutArgs]) (pending map[int64]bool, msg *encodedMessage, err error) {
+// reads the state that resulted, its still-pending deliveries with their
+// devices and, unless the message is cached, its payload. c is nil when
+// the message is no longer sendable; msg, the encoded pushes, is only built
+// when something is pending.
+func (w *FanOutWorker) begin(ctx context.Context, job *river.Job[FanOutArgs]) (c *running, msg *encodedMessage, err error) {
 	a := job.Args
 	msg, cached := w.messages.lookup(a)
 	payloadID := a.PayloadID
 	if cached {
 		payloadID = 0
 	}
-	begun, err := db.BeginChunk(ctx, w.lane(a).Pool, a.MessageID, a.deviceIDs(), payloadID)
+	begun, err := db.BeginChunk(ctx, w.lane(a).Pool, a.ledgerRange(), payloadID)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -304,19 +241,16 @@ func (w *FanOutWorker) begin(ctx context.Context, job *river.Job[FanOutArgs]) (p
 			"message_id", push.FormatMessageID(a.MessageID), "chunk", a.Chunk, "attempt", job.Attempt, "state", begun.State)
 		return nil, nil, nil
 	}
-	pending = make(map[int64]bool, len(begun.Pending))
-	if len(begun.Pending) == 0 {
-		return pending, nil, nil
+	c = &running{FanOutArgs: a, Targets: make([]Target, len(begun.Pending))}
+	for i, r := range begun.Pending {
+		c.Targets[i] = targetOf(r)
 	}
-	for _, r := range begun.Pending {
-		pending[r.DeviceID] = true
-	}
-	if !cached {
+	if len(c.Targets) > 0 && !cached {
 		if msg, err = w.messages.build(a, begun.Payload); err != nil {
 			return nil, nil, err
 		}
 	}
-	return pending, msg, nil
+	return c, msg, nil
 }
 
 // sendGroup is what a group of a chunk's targets answers to: a channel's
@@ -327,22 +261,20 @@ type sendGroup struct {
 	locale  string
 }
 
-// group sorts the chunk's pending targets (their indexes in a.Targets) by the
+// group sorts the chunk's targets (their indexes in c.Targets) by the
 // breaker they answer to, so that a failing provider or push service parks
 // only its own targets.
-func (w *FanOutWorker) group(a FanOutArgs, pending map[int64]bool) map[sendGroup][]int {
+func (w *FanOutWorker) group(c *running) map[sendGroup][]int {
 	groups := map[sendGroup][]int{}
-	for i, t := range a.Targets {
-		if pending[t.DeviceID] {
-			g := sendGroup{t.Channel, w.cfg.Breakers.ForTarget(t), t.Locale}
-			groups[g] = append(groups[g], i)
-		}
+	for i, t := range c.Targets {
+		g := sendGroup{t.Channel, w.cfg.Breakers.ForTarget(t), t.Locale}
+		groups[g] = append(groups[g], i)
 	}
 	return groups
 }
 
 // sends are a chunk's sends in flight. rec.results[i] is the outcome of
-// a.Targets[i], written by the one goroutine that sends it before it hands
+// c.Targets[i], written by the one goroutine that sends it before it hands
 // i to the ledger writer.
 type sends struct {
 	ledger *ledger
@@ -365,9 +297,9 @@ func (s *sends) wait() {
 // once. A provider serves concurrent calls in the order they came
 // (push.Limiter), so slices finish one after another rather than all at the
 // end.
-func (w *FanOutWorker) send(ctx context.Context, a FanOutArgs, msg *encodedMessage, groups map[sendGroup][]int, ledger *ledger, rec *chunkRecord) *sends {
-	s := &sends{ledger: ledger, rec: rec, done: make(chan struct{}, len(a.Targets)+len(groups))}
-	providers := w.lane(a).Providers
+func (w *FanOutWorker) send(ctx context.Context, c *running, msg *encodedMessage, groups map[sendGroup][]int, ledger *ledger, rec *chunkRecord) *sends {
+	s := &sends{ledger: ledger, rec: rec, done: make(chan struct{}, len(c.Targets)+len(groups))}
+	providers := w.lane(c.FanOutArgs).Providers
 	for g, idx := range groups {
 		provider, ok := providers[g.channel]
 		if !ok {
@@ -377,7 +309,7 @@ func (w *FanOutWorker) send(ctx context.Context, a FanOutArgs, msg *encodedMessa
 		for start := 0; start < len(idx); start += sendSlice {
 			slice := idx[start:min(start+sendSlice, len(idx))]
 			s.inFlight++
-			go w.sendTargets(ctx, a, msg.localized(g.locale), provider, g, slice, s)
+			go w.sendTargets(ctx, c, msg.localized(g.locale), provider, g, slice, s)
 		}
 	}
 	return s
@@ -396,10 +328,10 @@ func (s *sends) disabled(channel string, idx []int) {
 // answer over as it comes: to the group's breaker and to the ledger
 // writer. What the provider settled without an answer (refused locally,
 // parked, not sent) is handed over when the slice is back.
-func (w *FanOutWorker) sendTargets(ctx context.Context, a FanOutArgs, msg *push.Message, provider Sender, g sendGroup, slice []int, s *sends) {
+func (w *FanOutWorker) sendTargets(ctx context.Context, c *running, msg *push.Message, provider Sender, g sendGroup, slice []int, s *sends) {
 	targets := make([]push.Target, len(slice))
 	for j, i := range slice {
-		targets[j] = a.Targets[i].Target
+		targets[j] = c.Targets[i].Target
 	}
 	out := make([]push.Result, len(slice))
 	// answered[j] is written by the goroutine that got target j's answer
@@ -463,8 +395,8 @@ const sendSlice = 500
 // finish closes the chunk once its answers are written: the ledger writer
 // writes its timings and settles the message when nothing of it is pending
 // any more. The chunk snoozes when some of its deliveries were parked.
-func (w *FanOutWorker) finish(ctx context.Context, a FanOutArgs, ledger *ledger, rec *chunkRecord) error {
-	parked, detail, wait := w.parked(a, rec.results)
+func (w *FanOutWorker) finish(ctx context.Context, c *running, ledger *ledger, rec *chunkRecord) error {
+	parked, detail, wait := w.parked(c, rec.results)
 	if err := ledger.close(ctx, rec, len(parked) > 0); err != nil {
 		return err
 	}
@@ -472,7 +404,7 @@ func (w *FanOutWorker) finish(ctx context.Context, a FanOutArgs, ledger *ledger,
 		return nil
 	}
 	w.cfg.Logger.WarnContext(ctx, "chunk parked: a provider is failing, its deliveries wait for it",
-		"message_id", push.FormatMessageID(a.MessageID), "chunk", a.Chunk, "parked", parked, "error", detail, "retry_in", wait)
+		"message_id", push.FormatMessageID(c.MessageID), "chunk", c.Chunk, "parked", parked, "error", detail, "retry_in", wait)
 	return river.JobSnooze(wait)
 }
 
@@ -481,14 +413,14 @@ func (w *FanOutWorker) finish(ctx context.Context, a FanOutArgs, ledger *ledger,
 // until the first parked provider (or push service) lets a send through
 // again, but never past the chunk's expiry, when what is still pending
 // expires.
-func (w *FanOutWorker) parked(a FanOutArgs, results []push.Result) (parked map[string]int, detail string, wait time.Duration) {
+func (w *FanOutWorker) parked(c *running, results []push.Result) (parked map[string]int, detail string, wait time.Duration) {
 	parked = map[string]int{}
 	wait = -1
 	for i, r := range results {
 		// Refused by the breaker (no time), or attempted and transient: both
 		// stay pending and wait for the breaker.
 		if (r.At.IsZero() && r.Reason != push.ReasonNone) || (!r.At.IsZero() && r.Reason.Transient()) {
-			t := a.Targets[i]
+			t := c.Targets[i]
 			parked[t.Channel]++
 			if detail == "" || !r.At.IsZero() {
 				detail = r.Detail
@@ -502,7 +434,7 @@ func (w *FanOutWorker) parked(a FanOutArgs, results []push.Result) (parked map[s
 		return nil, "", 0
 	}
 	wait = max(wait, 100*time.Millisecond)
-	if untilExpiry := a.ExpiresAt.Sub(w.cfg.Clock.Now()); untilExpiry < wait {
+	if untilExpiry := c.ExpiresAt.Sub(w.cfg.Clock.Now()); untilExpiry < wait {
 		wait = max(untilExpiry, 0)
 	}
 	return parked, detail, wait
@@ -520,7 +452,7 @@ type chunkResults struct {
 // resultsOf gathers the results of the targets at idx for one write: the
 // ledger's rows, the dead tokens to evict, the chunk's first and last
 // acceptance, and what the metrics count once the write has committed.
-func (w *FanOutWorker) resultsOf(a FanOutArgs, results []push.Result, idx []int) chunkResults {
+func (w *FanOutWorker) resultsOf(a *running, results []push.Result, idx []int) chunkResults {
 	c := chunkResults{results: db.RecordResultsParams{MessageID: a.MessageID}}
 	p := &c.results
 	for _, i := range idx {
@@ -563,14 +495,13 @@ func (w *FanOutWorker) resultsOf(a FanOutArgs, results []push.Result, idx []int)
 // expire marks what is still pending in the chunk expired and settles the
 // message if that was the last of it.
 func (w *FanOutWorker) expire(ctx context.Context, a FanOutArgs, at time.Time) error {
-	ids := a.deviceIDs()
 	var counted []settledDelivery
 	err := db.InTx(ctx, w.lane(a).Pool, func(tx pgx.Tx) error {
 		q := db.On(tx)
 		if _, err := q.LockMessage(ctx, a.MessageID); err != nil {
 			return fmt.Errorf("lock message: %w", err)
 		}
-		rows, err := q.ChunkPending(ctx, db.ChunkPendingParams{MessageID: a.MessageID, DeviceIds: ids})
+		rows, err := q.ChunkPending(ctx, a.ledgerRange())
 		if err != nil {
 			return fmt.Errorf("read chunk ledger: %w", err)
 		}
@@ -603,13 +534,9 @@ func (w *FanOutWorker) expire(ctx context.Context, a FanOutArgs, at time.Time) e
 // and what the metrics count once it has committed.
 func (a FanOutArgs) expired(pending []db.ChunkPendingRow) (db.RecordResultsParams, []settledDelivery) {
 	p := db.RecordResultsParams{MessageID: a.MessageID}
-	channels := make(map[int64]string, len(a.Targets))
-	for _, t := range a.Targets {
-		channels[t.DeviceID] = t.Channel
-	}
 	counted := make([]settledDelivery, 0, len(pending))
 	for _, r := range pending {
-		counted = append(counted, settledDelivery{channel: channels[r.DeviceID], status: "expired"})
+		counted = append(counted, settledDelivery{channel: r.Channel, status: "expired"})
 		p.DeviceIds = append(p.DeviceIds, r.DeviceID)
 		p.Statuses = append(p.Statuses, "expired")
 		p.Reasons = append(p.Reasons, "")
@@ -617,15 +544,6 @@ func (a FanOutArgs) expired(pending []db.ChunkPendingRow) (db.RecordResultsParam
 		p.AcceptedUs = append(p.AcceptedUs, 0)
 	}
 	return p, counted
-}
-
-// deviceIDs lists the chunk's devices.
-func (a FanOutArgs) deviceIDs() []int64 {
-	ids := make([]int64, len(a.Targets))
-	for i, t := range a.Targets {
-		ids[i] = t.DeviceID
-	}
-	return ids
 }
 
 // Breakers returns the worker's circuit breakers.

@@ -88,17 +88,19 @@ func (b *fanOutBundle) devices(tokens ...string) []string {
 	return p.UserIds
 }
 
-// chunkJob is a message's one chunk: its job as River stores it and its args.
+// chunkJob is a message's one chunk: its job as River stores it, its args,
+// and its targets as its worker reads them before anything is sent.
 type chunkJob struct {
-	msg  db.Message
-	job  *rivertype.JobRow
-	args FanOutArgs
+	msg     db.Message
+	job     *rivertype.JobRow
+	args    FanOutArgs
+	targets []Target
 }
 
 // device is the id of the chunk's device with token.
 func (c chunkJob) device(t *testing.T, token string) int64 {
 	t.Helper()
-	for _, tg := range c.args.Targets {
+	for _, tg := range c.targets {
 		if tg.Token == token {
 			return tg.DeviceID
 		}
@@ -127,8 +129,21 @@ func (b *fanOutBundle) message(users []string, dispatchAt time.Time, lifetime ti
 	require.Len(b.t, jobIDs, 1)
 	c := chunkJob{msg: msg, job: b.job(jobIDs[0])}
 	require.NoError(b.t, json.Unmarshal(c.job.EncodedArgs, &c.args))
-	require.Len(b.t, c.args.Targets, len(users))
+	c.targets = chunkTargets(b.t, b.q, c.args)
+	require.Len(b.t, c.targets, len(users))
 	return c
+}
+
+// chunkTargets reads a chunk's pending targets as its worker does.
+func chunkTargets(t testing.TB, q *db.Queries, a FanOutArgs) []Target {
+	t.Helper()
+	rows, err := q.ChunkPending(context.Background(), a.ledgerRange())
+	require.NoError(t, err)
+	targets := make([]Target, len(rows))
+	for i, r := range rows {
+		targets[i] = targetOf(r)
+	}
+	return targets
 }
 
 // dueNow schedules a message to users due now, living an hour.

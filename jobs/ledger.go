@@ -117,7 +117,7 @@ type chunkKey struct {
 // chunkRecord is one chunk attempt's business with the ledger writer. Its
 // fields below mu are guarded by the ledger's mu.
 type chunkRecord struct {
-	a         FanOutArgs
+	a         *running
 	startedAt time.Time
 	// results are the chunk's; results[i] is written before i is handed
 	// over (add) and not after.
@@ -182,17 +182,17 @@ func (l *ledger) drain(ctx context.Context, a FanOutArgs) error {
 }
 
 // open registers a chunk attempt whose answers will fill results.
-func (l *ledger) open(a FanOutArgs, startedAt time.Time, results []push.Result) *chunkRecord {
-	r := &chunkRecord{a: a, startedAt: startedAt, results: results, done: make(chan struct{})}
+func (l *ledger) open(c *running, startedAt time.Time, results []push.Result) *chunkRecord {
+	r := &chunkRecord{a: c, startedAt: startedAt, results: results, done: make(chan struct{})}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if old := l.chunks[recordKey(a)]; old != nil {
+	if old := l.chunks[recordKey(c.FanOutArgs)]; old != nil {
 		// An earlier attempt's answers still unwritten (drain gave up on
 		// them) are no longer this writer's to count.
 		l.releaseLocked(old.owed)
 		old.unwritten, old.owed = nil, 0
 	}
-	l.chunks[recordKey(a)] = r
+	l.chunks[recordKey(c.FanOutArgs)] = r
 	return r
 }
 
@@ -204,7 +204,7 @@ func (l *ledger) add(r *chunkRecord, reserved bool, idx ...int) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.chunks[recordKey(r.a)] != r {
+	if l.chunks[recordKey(r.a.FanOutArgs)] != r {
 		// The writer gave up on this attempt (a write the database
 		// refused): its retry sends these again.
 		if reserved {
@@ -364,7 +364,7 @@ func (l *ledger) written(batch []pick) {
 	for _, p := range batch {
 		l.releaseLocked(p.owed)
 		if p.close && len(p.r.unwritten) == 0 {
-			delete(l.chunks, recordKey(p.r.a))
+			delete(l.chunks, recordKey(p.r.a.FanOutArgs))
 			close(p.r.done)
 		}
 	}
@@ -376,10 +376,10 @@ func (l *ledger) failed(batch []pick, err error) {
 	defer l.mu.Unlock()
 	for _, p := range batch {
 		l.releaseLocked(p.owed)
-		if l.chunks[recordKey(p.r.a)] == p.r {
+		if l.chunks[recordKey(p.r.a.FanOutArgs)] == p.r {
 			l.releaseLocked(p.r.owed)
 			p.r.unwritten, p.r.owed = nil, 0
-			delete(l.chunks, recordKey(p.r.a))
+			delete(l.chunks, recordKey(p.r.a.FanOutArgs))
 			p.r.err = fmt.Errorf("record results: %w", err)
 			close(p.r.done)
 		}

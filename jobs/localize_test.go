@@ -97,12 +97,13 @@ func (b *fanOutBundle) localizedMessage(users []string) chunkJob {
 	require.Len(b.t, jobIDs, 1)
 	c := chunkJob{msg: msg, job: b.job(jobIDs[0])}
 	require.NoError(b.t, json.Unmarshal(c.job.EncodedArgs, &c.args))
+	c.targets = chunkTargets(b.t, b.q, c.args)
 	return c
 }
 
 // TestFanOutSendsEachUserTheirLanguage is issue 14's case: users in de-AT,
 // pt-BR and no locale, a message with de and pt-BR localizations. Each
-// device's variant is fixed in its chunk when the message is made (de-AT
+// device's variant is fixed in its delivery when the message is made (de-AT
 // falls back to de), and the worker sends each its variant, encoded once per
 // channel; the sandbox device is marked so for its provider.
 func TestFanOutSendsEachUserTheirLanguage(t *testing.T) {
@@ -111,12 +112,12 @@ func TestFanOutSendsEachUserTheirLanguage(t *testing.T) {
 	c := b.localizedMessage(registerLocalized(t, b.q))
 
 	picked := map[string]string{}
-	for _, tg := range c.args.Targets {
+	for _, tg := range c.targets {
 		picked[tg.Token] = tg.Locale
 	}
 	require.Equal(t, map[string]string{
 		"apns-u-at": "de", "fcm-u-at": "de", "apns-u-br": "pt-BR", "fcm-u-br": "pt-BR", "apns-u-none": "", "fcm-u-none": "",
-	}, picked, "each device's localization, fixed in its chunk")
+	}, picked, "each device's localization, fixed when the message was made")
 
 	apns, fcm := &textSender{}, &textSender{}
 	w := b.worker(map[string]Sender{ChannelAPNs: apns, ChannelFCM: fcm}, FanOutConfig{})
@@ -180,7 +181,7 @@ func TestScheduledAndLocalTimeRunsAreLocalized(t *testing.T) {
 		for _, id := range jobIDs {
 			var args FanOutArgs
 			require.NoError(t, json.Unmarshal(b.job(id).EncodedArgs, &args))
-			for _, tg := range args.Targets {
+			for _, tg := range chunkTargets(t, b.q, args) {
 				picked[tg.Token] = tg.Locale
 			}
 		}

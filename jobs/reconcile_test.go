@@ -29,7 +29,7 @@ func TestReconcilerSettlesWhatNoChunkWill(t *testing.T) {
 	stuck := b.message(users[:2], now.Add(-time.Hour), 50*time.Minute)
 	require.NoError(t, b.q.StartMessage(ctx, stuck.msg.ID))
 	_, err := b.q.RecordResults(ctx, db.RecordResultsParams{
-		MessageID: stuck.msg.ID, DeviceIds: []int64{stuck.args.Targets[0].DeviceID}, Statuses: []string{"accepted"},
+		MessageID: stuck.msg.ID, DeviceIds: []int64{stuck.targets[0].DeviceID}, Statuses: []string{"accepted"},
 		Reasons: []string{""}, AttemptedUs: []int64{now.Add(-time.Hour).UnixMicro()}, AcceptedUs: []int64{now.Add(-time.Hour).UnixMicro()},
 	})
 	require.NoError(t, err)
@@ -73,7 +73,7 @@ func TestReconcilerSettlesWhatNoChunkWill(t *testing.T) {
 		got, err := b.q.GetMessage(ctx, c.msg.ID)
 		require.NoError(t, err)
 		require.Equal(t, StateScheduled, got.State)
-		require.EqualValues(t, len(c.args.Targets), got.PendingCount)
+		require.EqualValues(t, len(c.targets), got.PendingCount)
 	}
 
 	stranded, err = db.StrandedChunks(ctx, b.db.Pool)

@@ -85,3 +85,13 @@ CHECKPOINT;
 -- Gives the population's users locales for a localized run: a fifth each
 -- de-AT, pt-BR, fr, es, and none, spread by id.
 UPDATE users SET locale = (ARRAY['de-AT', 'pt-BR', 'fr', 'es', NULL])[1 + abs(hashtext(id)) % 5];
+
+-- name: BenchChunkTargets :many
+-- A message's devices chunk by chunk, with what their provider needs, as
+-- its workers read them (ChunkPending) but whatever their status: herald
+-- bench sends them again to measure the floor.
+SELECT d.chunk, d.device_id, d.channel, v.token, v.p256dh, v.auth, v.environment
+FROM deliveries d
+JOIN devices v ON v.id = d.device_id
+WHERE d.message_id = @message_id AND d.chunk >= 0
+ORDER BY d.chunk, d.device_id;

@@ -1,10 +1,19 @@
 -- name: ChunkPending :many
--- The chunk's devices that are still pending, so that a retried chunk sends
--- only what was not settled. Found by primary key, as in RecordResults.
-SELECT device_id, attempt
-FROM deliveries
-WHERE message_id = @message_id AND device_id = ANY (@device_ids::bigint[])
-  AND status NOT IN ('accepted', 'failed', 'expired', 'cancelled');
+-- A chunk's deliveries that are still pending, with what their provider
+-- needs from the directory: the device's token, Web Push keys and
+-- environment. A chunk is a range of the message's part of the primary key
+-- (ExpandAudience cuts it so), read as RecordResults writes it; a retried
+-- chunk reads only what was not settled. The status test is a NOT IN so
+-- that the planner never reads the range through the partial index of
+-- pending deliveries, which holds every message's.
+SELECT d.device_id, d.attempt, d.channel, d.locale, v.token, v.p256dh, v.auth, v.environment
+FROM deliveries d
+JOIN devices v ON v.id = d.device_id
+WHERE d.message_id = @message_id
+  AND d.device_id BETWEEN @first_device AND @last_device
+  AND d.chunk = @chunk
+  AND d.status NOT IN ('accepted', 'failed', 'expired', 'cancelled')
+ORDER BY d.device_id;
 
 -- name: RecordResults :one
 -- Writes one chunk's results in one statement and moves the message's

@@ -16,25 +16,6 @@ SELECT id, content FROM payloads WHERE id = ANY (@ids::bigint[]);
 -- name: SegmentExists :one
 SELECT EXISTS (SELECT 1 FROM segments WHERE id = @id)::boolean;
 
--- name: AudienceOfUsers :many
--- The active devices of the given users, with each user's time zone and
--- locale.
-SELECT d.id, d.user_id, d.channel, d.token, d.p256dh, d.auth, d.environment, u.timezone, u.locale
-FROM devices d
-JOIN users u ON u.id = d.user_id
-WHERE d.user_id = ANY (@user_ids::text[]) AND d.status = 'active'
-ORDER BY d.user_id, d.id;
-
--- name: AudienceOfSegment :many
--- The active devices of a segment's members, with each user's time zone and
--- locale.
-SELECT d.id, d.user_id, d.channel, d.token, d.p256dh, d.auth, d.environment, u.timezone, u.locale
-FROM segment_members m
-JOIN devices d ON d.user_id = m.user_id AND d.status = 'active'
-JOIN users u ON u.id = m.user_id
-WHERE m.segment_id = @segment_id
-ORDER BY d.user_id, d.id;
-
 -- name: InsertMessage :one
 -- Deliveries are pending, except those of a local-time message whose time
 -- had passed in their zone (expired_count of them, with if_passed skip).
@@ -49,9 +30,15 @@ INSERT INTO messages (
 )
 RETURNING *;
 
--- name: InsertDeliveries :copyfrom
-INSERT INTO deliveries (message_id, device_id, user_id, channel, chunk, due_at, status)
-VALUES (@message_id, @device_id, @user_id, @channel, @chunk, @due_at, @status);
+-- name: SetMessageAudience :one
+-- What the expansion of a message's audience wrote, in the same
+-- transaction: its counts, and its state when nothing is left to send.
+UPDATE messages
+SET state = @state, settled_at = @settled_at,
+    recipient_count = @recipient_count, device_count = @device_count, chunk_count = @chunk_count,
+    pending_count = @pending_count, expired_count = @expired_count
+WHERE id = @id
+RETURNING *;
 
 -- name: InsertMessageChunks :exec
 INSERT INTO message_chunks (message_id, chunk, job_id, due_at, device_count)

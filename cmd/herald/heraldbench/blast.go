@@ -2,7 +2,6 @@ package heraldbench
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -24,16 +23,21 @@ func (b *Benchmark) blast(ctx context.Context, pool db.DBTX, messageID int64) (w
 	}
 	resp.Body.Close()
 
-	// The chunks exactly as Herald's workers got them.
-	args, err := db.ChunkJobArgs(ctx, pool, messageID)
+	// The chunks exactly as Herald's workers read them.
+	rows, err := db.On(pool).BenchChunkTargets(ctx, messageID)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, fmt.Errorf("read the chunks: %w", err)
 	}
-	chunks := make([]jobs.FanOutArgs, len(args))
-	for i, raw := range args {
-		if err := json.Unmarshal(raw, &chunks[i]); err != nil {
-			return 0, 0, fmt.Errorf("chunk %d: %w", i, err)
+	var chunks [][]jobs.Target
+	for i, r := range rows {
+		if i == 0 || r.Chunk != rows[i-1].Chunk {
+			chunks = append(chunks, nil)
 		}
+		t := jobs.Target{Target: push.Target{DeviceID: r.DeviceID, Token: r.Token, Sandbox: r.Environment == "sandbox"}, Channel: r.Channel}
+		if r.P256dh != nil && r.Auth != nil {
+			t.P256dh, t.Auth = *r.P256dh, *r.Auth
+		}
+		chunks[len(chunks)-1] = append(chunks[len(chunks)-1], t)
 	}
 
 	provs, closeProvs, err := b.providers(ctx, "bulk")
@@ -57,13 +61,13 @@ func (b *Benchmark) blast(ctx context.Context, pool db.DBTX, messageID int64) (w
 		sends       int
 	)
 	cpu0 := selfCPU()
-	work := make(chan jobs.FanOutArgs)
+	work := make(chan []jobs.Target)
 	var wg sync.WaitGroup
 	for range workers {
 		wg.Go(func() {
-			for a := range work {
+			for chunk := range work {
 				byChannel := map[string][]push.Target{}
-				for _, t := range a.Targets {
+				for _, t := range chunk {
 					byChannel[t.Channel] = append(byChannel[t.Channel], t.Target)
 				}
 				var cw sync.WaitGroup

@@ -1,0 +1,185 @@
+package db
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// Audience names who a message goes to: a segment's members, or a list of
+// users.
+type Audience struct {
+	SegmentID string
+	UserIDs   []string
+}
+
+// audienceSQL selects the active devices of a's users: id, user_id,
+// channel, and the user's time zone and locale when withUser (NULLs
+// otherwise, which spares the join). The segment or the user ids are the
+// parameter param ("$1").
+func (a Audience) sql(withUser bool, param string) (query string, arg any) {
+	user := "NULL::text AS timezone, NULL::text AS locale"
+	join := ""
+	if withUser {
+		user, join = "u.timezone, u.locale", "JOIN users u ON u.id = d.user_id"
+	}
+	if a.SegmentID != "" {
+		return `SELECT d.id, d.user_id, d.channel, ` + user + `
+			FROM segment_members m
+			JOIN devices d ON d.user_id = m.user_id AND d.status = 'active'
+			` + join + `
+			WHERE m.segment_id = ` + param, a.SegmentID
+	}
+	return `SELECT d.id, d.user_id, d.channel, ` + user + `
+		FROM devices d
+		` + join + `
+		WHERE d.user_id = ANY (` + param + `::text[]) AND d.status = 'active'`, a.UserIDs
+}
+
+// AudienceKeys are the distinct time zones and locales of an audience's
+// users ("" for a user without one): what the caller needs to place a
+// local-time message's waves and pick each locale's localization before
+// ExpandAudience, without reading the audience itself.
+type AudienceKeys struct {
+	Zones, Locales []string
+}
+
+// ReadAudienceKeys reads a's distinct zones and locales.
+func ReadAudienceKeys(ctx context.Context, q DBTX, a Audience) (AudienceKeys, error) {
+	audience, arg := a.sql(true, "$1")
+	rows, err := interpreting{q}.Query(ctx, `
+		WITH audience AS (`+audience+`)
+		SELECT DISTINCT coalesce(timezone, ''), coalesce(locale, '') FROM audience`, arg)
+	if err != nil {
+		return AudienceKeys{}, fmt.Errorf("read the audience's zones and locales: %w", err)
+	}
+	defer rows.Close()
+	var keys AudienceKeys
+	zones, locales := map[string]bool{}, map[string]bool{}
+	for rows.Next() {
+		var zone, locale string
+		if err := rows.Scan(&zone, &locale); err != nil {
+			return AudienceKeys{}, err
+		}
+		if !zones[zone] {
+			zones[zone] = true
+			keys.Zones = append(keys.Zones, zone)
+		}
+		if !locales[locale] {
+			locales[locale] = true
+			keys.Locales = append(keys.Locales, locale)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return AudienceKeys{}, fmt.Errorf("read the audience's zones and locales: %w", err)
+	}
+	return keys, nil
+}
+
+// Expansion is how ExpandAudience writes a message's ledger.
+type Expansion struct {
+	MessageID int64
+	// ChunkSize is the most devices a chunk holds.
+	ChunkSize int
+	// DispatchAt is when a device is due unless its user's zone is in
+	// Zones.
+	DispatchAt time.Time
+	// Zones, DueAts and Passed place a local-time message's waves: the
+	// devices of users in Zones[i] ("" for users without a zone) are due at
+	// DueAts[i], or expired at once when Passed[i].
+	Zones  []string
+	DueAts []time.Time
+	Passed []bool
+	// Locales and Keys pick localizations: the devices of users whose
+	// locale is Locales[i] ("" for none) get the localization Keys[i].
+	// Users of other locales get the message's own text.
+	Locales, Keys []string
+}
+
+// ExpandedChunk is one chunk ExpandAudience cut: the devices due at DueAt
+// whose ids run from FirstDevice to LastDevice among the message's pending
+// deliveries of chunk Chunk. Chunk -1 holds the deliveries that expired at
+// once (a local-time message's recipients whose time had passed).
+type ExpandedChunk struct {
+	Chunk                   int32
+	DueAt                   time.Time
+	Devices                 int32
+	FirstDevice, LastDevice int64
+}
+
+// Expanded is what ExpandAudience wrote.
+type Expanded struct {
+	// Chunks are in the order of their numbers, -1 first.
+	Chunks     []ExpandedChunk
+	Recipients int32
+}
+
+// ExpandAudience writes the message's ledger from the directory in one
+// statement, in the caller's transaction: a row for each active device of
+// a's users, pending in its chunk, or expired. The rows never leave the
+// server, so no Herald process holds an audience however large it is; what
+// comes back is a row per chunk. Chunks are cut in device order within
+// each due instant, so a chunk is a range of the message's part of the
+// ledger's primary key, which is how its worker reads it (ChunkPending).
+// The caller has taken LockDirectoryShared.
+func ExpandAudience(ctx context.Context, q DBTX, a Audience, e Expansion) (Expanded, error) {
+	audience, arg := a.sql(len(e.Zones) > 0 || len(e.Locales) > 0, "$2")
+	// One due instant: a chunk is the next ChunkSize devices. Several (a
+	// local-time message): chunks are numbered across the waves in the
+	// order of their instants.
+	chunk := `(n / $4)::integer`
+	if len(e.Zones) > 0 {
+		chunk = `(dense_rank() OVER (ORDER BY passed, due_at, n / $4) - 1)::integer`
+	}
+	rows, err := interpreting{q}.Query(ctx, `
+		WITH audience AS (`+audience+`),
+		placed AS (
+			SELECT a.id, a.user_id, a.channel,
+			       coalesce(w.due_at, $3::timestamptz) AS due_at,
+			       coalesce(w.passed, false) AS passed,
+			       l.key AS locale
+			FROM audience a
+			LEFT JOIN unnest($5::text[], $6::timestamptz[], $7::boolean[]) AS w(zone, due_at, passed)
+			       ON w.zone = coalesce(a.timezone, '')
+			LEFT JOIN unnest($8::text[], $9::text[]) AS l(locale, key)
+			       ON l.locale = coalesce(a.locale, '')
+		),
+		numbered AS (
+			SELECT p.*, row_number() OVER (PARTITION BY p.passed, p.due_at ORDER BY p.id) - 1 AS n
+			FROM placed p
+		),
+		chunked AS (
+			SELECT n.id, n.user_id, n.channel, n.due_at, n.passed, n.locale,
+			       CASE WHEN n.passed THEN -1 ELSE `+chunk+` END AS chunk
+			FROM numbered n
+		),
+		ins AS (
+			INSERT INTO deliveries (message_id, device_id, user_id, channel, chunk, due_at, status, locale)
+			SELECT $1, id, user_id, channel, chunk, due_at,
+			       CASE WHEN passed THEN 'expired' ELSE 'pending' END, locale
+			FROM chunked
+			RETURNING chunk, due_at, device_id, user_id
+		)
+		SELECT chunk, due_at, count(*)::integer, min(device_id), max(device_id),
+		       (SELECT count(*) FROM (SELECT user_id FROM ins GROUP BY user_id) u)::integer
+		FROM ins
+		GROUP BY chunk, due_at
+		ORDER BY chunk`,
+		e.MessageID, arg, e.DispatchAt, e.ChunkSize, e.Zones, e.DueAts, e.Passed, e.Locales, e.Keys)
+	if err != nil {
+		return Expanded{}, fmt.Errorf("write the ledger: %w", err)
+	}
+	defer rows.Close()
+	var out Expanded
+	for rows.Next() {
+		var c ExpandedChunk
+		if err := rows.Scan(&c.Chunk, &c.DueAt, &c.Devices, &c.FirstDevice, &c.LastDevice, &out.Recipients); err != nil {
+			return Expanded{}, err
+		}
+		out.Chunks = append(out.Chunks, c)
+	}
+	if err := rows.Err(); err != nil {
+		return Expanded{}, fmt.Errorf("write the ledger: %w", err)
+	}
+	return out, nil
+}
