@@ -3,6 +3,7 @@ package db
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"time"
 )
 
@@ -81,12 +82,13 @@ type Expansion struct {
 	MessageID int64
 	// ChunkSize is the most devices a chunk holds.
 	ChunkSize int
-	// DispatchAt is when a device is due unless its user's zone is in
-	// Zones.
+	// DispatchAt is when every device is due, unless the message has
+	// waves (Zones).
 	DispatchAt time.Time
 	// Zones, DueAts and Passed place a local-time message's waves: the
 	// devices of users in Zones[i] ("" for users without a zone) are due at
-	// DueAts[i], or expired at once when Passed[i].
+	// DueAts[i], or expired at once when Passed[i]. Every zone of the
+	// audience must be there (ReadAudienceKeys).
 	Zones  []string
 	DueAts []time.Time
 	Passed []bool
@@ -123,26 +125,62 @@ type Expanded struct {
 // ledger's primary key, which is how its worker reads it (ChunkPending).
 // The caller has taken LockDirectoryShared.
 func ExpandAudience(ctx context.Context, q DBTX, a Audience, e Expansion) (Expanded, error) {
+	q = interpreting{q}
+	// The statement sorts the audience by device and counts its users in
+	// memory when work_mem allows: 128 MB holds a million devices, which
+	// otherwise spill to disk in four places. It is raised for this
+	// statement alone, in the caller's transaction.
+	var workMem string
+	if err := q.QueryRow(ctx, `SELECT current_setting('work_mem'), set_config('work_mem', '128MB', true)`).Scan(&workMem, new(string)); err != nil {
+		return Expanded{}, fmt.Errorf("raise work_mem: %w", err)
+	}
+	out, err := expand(ctx, q, a, e)
+	if err != nil {
+		return Expanded{}, err
+	}
+	if _, err := q.Exec(ctx, `SELECT set_config('work_mem', $1, true)`, workMem); err != nil {
+		return Expanded{}, fmt.Errorf("restore work_mem: %w", err)
+	}
+	return out, nil
+}
+
+// expand is ExpandAudience's one statement. The waves and localizations
+// are joined in only when there are some: a join that finds nothing still
+// costs a lookup a device.
+func expand(ctx context.Context, q DBTX, a Audience, e Expansion) (Expanded, error) {
+	var args []any
+	param := func(v any) string {
+		args = append(args, v)
+		return "$" + strconv.Itoa(len(args))
+	}
+	message := param(e.MessageID)
 	audience, arg := a.sql(len(e.Zones) > 0 || len(e.Locales) > 0, "$2")
+	param(arg)
+	size := param(e.ChunkSize)
 	// One due instant: a chunk is the next ChunkSize devices. Several (a
 	// local-time message): chunks are numbered across the waves in the
 	// order of their instants.
-	chunk := `(n / $4)::integer`
-	if len(e.Zones) > 0 {
-		chunk = `(dense_rank() OVER (ORDER BY passed, due_at, n / $4) - 1)::integer`
+	chunk := `(n / ` + size + `)::integer`
+	var due, passed, waves string
+	if len(e.Zones) == 0 {
+		due, passed = param(e.DispatchAt)+`::timestamptz`, `false`
+	} else {
+		chunk = `(dense_rank() OVER (ORDER BY passed, due_at, n / ` + size + `) - 1)::integer`
+		due, passed, waves = `w.due_at`, `w.passed`, `
+			JOIN unnest(`+param(e.Zones)+`::text[], `+param(e.DueAts)+`::timestamptz[], `+param(e.Passed)+`::boolean[]) AS w(zone, due_at, passed)
+			  ON w.zone = coalesce(a.timezone, '')`
 	}
-	rows, err := interpreting{q}.Query(ctx, `
+	locale, localizations := `NULL::text`, ``
+	if len(e.Locales) > 0 {
+		locale, localizations = `l.key`, `
+			LEFT JOIN unnest(`+param(e.Locales)+`::text[], `+param(e.Keys)+`::text[]) AS l(locale, key)
+			       ON l.locale = coalesce(a.locale, '')`
+	}
+	rows, err := q.Query(ctx, `
 		WITH audience AS (`+audience+`),
 		placed AS (
-			SELECT a.id, a.user_id, a.channel,
-			       coalesce(w.due_at, $3::timestamptz) AS due_at,
-			       coalesce(w.passed, false) AS passed,
-			       l.key AS locale
-			FROM audience a
-			LEFT JOIN unnest($5::text[], $6::timestamptz[], $7::boolean[]) AS w(zone, due_at, passed)
-			       ON w.zone = coalesce(a.timezone, '')
-			LEFT JOIN unnest($8::text[], $9::text[]) AS l(locale, key)
-			       ON l.locale = coalesce(a.locale, '')
+			SELECT a.id, a.user_id, a.channel, `+due+` AS due_at, `+passed+` AS passed, `+locale+` AS locale
+			FROM audience a`+waves+localizations+`
 		),
 		numbered AS (
 			SELECT p.*, row_number() OVER (PARTITION BY p.passed, p.due_at ORDER BY p.id) - 1 AS n
@@ -155,7 +193,7 @@ func ExpandAudience(ctx context.Context, q DBTX, a Audience, e Expansion) (Expan
 		),
 		ins AS (
 			INSERT INTO deliveries (message_id, device_id, user_id, channel, chunk, due_at, status, locale)
-			SELECT $1, id, user_id, channel, chunk, due_at,
+			SELECT `+message+`::bigint, id, user_id, channel, chunk, due_at,
 			       CASE WHEN passed THEN 'expired' ELSE 'pending' END, locale
 			FROM chunked
 			RETURNING chunk, due_at, device_id, user_id
@@ -164,8 +202,7 @@ func ExpandAudience(ctx context.Context, q DBTX, a Audience, e Expansion) (Expan
 		       (SELECT count(*) FROM (SELECT user_id FROM ins GROUP BY user_id) u)::integer
 		FROM ins
 		GROUP BY chunk, due_at
-		ORDER BY chunk`,
-		e.MessageID, arg, e.DispatchAt, e.ChunkSize, e.Zones, e.DueAts, e.Passed, e.Locales, e.Keys)
+		ORDER BY chunk`, args...)
 	if err != nil {
 		return Expanded{}, fmt.Errorf("write the ledger: %w", err)
 	}

@@ -43,8 +43,8 @@ func retainEvery(retention time.Duration) time.Duration {
 // River's leader, every 30 s, 10,000 jobs a statement) remove finished jobs
 // by River's defaults (completed and cancelled after a day, discarded after
 // a week, so an operator can still retry them from River UI), and never
-// later than the retention. A chunk job carries its devices' tokens, so
-// keeping them as long as the ledger would cost far more than the ledger.
+// later than the retention. River keeps a finished job whole, so keeping
+// them as long as the ledger would keep a second, needless history.
 func retainRiverJobs(rc *river.Config, retention time.Duration) {
 	rc.CompletedJobRetentionPeriod = min(retention, 24*time.Hour)
 	rc.CancelledJobRetentionPeriod = min(retention, 24*time.Hour)
