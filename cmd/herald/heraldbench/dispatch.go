@@ -139,7 +139,7 @@ func (b *Benchmark) dispatch(ctx context.Context, pool *pgxpool.Pool, dbURL stri
 		probed <- [2][]float64{p, d}
 	}()
 	for _, id := range []string{s.urgentID, s.bulkID} {
-		if err := b.waitSettled(ctx, pool, id, s.dispatchAt.Add(2*time.Minute)); err != nil {
+		if err := b.waitSettled(ctx, pool, id, s.dispatchAt.Add(settleWithin(res.Devices))); err != nil {
 			close(stopProbe)
 			<-probed
 			return err
@@ -164,4 +164,11 @@ func (b *Benchmark) dispatch(ctx context.Context, pool *pgxpool.Pool, dbURL stri
 		res.PeakRSSMb = max(res.PeakRSSMb, rss)
 	}
 	return nil
+}
+
+// settleWithin is how long after their instant the bench waits for the
+// messages to settle: two minutes, and a second more for every 2,000
+// devices (a million devices on two busy cores take minutes).
+func settleWithin(devices int) time.Duration {
+	return 2*time.Minute + time.Duration(devices/2000)*time.Second
 }
