@@ -173,9 +173,10 @@ WITH input AS (
     FROM input i
     -- Written for the plan. device_id = ANY gives the primary key both of
     -- its columns, so the rows are found by index whatever the statistics
-    -- say. Pending is spelled as not settled so that the partial index on
-    -- pending deliveries cannot be combined with it: with a young table's
-    -- statistics the generic plan did, bitmap-scanning every delivery of
+    -- say. Pending is spelled as not settled so that no partial index on
+    -- pending deliveries could be combined with it: with a young table's
+    -- statistics the generic plan did when the ledger had one (it was
+    -- dropped so that these updates are HOT), bitmap-scanning every delivery of
     -- the message and joining the chunk by nested loop, some 70 ms a write
     -- and seconds of CPU per 25,000-device message. The status is compared
     -- as an expression without statistics (status || ''), so that the plan
