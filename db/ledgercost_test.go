@@ -120,7 +120,7 @@ func benchmarkLedgerLife(b *testing.B, history int) {
 		t0 := cpu()
 		id, payload := scheduleLifeMessage(b, tdb.Pool, lifeDevices)
 		t1 := cpu()
-		p.begin, p.write = fanOutLifeMessage(b, tdb.Pool, cpu, id, payload)
+		p.begin, p.write = fanOutLifeMessage(b, tdb.Pool, cpu, id, payload, lifeDevices)
 		t2 := cpu()
 		_, err := tdb.Pool.Exec(ctx, "VACUUM deliveries, messages, message_chunks, payloads")
 		require.NoError(b, err)
@@ -204,19 +204,20 @@ func scheduleLifeMessage(tb testing.TB, pool *pgxpool.Pool, devices int) (id, pa
 	return id, payload
 }
 
-// fanOutLifeMessage begins every chunk of message id and writes their
-// results, every delivery accepted, lifeChunksPerSave chunks to a write, as
-// the fan-out's workers and ledger writer do; each write asks to settle. It
-// returns the cluster's CPU in the chunks' starts and in the writes.
-func fanOutLifeMessage(b *testing.B, pool *pgxpool.Pool, cpu func() time.Duration, id, payload int64) (begin, write time.Duration) {
+// fanOutLifeMessage begins every chunk of message id (to devices devices)
+// and writes their results, every delivery accepted, lifeChunksPerSave
+// chunks to a write, as the fan-out's workers and ledger writer do; each
+// write asks to settle. It returns the cluster's CPU in the chunks' starts
+// and in the writes.
+func fanOutLifeMessage(b testing.TB, pool *pgxpool.Pool, cpu func() time.Duration, id, payload int64, devices int) (begin, write time.Duration) {
 	ctx := context.Background()
-	chunks := (lifeDevices + lifeChunkSize - 1) / lifeChunkSize
+	chunks := (devices + lifeChunkSize - 1) / lifeChunkSize
 	for first := 0; first < chunks; first += lifeChunksPerSave {
 		w := db.ChunkWrite{Results: db.RecordResultsParams{MessageID: id}, Settle: true}
 		t0 := cpu()
 		for c := first; c < min(first+lifeChunksPerSave, chunks); c++ {
 			ids := make([]int64, 0, lifeChunkSize)
-			for d := c * lifeChunkSize; d < min((c+1)*lifeChunkSize, lifeDevices); d++ {
+			for d := c * lifeChunkSize; d < min((c+1)*lifeChunkSize, devices); d++ {
 				ids = append(ids, int64(d+1))
 			}
 			var withPayload int64

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
@@ -119,4 +120,45 @@ func explain(t *testing.T, conn *pgxpool.Conn, stmt string) string {
 	}
 	require.NoError(t, rows.Err())
 	return plan.String()
+}
+
+// TestChunkStatementsReadOnlyTheChunk runs a message's chunk starts and
+// result writes as the fan-out does, through the pool's prepared
+// statements, on a ledger whose statistics come from settled messages only
+// (as they do in service: ANALYZE never saw the message being sent), and
+// counts the primary-key entries PostgreSQL read. A custom plan expected
+// one row of the unknown message and read all of the message's entries for
+// every chunk; the generic plans (UseGenericPlans) read the chunk's.
+func TestChunkStatementsReadOnlyTheChunk(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tdb := dbtest.New(t)
+	// One connection, so that its statistics are the ones flushed below.
+	pool, err := db.Open(ctx, tdb.URL, db.PoolConfig{MaxConns: 1})
+	require.NoError(t, err)
+	defer pool.Close()
+	_, err = pool.Exec(ctx, `
+		INSERT INTO deliveries (message_id, device_id, user_id, channel, chunk, due_at, status, attempt, accepted_at)
+		SELECT -m, g, 'u' || g, 'apns', g / 500, now(), 'accepted', 1, now()
+		FROM generate_series(1, 40) m, generate_series(1, 2000) g`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, "ANALYZE deliveries")
+	require.NoError(t, err)
+	const devices = 4000
+	id, payload := scheduleLifeMessage(t, pool, devices)
+	read := func() int64 {
+		var n int64
+		_, err := pool.Exec(ctx, "SELECT pg_stat_force_next_flush()")
+		require.NoError(t, err)
+		require.NoError(t, pool.QueryRow(ctx,
+			"SELECT idx_tup_read FROM pg_stat_user_indexes WHERE indexrelname = 'deliveries_pkey'").Scan(&n))
+		return n
+	}
+	before := read()
+	fanOutLifeMessage(t, pool, func() time.Duration { return 0 }, id, payload, devices)
+	// Each chunk's devices are read twice (its start, its write) and the
+	// message's once more when it settles (its skew): 3 x 4,000. Plans
+	// that scan the message read all 4,000 in each of its 8 starts and 2
+	// writes (44,000).
+	require.Less(t, read()-before, int64(4*devices))
 }
