@@ -45,7 +45,8 @@ type ChunkWritten struct {
 // to the commit, both on the server: the counters move last, then the
 // settle check. The messages' rows are locked in the order of their ids,
 // whatever the order of ws, so that two processes' writes never wait for
-// each other in a cycle. out[i] is what ws[i] did.
+// each other in a cycle. Its statements run on their generic plans
+// (UseGenericPlans). out[i] is what ws[i] did.
 func WriteChunks(ctx context.Context, pool *pgxpool.Pool, ws []ChunkWrite) ([]ChunkWritten, error) {
 	order := make([]int, len(ws))
 	for i := range order {
@@ -56,6 +57,7 @@ func WriteChunks(ctx context.Context, pool *pgxpool.Pool, ws []ChunkWrite) ([]Ch
 	err := inBatch(ctx, pool, func(b *pgx.Batch) {
 		clear(out)
 		b.Queue(commitWithoutWaitingForDisk)
+		b.Queue(useGenericPlans)
 		for _, i := range order {
 			queueChunkWrite(b, ws[i], &out[i])
 		}
@@ -118,14 +120,15 @@ type ChunkStart struct {
 // BeginChunk starts a chunk in one round trip, pipelined like WriteChunks:
 // it marks the message dispatching if it is still scheduled (only the
 // first chunk changes the row), reads the state that resulted, the chunk's
-// pending deliveries with their devices' tokens (ChunkPending) and, when
-// payloadID is not zero, the payload. Before, these were four round trips
-// at the instant every chunk of a message starts, when the database is
-// busiest.
+// pending deliveries with their devices' tokens (ChunkPending, on the
+// generic plan: UseGenericPlans) and, when payloadID is not zero, the
+// payload. Before, these were four round trips at the instant every chunk
+// of a message starts, when the database is busiest.
 func BeginChunk(ctx context.Context, pool *pgxpool.Pool, c ChunkPendingParams, payloadID int64) (ChunkStart, error) {
 	var out ChunkStart
 	err := inBatch(ctx, pool, func(b *pgx.Batch) {
 		out = ChunkStart{}
+		b.Queue(useGenericPlans)
 		b.Queue(startMessage, c.MessageID)
 		b.Queue(messageState, c.MessageID).QueryRow(func(row pgx.Row) error { return row.Scan(&out.State) })
 		b.Queue(chunkPending, c.MessageID, c.FirstDevice, c.LastDevice, c.Chunk).Query(func(rows pgx.Rows) error {

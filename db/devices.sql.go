@@ -87,10 +87,12 @@ func (q *Queries) ActiveDeviceOwners(ctx context.Context, arg ActiveDeviceOwners
 
 const cancelPendingForDevices = `-- name: CancelPendingForDevices :exec
 WITH cancelled AS (
-    UPDATE deliveries
+    UPDATE deliveries d
     SET status = 'cancelled'
-    WHERE device_id = ANY ($1::bigint[]) AND status = 'pending'
-    RETURNING message_id
+    FROM messages m
+    WHERE m.state IN ('scheduled', 'dispatching')
+      AND d.message_id = m.id AND d.device_id = ANY ($1::bigint[]) AND d.status = 'pending'
+    RETURNING d.message_id
 ), per_message AS (
     SELECT message_id, count(*)::integer AS n FROM cancelled GROUP BY message_id
 )
@@ -102,7 +104,11 @@ WHERE m.id = p.message_id
 `
 
 // Deleted devices are sent nothing more: their pending deliveries are
-// cancelled and their messages' counters moved with them.
+// cancelled and their messages' counters moved with them. Only a message
+// that has not settled (scheduled or dispatching) has pending deliveries, so
+// they are found through those few messages (messages_state_id_idx) and the
+// ledger's primary key, without an index on the status: one would keep
+// every result write from being a HOT update (see 0008_ledger_cost.sql).
 func (q *Queries) CancelPendingForDevices(ctx context.Context, deviceIds []int64) error {
 	_, err := q.db.Exec(ctx, cancelPendingForDevices, deviceIds)
 	return err

@@ -4,4 +4,6 @@ package db
 var (
 	RecordResultsSQL = recordResults
 	ChunkPendingSQL  = chunkPending
+	// CancelPendingForDevicesSQL is the erasure's cancel.
+	CancelPendingForDevicesSQL = cancelPendingForDevices
 )

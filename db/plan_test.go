@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/heraldpush/herald/db"
@@ -63,19 +65,104 @@ func testLedgerPlans(t *testing.T, history int) {
 			args = `1, '{1,2,3}', '{accepted,accepted,failed}', '{"","",bad_token}', '{1,1,1}', '{1,1,0}'`
 			cond = "(message_id = $1) AND (device_id = ANY ($2))"
 		}
-		rows, err := conn.Query(ctx, fmt.Sprintf("EXPLAIN EXECUTE %s(%s)", strings.ToLower(name), args))
-		require.NoError(t, err)
-		var plan strings.Builder
-		for rows.Next() {
-			var line string
-			require.NoError(t, rows.Scan(&line))
-			plan.WriteString(line + "\n")
-		}
-		require.NoError(t, rows.Err())
-		p := plan.String()
+		p := explain(t, conn, fmt.Sprintf("EXECUTE %s(%s)", strings.ToLower(name), args))
 		require.Contains(t, p, "deliveries_pkey", "%s:\n%s", name, p)
 		require.Contains(t, p, cond, "%s: the primary key on both columns:\n%s", name, p)
 		require.NotContains(t, p, "deliveries_pending_device_idx", "%s:\n%s", name, p)
 		require.NotContains(t, p, "Join Filter", "%s: a nested loop comparing every row:\n%s", name, p)
 	}
+}
+
+// TestCancelForDevicesFindsPendingByMessage checks the generic plan of the
+// cancel that erasing a device runs, on a ledger of settled messages with
+// one still dispatching: without an index on the status, the pending
+// deliveries must be found through the messages that have not settled and
+// the primary key on both its columns, never by scanning the ledger.
+func TestCancelForDevicesFindsPendingByMessage(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tdb := dbtest.New(t)
+	conn, err := tdb.Pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	_, err = conn.Exec(ctx, `
+		WITH p AS (INSERT INTO payloads (content) VALUES ('{}') RETURNING id)
+		INSERT INTO messages (state, priority, dispatch_at, expires_at, payload_id, audience,
+		                      device_count, chunk_count, pending_count, accepted_count)
+		SELECT CASE WHEN m = 41 THEN 'dispatching' ELSE 'dispatched' END, 'bulk', now(), now() + interval '1 hour',
+		       p.id, '{}', 2000, 4, CASE WHEN m = 41 THEN 2000 ELSE 0 END, CASE WHEN m = 41 THEN 0 ELSE 2000 END
+		FROM p, generate_series(1, 41) m`)
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, `
+		INSERT INTO deliveries (message_id, device_id, user_id, channel, chunk, due_at, status, attempt, accepted_at)
+		SELECT m.id, g, 'u' || g, 'apns', g / 500, now(),
+		       CASE WHEN m.state = 'dispatching' THEN 'pending' ELSE 'accepted' END, 1, now()
+		FROM messages m, generate_series(1, 2000) g`)
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, "ANALYZE deliveries, messages")
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, "SET plan_cache_mode = force_generic_plan")
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, "PREPARE cancel AS "+db.CancelPendingForDevicesSQL)
+	require.NoError(t, err)
+	p := explain(t, conn, "EXECUTE cancel('{1,2,3}')")
+	require.Contains(t, p, "deliveries_pkey", p)
+	require.Regexp(t, `\(message_id = m(_\d+)?\.id\) AND \(device_id = ANY \(\$1\)\)`, p, "the primary key on both columns:\n%s", p)
+	require.NotContains(t, p, "Seq Scan on deliveries", p)
+}
+
+// explain returns the plan of stmt on conn, one line a node.
+func explain(t *testing.T, conn *pgxpool.Conn, stmt string) string {
+	rows, err := conn.Query(context.Background(), "EXPLAIN "+stmt)
+	require.NoError(t, err)
+	var plan strings.Builder
+	for rows.Next() {
+		var line string
+		require.NoError(t, rows.Scan(&line))
+		plan.WriteString(line + "\n")
+	}
+	require.NoError(t, rows.Err())
+	return plan.String()
+}
+
+// TestChunkStatementsReadOnlyTheChunk runs a message's chunk starts and
+// result writes as the fan-out does, through the pool's prepared
+// statements, on a ledger whose statistics come from settled messages only
+// (as they do in service: ANALYZE never saw the message being sent), and
+// counts the primary-key entries PostgreSQL read. A custom plan expected
+// one row of the unknown message and read all of the message's entries for
+// every chunk; the generic plans (UseGenericPlans) read the chunk's.
+func TestChunkStatementsReadOnlyTheChunk(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tdb := dbtest.New(t)
+	// One connection, so that its statistics are the ones flushed below.
+	pool, err := db.Open(ctx, tdb.URL, db.PoolConfig{MaxConns: 1})
+	require.NoError(t, err)
+	defer pool.Close()
+	_, err = pool.Exec(ctx, `
+		INSERT INTO deliveries (message_id, device_id, user_id, channel, chunk, due_at, status, attempt, accepted_at)
+		SELECT -m, g, 'u' || g, 'apns', g / 500, now(), 'accepted', 1, now()
+		FROM generate_series(1, 40) m, generate_series(1, 2000) g`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, "ANALYZE deliveries")
+	require.NoError(t, err)
+	const devices = 4000
+	lifePopulation(t, pool, devices)
+	id, payload := scheduleLifeMessage(t, pool, devices)
+	read := func() int64 {
+		var n int64
+		_, err := pool.Exec(ctx, "SELECT pg_stat_force_next_flush()")
+		require.NoError(t, err)
+		require.NoError(t, pool.QueryRow(ctx,
+			"SELECT idx_tup_read FROM pg_stat_user_indexes WHERE indexrelname = 'deliveries_pkey'").Scan(&n))
+		return n
+	}
+	before := read()
+	fanOutLifeMessage(t, pool, func() time.Duration { return 0 }, id, payload, devices)
+	// Each chunk's devices are read twice (its start, its write) and the
+	// message's once more when it settles (its skew): 3 x 4,000. Plans
+	// that scan the message read all 4,000 in each of its writes (a start
+	// reads its chunk's range of the primary key on any plan).
+	require.Less(t, read()-before, int64(4*devices))
 }

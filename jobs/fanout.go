@@ -501,6 +501,9 @@ func (w *FanOutWorker) expire(ctx context.Context, a FanOutArgs, at time.Time) e
 		if _, err := q.LockMessage(ctx, a.MessageID); err != nil {
 			return fmt.Errorf("lock message: %w", err)
 		}
+		if err := q.UseGenericPlans(ctx); err != nil {
+			return fmt.Errorf("use generic plans: %w", err)
+		}
 		rows, err := q.ChunkPending(ctx, a.ledgerRange())
 		if err != nil {
 			return fmt.Errorf("read chunk ledger: %w", err)

@@ -87,12 +87,18 @@ DELETE FROM devices WHERE id = @id;
 
 -- name: CancelPendingForDevices :exec
 -- Deleted devices are sent nothing more: their pending deliveries are
--- cancelled and their messages' counters moved with them.
+-- cancelled and their messages' counters moved with them. Only a message
+-- that has not settled (scheduled or dispatching) has pending deliveries, so
+-- they are found through those few messages (messages_state_id_idx) and the
+-- ledger's primary key, without an index on the status: one would keep
+-- every result write from being a HOT update (see 0008_ledger_cost.sql).
 WITH cancelled AS (
-    UPDATE deliveries
+    UPDATE deliveries d
     SET status = 'cancelled'
-    WHERE device_id = ANY (@device_ids::bigint[]) AND status = 'pending'
-    RETURNING message_id
+    FROM messages m
+    WHERE m.state IN ('scheduled', 'dispatching')
+      AND d.message_id = m.id AND d.device_id = ANY (@device_ids::bigint[]) AND d.status = 'pending'
+    RETURNING d.message_id
 ), per_message AS (
     SELECT message_id, count(*)::integer AS n FROM cancelled GROUP BY message_id
 )
