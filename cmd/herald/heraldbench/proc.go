@@ -46,11 +46,27 @@ func readProcStat(pid int) (procStat, error) {
 	n := func(i int) int64 { v, _ := strconv.ParseInt(fields[i], 10, 64); return v }
 	// The kernel counts in clock ticks of 1/100 s (USER_HZ) on Linux.
 	const tick = 10 * time.Millisecond
-	return procStat{
+	st := procStat{
 		ppid:     int(n(1)),
 		own:      time.Duration(n(11)+n(12)) * tick,
 		children: time.Duration(n(13)+n(14)) * tick,
-	}, nil
+	}
+	return st, nil
+}
+
+// threadCPU is the CPU of a single-threaded process (a PostgreSQL
+// backend), in nanoseconds from /proc/PID/schedstat where the kernel has
+// it (a backend's share of a small message is a few ticks, which rounding
+// would blur), else in ticks. schedstat counts the main thread only, so
+// it is not for Go processes.
+func threadCPU(pid int) (time.Duration, error) {
+	if raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/schedstat", pid)); err == nil {
+		if ns, err := strconv.ParseInt(strings.Fields(string(raw) + " x")[0], 10, 64); err == nil {
+			return time.Duration(ns), nil
+		}
+	}
+	st, err := readProcStat(pid)
+	return st.own, err
 }
 
 // clusterCPU returns a reader of the CPU the PostgreSQL cluster behind
@@ -78,7 +94,12 @@ func clusterCPU(ctx context.Context, pool db.DBTX) func() (time.Duration, error)
 		if err != nil {
 			return 0, fmt.Errorf("read PostgreSQL's CPU: %w", err)
 		}
-		total := pm.own + pm.children
+		// Children that ended are counted in ticks, the rest to the
+		// nanosecond (threadCPU).
+		total := pm.children
+		if own, err := threadCPU(pid); err == nil {
+			total += own
+		}
 		entries, err := os.ReadDir("/proc")
 		if err != nil {
 			return 0, fmt.Errorf("read PostgreSQL's CPU: %w", err)
@@ -92,7 +113,9 @@ func clusterCPU(ctx context.Context, pool db.DBTX) func() (time.Duration, error)
 			// CPU then moves to the postmaster's reaped children, and the
 			// next reading counts it.
 			if st, err := readProcStat(child); err == nil && st.ppid == pid {
-				total += st.own
+				if own, err := threadCPU(child); err == nil {
+					total += own
+				}
 			}
 		}
 		return total, nil
@@ -150,8 +173,8 @@ func backendsCPU(pool db.DBTX, cluster func() (time.Duration, error), applicatio
 		cpu := make(map[int32]time.Duration, len(pids))
 		for _, pid := range pids {
 			// A backend that ended since the listing used nothing more.
-			if st, err := readProcStat(int(pid)); err == nil {
-				cpu[pid] = st.own
+			if own, err := threadCPU(int(pid)); err == nil {
+				cpu[pid] = own
 			}
 		}
 		return cpu, nil
@@ -237,7 +260,8 @@ func (c *cpuSpans) share(devices int) *postgresShare {
 		Schedule:    perDevice(c.postgresCPU(markBefore, markScheduled), devices),
 		Wait:        perDevice(c.postgresCPU(markScheduled, markInstant), devices),
 		Fanout:      perDevice(c.postgresCPU(markInstant, markSettled), devices),
-		StatusReads: perDevice(c.statusCPU(markBefore, markSettled), devices),
+		StatusReads: perDevice(c.statusCPU(markBefore, markScheduled)+c.statusCPU(markScheduled, markInstant)+
+			c.statusCPU(markInstant, markSettled)+c.statusCPU(markSettled, markCleaned), devices),
 		Cleanup:     perDevice(c.postgresCPU(markSettled, markCleaned), devices),
 		Total:       perDevice(c.postgresAt[markCleaned]-c.postgresAt[markBefore], devices),
 	}

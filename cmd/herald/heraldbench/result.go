@@ -118,9 +118,9 @@ type postgresShare struct {
 	// reads, the ledger's results, the jobs completed and the messages
 	// settled.
 	Fanout float64 `json:"fanout"`
-	// StatusReads is the status reads' own backends from the POSTs until
-	// settled, told apart from the rest (which excludes them) by their
-	// connections' application_name.
+	// StatusReads is the status reads' own backends over the whole life
+	// (they read from the POSTs until settled), told apart from the rest
+	// (which excludes them) by their connections' application_name.
 	StatusReads float64 `json:"status_reads"`
 	// Cleanup is the vacuum and analyze of the tables the messages wrote
 	// and a checkpoint, done once they settled (what autovacuum and the
