@@ -256,12 +256,17 @@ func (c *cpuSpans) share(devices int) *postgresShare {
 	if c.postgres == nil {
 		return nil
 	}
+	// Summed span by span, as the other parts subtract it, so that the
+	// parts add up to the total even if a backend ended in between.
+	var status time.Duration
+	for i := markBefore; i < markCleaned; i++ {
+		status += c.statusCPU(i, i+1)
+	}
 	return &postgresShare{
 		Schedule:    perDevice(c.postgresCPU(markBefore, markScheduled), devices),
 		Wait:        perDevice(c.postgresCPU(markScheduled, markInstant), devices),
 		Fanout:      perDevice(c.postgresCPU(markInstant, markSettled), devices),
-		StatusReads: perDevice(c.statusCPU(markBefore, markScheduled)+c.statusCPU(markScheduled, markInstant)+
-			c.statusCPU(markInstant, markSettled)+c.statusCPU(markSettled, markCleaned), devices),
+		StatusReads: perDevice(status, devices),
 		Cleanup:     perDevice(c.postgresCPU(markSettled, markCleaned), devices),
 		Total:       perDevice(c.postgresAt[markCleaned]-c.postgresAt[markBefore], devices),
 	}
