@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"slices"
 	"sync/atomic"
+	"time"
 
 	"github.com/heraldpush/herald/api/client"
 	"github.com/heraldpush/herald/db"
@@ -101,6 +102,7 @@ func (b *Benchmark) Run(ctx context.Context, admin string) (*Result, error) {
 	}
 
 	res.Messages, res.Before = b.Config.messages(), b.Config.Before
+	res.StatusEveryMs = ms(cmp.Or(b.Config.StatusEvery, 250*time.Millisecond))
 	if err := b.sendBefore(ctx, pool, res.Devices); err != nil {
 		return nil, err
 	}
@@ -203,8 +205,11 @@ func (b *Benchmark) start(ctx context.Context, admin string, res *Result) (strin
 			res.Tuning[k] = v
 		}
 	}
+	start := time.Now()
 	if res.Devices, err = b.populate(ctx); err != nil {
 		return "", err
 	}
+	res.PopulationMs = ms(time.Since(start))
+	b.Progress("population registered in %.1f s", time.Since(start).Seconds())
 	return dbURL, nil
 }

@@ -56,6 +56,9 @@ type Config struct {
 	// measured ones (--before), so that the measurement runs on a ledger
 	// that already holds messages, as a production one does.
 	Before int
+	// StatusEvery is how often each message's status is read through the
+	// API until it settles (--status-every); 0 means 250 ms.
+	StatusEvery time.Duration
 }
 
 // messages is Config.Messages, at least one.
@@ -84,6 +87,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	fs.SetOutput(stderr)
 	fs.IntVar(&cfg.Users, "users", 10_000, "users of each bulk message (each with 1 to 5 devices, mean 2.5)")
 	fs.IntVar(&cfg.Messages, "messages", 1, "bulk messages due at the same instant, each to --users users of its own")
+	fs.DurationVar(&cfg.StatusEvery, "status-every", 250*time.Millisecond, "how often each message's status is read through the API until it settles, as a caller would")
 	fs.IntVar(&cfg.Before, "before", 1, "earlier rounds of the bulk messages sent, settled and cleaned up before the measured one")
 	mix := fs.String("mix", "45,45,10", "percent of devices on APNs, FCM and Web Push")
 	fs.DurationVar(&cfg.Latency, "latency", 20*time.Millisecond, "provider round trip fakepush adds")
@@ -124,6 +128,9 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	if cfg.Before < 0 {
 		return errors.New("--before must not be negative")
+	}
+	if cfg.StatusEvery <= 0 {
+		return errors.New("--status-every must be positive")
 	}
 	admin := getenv("DATABASE_URL")
 	if admin == "" {

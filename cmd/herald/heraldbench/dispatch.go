@@ -99,6 +99,9 @@ func (b *Benchmark) schedule(ctx context.Context, res *Result) (scheduled, error
 	s.urgentID = urgent.JSON202.MessageID
 	s.urgentN, _ = push.ParseMessageID(s.urgentID)
 	b.Progress("scheduled in %.0f ms (%d chunks); waiting for %s", res.ScheduleMs, res.ChunkCount, dispatchAt.Format("15:04:05.000"))
+	if time.Now().After(dispatchAt) {
+		b.Progress("the instant passed before the messages were scheduled: their skews include the wait; a larger --ahead leaves room")
+	}
 	return s, nil
 }
 

@@ -1,6 +1,7 @@
 package heraldbench
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net/url"
@@ -16,17 +17,14 @@ import (
 
 // A message's life, as the bench counts PostgreSQL's CPU for it, runs from
 // its POST until it has settled and the cleanup it leaves behind is done.
-// Between the two, a caller reads its status every statusEvery through the
-// API, as a sender's dashboard or script would. Those reads go to a Herald
+// Between the two, a caller reads its status every Config.StatusEvery
+// (250 ms by default) through the API, as a sender's dashboard or script would. Those reads go to a Herald
 // process of their own (serve --role api) whose connections name
 // themselves statusApplication, so that their PostgreSQL backends, and the
 // CPU they use, can be told apart from the fan-out's running at the same
 // time (cpuSpans.statusCPU). The reads' cost depends on the message's
 // state (a dispatching message's skew is computed from the ledger), so
 // measuring one read apart and multiplying would not be honest.
-
-// statusEvery is how often a caller reads a message's status.
-const statusEvery = 250 * time.Millisecond
 
 // statusApplication is the application_name of the status process's
 // database connections.
@@ -74,7 +72,7 @@ func (b *Benchmark) startStatusReader(ctx context.Context, env []string) error {
 }
 
 // readStatus reads each message's status through the API every
-// statusEvery, as its caller would, until it has settled; it stops reading
+// Config.StatusEvery, as its caller would, until it has settled; it stops reading
 // a message once it has. The channel answers once every message has
 // settled, or with the first error (deadline passed, or a failed read).
 // reads counts the reads made.
@@ -82,7 +80,7 @@ func (b *Benchmark) readStatus(ctx context.Context, ids []string, deadline time.
 	done := make(chan error, 1)
 	go func() {
 		pending := slices.Clone(ids)
-		tick := time.NewTicker(statusEvery)
+		tick := time.NewTicker(cmp.Or(b.Config.StatusEvery, 250*time.Millisecond))
 		defer tick.Stop()
 		for {
 			for i := 0; i < len(pending); {

@@ -88,13 +88,18 @@ type Result struct {
 	// SkewMaxAllMs is the largest skew of any device of any message, the
 	// urgent one's included.
 	SkewMaxAllMs float64 `json:"skew_max_all_ms"`
+	// PopulationMs is how long building the population through the API
+	// took (Web Push subscriptions minted, devices registered, segments
+	// filled): not a figure of Herald's dispatch, but what a run costs.
+	PopulationMs float64 `json:"population_ms"`
 	// Before is how many earlier rounds of the bulk messages were sent,
 	// settled and cleaned up before the measured ones (--before).
 	Before int `json:"before"`
 	// StatusReads is how many times the measured messages' status was read
-	// through the API (GET /v1/messages/{id}, each every 250 ms from its
-	// POST until it settled).
-	StatusReads int64 `json:"status_reads"`
+	// through the API (GET /v1/messages/{id}, each every status_every_ms
+	// from its POST until it settled).
+	StatusReads   int64   `json:"status_reads"`
+	StatusEveryMs float64 `json:"status_every_ms"`
 	// PostgresShare is PostgreSQL's CPU over the measured messages' whole
 	// life, per device sent to, by part. Null when the database is not a
 	// process of this host.
