@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/heraldpush/herald/api/client"
 	"github.com/heraldpush/herald/jobs/push/fake"
@@ -53,9 +54,11 @@ func (b *Benchmark) populate(ctx context.Context) (int, error) {
 		}
 	}
 	b.Progress("population: %d users, %d devices (%d Web Push subscriptions to mint)", len(users), len(devices), webpush)
+	start := time.Now()
 	if err := b.mintSubscriptions(ctx, devices); err != nil {
 		return 0, err
 	}
+	b.Progress("population: %d Web Push subscriptions minted in %.1f s", webpush, time.Since(start).Seconds())
 	for start := 0; start < len(devices); start += 10_000 {
 		res, err := b.api.RegisterDevicesWithResponse(ctx, client.DeviceBatch{Devices: devices[start:min(start+10_000, len(devices))]})
 		if err := answered("register devices", http.StatusOK, res, err); err != nil {
