@@ -21,7 +21,9 @@ type Result struct {
 	Duplicates int64   `json:"duplicates"`
 	// Unanswered counts the provider requests of every Herald process that
 	// got no answer in time: each was sent again, and may be a duplicate.
-	Unanswered    int64   `json:"unanswered"`
+	Unanswered int64 `json:"unanswered"`
+	// ScheduleMs is how long the bulk messages' POSTs took, one after
+	// the other; ChunkCount their chunks.
 	ScheduleMs    float64 `json:"schedule_ms"`
 	ChunkCount    int     `json:"chunk_count"`
 	SkewMs        summary `json:"skew_ms"`
