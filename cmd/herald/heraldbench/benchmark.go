@@ -102,7 +102,7 @@ func (b *Benchmark) Run(ctx context.Context, admin string) (*Result, error) {
 	}
 
 	res.Messages, res.Before = b.Config.messages(), b.Config.Before
-	res.StatusEveryMs = ms(cmp.Or(b.Config.StatusEvery, 250*time.Millisecond))
+	res.StatusEveryMs = ms(b.Config.statusEvery())
 	if err := b.sendBefore(ctx, pool, res.Devices); err != nil {
 		return nil, err
 	}

@@ -11,6 +11,7 @@ package heraldbench
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -63,6 +64,9 @@ type Config struct {
 
 // messages is Config.Messages, at least one.
 func (c Config) messages() int { return max(1, c.Messages) }
+
+// statusEvery is Config.StatusEvery, 250 ms when unset.
+func (c Config) statusEvery() time.Duration { return cmp.Or(c.StatusEvery, 250*time.Millisecond) }
 
 // benchTuning are the variables a bench run passes on to its Herald
 // process, and reports when set.

@@ -1,7 +1,6 @@
 package heraldbench
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"net/url"
@@ -80,7 +79,7 @@ func (b *Benchmark) readStatus(ctx context.Context, ids []string, deadline time.
 	done := make(chan error, 1)
 	go func() {
 		pending := slices.Clone(ids)
-		tick := time.NewTicker(cmp.Or(b.Config.StatusEvery, 250*time.Millisecond))
+		tick := time.NewTicker(b.Config.statusEvery())
 		defer tick.Stop()
 		for {
 			for i := 0; i < len(pending); {
