@@ -80,11 +80,12 @@ var benchTuning = []string{
 var devicesPerUser = []float64{0.30, 0.25, 0.20, 0.15, 0.10}
 
 // Run is `herald bench`: it builds a population in a fresh database,
-// runs Herald and a fakepush as processes of their own, schedules one bulk
-// message to everyone and one urgent single-device message for the same
-// instant, measures where the time and CPU went, then sends the same devices
-// straight through the same provider clients (no database, no queue) for
-// the floor. Its last line is the JSON result.
+// runs Herald and a fakepush as processes of their own, sends --before
+// earlier rounds of the bulk messages, schedules --messages bulk messages
+// and one urgent single-device message for the same instant, measures
+// where the time and CPU went over their whole life, then sends the same
+// devices straight through the same provider clients (no database, no
+// queue) for the floor. Its last line is the JSON result.
 func Run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer, providers Providers) error {
 	cfg := Config{}
 	fs := flag.NewFlagSet("herald bench", flag.ContinueOnError)
