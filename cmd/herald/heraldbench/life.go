@@ -3,6 +3,7 @@ package heraldbench
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"net/url"
 	"slices"
 	"strings"
@@ -85,7 +86,7 @@ func (b *Benchmark) readStatus(ctx context.Context, ids []string, deadline time.
 			for i := 0; i < len(pending); {
 				st, err := b.status.GetMessageWithResponse(ctx, pending[i])
 				reads.Add(1)
-				if err := answered("read message "+pending[i], 200, st, err); err != nil {
+				if err := answered("read message "+pending[i], http.StatusOK, st, err); err != nil {
 					done <- err
 					return
 				}
