@@ -67,6 +67,32 @@ func (q *Queries) AnalyzeDeliveries(ctx context.Context) error {
 	return err
 }
 
+const backendPIDs = `-- name: BackendPIDs :many
+SELECT a.pid::integer AS pid FROM pg_stat_get_activity(NULL) AS a WHERE a.application_name = $1::text
+`
+
+// The server processes of the connections that named themselves
+// application_name: whose CPU a bench reads apart.
+func (q *Queries) BackendPIDs(ctx context.Context, applicationName string) ([]int32, error) {
+	rows, err := q.db.Query(ctx, backendPIDs, applicationName)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []int32{}
+	for rows.Next() {
+		var pid int32
+		if err := rows.Scan(&pid); err != nil {
+			return nil, err
+		}
+		items = append(items, pid)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const benchChunkTargets = `-- name: BenchChunkTargets :many
 SELECT d.chunk, d.device_id, d.channel, v.token, v.p256dh, v.auth, v.environment
 FROM deliveries d
@@ -269,6 +295,27 @@ func (q *Queries) SetBenchLocales(ctx context.Context) (int64, error) {
 	return result.RowsAffected(), nil
 }
 
+const skewSpan = `-- name: SkewSpan :one
+SELECT coalesce(min(extract(epoch FROM accepted_at - due_at) * 1000), -1)::double precision AS first_ms,
+       coalesce(max(extract(epoch FROM accepted_at - due_at) * 1000), -1)::double precision AS last_ms
+FROM deliveries
+WHERE message_id = $1 AND status = 'accepted'
+`
+
+type SkewSpanRow struct {
+	FirstMs float64
+	LastMs  float64
+}
+
+// A message's first and last acceptance after its due time, in
+// milliseconds (database clock).
+func (q *Queries) SkewSpan(ctx context.Context, messageID int64) (SkewSpanRow, error) {
+	row := q.db.QueryRow(ctx, skewSpan, messageID)
+	var i SkewSpanRow
+	err := row.Scan(&i.FirstMs, &i.LastMs)
+	return i, err
+}
+
 const tableSizes = `-- name: TableSizes :many
 SELECT t.name::text AS name,
        pg_relation_size(t.name::regclass)::bigint AS heap_bytes,
@@ -320,5 +367,17 @@ VACUUM ANALYZE
 // database whose history was written long ago.
 func (q *Queries) VacuumAnalyze(ctx context.Context) error {
 	_, err := q.db.Exec(ctx, vacuumAnalyze)
+	return err
+}
+
+const vacuumMessageTables = `-- name: VacuumMessageTables :exec
+VACUUM (ANALYZE) deliveries, message_chunks, messages, payloads, river_job
+`
+
+// What autovacuum does, sooner or later, after a message settled: the
+// dead versions of its ledger rows, chunks, message row and chunk jobs
+// removed, and the statistics of the tables it changed brought up to date.
+func (q *Queries) VacuumMessageTables(ctx context.Context) error {
+	_, err := q.db.Exec(ctx, vacuumMessageTables)
 	return err
 }

@@ -16,14 +16,16 @@ import (
 
 // TestBenchEndToEnd runs herald bench as make bench does, at a small size:
 // its own fakepush and Herald processes, the population through the API,
-// both messages, the blast, and the JSON with every figure filled in. The
-// figures' values are the benchmark's business; here they must exist and
-// agree with each other.
+// an earlier round of messages, the measured messages, the blast, and the
+// JSON with every figure filled in. The figures' values are the
+// benchmark's business; here they must exist and agree with each other.
 func TestBenchEndToEnd(t *testing.T) {
 	t.Parallel()
+	// Two bulk messages at the instant (--messages 2), after one earlier
+	// round (--before 1).
 	t.Run("one process", func(t *testing.T) { testBench(t, false) })
 	// The urgent lane in a worker of its own (--urgent-worker), with the
-	// rich payload (--payload rich).
+	// rich payload (--payload rich), one bulk message and no earlier one.
 	t.Run("urgent worker", func(t *testing.T) { testBench(t, true) })
 }
 
@@ -36,7 +38,9 @@ func testBench(t *testing.T, urgentWorker bool) {
 			Users: 40, Mix: [3]float64{45, 45, 10}, Latency: 5 * time.Millisecond, Ahead: 4 * time.Second,
 			Seed: 7, DecryptOneIn: 1, UrgentWorker: urgentWorker, Payload: map[bool]string{false: "plain", true: "rich"}[urgentWorker],
 			// Two history messages, one of them partial.
-			History: 30_000,
+			History:  30_000,
+			Messages: map[bool]int{false: 2, true: 1}[urgentWorker],
+			Before:   map[bool]int{false: 1, true: 0}[urgentWorker],
 		},
 		Getenv:    func(k string) string { return map[string]string{"PATH": os.Getenv("PATH")}[k] },
 		Progress:  func(format string, a ...any) { progress.WriteString(strings.TrimSpace(format) + "\n") },
@@ -53,7 +57,8 @@ func testBench(t *testing.T, urgentWorker bool) {
 	raw, err := json.Marshal(res)
 	require.NoError(t, err)
 	t.Logf("%s", raw)
-	require.Greater(t, res.Devices, 40, "every user has at least one device, and the urgent user is extra")
+	messages := map[bool]int{false: 2, true: 1}[urgentWorker]
+	require.Greater(t, res.Devices, 40*messages, "every user has at least one device, and the urgent user is extra")
 	require.Equal(t, res.Devices, res.Accepted, "every device accepted")
 	require.Zero(t, res.Duplicates)
 	require.GreaterOrEqual(t, res.ChunkCount, 1)
@@ -67,15 +72,44 @@ func testBench(t *testing.T, urgentWorker bool) {
 	require.Positive(t, res.BlastCPUPerSnd)
 	require.Positive(t, res.PeakRSSMb)
 	require.NotNil(t, res.PostgresCPUPerSend, "the test cluster runs on this host")
-	// PostgreSQL's CPU is read in clock ticks (10 ms); a message to a hundred
-	// devices can cost it less than one, which a busy machine showed.
-	require.GreaterOrEqual(t, *res.PostgresCPUPerSend, 0.0)
+	require.Positive(t, *res.PostgresCPUPerSend)
 	require.Positive(t, res.Breakdown.LastAcceptMs.Max)
 	require.GreaterOrEqual(t, res.Probe.ProviderMs.P50, 5.0, "a probe push waits fakepush's round trip")
 	require.Positive(t, res.Probe.DatabaseMs.Max)
 	require.Equal(t, urgentWorker, res.UrgentWorker)
 	require.Equal(t, 30_000, res.HistoryRows, "the history is in the ledger")
 	require.Equal(t, map[bool]int{false: 1, true: 2}[urgentWorker], b.Heralds())
+
+	// Many messages at one instant: each one's first and last device.
+	require.Equal(t, messages, res.Messages)
+	require.Len(t, res.FirstSkewMs, messages)
+	require.Len(t, res.LastSkewMs, messages)
+	for i := range messages {
+		require.Positive(t, res.FirstSkewMs[i], "message %d", i)
+		require.GreaterOrEqual(t, res.LastSkewMs[i], res.FirstSkewMs[i], "message %d", i)
+		require.LessOrEqual(t, res.FirstSkewMs[i], res.FirstSkewMaxMs)
+		require.LessOrEqual(t, res.LastSkewMs[i], res.LastSkewMaxMs)
+	}
+	require.Equal(t, res.SkewMs.Max, res.LastSkewMaxMs, "the last device of all is some message's last")
+	require.Equal(t, max(res.SkewMs.Max, res.UrgentSkewMs), res.SkewMaxAllMs)
+
+	// PostgreSQL's share over the messages' whole life, on a ledger that
+	// holds the earlier round's (--before).
+	require.Equal(t, map[bool]int{false: 1, true: 0}[urgentWorker], res.Before)
+	require.GreaterOrEqual(t, res.StatusReads, int64(messages+1), "every message's status is read until it settles")
+	p := res.PostgresShare
+	require.NotNil(t, p, "the test cluster runs on this host")
+	for name, v := range map[string]float64{"schedule": p.Schedule, "wait": p.Wait, "fanout": p.Fanout,
+		"status_reads": p.StatusReads, "cleanup": p.Cleanup} {
+		require.Positive(t, v, name)
+	}
+	require.InDelta(t, p.Total, p.Schedule+p.Wait+p.Fanout+p.StatusReads+p.Cleanup, 0.5, "the parts add up to the whole")
+	require.Less(t, *res.PostgresCPUPerSend, p.Total, "the whole life is more than scheduling and the fan-out")
+	require.InDelta(t, *res.PostgresCPUPerSend, p.Schedule+p.Fanout, 0.2, "postgres_cpu_us_per_send is scheduling and the fan-out")
+	for _, field := range []string{`"messages"`, `"first_skew_ms"`, `"first_skew_max_ms"`, `"last_skew_ms"`, `"last_skew_max_ms"`,
+		`"skew_max_all_ms"`, `"before"`, `"status_reads"`, `"postgres_cpu_us_per_device"`, `"cleanup"`, `"total"`} {
+		require.Contains(t, string(raw), field+":")
+	}
 }
 
 // TestSoakShort runs herald soak for a few seconds: its own fakepush and

@@ -95,3 +95,22 @@ FROM deliveries d
 JOIN devices v ON v.id = d.device_id
 WHERE d.message_id = @message_id AND d.chunk >= 0
 ORDER BY d.chunk, d.device_id;
+
+-- name: VacuumMessageTables :exec
+-- What autovacuum does, sooner or later, after a message settled: the
+-- dead versions of its ledger rows, chunks, message row and chunk jobs
+-- removed, and the statistics of the tables it changed brought up to date.
+VACUUM (ANALYZE) deliveries, message_chunks, messages, payloads, river_job;
+
+-- name: BackendPIDs :many
+-- The server processes of the connections that named themselves
+-- application_name: whose CPU a bench reads apart.
+SELECT a.pid::integer AS pid FROM pg_stat_get_activity(NULL) AS a WHERE a.application_name = @application_name::text;
+
+-- name: SkewSpan :one
+-- A message's first and last acceptance after its due time, in
+-- milliseconds (database clock).
+SELECT coalesce(min(extract(epoch FROM accepted_at - due_at) * 1000), -1)::double precision AS first_ms,
+       coalesce(max(extract(epoch FROM accepted_at - due_at) * 1000), -1)::double precision AS last_ms
+FROM deliveries
+WHERE message_id = @message_id AND status = 'accepted';

@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"os/exec"
 	"slices"
+	"sync/atomic"
+	"time"
 
 	"github.com/heraldpush/herald/api/client"
 	"github.com/heraldpush/herald/db"
@@ -38,12 +40,16 @@ type Benchmark struct {
 	fakeHTTP *http.Client
 	herald   *exec.Cmd
 	base     string
-	// heralds are every Herald process of the run: herald, and the urgent
-	// lane's worker with --urgent-worker.
+	// heralds are the Herald processes of the run that send: herald, and
+	// the urgent lane's worker with --urgent-worker. The status reader is
+	// not one of them.
 	heralds []heraldProcess
 	apiKey  string
 	// api is Herald's generated Go client, calling herald with apiKey.
 	api *client.ClientWithResponses
+	// status is the same client calling the Herald process (API only) that
+	// the messages' status reads go through.
+	status *client.ClientWithResponses
 }
 
 // Providers builds the provider clients a Herald worker of lane would
@@ -95,33 +101,51 @@ func (b *Benchmark) Run(ctx context.Context, admin string) (*Result, error) {
 		b.Progress("no checkpoint before the measurement (%v): the checkpointer may write during it", err)
 	}
 
-	cpu := &cpuSpans{herald: b.heraldCPU, postgres: clusterCPU(ctx, pool)}
-	if err := cpu.markHerald(0); err != nil {
+	res.Messages, res.Before = b.Config.messages(), b.Config.Before
+	res.StatusEveryMs = ms(b.Config.statusEvery())
+	if err := b.sendBefore(ctx, pool, res.Devices); err != nil {
 		return nil, err
 	}
-	if err := cpu.markPostgres(0); err != nil {
+
+	// Every mark reads the cluster's CPU and that of the status reads'
+	// backends (cpuSpans): the measured messages' life is the span from
+	// markBefore to markCleaned.
+	cluster := clusterCPU(ctx, pool)
+	cpu := &cpuSpans{herald: b.heraldCPU, postgres: cluster, status: backendsCPU(pool, cluster, statusApplication)}
+	if err := cpu.markHerald(markBefore); err != nil {
+		return nil, err
+	}
+	if err := cpu.markPostgres(ctx, markBefore); err != nil {
 		return nil, err
 	}
 	sent, err := b.schedule(ctx, res)
 	if err != nil {
 		return nil, err
 	}
-	if err := cpu.markPostgres(1); err != nil {
+	var statusReads atomic.Int64
+	settled := b.readStatus(ctx, sent.ids(), settleDeadline(sent.dispatchAt, res.Devices), &statusReads)
+	if err := cpu.markPostgres(ctx, markScheduled); err != nil {
 		return nil, err
 	}
-	// The ledger was empty at the ANALYZE above. A production ledger never
-	// is, and autovacuum analyzes a table that grew this much within about a
+	// Autovacuum analyzes a table that grew by a tenth within about a
 	// minute, before a message scheduled further ahead than the bench's
-	// ten seconds is due; so the dispatch runs on those statistics too. (The
-	// ledger queries are also tested on an empty table's statistics:
-	// TestLedgerPlansUseThePrimaryKey.)
+	// ten seconds is due; so the dispatch runs on those statistics, and
+	// their cost is the wait's. (The ledger queries are also tested on an
+	// empty table's statistics: TestLedgerPlansUseThePrimaryKey.)
 	if err := db.On(pool).AnalyzeDeliveries(ctx); err != nil {
 		return nil, fmt.Errorf("analyze: %w", err)
 	}
-	if err := cpu.markHerald(1); err != nil {
+	if err := cpu.markHerald(markScheduled); err != nil {
 		return nil, err
 	}
-	if err := b.dispatch(ctx, pool, dbURL, sent, cpu, res); err != nil {
+	if err := b.dispatch(ctx, dbURL, sent, settled, cpu, res); err != nil {
+		return nil, err
+	}
+	res.StatusReads = statusReads.Load()
+	if err := cleanUp(ctx, pool); err != nil {
+		return nil, err
+	}
+	if err := cpu.markPostgres(ctx, markCleaned); err != nil {
 		return nil, err
 	}
 
@@ -130,6 +154,11 @@ func (b *Benchmark) Run(ctx context.Context, admin string) (*Result, error) {
 		return nil, err
 	}
 	res.CPUPerSend, res.PostgresCPUPerSend = cpu.perSend(sends)
+	res.PostgresShare = cpu.share(sends)
+	if p := res.PostgresShare; p != nil {
+		b.Progress("PostgreSQL CPU per device over the messages' life: %.1f µs (scheduling %.1f, wait %.1f, fan-out %.1f, status reads %.1f, cleanup %.1f)",
+			p.Total, p.Schedule, p.Wait, p.Fanout, p.StatusReads, p.Cleanup)
+	}
 	if err := b.fakepushView(sent, res); err != nil {
 		return nil, err
 	}
@@ -150,7 +179,7 @@ func (b *Benchmark) Run(ctx context.Context, admin string) (*Result, error) {
 		return nil, err
 	}
 	b.Progress("blast: the same devices straight through the same provider clients")
-	if res.BlastMs, res.BlastCPUPerSnd, err = b.blast(ctx, pool, sent.bulkN); err != nil {
+	if res.BlastMs, res.BlastCPUPerSnd, err = b.blast(ctx, pool, sent.bulkNs); err != nil {
 		return nil, err
 	}
 	b.Progress("blast: %.0f ms, %.0f µs of CPU per send", res.BlastMs, res.BlastCPUPerSnd)
@@ -176,8 +205,11 @@ func (b *Benchmark) start(ctx context.Context, admin string, res *Result) (strin
 			res.Tuning[k] = v
 		}
 	}
+	start := time.Now()
 	if res.Devices, err = b.populate(ctx); err != nil {
 		return "", err
 	}
+	res.PopulationMs = ms(time.Since(start))
+	b.Progress("population registered in %.1f s", time.Since(start).Seconds())
 	return dbURL, nil
 }

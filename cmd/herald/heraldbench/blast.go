@@ -13,31 +13,33 @@ import (
 	"github.com/heraldpush/herald/jobs/push"
 )
 
-// blast sends the message's devices again, straight through the same
+// blast sends the messages' devices again, straight through the same
 // provider clients Herald uses, with the same chunking and worker count but
 // no database and no queue: the floor of what the fan-out can cost here.
-func (b *Benchmark) blast(ctx context.Context, pool db.DBTX, messageID int64) (wallMs, cpuPerSend float64, err error) {
+func (b *Benchmark) blast(ctx context.Context, pool db.DBTX, messageIDs []int64) (wallMs, cpuPerSend float64, err error) {
 	resp, err := b.fakeHTTP.Post(b.fakeURL+"/_reset", "application/json", nil)
 	if err != nil {
 		return 0, 0, err
 	}
 	resp.Body.Close()
 
-	// The chunks exactly as Herald's workers read them.
-	rows, err := db.On(pool).BenchChunkTargets(ctx, messageID)
-	if err != nil {
-		return 0, 0, fmt.Errorf("read the chunks: %w", err)
-	}
+	// The chunks exactly as Herald's workers read them, message by message.
 	var chunks [][]jobs.Target
-	for i, r := range rows {
-		if i == 0 || r.Chunk != rows[i-1].Chunk {
-			chunks = append(chunks, nil)
+	for _, id := range messageIDs {
+		rows, err := db.On(pool).BenchChunkTargets(ctx, id)
+		if err != nil {
+			return 0, 0, fmt.Errorf("read the chunks: %w", err)
 		}
-		t := jobs.Target{Target: push.Target{DeviceID: r.DeviceID, Token: r.Token, Sandbox: r.Environment == "sandbox"}, Channel: r.Channel}
-		if r.P256dh != nil && r.Auth != nil {
-			t.P256dh, t.Auth = *r.P256dh, *r.Auth
+		for i, r := range rows {
+			if i == 0 || r.Chunk != rows[i-1].Chunk {
+				chunks = append(chunks, nil)
+			}
+			t := jobs.Target{Target: push.Target{DeviceID: r.DeviceID, Token: r.Token, Sandbox: r.Environment == "sandbox"}, Channel: r.Channel}
+			if r.P256dh != nil && r.Auth != nil {
+				t.P256dh, t.Auth = *r.P256dh, *r.Auth
+			}
+			chunks[len(chunks)-1] = append(chunks[len(chunks)-1], t)
 		}
-		chunks[len(chunks)-1] = append(chunks[len(chunks)-1], t)
 	}
 
 	provs, closeProvs, err := b.providers(ctx, "bulk")

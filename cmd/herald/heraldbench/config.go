@@ -1,15 +1,17 @@
 // Package heraldbench is `herald bench`, the dispatch benchmark: it builds a
 // population through the API in a fresh database, runs fakepush and Herald
 // as processes of their own (the running executable, as `herald fakepush`
-// and `herald serve`), schedules one bulk message to everyone and one
-// urgent single-device message for the same instant, measures where the
-// time and CPU went, then sends the same devices straight through the same
-// provider clients with no database and no queue (the blast) for the
-// floor. The README's Performance explains the figures.
+// and `herald serve`), sends earlier messages to settle the ledger into its
+// steady state, schedules bulk messages (one by default) and one urgent
+// single-device message for the same instant, measures where the time and
+// CPU went over the messages' whole life, then sends the same devices
+// straight through the same provider clients with no database and no queue
+// (the blast) for the floor. The README's Performance explains the figures.
 package heraldbench
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -47,7 +49,24 @@ type Config struct {
 	// "localized" (the rich one in five languages, the users' locales
 	// spread over them).
 	Payload string
+	// Messages is how many bulk messages are due at the instant, each to
+	// Users users of its own (--messages); 0 means one.
+	Messages int
+	// Before is how many earlier rounds of the same bulk messages are sent
+	// through Herald, immediately, settled and cleaned up before the
+	// measured ones (--before), so that the measurement runs on a ledger
+	// that already holds messages, as a production one does.
+	Before int
+	// StatusEvery is how often each message's status is read through the
+	// API until it settles (--status-every); 0 means 250 ms.
+	StatusEvery time.Duration
 }
+
+// messages is Config.Messages, at least one.
+func (c Config) messages() int { return max(1, c.Messages) }
+
+// statusEvery is Config.StatusEvery, 250 ms when unset.
+func (c Config) statusEvery() time.Duration { return cmp.Or(c.StatusEvery, 250*time.Millisecond) }
 
 // benchTuning are the variables a bench run passes on to its Herald
 // process, and reports when set.
@@ -61,16 +80,20 @@ var benchTuning = []string{
 var devicesPerUser = []float64{0.30, 0.25, 0.20, 0.15, 0.10}
 
 // Run is `herald bench`: it builds a population in a fresh database,
-// runs Herald and a fakepush as processes of their own, schedules one bulk
-// message to everyone and one urgent single-device message for the same
-// instant, measures where the time and CPU went, then sends the same devices
-// straight through the same provider clients (no database, no queue) for
-// the floor. Its last line is the JSON result.
+// runs Herald and a fakepush as processes of their own, sends --before
+// earlier rounds of the bulk messages, schedules --messages bulk messages
+// and one urgent single-device message for the same instant, measures
+// where the time and CPU went over their whole life, then sends the same
+// devices straight through the same provider clients (no database, no
+// queue) for the floor. Its last line is the JSON result.
 func Run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer, providers Providers) error {
 	cfg := Config{}
 	fs := flag.NewFlagSet("herald bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.IntVar(&cfg.Users, "users", 10_000, "users in the population (each with 1 to 5 devices, mean 2.5)")
+	fs.IntVar(&cfg.Users, "users", 10_000, "users of each bulk message (each with 1 to 5 devices, mean 2.5)")
+	fs.IntVar(&cfg.Messages, "messages", 1, "bulk messages due at the same instant, each to --users users of its own")
+	fs.DurationVar(&cfg.StatusEvery, "status-every", 250*time.Millisecond, "how often each message's status is read through the API until it settles, as a caller would")
+	fs.IntVar(&cfg.Before, "before", 1, "earlier rounds of the bulk messages sent, settled and cleaned up before the measured one")
 	mix := fs.String("mix", "45,45,10", "percent of devices on APNs, FCM and Web Push")
 	fs.DurationVar(&cfg.Latency, "latency", 20*time.Millisecond, "provider round trip fakepush adds")
 	fs.DurationVar(&cfg.Ahead, "ahead", 10*time.Second, "how far ahead the messages are scheduled")
@@ -104,6 +127,15 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	if cfg.Users < 1 {
 		return errors.New("--users must be at least 1")
+	}
+	if cfg.Messages < 1 {
+		return errors.New("--messages must be at least 1")
+	}
+	if cfg.Before < 0 {
+		return errors.New("--before must not be negative")
+	}
+	if cfg.StatusEvery <= 0 {
+		return errors.New("--status-every must be positive")
 	}
 	admin := getenv("DATABASE_URL")
 	if admin == "" {

@@ -9,19 +9,24 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/heraldpush/herald/api/client"
 	"github.com/heraldpush/herald/jobs"
 	"github.com/heraldpush/herald/jobs/push"
 )
 
-// scheduled are the run's two messages, due at the same instant.
+// scheduled are the run's measured messages, due at the same instant:
+// the bulk ones (Config.Messages) and the urgent one.
 type scheduled struct {
-	dispatchAt       time.Time
-	bulkID, urgentID string
-	bulkN, urgentN   int64
+	dispatchAt time.Time
+	bulkIDs    []string
+	bulkNs     []int64
+	urgentID   string
+	urgentN    int64
 }
+
+// ids are every message of s, the urgent one first.
+func (s scheduled) ids() []string { return append([]string{s.urgentID}, s.bulkIDs...) }
 
 // bulkPayloads are the bulk message's payloads that --payload names: plain,
 // rich with every field of the payload reference that a digest would use,
@@ -65,31 +70,24 @@ func (b *Benchmark) bulkPayload() push.Content {
 	return bulkPayloads[cmp.Or(b.Config.Payload, "plain")]
 }
 
-// schedule schedules, through the API, the bulk message to every user of
-// segment "bench" and the urgent one to the urgent user, both for the same
+// schedule schedules, through the API, each bulk message to every user of
+// its segment and the urgent one to the urgent user, all for the same
 // instant Config.Ahead from now.
 func (b *Benchmark) schedule(ctx context.Context, res *Result) (scheduled, error) {
 	dispatchAt := time.Now().Add(b.Config.Ahead).Truncate(time.Millisecond)
-	b.Progress("scheduling the bulk message to %d devices and the urgent one for %s", res.Devices, dispatchAt.Format(time.RFC3339Nano))
+	b.Progress("scheduling %d bulk message(s) to %d devices and the urgent one for %s", b.Config.messages(), res.Devices-1, dispatchAt.Format(time.RFC3339Nano))
 	start := time.Now()
-	// The bulk payload is push.Content, what Herald stores; the client
-	// takes the same JSON.
-	var payload client.Payload
-	if raw, err := json.Marshal(b.bulkPayload()); err != nil {
-		return scheduled{}, err
-	} else if err := json.Unmarshal(raw, &payload); err != nil {
-		return scheduled{}, fmt.Errorf("the %s payload as the client's: %w", b.Config.Payload, err)
-	}
-	bulk, err := b.api.CreateMessageWithResponse(ctx, nil, client.NewMessage{
-		DispatchAt: &dispatchAt, Priority: new(client.PriorityBulk),
-		Audience: client.Audience{Type: client.AudienceTypeSegment, ID: new("bench")},
-		Payload:  payload,
-	})
-	if err := answered("schedule the bulk message", http.StatusAccepted, bulk, err); err != nil {
-		return scheduled{}, err
+	s := scheduled{dispatchAt: dispatchAt}
+	for i := range b.Config.messages() {
+		bulk, err := b.postBulk(ctx, i, &dispatchAt)
+		if err != nil {
+			return scheduled{}, err
+		}
+		res.ChunkCount += bulk.ChunkCount
+		n, _ := push.ParseMessageID(bulk.MessageID)
+		s.bulkIDs, s.bulkNs = append(s.bulkIDs, bulk.MessageID), append(s.bulkNs, n)
 	}
 	res.ScheduleMs = ms(time.Since(start))
-	res.ChunkCount = bulk.JSON202.ChunkCount
 	urgent, err := b.api.CreateMessageWithResponse(ctx, nil, client.NewMessage{
 		DispatchAt: &dispatchAt, Priority: new(client.PriorityUrgent),
 		Audience: client.Audience{Type: client.AudienceTypeUsers, IDs: &[]string{"urgent-user"}},
@@ -98,19 +96,44 @@ func (b *Benchmark) schedule(ctx context.Context, res *Result) (scheduled, error
 	if err := answered("schedule the urgent message", http.StatusAccepted, urgent, err); err != nil {
 		return scheduled{}, err
 	}
-	s := scheduled{dispatchAt: dispatchAt, bulkID: bulk.JSON202.MessageID, urgentID: urgent.JSON202.MessageID}
-	s.bulkN, _ = push.ParseMessageID(s.bulkID)
+	s.urgentID = urgent.JSON202.MessageID
 	s.urgentN, _ = push.ParseMessageID(s.urgentID)
 	b.Progress("scheduled in %.0f ms (%d chunks); waiting for %s", res.ScheduleMs, res.ChunkCount, dispatchAt.Format("15:04:05.000"))
+	if time.Now().After(dispatchAt) {
+		b.Progress("the instant passed before the messages were scheduled: their skews include the wait; a larger --ahead leaves room")
+	}
 	return s, nil
 }
 
+// postBulk schedules the bulk payload, through the API, to every user of
+// segment i at dispatchAt (now when nil).
+func (b *Benchmark) postBulk(ctx context.Context, i int, dispatchAt *time.Time) (*client.MessageHead, error) {
+	// The bulk payload is push.Content, what Herald stores; the client
+	// takes the same JSON.
+	var payload client.Payload
+	if raw, err := json.Marshal(b.bulkPayload()); err != nil {
+		return nil, err
+	} else if err := json.Unmarshal(raw, &payload); err != nil {
+		return nil, fmt.Errorf("the %s payload as the client's: %w", b.Config.Payload, err)
+	}
+	bulk, err := b.api.CreateMessageWithResponse(ctx, nil, client.NewMessage{
+		DispatchAt: dispatchAt, Priority: new(client.PriorityBulk),
+		Audience: client.Audience{Type: client.AudienceTypeSegment, ID: new(segment(i))},
+		Payload:  payload,
+	})
+	if err := answered("schedule a bulk message", http.StatusAccepted, bulk, err); err != nil {
+		return nil, err
+	}
+	return bulk.JSON202, nil
+}
+
 // dispatch waits for the messages' instant, probes the machine while they
-// are sent, and waits until both have settled. It marks the CPU spans at
+// are sent, and waits until settled (the status reads that schedule's
+// caller started) says every one has settled. It marks the CPU spans at
 // the instant (2) and once settled (3); Herald's CPU in between the
 // scheduling and the instant, when an idle process only polls its queues,
 // is measured apart as a rate (it is paid per second, not per send).
-func (b *Benchmark) dispatch(ctx context.Context, pool *pgxpool.Pool, dbURL string, s scheduled, cpu *cpuSpans, res *Result) error {
+func (b *Benchmark) dispatch(ctx context.Context, dbURL string, s scheduled, settled <-chan error, cpu *cpuSpans, res *Result) error {
 	idleFrom := time.Now()
 	probeAPNs, closeProbe, err := b.providers(ctx, "probe")
 	if err != nil {
@@ -126,7 +149,7 @@ func (b *Benchmark) dispatch(ctx context.Context, pool *pgxpool.Pool, dbURL stri
 	if err := cpu.markHerald(2); err != nil {
 		return err
 	}
-	if err := cpu.markPostgres(2); err != nil {
+	if err := cpu.markPostgres(ctx, 2); err != nil {
 		return err
 	}
 	res.IdleCPUPercent = round1(float64((cpu.heraldAt[2] - cpu.heraldAt[1]).Microseconds()) / float64(time.Since(idleFrom).Microseconds()) * 100)
@@ -138,22 +161,19 @@ func (b *Benchmark) dispatch(ctx context.Context, pool *pgxpool.Pool, dbURL stri
 		p, d := b.probe(ctx, probeAPNs[jobs.ChannelAPNs], probeConn, stopProbe)
 		probed <- [2][]float64{p, d}
 	}()
-	for _, id := range []string{s.urgentID, s.bulkID} {
-		if err := b.waitSettled(ctx, pool, id, s.dispatchAt.Add(settleWithin(res.Devices))); err != nil {
-			close(stopProbe)
-			<-probed
-			return err
-		}
-	}
+	err = <-settled
 	close(stopProbe)
 	rtts := <-probed
+	if err != nil {
+		return err
+	}
 	res.Probe.ProviderMs, res.Probe.DatabaseMs = summarize(rtts[0]), summarize(rtts[1])
 	b.Progress("probes while the bulk message was in flight: provider round trip p50 %.0f ms, max %.0f ms; database p50 %.1f ms, max %.1f ms",
 		res.Probe.ProviderMs.P50, res.Probe.ProviderMs.Max, res.Probe.DatabaseMs.P50, res.Probe.DatabaseMs.Max)
 	if err := cpu.markHerald(3); err != nil {
 		return err
 	}
-	if err := cpu.markPostgres(3); err != nil {
+	if err := cpu.markPostgres(ctx, 3); err != nil {
 		return err
 	}
 	for _, h := range b.heralds {
@@ -164,11 +184,4 @@ func (b *Benchmark) dispatch(ctx context.Context, pool *pgxpool.Pool, dbURL stri
 		res.PeakRSSMb = max(res.PeakRSSMb, rss)
 	}
 	return nil
-}
-
-// settleWithin is how long after their instant the bench waits for the
-// messages to settle: two minutes, and a second more for every 2,000
-// devices (a million devices on two busy cores take minutes).
-func settleWithin(devices int) time.Duration {
-	return 2*time.Minute + time.Duration(devices/2000)*time.Second
 }

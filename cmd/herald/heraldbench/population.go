@@ -9,14 +9,20 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/heraldpush/herald/api/client"
 	"github.com/heraldpush/herald/jobs/push/fake"
 )
 
+// segment is the name of the segment of bulk message i: users
+// i*Users .. (i+1)*Users-1.
+func segment(i int) string { return "bench-" + strconv.Itoa(i) }
+
 // populate registers the population through the API: users u0..uN with 1
-// to 5 devices each on the configured mix, all in segment "bench", and one
-// more user with one APNs device for the urgent message.
+// to 5 devices each on the configured mix, Users of them in each bulk
+// message's segment, and one more user with one APNs device for the urgent
+// message.
 func (b *Benchmark) populate(ctx context.Context) (int, error) {
 	rng := rand.New(rand.NewPCG(b.Config.Seed, 0x4865))
 	var devices []client.DeviceRegistration
@@ -32,7 +38,7 @@ func (b *Benchmark) populate(ctx context.Context) (int, error) {
 		}
 		return len(weights) - 1
 	}
-	for u := range b.Config.Users {
+	for u := range b.Config.Users * b.Config.messages() {
 		user := "u" + strconv.Itoa(u)
 		users = append(users, user)
 		for d := range pick(devicesPerUser) + 1 {
@@ -48,23 +54,28 @@ func (b *Benchmark) populate(ctx context.Context) (int, error) {
 		}
 	}
 	b.Progress("population: %d users, %d devices (%d Web Push subscriptions to mint)", len(users), len(devices), webpush)
+	start := time.Now()
 	if err := b.mintSubscriptions(ctx, devices); err != nil {
 		return 0, err
 	}
+	b.Progress("population: %d Web Push subscriptions minted in %.1f s", webpush, time.Since(start).Seconds())
 	for start := 0; start < len(devices); start += 10_000 {
 		res, err := b.api.RegisterDevicesWithResponse(ctx, client.DeviceBatch{Devices: devices[start:min(start+10_000, len(devices))]})
 		if err := answered("register devices", http.StatusOK, res, err); err != nil {
 			return 0, err
 		}
 	}
-	seg, err := b.api.CreateSegmentWithResponse(ctx, "bench", client.SegmentUpdate{Name: new("bench")})
-	if err := answered("create segment", http.StatusCreated, seg, err); err != nil {
-		return 0, err
-	}
-	for start := 0; start < len(users); start += 10_000 {
-		res, err := b.api.AddSegmentMembersWithResponse(ctx, "bench", client.MemberIDs{UserIDs: users[start:min(start+10_000, len(users))]})
-		if err := answered("add segment members", http.StatusOK, res, err); err != nil {
+	for i := range b.Config.messages() {
+		name, members := segment(i), users[i*b.Config.Users:(i+1)*b.Config.Users]
+		seg, err := b.api.CreateSegmentWithResponse(ctx, name, client.SegmentUpdate{Name: new(name)})
+		if err := answered("create segment", http.StatusCreated, seg, err); err != nil {
 			return 0, err
+		}
+		for start := 0; start < len(members); start += 10_000 {
+			res, err := b.api.AddSegmentMembersWithResponse(ctx, name, client.MemberIDs{UserIDs: members[start:min(start+10_000, len(members))]})
+			if err := answered("add segment members", http.StatusOK, res, err); err != nil {
+				return 0, err
+			}
 		}
 	}
 	urgent, err := b.api.RegisterDeviceWithResponse(ctx, client.DeviceRegistration{UserID: "urgent-user", Channel: client.ChannelAPNs, Token: new(strings.Repeat("ab", 32))})

@@ -46,11 +46,27 @@ func readProcStat(pid int) (procStat, error) {
 	n := func(i int) int64 { v, _ := strconv.ParseInt(fields[i], 10, 64); return v }
 	// The kernel counts in clock ticks of 1/100 s (USER_HZ) on Linux.
 	const tick = 10 * time.Millisecond
-	return procStat{
+	st := procStat{
 		ppid:     int(n(1)),
 		own:      time.Duration(n(11)+n(12)) * tick,
 		children: time.Duration(n(13)+n(14)) * tick,
-	}, nil
+	}
+	return st, nil
+}
+
+// threadCPU is the CPU of a single-threaded process (a PostgreSQL
+// backend), in nanoseconds from /proc/PID/schedstat where the kernel has
+// it (a backend's share of a small message is a few ticks, which rounding
+// would blur), else in ticks. schedstat counts the main thread only, so
+// it is not for Go processes.
+func threadCPU(pid int) (time.Duration, error) {
+	if raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/schedstat", pid)); err == nil {
+		if ns, err := strconv.ParseInt(strings.Fields(string(raw) + " x")[0], 10, 64); err == nil {
+			return time.Duration(ns), nil
+		}
+	}
+	st, err := readProcStat(pid)
+	return st.own, err
 }
 
 // clusterCPU returns a reader of the CPU the PostgreSQL cluster behind
@@ -78,7 +94,12 @@ func clusterCPU(ctx context.Context, pool db.DBTX) func() (time.Duration, error)
 		if err != nil {
 			return 0, fmt.Errorf("read PostgreSQL's CPU: %w", err)
 		}
-		total := pm.own + pm.children
+		// Children that ended are counted in ticks, the rest to the
+		// nanosecond (threadCPU).
+		total := pm.children
+		if own, err := threadCPU(pid); err == nil {
+			total += own
+		}
 		entries, err := os.ReadDir("/proc")
 		if err != nil {
 			return 0, fmt.Errorf("read PostgreSQL's CPU: %w", err)
@@ -92,7 +113,9 @@ func clusterCPU(ctx context.Context, pool db.DBTX) func() (time.Duration, error)
 			// CPU then moves to the postmaster's reaped children, and the
 			// next reading counts it.
 			if st, err := readProcStat(child); err == nil && st.ppid == pid {
-				total += st.own
+				if own, err := threadCPU(child); err == nil {
+					total += own
+				}
 			}
 		}
 		return total, nil
@@ -135,15 +158,54 @@ func machine() string {
 	return fmt.Sprintf("%d cores, %s", runtime.NumCPU(), model)
 }
 
-// cpuSpans reads Herald's and PostgreSQL's CPU at four marks: before the
-// messages are scheduled (0), once they are (1), at their instant (2) and
-// once they have settled (3). The sends' CPU is what the spans from 0 to 1
-// and from 2 to 3 took: scheduling and the fan-out.
+// backendsCPU returns a reader of the CPU of each PostgreSQL backend
+// serving a connection named application (application_name), by process
+// id. It is nil when the cluster is not a process of this host.
+func backendsCPU(pool db.DBTX, cluster func() (time.Duration, error), application string) func(context.Context) (map[int32]time.Duration, error) {
+	if cluster == nil {
+		return nil
+	}
+	return func(ctx context.Context) (map[int32]time.Duration, error) {
+		pids, err := db.On(pool).BackendPIDs(ctx, application)
+		if err != nil {
+			return nil, fmt.Errorf("read the backends of %s: %w", application, err)
+		}
+		cpu := make(map[int32]time.Duration, len(pids))
+		for _, pid := range pids {
+			// A backend that ended since the listing used nothing more.
+			if own, err := threadCPU(int(pid)); err == nil {
+				cpu[pid] = own
+			}
+		}
+		return cpu, nil
+	}
+}
+
+// The marks of cpuSpans, in the order a message's life passes them.
+const (
+	markBefore    = iota // before the messages are scheduled
+	markScheduled        // once they are
+	markInstant          // at their instant
+	markSettled          // once every one has settled
+	markCleaned          // once the cleanup they left is done
+	marks
+)
+
+// cpuSpans reads Herald's and PostgreSQL's CPU at the marks of a message's
+// life. The sends' CPU (cpu_us_per_send, postgres_cpu_us_per_send) is what
+// the spans from markBefore to markScheduled and from markInstant to
+// markSettled took: scheduling and the fan-out. PostgreSQL's share over
+// the whole life (postgresShare) adds the wait for the instant and the
+// cleanup, and tells the status reads apart by their backends.
 type cpuSpans struct {
 	herald func() (time.Duration, error)
-	// postgres is nil when the cluster is not a process of this host.
-	postgres             func() (time.Duration, error)
-	heraldAt, postgresAt [4]time.Duration
+	// postgres and status are nil when the cluster is not a process of this
+	// host.
+	postgres   func() (time.Duration, error)
+	status     func(context.Context) (map[int32]time.Duration, error)
+	heraldAt   [marks]time.Duration
+	postgresAt [marks]time.Duration
+	statusAt   [marks]map[int32]time.Duration
 }
 
 func (c *cpuSpans) markHerald(i int) (err error) {
@@ -151,23 +213,66 @@ func (c *cpuSpans) markHerald(i int) (err error) {
 	return err
 }
 
-func (c *cpuSpans) markPostgres(i int) (err error) {
+func (c *cpuSpans) markPostgres(ctx context.Context, i int) (err error) {
 	if c.postgres == nil {
 		return nil
+	}
+	if c.statusAt[i], err = c.status(ctx); err != nil {
+		return err
 	}
 	c.postgresAt[i], err = c.postgres()
 	return err
 }
 
+// statusCPU is the status reads' backends' CPU between marks from and to:
+// a backend first seen at to began inside the span and counts whole.
+func (c *cpuSpans) statusCPU(from, to int) time.Duration {
+	var sum time.Duration
+	for pid, cpu := range c.statusAt[to] {
+		sum += cpu - c.statusAt[from][pid]
+	}
+	return sum
+}
+
+// postgresCPU is the cluster's CPU between marks from and to, less the
+// status reads'.
+func (c *cpuSpans) postgresCPU(from, to int) time.Duration {
+	return c.postgresAt[to] - c.postgresAt[from] - c.statusCPU(from, to)
+}
+
 // perSend divides the spans' CPU among sends, in µs: Herald's, and
-// PostgreSQL's when it was read.
+// PostgreSQL's (without the status reads, which the bench did not make
+// before it counted them apart) when it was read.
 func (c *cpuSpans) perSend(sends int) (herald float64, postgres *float64) {
-	per := func(at [4]time.Duration) float64 {
-		return round1(float64((at[1] - at[0] + at[3] - at[2]).Microseconds()) / float64(sends))
-	}
 	if c.postgres != nil {
-		v := per(c.postgresAt)
-		postgres = &v
+		postgres = new(perDevice(c.postgresCPU(markBefore, markScheduled)+c.postgresCPU(markInstant, markSettled), sends))
 	}
-	return per(c.heraldAt), postgres
+	return perDevice(c.heraldAt[markScheduled]-c.heraldAt[markBefore]+c.heraldAt[markSettled]-c.heraldAt[markInstant], sends), postgres
+}
+
+// share is PostgreSQL's CPU over the messages' whole life, by part, per
+// device sent to; nil when the cluster was not read.
+func (c *cpuSpans) share(devices int) *postgresShare {
+	if c.postgres == nil {
+		return nil
+	}
+	// Summed span by span, as the other parts subtract it, so that the
+	// parts add up to the total even if a backend ended in between.
+	var status time.Duration
+	for i := markBefore; i < markCleaned; i++ {
+		status += c.statusCPU(i, i+1)
+	}
+	return &postgresShare{
+		Schedule:    perDevice(c.postgresCPU(markBefore, markScheduled), devices),
+		Wait:        perDevice(c.postgresCPU(markScheduled, markInstant), devices),
+		Fanout:      perDevice(c.postgresCPU(markInstant, markSettled), devices),
+		StatusReads: perDevice(status, devices),
+		Cleanup:     perDevice(c.postgresCPU(markSettled, markCleaned), devices),
+		Total:       perDevice(c.postgresAt[markCleaned]-c.postgresAt[markBefore], devices),
+	}
+}
+
+// perDevice is cpu divided among n, in µs to a tenth.
+func perDevice(cpu time.Duration, n int) float64 {
+	return round1(float64(cpu.Microseconds()) / float64(n))
 }

@@ -104,38 +104,39 @@ func (b *Benchmark) startHerald(ctx context.Context, dbURL string) error {
 	if b.Config.UrgentWorker {
 		serveEnv = append(slices.Clip(env), "HERALD_LANES=bulk")
 	}
-	cmd, base, err := b.startServe(ctx, serveEnv, args...)
+	p, err := b.startServe(ctx, serveEnv, args...)
 	if err != nil {
 		return err
 	}
-	b.herald, b.base = cmd, base
-	if b.api, err = client.NewClientWithResponses(base, client.WithAPIKey(b.apiKey)); err != nil {
+	b.heralds = append(b.heralds, p)
+	b.herald, b.base = p.cmd, p.base
+	if b.api, err = client.NewClientWithResponses(b.base, client.WithAPIKey(b.apiKey)); err != nil {
 		return err
 	}
-	b.Progress("herald at %s (pid %d)", b.base, cmd.Process.Pid)
+	b.Progress("herald at %s (pid %d)", b.base, p.cmd.Process.Pid)
+	// The others after the first has migrated the database.
 	if b.Config.UrgentWorker {
-		// After the first has migrated the database.
-		worker, _, err := b.startServe(ctx, append(slices.Clip(env), "HERALD_LANES=urgent"), "serve", "--role", "worker", "--addr", "127.0.0.1:0")
+		worker, err := b.startServe(ctx, append(slices.Clip(env), "HERALD_LANES=urgent"), "serve", "--role", "worker", "--addr", "127.0.0.1:0")
 		if err != nil {
 			return err
 		}
-		b.Progress("herald urgent-lane worker (pid %d)", worker.Process.Pid)
+		b.heralds = append(b.heralds, worker)
+		b.Progress("herald urgent-lane worker (pid %d)", worker.cmd.Process.Pid)
 	}
-	return nil
+	return b.startStatusReader(ctx, env)
 }
 
 // startServe starts a Herald process and waits until it listens.
-func (b *Benchmark) startServe(ctx context.Context, env []string, args ...string) (*exec.Cmd, string, error) {
+func (b *Benchmark) startServe(ctx context.Context, env []string, args ...string) (heraldProcess, error) {
 	cmd, lines, err := b.self(ctx, env, args...)
 	if err != nil {
-		return nil, "", fmt.Errorf("start herald: %w", err)
+		return heraldProcess{}, fmt.Errorf("start herald: %w", err)
 	}
 	m, err := lines.waitFor(listeningLine, time.Minute)
 	if err != nil {
-		return nil, "", fmt.Errorf("herald %s: %w", strings.Join(args, " "), err)
+		return heraldProcess{}, fmt.Errorf("herald %s: %w", strings.Join(args, " "), err)
 	}
-	b.heralds = append(b.heralds, heraldProcess{cmd: cmd, base: m[1]})
-	return cmd, m[1], nil
+	return heraldProcess{cmd: cmd, base: m[1]}, nil
 }
 
 // heraldProcess is a Herald process of the run and where it listens.

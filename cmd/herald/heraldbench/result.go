@@ -21,7 +21,9 @@ type Result struct {
 	Duplicates int64   `json:"duplicates"`
 	// Unanswered counts the provider requests of every Herald process that
 	// got no answer in time: each was sent again, and may be a duplicate.
-	Unanswered    int64   `json:"unanswered"`
+	Unanswered int64 `json:"unanswered"`
+	// ScheduleMs is how long the bulk messages' POSTs took, one after
+	// the other; ChunkCount their chunks.
 	ScheduleMs    float64 `json:"schedule_ms"`
 	ChunkCount    int     `json:"chunk_count"`
 	SkewMs        summary `json:"skew_ms"`
@@ -70,6 +72,69 @@ type Result struct {
 	HistoryRows int `json:"history_rows"`
 	// Payload is the bulk message's payload, plain or rich (--payload).
 	Payload string `json:"payload"`
+	// Messages is how many bulk messages were due at the instant
+	// (--messages), each to users users of its own. devices, accepted,
+	// skew_ms, receipt_skew_ms, fanout_ms, breakdown, the blast and the CPU
+	// figures cover them all (and devices and accepted the urgent one).
+	Messages int `json:"messages"`
+	// FirstSkewMs is, for each bulk message in the order they were
+	// scheduled, when its first device was accepted after the instant
+	// (ledger, database clock); FirstSkewMaxMs the latest of them: how long
+	// the message that began last waited for the others.
+	FirstSkewMs    []float64 `json:"first_skew_ms"`
+	FirstSkewMaxMs float64   `json:"first_skew_max_ms"`
+	// LastSkewMs is, for each bulk message, when its last device was
+	// accepted after the instant; LastSkewMaxMs the latest of them.
+	LastSkewMs    []float64 `json:"last_skew_ms"`
+	LastSkewMaxMs float64   `json:"last_skew_max_ms"`
+	// SkewMaxAllMs is the largest skew of any device of any message, the
+	// urgent one's included.
+	SkewMaxAllMs float64 `json:"skew_max_all_ms"`
+	// PopulationMs is how long building the population through the API
+	// took (Web Push subscriptions minted, devices registered, segments
+	// filled): not a figure of Herald's dispatch, but what a run costs.
+	PopulationMs float64 `json:"population_ms"`
+	// Before is how many earlier rounds of the bulk messages were sent,
+	// settled and cleaned up before the measured ones (--before).
+	Before int `json:"before"`
+	// StatusReads is how many times the measured messages' status was read
+	// through the API (GET /v1/messages/{id}, each every status_every_ms
+	// from its POST until it settled).
+	StatusReads   int64   `json:"status_reads"`
+	StatusEveryMs float64 `json:"status_every_ms"`
+	// PostgresShare is PostgreSQL's CPU over the measured messages' whole
+	// life, per device sent to, by part. Null when the database is not a
+	// process of this host.
+	PostgresShare *postgresShare `json:"postgres_cpu_us_per_device"`
+}
+
+// postgresShare is the CPU of every process of the PostgreSQL cluster
+// (backends, autovacuum, checkpointer, WAL writer, ...) from the messages'
+// POST until they settled and the cleanup they left was done, in µs per
+// device sent to, by part. The parts add up to the total, to the
+// rounding.
+type postgresShare struct {
+	// Schedule is the POSTs: the audiences expanded, ledger rows and chunk
+	// jobs written.
+	Schedule float64 `json:"schedule"`
+	// Wait is from the POSTs' answers to the instant: the ledger's
+	// statistics brought up to date (an ANALYZE, as autovacuum would after
+	// that many new rows), and the queues' polling.
+	Wait float64 `json:"wait"`
+	// Fanout is from the instant until every message settled: the chunks'
+	// reads, the ledger's results, the jobs completed and the messages
+	// settled.
+	Fanout float64 `json:"fanout"`
+	// StatusReads is the status reads' own backends over the whole life
+	// (they read from the POSTs until settled), told apart from the rest
+	// (which excludes them) by their connections' application_name.
+	StatusReads float64 `json:"status_reads"`
+	// Cleanup is the vacuum and analyze of the tables the messages wrote
+	// and a checkpoint, done once they settled (what autovacuum and the
+	// checkpointer do later otherwise).
+	Cleanup float64 `json:"cleanup"`
+	// Total is the whole life, from the POSTs to the cleanup's end.
+	Total float64 `json:"total"`
 }
 
 type summary struct {
@@ -127,12 +192,47 @@ func (b *Benchmark) receipts(messageID string) ([]fake.Receipt, fake.Stats, erro
 // were accepted, the sends the CPU is divided among.
 func (b *Benchmark) ledgerView(ctx context.Context, pool db.DBTX, s scheduled, res *Result) (int, error) {
 	q := db.On(pool)
-	skews, err := q.AcceptedSkews(ctx, s.bulkN)
-	if err != nil {
-		return 0, err
+	var skews []float64
+	var first, last time.Time
+	var pickup, firstAccept, lastAccept, write []float64
+	for _, n := range s.bulkNs {
+		sk, err := q.AcceptedSkews(ctx, n)
+		if err != nil {
+			return 0, err
+		}
+		skews = append(skews, sk...)
+		span, err := q.SkewSpan(ctx, n)
+		if err != nil {
+			return 0, err
+		}
+		res.FirstSkewMs, res.LastSkewMs = append(res.FirstSkewMs, round1(span.FirstMs)), append(res.LastSkewMs, round1(span.LastMs))
+		acc, err := q.AcceptanceSpan(ctx, n)
+		if err != nil {
+			return 0, err
+		}
+		if first.IsZero() || acc.First.Before(first) {
+			first = acc.First
+		}
+		if acc.Last.After(last) {
+			last = acc.Last
+		}
+		chunks, err := q.ChunkTimings(ctx, n)
+		if err != nil {
+			return 0, err
+		}
+		for _, c := range chunks {
+			pickup, firstAccept = append(pickup, c.PickupMs), append(firstAccept, c.FirstAcceptMs)
+			lastAccept, write = append(lastAccept, c.LastAcceptMs), append(write, c.WriteMs)
+		}
 	}
+	slices.Sort(skews)
 	res.Accepted = len(skews)
 	res.SkewMs = summarize(skews)
+	res.FirstSkewMaxMs, res.LastSkewMaxMs = slices.Max(res.FirstSkewMs), slices.Max(res.LastSkewMs)
+	res.FanoutMs = ms(last.Sub(first))
+	res.Breakdown.PickupMs, res.Breakdown.FirstAcceptMs = pairOf(pickup), pairOf(firstAccept)
+	res.Breakdown.LastAcceptMs, res.Breakdown.LedgerWriteMs = pairOf(lastAccept), pairOf(write)
+
 	urgentSkews, err := q.AcceptedSkews(ctx, s.urgentN)
 	if err != nil {
 		return 0, err
@@ -140,6 +240,7 @@ func (b *Benchmark) ledgerView(ctx context.Context, pool db.DBTX, s scheduled, r
 	if len(urgentSkews) == 1 {
 		res.UrgentSkewMs = round1(urgentSkews[0])
 	}
+	res.SkewMaxAllMs = max(res.SkewMs.Max, res.UrgentSkewMs)
 	urgentChunks, err := q.ChunkTimings(ctx, s.urgentN)
 	if err != nil {
 		return 0, err
@@ -147,34 +248,23 @@ func (b *Benchmark) ledgerView(ctx context.Context, pool db.DBTX, s scheduled, r
 	if len(urgentChunks) == 1 {
 		res.UrgentPickupMs = round1(urgentChunks[0].PickupMs)
 	}
-	span, err := q.AcceptanceSpan(ctx, s.bulkN)
-	if err != nil {
-		return 0, err
-	}
-	res.FanoutMs = ms(span.Last.Sub(span.First))
-	chunks, err := q.ChunkTimings(ctx, s.bulkN)
-	if err != nil {
-		return 0, err
-	}
-	var pickup, first, last, write []float64
-	for _, c := range chunks {
-		pickup, first, last, write = append(pickup, c.PickupMs), append(first, c.FirstAcceptMs), append(last, c.LastAcceptMs), append(write, c.WriteMs)
-	}
-	res.Breakdown.PickupMs, res.Breakdown.FirstAcceptMs = pairOf(pickup), pairOf(first)
-	res.Breakdown.LastAcceptMs, res.Breakdown.LedgerWriteMs = pairOf(last), pairOf(write)
 	return res.Accepted + len(urgentSkews), nil
 }
 
 // fakepushView fills in what fakepush says of the run: when each push
 // arrived, by the same host's clock, and how many arrived twice.
 func (b *Benchmark) fakepushView(s scheduled, res *Result) error {
-	receipts, stats, err := b.receipts(s.bulkID)
-	if err != nil {
-		return err
-	}
 	var rskews []float64
-	for _, r := range receipts {
-		rskews = append(rskews, float64(r.ReceivedAt.Sub(s.dispatchAt).Microseconds())/1000)
+	var stats fake.Stats
+	for _, id := range s.bulkIDs {
+		receipts, st, err := b.receipts(id)
+		if err != nil {
+			return err
+		}
+		for _, r := range receipts {
+			rskews = append(rskews, float64(r.ReceivedAt.Sub(s.dispatchAt).Microseconds())/1000)
+		}
+		stats = st
 	}
 	slices.Sort(rskews)
 	res.ReceiptSkewMs = summarize(rskews)

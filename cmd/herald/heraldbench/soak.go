@@ -148,7 +148,7 @@ func (b *Benchmark) Soak(ctx context.Context, admin string, cfg SoakConfig) ([]S
 			key := fmt.Sprintf("soak-%d-%d", start.UnixNano(), sent)
 			res, err := b.api.CreateMessageWithResponse(ctx, &client.CreateMessageParams{IdempotencyKey: &key}, client.NewMessage{
 				Priority: new(client.PriorityBulk),
-				Audience: client.Audience{Type: client.AudienceTypeSegment, ID: new("bench")},
+				Audience: client.Audience{Type: client.AudienceTypeSegment, ID: new(segment(0))},
 				Payload:  client.Payload{Title: new("Soak"), Body: new(fmt.Sprintf("message %d", sent))},
 			})
 			if err := answered("schedule a soak message", http.StatusAccepted, res, err); err != nil {
