@@ -286,13 +286,47 @@ func newMessageStatus(m db.Message, payload json.RawMessage) messageStatus {
 	}
 	if m.SkewMaxMs != nil {
 		st.SkewMs = &skewSummary{P50: *m.SkewP50Ms, P95: *m.SkewP95Ms, P99: *m.SkewP99Ms, Max: *m.SkewMaxMs}
+	} else {
+		st.SkewMs = liveSkew(m.SkewHistogram)
 	}
 	return st
 }
 
-// getMessage reads one message row; only while a message is dispatching and
-// has accepted deliveries are its skew percentiles computed from the ledger
-// (once settled they are stored on the row).
+// liveSkew is the skew of a message being sent, from the histogram of its
+// accepted deliveries' skews that every result write adds to (migration
+// 0010): each figure is the upper end of the 10%-wide bucket it falls in,
+// so it is at most 10% (or, under 1 ms, 1 ms) above the exact value, which
+// is stored once the message settles. Nil while nothing is accepted.
+func liveSkew(histogram []int32) *skewSummary {
+	var total int64
+	for _, n := range histogram {
+		total += int64(n)
+	}
+	if total == 0 {
+		return nil
+	}
+	// upper is the top of bucket k (1-based): 1 ms for bucket 1, then
+	// 1.1^(k-1) ms.
+	upper := func(k int) float64 {
+		if k == 1 {
+			return 1
+		}
+		return round1(math.Pow(1.1, float64(k-1)))
+	}
+	percentile := func(p float64) float64 {
+		rank := max(int64(math.Ceil(p*float64(total))), 1)
+		var seen int64
+		for i, n := range histogram {
+			if seen += int64(n); seen >= rank {
+				return upper(i + 1)
+			}
+		}
+		return upper(len(histogram))
+	}
+	return &skewSummary{P50: percentile(0.5), P95: percentile(0.95), P99: percentile(0.99), Max: percentile(1)}
+}
+
+// getMessage reads one message row, and a local-time message's waves.
 func (s *Server) getMessage(c echo.Context) error {
 	ctx := c.Request().Context()
 	q := db.On(s.pool)
@@ -306,15 +340,6 @@ func (s *Server) getMessage(c echo.Context) error {
 		return err
 	}
 	st := newMessageStatus(m, payloads[m.PayloadID])
-	if st.SkewMs == nil && m.AcceptedCount > 0 {
-		sk, err := q.MessageSkew(ctx, id)
-		if err != nil {
-			return fmt.Errorf("read skew: %w", err)
-		}
-		if sk.Accepted > 0 {
-			st.SkewMs = &skewSummary{P50: round1(sk.P50), P95: round1(sk.P95), P99: round1(sk.P99), Max: round1(sk.Max)}
-		}
-	}
 	if m.LocalTime != nil {
 		var spec struct {
 			TTLSeconds int64 `json:"ttl_seconds"`

@@ -219,20 +219,32 @@ WITH input AS (
     WHERE d.message_id = $1 AND d.device_id = ANY ($2::bigint[])
       AND d.device_id = i.device_id
       AND (d.status || '') NOT IN ('accepted', 'failed', 'expired', 'cancelled')
-    RETURNING d.status
+    RETURNING d.status, extract(epoch FROM d.accepted_at - d.due_at) * 1000 AS skew_ms
 ), counts AS (
     SELECT count(*) FILTER (WHERE status = 'accepted')::integer AS accepted,
            count(*) FILTER (WHERE status = 'failed')::integer AS failed,
            count(*) FILTER (WHERE status = 'expired')::integer AS expired,
            count(*) FILTER (WHERE status = 'cancelled')::integer AS cancelled
     FROM updated
+), skews AS (
+    -- The accepted deliveries' skews in the buckets of the message's
+    -- histogram (migration 0010; read by the API while the message is
+    -- sent): under 1 ms is bucket 1, then 10% a bucket up to 194.
+    SELECT CASE WHEN skew_ms < 1 THEN 1 ELSE least(2 + floor(ln(skew_ms) / ln(1.1))::integer, 194) END AS bucket,
+           count(*)::integer AS n
+    FROM updated
+    WHERE status = 'accepted'
+    GROUP BY 1
 )
 UPDATE messages m
 SET pending_count = m.pending_count - c.accepted - c.failed - c.expired - c.cancelled,
     accepted_count = m.accepted_count + c.accepted,
     failed_count = m.failed_count + c.failed,
     expired_count = m.expired_count + c.expired,
-    cancelled_count = m.cancelled_count + c.cancelled
+    cancelled_count = m.cancelled_count + c.cancelled,
+    skew_histogram = CASE WHEN c.accepted = 0 THEN m.skew_histogram ELSE (
+        SELECT array_agg(coalesce(m.skew_histogram[b], 0) + coalesce(s.n, 0) ORDER BY b)
+        FROM generate_series(1, 194) b LEFT JOIN skews s ON s.bucket = b) END
 FROM counts c
 WHERE m.id = $1
 RETURNING m.pending_count, c.accepted, c.failed, c.expired

@@ -18,7 +18,7 @@ SET state = 'cancelled',
     cancelled_count = cancelled_count + pending_count,
     pending_count = 0
 WHERE id = $1 AND state = 'scheduled'
-RETURNING id, state, priority, dispatch_at, expires_at, payload_id, audience, local_time, recipient_count, device_count, chunk_count, pending_count, accepted_count, failed_count, expired_count, cancelled_count, schedule_id, schedule_run_at, started_at, settled_at, cancelled_at, skew_p50_ms, skew_p95_ms, skew_p99_ms, skew_max_ms, created_at
+RETURNING id, state, priority, dispatch_at, expires_at, payload_id, audience, local_time, recipient_count, device_count, chunk_count, pending_count, accepted_count, failed_count, expired_count, cancelled_count, schedule_id, schedule_run_at, started_at, settled_at, cancelled_at, skew_p50_ms, skew_p95_ms, skew_p99_ms, skew_max_ms, created_at, skew_histogram
 `
 
 // Cancels a message that has not started. The guard on state is what
@@ -54,6 +54,7 @@ func (q *Queries) CancelMessage(ctx context.Context, id int64) (Message, error) 
 		&i.SkewP99Ms,
 		&i.SkewMaxMs,
 		&i.CreatedAt,
+		&i.SkewHistogram,
 	)
 	return i, err
 }
@@ -151,7 +152,7 @@ func (q *Queries) GetIdempotencyKey(ctx context.Context, arg GetIdempotencyKeyPa
 }
 
 const getMessage = `-- name: GetMessage :one
-SELECT id, state, priority, dispatch_at, expires_at, payload_id, audience, local_time, recipient_count, device_count, chunk_count, pending_count, accepted_count, failed_count, expired_count, cancelled_count, schedule_id, schedule_run_at, started_at, settled_at, cancelled_at, skew_p50_ms, skew_p95_ms, skew_p99_ms, skew_max_ms, created_at FROM messages WHERE id = $1
+SELECT id, state, priority, dispatch_at, expires_at, payload_id, audience, local_time, recipient_count, device_count, chunk_count, pending_count, accepted_count, failed_count, expired_count, cancelled_count, schedule_id, schedule_run_at, started_at, settled_at, cancelled_at, skew_p50_ms, skew_p95_ms, skew_p99_ms, skew_max_ms, created_at, skew_histogram FROM messages WHERE id = $1
 `
 
 func (q *Queries) GetMessage(ctx context.Context, id int64) (Message, error) {
@@ -184,6 +185,7 @@ func (q *Queries) GetMessage(ctx context.Context, id int64) (Message, error) {
 		&i.SkewP99Ms,
 		&i.SkewMaxMs,
 		&i.CreatedAt,
+		&i.SkewHistogram,
 	)
 	return i, err
 }
@@ -239,7 +241,7 @@ INSERT INTO messages (
     $8, $9, $10, $11, $12,
     $13, $14, $15
 )
-RETURNING id, state, priority, dispatch_at, expires_at, payload_id, audience, local_time, recipient_count, device_count, chunk_count, pending_count, accepted_count, failed_count, expired_count, cancelled_count, schedule_id, schedule_run_at, started_at, settled_at, cancelled_at, skew_p50_ms, skew_p95_ms, skew_p99_ms, skew_max_ms, created_at
+RETURNING id, state, priority, dispatch_at, expires_at, payload_id, audience, local_time, recipient_count, device_count, chunk_count, pending_count, accepted_count, failed_count, expired_count, cancelled_count, schedule_id, schedule_run_at, started_at, settled_at, cancelled_at, skew_p50_ms, skew_p95_ms, skew_p99_ms, skew_max_ms, created_at, skew_histogram
 `
 
 type InsertMessageParams struct {
@@ -308,6 +310,7 @@ func (q *Queries) InsertMessage(ctx context.Context, arg InsertMessageParams) (M
 		&i.SkewP99Ms,
 		&i.SkewMaxMs,
 		&i.CreatedAt,
+		&i.SkewHistogram,
 	)
 	return i, err
 }
@@ -413,7 +416,7 @@ func (q *Queries) ListDeliveries(ctx context.Context, arg ListDeliveriesParams) 
 }
 
 const listMessages = `-- name: ListMessages :many
-SELECT id, state, priority, dispatch_at, expires_at, payload_id, audience, local_time, recipient_count, device_count, chunk_count, pending_count, accepted_count, failed_count, expired_count, cancelled_count, schedule_id, schedule_run_at, started_at, settled_at, cancelled_at, skew_p50_ms, skew_p95_ms, skew_p99_ms, skew_max_ms, created_at
+SELECT id, state, priority, dispatch_at, expires_at, payload_id, audience, local_time, recipient_count, device_count, chunk_count, pending_count, accepted_count, failed_count, expired_count, cancelled_count, schedule_id, schedule_run_at, started_at, settled_at, cancelled_at, skew_p50_ms, skew_p95_ms, skew_p99_ms, skew_max_ms, created_at, skew_histogram
 FROM messages
 WHERE id < $1
   AND ($2::text IS NULL OR state = $2::text)
@@ -471,6 +474,7 @@ func (q *Queries) ListMessages(ctx context.Context, arg ListMessagesParams) ([]M
 			&i.SkewP99Ms,
 			&i.SkewMaxMs,
 			&i.CreatedAt,
+			&i.SkewHistogram,
 		); err != nil {
 			return nil, err
 		}
@@ -504,43 +508,6 @@ func (q *Queries) MessageChunkJobs(ctx context.Context, messageID int64) ([]int6
 		return nil, err
 	}
 	return items, nil
-}
-
-const messageSkew = `-- name: MessageSkew :one
-SELECT count(*)::integer AS accepted,
-       percentile_cont(0.5) WITHIN GROUP (ORDER BY skew)::double precision AS p50,
-       percentile_cont(0.95) WITHIN GROUP (ORDER BY skew)::double precision AS p95,
-       percentile_cont(0.99) WITHIN GROUP (ORDER BY skew)::double precision AS p99,
-       coalesce(max(skew), 0)::double precision AS max
-FROM (
-    SELECT extract(epoch FROM accepted_at - due_at) * 1000 AS skew
-    FROM deliveries
-    WHERE message_id = $1 AND status = 'accepted'
-) s
-`
-
-type MessageSkewRow struct {
-	Accepted int32
-	P50      float64
-	P95      float64
-	P99      float64
-	Max      float64
-}
-
-// Skew percentiles of a message's accepted deliveries, in milliseconds,
-// computed from the ledger (used until the message settles and they are
-// stored on it).
-func (q *Queries) MessageSkew(ctx context.Context, messageID int64) (MessageSkewRow, error) {
-	row := q.db.QueryRow(ctx, messageSkew, messageID)
-	var i MessageSkewRow
-	err := row.Scan(
-		&i.Accepted,
-		&i.P50,
-		&i.P95,
-		&i.P99,
-		&i.Max,
-	)
-	return i, err
 }
 
 const messageWaves = `-- name: MessageWaves :many
@@ -646,7 +613,7 @@ SET state = $1, settled_at = $2,
     recipient_count = $3, device_count = $4, chunk_count = $5,
     pending_count = $6, expired_count = $7
 WHERE id = $8
-RETURNING id, state, priority, dispatch_at, expires_at, payload_id, audience, local_time, recipient_count, device_count, chunk_count, pending_count, accepted_count, failed_count, expired_count, cancelled_count, schedule_id, schedule_run_at, started_at, settled_at, cancelled_at, skew_p50_ms, skew_p95_ms, skew_p99_ms, skew_max_ms, created_at
+RETURNING id, state, priority, dispatch_at, expires_at, payload_id, audience, local_time, recipient_count, device_count, chunk_count, pending_count, accepted_count, failed_count, expired_count, cancelled_count, schedule_id, schedule_run_at, started_at, settled_at, cancelled_at, skew_p50_ms, skew_p95_ms, skew_p99_ms, skew_max_ms, created_at, skew_histogram
 `
 
 type SetMessageAudienceParams struct {
@@ -701,6 +668,7 @@ func (q *Queries) SetMessageAudience(ctx context.Context, arg SetMessageAudience
 		&i.SkewP99Ms,
 		&i.SkewMaxMs,
 		&i.CreatedAt,
+		&i.SkewHistogram,
 	)
 	return i, err
 }

@@ -74,6 +74,7 @@ type Message struct {
 	SkewP99Ms      *float64
 	SkewMaxMs      *float64
 	CreatedAt      time.Time
+	SkewHistogram  []int32
 }
 
 type MessageChunk struct {

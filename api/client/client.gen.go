@@ -540,14 +540,16 @@ type MessageStatus struct {
 	MessageID string    `json:"message_id"`
 
 	// Payload What a message shows, encoded once per channel; each field's provider field is in the description (README, The payload). Needs a title, a body, data or silent: true. A wrong field is a 400 naming it (payload.badge, payload.webpush.actions[1].title, ...); an encoding over 4096 bytes is a 413 naming the channel.
-	Payload        Payload      `json:"payload"`
-	Priority       Priority     `json:"priority"`
-	RecipientCount int          `json:"recipient_count"`
-	ScheduleID     *string      `json:"schedule_id"`
-	SettledAt      *time.Time   `json:"settled_at"`
-	SkewMs         *Skew        `json:"skew_ms"`
-	StartedAt      *time.Time   `json:"started_at"`
-	State          MessageState `json:"state"`
+	Payload        Payload    `json:"payload"`
+	Priority       Priority   `json:"priority"`
+	RecipientCount int        `json:"recipient_count"`
+	ScheduleID     *string    `json:"schedule_id"`
+	SettledAt      *time.Time `json:"settled_at"`
+
+	// SkewMs Skew percentiles over accepted deliveries, in milliseconds (provider acceptance minus the delivery's due instant). Exact once the message has settled; while it is being sent, each is the top of the 10%-wide histogram bucket it falls in, at most 10% above the exact value (1 ms under 1 ms). Null while nothing is accepted.
+	SkewMs    *Skew        `json:"skew_ms"`
+	StartedAt *time.Time   `json:"started_at"`
+	State     MessageState `json:"state"`
 
 	// Waves A local-time message's waves, earliest first: the deliveries due at one instant (those skipped because their time had passed are in no wave), each with its own expiry and its counts from the ledger (devices = accepted + failed + expired + cancelled + pending).
 	Waves *[]Wave `json:"waves,omitempty"`
@@ -749,7 +751,7 @@ type SegmentUpdate struct {
 	Name *string `json:"name,omitempty"`
 }
 
-// Skew defines model for Skew.
+// Skew Skew percentiles over accepted deliveries, in milliseconds (provider acceptance minus the delivery's due instant). Exact once the message has settled; while it is being sent, each is the top of the 10%-wide histogram bucket it falls in, at most 10% above the exact value (1 ms under 1 ms). Null while nothing is accepted.
 type Skew struct {
 	Max float64 `json:"max"`
 	P50 float64 `json:"p50"`

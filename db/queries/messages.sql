@@ -48,21 +48,6 @@ SELECT @message_id, unnest(@chunks::integer[]), unnest(@job_ids::bigint[]),
 -- name: GetMessage :one
 SELECT * FROM messages WHERE id = @id;
 
--- name: MessageSkew :one
--- Skew percentiles of a message's accepted deliveries, in milliseconds,
--- computed from the ledger (used until the message settles and they are
--- stored on it).
-SELECT count(*)::integer AS accepted,
-       percentile_cont(0.5) WITHIN GROUP (ORDER BY skew)::double precision AS p50,
-       percentile_cont(0.95) WITHIN GROUP (ORDER BY skew)::double precision AS p95,
-       percentile_cont(0.99) WITHIN GROUP (ORDER BY skew)::double precision AS p99,
-       coalesce(max(skew), 0)::double precision AS max
-FROM (
-    SELECT extract(epoch FROM accepted_at - due_at) * 1000 AS skew
-    FROM deliveries
-    WHERE message_id = @message_id AND status = 'accepted'
-) s;
-
 -- name: MessageWaves :many
 -- A local-time message's waves and how far each has got, from the ledger:
 -- the deliveries sent at one instant (chunk >= 0; those whose time had
