@@ -396,6 +396,25 @@ func TestCreateMessageRollsBackOnFailure(t *testing.T) {
 	}
 }
 
+// ledgerRow is a delivery as a test writes its result.
+type ledgerRow struct {
+	ID    int64
+	DueAt time.Time
+}
+
+// startLedger starts message n as its first chunk would and returns its
+// deliveries in device order.
+func startLedger(t *testing.T, b *bundle, n int64) []ledgerRow {
+	t.Helper()
+	ctx := context.Background()
+	require.NoError(t, db.On(b.db.Pool).StartMessage(ctx, n))
+	rows, err := b.db.Pool.Query(ctx, "SELECT device_id, due_at FROM deliveries WHERE message_id = $1 ORDER BY device_id", n)
+	require.NoError(t, err)
+	ledger, err := pgx.CollectRows(rows, pgx.RowToStructByPos[ledgerRow])
+	require.NoError(t, err)
+	return ledger
+}
+
 func TestGetMessageCountsAndSkew(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -409,15 +428,7 @@ func TestGetMessageCountsAndSkew(t *testing.T) {
 	// and 30 ms, one failed.
 	ctx := context.Background()
 	q := db.On(b.db.Pool)
-	require.NoError(t, q.StartMessage(ctx, n))
-	rows, err := b.db.Pool.Query(ctx, "SELECT device_id, due_at FROM deliveries WHERE message_id = $1 ORDER BY device_id", n)
-	require.NoError(t, err)
-	type delivery struct {
-		ID    int64
-		DueAt time.Time
-	}
-	ledger, err := pgx.CollectRows(rows, pgx.RowToStructByPos[delivery])
-	require.NoError(t, err)
+	ledger := startLedger(t, b, n)
 	require.Len(t, ledger, 4)
 	r := db.RecordResultsParams{MessageID: n}
 	for i, d := range ledger {
@@ -429,7 +440,7 @@ func TestGetMessageCountsAndSkew(t *testing.T) {
 		r.DeviceIds, r.Statuses, r.Reasons = append(r.DeviceIds, d.ID), append(r.Statuses, status), append(r.Reasons, reason)
 		r.AttemptedUs, r.AcceptedUs = append(r.AttemptedUs, at), append(r.AcceptedUs, accepted)
 	}
-	_, err = q.RecordResults(ctx, r)
+	_, err := q.RecordResults(ctx, r)
 	require.NoError(t, err)
 
 	// While the message is dispatching, its skew comes from the histogram
@@ -675,15 +686,7 @@ func TestLiveSkewIsWithinTenPercent(t *testing.T) {
 	n, _ := parsePrefixed(id)
 	ctx := context.Background()
 	q := db.On(b.db.Pool)
-	require.NoError(t, q.StartMessage(ctx, n))
-	rows, err := b.db.Pool.Query(ctx, "SELECT device_id, due_at FROM deliveries WHERE message_id = $1 ORDER BY device_id", n)
-	require.NoError(t, err)
-	type delivery struct {
-		ID    int64
-		DueAt time.Time
-	}
-	ledger, err := pgx.CollectRows(rows, pgx.RowToStructByPos[delivery])
-	require.NoError(t, err)
+	ledger := startLedger(t, b, n)
 	require.Len(t, ledger, 1000)
 	for start := 0; start < len(ledger); start += 100 {
 		r := db.RecordResultsParams{MessageID: n}
@@ -703,7 +706,7 @@ func TestLiveSkewIsWithinTenPercent(t *testing.T) {
 		return st["skew_ms"].(map[string]any)
 	}
 	live := skew()
-	_, err = q.SettleMessage(ctx, n)
+	_, err := q.SettleMessage(ctx, n)
 	require.NoError(t, err)
 	exact := skew()
 	t.Logf("live %v, exact %v", live, exact)
