@@ -306,10 +306,17 @@ func (w *FanOutWorker) send(ctx context.Context, c *running, msg *encodedMessage
 			s.disabled(g.channel, idx)
 			continue
 		}
+		sendCtx := ctx
+		if c.Chunk == 0 {
+			// A message's first devices go out before the chunks that
+			// were already being sent (push.WithLead): when many messages
+			// fall due at once, none waits for the others to begin.
+			sendCtx = push.WithLead(ctx, firstChunkLead)
+		}
 		for start := 0; start < len(idx); start += sendSlice {
 			slice := idx[start:min(start+sendSlice, len(idx))]
 			s.inFlight++
-			go w.sendTargets(ctx, c, msg.localized(g.locale), provider, g, slice, s)
+			go w.sendTargets(sendCtx, c, msg.localized(g.locale), provider, g, slice, s)
 		}
 	}
 	return s
@@ -385,6 +392,10 @@ func (w *FanOutWorker) sendTargets(ctx context.Context, c *running, msg *push.Me
 	s.ledger.add(s.rec, false, rest...)
 	s.done <- struct{}{}
 }
+
+// firstChunkLead is how many of a message's first chunk's devices on each
+// channel are sent ahead of the chunks already waiting for the provider.
+const firstChunkLead = 10
 
 // sendSlice is how many of a chunk's devices on one channel go to the
 // provider in one call: a whole chunk's. Answers are handed to the ledger

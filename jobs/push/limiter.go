@@ -95,6 +95,8 @@ func parked() Result {
 // returns when every request has answered. results must be as long as
 // targets.
 //
+// Concurrent Sends take their turns one after another, in the order they
+// came (see turn), except for their lead (WithLead), which goes first.
 // For each target in order:
 //   - once allow has refused, the target is parked without asking again;
 //   - reject, which may be nil, is asked first: a target it refuses gets its
@@ -117,34 +119,31 @@ func (l *Limiter) Send(ctx context.Context, targets []Target, results []Result, 
 			results[j] = Result{Reason: ReasonProviderUnavailable, Detail: "not sent: " + err.Error()}
 		}
 	}
-	if err := l.turn.Acquire(ctx, 1); err != nil {
-		notSent(0, err)
-		return
-	}
-	defer l.turn.Release(1)
 	refused := false
-	for i, t := range targets {
+	// step sends targets[i]; false when ctx ended and the rest is not sent.
+	step := func(i int) bool {
+		t := targets[i]
 		if refused {
 			results[i] = parked()
-			continue
+			return true
 		}
 		if reject != nil {
 			if r, ok := reject(t); ok {
 				results[i] = r
-				continue
+				return true
 			}
 		}
 		select {
 		case l.slots <- struct{}{}:
 		case <-ctx.Done():
 			notSent(i, ctx.Err())
-			return
+			return false
 		}
 		if !allow() {
 			<-l.slots
 			refused = true
 			results[i] = parked()
-			continue
+			return true
 		}
 		wg.Add(1)
 		l.run(func() {
@@ -158,5 +157,44 @@ func (l *Limiter) Send(ctx context.Context, targets []Target, results []Result, 
 				answered(i)
 			}
 		})
+		return true
 	}
+	// The lead goes out without waiting for the turn, taking the next
+	// slots that free up.
+	lead := min(leadOf(ctx), len(targets))
+	for i := range lead {
+		if !step(i) {
+			return
+		}
+	}
+	if lead == len(targets) {
+		return
+	}
+	if err := l.turn.Acquire(ctx, 1); err != nil {
+		notSent(lead, err)
+		return
+	}
+	defer l.turn.Release(1)
+	for i := lead; i < len(targets); i++ {
+		if !step(i) {
+			return
+		}
+	}
+}
+
+type leadKey struct{}
+
+// WithLead makes the Sends under ctx send their first n targets without
+// waiting for their turn behind the Sends that came before: they take the
+// next request slots that free up, and only the rest waits. The fan-out
+// gives a message's first chunk a lead, so that when many messages fall
+// due at once each one's first devices go out within a round trip or two
+// instead of after every earlier chunk has been sent.
+func WithLead(ctx context.Context, n int) context.Context {
+	return context.WithValue(ctx, leadKey{}, n)
+}
+
+func leadOf(ctx context.Context) int {
+	n, _ := ctx.Value(leadKey{}).(int)
+	return max(n, 0)
 }

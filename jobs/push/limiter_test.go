@@ -309,3 +309,37 @@ func TestLimiterSendAnswered(t *testing.T) {
 	require.Equal(t, parked(), results[3])
 	require.Equal(t, ReasonBadToken, results[1].Reason)
 }
+
+// TestLimiterSendLeadGoesFirst takes the turn as a Send in progress holds
+// it, and checks that another Send's lead is sent meanwhile, while the
+// rest of that Send waits for the turn.
+func TestLimiterSendLeadGoesFirst(t *testing.T) {
+	t.Parallel()
+	l := NewLimiter(4)
+	t.Cleanup(l.Close)
+	require.NoError(t, l.turn.Acquire(context.Background(), 1))
+	seen := make(chan string, 3)
+	send := func(t Target) Result {
+		seen <- t.Token
+		return sent(t)
+	}
+	done := make(chan []Result, 1)
+	go func() {
+		results := make([]Result, 3)
+		l.Send(WithLead(context.Background(), 1), tokens("lead", "rest-1", "rest-2"), results, func() bool { return true }, nil, nil, send)
+		done <- results
+	}()
+	select {
+	case tok := <-seen:
+		require.Equal(t, "lead", tok)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the lead waited for the turn")
+	}
+	require.Empty(t, seen, "only the lead goes before the turn")
+	l.turn.Release(1)
+	results := <-done
+	require.ElementsMatch(t, []string{"rest-1", "rest-2"}, []string{<-seen, <-seen})
+	for i, r := range results {
+		require.True(t, r.Accepted, "target %d", i)
+	}
+}
