@@ -402,43 +402,54 @@ type ledgerRow struct {
 	DueAt time.Time
 }
 
-// startLedger starts message n as its first chunk would and returns its
-// deliveries in device order.
-func startLedger(t *testing.T, b *bundle, n int64) []ledgerRow {
+// startedMessage schedules a message to users users of prefix, one device
+// each, starts it as its first chunk would, and returns its id (as the API
+// names it and as a number) and its deliveries in device order.
+func startedMessage(t *testing.T, b *bundle, prefix string, users int) (id string, n int64, ledger []ledgerRow) {
 	t.Helper()
+	b.population(t, prefix, users, 1)
+	status, resp := b.do(t, http.MethodPost, "/v1/messages", messageBody(map[string]any{"type": "users", "ids": userIDs(prefix, users)}))
+	require.Equal(t, http.StatusAccepted, status)
+	id = resp["message_id"].(string)
+	n, _ = parsePrefixed(id)
 	ctx := context.Background()
 	require.NoError(t, db.On(b.db.Pool).StartMessage(ctx, n))
 	rows, err := b.db.Pool.Query(ctx, "SELECT device_id, due_at FROM deliveries WHERE message_id = $1 ORDER BY device_id", n)
 	require.NoError(t, err)
-	ledger, err := pgx.CollectRows(rows, pgx.RowToStructByPos[ledgerRow])
+	ledger, err = pgx.CollectRows(rows, pgx.RowToStructByPos[ledgerRow])
 	require.NoError(t, err)
-	return ledger
+	require.Len(t, ledger, users)
+	return id, n, ledger
+}
+
+// addResult adds d's result to r as a worker writes it: attempted at, and
+// accepted at then when status is accepted.
+func addResult(r *db.RecordResultsParams, d ledgerRow, status, reason string, at time.Time) {
+	accepted := int64(0)
+	if status == "accepted" {
+		accepted = at.UnixMicro()
+	}
+	r.DeviceIds, r.Statuses, r.Reasons = append(r.DeviceIds, d.ID), append(r.Statuses, status), append(r.Reasons, reason)
+	r.AttemptedUs, r.AcceptedUs = append(r.AttemptedUs, at.UnixMicro()), append(r.AcceptedUs, accepted)
 }
 
 func TestGetMessageCountsAndSkew(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.population(t, "g", 4, 1)
-	status, resp := b.do(t, http.MethodPost, "/v1/messages", messageBody(map[string]any{"type": "users", "ids": userIDs("g", 4)}))
-	require.Equal(t, http.StatusAccepted, status)
-	id := resp["message_id"].(string)
-	n, _ := parsePrefixed(id)
+	id, n, ledger := startedMessage(t, b, "g", 4)
 
 	// Write the results as a chunk worker does: three accepted at 10, 20
 	// and 30 ms, one failed.
 	ctx := context.Background()
 	q := db.On(b.db.Pool)
-	ledger := startLedger(t, b, n)
-	require.Len(t, ledger, 4)
 	r := db.RecordResultsParams{MessageID: n}
 	for i, d := range ledger {
-		at := d.DueAt.Add(time.Duration(i+1) * 10 * time.Millisecond).UnixMicro()
-		status, reason, accepted := "accepted", "", at
+		at := d.DueAt.Add(time.Duration(i+1) * 10 * time.Millisecond)
 		if i == 3 {
-			status, reason, accepted = "failed", "unregistered", 0
+			addResult(&r, d, "failed", "unregistered", at)
+		} else {
+			addResult(&r, d, "accepted", "", at)
 		}
-		r.DeviceIds, r.Statuses, r.Reasons = append(r.DeviceIds, d.ID), append(r.Statuses, status), append(r.Reasons, reason)
-		r.AttemptedUs, r.AcceptedUs = append(r.AttemptedUs, at), append(r.AcceptedUs, accepted)
 	}
 	_, err := q.RecordResults(ctx, r)
 	require.NoError(t, err)
@@ -679,23 +690,15 @@ func TestCancelRacesFirstChunk(t *testing.T) {
 func TestLiveSkewIsWithinTenPercent(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.population(t, "h", 1000, 1)
-	status, resp := b.do(t, http.MethodPost, "/v1/messages", messageBody(map[string]any{"type": "users", "ids": userIDs("h", 1000)}))
-	require.Equal(t, http.StatusAccepted, status)
-	id := resp["message_id"].(string)
-	n, _ := parsePrefixed(id)
+	id, n, ledger := startedMessage(t, b, "h", 1000)
 	ctx := context.Background()
 	q := db.On(b.db.Pool)
-	ledger := startLedger(t, b, n)
-	require.Len(t, ledger, 1000)
 	for start := 0; start < len(ledger); start += 100 {
 		r := db.RecordResultsParams{MessageID: n}
 		for i, d := range ledger[start : start+100] {
 			// 0.5 ms growing by 0.9% a device, to about 6 s.
 			skew := time.Duration(500 * math.Pow(1.0094, float64(start+i)) * float64(time.Microsecond))
-			at := d.DueAt.Add(skew).UnixMicro()
-			r.DeviceIds, r.Statuses, r.Reasons = append(r.DeviceIds, d.ID), append(r.Statuses, "accepted"), append(r.Reasons, "")
-			r.AttemptedUs, r.AcceptedUs = append(r.AttemptedUs, at), append(r.AcceptedUs, at)
+			addResult(&r, d, "accepted", "", d.DueAt.Add(skew))
 		}
 		_, err := q.RecordResults(ctx, r)
 		require.NoError(t, err)
