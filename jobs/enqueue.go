@@ -119,7 +119,7 @@ func (e *Enqueuer) Create(ctx context.Context, tx pgx.Tx, m MessageSpec) (db.Mes
 	// after dispatch_at, or a local-time wave's lifetime.
 	lifetime := m.ExpiresAt.Sub(m.DispatchAt)
 	var localJSON []byte
-	if err := e.plan(ctx, tx, m, audience, &plan); err != nil {
+	if err := planExpansion(ctx, tx, m, audience, &plan); err != nil {
 		return db.Message{}, err
 	}
 	if lt := m.LocalTime; lt != nil {
@@ -234,11 +234,11 @@ func chunkPriority(chunk int32) int {
 	return 4
 }
 
-// plan fills in what the expansion needs beyond the message: a local-time
+// planExpansion fills in what the expansion needs beyond the message: a local-time
 // message's waves, and the localization each locale gets. Both come from
 // the audience's distinct zones and locales, read only when the message
 // has local time or localizations.
-func (e *Enqueuer) plan(ctx context.Context, tx pgx.Tx, m MessageSpec, audience db.Audience, plan *db.Expansion) error {
+func planExpansion(ctx context.Context, tx pgx.Tx, m MessageSpec, audience db.Audience, plan *db.Expansion) error {
 	localizations, err := localizationsOf(ctx, db.On(tx), m)
 	if err != nil {
 		return err

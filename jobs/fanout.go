@@ -66,12 +66,20 @@ type Target struct {
 
 // targetOf is the target of a pending delivery the chunk read.
 func targetOf(r db.ChunkPendingRow) Target {
-	t := Target{Target: push.Target{DeviceID: r.DeviceID, Token: r.Token, Sandbox: r.Environment == "sandbox"}, Channel: r.Channel}
-	if r.Locale != nil {
-		t.Locale = *r.Locale
+	return NewTarget(r.DeviceID, r.Channel, r.Locale, r.Token, r.P256dh, r.Auth, r.Environment)
+}
+
+// NewTarget is a device as the ledger and the directory hold it, ready to
+// send to: its channel and picked localization (the delivery's), its token,
+// Web Push keys and APNs environment (the device's). herald bench's blast
+// builds its targets with it too, so that it sends what a worker sends.
+func NewTarget(deviceID int64, channel string, locale *string, token string, p256dh, auth *string, environment string) Target {
+	t := Target{Target: push.Target{DeviceID: deviceID, Token: token, Sandbox: environment == "sandbox"}, Channel: channel}
+	if locale != nil {
+		t.Locale = *locale
 	}
-	if r.P256dh != nil && r.Auth != nil {
-		t.P256dh, t.Auth = *r.P256dh, *r.Auth
+	if p256dh != nil && auth != nil {
+		t.P256dh, t.Auth = *p256dh, *auth
 	}
 	return t
 }

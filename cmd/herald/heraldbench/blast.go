@@ -34,11 +34,8 @@ func (b *Benchmark) blast(ctx context.Context, pool db.DBTX, messageIDs []int64)
 			if i == 0 || r.Chunk != rows[i-1].Chunk {
 				chunks = append(chunks, nil)
 			}
-			t := jobs.Target{Target: push.Target{DeviceID: r.DeviceID, Token: r.Token, Sandbox: r.Environment == "sandbox"}, Channel: r.Channel}
-			if r.P256dh != nil && r.Auth != nil {
-				t.P256dh, t.Auth = *r.P256dh, *r.Auth
-			}
-			chunks[len(chunks)-1] = append(chunks[len(chunks)-1], t)
+			chunks[len(chunks)-1] = append(chunks[len(chunks)-1],
+				jobs.NewTarget(r.DeviceID, r.Channel, nil, r.Token, r.P256dh, r.Auth, r.Environment))
 		}
 	}
 
