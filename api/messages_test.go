@@ -424,13 +424,12 @@ func startedMessage(t *testing.T, b *bundle, prefix string, users int) (id strin
 
 // addResult adds d's result to r as a worker writes it: attempted at, and
 // accepted at then when status is accepted.
-func addResult(r *db.RecordResultsParams, d ledgerRow, status, reason string, at time.Time) {
+func addResult(r *db.RecordResultsParams, message int64, d ledgerRow, status, reason string, at time.Time) {
 	accepted := int64(0)
 	if status == "accepted" {
 		accepted = at.UnixMicro()
 	}
-	r.DeviceIds, r.Statuses, r.Reasons = append(r.DeviceIds, d.ID), append(r.Statuses, status), append(r.Reasons, reason)
-	r.AttemptedUs, r.AcceptedUs = append(r.AttemptedUs, at.UnixMicro()), append(r.AcceptedUs, accepted)
+	r.Add(message, d.ID, status, reason, at.UnixMicro(), accepted)
 }
 
 func TestGetMessageCountsAndSkew(t *testing.T) {
@@ -442,13 +441,13 @@ func TestGetMessageCountsAndSkew(t *testing.T) {
 	// and 30 ms, one failed.
 	ctx := context.Background()
 	q := db.On(b.db.Pool)
-	r := db.RecordResultsParams{MessageID: n}
+	var r db.RecordResultsParams
 	for i, d := range ledger {
 		at := d.DueAt.Add(time.Duration(i+1) * 10 * time.Millisecond)
 		if i == 3 {
-			addResult(&r, d, "failed", "unregistered", at)
+			addResult(&r, n, d, "failed", "unregistered", at)
 		} else {
-			addResult(&r, d, "accepted", "", at)
+			addResult(&r, n, d, "accepted", "", at)
 		}
 	}
 	_, err := q.RecordResults(ctx, r)
@@ -694,11 +693,11 @@ func TestLiveSkewIsWithinTenPercent(t *testing.T) {
 	ctx := context.Background()
 	q := db.On(b.db.Pool)
 	for start := 0; start < len(ledger); start += 100 {
-		r := db.RecordResultsParams{MessageID: n}
+		var r db.RecordResultsParams
 		for i, d := range ledger[start : start+100] {
 			// 0.5 ms growing by 0.9% a device, to about 6 s.
 			skew := time.Duration(500 * math.Pow(1.0094, float64(start+i)) * float64(time.Microsecond))
-			addResult(&r, d, "accepted", "", d.DueAt.Add(skew))
+			addResult(&r, n, d, "accepted", "", d.DueAt.Add(skew))
 		}
 		_, err := q.RecordResults(ctx, r)
 		require.NoError(t, err)

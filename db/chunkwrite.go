@@ -11,22 +11,48 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// ChunkWrite is one write of a message's results, from one or more of its
-// chunks: the devices to evict, what the workers saw of those chunks, the
-// deliveries, and, on a chunk's last write, whether to settle the message.
+// ChunkWrite is one message's part of a ledger write, from one or more of
+// its chunks: the devices to evict, what the workers saw of those chunks,
+// the deliveries, and, on a chunk's last write, whether to settle the
+// message.
 type ChunkWrite struct {
+	MessageID int64
 	// Evict, when it holds ids, evicts the devices whose tokens are dead.
-	Evict   EvictDevicesParams
-	Chunks  []RecordChunkParams
+	Evict  EvictDevicesParams
+	Chunks []RecordChunkParams
+	// Results are the message's deliveries; every row's message is
+	// MessageID (Results.Add).
 	Results RecordResultsParams
 	// Settle asks to settle the message if nothing of it is pending after
 	// this write; SettleMessage's own guard decides.
 	Settle bool
 }
 
+// Add appends one delivery's result.
+func (p *RecordResultsParams) Add(messageID, deviceID int64, status, reason string, attemptedUs, acceptedUs int64) {
+	p.MessageIds = append(p.MessageIds, messageID)
+	p.DeviceIds = append(p.DeviceIds, deviceID)
+	p.Statuses = append(p.Statuses, status)
+	p.Reasons = append(p.Reasons, reason)
+	p.AttemptedUs = append(p.AttemptedUs, attemptedUs)
+	p.AcceptedUs = append(p.AcceptedUs, acceptedUs)
+}
+
+// Append appends src's rows.
+func (p *RecordResultsParams) Append(src RecordResultsParams) {
+	p.MessageIds = append(p.MessageIds, src.MessageIds...)
+	p.DeviceIds = append(p.DeviceIds, src.DeviceIds...)
+	p.Statuses = append(p.Statuses, src.Statuses...)
+	p.Reasons = append(p.Reasons, src.Reasons...)
+	p.AttemptedUs = append(p.AttemptedUs, src.AttemptedUs...)
+	p.AcceptedUs = append(p.AcceptedUs, src.AcceptedUs...)
+}
+
 // ChunkWritten is what a ChunkWrite did.
 type ChunkWritten struct {
-	RecordResultsRow
+	// Accepted, Failed and Expired count the message's deliveries this
+	// write settled.
+	Accepted, Failed, Expired int32
 	// Settled is the message's new state when this write settled it, ""
 	// otherwise.
 	Settled string
@@ -41,57 +67,72 @@ type ChunkWritten struct {
 // the one lock all of a message's chunks share. Sent as separate statements,
 // the transaction would hold it across client round trips (the chunk's
 // timings, the commit), and on a busy machine chunks queued behind each
-// other for seconds. Pipelined, the lock is held from the counters' update
-// to the commit, both on the server: the counters move last, then the
-// settle check. The messages' rows are locked in the order of their ids,
-// whatever the order of ws, so that two processes' writes never wait for
-// each other in a cycle. Its statements run on their generic plans
+// other for seconds. Pipelined, the locks are held on the server only. The
+// messages' rows are locked first, in the order of their ids, so that two
+// processes' writes never wait for each other in a cycle; then every
+// message's deliveries and counters move in one statement (RecordResults:
+// its cost per statement was paid once per message before, which made a
+// write of twenty messages cost twenty); then the chunks' timings and the
+// settle checks. Its statements run on their generic plans
 // (UseGenericPlans). out[i] is what ws[i] did.
 func WriteChunks(ctx context.Context, pool *pgxpool.Pool, ws []ChunkWrite) ([]ChunkWritten, error) {
 	order := make([]int, len(ws))
-	for i := range order {
-		order[i] = i
+	ids := make([]int64, len(ws))
+	var results RecordResultsParams
+	for i, w := range ws {
+		order[i], ids[i] = i, w.MessageID
+		results.Append(w.Results)
 	}
-	slices.SortFunc(order, func(i, j int) int { return cmp.Compare(ws[i].Results.MessageID, ws[j].Results.MessageID) })
+	slices.SortFunc(order, func(i, j int) int { return cmp.Compare(ws[i].MessageID, ws[j].MessageID) })
 	out := make([]ChunkWritten, len(ws))
 	err := inBatch(ctx, pool, func(b *pgx.Batch) {
 		clear(out)
 		b.Queue(commitWithoutWaitingForDisk)
 		b.Queue(useGenericPlans)
+		b.Queue(lockMessages, ids)
 		for _, i := range order {
-			queueChunkWrite(b, ws[i], &out[i])
+			if e := ws[i].Evict; len(e.Ids) > 0 {
+				b.Queue(evictDevices, e.SentAfter, e.Ids, e.Reasons)
+			}
+		}
+		if len(results.DeviceIds) > 0 {
+			b.Queue(recordResults, results.MessageIds, results.DeviceIds, results.Statuses,
+				results.Reasons, results.AttemptedUs, results.AcceptedUs).Query(func(rows pgx.Rows) error {
+				for rows.Next() {
+					var r RecordResultsRow
+					if err := rows.Scan(&r.MessageID, &r.PendingCount, &r.Accepted, &r.Failed, &r.Expired); err != nil {
+						return err
+					}
+					for i, w := range ws {
+						if w.MessageID == r.MessageID {
+							out[i].Accepted, out[i].Failed, out[i].Expired = r.Accepted, r.Failed, r.Expired
+						}
+					}
+				}
+				return rows.Err()
+			})
+		}
+		for _, i := range order {
+			for _, c := range ws[i].Chunks {
+				b.Queue(recordChunk, c.StartedAt, c.FirstAcceptedAt, c.LastAcceptedAt, c.FinishedAt, c.MessageID, c.Chunk)
+			}
+			if ws[i].Settle {
+				b.Queue(settleMessage, ws[i].MessageID).QueryRow(func(row pgx.Row) error {
+					if err := row.Scan(&out[i].Settled); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+						return err
+					}
+					return nil
+				})
+			}
 		}
 	})
 	if err != nil {
 		if len(ws) == 1 {
-			return nil, fmt.Errorf("write results of message %d: %w", ws[0].Results.MessageID, err)
+			return nil, fmt.Errorf("write results of message %d: %w", ws[0].MessageID, err)
 		}
 		return nil, fmt.Errorf("write results of %d messages: %w", len(ws), err)
 	}
 	return out, nil
-}
-
-// queueChunkWrite queues the statements of one message's write.
-func queueChunkWrite(b *pgx.Batch, w ChunkWrite, out *ChunkWritten) {
-	r := w.Results
-	if len(w.Evict.Ids) > 0 {
-		b.Queue(evictDevices, w.Evict.SentAfter, w.Evict.Ids, w.Evict.Reasons)
-	}
-	for _, c := range w.Chunks {
-		b.Queue(recordChunk, c.StartedAt, c.FirstAcceptedAt, c.LastAcceptedAt, c.FinishedAt, c.MessageID, c.Chunk)
-	}
-	b.Queue(recordResults, r.MessageID, r.DeviceIds, r.Statuses, r.Reasons, r.AttemptedUs, r.AcceptedUs).
-		QueryRow(func(row pgx.Row) error {
-			return row.Scan(&out.PendingCount, &out.Accepted, &out.Failed, &out.Expired)
-		})
-	if w.Settle {
-		b.Queue(settleMessage, r.MessageID).QueryRow(func(row pgx.Row) error {
-			if err := row.Scan(&out.Settled); err != nil && !errors.Is(err, pgx.ErrNoRows) {
-				return err
-			}
-			return nil
-		})
-	}
 }
 
 // inBatch sends the statements build queues as one pipelined batch: one

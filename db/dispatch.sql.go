@@ -137,6 +137,19 @@ func (q *Queries) LockMessage(ctx context.Context, id int64) (LockMessageRow, er
 	return i, err
 }
 
+const lockMessages = `-- name: LockMessages :exec
+SELECT id FROM messages WHERE id = ANY ($1::bigint[]) ORDER BY id FOR UPDATE
+`
+
+// Locks messages' rows in the order of their ids, so that two ledger
+// writes of the same messages (two processes, or a write and a cancel)
+// never wait for each other in a cycle. It comes first: message, then
+// deliveries, the order every transaction that changes both keeps.
+func (q *Queries) LockMessages(ctx context.Context, ids []int64) error {
+	_, err := q.db.Exec(ctx, lockMessages, ids)
+	return err
+}
+
 const messageState = `-- name: MessageState :one
 SELECT state FROM messages WHERE id = $1
 `
@@ -182,9 +195,10 @@ func (q *Queries) RecordChunk(ctx context.Context, arg RecordChunkParams) error 
 	return err
 }
 
-const recordResults = `-- name: RecordResults :one
+const recordResults = `-- name: RecordResults :many
 WITH input AS (
-    SELECT unnest($2::bigint[]) AS device_id,
+    SELECT unnest($1::bigint[]) AS message_id,
+           unnest($2::bigint[]) AS device_id,
            unnest($3::text[]) AS status,
            unnest($4::text[]) AS reason,
            unnest($5::bigint[]) AS attempted_us,
@@ -202,41 +216,45 @@ WITH input AS (
                             ELSE to_timestamp(i.attempted_us / 1e6) END,
         accepted_at = CASE WHEN i.accepted_us = 0 THEN NULL ELSE to_timestamp(i.accepted_us / 1e6) END
     FROM input i
-    -- Written for the plan. device_id = ANY gives the primary key both of
-    -- its columns, so the rows are found by index whatever the statistics
-    -- say. Pending is spelled as not settled so that no partial index on
-    -- pending deliveries could be combined with it: with a young table's
-    -- statistics the generic plan did when the ledger had one (it was
-    -- dropped so that these updates are HOT), bitmap-scanning every delivery of
-    -- the message and joining the chunk by nested loop, some 70 ms a write
-    -- and seconds of CPU per 25,000-device message. The status is compared
-    -- as an expression without statistics (status || ''), so that the plan
-    -- does not follow the ledger's history: on the statistics of a ledger of
-    -- settled rows, pending looked so rare that the planner expected one row
-    -- and joined the chunk by a nested loop comparing every row with every
-    -- row (700 ms a write on 5 M settled rows, 2.5 times the PostgreSQL CPU
-    -- per send; TestLedgerPlansUseThePrimaryKey).
-    WHERE d.message_id = $1 AND d.device_id = ANY ($2::bigint[])
-      AND d.device_id = i.device_id
+    -- Written for the plan (TestLedgerPlansUseThePrimaryKey): each input
+    -- row finds its delivery through the primary key on both its columns,
+    -- a lookup per row, on any statistics. The earlier form looked the
+    -- chunk up by device_id = ANY and then joined it with the input; on the
+    -- statistics of a ledger analyzed while messages were being sent, the
+    -- planner expected two rows and joined by a nested loop comparing every
+    -- row with every row: 15 ms a write of 145 rows, some 100 us of
+    -- PostgreSQL CPU a device with twenty messages in flight. Pending is
+    -- spelled as not settled, on an expression without statistics
+    -- (status || ''), so that the plan follows neither a partial index on
+    -- the status nor a ledger's history, where pending looked so rare that
+    -- the planner expected one row.
+    WHERE d.message_id = i.message_id AND d.device_id = i.device_id
       AND (d.status || '') NOT IN ('accepted', 'failed', 'expired', 'cancelled')
     -- date_part, not extract: the skew is a double, as ln below needs it to be
     -- cheap (extract's numeric made ln cost microseconds a row).
-    RETURNING d.status, date_part('epoch', d.accepted_at - d.due_at) * 1000 AS skew_ms
-), counts AS (
-    SELECT count(*) FILTER (WHERE status = 'accepted')::integer AS accepted,
-           count(*) FILTER (WHERE status = 'failed')::integer AS failed,
-           count(*) FILTER (WHERE status = 'expired')::integer AS expired,
-           count(*) FILTER (WHERE status = 'cancelled')::integer AS cancelled
-    FROM updated
-), skews AS (
-    -- The accepted deliveries' skews in the buckets of the message's
-    -- histogram (migration 0010; read by the API while the message is
-    -- sent): under 1 ms is bucket 1, then 10% a bucket up to 194.
-    SELECT CASE WHEN skew_ms < 1 THEN 1 ELSE least(2 + floor(ln(skew_ms) / ln(1.1))::integer, 194) END AS bucket,
+    RETURNING d.message_id, d.status, date_part('epoch', d.accepted_at - d.due_at) * 1000 AS skew_ms
+), tallies AS (
+    -- The rows each write settled, by message and status, the accepted
+    -- ones by the bucket of their skew in the message's histogram
+    -- (migration 0010; read by the API while the message is sent): under
+    -- 1 ms is bucket 1, then 10% a bucket up to 194.
+    SELECT message_id, status,
+           CASE WHEN status <> 'accepted' THEN NULL
+                WHEN skew_ms < 1 THEN 1
+                ELSE least(2 + floor(ln(skew_ms) / ln(1.1))::integer, 194) END AS bucket,
            count(*)::integer AS n
     FROM updated
-    WHERE status = 'accepted'
-    GROUP BY 1
+    GROUP BY 1, 2, 3
+), counts AS (
+    SELECT message_id,
+           coalesce(sum(n) FILTER (WHERE status = 'accepted'), 0)::integer AS accepted,
+           coalesce(sum(n) FILTER (WHERE status = 'failed'), 0)::integer AS failed,
+           coalesce(sum(n) FILTER (WHERE status = 'expired'), 0)::integer AS expired,
+           coalesce(sum(n) FILTER (WHERE status = 'cancelled'), 0)::integer AS cancelled,
+           array_agg(bucket) FILTER (WHERE status = 'accepted') AS buckets,
+           array_agg(n) FILTER (WHERE status = 'accepted') AS skews
+    FROM tallies
+    GROUP BY message_id
 )
 UPDATE messages m
 SET pending_count = m.pending_count - c.accepted - c.failed - c.expired - c.cancelled,
@@ -244,16 +262,15 @@ SET pending_count = m.pending_count - c.accepted - c.failed - c.expired - c.canc
     failed_count = m.failed_count + c.failed,
     expired_count = m.expired_count + c.expired,
     cancelled_count = m.cancelled_count + c.cancelled,
-    skew_histogram = CASE WHEN c.accepted = 0 THEN m.skew_histogram ELSE (
-        SELECT array_agg(coalesce(m.skew_histogram[b], 0) + coalesce(s.n, 0) ORDER BY b)
-        FROM generate_series(1, 194) b LEFT JOIN skews s ON s.bucket = b) END
+    skew_histogram = CASE WHEN c.accepted = 0 THEN m.skew_histogram
+                          ELSE skew_histogram_add(m.skew_histogram, c.buckets, c.skews) END
 FROM counts c
-WHERE m.id = $1
-RETURNING m.pending_count, c.accepted, c.failed, c.expired
+WHERE m.id = c.message_id
+RETURNING m.id AS message_id, m.pending_count, c.accepted, c.failed, c.expired
 `
 
 type RecordResultsParams struct {
-	MessageID   int64
+	MessageIds  []int64
 	DeviceIds   []int64
 	Statuses    []string
 	Reasons     []string
@@ -262,35 +279,54 @@ type RecordResultsParams struct {
 }
 
 type RecordResultsRow struct {
+	MessageID    int64
 	PendingCount int32
 	Accepted     int32
 	Failed       int32
 	Expired      int32
 }
 
-// Writes one chunk's results in one statement and moves the message's
-// counters by exactly the rows that changed: only pending rows are updated,
-// so a result written twice (a retried chunk, a concurrent cancel) counts
-// once. A row may stay pending (parked behind an open breaker) with its
-// attempt and last reason recorded. Times are microseconds since the epoch
-// in the database's frame; 0 stands for none.
-func (q *Queries) RecordResults(ctx context.Context, arg RecordResultsParams) (RecordResultsRow, error) {
-	row := q.db.QueryRow(ctx, recordResults,
-		arg.MessageID,
+// Writes the results of a ledger write, for one message or many, in one
+// statement, and moves each message's counters by exactly the rows that
+// changed: only pending rows are updated, so a result written twice (a
+// retried chunk, a concurrent cancel) counts once. A row may stay pending
+// (parked behind an open breaker) with its attempt and last reason
+// recorded. Times are microseconds since the epoch in the database's frame;
+// 0 stands for none. A message none of whose rows changed is not returned,
+// and its row is left alone. The caller locks the messages first, in the
+// order of their ids (LockMessages): this statement's own order of them is
+// the plan's.
+func (q *Queries) RecordResults(ctx context.Context, arg RecordResultsParams) ([]RecordResultsRow, error) {
+	rows, err := q.db.Query(ctx, recordResults,
+		arg.MessageIds,
 		arg.DeviceIds,
 		arg.Statuses,
 		arg.Reasons,
 		arg.AttemptedUs,
 		arg.AcceptedUs,
 	)
-	var i RecordResultsRow
-	err := row.Scan(
-		&i.PendingCount,
-		&i.Accepted,
-		&i.Failed,
-		&i.Expired,
-	)
-	return i, err
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []RecordResultsRow{}
+	for rows.Next() {
+		var i RecordResultsRow
+		if err := rows.Scan(
+			&i.MessageID,
+			&i.PendingCount,
+			&i.Accepted,
+			&i.Failed,
+			&i.Expired,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const settleMessage = `-- name: SettleMessage :one

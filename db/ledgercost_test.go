@@ -36,13 +36,9 @@ func TestLedgerResultsAreHOT(t *testing.T) {
 	require.NoError(t, pgx.BeginFunc(ctx, tdb.Pool, func(tx pgx.Tx) error {
 		at := time.Now().UnixMicro()
 		for first := 1; first <= devices; first += lifeChunkSize {
-			r := db.RecordResultsParams{MessageID: id}
+			var r db.RecordResultsParams
 			for d := first; d < first+lifeChunkSize; d++ {
-				r.DeviceIds = append(r.DeviceIds, int64(d))
-				r.Statuses = append(r.Statuses, []string{"accepted", "failed"}[d%2])
-				r.Reasons = append(r.Reasons, []string{"", "unregistered"}[d%2])
-				r.AttemptedUs = append(r.AttemptedUs, at)
-				r.AcceptedUs = append(r.AcceptedUs, []int64{at, 0}[d%2])
+				r.Add(id, int64(d), []string{"accepted", "failed"}[d%2], []string{"", "unregistered"}[d%2], at, []int64{at, 0}[d%2])
 			}
 			if _, err := db.On(tx).RecordResults(ctx, r); err != nil {
 				return err
@@ -226,7 +222,7 @@ func fanOutLifeMessage(b testing.TB, pool *pgxpool.Pool, cpu func() time.Duratio
 	ctx := context.Background()
 	chunks := (devices + lifeChunkSize - 1) / lifeChunkSize
 	for first := 0; first < chunks; first += lifeChunksPerSave {
-		w := db.ChunkWrite{Results: db.RecordResultsParams{MessageID: id}, Settle: true}
+		w := db.ChunkWrite{MessageID: id, Settle: true}
 		t0 := cpu()
 		for c := first; c < min(first+lifeChunksPerSave, chunks); c++ {
 			// lifePopulation's devices are 1 to devices, cut in order.
@@ -245,13 +241,8 @@ func fanOutLifeMessage(b testing.TB, pool *pgxpool.Pool, cpu func() time.Duratio
 			w.Chunks = append(w.Chunks, db.RecordChunkParams{
 				MessageID: id, Chunk: int32(c), StartedAt: &start, FirstAcceptedAt: &at, LastAcceptedAt: &at, FinishedAt: &at,
 			})
-			r := &w.Results
 			for _, p := range begun.Pending {
-				r.DeviceIds = append(r.DeviceIds, p.DeviceID)
-				r.Statuses = append(r.Statuses, "accepted")
-				r.Reasons = append(r.Reasons, "")
-				r.AttemptedUs = append(r.AttemptedUs, at.UnixMicro())
-				r.AcceptedUs = append(r.AcceptedUs, at.UnixMicro())
+				w.Results.Add(id, p.DeviceID, "accepted", "", at.UnixMicro(), at.UnixMicro())
 			}
 		}
 		t1 := cpu()

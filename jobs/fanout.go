@@ -472,8 +472,7 @@ type chunkResults struct {
 // ledger's rows, the dead tokens to evict, the chunk's first and last
 // acceptance, and what the metrics count once the write has committed.
 func (w *FanOutWorker) resultsOf(a *running, results []push.Result, idx []int) chunkResults {
-	c := chunkResults{results: db.RecordResultsParams{MessageID: a.MessageID}}
-	p := &c.results
+	var c chunkResults
 	for _, i := range idx {
 		r := results[i]
 		if r.At.IsZero() {
@@ -497,11 +496,7 @@ func (w *FanOutWorker) resultsOf(a *running, results []push.Result, idx []int) c
 			// retried when the chunk wakes, until it expires.
 			status = "pending"
 		}
-		p.DeviceIds = append(p.DeviceIds, a.Targets[i].DeviceID)
-		p.Statuses = append(p.Statuses, status)
-		p.Reasons = append(p.Reasons, string(r.Reason))
-		p.AttemptedUs = append(p.AttemptedUs, at.UnixMicro())
-		p.AcceptedUs = append(p.AcceptedUs, acceptedUs)
+		c.results.Add(a.MessageID, a.Targets[i].DeviceID, status, string(r.Reason), at.UnixMicro(), acceptedUs)
 		c.counted = append(c.counted, settledDelivery{a.Targets[i].Channel, status, r.Reason, at.Sub(a.DispatchAt)})
 		if !r.Accepted && r.Reason.Evicts() {
 			c.evictIDs = append(c.evictIDs, a.Targets[i].DeviceID)
@@ -529,17 +524,13 @@ func (w *FanOutWorker) expire(ctx context.Context, a FanOutArgs, at time.Time) e
 		}
 		p, expired := a.expired(rows)
 		counted = expired
-		res, err := q.RecordResults(ctx, p)
-		if err != nil {
+		if _, err := q.RecordResults(ctx, p); err != nil {
 			return fmt.Errorf("expire deliveries: %w", err)
 		}
-		// Its timings, and the settle check of db.WriteChunks; done here in
-		// a transaction of its own because the message row is locked first.
+		// Its timings, and the settle check, as db.WriteChunks writes them
+		// (SettleMessage's guard decides).
 		if err := q.RecordChunk(ctx, db.RecordChunkParams{MessageID: a.MessageID, Chunk: int32(a.Chunk), StartedAt: &at, FinishedAt: &at}); err != nil {
 			return fmt.Errorf("record chunk: %w", err)
-		}
-		if res.PendingCount > 0 {
-			return nil
 		}
 		if _, err := q.SettleMessage(ctx, a.MessageID); err != nil && !errors.Is(err, db.ErrNotFound) {
 			return fmt.Errorf("settle message: %w", err)
@@ -555,15 +546,11 @@ func (w *FanOutWorker) expire(ctx context.Context, a FanOutArgs, at time.Time) e
 // expired is the ledger write that expires the chunk's pending deliveries,
 // and what the metrics count once it has committed.
 func (a FanOutArgs) expired(pending []db.ChunkPendingRow) (db.RecordResultsParams, []settledDelivery) {
-	p := db.RecordResultsParams{MessageID: a.MessageID}
+	var p db.RecordResultsParams
 	counted := make([]settledDelivery, 0, len(pending))
 	for _, r := range pending {
 		counted = append(counted, settledDelivery{channel: r.Channel, status: "expired"})
-		p.DeviceIds = append(p.DeviceIds, r.DeviceID)
-		p.Statuses = append(p.Statuses, "expired")
-		p.Reasons = append(p.Reasons, "")
-		p.AttemptedUs = append(p.AttemptedUs, 0)
-		p.AcceptedUs = append(p.AcceptedUs, 0)
+		p.Add(a.MessageID, r.DeviceID, "expired", "", 0, 0)
 	}
 	return p, counted
 }

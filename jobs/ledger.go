@@ -401,13 +401,13 @@ func (l *ledger) write(batch []pick) error {
 			i = len(writes)
 			byMsg[p.r.a.MessageID] = i
 			writes = append(writes, db.ChunkWrite{
-				Results: db.RecordResultsParams{MessageID: p.r.a.MessageID},
-				Evict:   db.EvictDevicesParams{SentAfter: p.r.startedAt},
+				MessageID: p.r.a.MessageID,
+				Evict:     db.EvictDevicesParams{SentAfter: p.r.startedAt},
 			})
 			counted = append(counted, nil)
 		}
 		w := &writes[i]
-		merge(&w.Results, c.results)
+		w.Results.Append(c.results)
 		if len(c.evictIDs) > 0 {
 			w.Evict.Ids = append(w.Evict.Ids, c.evictIDs...)
 			w.Evict.Reasons = append(w.Evict.Reasons, c.evictReasons...)
@@ -447,7 +447,7 @@ func (l *ledger) write(batch []pick) error {
 		return err
 	}
 	for i, w := range writes {
-		l.w.cfg.Metrics.count(priorityOf(batch, w.Results.MessageID), counted[i])
+		l.w.cfg.Metrics.count(priorityOf(batch, w.MessageID), counted[i])
 	}
 	return nil
 }
@@ -456,15 +456,6 @@ func (l *ledger) write(batch []pick) error {
 func priorityOf(batch []pick, messageID int64) string {
 	i := slices.IndexFunc(batch, func(p pick) bool { return p.r.a.MessageID == messageID })
 	return batch[i].r.a.Priority
-}
-
-// merge appends src's rows to dst.
-func merge(dst *db.RecordResultsParams, src db.RecordResultsParams) {
-	dst.DeviceIds = append(dst.DeviceIds, src.DeviceIds...)
-	dst.Statuses = append(dst.Statuses, src.Statuses...)
-	dst.Reasons = append(dst.Reasons, src.Reasons...)
-	dst.AttemptedUs = append(dst.AttemptedUs, src.AttemptedUs...)
-	dst.AcceptedUs = append(dst.AcceptedUs, src.AcceptedUs...)
 }
 
 func earlier(a, b *time.Time) *time.Time {

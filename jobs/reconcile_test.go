@@ -28,10 +28,9 @@ func TestReconcilerSettlesWhatNoChunkWill(t *testing.T) {
 	// was discarded.
 	stuck := b.message(users[:2], now.Add(-time.Hour), 50*time.Minute)
 	require.NoError(t, b.q.StartMessage(ctx, stuck.msg.ID))
-	_, err := b.q.RecordResults(ctx, db.RecordResultsParams{
-		MessageID: stuck.msg.ID, DeviceIds: []int64{stuck.targets[0].DeviceID}, Statuses: []string{"accepted"},
-		Reasons: []string{""}, AttemptedUs: []int64{now.Add(-time.Hour).UnixMicro()}, AcceptedUs: []int64{now.Add(-time.Hour).UnixMicro()},
-	})
+	var reached db.RecordResultsParams
+	reached.Add(stuck.msg.ID, stuck.targets[0].DeviceID, "accepted", "", now.Add(-time.Hour).UnixMicro(), now.Add(-time.Hour).UnixMicro())
+	_, err := b.q.RecordResults(ctx, reached)
 	require.NoError(t, err)
 	// Expired ten minutes ago, never started, its chunk cancelled.
 	never := b.message(users[2:4], now.Add(-time.Hour), 50*time.Minute)
