@@ -1,6 +1,7 @@
 package db
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"strconv"
@@ -80,8 +81,9 @@ func ReadAudienceKeys(ctx context.Context, q DBTX, a Audience) (AudienceKeys, er
 // Expansion is how ExpandAudience writes a message's ledger.
 type Expansion struct {
 	MessageID int64
-	// ChunkSize is the most devices a chunk holds.
-	ChunkSize int
+	// ChunkSize is the most devices a chunk holds; FirstChunkSize, when
+	// smaller, the most the first chunk of each due instant holds.
+	ChunkSize, FirstChunkSize int
 	// DispatchAt is when every device is due, unless the message has
 	// waves (Zones).
 	DispatchAt time.Time
@@ -157,15 +159,19 @@ func expand(ctx context.Context, q DBTX, a Audience, e Expansion) (Expanded, err
 	audience, arg := a.sql(len(e.Zones) > 0 || len(e.Locales) > 0, "$2")
 	param(arg)
 	size := param(e.ChunkSize)
-	// One due instant: a chunk is the next ChunkSize devices. Several (a
+	first := param(min(cmp.Or(e.FirstChunkSize, e.ChunkSize), e.ChunkSize))
+	// Within a due instant, the first chunk is the first FirstChunkSize
+	// devices, and each next one the next ChunkSize (cut is -1 for the
+	// first). One due instant: that is the chunk's number. Several (a
 	// local-time message): chunks are numbered across the waves in the
 	// order of their instants.
-	chunk := `(n / ` + size + `)::integer`
+	cut := `CASE WHEN n < ` + first + ` THEN -1 ELSE (n - ` + first + `) / ` + size + ` END`
+	chunk := `(` + cut + ` + 1)::integer`
 	var due, passed, waves string
 	if len(e.Zones) == 0 {
 		due, passed = param(e.DispatchAt)+`::timestamptz`, `false`
 	} else {
-		chunk = `(dense_rank() OVER (ORDER BY passed, due_at, n / ` + size + `) - 1)::integer`
+		chunk = `(dense_rank() OVER (ORDER BY passed, due_at, ` + cut + `) - 1)::integer`
 		due, passed, waves = `w.due_at`, `w.passed`, `
 			JOIN unnest(`+param(e.Zones)+`::text[], `+param(e.DueAts)+`::timestamptz[], `+param(e.Passed)+`::boolean[]) AS w(zone, due_at, passed)
 			  ON w.zone = coalesce(a.timezone, '')`

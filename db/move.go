@@ -9,26 +9,35 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// heraldTables are the tables Herald's migrations create, read from their
-// CREATE TABLE statements, so that a migration that adds a table needs no
-// list kept beside it; herald_migration is Migrate's own.
-func heraldTables() ([]string, error) {
+// heraldTables are the tables and functions Herald's migrations create,
+// read from their CREATE TABLE and CREATE FUNCTION statements, so that a
+// migration that adds one needs no list kept beside it; herald_migration is
+// Migrate's own.
+func heraldTables() (tables, functions []string, err error) {
 	all, err := Migrations()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	names := []string{"herald_migration"}
+	tables = []string{"herald_migration"}
 	for _, m := range all {
 		for _, match := range createTable.FindAllStringSubmatch(m.SQL, -1) {
-			if !slices.Contains(names, match[1]) {
-				names = append(names, match[1])
+			if !slices.Contains(tables, match[1]) {
+				tables = append(tables, match[1])
+			}
+		}
+		for _, match := range createFunction.FindAllStringSubmatch(m.SQL, -1) {
+			if !slices.Contains(functions, match[1]) {
+				functions = append(functions, match[1])
 			}
 		}
 	}
-	return names, nil
+	return tables, functions, nil
 }
 
-var createTable = regexp.MustCompile(`(?i)\bCREATE\s+(?:UNLOGGED\s+)?TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?([a-z_][a-z0-9_]*)`)
+var (
+	createTable    = regexp.MustCompile(`(?i)\bCREATE\s+(?:UNLOGGED\s+)?TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?([a-z_][a-z0-9_]*)`)
+	createFunction = regexp.MustCompile(`(?i)\bCREATE\s+(?:OR\s+REPLACE\s+)?FUNCTION\s+([a-z_][a-z0-9_]*)`)
+)
 
 // moveFromPublic moves an installation made before Herald had a schema of
 // its own, whose tables (Herald's and River's) are in public, into schema,
@@ -37,23 +46,23 @@ var createTable = regexp.MustCompile(`(?i)\bCREATE\s+(?:UNLOGGED\s+)?TABLE\s+(?:
 // are found under. It does nothing once schema holds Herald's tables, when
 // public holds none, or when schema is public.
 //
-// River's objects are the tables, types and functions of public whose names
-// start with river_. An application that itself ran River in public,
+// Herald's functions move with its tables. River's objects are the tables,
+// types and functions of public whose names start with river_. An application that itself ran River in public,
 // sharing its tables with Herald's, would find its own jobs moved with
 // them; it should keep Herald in public (HERALD_DB_SCHEMA=public).
 func moveFromPublic(ctx context.Context, conn *pgx.Conn, schema string) ([]string, error) {
 	if legacy, err := inPublic(ctx, conn, schema); err != nil || !legacy {
 		return nil, err
 	}
-	tables, err := heraldTables()
+	tables, functions, err := heraldTables()
 	if err != nil {
 		return nil, err
 	}
 	var moved []string
 	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 		// Tables first (with their sequences and indexes), then River's
-		// functions, named by argument types that must still be found, then
-		// its enum type. Columns, indexes and constraints refer to types and
+		// functions and Herald's, named by argument types that must still be
+		// found, then River's enum type. Columns, indexes and constraints refer to types and
 		// functions by identity, not by name, so nothing else changes.
 		rows, err := tx.Query(ctx, `
 			SELECT kind, ident, name FROM (
@@ -63,11 +72,11 @@ func moveFromPublic(ctx context.Context, conn *pgx.Conn, schema string) ([]strin
 				UNION ALL
 				SELECT 2, 'FUNCTION', quote_ident(p.proname) || '(' || pg_get_function_identity_arguments(p.oid) || ')', p.proname::text
 				FROM pg_proc p
-				WHERE p.pronamespace = 'public'::regnamespace AND p.proname LIKE 'river\_%'
+				WHERE p.pronamespace = 'public'::regnamespace AND (p.proname LIKE 'river\_%' OR p.proname = ANY ($2))
 				UNION ALL
 				SELECT 3, 'TYPE', quote_ident(t.typname), t.typname::text FROM pg_type t
 				WHERE t.typnamespace = 'public'::regnamespace AND t.typtype = 'e' AND t.typname LIKE 'river\_%'
-			) o ORDER BY step, name`, tables)
+			) o ORDER BY step, name`, tables, functions)
 		if err != nil {
 			return err
 		}

@@ -114,7 +114,7 @@ func (e *Enqueuer) Create(ctx context.Context, tx pgx.Tx, m MessageSpec) (db.Mes
 			return db.Message{}, ErrUnknownSegment
 		}
 	}
-	plan := db.Expansion{ChunkSize: e.chunkSize, DispatchAt: m.DispatchAt}
+	plan := db.Expansion{ChunkSize: e.chunkSize, FirstChunkSize: firstChunkSize, DispatchAt: m.DispatchAt}
 	// Each chunk lives as long after its due instant as the message does
 	// after dispatch_at, or a local-time wave's lifetime.
 	lifetime := m.ExpiresAt.Sub(m.DispatchAt)

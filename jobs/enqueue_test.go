@@ -331,6 +331,44 @@ func TestSchedulingHoldsNoAudience(t *testing.T) {
 	t.Logf("scheduled %d devices in %d chunks allocating %d KB", msg.DeviceCount, msg.ChunkCount, allocated/1024)
 	require.EqualValues(t, devices, msg.DeviceCount)
 	require.EqualValues(t, devices/2, msg.RecipientCount)
-	require.EqualValues(t, devices/500, msg.ChunkCount)
+	// A first chunk of firstChunkSize, then chunks of 500.
+	require.EqualValues(t, 1+(devices-firstChunkSize+499)/500, msg.ChunkCount)
 	require.Less(t, allocated, uint64(4<<20), "scheduling allocated %d bytes for %d devices", allocated, devices)
+}
+
+// TestFirstChunkIsSmall: a message's first chunk holds its first
+// firstChunkSize devices, so that it begins quickly when many messages
+// fall due at once; the rest are cut in chunks of the chunk size.
+func TestFirstChunkIsSmall(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tdb := dbtest.New(t)
+	q := db.On(tdb.Pool)
+	client, err := NewRiverClient(tdb.Pool, RiverConfig{Logger: discard})
+	require.NoError(t, err)
+	users := registerUsers(t, q, "u", 2*firstChunkSize+30)
+	var msg db.Message
+	require.NoError(t, db.InTx(ctx, tdb.Pool, func(tx pgx.Tx) error {
+		msg, err = NewEnqueuer(client, firstChunkSize+20).Create(ctx, tx, MessageSpec{
+			Priority: PriorityBulk, DispatchAt: time.Now().Add(time.Hour), ExpiresAt: time.Now().Add(2 * time.Hour),
+			Audience: Audience{UserIDs: users}, AudienceJSON: []byte(`{}`), Content: push.Content{Title: "t"},
+		})
+		return err
+	}))
+	rows, err := tdb.Pool.Query(ctx, `
+		SELECT count(*), min(device_id), max(device_id) FROM deliveries
+		WHERE message_id = $1 GROUP BY chunk ORDER BY chunk`, msg.ID)
+	require.NoError(t, err)
+	var sizes []int
+	var last int64
+	for rows.Next() {
+		var n int
+		var first, end int64
+		require.NoError(t, rows.Scan(&n, &first, &end))
+		require.Greater(t, first, last, "chunks are ranges of devices, in order")
+		sizes, last = append(sizes, n), end
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, []int{firstChunkSize, firstChunkSize + 20, 10}, sizes)
+	require.EqualValues(t, 3, msg.ChunkCount)
 }

@@ -147,17 +147,22 @@ type FanOutWorker struct {
 	// ledgers are the ledger writers, one per lane's pool, made on first
 	// use.
 	ledgers map[*pgxpool.Pool]*ledger
+	// begins are the pools' gates for beginning chunks (beginGate).
+	begins map[*pgxpool.Pool]*beginGate
 }
 
 // NewFanOutWorker returns the chunk worker.
 func NewFanOutWorker(cfg FanOutConfig) *FanOutWorker {
 	cfg.Timeout = cmp.Or(cfg.Timeout, DefaultChunkTimeout)
-	w := &FanOutWorker{cfg: cfg, lanes: map[string]Lane{}, messages: newMessageCache(64)}
+	w := &FanOutWorker{cfg: cfg, lanes: map[string]Lane{}, messages: newMessageCache(64), begins: map[*pgxpool.Pool]*beginGate{}}
 	for _, l := range cfg.Lanes {
 		if l.Pool == nil {
 			l.Pool = cfg.Pool
 		}
 		w.lanes[l.Queue] = l
+		if l.Pool != nil && w.begins[l.Pool] == nil {
+			w.begins[l.Pool] = newBeginGate(int(l.Pool.Config().MaxConns / 4))
+		}
 	}
 	if w.cfg.Breakers == nil {
 		var channels []string
@@ -240,7 +245,12 @@ func (w *FanOutWorker) begin(ctx context.Context, job *river.Job[FanOutArgs]) (c
 	if cached {
 		payloadID = 0
 	}
+	release, err := w.begins[w.lane(a).Pool].enter(ctx, a.Chunk == 0)
+	if err != nil {
+		return nil, nil, err
+	}
 	begun, err := db.BeginChunk(ctx, w.lane(a).Pool, a.ledgerRange(), payloadID)
+	release()
 	if err != nil {
 		return nil, nil, err
 	}
@@ -259,6 +269,74 @@ func (w *FanOutWorker) begin(ctx context.Context, job *river.Job[FanOutArgs]) (c
 		}
 	}
 	return c, msg, nil
+}
+
+// beginGate is a pool's gate for beginning chunks. When many chunks fall
+// due at once (twenty messages at the same second start fifty chunks a
+// process), their beginnings queued for the pool's connections and the
+// database's CPU, and a message's first chunk queued with the rest: its
+// first devices went out hundreds of milliseconds late. So a message's
+// first chunk begins at once, the others wait while any first chunk is
+// beginning, and only so many of them (a quarter of the pool's
+// connections) begin at once, which leaves connections to the first chunks
+// and the ledger writer.
+type beginGate struct {
+	// others holds a token per chunk beginning that is not a message's
+	// first.
+	others chan struct{}
+	mu     sync.Mutex
+	// firsts counts the first chunks beginning; clear is closed when it
+	// falls to zero.
+	firsts int
+	clear  chan struct{}
+}
+
+func newBeginGate(others int) *beginGate {
+	return &beginGate{others: make(chan struct{}, max(others, 1))}
+}
+
+// enter waits until a chunk may begin (first: a message's first chunk) and
+// returns what to call once it has. A nil gate lets every chunk begin.
+func (g *beginGate) enter(ctx context.Context, first bool) (release func(), err error) {
+	if g == nil {
+		return func() {}, nil
+	}
+	if first {
+		g.mu.Lock()
+		g.firsts++
+		g.mu.Unlock()
+		return func() {
+			g.mu.Lock()
+			defer g.mu.Unlock()
+			if g.firsts--; g.firsts == 0 && g.clear != nil {
+				close(g.clear)
+				g.clear = nil
+			}
+		}, nil
+	}
+	for {
+		g.mu.Lock()
+		if g.firsts == 0 {
+			g.mu.Unlock()
+			break
+		}
+		if g.clear == nil {
+			g.clear = make(chan struct{})
+		}
+		clear := g.clear
+		g.mu.Unlock()
+		select {
+		case <-clear:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	select {
+	case g.others <- struct{}{}:
+		return func() { <-g.others }, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 }
 
 // sendGroup is what a group of a chunk's targets answers to: a channel's
@@ -314,17 +392,22 @@ func (w *FanOutWorker) send(ctx context.Context, c *running, msg *encodedMessage
 			s.disabled(g.channel, idx)
 			continue
 		}
-		sendCtx := ctx
+		m := msg.localized(g.locale)
 		if c.Chunk == 0 {
 			// A message's first devices go out before the chunks that
-			// were already being sent (push.WithLead): when many messages
-			// fall due at once, none waits for the others to begin.
-			sendCtx = push.WithLead(ctx, firstChunkLead)
+			// were already being sent: they take the next request slots
+			// (push.WithLead) and the next places in the ledger writer
+			// (ledger.reserve). When many messages fall due at once, none
+			// waits for the others to begin.
+			lead := idx[:min(firstChunkLead, len(idx))]
+			idx = idx[len(lead):]
+			s.inFlight++
+			go w.sendTargets(push.WithLead(ctx, len(lead)), c, m, provider, g, lead, s)
 		}
 		for start := 0; start < len(idx); start += sendSlice {
 			slice := idx[start:min(start+sendSlice, len(idx))]
 			s.inFlight++
-			go w.sendTargets(sendCtx, c, msg.localized(g.locale), provider, g, slice, s)
+			go w.sendTargets(ctx, c, m, provider, g, slice, s)
 		}
 	}
 	return s
@@ -370,8 +453,9 @@ func (w *FanOutWorker) sendTargets(ctx context.Context, c *running, msg *push.Me
 	// Each request takes a place in the ledger writer first, held until
 	// its answer is written (MaxUnwritten), then asks the breaker.
 	var reserved, made atomic.Int64
+	lead := push.LeadOf(ctx) > 0
 	allow := func() bool {
-		if !s.ledger.reserve(ctx) {
+		if !s.ledger.reserve(ctx, lead) {
 			return false
 		}
 		if !g.breaker.Allow() {
@@ -400,6 +484,14 @@ func (w *FanOutWorker) sendTargets(ctx context.Context, c *running, msg *push.Me
 	s.ledger.add(s.rec, false, rest...)
 	s.done <- struct{}{}
 }
+
+// firstChunkSize is the most devices a message's first chunk holds (and
+// the first chunk of each of a local-time message's waves). Small, so that
+// it begins quickly: reading a chunk's devices is the largest part of its
+// beginning, and when many messages fall due at once their first chunks
+// begin together, each reading its devices while the database is at its
+// busiest. Every device of it but its lead still waits for its turn.
+const firstChunkSize = 50
 
 // firstChunkLead is how many of a message's first chunk's devices on each
 // channel are sent ahead of the chunks already waiting for the provider.

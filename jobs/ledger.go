@@ -39,9 +39,11 @@ const recordEvery = 25 * time.Millisecond
 // before each request and the place is freed once the answer is written. A
 // writer slowed down (a loaded database, a machine the database shares)
 // then slows the sends instead of piling up answers a crash would lose: a
-// process killed mid fan-out resends at most this many pushes per lane. A
-// healthy writer never holds this many: at 25,000 sends a second it holds
-// the requests in flight and about one write's worth of answers.
+// process killed mid fan-out resends at most this many pushes per lane,
+// and the leads of the messages' first chunks running (ledger.reserve: at
+// most firstChunkLead a channel each). A healthy writer never holds this
+// many: at 25,000 sends a second it holds the requests in flight and about
+// one write's worth of answers.
 const MaxUnwritten = 1000
 
 // recordTimeout bounds one write of the ledger writer.
@@ -71,11 +73,19 @@ type ledger struct {
 }
 
 // reserve waits for a place for one request (MaxUnwritten) and takes it; it
-// reports false if ctx ends first.
-func (l *ledger) reserve(ctx context.Context) bool {
+// reports false if ctx ends first. A lead's request (a message's first
+// devices, push.WithLead) does not wait: it may take a place past
+// MaxUnwritten. When many messages fall due at once the writer is full
+// from the first round trip on, and its places free up only as fast as
+// the database, itself at its busiest then, commits the writes: a
+// message's first devices waited for hundreds of milliseconds. A lead is a
+// few requests a channel for a message's first chunk, so the places it
+// adds are few (firstChunkLead) and the bound on what a crash resends
+// grows by as little.
+func (l *ledger) reserve(ctx context.Context, lead bool) bool {
 	for {
 		l.mu.Lock()
-		if l.owed < MaxUnwritten {
+		if lead || l.owed < MaxUnwritten {
 			l.owed++
 			l.mu.Unlock()
 			return true

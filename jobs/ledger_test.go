@@ -15,13 +15,64 @@ func TestLedgerBoundsWhatIsUnwritten(t *testing.T) {
 	t.Parallel()
 	l := &ledger{chunks: map[chunkKey]*chunkRecord{}}
 	for range MaxUnwritten {
-		require.True(t, l.reserve(context.Background()))
+		require.True(t, l.reserve(context.Background(), false))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
-	require.False(t, l.reserve(ctx), "a place past MaxUnwritten waits for one to be freed")
+	require.False(t, l.reserve(ctx, false), "a place past MaxUnwritten waits for one to be freed")
 	got := make(chan bool, 1)
-	go func() { got <- l.reserve(context.Background()) }()
+	go func() { got <- l.reserve(context.Background(), false) }()
 	l.release(1)
 	require.True(t, <-got, "a freed place goes to the request waiting for it")
+
+	// A lead (a message's first devices) does not wait behind a full
+	// writer; it takes a place past the bound, which it gives back.
+	require.True(t, l.reserve(context.Background(), true), "a lead takes a place at once")
+	require.Equal(t, MaxUnwritten+1, l.owed)
+	l.release(2)
+	require.True(t, l.reserve(context.Background(), false), "a place freed below the bound goes to the others again")
+}
+
+// TestBeginGateLetsFirstChunksGoFirst: a message's first chunk begins at
+// once, however many chunks are beginning; the others wait while a first
+// chunk is beginning, and only so many of them begin at once.
+func TestBeginGateLetsFirstChunksGoFirst(t *testing.T) {
+	t.Parallel()
+	g := newBeginGate(2)
+	ctx := context.Background()
+	quick := func() context.Context {
+		c, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+		t.Cleanup(cancel)
+		return c
+	}
+	a, err := g.enter(ctx, false)
+	require.NoError(t, err)
+	b, err := g.enter(ctx, false)
+	require.NoError(t, err)
+	_, err = g.enter(quick(), false)
+	require.Error(t, err, "two others are beginning")
+	first, err := g.enter(quick(), true)
+	require.NoError(t, err, "a first chunk does not wait for the others")
+	a()
+	_, err = g.enter(quick(), false)
+	require.Error(t, err, "a first chunk is beginning")
+	entered := make(chan func(), 1)
+	go func() {
+		release, err := g.enter(ctx, false)
+		if err == nil {
+			entered <- release
+		}
+	}()
+	first()
+	select {
+	case release := <-entered:
+		release()
+	case <-time.After(10 * time.Second):
+		t.Fatal("the others did not begin once the first chunk had")
+	}
+	b()
+	var nilGate *beginGate
+	release, err := nilGate.enter(ctx, false)
+	require.NoError(t, err)
+	release()
 }

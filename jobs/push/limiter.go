@@ -161,7 +161,7 @@ func (l *Limiter) Send(ctx context.Context, targets []Target, results []Result, 
 	}
 	// The lead goes out without waiting for the turn, taking the next
 	// slots that free up.
-	lead := min(leadOf(ctx), len(targets))
+	lead := min(LeadOf(ctx), len(targets))
 	for i := range lead {
 		if !step(i) {
 			return
@@ -194,7 +194,8 @@ func WithLead(ctx context.Context, n int) context.Context {
 	return context.WithValue(ctx, leadKey{}, n)
 }
 
-func leadOf(ctx context.Context) int {
+// LeadOf is the lead of the Sends under ctx (WithLead).
+func LeadOf(ctx context.Context) int {
 	n, _ := ctx.Value(leadKey{}).(int)
 	return max(n, 0)
 }
