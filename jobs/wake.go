@@ -19,7 +19,7 @@ import (
 
 // Waker starts the lanes' fetches at the instants their chunks fall due.
 //
-// A lane finds due chunks by polling (FetchPollInterval, 50 ms), so a chunk
+// A lane finds due chunks by polling (FetchPollInterval, 250 ms), so a chunk
 // starts on average half a poll after its time, and up to a whole poll. River's
 // producers also fetch at once when told that a job was inserted in their
 // queue: the insert notification River's own inserts send. The Waker looks

@@ -48,7 +48,7 @@ var serveEnv = []envVar{
 	{"HERALD_URGENT_WORKERS", "urgent chunks worked at once per process", "10"},
 	{"HERALD_BULK_WORKERS", "bulk chunks worked at once per process", "50"},
 	{"HERALD_LANES", "the chunk lanes a worker serves: urgent, bulk or both", "both"},
-	{"HERALD_FETCH_POLL_INTERVAL", "how often each lane looks for due chunks", "50ms"},
+	{"HERALD_FETCH_POLL_INTERVAL", "how often each lane looks for due chunks", "250ms"},
 	{"HERALD_CHUNK_TIMEOUT", "one chunk attempt's limit", "30s"},
 	{"HERALD_RESCUE_AFTER", "when a chunk whose process died is retried", "1m"},
 	{"HERALD_MAX_IN_FLIGHT_APNS", "APNs requests in flight per client", "500"},
