@@ -506,6 +506,7 @@ type MembersChange struct {
 
 // MessageHead defines model for MessageHead.
 type MessageHead struct {
+	// ChunkCount The message's chunk jobs. The first chunk of each due instant holds at most 50 devices, so that it begins quickly; the others at most HERALD_CHUNK_SIZE (500).
 	ChunkCount  int       `json:"chunk_count"`
 	DeviceCount int       `json:"device_count"`
 	DispatchAt  time.Time `json:"dispatch_at"`
@@ -529,6 +530,7 @@ type MessageState string
 
 // MessageStatus defines model for MessageStatus.
 type MessageStatus struct {
+	// ChunkCount The message's chunk jobs. The first chunk of each due instant holds at most 50 devices, so that it begins quickly; the others at most HERALD_CHUNK_SIZE (500).
 	ChunkCount  int            `json:"chunk_count"`
 	CreatedAt   time.Time      `json:"created_at"`
 	Deliveries  DeliveryCounts `json:"deliveries"`
