@@ -34,11 +34,12 @@ func TestLedgerBoundsWhatIsUnwritten(t *testing.T) {
 }
 
 // TestBeginGateLetsFirstChunksGoFirst: a message's first chunk begins at
-// once, however many chunks are beginning; the others wait while a first
-// chunk is beginning, and only so many of them begin at once.
+// once, however many chunks are beginning; another waits while a first
+// chunk is beginning, but not for longer than the gate's bound, and only so
+// many of the others begin at once.
 func TestBeginGateLetsFirstChunksGoFirst(t *testing.T) {
 	t.Parallel()
-	g := newBeginGate(2)
+	g := newBeginGate(2, time.Hour)
 	ctx := context.Background()
 	quick := func() context.Context {
 		c, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
@@ -68,9 +69,20 @@ func TestBeginGateLetsFirstChunksGoFirst(t *testing.T) {
 	case release := <-entered:
 		release()
 	case <-time.After(10 * time.Second):
-		t.Fatal("the others did not begin once the first chunk had")
+		t.Fatal("the other did not begin once the first chunk had")
 	}
 	b()
+
+	// A stream of first chunks holds the others back no longer than the
+	// bound.
+	g = newBeginGate(2, 20*time.Millisecond)
+	first, err = g.enter(ctx, true)
+	require.NoError(t, err)
+	other, err := g.enter(quick(), false)
+	require.NoError(t, err, "the bound, not the first chunk, ends the wait")
+	other()
+	first()
+
 	var nilGate *beginGate
 	release, err := nilGate.enter(ctx, false)
 	require.NoError(t, err)
