@@ -34,6 +34,10 @@ type deviceRequest struct {
 	// Environment is an APNs token's: production (the default) or sandbox,
 	// for an app built for debugging.
 	Environment string `json:"environment"`
+	// InstallationID is the app's own id of its installation, optional: a
+	// new token registered under it replaces the installation's old one in
+	// place (db.Registering).
+	InstallationID string `json:"installation_id"`
 
 	// egress is the policy a Web Push endpoint must pass, set by the
 	// handler before decoding.
@@ -62,9 +66,7 @@ const (
 )
 
 // device is a validated, normalised registration.
-type device struct {
-	userID, channel, token, p256dh, auth, environment string
-}
+type device = db.Registration
 
 func (r *deviceRequest) validate() error { return r.check("") }
 
@@ -74,14 +76,19 @@ func (r *deviceRequest) check(prefix string) error {
 	if err := checkID(prefix+"user_id", r.UserID); err != nil {
 		return err
 	}
-	r.norm = device{userID: r.UserID, channel: r.Channel, environment: environmentProduction}
+	if r.InstallationID != "" {
+		if err := checkID(prefix+"installation_id", r.InstallationID); err != nil {
+			return err
+		}
+	}
+	r.norm = device{UserID: r.UserID, Channel: r.Channel, Environment: environmentProduction, InstallationID: r.InstallationID}
 	switch r.Environment {
 	case "", environmentProduction:
 	case environmentSandbox:
 		if r.Channel != jobs.ChannelAPNs {
 			return invalid(prefix+"environment", "environment sandbox is only for channel apns")
 		}
-		r.norm.environment = environmentSandbox
+		r.norm.Environment = environmentSandbox
 	default:
 		return invalid(prefix+"environment", "environment %q is not production or sandbox", r.Environment)
 	}
@@ -95,10 +102,10 @@ func (r *deviceRequest) check(prefix string) error {
 			if err != nil {
 				return err
 			}
-			r.norm.token = token
+			r.norm.Token = token
 			return nil
 		}
-		r.norm.token = r.Token
+		r.norm.Token = r.Token
 		return checkFCMToken(prefix+"token", r.Token)
 	case jobs.ChannelWebPush:
 		if r.Token != "" {
@@ -122,7 +129,7 @@ func (r *deviceRequest) check(prefix string) error {
 		if err != nil {
 			return err
 		}
-		r.norm.token, r.norm.p256dh, r.norm.auth = sub.Endpoint, p256dh, auth
+		r.norm.Token, r.norm.P256dh, r.norm.Auth = sub.Endpoint, p256dh, auth
 		return nil
 	case "":
 		return invalid(prefix+"channel", "channel is required: apns, fcm or webpush")
@@ -144,33 +151,12 @@ func (s *Server) registerDevice(c echo.Context) error {
 	if err := decode(c, smallBodyLimit, &req); err != nil {
 		return err
 	}
-	ctx := c.Request().Context()
 	d := req.norm
-	var row db.RegisterDeviceRow
-	err := db.InTx(ctx, s.pool, func(tx pgx.Tx) error {
-		q := db.On(tx)
-		if err := q.EnsureUsers(ctx, []string{d.userID}); err != nil {
-			return fmt.Errorf("ensure user: %w", err)
-		}
-		over, err := s.overDeviceLimit(ctx, q, []device{d}, []device{d})
-		if err != nil {
-			return err
-		}
-		if over >= 0 {
-			return s.tooManyDevices(d.userID, "")
-		}
-		row, err = q.RegisterDevice(ctx, db.RegisterDeviceParams{
-			UserID: d.userID, Channel: d.channel, Token: d.token,
-			P256dh: nullable(d.p256dh), Auth: nullable(d.auth), Environment: d.environment,
-		})
-		if err != nil {
-			return fmt.Errorf("register device: %w", err)
-		}
-		return nil
-	})
+	rows, err := s.register(c.Request().Context(), []device{d}, []device{d}, "")
 	if err != nil {
 		return err
 	}
+	row := rows[0]
 	status := http.StatusOK
 	if row.Created {
 		status = http.StatusCreated
@@ -205,124 +191,126 @@ type deviceBatchResponse struct {
 	Updated int32 `json:"updated"`
 }
 
-// registerDevices registers up to 10,000 devices in one transaction of two
-// statements. A (channel, token) given twice counts once, the later one
-// winning, as if the registrations had been made one after the other.
+// registerDevices registers up to 10,000 devices in one transaction. A
+// (channel, token) given twice counts once, the later one winning, as if
+// the registrations had been made one after the other.
 func (s *Server) registerDevices(c echo.Context) error {
 	req := deviceBatchRequest{egress: s.cfg.WebPushEgress}
 	if err := decode(c, batchBodyLimit, &req); err != nil {
 		return err
 	}
-	ctx := c.Request().Context()
-
-	byKey := make(map[[2]string]device, len(req.Devices))
-	for _, r := range req.Devices {
-		byKey[[2]string{r.norm.channel, r.norm.token}] = r.norm
+	byKey := make(map[db.Key]device, len(req.Devices))
+	inOrder := make([]device, len(req.Devices))
+	for i, r := range req.Devices {
+		byKey[db.Key{Channel: r.norm.Channel, Token: r.norm.Token}] = r.norm
+		inOrder[i] = r.norm
 	}
 	devices := make([]device, 0, len(byKey))
 	for _, d := range byKey {
 		devices = append(devices, d)
 	}
-	// A fixed lock order keeps concurrent batches from deadlocking.
-	slices.SortFunc(devices, func(a, b device) int {
-		return cmp.Or(cmp.Compare(a.channel, b.channel), cmp.Compare(a.token, b.token))
-	})
-	params := db.RegisterDevicesParams{
-		UserIds:      make([]string, len(devices)),
-		Channels:     make([]string, len(devices)),
-		Tokens:       make([]string, len(devices)),
-		P256dhs:      make([]string, len(devices)),
-		Auths:        make([]string, len(devices)),
-		Environments: make([]string, len(devices)),
+	rows, err := s.register(c.Request().Context(), inOrder, devices, "devices")
+	if err != nil {
+		return err
 	}
-	for i, d := range devices {
-		params.UserIds[i], params.Channels[i], params.Tokens[i] = d.userID, d.channel, d.token
-		params.P256dhs[i], params.Auths[i], params.Environments[i] = d.p256dh, d.auth, d.environment
+	var res deviceBatchResponse
+	for _, r := range rows {
+		if r.Created {
+			res.Created++
+		} else {
+			res.Updated++
+		}
 	}
-	users := sortedUnique(params.UserIds)
+	return c.JSON(http.StatusOK, res)
+}
 
-	var res db.RegisterDevicesRow
+// register registers devices in one transaction: it creates their users,
+// locks the users and the devices concerned, checks the users' limits of
+// active devices, and writes (db.Registering). regs are the registrations
+// in the order given, distinct each (channel, token) of them once; field
+// names the batch's array in an error, "" for a registration alone. An
+// installation given twice in one call with two tokens is refused: which
+// token is its newest would be a guess.
+func (s *Server) register(ctx context.Context, regs, distinct []device, field string) ([]db.RegisterDevicesRow, error) {
+	installations := map[db.Key]int{}
+	for i, d := range regs {
+		if d.InstallationID == "" {
+			continue
+		}
+		k := db.Key{Channel: d.Channel, Token: d.InstallationID}
+		if j, ok := installations[k]; ok && regs[j].Token != d.Token {
+			return nil, invalid(fmt.Sprintf("%s[%d].installation_id", field, i),
+				"installation %q of channel %s is also in %s[%d] with another token", d.InstallationID, d.Channel, field, j)
+		}
+		installations[k] = i
+	}
+	// A fixed lock order keeps concurrent batches from deadlocking.
+	slices.SortFunc(distinct, func(a, b device) int {
+		return cmp.Or(cmp.Compare(a.Channel, b.Channel), cmp.Compare(a.Token, b.Token))
+	})
+	userIDs := make([]string, len(distinct))
+	for i, d := range distinct {
+		userIDs[i] = d.UserID
+	}
+	users := sortedUnique(userIDs)
+	var rows []db.RegisterDevicesRow
 	err := db.InTx(ctx, s.pool, func(tx pgx.Tx) error {
 		q := db.On(tx)
 		if err := q.EnsureUsers(ctx, users); err != nil {
 			return fmt.Errorf("ensure users: %w", err)
 		}
-		inOrder := make([]device, len(req.Devices))
-		for i, r := range req.Devices {
-			inOrder[i] = r.norm
+		// The users' rows stay locked to the end of the transaction, so
+		// concurrent registrations for one user are checked one after
+		// another and cannot pass the limit together.
+		if err := q.LockUsers(ctx, users); err != nil {
+			return fmt.Errorf("lock users: %w", err)
 		}
-		over, err := s.overDeviceLimit(ctx, q, inOrder, devices)
+		counts, err := q.ActiveDeviceCounts(ctx, users)
+		if err != nil {
+			return fmt.Errorf("count devices: %w", err)
+		}
+		reg, err := db.BeginRegistration(ctx, tx, distinct)
 		if err != nil {
 			return err
 		}
-		if over >= 0 {
-			return s.tooManyDevices(inOrder[over].userID, fmt.Sprintf("devices[%d]", over))
+		active := make(map[string]int, len(counts))
+		for _, c := range counts {
+			active[c.UserID] = int(c.Devices)
 		}
-		if res, err = q.RegisterDevices(ctx, params); err != nil {
-			return fmt.Errorf("register devices: %w", err)
+		if over := firstOverLimit(regs, reg.Same, active, reg.ActiveOwners(), s.cfg.MaxDevicesPerUser); over >= 0 {
+			at := ""
+			if field != "" {
+				at = fmt.Sprintf("%s[%d]", field, over)
+			}
+			return s.tooManyDevices(regs[over].UserID, at)
 		}
-		return nil
-	})
-	if err != nil {
+		rows, err = reg.Write(ctx)
 		return err
-	}
-	return c.JSON(http.StatusOK, deviceBatchResponse{Created: res.Created, Updated: res.Updated})
-}
-
-// overDeviceLimit locks the users of regs, then returns the index of the
-// first registration in regs that, made in that order, would leave its user
-// with more than the limit of active devices, or -1. distinct holds each
-// (channel, token) of regs once. The user rows stay locked to the end of
-// the transaction, so concurrent registrations for one user are checked
-// one after another and cannot pass the limit together.
-func (s *Server) overDeviceLimit(ctx context.Context, q *db.Queries, regs, distinct []device) (int, error) {
-	userIDs := make([]string, len(distinct))
-	params := db.ActiveDeviceOwnersParams{Channels: make([]string, len(distinct)), Tokens: make([]string, len(distinct))}
-	for i, d := range distinct {
-		userIDs[i], params.Channels[i], params.Tokens[i] = d.userID, d.channel, d.token
-	}
-	users := sortedUnique(userIDs)
-	if err := q.LockUsers(ctx, users); err != nil {
-		return 0, fmt.Errorf("lock users: %w", err)
-	}
-	counts, err := q.ActiveDeviceCounts(ctx, users)
-	if err != nil {
-		return 0, fmt.Errorf("count devices: %w", err)
-	}
-	owners, err := q.ActiveDeviceOwners(ctx, params)
-	if err != nil {
-		return 0, fmt.Errorf("find devices: %w", err)
-	}
-	active := make(map[string]int, len(counts))
-	for _, c := range counts {
-		active[c.UserID] = int(c.Devices)
-	}
-	owner := make(map[[2]string]string, len(owners))
-	for _, o := range owners {
-		owner[[2]string{o.Channel, o.Token}] = o.UserID
-	}
-	return firstOverLimit(regs, active, owner, s.cfg.MaxDevicesPerUser), nil
+	})
+	return rows, err
 }
 
 // firstOverLimit plays regs in order against each user's count of active
-// devices and the owner of each active (channel, token), and returns the
-// index of the first that takes its user past limit, or -1. Registering a
-// device the user has active adds nothing, so it always passes; a new one,
-// an evicted one or another user's adds one (and takes one from that
-// user). It changes active and owner.
-func firstOverLimit(regs []device, active map[string]int, owner map[[2]string]string, limit int) int {
+// devices and the owner of each active device, and returns the index of the
+// first that takes its user past limit, or -1. same is the device a
+// registration is (a new token under an installation the user has is that
+// installation's device). Registering a device the user has active adds
+// nothing, so it always passes; a new one, an evicted one or another
+// user's adds one (and takes one from that user). It changes active and
+// owner.
+func firstOverLimit(regs []device, same func(device) db.Key, active map[string]int, owner map[db.Key]string, limit int) int {
 	for i, d := range regs {
-		k := [2]string{d.channel, d.token}
+		k := same(d)
 		prev, ok := owner[k]
-		if ok && prev == d.userID {
+		if ok && prev == d.UserID {
 			continue
 		}
 		if ok {
 			active[prev]--
 		}
-		owner[k] = d.userID
-		active[d.userID]++
-		if active[d.userID] > limit {
+		owner[k] = d.UserID
+		active[d.UserID]++
+		if active[d.UserID] > limit {
 			return i
 		}
 	}
@@ -341,16 +329,19 @@ func (s *Server) tooManyDevices(user, field string) *Error {
 }
 
 type deviceListItem struct {
-	DeviceID      string     `json:"device_id"`
-	Channel       string     `json:"channel"`
-	Environment   string     `json:"environment"`
-	Token         string     `json:"token,omitempty"`
-	Endpoint      string     `json:"endpoint,omitempty"`
-	Status        string     `json:"status"`
-	EvictedReason *string    `json:"evicted_reason"`
-	EvictedAt     *time.Time `json:"evicted_at"`
-	CreatedAt     time.Time  `json:"created_at"`
-	UpdatedAt     time.Time  `json:"updated_at"`
+	DeviceID    string `json:"device_id"`
+	Channel     string `json:"channel"`
+	Environment string `json:"environment"`
+	Token       string `json:"token,omitempty"`
+	Endpoint    string `json:"endpoint,omitempty"`
+	Status      string `json:"status"`
+	// InstallationID is the app's id of its installation, when a
+	// registration gave one.
+	InstallationID *string    `json:"installation_id"`
+	EvictedReason  *string    `json:"evicted_reason"`
+	EvictedAt      *time.Time `json:"evicted_at"`
+	CreatedAt      time.Time  `json:"created_at"`
+	UpdatedAt      time.Time  `json:"updated_at"`
 }
 
 type deviceListResponse struct {
@@ -395,7 +386,7 @@ func (s *Server) listUserDevices(c echo.Context) error {
 	for _, d := range rows {
 		item := deviceListItem{
 			DeviceID: formatDeviceID(d.ID), Channel: d.Channel, Environment: d.Environment, Status: d.Status,
-			EvictedReason: d.EvictedReason, EvictedAt: utcPtr(d.EvictedAt),
+			EvictedReason: d.EvictedReason, EvictedAt: utcPtr(d.EvictedAt), InstallationID: d.InstallationID,
 			CreatedAt: d.CreatedAt.UTC(), UpdatedAt: d.UpdatedAt.UTC(),
 		}
 		if d.Channel == jobs.ChannelWebPush {

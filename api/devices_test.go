@@ -399,33 +399,46 @@ func ptr[T any](v T) *T { return &v }
 
 func TestFirstOverLimit(t *testing.T) {
 	t.Parallel()
-	dev := func(user, token string) device { return device{userID: user, channel: jobs.ChannelFCM, token: token} }
+	dev := func(user, token string) device { return device{UserID: user, Channel: jobs.ChannelFCM, Token: token} }
+	key := func(token string) db.Key { return db.Key{Channel: jobs.ChannelFCM, Token: token} }
+	// The installation "i" is the device of token 1: a registration under
+	// it is that device, whatever its token.
+	same := func(d device) db.Key {
+		if d.InstallationID == "i" {
+			return key("1")
+		}
+		return key(d.Token)
+	}
+	refreshed := dev("a", "8")
+	refreshed.InstallationID = "i"
 	tests := []struct {
 		name   string
 		regs   []device
 		active map[string]int
-		owner  map[[2]string]string
+		owner  map[db.Key]string
 		want   int
 	}{
 		{"under the limit", []device{dev("a", "1"), dev("a", "2")}, nil, nil, -1},
 		{"the third new one", []device{dev("a", "1"), dev("a", "2"), dev("a", "3")}, nil, nil, 2},
 		{"one the user has adds nothing", []device{dev("a", "1")}, map[string]int{"a": 2},
-			map[[2]string]string{{jobs.ChannelFCM, "1"}: "a"}, -1},
+			map[db.Key]string{key("1"): "a"}, -1},
+		{"a new token of an installation the user has adds nothing", []device{refreshed}, map[string]int{"a": 2},
+			map[db.Key]string{key("1"): "a"}, -1},
 		{"the same one twice counts once", []device{dev("a", "1"), dev("a", "1"), dev("a", "2")}, nil, nil, -1},
 		{"another user's counts for the new user", []device{dev("a", "9")}, map[string]int{"a": 2, "b": 1},
-			map[[2]string]string{{jobs.ChannelFCM, "9"}: "b"}, 0},
+			map[db.Key]string{key("9"): "b"}, 0},
 		{"moving one away makes room", []device{dev("b", "1"), dev("a", "3")}, map[string]int{"a": 2},
-			map[[2]string]string{{jobs.ChannelFCM, "1"}: "a"}, -1},
+			map[db.Key]string{key("1"): "a"}, -1},
 		{"already over: its own still pass, a new one not", []device{dev("a", "1"), dev("a", "7")}, map[string]int{"a": 5},
-			map[[2]string]string{{jobs.ChannelFCM, "1"}: "a"}, 1},
+			map[db.Key]string{key("1"): "a"}, 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			active, owner := map[string]int{}, map[[2]string]string{}
+			active, owner := map[string]int{}, map[db.Key]string{}
 			maps.Copy(active, tt.active)
 			maps.Copy(owner, tt.owner)
-			require.Equal(t, tt.want, firstOverLimit(tt.regs, active, owner, 2))
+			require.Equal(t, tt.want, firstOverLimit(tt.regs, same, active, owner, 2))
 		})
 	}
 }

@@ -175,7 +175,7 @@ func BeginChunk(ctx context.Context, pool *pgxpool.Pool, c ChunkPendingParams, p
 		b.Queue(chunkPending, c.MessageID, c.FirstDevice, c.LastDevice, c.Chunk).Query(func(rows pgx.Rows) error {
 			for rows.Next() {
 				var r ChunkPendingRow
-				if err := rows.Scan(&r.DeviceID, &r.Attempt, &r.Channel, &r.Locale, &r.Token, &r.P256dh, &r.Auth, &r.Environment); err != nil {
+				if err := rows.Scan(&r.DeviceID, &r.Attempt, &r.Channel, &r.Locale, &r.Token, &r.P256dh, &r.Auth, &r.Environment, &r.Gone); err != nil {
 					return err
 				}
 				out.Pending = append(out.Pending, r)

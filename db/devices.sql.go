@@ -44,54 +44,22 @@ func (q *Queries) ActiveDeviceCounts(ctx context.Context, userIds []string) ([]A
 	return items, nil
 }
 
-const activeDeviceOwners = `-- name: ActiveDeviceOwners :many
-SELECT d.channel, d.token, d.user_id
-FROM devices d
-JOIN (SELECT unnest($1::text[]) AS channel, unnest($2::text[]) AS token) k
-  ON d.channel = k.channel AND d.token = k.token
-WHERE d.status = 'active'
-`
-
-type ActiveDeviceOwnersParams struct {
-	Channels []string
-	Tokens   []string
-}
-
-type ActiveDeviceOwnersRow struct {
-	Channel string
-	Token   string
-	UserID  string
-}
-
-// The users whose active devices the given (channel, token) pairs are.
-// The arrays are parallel.
-func (q *Queries) ActiveDeviceOwners(ctx context.Context, arg ActiveDeviceOwnersParams) ([]ActiveDeviceOwnersRow, error) {
-	rows, err := q.db.Query(ctx, activeDeviceOwners, arg.Channels, arg.Tokens)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	items := []ActiveDeviceOwnersRow{}
-	for rows.Next() {
-		var i ActiveDeviceOwnersRow
-		if err := rows.Scan(&i.Channel, &i.Token, &i.UserID); err != nil {
-			return nil, err
-		}
-		items = append(items, i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
 const cancelPendingForDevices = `-- name: CancelPendingForDevices :exec
-WITH cancelled AS (
-    UPDATE deliveries d
-    SET status = 'cancelled'
+WITH locked AS (
+    SELECT m.id
     FROM messages m
     WHERE m.state IN ('scheduled', 'dispatching')
-      AND d.message_id = m.id AND d.device_id = ANY ($1::bigint[]) AND d.status = 'pending'
+      AND EXISTS (SELECT 1 FROM deliveries d
+                  WHERE d.message_id = m.id AND d.device_id = ANY ($1::bigint[]) AND d.status = 'pending')
+    ORDER BY m.id
+    FOR UPDATE
+), cancelled AS (
+    UPDATE deliveries d
+    SET status = 'cancelled', reason = $2::text
+    FROM locked m
+    WHERE d.message_id = m.id AND d.device_id = ANY ($1::bigint[]) AND d.status = 'pending'
+      AND (NOT $3::boolean
+           OR NOT EXISTS (SELECT 1 FROM devices v WHERE v.id = d.device_id AND v.user_id = d.user_id))
     RETURNING d.message_id
 ), per_message AS (
     SELECT message_id, count(*)::integer AS n FROM cancelled GROUP BY message_id
@@ -103,14 +71,26 @@ FROM per_message p
 WHERE m.id = p.message_id
 `
 
-// Deleted devices are sent nothing more: their pending deliveries are
-// cancelled and their messages' counters moved with them. Only a message
-// that has not settled (scheduled or dispatching) has pending deliveries, so
-// they are found through those few messages (messages_state_id_idx) and the
-// ledger's primary key, without an index on the status: one would keep
-// every result write from being a HOT update (see 0008_ledger_cost.sql).
-func (q *Queries) CancelPendingForDevices(ctx context.Context, deviceIds []int64) error {
-	_, err := q.db.Exec(ctx, cancelPendingForDevices, deviceIds)
+type CancelPendingForDevicesParams struct {
+	DeviceIds []int64
+	Reason    string
+	OnlyMoved bool
+}
+
+// Cancels the devices' pending deliveries, with the reason given, and moves
+// their messages' counters: a deleted device is sent nothing more, nor is a
+// device moved to another user anything of its former owner's (with
+// only_moved, only the deliveries whose user is no longer the device's are
+// cancelled). Only a message that has not settled (scheduled or
+// dispatching) has pending deliveries, so they are found through those few
+// messages (messages_state_id_idx) and the ledger's primary key, without an
+// index on the status: one would keep every result write from being a HOT
+// update (see 0008_ledger_cost.sql). The messages concerned are locked
+// first, in the order of their ids, as a ledger write locks them
+// (LockMessages), so that a registration moving a device and a chunk
+// writing its results never wait for each other in a cycle.
+func (q *Queries) CancelPendingForDevices(ctx context.Context, arg CancelPendingForDevicesParams) error {
+	_, err := q.db.Exec(ctx, cancelPendingForDevices, arg.DeviceIds, arg.Reason, arg.OnlyMoved)
 	return err
 }
 
@@ -124,6 +104,15 @@ func (q *Queries) DeleteDevice(ctx context.Context, id int64) (int64, error) {
 		return 0, err
 	}
 	return result.RowsAffected(), nil
+}
+
+const deleteDevices = `-- name: DeleteDevices :exec
+DELETE FROM devices WHERE id = ANY ($1::bigint[])
+`
+
+func (q *Queries) DeleteDevices(ctx context.Context, ids []int64) error {
+	_, err := q.db.Exec(ctx, deleteDevices, ids)
+	return err
 }
 
 const evictDevice = `-- name: EvictDevice :execrows
@@ -148,7 +137,7 @@ func (q *Queries) EvictDevice(ctx context.Context, arg EvictDeviceParams) (int64
 }
 
 const getDevice = `-- name: GetDevice :one
-SELECT id, user_id, channel, token, p256dh, auth, status, evicted_reason, evicted_at, created_at, updated_at, environment
+SELECT id, user_id, channel, token, p256dh, auth, status, evicted_reason, evicted_at, created_at, updated_at, environment, installation_id
 FROM devices
 WHERE id = $1
 `
@@ -169,12 +158,13 @@ func (q *Queries) GetDevice(ctx context.Context, id int64) (Device, error) {
 		&i.CreatedAt,
 		&i.UpdatedAt,
 		&i.Environment,
+		&i.InstallationID,
 	)
 	return i, err
 }
 
 const listUserDevices = `-- name: ListUserDevices :many
-SELECT id, user_id, channel, token, p256dh, auth, status, evicted_reason, evicted_at, created_at, updated_at, environment
+SELECT id, user_id, channel, token, p256dh, auth, status, evicted_reason, evicted_at, created_at, updated_at, environment, installation_id
 FROM devices
 WHERE user_id = $1 AND id > $2
 ORDER BY id
@@ -211,6 +201,70 @@ func (q *Queries) ListUserDevices(ctx context.Context, arg ListUserDevicesParams
 			&i.CreatedAt,
 			&i.UpdatedAt,
 			&i.Environment,
+			&i.InstallationID,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const lockRegistered = `-- name: LockRegistered :many
+SELECT v.id, v.user_id, v.channel, v.token, v.installation_id, v.status
+FROM devices v
+WHERE (v.channel, v.token) IN (SELECT unnest($1::text[]), unnest($2::text[]))
+   OR (v.channel, v.installation_id) IN (SELECT unnest($3::text[]), unnest($4::text[]))
+ORDER BY v.id
+FOR UPDATE
+`
+
+type LockRegisteredParams struct {
+	Channels             []string
+	Tokens               []string
+	InstallationChannels []string
+	InstallationIds      []string
+}
+
+type LockRegisteredRow struct {
+	ID             int64
+	UserID         string
+	Channel        string
+	Token          string
+	InstallationID *string
+	Status         string
+}
+
+// Locks the devices a registration touches, in the order of their ids, and
+// returns them: those holding one of the (channel, token) pairs, and those
+// of the (channel, installation_id) pairs. The arrays of each pair are
+// parallel. Taken before the registration writes, so that it knows which
+// devices change owner (their former owner's pending deliveries are
+// cancelled) and which installation gets a new token.
+func (q *Queries) LockRegistered(ctx context.Context, arg LockRegisteredParams) ([]LockRegisteredRow, error) {
+	rows, err := q.db.Query(ctx, lockRegistered,
+		arg.Channels,
+		arg.Tokens,
+		arg.InstallationChannels,
+		arg.InstallationIds,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []LockRegisteredRow{}
+	for rows.Next() {
+		var i LockRegisteredRow
+		if err := rows.Scan(
+			&i.ID,
+			&i.UserID,
+			&i.Channel,
+			&i.Token,
+			&i.InstallationID,
+			&i.Status,
 		); err != nil {
 			return nil, err
 		}
@@ -234,14 +288,26 @@ func (q *Queries) LockUsers(ctx context.Context, ids []string) error {
 	return err
 }
 
-const registerDevice = `-- name: RegisterDevice :one
-INSERT INTO devices (user_id, channel, token, p256dh, auth, environment)
-VALUES ($1, $2, $3, $4, $5, $6)
+const registerDevices = `-- name: RegisterDevices :many
+INSERT INTO devices (user_id, channel, token, p256dh, auth, environment, installation_id)
+SELECT d.user_id, d.channel, d.token, NULLIF(d.p256dh, ''), NULLIF(d.auth, ''),
+       COALESCE(d.environment, 'production'), NULLIF(d.installation_id, '')
+FROM (
+    -- Set-returning functions side by side in a select list advance in step.
+    SELECT unnest($1::text[]) AS user_id,
+           unnest($2::text[]) AS channel,
+           unnest($3::text[]) AS token,
+           unnest($4::text[]) AS p256dh,
+           unnest($5::text[]) AS auth,
+           unnest($6::text[]) AS environment,
+           unnest($7::text[]) AS installation_id
+) d
 ON CONFLICT (channel, token) DO UPDATE
 SET user_id = excluded.user_id,
     p256dh = excluded.p256dh,
     auth = excluded.auth,
     environment = excluded.environment,
+    installation_id = COALESCE(excluded.installation_id, devices.installation_id),
     status = 'active',
     evicted_reason = NULL,
     evicted_at = NULL,
@@ -249,16 +315,17 @@ SET user_id = excluded.user_id,
 RETURNING id, user_id, channel, environment, status, (xmax = 0)::boolean AS created
 `
 
-type RegisterDeviceParams struct {
-	UserID      string
-	Channel     string
-	Token       string
-	P256dh      *string
-	Auth        *string
-	Environment string
+type RegisterDevicesParams struct {
+	UserIds         []string
+	Channels        []string
+	Tokens          []string
+	P256dhs         []string
+	Auths           []string
+	Environments    []string
+	InstallationIds []string
 }
 
-type RegisterDeviceRow struct {
+type RegisterDevicesRow struct {
 	ID          int64
 	UserID      string
 	Channel     string
@@ -267,89 +334,72 @@ type RegisterDeviceRow struct {
 	Created     bool
 }
 
-// Registers a device, or moves an existing (channel, token) to the given user
-// and reactivates it. One statement, so that racing registrations of the same
-// token end in one row.
-func (q *Queries) RegisterDevice(ctx context.Context, arg RegisterDeviceParams) (RegisterDeviceRow, error) {
-	row := q.db.QueryRow(ctx, registerDevice,
-		arg.UserID,
-		arg.Channel,
-		arg.Token,
-		arg.P256dh,
-		arg.Auth,
-		arg.Environment,
-	)
-	var i RegisterDeviceRow
-	err := row.Scan(
-		&i.ID,
-		&i.UserID,
-		&i.Channel,
-		&i.Environment,
-		&i.Status,
-		&i.Created,
-	)
-	return i, err
-}
-
-const registerDevices = `-- name: RegisterDevices :one
-WITH upserted AS (
-    INSERT INTO devices (user_id, channel, token, p256dh, auth, environment)
-    SELECT d.user_id, d.channel, d.token, NULLIF(d.p256dh, ''), NULLIF(d.auth, ''),
-           COALESCE(d.environment, 'production')
-    FROM (
-        -- Set-returning functions side by side in a select list advance in step.
-        SELECT unnest($1::text[]) AS user_id,
-               unnest($2::text[]) AS channel,
-               unnest($3::text[]) AS token,
-               unnest($4::text[]) AS p256dh,
-               unnest($5::text[]) AS auth,
-               unnest($6::text[]) AS environment
-    ) d
-    ON CONFLICT (channel, token) DO UPDATE
-    SET user_id = excluded.user_id,
-        p256dh = excluded.p256dh,
-        auth = excluded.auth,
-        environment = excluded.environment,
-        status = 'active',
-        evicted_reason = NULL,
-        evicted_at = NULL,
-        updated_at = now()
-    RETURNING (xmax = 0) AS created
-)
-SELECT count(*) FILTER (WHERE created)::integer AS created,
-       count(*) FILTER (WHERE NOT created)::integer AS updated
-FROM upserted
-`
-
-type RegisterDevicesParams struct {
-	UserIds      []string
-	Channels     []string
-	Tokens       []string
-	P256dhs      []string
-	Auths        []string
-	Environments []string
-}
-
-type RegisterDevicesRow struct {
-	Created int32
-	Updated int32
-}
-
-// The batch form of RegisterDevice: one statement for the whole batch. The
-// arrays are parallel; an empty p256dh or auth stands for NULL, and a
-// missing environment (a shorter array) for production. Callers pass
-// each (channel, token) once, in sorted order, so that concurrent batches lock
-// rows in one order.
-func (q *Queries) RegisterDevices(ctx context.Context, arg RegisterDevicesParams) (RegisterDevicesRow, error) {
-	row := q.db.QueryRow(ctx, registerDevices,
+// Registers devices, or moves existing (channel, token)s to the given users
+// and reactivates them: one statement for one device or a whole batch. The
+// arrays are parallel; an empty p256dh, auth or installation id stands for
+// NULL (a registration without an installation id keeps the one the device
+// has), and a missing environment (a shorter array) for production.
+// Callers pass each (channel, token) once, in sorted order, so that
+// concurrent batches lock rows in one order.
+func (q *Queries) RegisterDevices(ctx context.Context, arg RegisterDevicesParams) ([]RegisterDevicesRow, error) {
+	rows, err := q.db.Query(ctx, registerDevices,
 		arg.UserIds,
 		arg.Channels,
 		arg.Tokens,
 		arg.P256dhs,
 		arg.Auths,
 		arg.Environments,
+		arg.InstallationIds,
 	)
-	var i RegisterDevicesRow
-	err := row.Scan(&i.Created, &i.Updated)
-	return i, err
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []RegisterDevicesRow{}
+	for rows.Next() {
+		var i RegisterDevicesRow
+		if err := rows.Scan(
+			&i.ID,
+			&i.UserID,
+			&i.Channel,
+			&i.Environment,
+			&i.Status,
+			&i.Created,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const retokenDevices = `-- name: RetokenDevices :exec
+UPDATE devices v
+SET token = r.token, p256dh = NULLIF(r.p256dh, ''), auth = NULLIF(r.auth, ''), updated_at = now()
+FROM (SELECT unnest($1::bigint[]) AS id, unnest($2::text[]) AS token,
+             unnest($3::text[]) AS p256dh, unnest($4::text[]) AS auth) r
+WHERE v.id = r.id
+`
+
+type RetokenDevicesParams struct {
+	Ids     []int64
+	Tokens  []string
+	P256dhs []string
+	Auths   []string
+}
+
+// Gives installations' devices their new tokens in place (same device id),
+// so that a refreshed token is not a second device. The arrays are
+// parallel; an empty p256dh or auth stands for NULL.
+func (q *Queries) RetokenDevices(ctx context.Context, arg RetokenDevicesParams) error {
+	_, err := q.db.Exec(ctx, retokenDevices,
+		arg.Ids,
+		arg.Tokens,
+		arg.P256dhs,
+		arg.Auths,
+	)
+	return err
 }

@@ -11,9 +11,15 @@ import (
 )
 
 const chunkPending = `-- name: ChunkPending :many
-SELECT d.device_id, d.attempt, d.channel, d.locale, v.token, v.p256dh, v.auth, v.environment
+SELECT d.device_id, d.attempt, d.channel, d.locale,
+       coalesce(v.token, '')::text AS token, v.p256dh, v.auth,
+       coalesce(v.environment, 'production')::text AS environment,
+       (CASE WHEN v.id IS NULL THEN 'device_deleted'
+             WHEN v.user_id <> d.user_id THEN 'device_moved'
+             WHEN v.status <> 'active' THEN 'device_evicted'
+             ELSE '' END)::text AS gone
 FROM deliveries d
-JOIN devices v ON v.id = d.device_id
+LEFT JOIN devices v ON v.id = d.device_id
 WHERE d.message_id = $1
   AND d.device_id BETWEEN $2 AND $3
   AND d.chunk = $4
@@ -37,6 +43,7 @@ type ChunkPendingRow struct {
 	P256dh      *string
 	Auth        *string
 	Environment string
+	Gone        string
 }
 
 // A chunk's deliveries that are still pending, with what their provider
@@ -46,6 +53,10 @@ type ChunkPendingRow struct {
 // chunk reads only what was not settled. The status test is a NOT IN so
 // that the planner never reads the range through the partial index of
 // pending deliveries, which holds every message's.
+//
+// Gone says why a delivery must not be sent, "" when it may: its device was
+// deleted, moved to another user or evicted since the message was
+// scheduled (migration 0012). Such a row carries no token.
 func (q *Queries) ChunkPending(ctx context.Context, arg ChunkPendingParams) ([]ChunkPendingRow, error) {
 	rows, err := q.db.Query(ctx, chunkPending,
 		arg.MessageID,
@@ -69,6 +80,7 @@ func (q *Queries) ChunkPending(ctx context.Context, arg ChunkPendingParams) ([]C
 			&i.P256dh,
 			&i.Auth,
 			&i.Environment,
+			&i.Gone,
 		); err != nil {
 			return nil, err
 		}

@@ -8,7 +8,8 @@ import (
 // EraseDevices sends nothing more to the given devices, in the caller's
 // transaction, which then deletes them: it waits for messages being made
 // from the directory to commit (LockDirectoryExclusive), cancels the
-// devices' pending deliveries, moving their messages' counters. The ledger
+// devices' pending deliveries as device_deleted, moving their messages'
+// counters. The ledger
 // keeps its settled rows, which hold no token; nor do chunk jobs, which
 // name a range of the ledger (FanOutArgs), so deleting the devices removes
 // their tokens from everywhere Herald keeps them.
@@ -17,8 +18,25 @@ func EraseDevices(ctx context.Context, q DBTX, deviceIDs []int64) error {
 	if err := qs.LockDirectoryExclusive(ctx); err != nil {
 		return fmt.Errorf("wait for messages being made: %w", err)
 	}
-	if err := qs.CancelPendingForDevices(ctx, deviceIDs); err != nil {
+	if err := qs.CancelPendingForDevices(ctx, CancelPendingForDevicesParams{DeviceIds: deviceIDs, Reason: ReasonDeviceDeleted}); err != nil {
 		return fmt.Errorf("cancel pending deliveries: %w", err)
 	}
 	return nil
 }
+
+// The reasons the ledger gives a delivery cancelled because of its device
+// (migration 0012); one cancelled without a reason was cancelled with its
+// message. ChunkPending names the first three when it finds them at send
+// time.
+const (
+	// ReasonDeviceDeleted: the device was deleted, alone or with its user.
+	ReasonDeviceDeleted = "device_deleted"
+	// ReasonDeviceMoved: the device's token was registered for another
+	// user.
+	ReasonDeviceMoved = "device_moved"
+	// ReasonDeviceEvicted: a provider called the device's token dead.
+	ReasonDeviceEvicted = "device_evicted"
+	// ReasonDeviceReplaced: the device's token was registered for an
+	// installation whose own device took it over.
+	ReasonDeviceReplaced = "device_replaced"
+)

@@ -24,18 +24,19 @@ type Delivery struct {
 }
 
 type Device struct {
-	ID            int64
-	UserID        string
-	Channel       string
-	Token         string
-	P256dh        *string
-	Auth          *string
-	Status        string
-	EvictedReason *string
-	EvictedAt     *time.Time
-	CreatedAt     time.Time
-	UpdatedAt     time.Time
-	Environment   string
+	ID             int64
+	UserID         string
+	Channel        string
+	Token          string
+	P256dh         *string
+	Auth           *string
+	Status         string
+	EvictedReason  *string
+	EvictedAt      *time.Time
+	CreatedAt      time.Time
+	UpdatedAt      time.Time
+	Environment    string
+	InstallationID *string
 }
 
 type IdempotencyKey struct {

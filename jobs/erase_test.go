@@ -57,7 +57,7 @@ func TestFanOutDeviceErasedMidSend(t *testing.T) {
 	var snooze *rivertype.JobSnoozeError
 	require.True(t, errors.As(err, &snooze), "Work returned %v: fcm-2 waits for another attempt", err)
 	require.Equal(t, []string{"fcm-1", "fcm-2"}, fcm.sends(), "the running attempt had read fcm-1 as pending")
-	b.requireStatus(c, "fcm-1", "cancelled", push.ReasonNone)
+	b.requireStatus(c, "fcm-1", "cancelled", push.ReasonDeviceDeleted)
 	b.settled(c.msg.ID)
 
 	require.NoError(t, w.Work(ctx, &river.Job[FanOutArgs]{JobRow: c.job, Args: c.args}))

@@ -62,11 +62,17 @@ type Target struct {
 	push.Target
 	Channel string
 	Locale  string
+	// Gone, when set, is why the device must not be sent the delivery:
+	// it was moved to another user, deleted or evicted since the message
+	// was scheduled. The delivery is cancelled with it as its reason.
+	Gone push.Reason
 }
 
 // targetOf is the target of a pending delivery the chunk read.
 func targetOf(r db.ChunkPendingRow) Target {
-	return NewTarget(r.DeviceID, r.Channel, r.Locale, r.Token, r.P256dh, r.Auth, r.Environment)
+	t := NewTarget(r.DeviceID, r.Channel, r.Locale, r.Token, r.P256dh, r.Auth, r.Environment)
+	t.Gone = push.Reason(r.Gone)
+	return t
 }
 
 // NewTarget is a device as the ledger and the directory hold it, ready to
@@ -369,6 +375,9 @@ type sendGroup struct {
 func (w *FanOutWorker) group(c *running) map[sendGroup][]int {
 	groups := map[sendGroup][]int{}
 	for i, t := range c.Targets {
+		if t.Gone != push.ReasonNone {
+			continue
+		}
 		g := sendGroup{t.Channel, w.cfg.Breakers.ForTarget(t), t.Locale}
 		groups[g] = append(groups[g], i)
 	}
@@ -401,6 +410,7 @@ func (s *sends) wait() {
 // end.
 func (w *FanOutWorker) send(ctx context.Context, c *running, msg *encodedMessage, groups map[sendGroup][]int, ledger *ledger, rec *chunkRecord) *sends {
 	s := &sends{ledger: ledger, rec: rec, done: make(chan struct{}, len(c.Targets)+len(groups))}
+	s.gone(c)
 	providers := w.lane(c.FanOutArgs).Providers
 	for g, idx := range groups {
 		provider, ok := providers[g.channel]
@@ -427,6 +437,22 @@ func (w *FanOutWorker) send(ctx context.Context, c *running, msg *encodedMessage
 		}
 	}
 	return s
+}
+
+// gone cancels, unsent, the deliveries of the chunk's devices that are no
+// longer their users' to send to (Target.Gone).
+func (s *sends) gone(c *running) {
+	now := time.Now()
+	var idx []int
+	for i, t := range c.Targets {
+		if t.Gone != push.ReasonNone {
+			s.rec.results[i] = push.Result{At: now, Reason: t.Gone}
+			idx = append(idx, i)
+		}
+	}
+	if len(idx) > 0 {
+		s.ledger.add(s.rec, false, idx...)
+	}
 }
 
 // disabled fails the targets at idx of a channel without a provider.
@@ -603,8 +629,15 @@ func (w *FanOutWorker) resultsOf(a *running, results []push.Result, idx []int) c
 			// Attempted, not settled: it waits for the breaker and is
 			// retried when the chunk wakes, until it expires.
 			status = "pending"
+		case r.Reason.Cancels():
+			// Not sent: its device is no longer the delivery's.
+			status = "cancelled"
 		}
-		c.results.Add(a.MessageID, a.Targets[i].DeviceID, status, string(r.Reason), at.UnixMicro(), acceptedUs)
+		attemptedUs := at.UnixMicro()
+		if status == "cancelled" {
+			attemptedUs = 0
+		}
+		c.results.Add(a.MessageID, a.Targets[i].DeviceID, status, string(r.Reason), attemptedUs, acceptedUs)
 		c.counted = append(c.counted, settledDelivery{a.Targets[i].Channel, status, r.Reason, at.Sub(a.DispatchAt)})
 		if !r.Accepted && r.Reason.Evicts() {
 			c.evictIDs = append(c.evictIDs, a.Targets[i].DeviceID)
@@ -657,6 +690,13 @@ func (a FanOutArgs) expired(pending []db.ChunkPendingRow) (db.RecordResultsParam
 	var p db.RecordResultsParams
 	counted := make([]settledDelivery, 0, len(pending))
 	for _, r := range pending {
+		if r.Gone != "" {
+			// Its device is no longer its user's: cancelled, as it would
+			// have been had the chunk begun in time.
+			counted = append(counted, settledDelivery{channel: r.Channel, status: "cancelled", reason: push.Reason(r.Gone)})
+			p.Add(a.MessageID, r.DeviceID, "cancelled", r.Gone, 0, 0)
+			continue
+		}
 		counted = append(counted, settledDelivery{channel: r.Channel, status: "expired"})
 		p.Add(a.MessageID, r.DeviceID, "expired", "", 0, 0)
 	}

@@ -130,7 +130,7 @@ func (b *fanOutBundle) message(users []string, dispatchAt time.Time, lifetime ti
 	c := chunkJob{msg: msg, job: b.job(jobIDs[0])}
 	require.NoError(b.t, json.Unmarshal(c.job.EncodedArgs, &c.args))
 	c.targets = chunkTargets(b.t, b.q, c.args)
-	require.Len(b.t, c.targets, len(users))
+	require.Len(b.t, c.targets, int(msg.DeviceCount))
 	return c
 }
 

@@ -267,6 +267,10 @@ func (e Priority) Valid() bool {
 const (
 	ReasonBadToken            Reason = "bad_token"
 	ReasonChannelDisabled     Reason = "channel_disabled"
+	ReasonDeviceDeleted       Reason = "device_deleted"
+	ReasonDeviceEvicted       Reason = "device_evicted"
+	ReasonDeviceMoved         Reason = "device_moved"
+	ReasonDeviceReplaced      Reason = "device_replaced"
 	ReasonEndpointForbidden   Reason = "endpoint_forbidden"
 	ReasonInternal            Reason = "internal"
 	ReasonPayloadRejected     Reason = "payload_rejected"
@@ -282,6 +286,14 @@ func (e Reason) Valid() bool {
 	case ReasonBadToken:
 		return true
 	case ReasonChannelDisabled:
+		return true
+	case ReasonDeviceDeleted:
+		return true
+	case ReasonDeviceEvicted:
+		return true
+	case ReasonDeviceMoved:
+		return true
+	case ReasonDeviceReplaced:
 		return true
 	case ReasonEndpointForbidden:
 		return true
@@ -356,14 +368,16 @@ type Channel string
 
 // Delivery defines model for Delivery.
 type Delivery struct {
-	AcceptedAt  *time.Time     `json:"accepted_at"`
-	AttemptedAt *time.Time     `json:"attempted_at"`
-	Channel     Channel        `json:"channel"`
-	DeviceID    string         `json:"device_id"`
-	Reason      *Reason        `json:"reason"`
-	SkewMs      *float64       `json:"skew_ms"`
-	Status      DeliveryStatus `json:"status"`
-	UserID      string         `json:"user_id"`
+	AcceptedAt  *time.Time `json:"accepted_at"`
+	AttemptedAt *time.Time `json:"attempted_at"`
+	Channel     Channel    `json:"channel"`
+	DeviceID    string     `json:"device_id"`
+
+	// Reason Why a delivery failed, expired or was cancelled. A delivery is cancelled without being sent because of its device with device_moved (its token was registered for another user since the message was scheduled), device_deleted (the device or its user was deleted), device_evicted (a provider called its token dead since) or device_replaced (the token was taken over by another device of the same installation); one cancelled with no reason was cancelled with its message.
+	Reason *Reason        `json:"reason"`
+	SkewMs *float64       `json:"skew_ms"`
+	Status DeliveryStatus `json:"status"`
+	UserID string         `json:"user_id"`
 }
 
 // DeliveryCounts defines model for DeliveryCounts.
@@ -413,6 +427,9 @@ type DeviceRegistration struct {
 
 	// Environment An APNs token's environment: sandbox for an app built for debugging (channel apns only).
 	Environment *DeviceRegistrationEnvironment `json:"environment,omitempty"`
+
+	// InstallationID The app's own id of its installation on this channel, optional. A new token registered under an installation that has a device already replaces that device's token in place, instead of adding a second device that would get every message again until a provider rejects the old token. A registration without it keeps the one the device has.
+	InstallationID *string `json:"installation_id,omitempty"`
 
 	// Subscription A Web Push subscription, as PushSubscription.toJSON() gives it.
 	Subscription *WebPushSubscription `json:"subscription,omitempty"`
@@ -693,7 +710,7 @@ type ProviderStatus struct {
 // Providers Per channel (apns, fcm, webpush).
 type Providers map[string]ProviderStatus
 
-// Reason defines model for Reason.
+// Reason Why a delivery failed, expired or was cancelled. A delivery is cancelled without being sent because of its device with device_moved (its token was registered for another user since the message was scheduled), device_deleted (the device or its user was deleted), device_evicted (a provider called its token dead since) or device_replaced (the token was taken over by another device of the same installation); one cancelled with no reason was cancelled with its message.
 type Reason string
 
 // Schedule defines model for Schedule.
@@ -797,12 +814,15 @@ type UserDevice struct {
 	Endpoint  *string   `json:"endpoint,omitempty"`
 
 	// Environment The APNs environment of a device's token: sandbox for an app built for debugging, whose pushes go to APNS_SANDBOX_HOST. Always production on FCM and Web Push.
-	Environment   Environment  `json:"environment"`
-	EvictedAt     *time.Time   `json:"evicted_at,omitempty"`
-	EvictedReason *string      `json:"evicted_reason,omitempty"`
-	Status        DeviceStatus `json:"status"`
-	Token         *string      `json:"token,omitempty"`
-	UpdatedAt     time.Time    `json:"updated_at"`
+	Environment   Environment `json:"environment"`
+	EvictedAt     *time.Time  `json:"evicted_at,omitempty"`
+	EvictedReason *string     `json:"evicted_reason,omitempty"`
+
+	// InstallationID The app's id of its installation, when a registration gave one.
+	InstallationID *string      `json:"installation_id,omitempty"`
+	Status         DeviceStatus `json:"status"`
+	Token          *string      `json:"token,omitempty"`
+	UpdatedAt      time.Time    `json:"updated_at"`
 }
 
 // UserDevicePage defines model for UserDevicePage.
@@ -1184,12 +1204,16 @@ type ClientInterface interface {
 
 	// RegisterDeviceWithBody Register a device, or move an existing (channel, token) to this user and reactivate it.
 	//
+	// A token registered for another user than its device's moves the device, and the former owner's pending deliveries to it are cancelled (reason device_moved) in the same transaction: a phone that changed hands gets nothing of its former owner's. A registration naming an installation_id that already has a device under another token gives that device the new token in place (the same device_id, answered 200; its pending deliveries go to the new token); a device that held the new token is then deleted and its pending deliveries cancelled as device_replaced.
+	//
 	// Takes any type of body and a specified content type.
 	//
 	// Corresponds with POST /v1/devices (the `RegisterDevice` operationId).
 	RegisterDeviceWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// RegisterDevice Register a device, or move an existing (channel, token) to this user and reactivate it.
+	//
+	// A token registered for another user than its device's moves the device, and the former owner's pending deliveries to it are cancelled (reason device_moved) in the same transaction: a phone that changed hands gets nothing of its former owner's. A registration naming an installation_id that already has a device under another token gives that device the new token in place (the same device_id, answered 200; its pending deliveries go to the new token); a device that held the new token is then deleted and its pending deliveries cancelled as device_replaced.
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -1198,12 +1222,16 @@ type ClientInterface interface {
 
 	// RegisterDevicesWithBody Register up to 10,000 devices at once, all or nothing.
 	//
+	// Each registration as POST /v1/devices makes it (moves cancel the former owner's pending deliveries; an installation_id replaces its device's token in place). One installation_id with two tokens in one batch is refused with 400.
+	//
 	// Takes any type of body and a specified content type.
 	//
 	// Corresponds with POST /v1/devices/batch (the `RegisterDevices` operationId).
 	RegisterDevicesWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// RegisterDevices Register up to 10,000 devices at once, all or nothing.
+	//
+	// Each registration as POST /v1/devices makes it (moves cancel the former owner's pending deliveries; an installation_id replaces its device's token in place). One installation_id with two tokens in one batch is refused with 400.
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -1460,6 +1488,8 @@ func (c *Client) GetReadiness(ctx context.Context, reqEditors ...RequestEditorFn
 
 // RegisterDeviceWithBody Register a device, or move an existing (channel, token) to this user and reactivate it.
 //
+// A token registered for another user than its device's moves the device, and the former owner's pending deliveries to it are cancelled (reason device_moved) in the same transaction: a phone that changed hands gets nothing of its former owner's. A registration naming an installation_id that already has a device under another token gives that device the new token in place (the same device_id, answered 200; its pending deliveries go to the new token); a device that held the new token is then deleted and its pending deliveries cancelled as device_replaced.
+//
 // Takes any type of body and a specified content type.
 //
 // Corresponds with POST /v1/devices (the `RegisterDevice` operationId).
@@ -1476,6 +1506,8 @@ func (c *Client) RegisterDeviceWithBody(ctx context.Context, contentType string,
 }
 
 // RegisterDevice Register a device, or move an existing (channel, token) to this user and reactivate it.
+//
+// A token registered for another user than its device's moves the device, and the former owner's pending deliveries to it are cancelled (reason device_moved) in the same transaction: a phone that changed hands gets nothing of its former owner's. A registration naming an installation_id that already has a device under another token gives that device the new token in place (the same device_id, answered 200; its pending deliveries go to the new token); a device that held the new token is then deleted and its pending deliveries cancelled as device_replaced.
 //
 // Takes a body of the `application/json` content type.
 //
@@ -1494,6 +1526,8 @@ func (c *Client) RegisterDevice(ctx context.Context, body RegisterDeviceJSONRequ
 
 // RegisterDevicesWithBody Register up to 10,000 devices at once, all or nothing.
 //
+// Each registration as POST /v1/devices makes it (moves cancel the former owner's pending deliveries; an installation_id replaces its device's token in place). One installation_id with two tokens in one batch is refused with 400.
+//
 // Takes any type of body and a specified content type.
 //
 // Corresponds with POST /v1/devices/batch (the `RegisterDevices` operationId).
@@ -1510,6 +1544,8 @@ func (c *Client) RegisterDevicesWithBody(ctx context.Context, contentType string
 }
 
 // RegisterDevices Register up to 10,000 devices at once, all or nothing.
+//
+// Each registration as POST /v1/devices makes it (moves cancel the former owner's pending deliveries; an installation_id replaces its device's token in place). One installation_id with two tokens in one batch is refused with 400.
 //
 // Takes a body of the `application/json` content type.
 //
@@ -3391,12 +3427,16 @@ type ClientWithResponsesInterface interface {
 
 	// RegisterDeviceWithBodyWithResponse Register a device, or move an existing (channel, token) to this user and reactivate it.
 	//
+	// A token registered for another user than its device's moves the device, and the former owner's pending deliveries to it are cancelled (reason device_moved) in the same transaction: a phone that changed hands gets nothing of its former owner's. A registration naming an installation_id that already has a device under another token gives that device the new token in place (the same device_id, answered 200; its pending deliveries go to the new token); a device that held the new token is then deleted and its pending deliveries cancelled as device_replaced.
+	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/devices (the `RegisterDevice` operationId).
 	RegisterDeviceWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*RegisterDeviceResponse, error)
 
 	// RegisterDeviceWithResponse Register a device, or move an existing (channel, token) to this user and reactivate it.
+	//
+	// A token registered for another user than its device's moves the device, and the former owner's pending deliveries to it are cancelled (reason device_moved) in the same transaction: a phone that changed hands gets nothing of its former owner's. A registration naming an installation_id that already has a device under another token gives that device the new token in place (the same device_id, answered 200; its pending deliveries go to the new token); a device that held the new token is then deleted and its pending deliveries cancelled as device_replaced.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -3405,12 +3445,16 @@ type ClientWithResponsesInterface interface {
 
 	// RegisterDevicesWithBodyWithResponse Register up to 10,000 devices at once, all or nothing.
 	//
+	// Each registration as POST /v1/devices makes it (moves cancel the former owner's pending deliveries; an installation_id replaces its device's token in place). One installation_id with two tokens in one batch is refused with 400.
+	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/devices/batch (the `RegisterDevices` operationId).
 	RegisterDevicesWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*RegisterDevicesResponse, error)
 
 	// RegisterDevicesWithResponse Register up to 10,000 devices at once, all or nothing.
+	//
+	// Each registration as POST /v1/devices makes it (moves cancel the former owner's pending deliveries; an installation_id replaces its device's token in place). One installation_id with two tokens in one batch is refused with 400.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -6077,6 +6121,8 @@ func (c *ClientWithResponses) GetReadinessWithResponse(ctx context.Context, reqE
 
 // RegisterDeviceWithBodyWithResponse Register a device, or move an existing (channel, token) to this user and reactivate it.
 //
+// A token registered for another user than its device's moves the device, and the former owner's pending deliveries to it are cancelled (reason device_moved) in the same transaction: a phone that changed hands gets nothing of its former owner's. A registration naming an installation_id that already has a device under another token gives that device the new token in place (the same device_id, answered 200; its pending deliveries go to the new token); a device that held the new token is then deleted and its pending deliveries cancelled as device_replaced.
+//
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/devices (the `RegisterDevice` operationId).
@@ -6089,6 +6135,8 @@ func (c *ClientWithResponses) RegisterDeviceWithBodyWithResponse(ctx context.Con
 }
 
 // RegisterDeviceWithResponse Register a device, or move an existing (channel, token) to this user and reactivate it.
+//
+// A token registered for another user than its device's moves the device, and the former owner's pending deliveries to it are cancelled (reason device_moved) in the same transaction: a phone that changed hands gets nothing of its former owner's. A registration naming an installation_id that already has a device under another token gives that device the new token in place (the same device_id, answered 200; its pending deliveries go to the new token); a device that held the new token is then deleted and its pending deliveries cancelled as device_replaced.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
@@ -6103,6 +6151,8 @@ func (c *ClientWithResponses) RegisterDeviceWithResponse(ctx context.Context, bo
 
 // RegisterDevicesWithBodyWithResponse Register up to 10,000 devices at once, all or nothing.
 //
+// Each registration as POST /v1/devices makes it (moves cancel the former owner's pending deliveries; an installation_id replaces its device's token in place). One installation_id with two tokens in one batch is refused with 400.
+//
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/devices/batch (the `RegisterDevices` operationId).
@@ -6115,6 +6165,8 @@ func (c *ClientWithResponses) RegisterDevicesWithBodyWithResponse(ctx context.Co
 }
 
 // RegisterDevicesWithResponse Register up to 10,000 devices at once, all or nothing.
+//
+// Each registration as POST /v1/devices makes it (moves cancel the former owner's pending deliveries; an installation_id replaces its device's token in place). One installation_id with two tokens in one batch is refused with 400.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //

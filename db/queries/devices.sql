@@ -1,58 +1,67 @@
--- name: RegisterDevice :one
--- Registers a device, or moves an existing (channel, token) to the given user
--- and reactivates it. One statement, so that racing registrations of the same
--- token end in one row.
-INSERT INTO devices (user_id, channel, token, p256dh, auth, environment)
-VALUES (@user_id, @channel, @token, @p256dh, @auth, @environment)
+-- name: LockRegistered :many
+-- Locks the devices a registration touches, in the order of their ids, and
+-- returns them: those holding one of the (channel, token) pairs, and those
+-- of the (channel, installation_id) pairs. The arrays of each pair are
+-- parallel. Taken before the registration writes, so that it knows which
+-- devices change owner (their former owner's pending deliveries are
+-- cancelled) and which installation gets a new token.
+SELECT v.id, v.user_id, v.channel, v.token, v.installation_id, v.status
+FROM devices v
+WHERE (v.channel, v.token) IN (SELECT unnest(@channels::text[]), unnest(@tokens::text[]))
+   OR (v.channel, v.installation_id) IN (SELECT unnest(@installation_channels::text[]), unnest(@installation_ids::text[]))
+ORDER BY v.id
+FOR UPDATE;
+
+-- name: RetokenDevices :exec
+-- Gives installations' devices their new tokens in place (same device id),
+-- so that a refreshed token is not a second device. The arrays are
+-- parallel; an empty p256dh or auth stands for NULL.
+UPDATE devices v
+SET token = r.token, p256dh = NULLIF(r.p256dh, ''), auth = NULLIF(r.auth, ''), updated_at = now()
+FROM (SELECT unnest(@ids::bigint[]) AS id, unnest(@tokens::text[]) AS token,
+             unnest(@p256dhs::text[]) AS p256dh, unnest(@auths::text[]) AS auth) r
+WHERE v.id = r.id;
+
+-- name: DeleteDevices :exec
+DELETE FROM devices WHERE id = ANY (@ids::bigint[]);
+
+-- name: RegisterDevices :many
+-- Registers devices, or moves existing (channel, token)s to the given users
+-- and reactivates them: one statement for one device or a whole batch. The
+-- arrays are parallel; an empty p256dh, auth or installation id stands for
+-- NULL (a registration without an installation id keeps the one the device
+-- has), and a missing environment (a shorter array) for production.
+-- Callers pass each (channel, token) once, in sorted order, so that
+-- concurrent batches lock rows in one order.
+INSERT INTO devices (user_id, channel, token, p256dh, auth, environment, installation_id)
+SELECT d.user_id, d.channel, d.token, NULLIF(d.p256dh, ''), NULLIF(d.auth, ''),
+       COALESCE(d.environment, 'production'), NULLIF(d.installation_id, '')
+FROM (
+    -- Set-returning functions side by side in a select list advance in step.
+    SELECT unnest(@user_ids::text[]) AS user_id,
+           unnest(@channels::text[]) AS channel,
+           unnest(@tokens::text[]) AS token,
+           unnest(@p256dhs::text[]) AS p256dh,
+           unnest(@auths::text[]) AS auth,
+           unnest(@environments::text[]) AS environment,
+           unnest(@installation_ids::text[]) AS installation_id
+) d
 ON CONFLICT (channel, token) DO UPDATE
 SET user_id = excluded.user_id,
     p256dh = excluded.p256dh,
     auth = excluded.auth,
     environment = excluded.environment,
+    installation_id = COALESCE(excluded.installation_id, devices.installation_id),
     status = 'active',
     evicted_reason = NULL,
     evicted_at = NULL,
     updated_at = now()
 RETURNING id, user_id, channel, environment, status, (xmax = 0)::boolean AS created;
 
--- name: RegisterDevices :one
--- The batch form of RegisterDevice: one statement for the whole batch. The
--- arrays are parallel; an empty p256dh or auth stands for NULL, and a
--- missing environment (a shorter array) for production. Callers pass
--- each (channel, token) once, in sorted order, so that concurrent batches lock
--- rows in one order.
-WITH upserted AS (
-    INSERT INTO devices (user_id, channel, token, p256dh, auth, environment)
-    SELECT d.user_id, d.channel, d.token, NULLIF(d.p256dh, ''), NULLIF(d.auth, ''),
-           COALESCE(d.environment, 'production')
-    FROM (
-        -- Set-returning functions side by side in a select list advance in step.
-        SELECT unnest(@user_ids::text[]) AS user_id,
-               unnest(@channels::text[]) AS channel,
-               unnest(@tokens::text[]) AS token,
-               unnest(@p256dhs::text[]) AS p256dh,
-               unnest(@auths::text[]) AS auth,
-               unnest(@environments::text[]) AS environment
-    ) d
-    ON CONFLICT (channel, token) DO UPDATE
-    SET user_id = excluded.user_id,
-        p256dh = excluded.p256dh,
-        auth = excluded.auth,
-        environment = excluded.environment,
-        status = 'active',
-        evicted_reason = NULL,
-        evicted_at = NULL,
-        updated_at = now()
-    RETURNING (xmax = 0) AS created
-)
-SELECT count(*) FILTER (WHERE created)::integer AS created,
-       count(*) FILTER (WHERE NOT created)::integer AS updated
-FROM upserted;
-
 -- name: ListUserDevices :many
 -- A page of a user's devices: those after after_id, in id order (keyset
 -- pagination on devices_user_id_idx).
-SELECT id, user_id, channel, token, p256dh, auth, status, evicted_reason, evicted_at, created_at, updated_at, environment
+SELECT id, user_id, channel, token, p256dh, auth, status, evicted_reason, evicted_at, created_at, updated_at, environment, installation_id
 FROM devices
 WHERE user_id = @user_id AND id > @after_id
 ORDER BY id
@@ -73,31 +82,37 @@ FROM devices
 WHERE user_id = ANY(@user_ids::text[]) AND status = 'active'
 GROUP BY user_id;
 
--- name: ActiveDeviceOwners :many
--- The users whose active devices the given (channel, token) pairs are.
--- The arrays are parallel.
-SELECT d.channel, d.token, d.user_id
-FROM devices d
-JOIN (SELECT unnest(@channels::text[]) AS channel, unnest(@tokens::text[]) AS token) k
-  ON d.channel = k.channel AND d.token = k.token
-WHERE d.status = 'active';
-
 -- name: DeleteDevice :execrows
 DELETE FROM devices WHERE id = @id;
 
 -- name: CancelPendingForDevices :exec
--- Deleted devices are sent nothing more: their pending deliveries are
--- cancelled and their messages' counters moved with them. Only a message
--- that has not settled (scheduled or dispatching) has pending deliveries, so
--- they are found through those few messages (messages_state_id_idx) and the
--- ledger's primary key, without an index on the status: one would keep
--- every result write from being a HOT update (see 0008_ledger_cost.sql).
-WITH cancelled AS (
-    UPDATE deliveries d
-    SET status = 'cancelled'
+-- Cancels the devices' pending deliveries, with the reason given, and moves
+-- their messages' counters: a deleted device is sent nothing more, nor is a
+-- device moved to another user anything of its former owner's (with
+-- only_moved, only the deliveries whose user is no longer the device's are
+-- cancelled). Only a message that has not settled (scheduled or
+-- dispatching) has pending deliveries, so they are found through those few
+-- messages (messages_state_id_idx) and the ledger's primary key, without an
+-- index on the status: one would keep every result write from being a HOT
+-- update (see 0008_ledger_cost.sql). The messages concerned are locked
+-- first, in the order of their ids, as a ledger write locks them
+-- (LockMessages), so that a registration moving a device and a chunk
+-- writing its results never wait for each other in a cycle.
+WITH locked AS (
+    SELECT m.id
     FROM messages m
     WHERE m.state IN ('scheduled', 'dispatching')
-      AND d.message_id = m.id AND d.device_id = ANY (@device_ids::bigint[]) AND d.status = 'pending'
+      AND EXISTS (SELECT 1 FROM deliveries d
+                  WHERE d.message_id = m.id AND d.device_id = ANY (@device_ids::bigint[]) AND d.status = 'pending')
+    ORDER BY m.id
+    FOR UPDATE
+), cancelled AS (
+    UPDATE deliveries d
+    SET status = 'cancelled', reason = @reason::text
+    FROM locked m
+    WHERE d.message_id = m.id AND d.device_id = ANY (@device_ids::bigint[]) AND d.status = 'pending'
+      AND (NOT @only_moved::boolean
+           OR NOT EXISTS (SELECT 1 FROM devices v WHERE v.id = d.device_id AND v.user_id = d.user_id))
     RETURNING d.message_id
 ), per_message AS (
     SELECT message_id, count(*)::integer AS n FROM cancelled GROUP BY message_id
@@ -116,6 +131,6 @@ SET status = 'evicted', evicted_reason = @reason, evicted_at = now(), updated_at
 WHERE id = @id AND status = 'active';
 
 -- name: GetDevice :one
-SELECT id, user_id, channel, token, p256dh, auth, status, evicted_reason, evicted_at, created_at, updated_at, environment
+SELECT id, user_id, channel, token, p256dh, auth, status, evicted_reason, evicted_at, created_at, updated_at, environment, installation_id
 FROM devices
 WHERE id = @id;

@@ -6,9 +6,19 @@
 -- chunk reads only what was not settled. The status test is a NOT IN so
 -- that the planner never reads the range through the partial index of
 -- pending deliveries, which holds every message's.
-SELECT d.device_id, d.attempt, d.channel, d.locale, v.token, v.p256dh, v.auth, v.environment
+--
+-- Gone says why a delivery must not be sent, "" when it may: its device was
+-- deleted, moved to another user or evicted since the message was
+-- scheduled (migration 0012). Such a row carries no token.
+SELECT d.device_id, d.attempt, d.channel, d.locale,
+       coalesce(v.token, '')::text AS token, v.p256dh, v.auth,
+       coalesce(v.environment, 'production')::text AS environment,
+       (CASE WHEN v.id IS NULL THEN 'device_deleted'
+             WHEN v.user_id <> d.user_id THEN 'device_moved'
+             WHEN v.status <> 'active' THEN 'device_evicted'
+             ELSE '' END)::text AS gone
 FROM deliveries d
-JOIN devices v ON v.id = d.device_id
+LEFT JOIN devices v ON v.id = d.device_id
 WHERE d.message_id = @message_id
   AND d.device_id BETWEEN @first_device AND @last_device
   AND d.chunk = @chunk

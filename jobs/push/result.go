@@ -29,6 +29,33 @@ const (
 	ReasonWrongEnvironment Reason = "wrong_environment"
 )
 
+// The reasons a delivery is cancelled unsent because of its device: found
+// by its chunk when it read its devices, before anything was sent (see
+// db.ChunkPending), or by a registration or an erasure.
+const (
+	// ReasonDeviceMoved: the device's token was registered for another
+	// user after the message was scheduled.
+	ReasonDeviceMoved Reason = "device_moved"
+	// ReasonDeviceDeleted: the device was deleted, alone or with its user.
+	ReasonDeviceDeleted Reason = "device_deleted"
+	// ReasonDeviceEvicted: a provider called the device's token dead after
+	// the message was scheduled.
+	ReasonDeviceEvicted Reason = "device_evicted"
+	// ReasonDeviceReplaced: another device of the same installation took
+	// the token over.
+	ReasonDeviceReplaced Reason = "device_replaced"
+)
+
+// Cancels reports whether the delivery is cancelled, not failed: nothing
+// was sent, because the device is no longer the delivery's to send to.
+func (r Reason) Cancels() bool {
+	switch r {
+	case ReasonDeviceMoved, ReasonDeviceDeleted, ReasonDeviceEvicted, ReasonDeviceReplaced:
+		return true
+	}
+	return false
+}
+
 // Transient reports whether a failure may go away by itself: the provider
 // was down, slow or rate limiting, and the same send may succeed later.
 func (r Reason) Transient() bool {
