@@ -54,6 +54,12 @@ const (
 	DefaultChunkTimeout = 30 * time.Second
 	DefaultRescueAfter  = time.Minute
 
+	// DefaultShutdownTimeout is how long a stopping worker lets the chunk
+	// attempts it is running finish (and write their ledger) before it
+	// cancels them and hands them back: inside the 30 s Kubernetes gives a
+	// pod between SIGTERM and SIGKILL, with room to write.
+	DefaultShutdownTimeout = 25 * time.Second
+
 	// DefaultMaterializeEvery is how often River's leader runs the schedule
 	// materializer: a fraction of DefaultScheduleLead, so that a run is
 	// looked at several times before it is due.

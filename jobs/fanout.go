@@ -556,6 +556,15 @@ func (w *FanOutWorker) finish(ctx context.Context, c *running, ledger *ledger, r
 	if len(parked) == 0 {
 		return nil
 	}
+	if errors.Is(ctx.Err(), context.Canceled) {
+		// The process is stopping (or an operator cancelled the job, which
+		// River records over this): what was not sent is no provider's
+		// failure. The chunk is handed back, its answers written, for
+		// another worker to take at once.
+		w.cfg.Logger.InfoContext(ctx, "chunk handed back: this worker is stopping",
+			"message_id", push.FormatMessageID(c.MessageID), "chunk", c.Chunk, "unsent", parked)
+		return river.JobSnooze(0)
+	}
 	w.cfg.Logger.WarnContext(ctx, "chunk parked: a provider is failing, its deliveries wait for it",
 		"message_id", push.FormatMessageID(c.MessageID), "chunk", c.Chunk, "parked", parked, "error", detail, "retry_in", wait)
 	return river.JobSnooze(wait)

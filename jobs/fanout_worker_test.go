@@ -503,6 +503,13 @@ func TestFanOutTimeoutRecordsWhatWasSent(t *testing.T) {
 		err := w.Work(ctx, &river.Job[FanOutArgs]{JobRow: c.job, Args: c.args})
 		var snooze *rivertype.JobSnoozeError
 		require.True(t, errors.As(err, &snooze), "Work returned %v, not a snooze", err)
+		// Handed back at once, for another worker: a stop is not a
+		// provider's failure, to wait out or to tell the breaker of.
+		require.Zero(t, snooze.Duration, "a stopped chunk waits for nothing")
+		st, ok := w.Breakers().Status(ChannelFCM)
+		require.True(t, ok)
+		require.Equal(t, "closed", st.State)
+		require.Zero(t, st.Failures, "the breaker heard of the stop")
 		requireRecorded(t, b, c, fcm)
 	})
 }

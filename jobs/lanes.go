@@ -125,6 +125,9 @@ type RiverConfig struct {
 	// may run before River, finding its process gone, retries it.
 	// RescueAfter must exceed ChunkTimeout.
 	ChunkTimeout, RescueAfter time.Duration
+	// ShutdownTimeout is how long a stop lets the running chunks finish
+	// before it cancels them; they hand themselves back (FanOutWorker).
+	ShutdownTimeout time.Duration
 	// MaterializeEvery is how often River's leader runs the schedule
 	// materializer.
 	MaterializeEvery time.Duration
@@ -142,6 +145,7 @@ func (c *RiverConfig) setDefaults() {
 	c.Lookahead = cmp.Or(c.Lookahead, DefaultLookahead)
 	c.ChunkTimeout = cmp.Or(c.ChunkTimeout, DefaultChunkTimeout)
 	c.RescueAfter = cmp.Or(c.RescueAfter, DefaultRescueAfter)
+	c.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, DefaultShutdownTimeout)
 	c.MaterializeEvery = cmp.Or(c.MaterializeEvery, DefaultMaterializeEvery)
 	c.Retention = cmp.Or(c.Retention, DefaultRetention)
 }
@@ -254,20 +258,17 @@ func (c *RiverClients) Start(ctx context.Context) error {
 	return nil
 }
 
-// Stop lets running chunks finish until ctx is done, then cancels what is
-// left: River retries a cancelled chunk, and its settled deliveries are
-// skipped. The clients stop together.
+// Stop stops fetching chunks and lets the running ones finish; River
+// cancels those still running after the shutdown timeout
+// (RiverConfig.ShutdownTimeout), and each hands itself back, its answers
+// written, for another worker to take at once (FanOutWorker.finish). ctx
+// bounds the wait beyond that. The clients stop together.
 func (c *RiverClients) Stop(ctx context.Context, logger *slog.Logger) {
 	var wg sync.WaitGroup
 	for _, client := range c.all {
 		wg.Go(func() {
 			if err := client.Stop(ctx); err != nil {
-				logger.Warn("chunks still running at the end of the grace period; cancelling them", "error", err)
-				cancelCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-				defer cancel()
-				if err := client.StopAndCancel(cancelCtx); err != nil {
-					logger.Error("River did not stop", "error", err)
-				}
+				logger.Error("River did not stop in time", "error", err)
 			}
 		})
 	}
@@ -330,6 +331,12 @@ func (c RiverConfig) workerConfig(rc *river.Config) {
 	// and River's rescue pass (every 30 s), not River's default hour.
 	rc.JobTimeout = c.ChunkTimeout
 	rc.RescueStuckJobsAfter = c.RescueAfter
+	// A stop (a signal cancelling Start's context, or Stop) is soft: no
+	// chunk is fetched any more, the running ones finish and write their
+	// ledger, and only those still running after ShutdownTimeout are
+	// cancelled. Without it, cancelling Start's context was River's hard
+	// stop: every rolling deploy cut the sends in flight.
+	rc.SoftStopTimeout = c.ShutdownTimeout
 }
 
 // availableSoon is the insert middleware that makes chunk jobs due within

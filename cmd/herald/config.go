@@ -65,6 +65,9 @@ type config struct {
 	// ChunkTimeout, so that a chunk is never retried while its first attempt
 	// may still be sending.
 	ChunkTimeout, RescueAfter time.Duration
+	// ShutdownTimeout is how long a stopping process lets its requests and
+	// running chunks finish.
+	ShutdownTimeout time.Duration
 	// MaxInFlight is each provider client's limit of requests in flight
 	// (HERALD_MAX_IN_FLIGHT_APNS, _FCM, _WEBPUSH); zero takes the
 	// provider's default.
@@ -173,6 +176,9 @@ func loadConfig(getenv func(string) string) (config, error) {
 		return c, err
 	}
 	if c.RescueAfter, err = durationVar(getenv, "HERALD_RESCUE_AFTER", jobs.DefaultRescueAfter, time.Second); err != nil {
+		return c, err
+	}
+	if c.ShutdownTimeout, err = durationVar(getenv, "HERALD_SHUTDOWN_TIMEOUT", jobs.DefaultShutdownTimeout, time.Second); err != nil {
 		return c, err
 	}
 	if c.BreakerCooldown, err = durationVar(getenv, "HERALD_BREAKER_COOLDOWN", jobs.DefaultBreakerCooldown, 100*time.Millisecond); err != nil {

@@ -51,6 +51,7 @@ var serveEnv = []envVar{
 	{"HERALD_FETCH_POLL_INTERVAL", "how often each lane looks for due chunks", "250ms"},
 	{"HERALD_CHUNK_TIMEOUT", "one chunk attempt's limit", "30s"},
 	{"HERALD_RESCUE_AFTER", "when a chunk whose process died is retried", "1m"},
+	{"HERALD_SHUTDOWN_TIMEOUT", "how long a stopping process lets its requests and running chunks finish", "25s"},
 	{"HERALD_MAX_IN_FLIGHT_APNS", "APNs requests in flight per client", "500"},
 	{"HERALD_MAX_IN_FLIGHT_FCM", "FCM requests in flight per client", "500"},
 	{"HERALD_MAX_IN_FLIGHT_WEBPUSH", "Web Push requests in flight per client", "200"},

@@ -27,11 +27,6 @@ import (
 	"github.com/heraldpush/herald/jobs"
 )
 
-// shutdownGrace bounds how long in-flight requests and chunks may take to
-// finish after a signal; a chunk still running then is cancelled and River
-// retries it later (its settled deliveries are skipped).
-const shutdownGrace = 15 * time.Second
-
 // runServe runs the API and the chunk workers (or one of them, by --role)
 // until ctx is cancelled, then shuts down in order: stop accepting requests,
 // let running chunks finish, close the providers and the pool.
@@ -195,7 +190,7 @@ func (p *process) riverConfig() jobs.RiverConfig {
 	return jobs.RiverConfig{
 		Logger: p.logger, FetchPollInterval: c.FetchPollInterval, Lookahead: c.Lookahead,
 		ChunkTimeout: c.ChunkTimeout, RescueAfter: c.RescueAfter, MaterializeEvery: c.MaterializeEvery,
-		Retention: c.Retention,
+		Retention: c.Retention, ShutdownTimeout: c.ShutdownTimeout,
 	}
 }
 
@@ -313,8 +308,10 @@ func (p *process) handler(w *worker) (http.Handler, error) {
 }
 
 // serve answers requests until ctx is cancelled, then shuts down in order:
-// stop accepting requests, let running chunks finish (within
-// shutdownGrace), stop the background loops.
+// stop fetching chunks and accepting requests, let the running chunks and
+// requests finish (within HERALD_SHUTDOWN_TIMEOUT; River then cancels the
+// chunks still running, which hand themselves back), stop the background
+// loops.
 func (p *process) serve(ctx context.Context, handler http.Handler, w *worker, stdout io.Writer) error {
 	cfg := p.cfg
 	// Every phase of a connection has a deadline, so that a client that
@@ -344,14 +341,25 @@ func (p *process) serve(ctx context.Context, handler http.Handler, w *worker, st
 	case <-ctx.Done():
 	}
 	p.logger.Info("shutting down")
-	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownGrace)
+	// The chunks were told to stop by ctx itself (River's soft stop, as
+	// the clients were started with it) and stop together with the HTTP
+	// server; the chunks still running at the timeout are cancelled by
+	// River and given a little longer to write their answers.
+	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownTimeout)
 	defer cancel()
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		if w != nil {
+			chunksCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownTimeout+10*time.Second)
+			defer cancel()
+			w.clients.Stop(chunksCtx, p.logger)
+		}
+	}()
 	if err := httpServer.Shutdown(shutdownCtx); err != nil {
 		errs = append(errs, fmt.Errorf("shutdown http: %w", err))
 	}
-	if w != nil {
-		w.clients.Stop(shutdownCtx, p.logger)
-	}
+	<-stopped
 	p.stopBackgroundLoops()
 	p.logger.Info("stopped")
 	return errors.Join(errs...)
