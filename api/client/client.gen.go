@@ -1170,7 +1170,7 @@ type ClientInterface interface {
 	// Corresponds with GET /healthz (the `GetHealth` operationId).
 	GetHealth(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// GetMetrics Prometheus metrics (deliveries, skew histogram, provider latency, breakers, lanes, clock offset, messages by state).
+	// GetMetrics Prometheus metrics (deliveries, skew histograms per delivery and per message, messages over the SLO, provider latency, breakers, lanes, clock offset, messages by state).
 	//
 	// Corresponds with GET /metrics (the `GetMetrics` operationId).
 	GetMetrics(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -1416,7 +1416,7 @@ func (c *Client) GetHealth(ctx context.Context, reqEditors ...RequestEditorFn) (
 	return c.Client.Do(req)
 }
 
-// GetMetrics Prometheus metrics (deliveries, skew histogram, provider latency, breakers, lanes, clock offset, messages by state).
+// GetMetrics Prometheus metrics (deliveries, skew histograms per delivery and per message, messages over the SLO, provider latency, breakers, lanes, clock offset, messages by state).
 //
 // Corresponds with GET /metrics (the `GetMetrics` operationId).
 func (c *Client) GetMetrics(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -3371,7 +3371,7 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with GET /healthz (the `GetHealth` operationId).
 	GetHealthWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetHealthResponse, error)
 
-	// GetMetricsWithResponse Prometheus metrics (deliveries, skew histogram, provider latency, breakers, lanes, clock offset, messages by state).
+	// GetMetricsWithResponse Prometheus metrics (deliveries, skew histograms per delivery and per message, messages over the SLO, provider latency, breakers, lanes, clock offset, messages by state).
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -6039,7 +6039,7 @@ func (c *ClientWithResponses) GetHealthWithResponse(ctx context.Context, reqEdit
 	return ParseGetHealthResponse(rsp)
 }
 
-// GetMetricsWithResponse Prometheus metrics (deliveries, skew histogram, provider latency, breakers, lanes, clock offset, messages by state).
+// GetMetricsWithResponse Prometheus metrics (deliveries, skew histograms per delivery and per message, messages over the SLO, provider latency, breakers, lanes, clock offset, messages by state).
 //
 // Returns a wrapper object for the known response body format(s).
 //
