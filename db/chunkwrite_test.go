@@ -307,7 +307,8 @@ func TestWriteChunksOfManyMessages(t *testing.T) {
 	w1 := db.ChunkWrite{MessageID: ids[1], Settle: true}
 	out, err := db.WriteChunks(ctx, tdb.Pool, []db.ChunkWrite{w2, w0, w1})
 	require.NoError(t, err)
-	require.Equal(t, []db.ChunkWritten{{Accepted: 2, Failed: 1}, {Accepted: 1, Settled: "dispatched"}, {}}, out)
+	require.Equal(t, []db.ChunkWritten{{Accepted: 2, Failed: 1}, {Accepted: 1, Settled: "dispatched", Priority: "bulk", SLOSkewMs: ptr(5.0)}, {}}, out,
+		"each write's own message; only the one it settled is graded")
 
 	type counts struct {
 		Pending, Accepted, Failed int32
