@@ -11,7 +11,7 @@ DEV ?= .dev
 # that is all of them today.
 RACE ?= -race
 
-.PHONY: help build run test test/go test/fuzz chromium bench generate generate/check vet fmt lint/openapi \
+.PHONY: help build run test test/go test/fuzz chromium promtool bench generate generate/check vet fmt lint/openapi \
 	db/start db/stop db/reset db/test/start db/test/stop clean
 
 help:
@@ -67,7 +67,7 @@ bench: build
 
 test: generate/check vet test/go test/fuzz
 
-test/go: chromium
+test/go: chromium promtool
 	@url=$$($(MAKE) -s db/test/start); \
 	echo "go test against $$url"; \
 	DATABASE_URL=$$url $(GO) test $(RACE) -count=1 -timeout 15m ./...
@@ -85,22 +85,32 @@ vet:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt would change:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
 	$(GO) vet ./...
 
-# The browser tests (cmd/herald/browser_test.go) drive Debian's chromium.
-# As root it is installed when missing, quietly, refreshing the package
-# lists only if the first try fails; elsewhere, or when that fails too, the
-# tests skip and say so loudly.
-chromium:
-	@if ! command -v chromium >/dev/null 2>&1; then \
+# Tools some tests need, from Debian packages: as root each is installed
+# when missing, quietly, refreshing the package lists only if the first try
+# fails; elsewhere, or when that fails too, those tests skip and say so
+# loudly. $(call apt-tool,command,package,the tests that need it)
+define apt-tool
+	@if ! command -v $(1) >/dev/null 2>&1; then \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-			echo "installing chromium for the browser tests"; \
+			echo "installing $(2) for $(3)"; \
 			export DEBIAN_FRONTEND=noninteractive; \
-			apt-get install -y -qq chromium >/dev/null 2>&1 || \
-				{ apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq chromium >/dev/null 2>&1; } || \
-				echo "!!! chromium could not be installed: the browser tests will be SKIPPED"; \
+			apt-get install -y -qq $(2) >/dev/null 2>&1 || \
+				{ apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq $(2) >/dev/null 2>&1; } || \
+				echo "!!! $(2) could not be installed: $(3) will be SKIPPED"; \
 		else \
-			echo "!!! chromium is missing and cannot be installed here (apt-get install chromium as root): the browser tests will be SKIPPED"; \
+			echo "!!! $(1) is missing and cannot be installed here (apt-get install $(2) as root): $(3) will be SKIPPED"; \
 		fi; \
 	fi
+endef
+
+# The browser tests (cmd/herald/browser_test.go) drive Debian's chromium.
+chromium:
+	$(call apt-tool,chromium,chromium,the browser tests)
+
+# The alert rules' tests (jobs/alerts_test.yml, run by
+# TestAlertRulesPassPromtool) need promtool, from Debian's prometheus.
+promtool:
+	$(call apt-tool,promtool,prometheus,the alert rules' tests)
 
 # The Go client of the API, api/client, is generated from api/openapi.yaml
 # by oapi-codegen, pinned as a tool in go.mod; its settings are in

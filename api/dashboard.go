@@ -14,6 +14,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/heraldpush/herald/db"
+	"github.com/heraldpush/herald/jobs"
 	"github.com/heraldpush/herald/web"
 )
 
@@ -212,6 +213,43 @@ func (s *Server) messageBreakdown(c echo.Context) error {
 	}
 	for _, r := range reasons {
 		out.FailuresByReason = append(out.FailuresByReason, failureCount{Status: r.Status, Reason: r.Reason, Devices: r.Devices})
+	}
+	return c.JSON(http.StatusOK, out)
+}
+
+// sloWindow is how far back the dashboard's share of messages within the
+// SLO looks.
+const sloWindow = 24 * time.Hour
+
+// sloLane is one priority's messages settled over sloWindow that were
+// graded, and how many had their maximum skew within the SLO.
+type sloLane struct {
+	Priority  string `json:"priority"`
+	Messages  int32  `json:"messages"`
+	WithinSLO int32  `json:"within_slo"`
+}
+
+type sloShare struct {
+	WindowHours int       `json:"window_hours"`
+	SLOMs       float64   `json:"slo_ms"`
+	Lanes       []sloLane `json:"lanes"`
+}
+
+// sloShare returns the share of messages settled over the last day whose
+// maximum skew (slo_skew_ms, graded as they settled) was within the
+// one-second SLO, by priority (lane): the figure the dashboard shows at the
+// top of its messages.
+func (s *Server) sloShare(c echo.Context) error {
+	since := time.Now().Add(-sloWindow)
+	rows, err := db.On(s.pool).SLOShare(c.Request().Context(), db.SLOShareParams{
+		WithinMs: float64(jobs.SLOSkew.Milliseconds()), Since: since,
+	})
+	if err != nil {
+		return fmt.Errorf("share of messages within the SLO: %w", err)
+	}
+	out := sloShare{WindowHours: int(sloWindow.Hours()), SLOMs: float64(jobs.SLOSkew.Milliseconds()), Lanes: []sloLane{}}
+	for _, r := range rows {
+		out.Lanes = append(out.Lanes, sloLane{Priority: r.Priority, Messages: r.Messages, WithinSLO: r.WithinSlo})
 	}
 	return c.JSON(http.StatusOK, out)
 }

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/heraldpush/herald/jobs/push"
 )
 
 const testAdminPassword = "correct horse battery staple"
@@ -455,4 +457,47 @@ func TestDashboardLoginBodyLimit(t *testing.T) {
 	// An ordinary form still signs in.
 	rec := b.postLogin(adminUser, testAdminPassword, nil)
 	require.Equal(t, http.StatusSeeOther, rec.Code)
+}
+
+// TestDashboardSLOShare: the dashboard's share of messages within the SLO
+// counts, by lane, the messages settled over the last day that were graded
+// (slo_skew_ms), and those whose maximum skew was 1 s or less; older or
+// ungraded ones are left out. Each message shows its maximum.
+func TestDashboardSLOShare(t *testing.T) {
+	t.Parallel()
+	b := setupDashboard(t)
+	ck, token := b.login(t)
+	ctx := t.Context()
+	insert := func(priority string, settledAgo time.Duration, sloSkewMs *float64) int64 {
+		var id int64
+		require.NoError(t, b.db.Pool.QueryRow(ctx, `
+			WITH p AS (INSERT INTO payloads (content) VALUES ('{"title":"t"}') RETURNING id)
+			INSERT INTO messages (state, priority, dispatch_at, expires_at, payload_id, audience, device_count, accepted_count, settled_at, slo_skew_ms)
+			SELECT 'dispatched', $1, now() - $2::interval - interval '1 minute', now() + interval '1 hour', p.id, '{}', 1, 1, now() - $2::interval, $3 FROM p
+			RETURNING id`, priority, settledAgo.String(), sloSkewMs).Scan(&id))
+		return id
+	}
+	ms := func(v float64) *float64 { return &v }
+	insert("urgent", time.Minute, ms(120))
+	late := insert("urgent", time.Hour, ms(3000))
+	insert("bulk", 2*time.Hour, ms(1000))
+	insert("bulk", 48*time.Hour, ms(5000)) // settled the day before
+	insert("bulk", time.Minute, nil)       // nothing of it was due
+
+	rec := b.browse(http.MethodGet, "/ui/api/slo", "", ck, map[string]string{csrfHeader: token})
+	require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
+	require.JSONEq(t, `{"window_hours":24,"slo_ms":1000,"lanes":[
+		{"priority":"bulk","messages":1,"within_slo":1},
+		{"priority":"urgent","messages":2,"within_slo":1}]}`, rec.Body.String())
+
+	rec = b.browse(http.MethodGet, "/ui/api/messages/"+push.FormatMessageID(late), "", ck, map[string]string{csrfHeader: token})
+	require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
+	var m struct {
+		SLOSkewMs *float64 `json:"slo_skew_ms"`
+	}
+	require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &m))
+	require.Equal(t, ms(3000), m.SLOSkewMs)
+
+	// Without a session there is nothing to see.
+	require.Equal(t, http.StatusUnauthorized, b.browse(http.MethodGet, "/ui/api/slo", "", nil, nil).Code)
 }

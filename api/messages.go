@@ -266,7 +266,10 @@ type messageStatus struct {
 	SettledAt  *time.Time     `json:"settled_at"`
 	Deliveries deliveryCounts `json:"deliveries"`
 	SkewMs     *skewSummary   `json:"skew_ms"`
-	Waves      []wave         `json:"waves,omitempty"`
+	// SLOSkewMs is the message's maximum skew as the SLO grades it
+	// (SettleMessage), nil until it settles or when nothing was due.
+	SLOSkewMs *float64 `json:"slo_skew_ms"`
+	Waves     []wave   `json:"waves,omitempty"`
 	// Payload is what the message sends, as it was stored.
 	Payload json.RawMessage `json:"payload"`
 }
@@ -279,6 +282,7 @@ func newMessageStatus(m db.Message, payload json.RawMessage) messageStatus {
 		StartedAt:  utcPtr(m.StartedAt),
 		SettledAt:  utcPtr(m.SettledAt),
 		Deliveries: countsOf(m),
+		SLOSkewMs:  m.SloSkewMs,
 	}
 	if m.ScheduleID != nil {
 		id := formatScheduleID(*m.ScheduleID)

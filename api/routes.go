@@ -77,6 +77,7 @@ func (s *Server) dashboardRoutes() {
 	ui.DELETE("/messages/:message_id", s.cancelMessage)
 	ui.GET("/messages/:message_id/deliveries", s.listDeliveries)
 	ui.GET("/messages/:message_id/breakdown", s.messageBreakdown)
+	ui.GET("/slo", s.sloShare)
 	ui.GET("/schedules", s.listSchedules)
 	ui.GET("/schedules/:schedule_id", s.getSchedule)
 	ui.PATCH("/schedules/:schedule_id", s.patchSchedule)

@@ -56,6 +56,12 @@ type ChunkWritten struct {
 	// Settled is the message's new state when this write settled it, ""
 	// otherwise.
 	Settled string
+	// When this write settled the message: its priority, and its maximum
+	// skew as the SLO grades it (SettleMessage), nil when nothing was due.
+	// This write is the only one that settles it, so its process is the one
+	// that counts it in the metrics.
+	Priority  string
+	SLOSkewMs *float64
 }
 
 // WriteChunks runs the writes of several messages as one pipelined batch:
@@ -118,7 +124,7 @@ func WriteChunks(ctx context.Context, pool *pgxpool.Pool, ws []ChunkWrite) ([]Ch
 			}
 			if ws[i].Settle {
 				b.Queue(settleMessage, ws[i].MessageID).QueryRow(func(row pgx.Row) error {
-					if err := row.Scan(&out[i].Settled); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+					if err := row.Scan(&out[i].Settled, &out[i].Priority, &out[i].SLOSkewMs); err != nil && !errors.Is(err, pgx.ErrNoRows) {
 						return err
 					}
 					return nil

@@ -84,6 +84,9 @@ func TestWriteChunk(t *testing.T) {
 	out, err = write(1, []int64{3}, "accepted")
 	require.NoError(t, err)
 	require.Equal(t, "dispatched", out.Settled)
+	require.Equal(t, "bulk", out.Priority)
+	require.NotNil(t, out.SLOSkewMs, "the settling write carries the SLO's number")
+	require.InDelta(t, 150, *out.SLOSkewMs, 0.1)
 	var skewMax float64
 	require.NoError(t, tdb.Pool.QueryRow(ctx, "SELECT skew_max_ms FROM messages WHERE id = $1", id).Scan(&skewMax))
 	require.InDelta(t, 150, skewMax, 0.1)
@@ -93,7 +96,87 @@ func TestWriteChunk(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, out.Accepted)
 	require.Empty(t, out.Settled)
+	require.Nil(t, out.SLOSkewMs, "only the write that settled a message reports it")
 }
+
+// TestSettleGradesTheSLO checks the number SettleMessage grades a message
+// by: the latest of its due deliveries' answers, a refusal counting by its
+// answer, and a delivery that expired unsent past the second whatever the
+// rest did; a local-time delivery whose time had passed (chunk -1) was
+// never due and does not count.
+func TestSettleGradesTheSLO(t *testing.T) {
+	t.Parallel()
+	type delivery struct {
+		chunk  int
+		status string
+		after  time.Duration
+	}
+	for _, tc := range []struct {
+		name       string
+		deliveries []delivery
+		state      string
+		// min and max bound slo_skew_ms; skewMax is skew_max_ms, over
+		// the accepted ones only (nil: none).
+		min, max float64
+		skewMax  *float64
+	}{
+		{"the last device 3 s late", []delivery{{0, "accepted", 100 * time.Millisecond}, {0, "accepted", 3 * time.Second}},
+			"dispatched", 3000, 3000, ptr(3000.0)},
+		{"a refusal answered late", []delivery{{0, "accepted", 100 * time.Millisecond}, {0, "failed", 1200 * time.Millisecond}},
+			"dispatched", 1200, 1200, ptr(100.0)},
+		{"every device refused at once", []delivery{{0, "failed", 40 * time.Millisecond}},
+			"dispatched", 40, 40, nil},
+		{"one device expired unsent", []delivery{{0, "accepted", 100 * time.Millisecond}, {0, "expired", 0}},
+			"dispatched", 1001, 1e9, ptr(100.0)},
+		{"everything expired unsent", []delivery{{0, "expired", 0}, {0, "expired", 0}},
+			"expired", 1001, 1e9, nil},
+		{"a passed local time is not due", []delivery{{-1, "expired", 0}, {0, "accepted", 80 * time.Millisecond}},
+			"dispatched", 80, 80, ptr(80.0)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			tdb := dbtest.New(t)
+			due := time.Now().Add(-time.Hour).Truncate(time.Microsecond)
+			n := len(tc.deliveries)
+			var id int64
+			require.NoError(t, tdb.Pool.QueryRow(ctx, `
+				WITH p AS (INSERT INTO payloads (content) VALUES ('{}') RETURNING id)
+				INSERT INTO messages (state, priority, dispatch_at, expires_at, payload_id, audience, device_count, chunk_count, pending_count)
+				SELECT 'dispatching', 'urgent', $1, $1::timestamptz + interval '1 minute', p.id, '{}', $2, 1, $2 FROM p
+				RETURNING id`, due, n).Scan(&id))
+			w := db.ChunkWrite{MessageID: id, Settle: true}
+			for i, d := range tc.deliveries {
+				_, err := tdb.Pool.Exec(ctx, `
+					INSERT INTO deliveries (message_id, device_id, user_id, channel, chunk, due_at)
+					VALUES ($1, $2, 'u', 'fcm', $3, $4)`, id, i+1, d.chunk, due)
+				require.NoError(t, err)
+				at := due.Add(d.after).UnixMicro()
+				switch d.status {
+				case "accepted":
+					w.Results.Add(id, int64(i+1), d.status, "", at, at)
+				case "failed":
+					w.Results.Add(id, int64(i+1), d.status, "unregistered", at, 0)
+				default:
+					w.Results.Add(id, int64(i+1), d.status, "", 0, 0)
+				}
+			}
+			out, err := db.WriteChunks(ctx, tdb.Pool, []db.ChunkWrite{w})
+			require.NoError(t, err)
+			require.Equal(t, tc.state, out[0].Settled)
+			require.Equal(t, "urgent", out[0].Priority)
+			require.NotNil(t, out[0].SLOSkewMs)
+			require.GreaterOrEqual(t, *out[0].SLOSkewMs, tc.min)
+			require.LessOrEqual(t, *out[0].SLOSkewMs, tc.max)
+			var stored, skewMax *float64
+			require.NoError(t, tdb.Pool.QueryRow(ctx, "SELECT slo_skew_ms, skew_max_ms FROM messages WHERE id = $1", id).Scan(&stored, &skewMax))
+			require.Equal(t, out[0].SLOSkewMs, stored, "stored as reported")
+			require.Equal(t, tc.skewMax, skewMax)
+		})
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
 
 // TestBatchIsOneTransaction checks what WriteChunks relies on: a batch sent
 // outside a transaction runs as one implicit transaction, in which a local
@@ -224,7 +307,8 @@ func TestWriteChunksOfManyMessages(t *testing.T) {
 	w1 := db.ChunkWrite{MessageID: ids[1], Settle: true}
 	out, err := db.WriteChunks(ctx, tdb.Pool, []db.ChunkWrite{w2, w0, w1})
 	require.NoError(t, err)
-	require.Equal(t, []db.ChunkWritten{{Accepted: 2, Failed: 1}, {Accepted: 1, Settled: "dispatched"}, {}}, out)
+	require.Equal(t, []db.ChunkWritten{{Accepted: 2, Failed: 1}, {Accepted: 1, Settled: "dispatched", Priority: "bulk", SLOSkewMs: ptr(5.0)}, {}}, out,
+		"each write's own message; only the one it settled is graded")
 
 	type counts struct {
 		Pending, Accepted, Failed int32

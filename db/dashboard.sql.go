@@ -7,6 +7,7 @@ package db
 
 import (
 	"context"
+	"time"
 )
 
 const failureReasons = `-- name: FailureReasons :many
@@ -34,6 +35,51 @@ func (q *Queries) FailureReasons(ctx context.Context, messageID int64) ([]Failur
 	for rows.Next() {
 		var i FailureReasonsRow
 		if err := rows.Scan(&i.Status, &i.Reason, &i.Devices); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const sLOShare = `-- name: SLOShare :many
+SELECT priority,
+       count(*)::integer AS messages,
+       count(*) FILTER (WHERE slo_skew_ms <= $1::double precision)::integer AS within_slo
+FROM messages
+WHERE settled_at >= $2::timestamptz AND slo_skew_ms IS NOT NULL
+GROUP BY priority
+ORDER BY priority
+`
+
+type SLOShareParams struct {
+	WithinMs float64
+	Since    time.Time
+}
+
+type SLOShareRow struct {
+	Priority  string
+	Messages  int32
+	WithinSlo int32
+}
+
+// The messages settled since @since that were graded (slo_skew_ms, migration
+// 0014: something of them was due), by priority, and how many of them had
+// their maximum skew within @within_ms. Read through
+// messages_settled_at_idx: a day's messages, not the table.
+func (q *Queries) SLOShare(ctx context.Context, arg SLOShareParams) ([]SLOShareRow, error) {
+	rows, err := q.db.Query(ctx, sLOShare, arg.WithinMs, arg.Since)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []SLOShareRow{}
+	for rows.Next() {
+		var i SLOShareRow
+		if err := rows.Scan(&i.Priority, &i.Messages, &i.WithinSlo); err != nil {
 			return nil, err
 		}
 		items = append(items, i)

@@ -18,7 +18,7 @@ SET state = 'cancelled',
     cancelled_count = cancelled_count + pending_count,
     pending_count = 0
 WHERE id = $1 AND state = 'scheduled'
-RETURNING id, state, priority, dispatch_at, expires_at, payload_id, audience, local_time, recipient_count, device_count, chunk_count, pending_count, accepted_count, failed_count, expired_count, cancelled_count, schedule_id, schedule_run_at, started_at, settled_at, cancelled_at, skew_p50_ms, skew_p95_ms, skew_p99_ms, skew_max_ms, created_at, skew_histogram
+RETURNING id, state, priority, dispatch_at, expires_at, payload_id, audience, local_time, recipient_count, device_count, chunk_count, pending_count, accepted_count, failed_count, expired_count, cancelled_count, schedule_id, schedule_run_at, started_at, settled_at, cancelled_at, skew_p50_ms, skew_p95_ms, skew_p99_ms, skew_max_ms, created_at, skew_histogram, slo_skew_ms
 `
 
 // Cancels a message that has not started. The guard on state is what
@@ -55,6 +55,7 @@ func (q *Queries) CancelMessage(ctx context.Context, id int64) (Message, error) 
 		&i.SkewMaxMs,
 		&i.CreatedAt,
 		&i.SkewHistogram,
+		&i.SloSkewMs,
 	)
 	return i, err
 }
@@ -152,7 +153,7 @@ func (q *Queries) GetIdempotencyKey(ctx context.Context, arg GetIdempotencyKeyPa
 }
 
 const getMessage = `-- name: GetMessage :one
-SELECT id, state, priority, dispatch_at, expires_at, payload_id, audience, local_time, recipient_count, device_count, chunk_count, pending_count, accepted_count, failed_count, expired_count, cancelled_count, schedule_id, schedule_run_at, started_at, settled_at, cancelled_at, skew_p50_ms, skew_p95_ms, skew_p99_ms, skew_max_ms, created_at, skew_histogram FROM messages WHERE id = $1
+SELECT id, state, priority, dispatch_at, expires_at, payload_id, audience, local_time, recipient_count, device_count, chunk_count, pending_count, accepted_count, failed_count, expired_count, cancelled_count, schedule_id, schedule_run_at, started_at, settled_at, cancelled_at, skew_p50_ms, skew_p95_ms, skew_p99_ms, skew_max_ms, created_at, skew_histogram, slo_skew_ms FROM messages WHERE id = $1
 `
 
 func (q *Queries) GetMessage(ctx context.Context, id int64) (Message, error) {
@@ -186,6 +187,7 @@ func (q *Queries) GetMessage(ctx context.Context, id int64) (Message, error) {
 		&i.SkewMaxMs,
 		&i.CreatedAt,
 		&i.SkewHistogram,
+		&i.SloSkewMs,
 	)
 	return i, err
 }
@@ -241,7 +243,7 @@ INSERT INTO messages (
     $8, $9, $10, $11, $12,
     $13, $14, $15
 )
-RETURNING id, state, priority, dispatch_at, expires_at, payload_id, audience, local_time, recipient_count, device_count, chunk_count, pending_count, accepted_count, failed_count, expired_count, cancelled_count, schedule_id, schedule_run_at, started_at, settled_at, cancelled_at, skew_p50_ms, skew_p95_ms, skew_p99_ms, skew_max_ms, created_at, skew_histogram
+RETURNING id, state, priority, dispatch_at, expires_at, payload_id, audience, local_time, recipient_count, device_count, chunk_count, pending_count, accepted_count, failed_count, expired_count, cancelled_count, schedule_id, schedule_run_at, started_at, settled_at, cancelled_at, skew_p50_ms, skew_p95_ms, skew_p99_ms, skew_max_ms, created_at, skew_histogram, slo_skew_ms
 `
 
 type InsertMessageParams struct {
@@ -311,6 +313,7 @@ func (q *Queries) InsertMessage(ctx context.Context, arg InsertMessageParams) (M
 		&i.SkewMaxMs,
 		&i.CreatedAt,
 		&i.SkewHistogram,
+		&i.SloSkewMs,
 	)
 	return i, err
 }
@@ -416,7 +419,7 @@ func (q *Queries) ListDeliveries(ctx context.Context, arg ListDeliveriesParams) 
 }
 
 const listMessages = `-- name: ListMessages :many
-SELECT id, state, priority, dispatch_at, expires_at, payload_id, audience, local_time, recipient_count, device_count, chunk_count, pending_count, accepted_count, failed_count, expired_count, cancelled_count, schedule_id, schedule_run_at, started_at, settled_at, cancelled_at, skew_p50_ms, skew_p95_ms, skew_p99_ms, skew_max_ms, created_at, skew_histogram
+SELECT id, state, priority, dispatch_at, expires_at, payload_id, audience, local_time, recipient_count, device_count, chunk_count, pending_count, accepted_count, failed_count, expired_count, cancelled_count, schedule_id, schedule_run_at, started_at, settled_at, cancelled_at, skew_p50_ms, skew_p95_ms, skew_p99_ms, skew_max_ms, created_at, skew_histogram, slo_skew_ms
 FROM messages
 WHERE id < $1
   AND ($2::text IS NULL OR state = $2::text)
@@ -475,6 +478,7 @@ func (q *Queries) ListMessages(ctx context.Context, arg ListMessagesParams) ([]M
 			&i.SkewMaxMs,
 			&i.CreatedAt,
 			&i.SkewHistogram,
+			&i.SloSkewMs,
 		); err != nil {
 			return nil, err
 		}
@@ -613,7 +617,7 @@ SET state = $1, settled_at = $2,
     recipient_count = $3, device_count = $4, chunk_count = $5,
     pending_count = $6, expired_count = $7
 WHERE id = $8
-RETURNING id, state, priority, dispatch_at, expires_at, payload_id, audience, local_time, recipient_count, device_count, chunk_count, pending_count, accepted_count, failed_count, expired_count, cancelled_count, schedule_id, schedule_run_at, started_at, settled_at, cancelled_at, skew_p50_ms, skew_p95_ms, skew_p99_ms, skew_max_ms, created_at, skew_histogram
+RETURNING id, state, priority, dispatch_at, expires_at, payload_id, audience, local_time, recipient_count, device_count, chunk_count, pending_count, accepted_count, failed_count, expired_count, cancelled_count, schedule_id, schedule_run_at, started_at, settled_at, cancelled_at, skew_p50_ms, skew_p95_ms, skew_p99_ms, skew_max_ms, created_at, skew_histogram, slo_skew_ms
 `
 
 type SetMessageAudienceParams struct {
@@ -669,6 +673,7 @@ func (q *Queries) SetMessageAudience(ctx context.Context, arg SetMessageAudience
 		&i.SkewMaxMs,
 		&i.CreatedAt,
 		&i.SkewHistogram,
+		&i.SloSkewMs,
 	)
 	return i, err
 }

@@ -76,6 +76,7 @@ type Message struct {
 	SkewMaxMs      *float64
 	CreatedAt      time.Time
 	SkewHistogram  []int32
+	SloSkewMs      *float64
 }
 
 type MessageChunk struct {

@@ -224,6 +224,7 @@ func (w *FanOutWorker) Work(ctx context.Context, job *river.Job[FanOutArgs]) err
 	if err != nil || c == nil {
 		return err
 	}
+	w.cfg.Metrics.tried(c.Targets)
 	if len(c.Targets) == 0 {
 		return w.finish(ctx, c, ledger, ledger.open(c, startedAt, nil))
 	}
@@ -659,7 +660,10 @@ func (w *FanOutWorker) resultsOf(a *running, results []push.Result, idx []int) c
 // expire marks what is still pending in the chunk expired and settles the
 // message if that was the last of it.
 func (w *FanOutWorker) expire(ctx context.Context, a FanOutArgs, at time.Time) error {
-	var counted []settledDelivery
+	var (
+		counted []settledDelivery
+		settled db.SettleMessageRow
+	)
 	err := db.InTx(ctx, w.lane(a).Pool, func(tx pgx.Tx) error {
 		q := db.On(tx)
 		if _, err := q.LockMessage(ctx, a.MessageID); err != nil {
@@ -682,13 +686,15 @@ func (w *FanOutWorker) expire(ctx context.Context, a FanOutArgs, at time.Time) e
 		if err := q.RecordChunk(ctx, db.RecordChunkParams{MessageID: a.MessageID, Chunk: int32(a.Chunk), StartedAt: &at, FinishedAt: &at}); err != nil {
 			return fmt.Errorf("record chunk: %w", err)
 		}
-		if _, err := q.SettleMessage(ctx, a.MessageID); err != nil && !errors.Is(err, db.ErrNotFound) {
+		settled = db.SettleMessageRow{}
+		if settled, err = q.SettleMessage(ctx, a.MessageID); err != nil && !errors.Is(err, db.ErrNotFound) {
 			return fmt.Errorf("settle message: %w", err)
 		}
 		return nil
 	})
 	if err == nil {
 		w.cfg.Metrics.count(a.Priority, counted)
+		w.cfg.Metrics.settled(settled.Priority, settled.SloSkewMs)
 	}
 	return err
 }

@@ -453,11 +453,15 @@ func (l *ledger) write(batch []pick) error {
 	// jobs/state.go for the lock order).
 	ctx, cancel := context.WithTimeout(context.Background(), recordTimeout)
 	defer cancel()
-	if _, err := db.WriteChunks(ctx, l.pool, writes); err != nil {
+	out, err := db.WriteChunks(ctx, l.pool, writes)
+	if err != nil {
 		return err
 	}
 	for i, w := range writes {
 		l.w.cfg.Metrics.count(priorityOf(batch, w.MessageID), counted[i])
+		if out[i].Settled != "" {
+			l.w.cfg.Metrics.settled(out[i].Priority, out[i].SLOSkewMs)
+		}
 	}
 	return nil
 }

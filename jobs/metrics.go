@@ -23,7 +23,20 @@ type Metrics struct {
 	// would settle, and their deliveries it expired, by channel.
 	reconciledMessages prometheus.Counter
 	reconciledExpired  *prometheus.CounterVec
+	// messageSkew and overSLO grade the SLO as it is promised, per
+	// message: each settled message's maximum skew (SettleMessage's
+	// slo_skew_ms), observed once, by the process whose write settled it.
+	messageSkew *prometheus.HistogramVec
+	overSLO     *prometheus.CounterVec
+	// tries counts the due deliveries each chunk pass sets out to send, so
+	// that an outage (deliveries due, none accepted) shows even while the
+	// breakers park everything and nothing settles.
+	tries *prometheus.CounterVec
 }
+
+// SLOSkew is Herald's promise: every device of a message reached within a
+// second of its time.
+const SLOSkew = time.Second
 
 // skewBuckets are fine below a second, where the SLO lives, and coarse
 // beyond it, where a delivery is late whatever its exact figure.
@@ -62,9 +75,64 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "herald_reconciled_deliveries_total",
 			Help: "Pending deliveries the reconciler expired, past their expiry with no chunk left to send them, by channel.",
 		}, []string{"channel"}),
+		messageSkew: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "herald_message_skew_max_seconds",
+			Help:    "Each settled message's maximum skew, as the one-second SLO grades it: the latest any due delivery was answered after its due time, a delivery that expired unsent always past 1 s; by priority (lane).",
+			Buckets: skewBuckets,
+		}, []string{"priority"}),
+		overSLO: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "herald_messages_over_slo_total",
+			Help: "Settled messages whose maximum skew passed 1 s (some device reached late, or not at all), by priority (lane).",
+		}, []string{"priority"}),
+		tries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "herald_delivery_tries_total",
+			Help: "Due deliveries chunk passes set out to send, by channel; one parked behind an open breaker counts again each time its chunk wakes.",
+		}, []string{"channel"}),
 	}
-	reg.MustRegister(m.deliveries, m.skew, m.latency, m.chunksInFlight, m.wakes, m.reconciledMessages, m.reconciledExpired)
+	reg.MustRegister(m.deliveries, m.skew, m.latency, m.chunksInFlight, m.wakes, m.reconciledMessages, m.reconciledExpired,
+		m.messageSkew, m.overSLO, m.tries)
+	// The series the alerts count increases of start at zero, so that the
+	// first message over the SLO, or the first delivery to expire, is an
+	// increase Prometheus sees rather than a series that appears at 1.
+	for _, priority := range []string{PriorityUrgent, PriorityBulk} {
+		m.overSLO.WithLabelValues(priority)
+		m.messageSkew.WithLabelValues(priority)
+	}
+	for _, channel := range Channels {
+		m.tries.WithLabelValues(channel)
+		m.deliveries.WithLabelValues(channel, "expired", "")
+		m.reconciledExpired.WithLabelValues(channel)
+	}
 	return m
+}
+
+// settled grades a message its process settled: its maximum skew as
+// SettleMessage computed it (slo_skew_ms), nil when nothing of it was due.
+// Only the transaction whose guard settled the message returns it, so each
+// message is observed once across every process.
+func (m *Metrics) settled(priority string, sloSkewMs *float64) {
+	if m == nil || sloSkewMs == nil {
+		return
+	}
+	skew := time.Duration(*sloSkewMs * float64(time.Millisecond))
+	m.messageSkew.WithLabelValues(priority).Observe(skew.Seconds())
+	if skew > SLOSkew {
+		m.overSLO.WithLabelValues(priority).Inc()
+	}
+}
+
+// tried counts the due deliveries a chunk pass sets out to send.
+func (m *Metrics) tried(targets []Target) {
+	if m == nil {
+		return
+	}
+	n := map[string]int{}
+	for _, t := range targets {
+		n[t.Channel]++
+	}
+	for channel, k := range n {
+		m.tries.WithLabelValues(channel).Add(float64(k))
+	}
 }
 
 // reconciledMessage counts a message the reconciler settled.

@@ -87,7 +87,10 @@ func (r *Reconciler) Run(ctx context.Context) (Reconciled, error) {
 // message row locked first (jobs/state.go's lock order for a message that
 // may still be scheduled). It returns how many deliveries expired.
 func (r *Reconciler) settle(ctx context.Context, id int64) (int, error) {
-	var expired []db.ExpireStuckDeliveriesRow
+	var (
+		expired []db.ExpireStuckDeliveriesRow
+		settled db.SettleMessageRow
+	)
 	err := db.InTx(ctx, r.Pool, func(tx pgx.Tx) error {
 		q := db.On(tx)
 		if _, err := q.LockMessage(ctx, id); err != nil {
@@ -97,8 +100,10 @@ func (r *Reconciler) settle(ctx context.Context, id int64) (int, error) {
 		if expired, err = q.ExpireStuckDeliveries(ctx, id); err != nil {
 			return fmt.Errorf("expire deliveries: %w", err)
 		}
-		// Settled meanwhile by a chunk: its guard leaves it alone.
-		if _, err := q.SettleMessage(ctx, id); err != nil && !errors.Is(err, db.ErrNotFound) {
+		// Settled meanwhile by a chunk: its guard leaves it alone, and the
+		// chunk's process graded it.
+		settled = db.SettleMessageRow{}
+		if settled, err = q.SettleMessage(ctx, id); err != nil && !errors.Is(err, db.ErrNotFound) {
 			return fmt.Errorf("settle message: %w", err)
 		}
 		return nil
@@ -112,6 +117,7 @@ func (r *Reconciler) settle(ctx context.Context, id int64) (int, error) {
 		r.Metrics.reconciledDeliveries(e.Channel, int(e.Expired))
 	}
 	r.Metrics.reconciledMessage()
+	r.Metrics.settled(settled.Priority, settled.SloSkewMs)
 	r.Logger.WarnContext(ctx, "reconciled a message no chunk would settle: its pending deliveries expired",
 		"message_id", id, "expired", n)
 	return n, nil

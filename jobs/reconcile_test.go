@@ -59,6 +59,10 @@ func TestReconcilerSettlesWhatNoChunkWill(t *testing.T) {
 	// The devices are user-a to user-g in token order: the two settled
 	// messages' four devices are APNs ones.
 	require.EqualValues(t, 3, counterValue(t, m.reconciledExpired.WithLabelValues(ChannelAPNs)))
+	// Both missed the SLO: a delivery of each expired unsent, though one
+	// of the first message's was reached at once.
+	require.EqualValues(t, 2, counterValue(t, m.overSLO.WithLabelValues(PriorityBulk)))
+	require.Equal(t, sloGrades{count: 2, withinSLO: 0}, gradesOf(t, m, PriorityBulk))
 
 	got := b.settled(stuck.msg.ID)
 	require.Equal(t, StateDispatched, got.State)

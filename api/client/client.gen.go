@@ -566,7 +566,10 @@ type MessageStatus struct {
 	SettledAt      *time.Time `json:"settled_at"`
 
 	// SkewMs Skew percentiles over accepted deliveries, in milliseconds (provider acceptance minus the delivery's due instant). Exact once the message has settled; while it is being sent, each is the top of the 10%-wide histogram bucket it falls in, at most 10% above the exact value (1 ms under 1 ms). Null while nothing is accepted.
-	SkewMs    *Skew        `json:"skew_ms"`
+	SkewMs *Skew `json:"skew_ms"`
+
+	// SloSkewMs The message's maximum skew as the one-second SLO grades it, in milliseconds, written when it settles: the latest any of its due deliveries was answered after its due time (an accepted one by its acceptance, one refused for good by that answer; one that expired unsent always counts as more than 1000). Within the SLO when at most 1000. Null until the message settles, and for one that settled with nothing due (no devices, every local time passed, cancelled).
+	SloSkewMs *float64     `json:"slo_skew_ms"`
 	StartedAt *time.Time   `json:"started_at"`
 	State     MessageState `json:"state"`
 
@@ -1187,7 +1190,7 @@ type ClientInterface interface {
 	// Corresponds with GET /healthz (the `GetHealth` operationId).
 	GetHealth(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// GetMetrics Prometheus metrics (deliveries, skew histogram, provider latency, breakers, lanes, clock offset, messages by state).
+	// GetMetrics Prometheus metrics (deliveries, skew histograms per delivery and per message, messages over the SLO, provider latency, breakers, lanes, clock offset, messages by state).
 	//
 	// Corresponds with GET /metrics (the `GetMetrics` operationId).
 	GetMetrics(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -1441,7 +1444,7 @@ func (c *Client) GetHealth(ctx context.Context, reqEditors ...RequestEditorFn) (
 	return c.Client.Do(req)
 }
 
-// GetMetrics Prometheus metrics (deliveries, skew histogram, provider latency, breakers, lanes, clock offset, messages by state).
+// GetMetrics Prometheus metrics (deliveries, skew histograms per delivery and per message, messages over the SLO, provider latency, breakers, lanes, clock offset, messages by state).
 //
 // Corresponds with GET /metrics (the `GetMetrics` operationId).
 func (c *Client) GetMetrics(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -3404,7 +3407,7 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with GET /healthz (the `GetHealth` operationId).
 	GetHealthWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetHealthResponse, error)
 
-	// GetMetricsWithResponse Prometheus metrics (deliveries, skew histogram, provider latency, breakers, lanes, clock offset, messages by state).
+	// GetMetricsWithResponse Prometheus metrics (deliveries, skew histograms per delivery and per message, messages over the SLO, provider latency, breakers, lanes, clock offset, messages by state).
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -6080,7 +6083,7 @@ func (c *ClientWithResponses) GetHealthWithResponse(ctx context.Context, reqEdit
 	return ParseGetHealthResponse(rsp)
 }
 
-// GetMetricsWithResponse Prometheus metrics (deliveries, skew histogram, provider latency, breakers, lanes, clock offset, messages by state).
+// GetMetricsWithResponse Prometheus metrics (deliveries, skew histograms per delivery and per message, messages over the SLO, provider latency, breakers, lanes, clock offset, messages by state).
 //
 // Returns a wrapper object for the known response body format(s).
 //

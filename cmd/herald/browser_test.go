@@ -190,6 +190,20 @@ func TestBrowserDashboard(t *testing.T) {
 	require.Equal(t, []string{"9", "6", "3", "0"}, counts, "total, accepted, failed, pending")
 	require.Equal(t, []string{"Standup", "now"}, []string{b.text(row + " td.content .title"), b.text(row + " td.content .body")},
 		"each message shows its title and body")
+	// Each message shows its maximum skew as the SLO grades it, and the top
+	// of the page the share of the last day's messages within the SLO: the
+	// dispatched one is the only one settled so far.
+	graded := e.message(dispatched).SloSkewMs
+	require.NotNil(t, graded, "a settled message is graded")
+	require.NotEqual(t, "—", b.text(row+" td.max-skew"))
+	within := 0
+	if *graded <= 1000 {
+		within = 1
+	}
+	require.Equal(t, *graded > 1000, evaluate[bool](b, fmt.Sprintf(`document.querySelector('%s td.max-skew').classList.contains('late')`, row)))
+	require.Equal(t, fmt.Sprintf("all: %d of 1", within), b.text("#slo-all span"))
+	require.Equal(t, fmt.Sprintf("%d.0%%", 100*within), b.text("#slo-all b"))
+	require.Equal(t, fmt.Sprintf("bulk: %d of 1", within), b.text("#slo-bulk span"), "by lane")
 	b.screenshot("dashboard-messages")
 
 	// The message page: counters, a histogram of the 6 accepted skews, the

@@ -28,3 +28,16 @@ FROM deliveries
 WHERE message_id = @message_id AND status IN ('failed', 'expired')
 GROUP BY status, reason
 ORDER BY devices DESC, status, reason;
+
+-- name: SLOShare :many
+-- The messages settled since @since that were graded (slo_skew_ms, migration
+-- 0014: something of them was due), by priority, and how many of them had
+-- their maximum skew within @within_ms. Read through
+-- messages_settled_at_idx: a day's messages, not the table.
+SELECT priority,
+       count(*)::integer AS messages,
+       count(*) FILTER (WHERE slo_skew_ms <= @within_ms::double precision)::integer AS within_slo
+FROM messages
+WHERE settled_at >= @since::timestamptz AND slo_skew_ms IS NOT NULL
+GROUP BY priority
+ORDER BY priority;

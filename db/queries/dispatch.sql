@@ -143,23 +143,37 @@ WHERE message_id = @message_id AND chunk = @chunk;
 -- expired when nothing was sent at all. Its skew percentiles are stored on
 -- it now, once, so that reading it later never sorts its ledger. They are
 -- computed in the SET list, so only for a message that settles: every
--- chunk asks, and only the last one pays.
+-- chunk asks, and only the last one pays. So is the SLO's number,
+-- slo_skew_ms (migration 0014): the latest any due delivery (chunk >= 0: a
+-- local-time delivery whose time had passed was never due) was answered
+-- after its due time, a refusal by its answer, and one that expired unsent
+-- by now, never less than 1001 ms, so that it misses the SLO whatever its
+-- lifetime. The same walk of the message's part of the primary key reads
+-- them all. The row returned is what the settling process observes in the
+-- metrics (herald_message_skew_max_seconds): only one transaction's guard
+-- passes, so each message is counted once, by the process that settled it.
 UPDATE messages m
 SET state = CASE WHEN m.accepted_count + m.failed_count = 0 AND m.expired_count > 0 THEN 'expired' ELSE 'dispatched' END,
     settled_at = clock_timestamp(),
-    (skew_p50_ms, skew_p95_ms, skew_p99_ms, skew_max_ms) = (
-        SELECT round(percentile_cont(0.5) WITHIN GROUP (ORDER BY a.s)::numeric, 1)::double precision,
-               round(percentile_cont(0.95) WITHIN GROUP (ORDER BY a.s)::numeric, 1)::double precision,
-               round(percentile_cont(0.99) WITHIN GROUP (ORDER BY a.s)::numeric, 1)::double precision,
+    (skew_p50_ms, skew_p95_ms, skew_p99_ms, skew_max_ms, slo_skew_ms) = (
+        SELECT round((percentile_cont(0.5) WITHIN GROUP (ORDER BY a.s) FILTER (WHERE a.status = 'accepted'))::numeric, 1)::double precision,
+               round((percentile_cont(0.95) WITHIN GROUP (ORDER BY a.s) FILTER (WHERE a.status = 'accepted'))::numeric, 1)::double precision,
+               round((percentile_cont(0.99) WITHIN GROUP (ORDER BY a.s) FILTER (WHERE a.status = 'accepted'))::numeric, 1)::double precision,
+               round((max(a.s) FILTER (WHERE a.status = 'accepted'))::numeric, 1)::double precision,
                round(max(a.s)::numeric, 1)::double precision
         FROM (
-            SELECT extract(epoch FROM d.accepted_at - d.due_at) * 1000 AS s
+            SELECT d.status,
+                   CASE d.status
+                       WHEN 'accepted' THEN extract(epoch FROM d.accepted_at - d.due_at) * 1000
+                       WHEN 'failed' THEN extract(epoch FROM coalesce(d.attempted_at, clock_timestamp()) - d.due_at) * 1000
+                       ELSE greatest(extract(epoch FROM clock_timestamp() - d.due_at) * 1000, 1001)
+                   END AS s
             FROM deliveries d
-            WHERE d.message_id = m.id AND d.status = 'accepted'
+            WHERE d.message_id = m.id AND d.status IN ('accepted', 'failed', 'expired') AND d.chunk >= 0
         ) a
     )
 WHERE m.id = @message_id AND m.pending_count = 0 AND m.state IN ('scheduled', 'dispatching')
-RETURNING m.state;
+RETURNING m.state, m.priority, m.slo_skew_ms;
 
 -- name: LockMessage :one
 -- Takes the message's row lock first, so that every transaction that

@@ -162,12 +162,13 @@
       h('div', { class: 'toolbar' },
         h('h1', { class: 'grow' }, 'Messages', scheduleID ? h('span', { class: 'muted' }, ` of schedule ${scheduleID}`) : null),
         h('label', { class: 'inline' }, 'State ', filter)),
+      h('div', { class: 'panel slo', id: 'slo' }),
       h('div', { class: 'panel' },
         h('table', { id: 'messages' },
           h('thead', {}, h('tr', {},
             h('th', {}, 'Message'), h('th', {}, 'Content'), h('th', {}, 'State'), h('th', {}, 'Dispatch at'), h('th', {}, 'Priority'),
             ['Devices', 'Accepted', 'Failed', 'Expired', 'Cancelled', 'Pending'].map((c) => h('th', { class: 'num' }, c)),
-            h('th', {}, 'Progress'))),
+            h('th', {}, 'Progress'), h('th', { class: 'num', title: 'The latest any device was answered after its time; within the SLO at 1 s or less' }, 'Max skew'))),
           h('tbody', { id: 'messages-body' })),
         h('div', { class: 'toolbar', style: 'margin-top:12px' },
           h('span', { class: 'grow muted' }, 'Refreshes every 2 s.'),
@@ -179,7 +180,8 @@
       if (state) q.set('state', state);
       if (scheduleID) q.set('schedule_id', scheduleID);
       if (cursor) q.set('cursor', cursor);
-      const page = await api('GET', '/messages?' + q);
+      const [page, slo] = await Promise.all([api('GET', '/messages?' + q), api('GET', '/slo')]);
+      replace('slo', sloShare(slo));
       next = page.next_cursor || '';
       document.getElementById('older').disabled = !next;
       document.getElementById('newer').disabled = cursors.length === 0 && !cursor;
@@ -192,10 +194,24 @@
           h('td', { title: m.dispatch_at }, fmtTime(m.dispatch_at), h('div', { class: 'muted' }, fmtRel(m.dispatch_at))),
           h('td', {}, m.priority),
           ['total', 'accepted', 'failed', 'expired', 'cancelled', 'pending'].map((k) => h('td', { class: `num ${k}` }, fmtNum(d[k]))),
-          h('td', {}, progress(d)));
-      }) : h('tr', {}, h('td', { colspan: 12, class: 'muted' }, 'No messages.')));
+          h('td', {}, progress(d)),
+          h('td', { class: `num max-skew${m.slo_skew_ms > slo.slo_ms ? ' late' : ''}` }, fmtMs(m.slo_skew_ms)));
+      }) : h('tr', {}, h('td', { colspan: 13, class: 'muted' }, 'No messages.')));
     };
     poll(2000, load);
+  }
+
+  // sloShare is the share of the last day's settled messages whose
+  // maximum skew was within the SLO, for every lane and each.
+  function sloShare(slo) {
+    const share = (within, n) => (n ? `${(Math.floor((1000 * within) / n) / 10).toFixed(1)}%` : '—');
+    const all = slo.lanes.reduce((a, l) => ({ messages: a.messages + l.messages, within_slo: a.within_slo + l.within_slo }), { messages: 0, within_slo: 0 });
+    const item = (id, label, l) => h('div', { class: 'counter', id },
+      h('b', {}, share(l.within_slo, l.messages)),
+      h('span', {}, `${label}: ${fmtNum(l.within_slo)} of ${fmtNum(l.messages)}`));
+    return [h('div', { class: 'muted' }, `Messages within the SLO (every device within ${fmtMs(slo.slo_ms)}), settled over the last ${slo.window_hours} h`),
+      h('div', { class: 'counters' }, item('slo-all', 'all', all),
+        slo.lanes.map((l) => item(`slo-${l.priority}`, l.priority, l)))];
   }
 
   function counters(d) {

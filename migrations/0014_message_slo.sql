@@ -1,0 +1,15 @@
+-- The one-second SLO as it is graded: per message, not per delivery.
+--
+-- The promise is that a message's last device gets it within a second of
+-- its time, so the number that counts is each message's maximum skew. It is
+-- written once, when the message settles (SettleMessage), beside the
+-- percentiles of its accepted deliveries: the latest any of its due
+-- deliveries was answered after its due time, in milliseconds. An accepted
+-- delivery counts by its acceptance; one the provider refused for good (a
+-- dead token, a rejected payload) by that answer, since the device was
+-- reached as far as it can be; one that expired unsent by the time it
+-- settled, and always past the second. NULL for a message that settled with
+-- nothing due (no devices, every local time passed, cancelled). The
+-- dashboard's share of messages within the SLO reads it over the last day
+-- through messages_settled_at_idx.
+ALTER TABLE messages ADD COLUMN slo_skew_ms double precision;
