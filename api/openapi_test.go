@@ -145,7 +145,8 @@ func TestOpenAPIOperationsAreNamedAndDocumentTheirErrors(t *testing.T) {
 	t.Parallel()
 	doc, _ := openAPIRouter(t)
 	require.NotNil(t, doc.Info.License, "info.license")
-	require.NotEmpty(t, doc.Info.License.Name, "info.license.name")
+	require.Equal(t, "Apache-2.0", doc.Info.License.Name, "info.license.name")
+	require.Equal(t, "https://www.apache.org/licenses/LICENSE-2.0", doc.Info.License.URL, "info.license.url")
 
 	seen := map[string]string{}
 	for path, item := range doc.Paths.Map() {
