@@ -10,6 +10,13 @@ DEV ?= .dev
 # Packages whose tests exercise concurrency run under the race detector;
 # that is all of them today.
 RACE ?= -race
+# What `herald version` and herald_build_info say of a build: the release
+# (a tag, else the commit's short name, marked -dirty for uncommitted
+# changes), the commit and the build's time.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)
+BUILD_DATE ?= $(shell date -u +%Y-%m-%dT%H:%M:%SZ)
+LDFLAGS := -X main.version=$(VERSION) -X main.commit=$(COMMIT) -X main.buildDate=$(BUILD_DATE)
 
 .PHONY: help build run test test/go test/fuzz chromium promtool bench generate generate/check vet fmt lint/openapi \
 	db/start db/stop db/reset db/test/start db/test/stop clean
@@ -28,7 +35,7 @@ help:
 build:
 	@if [ ! -x bin/herald ]; then echo "building bin/herald: the first build fetches the modules and compiles everything (minutes on 2 cores)"; \
 	else echo "building bin/herald"; fi
-	@$(GO) build -v -o bin/herald ./cmd/herald 2>&1 | awk ' \
+	@$(GO) build -v -ldflags '$(LDFLAGS)' -o bin/herald ./cmd/herald 2>&1 | awk ' \
 		/^(go: |# |.*\.go:[0-9])/ { print; fflush(); next } \
 		/^[A-Za-z0-9._~\/-]+$$/ { if (++n % 50 == 0) { printf "  %d packages compiled\n", n; fflush() } next } \
 		{ print; fflush() }'

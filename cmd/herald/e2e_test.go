@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"maps"
 	"net/http"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -595,6 +596,7 @@ func TestE2EMetricsAfterDispatch(t *testing.T) {
 		require.True(t, ok, "no %s in /metrics", name)
 		return heraldbench.MetricSum(families, name, labels)
 	}
+	require.EqualValues(t, 1, value("herald_build_info", map[string]string{"version": version, "go_version": runtime.Version(), "river_version": readBuildInfo().River}))
 	for _, channel := range []string{"apns", "fcm", "webpush"} {
 		require.EqualValues(t, 1, value("herald_deliveries_total", map[string]string{"channel": channel, "status": "accepted", "reason": ""}))
 		require.EqualValues(t, 1, value("herald_deliveries_total", map[string]string{"channel": channel, "status": "failed", "reason": "unregistered"}))

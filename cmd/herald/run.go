@@ -26,9 +26,6 @@ Configuration is read from the environment (DATABASE_URL, HERALD_ADDR,
 HERALD_API_KEYS, ...); see README.md.
 `
 
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "dev"
-
 // run is the whole program behind main, with its environment passed in so
 // that tests can run it in-process.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
@@ -49,7 +46,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	case "soak":
 		return heraldbench.RunSoak(ctx, rest, getenv, stdout, stderr)
 	case "version":
-		fmt.Fprintln(stdout, version)
+		readBuildInfo().write(stdout)
 		return nil
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)

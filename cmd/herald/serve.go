@@ -156,6 +156,7 @@ func openProcess(ctx context.Context, o serveOptions, getenv func(string) string
 	// One registry for the process's metrics, served at /metrics.
 	p.registry = prometheus.NewRegistry()
 	p.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	readBuildInfo().register(p.registry)
 	jobs.RegisterMessageMetrics(p.registry, p.pool)
 	return p, nil
 }
