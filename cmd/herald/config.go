@@ -126,6 +126,10 @@ func (c config) enabled(channel string) bool {
 // loadConfig reads the configuration from getenv, filling defaults in one
 // place. It checks shapes, not reachability.
 func loadConfig(getenv func(string) string) (config, error) {
+	getenv, err := withSecretFiles(getenv)
+	if err != nil {
+		return config{}, err
+	}
 	c := config{
 		DatabaseURL:   getenv("DATABASE_URL"),
 		DBSchema:      cmp.Or(getenv("HERALD_DB_SCHEMA"), db.DefaultSchema),
@@ -151,7 +155,6 @@ func loadConfig(getenv func(string) string) (config, error) {
 	if err := db.CheckSchema(c.DBSchema); err != nil {
 		return c, fmt.Errorf("HERALD_DB_SCHEMA: %w", err)
 	}
-	var err error
 	if c.WebPushEgress, err = push.NewEgressPolicy(strings.Split(getenv("HERALD_WEBPUSH_HOSTS"), ",")); err != nil {
 		return c, fmt.Errorf("HERALD_WEBPUSH_HOSTS: %w", err)
 	}
