@@ -21,8 +21,10 @@ type config struct {
 	DatabaseURL string
 	// DBSchema is the PostgreSQL schema of Herald's tables and River's
 	// (HERALD_DB_SCHEMA).
-	DBSchema      string
-	Addr          string
+	DBSchema string
+	Addr     string
+	// AdminAddr is the optional operators' listener (/metrics, pprof).
+	AdminAddr     string
 	APIKeys       []string
 	AdminPassword string
 
@@ -134,6 +136,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		DatabaseURL:   getenv("DATABASE_URL"),
 		DBSchema:      cmp.Or(getenv("HERALD_DB_SCHEMA"), db.DefaultSchema),
 		Addr:          getenv("HERALD_ADDR"),
+		AdminAddr:     getenv("HERALD_ADMIN_ADDR"),
 		AdminPassword: getenv("HERALD_ADMIN_PASSWORD"),
 		APNs: apnsConfig{
 			KeyFile: getenv("APNS_KEY_FILE"), KeyID: getenv("APNS_KEY_ID"), TeamID: getenv("APNS_TEAM_ID"),

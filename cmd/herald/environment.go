@@ -22,6 +22,7 @@ var serveEnv = []envVar{
 	{"DATABASE_URL_FILE", "a file holding DATABASE_URL instead (each secret has a _FILE form)", "none"},
 	{"HERALD_DB_SCHEMA", "PostgreSQL schema of Herald's tables and River's", "herald"},
 	{"HERALD_ADDR", "listen address (--addr)", "127.0.0.1:8080"},
+	{"HERALD_ADMIN_ADDR", "operators' listener for /metrics (moved off HERALD_ADDR) and /debug/pprof/", "none (/metrics on HERALD_ADDR)"},
 	{"HERALD_API_KEYS", "comma-separated bearer tokens for /v1, each at least 16 characters", "none (/v1 refuses all)"},
 	{"HERALD_API_KEYS_FILE", "a file holding HERALD_API_KEYS instead", "none"},
 	{"HERALD_ADMIN_PASSWORD", "password of user admin for the dashboard and River UI, at least 12 characters", "none (the UIs are off)"},

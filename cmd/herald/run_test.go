@@ -45,6 +45,13 @@ func env(vars map[string]string) func(string) string {
 // answers /healthz, and a function that stops it and returns run's error.
 func startServe(t *testing.T, vars map[string]string, args ...string) (string, func() error) {
 	t.Helper()
+	base, _, stop := startServeOut(t, vars, args...)
+	return base, stop
+}
+
+// startServeOut is startServe that also returns what serve printed.
+func startServeOut(t *testing.T, vars map[string]string, args ...string) (string, *syncBuffer, func() error) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	var stdout, stderr syncBuffer
 	done := make(chan error, 1)
@@ -95,7 +102,7 @@ func startServe(t *testing.T, vars map[string]string, args ...string) (string, f
 			t.Logf("herald serve's log:\n%s", stderr.String())
 		}
 	})
-	return base, stop
+	return base, &stdout, stop
 }
 
 func TestServeRefusesUnmigratedDatabase(t *testing.T) {
