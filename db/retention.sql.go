@@ -17,6 +17,9 @@ USING (
     FROM idempotency_keys i
     WHERE i.created_at < $1
       AND (i.message_id IS NULL OR NOT EXISTS (SELECT 1 FROM messages m WHERE m.id = i.message_id))
+      AND (i.schedule_id IS NULL OR NOT EXISTS (
+          SELECT 1 FROM schedules s
+          WHERE s.id = i.schedule_id AND (s.deleted_at IS NULL OR s.deleted_at >= $1)))
     ORDER BY i.created_at
     LIMIT $2
 ) v
@@ -29,8 +32,9 @@ type DeleteIdempotencyKeysParams struct {
 }
 
 // Deletes at most max_rows idempotency keys claimed before the cutoff whose
-// message is gone, oldest first. A key whose message is still kept (one
-// scheduled far ahead) stays, so that a late retry still finds it.
+// message is gone, or whose schedule was deleted before the cutoff, oldest
+// first. A key whose message is still kept (one scheduled far ahead) stays,
+// and so does one whose schedule lives, so that a late retry still finds it.
 func (q *Queries) DeleteIdempotencyKeys(ctx context.Context, arg DeleteIdempotencyKeysParams) (int64, error) {
 	result, err := q.db.Exec(ctx, deleteIdempotencyKeys, arg.Cutoff, arg.MaxRows)
 	if err != nil {

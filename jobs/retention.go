@@ -53,7 +53,8 @@ func retainRiverJobs(rc *river.Config, retention time.Duration) {
 
 // Retainer deletes settled messages older than the retention, with their
 // ledger (deliveries) and chunks, the payloads no message or schedule
-// references any more, and the idempotency keys of deleted messages.
+// references any more, and the idempotency keys of deleted messages and of
+// schedules deleted longer ago than the retention.
 //
 // It works in bounded batches, each one statement found through an index,
 // so a batch costs the same however much history the tables hold, and

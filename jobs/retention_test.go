@@ -172,3 +172,46 @@ func TestRetentionSetsRiversJobCleaner(t *testing.T) {
 		require.Equal(t, tc.every, retainEvery(tc.retention), tc.retention)
 	}
 }
+
+// column reads a query's one text column.
+func (b *retainBundle) column(sql string) []string {
+	b.t.Helper()
+	rows, err := b.db.Pool.Query(context.Background(), sql)
+	require.NoError(b.t, err)
+	values, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(b.t, err)
+	return values
+}
+
+func TestRetainerKeepsAScheduleKeyUntilItsScheduleIsDeletedForTheRetention(t *testing.T) {
+	t.Parallel()
+	b := setupRetain(t)
+	ctx := context.Background()
+	payload, err := b.q.InsertPayload(ctx, []byte(`{"title":"t"}`))
+	require.NoError(t, err)
+	// schedule makes a schedule with a key claimed three hours ago, deleted
+	// ago (never when zero).
+	schedule := func(key string, deleted time.Duration) {
+		var id int64
+		require.NoError(t, b.db.Pool.QueryRow(ctx, `INSERT INTO schedules (cron, timezone, audience, payload_id, priority, ttl_seconds)
+			VALUES ('@daily', 'UTC', '{}', $1, 'bulk', 60) RETURNING id`, payload).Scan(&id))
+		if deleted > 0 {
+			b.exec("UPDATE schedules SET deleted_at = $2 WHERE id = $1", id, b.now.Add(-deleted))
+		}
+		_, err := b.q.ClaimIdempotencyKey(ctx, db.ClaimIdempotencyKeyParams{Scope: "s", Key: key, RequestHash: []byte{1}})
+		require.NoError(t, err)
+		require.NoError(t, b.q.CompleteIdempotencyKey(ctx, db.CompleteIdempotencyKeyParams{Scope: "s", Key: key, ScheduleID: &id, Response: []byte(`{}`)}))
+		b.exec("UPDATE idempotency_keys SET created_at = $1 WHERE key = $2", b.now.Add(-3*time.Hour), key)
+	}
+	schedule("live", 0)
+	schedule("deleted long ago", 2*time.Hour)
+	schedule("deleted lately", 30*time.Minute)
+
+	r := &Retainer{Pool: b.db.Pool, Logger: discard, Retention: time.Hour,
+		Now: func(context.Context) (time.Time, error) { return b.now, nil }}
+	removed, err := r.Run(ctx)
+	require.NoError(t, err)
+	require.Equal(t, Removed{IdempotencyKeys: 1}, removed)
+	require.Equal(t, []string{"deleted lately", "live"}, b.column("SELECT key FROM idempotency_keys ORDER BY key"),
+		"a retry still finds the schedule while it lives")
+}
