@@ -183,6 +183,57 @@ func (b *retainBundle) column(sql string) []string {
 	return values
 }
 
+// evict marks user's devices evicted ago, as a provider's verdict on their
+// tokens would have.
+func (b *retainBundle) evict(user string, ago time.Duration) {
+	b.t.Helper()
+	b.exec("UPDATE devices SET status = 'evicted', evicted_reason = 'unregistered', evicted_at = $2 WHERE user_id = $1", user, b.now.Add(-ago))
+}
+
+func TestRetainerDeletesDevicesEvictedLongerThanTheDeviceRetention(t *testing.T) {
+	t.Parallel()
+	b := setupRetain(t)
+	ctx := context.Background()
+	// Made before the evictions and due ahead: every device's delivery is
+	// pending.
+	due := b.message("due", 0, 0)
+	for _, user := range b.users[:3] {
+		b.evict(user, 3*time.Hour)
+	}
+	b.evict(b.users[3], 30*time.Minute)
+	// Evicted long ago, then registered again: active, and kept.
+	b.evict(b.users[4], 3*time.Hour)
+	_, err := b.q.RegisterDevice(ctx, db.RegisterDeviceParams{UserID: b.users[4], Channel: "fcm", Token: "tok-" + b.users[4], Environment: "production"})
+	require.NoError(t, err)
+	devices := func() []string { return b.column("SELECT user_id FROM devices ORDER BY user_id") }
+
+	now := func(context.Context) (time.Time, error) { return b.now, nil }
+	r := Retainer{Pool: b.db.Pool, Logger: discard, Retention: time.Hour, DeviceRetention: time.Hour, BatchRows: 2, Now: now}
+	// A run whose budget is spent still deletes a batch, and no more.
+	spent := r
+	spent.Budget = time.Nanosecond
+	removed, err := spent.Run(ctx)
+	require.NoError(t, err)
+	require.Equal(t, Removed{Devices: 2}, removed)
+	require.Len(t, devices(), 3)
+
+	removed, err = r.Run(ctx)
+	require.NoError(t, err)
+	require.Equal(t, Removed{Devices: 1}, removed)
+	require.Equal(t, b.users[3:], devices(), "the recently evicted device and the active one stay")
+
+	// Their pending deliveries were cancelled first, with the message's
+	// counters, as an erasure cancels them.
+	msg, err := b.q.GetMessage(ctx, due.ID)
+	require.NoError(t, err)
+	require.Equal(t, [2]int32{2, 3}, [2]int32{msg.PendingCount, msg.CancelledCount})
+	require.Equal(t, 3, b.count("SELECT count(*) FROM deliveries WHERE message_id = $1 AND status = 'cancelled'", due.ID))
+
+	removed, err = r.Run(ctx)
+	require.NoError(t, err)
+	require.Equal(t, Removed{}, removed)
+}
+
 func TestRetainerKeepsAScheduleKeyUntilItsScheduleIsDeletedForTheRetention(t *testing.T) {
 	t.Parallel()
 	b := setupRetain(t)

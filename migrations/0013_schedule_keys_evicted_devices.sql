@@ -7,3 +7,7 @@
 -- outright, so a key of a schedule that lives is kept as long as it does.
 ALTER TABLE idempotency_keys ADD COLUMN schedule_id bigint;
 
+-- Retention deletes evicted devices once they have been evicted for longer
+-- than HERALD_DEVICE_RETENTION, those evicted longest ago first: this index
+-- finds them without reading the active devices, and holds only the evicted.
+CREATE INDEX devices_evicted_at_idx ON devices (evicted_at) WHERE status = 'evicted';

@@ -55,3 +55,16 @@ USING (
 ) v
 WHERE k.scope = v.scope AND k.key = v.key;
 
+-- name: LockEvictedDevices :many
+-- Locks at most max_rows devices evicted before the cutoff, those evicted
+-- longest ago first (devices_evicted_at_idx), for the caller's transaction
+-- to delete. A device that a registration is taking again holds its lock
+-- and is skipped; once registered again it is active, and not found here.
+SELECT id FROM devices
+WHERE status = 'evicted' AND evicted_at < @cutoff::timestamptz
+ORDER BY evicted_at
+LIMIT @max_rows
+FOR UPDATE SKIP LOCKED;
+
+-- name: DeleteDevices :execrows
+DELETE FROM devices WHERE id = ANY (@device_ids::bigint[]);
