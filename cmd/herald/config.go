@@ -88,6 +88,9 @@ type config struct {
 	// Retention is how long settled messages (their ledger, payloads and
 	// idempotency keys) and finished River jobs are kept (HERALD_RETENTION).
 	Retention time.Duration
+	// DeviceRetention is how long an evicted device is kept after its
+	// eviction, with its token (HERALD_DEVICE_RETENTION).
+	DeviceRetention time.Duration
 
 	// Limits on what one caller or one schedule may cost; zero takes the
 	// defaults, which api and jobs fill in.
@@ -206,6 +209,9 @@ func loadConfig(getenv func(string) string) (config, error) {
 		return c, err
 	}
 	if c.Retention, err = durationVar(getenv, "HERALD_RETENTION", jobs.DefaultRetention, jobs.MinRetention); err != nil {
+		return c, err
+	}
+	if c.DeviceRetention, err = durationVar(getenv, "HERALD_DEVICE_RETENTION", jobs.DefaultDeviceRetention, jobs.MinRetention); err != nil {
 		return c, err
 	}
 	if c.TrustedProxies, err = cidrsVar(getenv, "HERALD_TRUSTED_PROXIES"); err != nil {

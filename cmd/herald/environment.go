@@ -64,6 +64,7 @@ var serveEnv = []envVar{
 	{"HERALD_SCHEDULE_LEAD", "how long before a schedule run its message is made", "2m"},
 	{"HERALD_MATERIALIZE_EVERY", "how often schedule runs are looked for", "15s"},
 	{"HERALD_RETENTION", "how long settled messages and finished jobs are kept (at least 1m)", "720h (30 days)"},
+	{"HERALD_DEVICE_RETENTION", "how long an evicted device and its token are kept (at least 1m)", "720h (30 days)"},
 	{"HERALD_RATE_LIMIT", "requests a second per API key and process", "500"},
 	{"HERALD_RATE_BURST", "requests a key may make at once before the rate applies", "1000"},
 	{"HERALD_MAX_DEVICES_PER_USER", "active devices one user may have", "100"},

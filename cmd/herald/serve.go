@@ -239,7 +239,7 @@ func startChunkWorker(ctx context.Context, p *process) (_ *worker, err error) {
 		Breakers: jobs.NewBreakers(jobs.BreakerConfig{Cooldown: cfg.BreakerCooldown}, cfg.configuredChannels()...),
 	}, &jobs.Materializer{
 		Pool: p.pool, Logger: logger, Lead: cfg.ScheduleLead, ChunkSize: cfg.ChunkSize, Limits: cfg.ScheduleLimits,
-	}, &jobs.Retainer{Pool: p.pool, Logger: logger, Retention: cfg.Retention})
+	}, &jobs.Retainer{Pool: p.pool, Logger: logger, Retention: cfg.Retention, DeviceRetention: cfg.DeviceRetention})
 	riverCfg := p.riverConfig()
 	riverCfg.Workers, riverCfg.Lanes = workers, w.lanes.lanes
 	if w.clients, err = jobs.NewRiverClients(p.pool, riverCfg); err != nil {
