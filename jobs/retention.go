@@ -176,7 +176,7 @@ func (c Retainer) deleteEvictedDevices(ctx context.Context, cutoff time.Time) (i
 		if err != nil || len(ids) == 0 {
 			return err
 		}
-		if err := q.CancelPendingForDevices(ctx, ids); err != nil {
+		if err := q.CancelPendingForDevices(ctx, db.CancelPendingForDevicesParams{DeviceIds: ids, Reason: db.ReasonDeviceEvicted}); err != nil {
 			return fmt.Errorf("cancel pending deliveries: %w", err)
 		}
 		n, err = q.DeleteDevices(ctx, ids)

@@ -203,7 +203,9 @@ func TestRetainerDeletesDevicesEvictedLongerThanTheDeviceRetention(t *testing.T)
 	b.evict(b.users[3], 30*time.Minute)
 	// Evicted long ago, then registered again: active, and kept.
 	b.evict(b.users[4], 3*time.Hour)
-	_, err := b.q.RegisterDevice(ctx, db.RegisterDeviceParams{UserID: b.users[4], Channel: "fcm", Token: "tok-" + b.users[4], Environment: "production"})
+	reg, err := db.BeginRegistration(ctx, b.db.Pool, []db.Registration{{UserID: b.users[4], Channel: "fcm", Token: "tok-" + b.users[4], Environment: "production"}})
+	require.NoError(t, err)
+	_, err = reg.Write(ctx)
 	require.NoError(t, err)
 	devices := func() []string { return b.column("SELECT user_id FROM devices ORDER BY user_id") }
 
@@ -227,7 +229,7 @@ func TestRetainerDeletesDevicesEvictedLongerThanTheDeviceRetention(t *testing.T)
 	msg, err := b.q.GetMessage(ctx, due.ID)
 	require.NoError(t, err)
 	require.Equal(t, [2]int32{2, 3}, [2]int32{msg.PendingCount, msg.CancelledCount})
-	require.Equal(t, 3, b.count("SELECT count(*) FROM deliveries WHERE message_id = $1 AND status = 'cancelled'", due.ID))
+	require.Equal(t, 3, b.count("SELECT count(*) FROM deliveries WHERE message_id = $1 AND status = 'cancelled' AND reason = 'device_evicted'", due.ID))
 
 	removed, err = r.Run(ctx)
 	require.NoError(t, err)
