@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/labstack/echo/v4"
 	"github.com/labstack/echo/v4/middleware"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
 
@@ -42,6 +43,9 @@ type Config struct {
 	Configured map[string]bool
 	// Metrics serves GET /metrics (Prometheus); nil serves none.
 	Metrics http.Handler
+	// Registerer takes the HTTP metrics (requests by route and status, and
+	// their latency); nil keeps none.
+	Registerer prometheus.Registerer
 	// WorkerOnly serves only health, readiness and metrics: the process
 	// works chunks and takes no API calls.
 	WorkerOnly bool
@@ -157,7 +161,7 @@ func NewServer(cfg Config) (*Server, error) {
 	forwardedHeaders(e, cfg.TrustedProxies)
 	e.HTTPErrorHandler = errorHandler(cfg.Logger)
 	e.Use(middleware.RequestID())
-	e.Use(requestLogger(cfg.Logger))
+	e.Use(requestLogger(cfg.Logger, newHTTPMetrics(cfg.Registerer)))
 	e.Use(middleware.RecoverWithConfig(middleware.RecoverConfig{
 		LogErrorFunc: func(c echo.Context, err error, stack []byte) error {
 			cfg.Logger.ErrorContext(c.Request().Context(), "panic in handler",
@@ -175,11 +179,13 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.echo.Serv
 
 // requestLogger logs one structured line per request, with its id, at a level
 // that follows the status: health checks stay quiet, server errors stand out.
-func requestLogger(logger *slog.Logger) echo.MiddlewareFunc {
+// It counts the request in metrics too (nil counts nothing).
+func requestLogger(logger *slog.Logger, metrics *httpMetrics) echo.MiddlewareFunc {
 	return middleware.RequestLoggerWithConfig(middleware.RequestLoggerConfig{
 		LogStatus: true, LogMethod: true, LogRoutePath: true, LogURIPath: true,
 		LogLatency: true, LogRequestID: true, LogError: true, HandleError: true,
 		LogValuesFunc: func(c echo.Context, v middleware.RequestLoggerValues) error {
+			metrics.observe(v.RoutePath, v.Method, v.Status, v.Latency)
 			level := slog.LevelInfo
 			switch {
 			case v.Status >= 500:

@@ -65,3 +65,33 @@ func UpcomingDue(ctx context.Context, q DBTX, queues []string, horizon time.Dura
 	}
 	return out, nil
 }
+
+// QueueDepth is how many of River's jobs of a queue are in a state.
+type QueueDepth struct {
+	Queue, State string
+	Jobs         int64
+}
+
+// RiverQueueDepth counts River's jobs that are not finished (available,
+// scheduled, running, retryable), by queue and state, through River's own
+// index on (state, queue, ...): the finished jobs River keeps for a day are
+// never read.
+func RiverQueueDepth(ctx context.Context, q DBTX) ([]QueueDepth, error) {
+	rows, err := q.Query(ctx, `
+		SELECT queue, state::text, count(*)
+		FROM river_job
+		WHERE state IN ('available', 'scheduled', 'running', 'retryable')
+		GROUP BY queue, state`)
+	if err != nil {
+		return nil, fmt.Errorf("count river jobs: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (QueueDepth, error) {
+		var d QueueDepth
+		err := r.Scan(&d.Queue, &d.State, &d.Jobs)
+		return d, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("count river jobs: %w", err)
+	}
+	return out, nil
+}

@@ -606,7 +606,16 @@ func TestE2EMetricsAfterDispatch(t *testing.T) {
 	require.EqualValues(t, 3, value("herald_delivery_skew_seconds", map[string]string{"priority": "bulk"}))
 	skew := families["herald_delivery_skew_seconds"].GetMetric()[0].GetHistogram()
 	require.Greater(t, len(skew.GetBucket()), 10, "buckets fine enough below a second")
-	require.EqualValues(t, 1, value("herald_messages", map[string]string{"state": "dispatched"}))
+	require.EqualValues(t, 1, value("herald_message_skew_max_seconds", map[string]string{"priority": "bulk"}), "the message was graded once")
 	value("herald_database_clock_offset_seconds", nil)
 	value("herald_chunks_in_flight", map[string]string{"lane": "bulk"})
+	// The database's gauges (read in the background; the message settled,
+	// so nothing is unsettled once they are read again), the pools, and
+	// the requests by route.
+	value("herald_messages", map[string]string{"state": "dispatching"})
+	value("herald_river_jobs", map[string]string{"queue": "bulk", "state": "available"})
+	require.Positive(t, value("herald_db_pool_max_connections", map[string]string{"pool": "main"}))
+	require.Positive(t, value("herald_db_pool_acquires_total", map[string]string{"pool": "main"}))
+	require.GreaterOrEqual(t, value("herald_http_requests_total", map[string]string{"route": "/v1/messages", "method": "POST", "status": "202"}), 1.0)
+	require.GreaterOrEqual(t, value("herald_http_request_seconds", map[string]string{"route": "/v1/messages/:message_id", "method": "GET"}), 1.0)
 }
