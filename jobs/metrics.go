@@ -95,6 +95,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.overSLO.WithLabelValues(priority)
 		m.messageSkew.WithLabelValues(priority)
 	}
+	for _, lane := range LaneQueues {
+		m.wakes.WithLabelValues(lane)
+	}
 	for _, channel := range Channels {
 		m.tries.WithLabelValues(channel)
 		m.deliveries.WithLabelValues(channel, "expired", "")

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"maps"
 	"net/http"
+	"os"
+	"regexp"
 	"runtime"
 	"strconv"
 	"strings"
@@ -618,4 +620,35 @@ func TestE2EMetricsAfterDispatch(t *testing.T) {
 	require.Positive(t, value("herald_db_pool_acquires_total", map[string]string{"pool": "main"}))
 	require.GreaterOrEqual(t, value("herald_http_requests_total", map[string]string{"route": "/v1/messages", "method": "POST", "status": "202"}), 1.0)
 	require.GreaterOrEqual(t, value("herald_http_request_seconds", map[string]string{"route": "/v1/messages/:message_id", "method": "GET"}), 1.0)
+
+	// The Grafana dashboard in deploy/ draws only what Herald exports.
+	raw, err := os.ReadFile("../../deploy/grafana/herald.json")
+	require.NoError(t, err)
+	var dashboard struct {
+		Panels []struct {
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	require.NoError(t, json.Unmarshal(raw, &dashboard))
+	require.NotEmpty(t, dashboard.Panels)
+	for _, p := range dashboard.Panels {
+		require.NotEmpty(t, p.Targets, "panel %q has no query", p.Title)
+		for _, target := range p.Targets {
+			names := regexp.MustCompile(`herald_[a-z_]+`).FindAllString(target.Expr, -1)
+			require.NotEmpty(t, names, "panel %q queries no Herald metric", p.Title)
+			for _, n := range names {
+				base := n
+				for _, suffix := range []string{"_bucket", "_count", "_sum"} {
+					if f, ok := families[strings.TrimSuffix(n, suffix)]; ok && strings.HasSuffix(n, suffix) && f.GetType() == dto.MetricType_HISTOGRAM {
+						base = strings.TrimSuffix(n, suffix)
+					}
+				}
+				_, ok := families[base]
+				require.True(t, ok, "panel %q queries %s, which /metrics does not have", p.Title, n)
+			}
+		}
+	}
 }
