@@ -72,6 +72,10 @@ type Config struct {
 	// Otherwise it is Secure when the request came over TLS, directly or as
 	// a trusted proxy says.
 	SecureCookies bool
+	// BodyBudget is how many bytes of request bodies the process reads at
+	// once (DefaultBodyBudget when zero); a body beyond it is refused with
+	// 503 and Retry-After before it is read.
+	BodyBudget int64
 	// RateLimit is the requests a second each caller (API key, or the
 	// dashboard) may make of this process once its burst of RateBurst is
 	// spent (DefaultRateLimit and DefaultRateBurst when zero).
@@ -110,6 +114,7 @@ func (c *Config) validate() error {
 	if c.Ready == nil {
 		c.Ready = func(context.Context) error { return nil }
 	}
+	c.BodyBudget = cmp.Or(c.BodyBudget, DefaultBodyBudget)
 	c.RateLimit = cmp.Or(c.RateLimit, DefaultRateLimit)
 	c.RateBurst = cmp.Or(c.RateBurst, DefaultRateBurst)
 	c.MaxDevicesPerUser = cmp.Or(c.MaxDevicesPerUser, DefaultMaxDevicesPerUser)
@@ -162,6 +167,7 @@ func NewServer(cfg Config) (*Server, error) {
 	e.HTTPErrorHandler = errorHandler(cfg.Logger)
 	e.Use(middleware.RequestID())
 	e.Use(requestLogger(cfg.Logger, newHTTPMetrics(cfg.Registerer)))
+	e.Use(newBodyBudget(cfg.BodyBudget).middleware)
 	e.Use(middleware.RecoverWithConfig(middleware.RecoverConfig{
 		LogErrorFunc: func(c echo.Context, err error, stack []byte) error {
 			cfg.Logger.ErrorContext(c.Request().Context(), "panic in handler",

@@ -325,6 +325,7 @@ func (p *process) handler(w *worker) (http.Handler, error) {
 		SecureCookies:  cfg.SecureCookies,
 		WebPushEgress:  cfg.WebPushEgress,
 
+		BodyBudget:        int64(cfg.BodyBudgetMB) << 20,
 		RateLimit:         float64(cfg.RateLimit),
 		RateBurst:         cfg.RateBurst,
 		MaxDevicesPerUser: cfg.MaxDevicesPerUser,
