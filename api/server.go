@@ -142,6 +142,8 @@ type Server struct {
 	sessions  *sessions
 	dashboard *dashboard
 	limiter   *rateLimiter
+	// ready is cfg.Ready, run at most once a second (recentCheck).
+	ready *recentCheck
 }
 
 // NewServer returns the server with every route in place.
@@ -154,6 +156,7 @@ func NewServer(cfg Config) (*Server, error) {
 		cfg: cfg, pool: cfg.Pool, keys: newAPIKeys(cfg.APIKeys),
 		enqueuer: jobs.NewEnqueuer(cfg.River, cfg.ChunkSize), echo: echo.New(),
 		limiter: newRateLimiter(cfg.RateLimit, cfg.RateBurst, time.Now),
+		ready:   newRecentCheck(cfg.Ready),
 	}
 	if cfg.AdminPassword != "" {
 		s.sessions = newSessions(cfg.AdminPassword)
@@ -218,7 +221,7 @@ func (s *Server) healthz(c echo.Context) error {
 }
 
 func (s *Server) readyz(c echo.Context) error {
-	if err := s.cfg.Ready(c.Request().Context()); err != nil {
+	if err := s.ready.result(); err != nil {
 		// The error names the database, its address and what it said: the
 		// operator reads it in the log, an anonymous caller learns only that
 		// the process is not ready.
