@@ -9,11 +9,13 @@ import (
 )
 
 // DefaultBodyBudget is how many bytes of request bodies a process reads at
-// once (Config.BodyBudget): two of the largest batches. A body is held
-// while it is decoded, and decoding takes a few times its size, so sixteen
-// 16 MB batches at once, each refused at its last device, took a process
-// from 47 MB to 1.6 GB before there was a budget.
-const DefaultBodyBudget = 32 << 20
+// once (Config.BodyBudget): one of the largest batches, with what a batch
+// decodes to and the garbage it leaves (a few times its size) inside the
+// 200 MB a refused flood may cost. Sixteen 16 MB batches at once, each
+// refused at its last device, took a process from 47 MB to 1.6 GB before
+// there was a budget; a process registers a batch of 10,000 devices in
+// about 130 ms, so one at a time is some 75,000 devices a second.
+const DefaultBodyBudget = 16 << 20
 
 // budgetKey is where a request's hold on the body budget is kept in its
 // Echo context.

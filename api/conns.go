@@ -145,6 +145,17 @@ func (c *limitedConn) Close() error {
 	return c.Conn.Close()
 }
 
+// CloseWrite half-closes the connection, as net/http does before it closes
+// one whose request it refused unread (a 431): without it the server
+// closed at once, and a client still sending its headers got a reset
+// instead of the answer.
+func (c *limitedConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
+}
+
 func (c *limitedConn) releaseLocked() {
 	if c.released {
 		return

@@ -68,7 +68,7 @@ var serveEnv = []envVar{
 	{"HERALD_RATE_LIMIT", "requests a second per API key and process", "500"},
 	{"HERALD_MAX_CONNECTIONS", "connections the process holds open; past it the longest idle one is closed", "open files allowed less 1,024"},
 	{"HERALD_MAX_CONNECTIONS_PER_CLIENT", "connections one address may hold open (trusted proxies exempt)", "256"},
-	{"HERALD_BODY_BUDGET_MB", "request body bytes the process reads at once, in MiB; beyond it 503 with Retry-After", "32"},
+	{"HERALD_BODY_BUDGET_MB", "request body bytes the process reads at once, in MiB; beyond it 503 with Retry-After", "16"},
 	{"HERALD_RATE_BURST", "requests a key may make at once before the rate applies", "1000"},
 	{"HERALD_MAX_DEVICES_PER_USER", "active devices one user may have", "100"},
 	{"HERALD_SCHEDULE_MIN_INTERVAL", "least time between two runs of a schedule", "1m"},
