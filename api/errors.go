@@ -119,13 +119,17 @@ func toAPIError(err error) *Error {
 		}
 	}
 	switch {
+	case errors.Is(err, jobs.ErrIdempotencyKeyReused):
+		return &Error{Status: http.StatusConflict, Code: "idempotency_key_reused",
+			Message: "this Idempotency-Key was used with a different request body"}
 	case errors.Is(err, db.ErrNotFound):
 		return &Error{Status: http.StatusNotFound, Code: "not_found", Message: "not found"}
 	case errors.Is(err, db.ErrConflict):
 		return &Error{Status: http.StatusConflict, Code: "conflict", Message: "conflicts with an existing resource"}
 	case errors.Is(err, db.ErrUnavailable):
 		// The database restarting or failing over: the same request will
-		// do once it is back (an Idempotency-Key makes a message's safe).
+		// do once it is back (an Idempotency-Key makes a message's or a
+		// schedule's safe).
 		return &Error{Status: http.StatusServiceUnavailable, Code: "unavailable", RetryAfter: unavailableRetryAfter,
 			Message: "the database is unavailable; try again after Retry-After seconds"}
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):

@@ -209,10 +209,6 @@ func (s *Server) createMessage(c echo.Context) error {
 		receipt, err = s.enqueuer.Schedule(ctx, tx, m, callerScope(ctx))
 		return err
 	})
-	if errors.Is(err, jobs.ErrIdempotencyKeyReused) {
-		return &Error{Status: http.StatusConflict, Code: "idempotency_key_reused",
-			Message: "this Idempotency-Key was used with a different request body"}
-	}
 	if err != nil {
 		return err
 	}

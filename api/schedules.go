@@ -120,6 +120,26 @@ func (r *scheduleRequest) validate() error {
 	return validatePayload(r.Payload)
 }
 
+// canonical is the request as its idempotency key remembers it: defaults
+// filled in (validate has run) and instants in UTC, so that the same
+// schedule said otherwise is the same request.
+func (r scheduleRequest) canonical() scheduleRequest {
+	utc := func(t *time.Time) *string {
+		if t == nil {
+			return nil
+		}
+		s := t.UTC().Format(time.RFC3339Nano)
+		return &s
+	}
+	r.StartsAt, r.EndsAt = utc(r.startsAt), utc(r.endsAt)
+	return r
+}
+
+// scheduleScope is the key space of a caller's schedules' idempotency keys:
+// apart from its messages' (whose scope is the caller's own), so that a key
+// used for a message never answers a schedule. No caller's scope starts so.
+func scheduleScope(caller string) string { return "schedules:" + caller }
+
 // firstRun is a schedule's first run at or after now (and starts_at), or
 // nil when it has none before ends_at, or none whose message, lasting span
 // after it, would end within year 9999.
@@ -237,8 +257,15 @@ func pendingRuns(ctx context.Context, q *db.Queries, ids ...int64) (map[int64][]
 }
 
 // createSchedule stores a recurring reminder; the materializer makes each
-// run into a message ahead of its time.
+// run into a message ahead of its time. With an Idempotency-Key, the same
+// request again answers the schedule it made, 200 with the first answer's
+// body, and another request with the key is 409; retries racing each other
+// make one schedule.
 func (s *Server) createSchedule(c echo.Context) error {
+	key, err := storedHeader(c, "Idempotency-Key", jobs.MaxIdempotencyKey)
+	if err != nil {
+		return err
+	}
 	var req scheduleRequest
 	if err := decode(c, messageBodyLimit, &req); err != nil {
 		return err
@@ -261,8 +288,23 @@ func (s *Server) createSchedule(c echo.Context) error {
 	if err != nil {
 		return fmt.Errorf("encode payload: %w", err)
 	}
+	scope := scheduleScope(callerScope(ctx))
 	return s.inTx(c, func(tx pgx.Tx) (int, any, error) {
 		q := db.On(tx)
+		if key != "" {
+			prior, err := jobs.ClaimIdempotencyKey(ctx, q, scope, key, req.canonical())
+			if err != nil {
+				return 0, nil, err
+			}
+			if prior != nil {
+				var made scheduleResponse
+				if err := json.Unmarshal(prior, &made); err != nil {
+					return 0, nil, fmt.Errorf("read idempotency key's schedule: %w", err)
+				}
+				c.Response().Header().Set(echo.HeaderLocation, "/v1/schedules/"+made.ScheduleID)
+				return http.StatusOK, made, nil
+			}
+		}
 		if req.Audience.Type == "segment" {
 			exists, err := q.SegmentExists(ctx, req.Audience.ID)
 			if err != nil {
@@ -294,6 +336,17 @@ func (s *Server) createSchedule(c echo.Context) error {
 		resp, err := newScheduleResponse(sch, content, nil)
 		if err != nil {
 			return 0, nil, err
+		}
+		if key != "" {
+			body, err := json.Marshal(resp)
+			if err != nil {
+				return 0, nil, fmt.Errorf("encode schedule: %w", err)
+			}
+			if err := q.CompleteIdempotencyKey(ctx, db.CompleteIdempotencyKeyParams{
+				Scope: scope, Key: key, ScheduleID: &sch.ID, Response: body,
+			}); err != nil {
+				return 0, nil, fmt.Errorf("record idempotency key: %w", err)
+			}
 		}
 		c.Response().Header().Set(echo.HeaderLocation, "/v1/schedules/"+resp.ScheduleID)
 		return http.StatusCreated, resp, nil

@@ -4,6 +4,8 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -171,4 +173,89 @@ func TestScheduleRefusedWhenItRunsTooOften(t *testing.T) {
 
 	// A dense day weeks after the schedule starts is seen too.
 	requireError(t, create("* 3 1 * *", false, "2031-05-02T00:00:00Z"), http.StatusBadRequest, "invalid_field", "cron")
+}
+
+func TestScheduleIdempotencyKey(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.population(t, "p", 2, 1)
+	withKey := func(key string, body any) request {
+		return request{method: http.MethodPost, path: "/v1/schedules", body: body, header: map[string]string{"Idempotency-Key": key}}
+	}
+
+	first := b.call(t, withKey("daily", scheduleBody()))
+	require.Equal(t, http.StatusCreated, first.Code, first.Body.String())
+	again := b.call(t, withKey("daily", scheduleBody()))
+	require.Equal(t, http.StatusOK, again.Code, "a retry answers the schedule it made: %s", again.Body.String())
+	require.JSONEq(t, first.Body.String(), again.Body.String())
+	require.Equal(t, first.Header().Get("Location"), again.Header().Get("Location"))
+
+	// The same schedule said otherwise (the defaults spelt out, starts_at
+	// in another offset) is the same request.
+	body := scheduleBody()
+	body["starts_at"] = "2026-01-01T01:00:00+01:00"
+	require.Equal(t, http.StatusCreated, b.call(t, withKey("starts", body)).Code)
+	body["starts_at"], body["local_time"] = "2026-01-01T00:00:00Z", false
+	require.Equal(t, http.StatusOK, b.call(t, withKey("starts", body)).Code)
+
+	other := scheduleBody()
+	other["cron"] = "0 10 * * MON-FRI"
+	requireError(t, b.call(t, withKey("daily", other)), http.StatusConflict, "idempotency_key_reused", "")
+
+	// A key a message used is not a schedule's, nor the other way round.
+	msg := b.call(t, request{method: http.MethodPost, path: "/v1/messages", header: map[string]string{"Idempotency-Key": "shared"},
+		body: messageBody(map[string]any{"type": "users", "ids": []string{"p0"}})})
+	require.Equal(t, http.StatusAccepted, msg.Code, msg.Body.String())
+	sch := b.call(t, withKey("shared", scheduleBody()))
+	require.Equal(t, http.StatusCreated, sch.Code, sch.Body.String())
+	require.NotEmpty(t, decodeBody(t, sch)["schedule_id"])
+	msg = b.call(t, request{method: http.MethodPost, path: "/v1/messages", header: map[string]string{"Idempotency-Key": "daily"},
+		body: messageBody(map[string]any{"type": "users", "ids": []string{"p0"}})})
+	require.Equal(t, http.StatusAccepted, msg.Code, msg.Body.String())
+
+	// Keys are the API key's own: another caller's same key is its own.
+	rec := b.call(t, request{method: http.MethodPost, path: "/v1/schedules", body: scheduleBody(),
+		header: map[string]string{"Idempotency-Key": "daily", "Authorization": "Bearer another-key-0123456789"}})
+	require.Equal(t, http.StatusCreated, rec.Code, rec.Body.String())
+	require.NotEqual(t, decodeBody(t, first)["schedule_id"], decodeBody(t, rec)["schedule_id"])
+
+	// A key must be text a header can carry.
+	requireError(t, b.call(t, withKey(strings.Repeat("k", 256), scheduleBody())), http.StatusBadRequest, "invalid_field", "Idempotency-Key")
+
+	var schedules int
+	require.NoError(t, b.db.Pool.QueryRow(context.Background(), "SELECT count(*) FROM schedules").Scan(&schedules))
+	require.Equal(t, 4, schedules, "daily, starts, shared, and another caller's daily")
+}
+
+func TestScheduleIdempotencyKeyConcurrentRetries(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.population(t, "c", 2, 1)
+	const retries = 10
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		ids      = map[string]int{}
+		statuses = map[int]int{}
+	)
+	for range retries {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rec := b.call(t, request{method: http.MethodPost, path: "/v1/schedules", body: scheduleBody(),
+				header: map[string]string{"Idempotency-Key": "same"}})
+			mu.Lock()
+			defer mu.Unlock()
+			statuses[rec.Code]++
+			if rec.Code == http.StatusCreated || rec.Code == http.StatusOK {
+				ids[decodeBody(t, rec)["schedule_id"].(string)]++
+			}
+		}()
+	}
+	wg.Wait()
+	require.Equal(t, map[int]int{http.StatusCreated: 1, http.StatusOK: retries - 1}, statuses)
+	require.Len(t, ids, 1, "every retry gets the one schedule")
+	var schedules int
+	require.NoError(t, b.db.Pool.QueryRow(context.Background(), "SELECT count(*) FROM schedules").Scan(&schedules))
+	require.Equal(t, 1, schedules)
 }

@@ -106,15 +106,6 @@ func (q *Queries) DeleteDevice(ctx context.Context, id int64) (int64, error) {
 	return result.RowsAffected(), nil
 }
 
-const deleteDevices = `-- name: DeleteDevices :exec
-DELETE FROM devices WHERE id = ANY ($1::bigint[])
-`
-
-func (q *Queries) DeleteDevices(ctx context.Context, ids []int64) error {
-	_, err := q.db.Exec(ctx, deleteDevices, ids)
-	return err
-}
-
 const evictDevice = `-- name: EvictDevice :execrows
 UPDATE devices
 SET status = 'evicted', evicted_reason = $1, evicted_at = now(), updated_at = now()

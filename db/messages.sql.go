@@ -96,20 +96,24 @@ func (q *Queries) ClaimIdempotencyKey(ctx context.Context, arg ClaimIdempotencyK
 }
 
 const completeIdempotencyKey = `-- name: CompleteIdempotencyKey :exec
-UPDATE idempotency_keys SET message_id = $1, response = $2
-WHERE scope = $3 AND key = $4
+UPDATE idempotency_keys SET message_id = $1, schedule_id = $2, response = $3
+WHERE scope = $4 AND key = $5
 `
 
 type CompleteIdempotencyKeyParams struct {
-	MessageID *int64
-	Response  []byte
-	Scope     string
-	Key       string
+	MessageID  *int64
+	ScheduleID *int64
+	Response   []byte
+	Scope      string
+	Key        string
 }
 
+// Records what a claimed key made (a message or a schedule) and the answer
+// a retry replays.
 func (q *Queries) CompleteIdempotencyKey(ctx context.Context, arg CompleteIdempotencyKeyParams) error {
 	_, err := q.db.Exec(ctx, completeIdempotencyKey,
 		arg.MessageID,
+		arg.ScheduleID,
 		arg.Response,
 		arg.Scope,
 		arg.Key,
@@ -131,7 +135,7 @@ func (q *Queries) DatabaseNow(ctx context.Context) (time.Time, error) {
 }
 
 const getIdempotencyKey = `-- name: GetIdempotencyKey :one
-SELECT request_hash, message_id, response FROM idempotency_keys WHERE scope = $1 AND key = $2
+SELECT request_hash, response FROM idempotency_keys WHERE scope = $1 AND key = $2
 `
 
 type GetIdempotencyKeyParams struct {
@@ -141,14 +145,13 @@ type GetIdempotencyKeyParams struct {
 
 type GetIdempotencyKeyRow struct {
 	RequestHash []byte
-	MessageID   *int64
 	Response    []byte
 }
 
 func (q *Queries) GetIdempotencyKey(ctx context.Context, arg GetIdempotencyKeyParams) (GetIdempotencyKeyRow, error) {
 	row := q.db.QueryRow(ctx, getIdempotencyKey, arg.Scope, arg.Key)
 	var i GetIdempotencyKeyRow
-	err := row.Scan(&i.RequestHash, &i.MessageID, &i.Response)
+	err := row.Scan(&i.RequestHash, &i.Response)
 	return i, err
 }
 

@@ -46,6 +46,7 @@ type IdempotencyKey struct {
 	MessageID   *int64
 	Response    []byte
 	CreatedAt   time.Time
+	ScheduleID  *int64
 }
 
 type Message struct {

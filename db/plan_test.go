@@ -118,7 +118,7 @@ func TestCancelForDevicesFindsPendingByMessage(t *testing.T) {
 	require.NoError(t, err)
 	_, err = conn.Exec(ctx, "PREPARE cancel AS "+db.CancelPendingForDevicesSQL)
 	require.NoError(t, err)
-	p := explain(t, conn, "EXECUTE cancel('{1,2,3}')")
+	p := explain(t, conn, "EXECUTE cancel('{1,2,3}', 'device_deleted', false)")
 	require.Contains(t, p, "deliveries_pkey", p)
 	require.Regexp(t, `\(message_id = m(_\d+)?\.id\) AND \(device_id = ANY \(\$1\)\)`, p, "the primary key on both columns:\n%s", p)
 	require.NotContains(t, p, "Seq Scan on deliveries", p)

@@ -130,7 +130,7 @@ func (r *Registering) Write(ctx context.Context) ([]RegisterDevicesRow, error) {
 		if err := r.q.CancelPendingForDevices(ctx, CancelPendingForDevicesParams{DeviceIds: replaced, Reason: ReasonDeviceReplaced}); err != nil {
 			return nil, fmt.Errorf("cancel replaced devices' deliveries: %w", err)
 		}
-		if err := r.q.DeleteDevices(ctx, replaced); err != nil {
+		if _, err := r.q.DeleteDevices(ctx, replaced); err != nil {
 			return nil, fmt.Errorf("delete replaced devices: %w", err)
 		}
 	}

@@ -10,6 +10,18 @@ import (
 	"time"
 )
 
+const deleteDevices = `-- name: DeleteDevices :execrows
+DELETE FROM devices WHERE id = ANY ($1::bigint[])
+`
+
+func (q *Queries) DeleteDevices(ctx context.Context, deviceIds []int64) (int64, error) {
+	result, err := q.db.Exec(ctx, deleteDevices, deviceIds)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const deleteIdempotencyKeys = `-- name: DeleteIdempotencyKeys :execrows
 DELETE FROM idempotency_keys k
 USING (
@@ -17,6 +29,9 @@ USING (
     FROM idempotency_keys i
     WHERE i.created_at < $1
       AND (i.message_id IS NULL OR NOT EXISTS (SELECT 1 FROM messages m WHERE m.id = i.message_id))
+      AND (i.schedule_id IS NULL OR NOT EXISTS (
+          SELECT 1 FROM schedules s
+          WHERE s.id = i.schedule_id AND (s.deleted_at IS NULL OR s.deleted_at >= $1)))
     ORDER BY i.created_at
     LIMIT $2
 ) v
@@ -29,8 +44,9 @@ type DeleteIdempotencyKeysParams struct {
 }
 
 // Deletes at most max_rows idempotency keys claimed before the cutoff whose
-// message is gone, oldest first. A key whose message is still kept (one
-// scheduled far ahead) stays, so that a late retry still finds it.
+// message is gone, or whose schedule was deleted before the cutoff, oldest
+// first. A key whose message is still kept (one scheduled far ahead) stays,
+// and so does one whose schedule lives, so that a late retry still finds it.
 func (q *Queries) DeleteIdempotencyKeys(ctx context.Context, arg DeleteIdempotencyKeysParams) (int64, error) {
 	result, err := q.db.Exec(ctx, deleteIdempotencyKeys, arg.Cutoff, arg.MaxRows)
 	if err != nil {
@@ -109,6 +125,43 @@ func (q *Queries) DeleteUnreferencedPayloads(ctx context.Context, payloadIds []i
 		return 0, err
 	}
 	return result.RowsAffected(), nil
+}
+
+const lockEvictedDevices = `-- name: LockEvictedDevices :many
+SELECT id FROM devices
+WHERE status = 'evicted' AND evicted_at < $1::timestamptz
+ORDER BY evicted_at
+LIMIT $2
+FOR UPDATE SKIP LOCKED
+`
+
+type LockEvictedDevicesParams struct {
+	Cutoff  time.Time
+	MaxRows int32
+}
+
+// Locks at most max_rows devices evicted before the cutoff, those evicted
+// longest ago first (devices_evicted_at_idx), for the caller's transaction
+// to delete. A device that a registration is taking again holds its lock
+// and is skipped; once registered again it is active, and not found here.
+func (q *Queries) LockEvictedDevices(ctx context.Context, arg LockEvictedDevicesParams) ([]int64, error) {
+	rows, err := q.db.Query(ctx, lockEvictedDevices, arg.Cutoff, arg.MaxRows)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []int64{}
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		items = append(items, id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const retainableMessages = `-- name: RetainableMessages :many

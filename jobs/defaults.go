@@ -82,6 +82,11 @@ const (
 	// kept no longer.
 	DefaultRetention = 30 * 24 * time.Hour
 
+	// DefaultDeviceRetention is how long an evicted device, and its dead
+	// token, is kept before retention deletes it (HERALD_DEVICE_RETENTION):
+	// until then, registering its token again brings it back as it was.
+	DefaultDeviceRetention = 30 * 24 * time.Hour
+
 	// DefaultReconcileEvery is how often River's leader looks for messages
 	// no chunk will settle.
 	DefaultReconcileEvery = time.Minute

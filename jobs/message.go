@@ -2,7 +2,6 @@ package jobs
 
 import (
 	"context"
-	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -32,10 +31,6 @@ const (
 	// maxIDLen bounds caller-chosen ids (users, segments).
 	maxIDLen = 128
 )
-
-// ErrIdempotencyKeyReused is returned when an idempotency key comes again
-// with a different message.
-var ErrIdempotencyKeyReused = errors.New("this idempotency key was used with a different message")
 
 // InvalidError is a message that breaks a rule. Field names the one field to
 // blame as POST /v1/messages' body names it (priority, audience.ids[3],
@@ -139,31 +134,19 @@ func (e *Enqueuer) Schedule(ctx context.Context, tx pgx.Tx, m Message, scope str
 	if err := m.check(); err != nil {
 		return Receipt{}, err
 	}
-	// The message's identity for idempotency is its canonical encoding,
-	// its instants in UTC.
-	canon := m
-	canon.DispatchAt, canon.ExpiresAt = m.DispatchAt.UTC(), m.ExpiresAt.UTC()
-	canonical, err := json.Marshal(canon)
-	if err != nil {
-		return Receipt{}, fmt.Errorf("encode message: %w", err)
-	}
-	hash := sha256.Sum256(canonical)
 	q := db.On(tx)
 	if m.IdempotencyKey != "" {
-		if _, err := q.ClaimIdempotencyKey(ctx, db.ClaimIdempotencyKeyParams{Scope: scope, Key: m.IdempotencyKey, RequestHash: hash[:]}); err != nil {
-			if !errors.Is(err, db.ErrNotFound) {
-				return Receipt{}, fmt.Errorf("claim idempotency key: %w", err)
-			}
-			// Taken, by a request that has committed: replay or refuse.
-			prior, err := q.GetIdempotencyKey(ctx, db.GetIdempotencyKeyParams{Scope: scope, Key: m.IdempotencyKey})
-			if err != nil {
-				return Receipt{}, fmt.Errorf("read idempotency key: %w", err)
-			}
-			if string(prior.RequestHash) != string(hash[:]) {
-				return Receipt{}, ErrIdempotencyKeyReused
-			}
+		// The message's identity for idempotency is its canonical
+		// encoding, its instants in UTC.
+		canon := m
+		canon.DispatchAt, canon.ExpiresAt = m.DispatchAt.UTC(), m.ExpiresAt.UTC()
+		prior, err := ClaimIdempotencyKey(ctx, q, scope, m.IdempotencyKey, canon)
+		if err != nil {
+			return Receipt{}, err
+		}
+		if prior != nil {
 			var r Receipt
-			if err := json.Unmarshal(prior.Response, &r); err != nil {
+			if err := json.Unmarshal(prior, &r); err != nil {
 				return Receipt{}, fmt.Errorf("read idempotency key's receipt: %w", err)
 			}
 			return r, nil

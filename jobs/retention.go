@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 
@@ -53,7 +54,9 @@ func retainRiverJobs(rc *river.Config, retention time.Duration) {
 
 // Retainer deletes settled messages older than the retention, with their
 // ledger (deliveries) and chunks, the payloads no message or schedule
-// references any more, and the idempotency keys of deleted messages.
+// references any more, the idempotency keys of deleted messages and of
+// schedules deleted longer ago than the retention, and the devices evicted
+// longer ago than the device retention.
 //
 // It works in bounded batches, each one statement found through an index,
 // so a batch costs the same however much history the tables hold, and
@@ -66,9 +69,12 @@ type Retainer struct {
 	// Retention is how long after settling a message is kept
 	// (DefaultRetention when zero).
 	Retention time.Duration
-	// BatchRows is the most ledger rows or idempotency keys one statement
-	// deletes (default 10,000); BatchMessages the most messages one batch
-	// takes on (default 100).
+	// DeviceRetention is how long after its eviction an evicted device is
+	// kept (DefaultDeviceRetention when zero).
+	DeviceRetention time.Duration
+	// BatchRows is the most ledger rows, idempotency keys or devices one
+	// statement deletes (default 10,000); BatchMessages the most messages
+	// one batch takes on (default 100).
 	BatchRows, BatchMessages int
 	// Budget is how long one run works before it leaves the rest to the
 	// next run (default 20 s), so that a backlog (retention shortened, or
@@ -80,13 +86,16 @@ type Retainer struct {
 
 // Removed counts what a run deleted.
 type Removed struct {
-	Messages, Deliveries, Payloads, IdempotencyKeys int64
+	Messages, Deliveries, Payloads, IdempotencyKeys, Devices int64
 }
 
 func (r *Retainer) withDefaults() Retainer {
 	c := *r
 	if c.Retention <= 0 {
 		c.Retention = DefaultRetention
+	}
+	if c.DeviceRetention <= 0 {
+		c.DeviceRetention = DefaultDeviceRetention
 	}
 	if c.BatchRows <= 0 {
 		c.BatchRows = 10_000
@@ -100,8 +109,9 @@ func (r *Retainer) withDefaults() Retainer {
 	return c
 }
 
-// Run deletes what settled before now minus the retention, until nothing is
-// left or the budget is spent.
+// Run deletes what settled before now minus the retention, and the devices
+// evicted before now minus the device retention, until nothing is left or
+// the budget is spent.
 func (r *Retainer) Run(ctx context.Context) (Removed, error) {
 	c := r.withDefaults()
 	var removed Removed
@@ -121,18 +131,61 @@ func (r *Retainer) Run(ctx context.Context) (Removed, error) {
 			break
 		}
 	}
-	// Keys follow their messages: a key is deleted once its message is.
-	// At least one batch each run, however the messages used the budget.
-	for {
+	// Keys follow what they made: a message's key is deleted once its
+	// message is, a schedule's once the schedule has been deleted for the
+	// retention.
+	err = c.batches(deadline, &removed.IdempotencyKeys, func() (int64, error) {
 		n, err := q.DeleteIdempotencyKeys(ctx, db.DeleteIdempotencyKeysParams{Cutoff: cutoff, MaxRows: int32(c.BatchRows)})
-		removed.IdempotencyKeys += n
 		if err != nil {
-			return removed, fmt.Errorf("delete idempotency keys: %w", err)
+			return n, fmt.Errorf("delete idempotency keys: %w", err)
 		}
-		if n < int64(c.BatchRows) || !time.Now().Before(deadline) {
-			return removed, nil
+		return n, nil
+	})
+	if err != nil {
+		return removed, err
+	}
+	deviceCutoff := now.Add(-c.DeviceRetention)
+	return removed, c.batches(deadline, &removed.Devices, func() (int64, error) {
+		return c.deleteEvictedDevices(ctx, deviceCutoff)
+	})
+}
+
+// batches runs batch, which deletes at most BatchRows and counts them into
+// removed, until one deletes fewer or the deadline has passed: at least
+// once each run, however the steps before it used the budget.
+func (c Retainer) batches(deadline time.Time, removed *int64, batch func() (int64, error)) error {
+	for {
+		n, err := batch()
+		*removed += n
+		if err != nil || n < int64(c.BatchRows) || !time.Now().Before(deadline) {
+			return err
 		}
 	}
+}
+
+// deleteEvictedDevices deletes at most BatchRows devices evicted before the
+// cutoff, in one transaction that first cancels their pending deliveries,
+// with their messages' counters, as an erasure does (db.EraseDevices), so
+// that no delivery waits on a device that is gone. Unlike an erasure it need
+// not wait for messages being made: those read only active devices.
+func (c Retainer) deleteEvictedDevices(ctx context.Context, cutoff time.Time) (int64, error) {
+	var n int64
+	err := db.InTx(ctx, c.Pool, func(tx pgx.Tx) error {
+		q := db.On(tx)
+		ids, err := q.LockEvictedDevices(ctx, db.LockEvictedDevicesParams{Cutoff: cutoff, MaxRows: int32(c.BatchRows)})
+		if err != nil || len(ids) == 0 {
+			return err
+		}
+		if err := q.CancelPendingForDevices(ctx, db.CancelPendingForDevicesParams{DeviceIds: ids, Reason: db.ReasonDeviceEvicted}); err != nil {
+			return fmt.Errorf("cancel pending deliveries: %w", err)
+		}
+		n, err = q.DeleteDevices(ctx, ids)
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("delete evicted devices: %w", err)
+	}
+	return n, nil
 }
 
 // messageBatch deletes one batch: up to BatchRows ledger rows of the oldest
@@ -204,7 +257,8 @@ func (w *RetainWorker) Work(ctx context.Context, _ *river.Job[RetainArgs]) error
 	if removed != (Removed{}) {
 		w.r.Logger.InfoContext(ctx, "deleted history older than the retention",
 			"messages", removed.Messages, "deliveries", removed.Deliveries,
-			"payloads", removed.Payloads, "idempotency_keys", removed.IdempotencyKeys)
+			"payloads", removed.Payloads, "idempotency_keys", removed.IdempotencyKeys,
+			"evicted_devices", removed.Devices)
 	}
 	return err
 }

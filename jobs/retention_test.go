@@ -172,3 +172,99 @@ func TestRetentionSetsRiversJobCleaner(t *testing.T) {
 		require.Equal(t, tc.every, retainEvery(tc.retention), tc.retention)
 	}
 }
+
+// column reads a query's one text column.
+func (b *retainBundle) column(sql string) []string {
+	b.t.Helper()
+	rows, err := b.db.Pool.Query(context.Background(), sql)
+	require.NoError(b.t, err)
+	values, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(b.t, err)
+	return values
+}
+
+// evict marks user's devices evicted ago, as a provider's verdict on their
+// tokens would have.
+func (b *retainBundle) evict(user string, ago time.Duration) {
+	b.t.Helper()
+	b.exec("UPDATE devices SET status = 'evicted', evicted_reason = 'unregistered', evicted_at = $2 WHERE user_id = $1", user, b.now.Add(-ago))
+}
+
+func TestRetainerDeletesDevicesEvictedLongerThanTheDeviceRetention(t *testing.T) {
+	t.Parallel()
+	b := setupRetain(t)
+	ctx := context.Background()
+	// Made before the evictions and due ahead: every device's delivery is
+	// pending.
+	due := b.message("due", 0, 0)
+	for _, user := range b.users[:3] {
+		b.evict(user, 3*time.Hour)
+	}
+	b.evict(b.users[3], 30*time.Minute)
+	// Evicted long ago, then registered again: active, and kept.
+	b.evict(b.users[4], 3*time.Hour)
+	reg, err := db.BeginRegistration(ctx, b.db.Pool, []db.Registration{{UserID: b.users[4], Channel: "fcm", Token: "tok-" + b.users[4], Environment: "production"}})
+	require.NoError(t, err)
+	_, err = reg.Write(ctx)
+	require.NoError(t, err)
+	devices := func() []string { return b.column("SELECT user_id FROM devices ORDER BY user_id") }
+
+	now := func(context.Context) (time.Time, error) { return b.now, nil }
+	r := Retainer{Pool: b.db.Pool, Logger: discard, Retention: time.Hour, DeviceRetention: time.Hour, BatchRows: 2, Now: now}
+	// A run whose budget is spent still deletes a batch, and no more.
+	spent := r
+	spent.Budget = time.Nanosecond
+	removed, err := spent.Run(ctx)
+	require.NoError(t, err)
+	require.Equal(t, Removed{Devices: 2}, removed)
+	require.Len(t, devices(), 3)
+
+	removed, err = r.Run(ctx)
+	require.NoError(t, err)
+	require.Equal(t, Removed{Devices: 1}, removed)
+	require.Equal(t, b.users[3:], devices(), "the recently evicted device and the active one stay")
+
+	// Their pending deliveries were cancelled first, with the message's
+	// counters, as an erasure cancels them.
+	msg, err := b.q.GetMessage(ctx, due.ID)
+	require.NoError(t, err)
+	require.Equal(t, [2]int32{2, 3}, [2]int32{msg.PendingCount, msg.CancelledCount})
+	require.Equal(t, 3, b.count("SELECT count(*) FROM deliveries WHERE message_id = $1 AND status = 'cancelled' AND reason = 'device_evicted'", due.ID))
+
+	removed, err = r.Run(ctx)
+	require.NoError(t, err)
+	require.Equal(t, Removed{}, removed)
+}
+
+func TestRetainerKeepsAScheduleKeyUntilItsScheduleIsDeletedForTheRetention(t *testing.T) {
+	t.Parallel()
+	b := setupRetain(t)
+	ctx := context.Background()
+	payload, err := b.q.InsertPayload(ctx, []byte(`{"title":"t"}`))
+	require.NoError(t, err)
+	// schedule makes a schedule with a key claimed three hours ago, deleted
+	// ago (never when zero).
+	schedule := func(key string, deleted time.Duration) {
+		var id int64
+		require.NoError(t, b.db.Pool.QueryRow(ctx, `INSERT INTO schedules (cron, timezone, audience, payload_id, priority, ttl_seconds)
+			VALUES ('@daily', 'UTC', '{}', $1, 'bulk', 60) RETURNING id`, payload).Scan(&id))
+		if deleted > 0 {
+			b.exec("UPDATE schedules SET deleted_at = $2 WHERE id = $1", id, b.now.Add(-deleted))
+		}
+		_, err := b.q.ClaimIdempotencyKey(ctx, db.ClaimIdempotencyKeyParams{Scope: "s", Key: key, RequestHash: []byte{1}})
+		require.NoError(t, err)
+		require.NoError(t, b.q.CompleteIdempotencyKey(ctx, db.CompleteIdempotencyKeyParams{Scope: "s", Key: key, ScheduleID: &id, Response: []byte(`{}`)}))
+		b.exec("UPDATE idempotency_keys SET created_at = $1 WHERE key = $2", b.now.Add(-3*time.Hour), key)
+	}
+	schedule("live", 0)
+	schedule("deleted long ago", 2*time.Hour)
+	schedule("deleted lately", 30*time.Minute)
+
+	r := &Retainer{Pool: b.db.Pool, Logger: discard, Retention: time.Hour,
+		Now: func(context.Context) (time.Time, error) { return b.now, nil }}
+	removed, err := r.Run(ctx)
+	require.NoError(t, err)
+	require.Equal(t, Removed{IdempotencyKeys: 1}, removed)
+	require.Equal(t, []string{"deleted lately", "live"}, b.column("SELECT key FROM idempotency_keys ORDER BY key"),
+		"a retry still finds the schedule while it lives")
+}

@@ -909,6 +909,9 @@ type WebPushSubscription struct {
 // Cursor defines model for Cursor.
 type Cursor = string
 
+// IdempotencyKey defines model for IdempotencyKey.
+type IdempotencyKey = string
+
 // Limit defines model for Limit.
 type Limit = int
 
@@ -955,8 +958,12 @@ type ListMessagesParams struct {
 
 // CreateMessageParams defines parameters for CreateMessage.
 type CreateMessageParams struct {
-	// IdempotencyKey The same key with the same body returns the original answer; with another body, 409. UTF-8 text without control characters (tabs included), at most 255 bytes, else 400 naming Idempotency-Key.
-	IdempotencyKey *string `json:"Idempotency-Key,omitempty"`
+	// IdempotencyKey Makes a retry safe. The same key with the same body makes nothing new and returns the
+	// original answer (a schedule's with 200 instead of 201), however many retries race; with
+	// another body, 409 `idempotency_key_reused`. Keys are the API key's own, and a message's
+	// keys are apart from a schedule's. UTF-8 text without control characters (tabs included),
+	// at most 255 bytes, else 400 naming Idempotency-Key.
+	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
 }
 
 // ListMessageDeliveriesParams defines parameters for ListMessageDeliveries.
@@ -970,6 +977,16 @@ type ListMessageDeliveriesParams struct {
 type ListSchedulesParams struct {
 	Limit  *Limit  `form:"limit,omitempty" json:"limit,omitempty"`
 	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
+}
+
+// CreateScheduleParams defines parameters for CreateSchedule.
+type CreateScheduleParams struct {
+	// IdempotencyKey Makes a retry safe. The same key with the same body makes nothing new and returns the
+	// original answer (a schedule's with 200 instead of 201), however many retries race; with
+	// another body, 409 `idempotency_key_reused`. Keys are the API key's own, and a message's
+	// keys are apart from a schedule's. UTF-8 text without control characters (tabs included),
+	// at most 255 bytes, else 400 naming Idempotency-Key.
+	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
 }
 
 // ListSegmentsParams defines parameters for ListSegments.
@@ -1295,14 +1312,14 @@ type ClientInterface interface {
 	// Takes any type of body and a specified content type.
 	//
 	// Corresponds with POST /v1/schedules (the `CreateSchedule` operationId).
-	CreateScheduleWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+	CreateScheduleWithBody(ctx context.Context, params *CreateScheduleParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// CreateSchedule Create a recurring reminder.
 	//
 	// Takes a body of the `application/json` content type.
 	//
 	// Corresponds with POST /v1/schedules (the `CreateSchedule` operationId).
-	CreateSchedule(ctx context.Context, body CreateScheduleJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+	CreateSchedule(ctx context.Context, params *CreateScheduleParams, body CreateScheduleJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// DeleteSchedule Delete a schedule; its runs not yet started are cancelled.
 	//
@@ -1709,8 +1726,8 @@ func (c *Client) ListSchedules(ctx context.Context, params *ListSchedulesParams,
 // Takes any type of body and a specified content type.
 //
 // Corresponds with POST /v1/schedules (the `CreateSchedule` operationId).
-func (c *Client) CreateScheduleWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewCreateScheduleRequestWithBody(c.Server, contentType, body)
+func (c *Client) CreateScheduleWithBody(ctx context.Context, params *CreateScheduleParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateScheduleRequestWithBody(c.Server, params, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -1726,8 +1743,8 @@ func (c *Client) CreateScheduleWithBody(ctx context.Context, contentType string,
 // Takes a body of the `application/json` content type.
 //
 // Corresponds with POST /v1/schedules (the `CreateSchedule` operationId).
-func (c *Client) CreateSchedule(ctx context.Context, body CreateScheduleJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewCreateScheduleRequest(c.Server, body)
+func (c *Client) CreateSchedule(ctx context.Context, params *CreateScheduleParams, body CreateScheduleJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateScheduleRequest(c.Server, params, body)
 	if err != nil {
 		return nil, err
 	}
@@ -2666,18 +2683,18 @@ func NewListSchedulesRequest(server string, params *ListSchedulesParams) (*http.
 }
 
 // NewCreateScheduleRequest calls the generic CreateSchedule builder with application/json body
-func NewCreateScheduleRequest(server string, body CreateScheduleJSONRequestBody) (*http.Request, error) {
+func NewCreateScheduleRequest(server string, params *CreateScheduleParams, body CreateScheduleJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
 	buf, err := json.Marshal(body)
 	if err != nil {
 		return nil, err
 	}
 	bodyReader = bytes.NewReader(buf)
-	return NewCreateScheduleRequestWithBody(server, "application/json", bodyReader)
+	return NewCreateScheduleRequestWithBody(server, params, "application/json", bodyReader)
 }
 
 // NewCreateScheduleRequestWithBody constructs an http.Request for the CreateSchedule method, with any body, and a specified content type
-func NewCreateScheduleRequestWithBody(server string, contentType string, body io.Reader) (*http.Request, error) {
+func NewCreateScheduleRequestWithBody(server string, params *CreateScheduleParams, contentType string, body io.Reader) (*http.Request, error) {
 	var err error
 
 	serverURL, err := url.Parse(server)
@@ -2701,6 +2718,21 @@ func NewCreateScheduleRequestWithBody(server string, contentType string, body io
 	}
 
 	req.Header.Add("Content-Type", contentType)
+
+	if params != nil {
+
+		if params.IdempotencyKey != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Idempotency-Key", *params.IdempotencyKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Idempotency-Key", headerParam0)
+		}
+
+	}
 
 	return req, nil
 }
@@ -3532,14 +3564,14 @@ type ClientWithResponsesInterface interface {
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/schedules (the `CreateSchedule` operationId).
-	CreateScheduleWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateScheduleResponse, error)
+	CreateScheduleWithBodyWithResponse(ctx context.Context, params *CreateScheduleParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateScheduleResponse, error)
 
 	// CreateScheduleWithResponse Create a recurring reminder.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/schedules (the `CreateSchedule` operationId).
-	CreateScheduleWithResponse(ctx context.Context, body CreateScheduleJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateScheduleResponse, error)
+	CreateScheduleWithResponse(ctx context.Context, params *CreateScheduleParams, body CreateScheduleJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateScheduleResponse, error)
 
 	// DeleteScheduleWithResponse Delete a schedule; its runs not yet started are cancelled.
 	//
@@ -4755,6 +4787,16 @@ func (r ListSchedulesResponse) ContentType() string {
 	return ""
 }
 
+// CreateScheduleResponse200Headers the declared response headers of an HTTP 200 response for CreateSchedule
+type CreateScheduleResponse200Headers struct {
+	Location *string
+}
+
+// CreateScheduleResponse201Headers the declared response headers of an HTTP 201 response for CreateSchedule
+type CreateScheduleResponse201Headers struct {
+	Location *string
+}
+
 // CreateScheduleResponse429Headers the declared response headers of an HTTP 429 response for CreateSchedule
 type CreateScheduleResponse429Headers struct {
 	RetryAfter int
@@ -4768,6 +4810,8 @@ type CreateScheduleResponse503Headers struct {
 type CreateScheduleResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Schedule
 	// JSON201 the response for an HTTP 201 `application/json` response
 	JSON201 *Schedule
 	// JSON400 the response for an HTTP 400 `application/json` response
@@ -4776,14 +4820,25 @@ type CreateScheduleResponse struct {
 	JSON401 *Error
 	// JSON408 the response for an HTTP 408 `application/json` response
 	JSON408 *Error
+	// JSON409 the response for an HTTP 409 `application/json` response
+	JSON409 *ErrorBody
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *RateLimited
 	// JSON503 the response for an HTTP 503 `application/json` response
 	JSON503 *Unavailable
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *CreateScheduleResponse200Headers
+	// Headers201 the parsed response headers for an HTTP 201 response
+	Headers201 *CreateScheduleResponse201Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *CreateScheduleResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *CreateScheduleResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r CreateScheduleResponse) GetJSON200() *Schedule {
+	return r.JSON200
 }
 
 // GetJSON201 returns the response for an HTTP 201 `application/json` response
@@ -4804,6 +4859,11 @@ func (r CreateScheduleResponse) GetJSON401() *Error {
 // GetJSON408 returns the response for an HTTP 408 `application/json` response
 func (r CreateScheduleResponse) GetJSON408() *Error {
 	return r.JSON408
+}
+
+// GetJSON409 returns the response for an HTTP 409 `application/json` response
+func (r CreateScheduleResponse) GetJSON409() *ErrorBody {
+	return r.JSON409
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -6304,8 +6364,8 @@ func (c *ClientWithResponses) ListSchedulesWithResponse(ctx context.Context, par
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/schedules (the `CreateSchedule` operationId).
-func (c *ClientWithResponses) CreateScheduleWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateScheduleResponse, error) {
-	rsp, err := c.CreateScheduleWithBody(ctx, contentType, body, reqEditors...)
+func (c *ClientWithResponses) CreateScheduleWithBodyWithResponse(ctx context.Context, params *CreateScheduleParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateScheduleResponse, error) {
+	rsp, err := c.CreateScheduleWithBody(ctx, params, contentType, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -6317,8 +6377,8 @@ func (c *ClientWithResponses) CreateScheduleWithBodyWithResponse(ctx context.Con
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/schedules (the `CreateSchedule` operationId).
-func (c *ClientWithResponses) CreateScheduleWithResponse(ctx context.Context, body CreateScheduleJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateScheduleResponse, error) {
-	rsp, err := c.CreateSchedule(ctx, body, reqEditors...)
+func (c *ClientWithResponses) CreateScheduleWithResponse(ctx context.Context, params *CreateScheduleParams, body CreateScheduleJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateScheduleResponse, error) {
+	rsp, err := c.CreateSchedule(ctx, params, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -7549,6 +7609,13 @@ func ParseCreateScheduleResponse(rsp *http.Response) (*CreateScheduleResponse, e
 	}
 
 	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Schedule
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 201:
 		var dest Schedule
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -7577,6 +7644,13 @@ func ParseCreateScheduleResponse(rsp *http.Response) (*CreateScheduleResponse, e
 		}
 		response.JSON408 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest RateLimited
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -7594,6 +7668,26 @@ func ParseCreateScheduleResponse(rsp *http.Response) (*CreateScheduleResponse, e
 	}
 
 	switch {
+	case rsp.StatusCode == 200:
+		var headers CreateScheduleResponse200Headers
+		if values := rsp.Header.Values("Location"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Location", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.Location = &value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 201:
+		var headers CreateScheduleResponse201Headers
+		if values := rsp.Header.Values("Location"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Location", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.Location = &value
+		}
+		response.Headers201 = &headers
 	case rsp.StatusCode == 429:
 		var headers CreateScheduleResponse429Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {

@@ -82,7 +82,7 @@ func TestAttackInputNULIsRefusedWithItsField(t *testing.T) {
 			return e.api.CreateMessageWithResponse(ctx, nil, attackMessage(client.Payload{Data: &map[string]string{"k": "v\x00"}}))
 		}, "payload.data.k"},
 		{"schedule payload body", func() (answer, error) {
-			return e.api.CreateScheduleWithResponse(ctx, client.NewSchedule{Cron: "@daily", Audience: toUsers("ann"), Payload: client.Payload{Body: new("\x00")}})
+			return e.api.CreateScheduleWithResponse(ctx, nil, client.NewSchedule{Cron: "@daily", Audience: toUsers("ann"), Payload: client.Payload{Body: new("\x00")}})
 		}, "payload.body"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -198,7 +198,7 @@ func TestAttackInputTimestampsStayWithinYears1970To9999(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.sched.Cron, tc.sched.Audience, tc.sched.Payload = "@daily", toUsers("ann"), titled("far")
-			res, err := e.api.CreateScheduleWithResponse(t.Context(), tc.sched)
+			res, err := e.api.CreateScheduleWithResponse(t.Context(), nil, tc.sched)
 			require.NoError(t, err)
 			requireInvalidField(t, res, tc.field)
 		})

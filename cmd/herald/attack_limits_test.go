@@ -202,7 +202,7 @@ func TestAttackLimitsScheduleCadence(t *testing.T) {
 	t.Parallel()
 	e := startE2E(t, map[string]string{"HERALD_SCHEDULE_MIN_INTERVAL": "5m", "HERALD_SCHEDULE_MAX_AHEAD": "30"})
 	schedule := func(cron string, localTime bool) *client.CreateScheduleResponse {
-		res, err := e.api.CreateScheduleWithResponse(t.Context(), client.NewSchedule{
+		res, err := e.api.CreateScheduleWithResponse(t.Context(), nil, client.NewSchedule{
 			Cron: cron, Timezone: new("Europe/Berlin"), LocalTime: &localTime,
 			Audience: toUsers("ann"), Payload: titled("spam"),
 		})

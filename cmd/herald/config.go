@@ -21,8 +21,10 @@ type config struct {
 	DatabaseURL string
 	// DBSchema is the PostgreSQL schema of Herald's tables and River's
 	// (HERALD_DB_SCHEMA).
-	DBSchema      string
-	Addr          string
+	DBSchema string
+	Addr     string
+	// AdminAddr is the optional operators' listener (/metrics, pprof).
+	AdminAddr     string
 	APIKeys       []string
 	AdminPassword string
 
@@ -86,6 +88,9 @@ type config struct {
 	// Retention is how long settled messages (their ledger, payloads and
 	// idempotency keys) and finished River jobs are kept (HERALD_RETENTION).
 	Retention time.Duration
+	// DeviceRetention is how long an evicted device is kept after its
+	// eviction, with its token (HERALD_DEVICE_RETENTION).
+	DeviceRetention time.Duration
 
 	// Limits on what one caller or one schedule may cost; zero takes the
 	// defaults, which api and jobs fill in.
@@ -126,10 +131,15 @@ func (c config) enabled(channel string) bool {
 // loadConfig reads the configuration from getenv, filling defaults in one
 // place. It checks shapes, not reachability.
 func loadConfig(getenv func(string) string) (config, error) {
+	getenv, err := withSecretFiles(getenv)
+	if err != nil {
+		return config{}, err
+	}
 	c := config{
 		DatabaseURL:   getenv("DATABASE_URL"),
 		DBSchema:      cmp.Or(getenv("HERALD_DB_SCHEMA"), db.DefaultSchema),
 		Addr:          getenv("HERALD_ADDR"),
+		AdminAddr:     getenv("HERALD_ADMIN_ADDR"),
 		AdminPassword: getenv("HERALD_ADMIN_PASSWORD"),
 		APNs: apnsConfig{
 			KeyFile: getenv("APNS_KEY_FILE"), KeyID: getenv("APNS_KEY_ID"), TeamID: getenv("APNS_TEAM_ID"),
@@ -151,7 +161,6 @@ func loadConfig(getenv func(string) string) (config, error) {
 	if err := db.CheckSchema(c.DBSchema); err != nil {
 		return c, fmt.Errorf("HERALD_DB_SCHEMA: %w", err)
 	}
-	var err error
 	if c.WebPushEgress, err = push.NewEgressPolicy(strings.Split(getenv("HERALD_WEBPUSH_HOSTS"), ",")); err != nil {
 		return c, fmt.Errorf("HERALD_WEBPUSH_HOSTS: %w", err)
 	}
@@ -200,6 +209,9 @@ func loadConfig(getenv func(string) string) (config, error) {
 		return c, err
 	}
 	if c.Retention, err = durationVar(getenv, "HERALD_RETENTION", jobs.DefaultRetention, jobs.MinRetention); err != nil {
+		return c, err
+	}
+	if c.DeviceRetention, err = durationVar(getenv, "HERALD_DEVICE_RETENTION", jobs.DefaultDeviceRetention, jobs.MinRetention); err != nil {
 		return c, err
 	}
 	if c.TrustedProxies, err = cidrsVar(getenv, "HERALD_TRUSTED_PROXIES"); err != nil {

@@ -64,3 +64,19 @@ func TestLoadConfigRetention(t *testing.T) {
 	_, err = loadConfig(env(map[string]string{"HERALD_RETENTION": "30s"}))
 	require.ErrorContains(t, err, "HERALD_RETENTION")
 }
+
+func TestLoadConfigDeviceRetention(t *testing.T) {
+	t.Parallel()
+	c, err := loadConfig(env(nil))
+	require.NoError(t, err)
+	require.Equal(t, 30*24*time.Hour, c.DeviceRetention)
+
+	c, err = loadConfig(env(map[string]string{"HERALD_DEVICE_RETENTION": "168h"}))
+	require.NoError(t, err)
+	require.Equal(t, 7*24*time.Hour, c.DeviceRetention)
+
+	for _, bad := range []string{"30s", "-1h", "a week"} {
+		_, err = loadConfig(env(map[string]string{"HERALD_DEVICE_RETENTION": bad}))
+		require.ErrorContains(t, err, "HERALD_DEVICE_RETENTION", bad)
+	}
+}

@@ -201,7 +201,7 @@ func (e *e2e) registerDevices(devices []client.DeviceRegistration) client.Device
 // createSchedule creates a schedule, which must be taken.
 func (e *e2e) createSchedule(s client.NewSchedule) client.Schedule {
 	e.t.Helper()
-	res, err := e.api.CreateScheduleWithResponse(context.Background(), s)
+	res, err := e.api.CreateScheduleWithResponse(context.Background(), nil, s)
 	return *answered(e.t, http.StatusCreated, res, err).JSON201
 }
 

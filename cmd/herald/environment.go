@@ -19,10 +19,14 @@ type envVar struct {
 // serveEnv is what `herald serve` reads.
 var serveEnv = []envVar{
 	{"DATABASE_URL", "PostgreSQL connection string", "none"},
+	{"DATABASE_URL_FILE", "a file holding DATABASE_URL instead (each secret has a _FILE form)", "none"},
 	{"HERALD_DB_SCHEMA", "PostgreSQL schema of Herald's tables and River's", "herald"},
 	{"HERALD_ADDR", "listen address (--addr)", "127.0.0.1:8080"},
+	{"HERALD_ADMIN_ADDR", "operators' listener for /metrics (moved off HERALD_ADDR) and /debug/pprof/", "none (/metrics on HERALD_ADDR)"},
 	{"HERALD_API_KEYS", "comma-separated bearer tokens for /v1, each at least 16 characters", "none (/v1 refuses all)"},
+	{"HERALD_API_KEYS_FILE", "a file holding HERALD_API_KEYS instead", "none"},
 	{"HERALD_ADMIN_PASSWORD", "password of user admin for the dashboard and River UI, at least 12 characters", "none (the UIs are off)"},
+	{"HERALD_ADMIN_PASSWORD_FILE", "a file holding HERALD_ADMIN_PASSWORD instead", "none"},
 	{"HERALD_TRUSTED_PROXIES", "networks whose forwarding headers are believed (CIDRs)", "none"},
 	{"HERALD_SECURE_COOKIES", "mark the session cookie Secure on every response", "false"},
 	{"HERALD_HTTP_READ_TIMEOUT", "time to read one request, body included", "1m"},
@@ -39,6 +43,7 @@ var serveEnv = []envVar{
 	{"FCM_CREDENTIALS_FILE", "Google service-account JSON", "FCM disabled"},
 	{"FCM_ENDPOINT", "FCM v1 base URL, ending in /v1", "https://fcm.googleapis.com/v1"},
 	{"VAPID_PRIVATE_KEY", "Web Push VAPID private key; with VAPID_PUBLIC_KEY, VAPID_SUBJECT", "Web Push disabled"},
+	{"VAPID_PRIVATE_KEY_FILE", "a file holding VAPID_PRIVATE_KEY instead", "none"},
 	{"VAPID_PUBLIC_KEY", "Web Push VAPID public key", ""},
 	{"VAPID_SUBJECT", "Web Push contact (mailto: or https:)", ""},
 	{"SSL_CERT_FILE", "a CA bundle trusted besides the system's", "system roots"},
@@ -59,6 +64,7 @@ var serveEnv = []envVar{
 	{"HERALD_SCHEDULE_LEAD", "how long before a schedule run its message is made", "2m"},
 	{"HERALD_MATERIALIZE_EVERY", "how often schedule runs are looked for", "15s"},
 	{"HERALD_RETENTION", "how long settled messages and finished jobs are kept (at least 1m)", "720h (30 days)"},
+	{"HERALD_DEVICE_RETENTION", "how long an evicted device and its token are kept (at least 1m)", "720h (30 days)"},
 	{"HERALD_RATE_LIMIT", "requests a second per API key and process", "500"},
 	{"HERALD_RATE_BURST", "requests a key may make at once before the rate applies", "1000"},
 	{"HERALD_MAX_DEVICES_PER_USER", "active devices one user may have", "100"},
@@ -70,8 +76,8 @@ var serveEnv = []envVar{
 // migrateEnv is what `herald migrate` reads.
 var migrateEnv = []envVar{
 	{"DATABASE_URL", "PostgreSQL connection string", "none"},
+	{"DATABASE_URL_FILE", "a file holding DATABASE_URL instead", "none"},
 	{"HERALD_DB_SCHEMA", "PostgreSQL schema of Herald's tables and River's; moved there from public if found there", "herald"},
-	{"HERALD_DB_SCHEMA", "PostgreSQL schema of Herald's tables and River's", "herald"},
 	{"HERALD_LOG_LEVEL", "debug, info, warn or error", "info"},
 	{"HERALD_LOG_FORMAT", "json or text", "json"},
 }

@@ -45,6 +45,13 @@ func env(vars map[string]string) func(string) string {
 // answers /healthz, and a function that stops it and returns run's error.
 func startServe(t *testing.T, vars map[string]string, args ...string) (string, func() error) {
 	t.Helper()
+	base, _, stop := startServeOut(t, vars, args...)
+	return base, stop
+}
+
+// startServeOut is startServe that also returns what serve printed.
+func startServeOut(t *testing.T, vars map[string]string, args ...string) (string, *syncBuffer, func() error) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	var stdout, stderr syncBuffer
 	done := make(chan error, 1)
@@ -95,7 +102,7 @@ func startServe(t *testing.T, vars map[string]string, args ...string) (string, f
 			t.Logf("herald serve's log:\n%s", stderr.String())
 		}
 	})
-	return base, stop
+	return base, &stdout, stop
 }
 
 func TestServeRefusesUnmigratedDatabase(t *testing.T) {
@@ -136,11 +143,31 @@ func TestMigrateThenServe(t *testing.T) {
 	vars := map[string]string{"DATABASE_URL": tdb.URL, "HERALD_API_KEYS": "short-key-ignored-0000, " + testAPIKey}
 
 	var out bytes.Buffer
-	require.NoError(t, run(context.Background(), []string{"herald", "migrate"}, env(vars), &out, io.Discard))
-	require.Contains(t, out.String(), "applied")
-	out.Reset()
-	require.NoError(t, run(context.Background(), []string{"herald", "migrate"}, env(vars), &out, io.Discard))
-	require.Contains(t, out.String(), "up to date")
+	migrate := func(args ...string) string {
+		t.Helper()
+		out.Reset()
+		require.NoError(t, run(context.Background(), append([]string{"herald", "migrate"}, args...), env(vars), &out, io.Discard))
+		return out.String()
+	}
+	// --status and --dry-run say what would be done, and do none of it.
+	status := migrate("--status")
+	require.Regexp(t, `(?m)^river\s+1\s+.+\s+pending$`, status)
+	require.Regexp(t, `(?m)^herald\s+12\s+0012_device_owner.sql\s+pending$`, status)
+	require.NotContains(t, status, "applied")
+	dry := migrate("--dry-run")
+	require.Contains(t, dry, "-- herald migration 1: 0001_initial.sql\n")
+	require.Contains(t, dry, "CREATE TABLE deliveries")
+	var exists bool
+	require.NoError(t, tdb.Pool.QueryRow(context.Background(),
+		`SELECT EXISTS (SELECT FROM pg_tables WHERE tablename IN ('river_job', 'deliveries'))`).Scan(&exists))
+	require.False(t, exists, "a dry run changed the database")
+
+	require.Contains(t, migrate(), "applied")
+	require.Contains(t, migrate(), "up to date")
+	status = migrate("--status")
+	require.NotRegexp(t, `(?m)^\S+\s+\d+\s+.+\s+pending$`, status)
+	require.Contains(t, status, "0 pending")
+	require.Contains(t, migrate("--dry-run"), "nothing would be applied")
 
 	base, stop := startServe(t, vars)
 	api := newAPIClient(t, base, testAPIKey)

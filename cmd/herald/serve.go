@@ -19,7 +19,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/riverqueue/river"
 
 	"github.com/heraldpush/herald/api"
@@ -105,8 +104,10 @@ func parseServe(args []string, getenv func(string) string, stdout, stderr io.Wri
 // connections, its metrics and its background loops.
 type process struct {
 	serveOptions
-	logger   *slog.Logger
-	ln       net.Listener
+	logger *slog.Logger
+	ln     net.Listener
+	// adminLn is HERALD_ADMIN_ADDR's listener, nil when it is unset.
+	adminLn  net.Listener
 	pool     *pgxpool.Pool
 	registry *prometheus.Registry
 	// Background loops run until stopBackground and are waited for at
@@ -127,6 +128,10 @@ func openProcess(ctx context.Context, o serveOptions, getenv func(string) string
 	}
 	if p.ln, err = net.Listen("tcp", o.cfg.Addr); err != nil {
 		return nil, fmt.Errorf("listen on %s: %w (set HERALD_ADDR or --addr to a free address)", o.cfg.Addr, err)
+	}
+	if p.adminLn, err = listenAdmin(o.cfg.AdminAddr); err != nil {
+		p.ln.Close()
+		return nil, err
 	}
 	p.bgCtx, p.stopBackground = context.WithCancel(context.WithoutCancel(ctx))
 	defer func() {
@@ -183,6 +188,9 @@ func (p *process) close() {
 		p.pool.Close()
 	}
 	p.ln.Close()
+	if p.adminLn != nil {
+		p.adminLn.Close()
+	}
 }
 
 // riverConfig is the River clients' configuration of this process.
@@ -231,7 +239,7 @@ func startChunkWorker(ctx context.Context, p *process) (_ *worker, err error) {
 		Breakers: jobs.NewBreakers(jobs.BreakerConfig{Cooldown: cfg.BreakerCooldown}, cfg.configuredChannels()...),
 	}, &jobs.Materializer{
 		Pool: p.pool, Logger: logger, Lead: cfg.ScheduleLead, ChunkSize: cfg.ChunkSize, Limits: cfg.ScheduleLimits,
-	}, &jobs.Retainer{Pool: p.pool, Logger: logger, Retention: cfg.Retention})
+	}, &jobs.Retainer{Pool: p.pool, Logger: logger, Retention: cfg.Retention, DeviceRetention: cfg.DeviceRetention})
 	riverCfg := p.riverConfig()
 	riverCfg.Workers, riverCfg.Lanes = workers, w.lanes.lanes
 	if w.clients, err = jobs.NewRiverClients(p.pool, riverCfg); err != nil {
@@ -279,8 +287,13 @@ func (p *process) handler(w *worker) (http.Handler, error) {
 	for _, ch := range jobs.Channels {
 		configured[ch] = cfg.enabled(ch)
 	}
+	// /metrics is on the public port unless the admin listener has it.
+	var metrics http.Handler
+	if p.adminLn == nil {
+		metrics = p.metricsHandler()
+	}
 	return api.NewServer(api.Config{
-		Metrics:    promhttp.HandlerFor(p.registry, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(p.logger.Handler(), slog.LevelWarn)}),
+		Metrics:    metrics,
 		Logger:     p.logger,
 		Pool:       p.pool,
 		APIKeys:    cfg.APIKeys,
@@ -333,6 +346,7 @@ func (p *process) serve(ctx context.Context, handler http.Handler, w *worker, st
 	p.logger.Info("herald serving", serving...)
 	fmt.Fprintf(stdout, "herald: listening on http://%s\n", p.ln.Addr())
 
+	admin := p.adminServer(stdout)
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- httpServer.Serve(p.ln) }()
 	var errs []error
@@ -361,6 +375,12 @@ func (p *process) serve(ctx context.Context, handler http.Handler, w *worker, st
 		errs = append(errs, fmt.Errorf("shutdown http: %w", err))
 	}
 	<-stopped
+	// The admin listener goes last, so that the stop can be watched.
+	if admin != nil {
+		if err := admin.Shutdown(shutdownCtx); err != nil {
+			errs = append(errs, fmt.Errorf("shutdown admin listener: %w", err))
+		}
+	}
 	p.stopBackgroundLoops()
 	p.logger.Info("stopped")
 	return errors.Join(errs...)

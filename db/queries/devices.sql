@@ -22,9 +22,6 @@ FROM (SELECT unnest(@ids::bigint[]) AS id, unnest(@tokens::text[]) AS token,
              unnest(@p256dhs::text[]) AS p256dh, unnest(@auths::text[]) AS auth) r
 WHERE v.id = r.id;
 
--- name: DeleteDevices :exec
-DELETE FROM devices WHERE id = ANY (@ids::bigint[]);
-
 -- name: RegisterDevices :many
 -- Registers devices, or moves existing (channel, token)s to the given users
 -- and reactivates them: one statement for one device or a whole batch. The

@@ -115,10 +115,12 @@ ON CONFLICT (scope, key) DO NOTHING
 RETURNING true AS claimed;
 
 -- name: GetIdempotencyKey :one
-SELECT request_hash, message_id, response FROM idempotency_keys WHERE scope = @scope AND key = @key;
+SELECT request_hash, response FROM idempotency_keys WHERE scope = @scope AND key = @key;
 
 -- name: CompleteIdempotencyKey :exec
-UPDATE idempotency_keys SET message_id = @message_id, response = @response
+-- Records what a claimed key made (a message or a schedule) and the answer
+-- a retry replays.
+UPDATE idempotency_keys SET message_id = @message_id, schedule_id = @schedule_id, response = @response
 WHERE scope = @scope AND key = @key;
 
 -- name: StartMessage :exec

@@ -38,15 +38,33 @@ WHERE p.id = ANY(@payload_ids::bigint[])
 
 -- name: DeleteIdempotencyKeys :execrows
 -- Deletes at most max_rows idempotency keys claimed before the cutoff whose
--- message is gone, oldest first. A key whose message is still kept (one
--- scheduled far ahead) stays, so that a late retry still finds it.
+-- message is gone, or whose schedule was deleted before the cutoff, oldest
+-- first. A key whose message is still kept (one scheduled far ahead) stays,
+-- and so does one whose schedule lives, so that a late retry still finds it.
 DELETE FROM idempotency_keys k
 USING (
     SELECT i.scope, i.key
     FROM idempotency_keys i
     WHERE i.created_at < @cutoff
       AND (i.message_id IS NULL OR NOT EXISTS (SELECT 1 FROM messages m WHERE m.id = i.message_id))
+      AND (i.schedule_id IS NULL OR NOT EXISTS (
+          SELECT 1 FROM schedules s
+          WHERE s.id = i.schedule_id AND (s.deleted_at IS NULL OR s.deleted_at >= @cutoff)))
     ORDER BY i.created_at
     LIMIT @max_rows
 ) v
 WHERE k.scope = v.scope AND k.key = v.key;
+
+-- name: LockEvictedDevices :many
+-- Locks at most max_rows devices evicted before the cutoff, those evicted
+-- longest ago first (devices_evicted_at_idx), for the caller's transaction
+-- to delete. A device that a registration is taking again holds its lock
+-- and is skipped; once registered again it is active, and not found here.
+SELECT id FROM devices
+WHERE status = 'evicted' AND evicted_at < @cutoff::timestamptz
+ORDER BY evicted_at
+LIMIT @max_rows
+FOR UPDATE SKIP LOCKED;
+
+-- name: DeleteDevices :execrows
+DELETE FROM devices WHERE id = ANY (@device_ids::bigint[]);
