@@ -135,7 +135,7 @@ func TestImage(t *testing.T) {
 
 	api, err := client.NewClientWithResponses(base, client.WithAPIKey(testAPIKey))
 	require.NoError(t, err)
-	created, err := api.CreateScheduleWithResponse(t.Context(), client.NewSchedule{
+	created, err := api.CreateScheduleWithResponse(t.Context(), nil, client.NewSchedule{
 		Cron: "0 9 * * *", Timezone: new("Europe/Berlin"), Audience: toUsers("ann"), Payload: titled("standup"),
 	})
 	require.NoError(t, err)
