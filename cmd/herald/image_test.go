@@ -252,7 +252,7 @@ func tcpDatabaseURL(t *testing.T, rawURL string) string {
 				}
 				track(up)
 				defer up.Close()
-				go func() { _, _ = io.Copy(up, c); up.Close() }()
+				wg.Go(func() { _, _ = io.Copy(up, c); up.Close() })
 				_, _ = io.Copy(c, up)
 			})
 		}
