@@ -188,7 +188,7 @@ test/image: buildah umoci
 GORELEASER_VERSION := v2.15.1
 GORELEASER := $(GO) run github.com/goreleaser/goreleaser/v2@$(GORELEASER_VERSION)
 release-snapshot:
-	$(GORELEASER) release --snapshot --clean
+	COMMIT=$(COMMIT) $(GORELEASER) release --snapshot --clean
 
 clean:
 	rm -rf bin dist
