@@ -36,19 +36,14 @@ type validator interface {
 // and every failure names what is wrong (and the field, where there is one).
 func decode(c echo.Context, limit int64, dst validator) error {
 	req := c.Request()
-	mediaType, _, err := mime.ParseMediaType(req.Header.Get(echo.HeaderContentType))
-	if err != nil || (mediaType != echo.MIMEApplicationJSON && !strings.HasSuffix(mediaType, "+json")) {
-		return &Error{Status: http.StatusUnsupportedMediaType, Code: "unsupported_media_type",
-			Message: "the request body must be JSON, sent with Content-Type: application/json"}
-	}
-	if req.ContentLength > limit {
-		return tooLarge(limit)
+	if err := admitBody(c, limit); err != nil {
+		return err
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(c.Response(), req.Body, limit))
 	if err != nil {
 		return bodyReadError(err, limit)
 	}
-	if err := checkText(body); err != nil {
+	if err := checkText(body, ""); err != nil {
 		return err
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
@@ -60,6 +55,31 @@ func decode(c echo.Context, limit int64, dst validator) error {
 		return &Error{Status: http.StatusBadRequest, Code: "malformed_json", Message: "the body holds data after its JSON value"}
 	}
 	return dst.validate()
+}
+
+// admitBody checks, before a byte of c's body is read, that it is JSON
+// and not over limit by its declared length, and takes its part of the
+// process's body budget.
+func admitBody(c echo.Context, limit int64) error {
+	req := c.Request()
+	mediaType, _, err := mime.ParseMediaType(req.Header.Get(echo.HeaderContentType))
+	if err != nil || (mediaType != echo.MIMEApplicationJSON && !strings.HasSuffix(mediaType, "+json")) {
+		return &Error{Status: http.StatusUnsupportedMediaType, Code: "unsupported_media_type",
+			Message: "the request body must be JSON, sent with Content-Type: application/json"}
+	}
+	if req.ContentLength > limit {
+		return tooLarge(limit)
+	}
+	return takeBody(c, declaredLength(req, limit))
+}
+
+// declaredLength is how many bytes req's body will take at most: its
+// Content-Length, or the route's limit when the body's length is unknown.
+func declaredLength(req *http.Request, limit int64) int64 {
+	if req.ContentLength >= 0 {
+		return req.ContentLength
+	}
+	return limit
 }
 
 // limitBody reads a request body of at most limit bytes before the handler
@@ -113,7 +133,9 @@ func bodyReadError(err error, limit int64) *Error {
 // body that fails them is walked token by token to find the culprit. A NUL
 // can reach a JSON string only as the escape \u0000, since a raw control
 // byte is a syntax error there.
-func checkText(body []byte) error {
+//
+// prefix is the path of body within the request, "" for the whole body.
+func checkText(body []byte, prefix string) error {
 	if utf8.Valid(body) && !bytes.Contains(body, []byte(`\u0000`)) {
 		return nil
 	}
@@ -128,6 +150,7 @@ func checkText(body []byte) error {
 	var stack []level
 	path := func() string {
 		var b strings.Builder
+		b.WriteString(prefix)
 		for _, l := range stack {
 			if l.array {
 				fmt.Fprintf(&b, "[%d]", l.index)

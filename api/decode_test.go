@@ -34,7 +34,7 @@ func TestCheckTextNamesTheString(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			err := checkText([]byte(tc.body))
+			err := checkText([]byte(tc.body), "")
 			if tc.field == "" {
 				require.NoError(t, err)
 				return
@@ -187,5 +187,32 @@ func TestQueryParametersNeverFail(t *testing.T) {
 		t.Run(tc.path, func(t *testing.T) {
 			requireError(t, b.call(t, request{method: http.MethodGet, path: tc.path}), http.StatusBadRequest, "invalid_field", tc.field)
 		})
+	}
+}
+
+// TestDecodeArrayNamesTheElement: a batch decoded as it arrives names the
+// element at fault, by its index, and stops there.
+func TestDecodeArrayNamesTheElement(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for _, tc := range []struct {
+		body        string
+		code, field string
+	}{
+		{`{"devices":[{"user_id":"u1","channel":"fcm","token":"t"},{"user_id":"u2","channel":"fcm","token":7}]}`, "invalid_type", "devices[1].token"},
+		{`{"devices":[{"user_id":"u1","channel":"fcm","token":"t","extra":1}]}`, "unknown_field", "devices[0].extra"},
+		{`{"devices":[{"user_id":"u1","channel":"fcm","token":"t"}, 3]}`, "invalid_type", "devices[1]"},
+		{`{"devices":[{"user_id":"u1","channel":"fcm","token":"t\u0000"}]}`, "invalid_field", "devices[0].token"},
+		{`{"devices":[]}`, "invalid_field", "devices"},
+		{`{}`, "invalid_field", "devices"},
+		{`{"devices":{}}`, "invalid_type", "devices"},
+		{`{"devices":[],"devices":[]}`, "invalid_field", "devices"},
+		{`{"other":[]}`, "unknown_field", "other"},
+		{`[]`, "invalid_type", ""},
+		{`{"devices":[{"user_id":"u1","channel":"fcm","token":"t"}]} {}`, "malformed_json", ""},
+		{`{"devices":[{"user_id":"u1","channel":"fcm","token":"t"}`, "malformed_json", ""},
+	} {
+		rec := b.call(t, request{method: http.MethodPost, path: "/v1/devices/batch", body: tc.body})
+		requireError(t, rec, http.StatusBadRequest, tc.code, tc.field)
 	}
 }

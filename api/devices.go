@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"crypto/ecdh"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"slices"
@@ -167,25 +168,6 @@ func (s *Server) registerDevice(c echo.Context) error {
 	})
 }
 
-type deviceBatchRequest struct {
-	Devices []deviceRequest `json:"devices"`
-
-	egress *push.EgressPolicy
-}
-
-func (r *deviceBatchRequest) validate() error {
-	if len(r.Devices) == 0 || len(r.Devices) > maxBatchDevices {
-		return invalid("devices", "devices must hold 1 to %d devices, not %d", maxBatchDevices, len(r.Devices))
-	}
-	for i := range r.Devices {
-		r.Devices[i].egress = r.egress
-		if err := r.Devices[i].check(fmt.Sprintf("devices[%d].", i)); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 type deviceBatchResponse struct {
 	Created int32 `json:"created"`
 	Updated int32 `json:"updated"`
@@ -195,15 +177,27 @@ type deviceBatchResponse struct {
 // (channel, token) given twice counts once, the later one winning, as if
 // the registrations had been made one after the other.
 func (s *Server) registerDevices(c echo.Context) error {
-	req := deviceBatchRequest{egress: s.cfg.WebPushEgress}
-	if err := decode(c, batchBodyLimit, &req); err != nil {
+	// Decoded as it arrives, a device at a time: only the normalised
+	// registrations are kept.
+	var inOrder []device
+	err := decodeArray(c, batchBodyLimit, "devices", maxBatchDevices, func(i int, raw json.RawMessage) error {
+		r := deviceRequest{egress: s.cfg.WebPushEgress}
+		path := fmt.Sprintf("devices[%d]", i)
+		if err := decodeElement(raw, &r, path); err != nil {
+			return err
+		}
+		if err := r.check(path + "."); err != nil {
+			return err
+		}
+		inOrder = append(inOrder, r.norm)
+		return nil
+	})
+	if err != nil {
 		return err
 	}
-	byKey := make(map[db.Key]device, len(req.Devices))
-	inOrder := make([]device, len(req.Devices))
-	for i, r := range req.Devices {
-		byKey[db.Key{Channel: r.norm.Channel, Token: r.norm.Token}] = r.norm
-		inOrder[i] = r.norm
+	byKey := make(map[db.Key]device, len(inOrder))
+	for _, d := range inOrder {
+		byKey[db.Key{Channel: d.Channel, Token: d.Token}] = d
 	}
 	devices := make([]device, 0, len(byKey))
 	for _, d := range byKey {

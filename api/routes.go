@@ -17,7 +17,7 @@ func (s *Server) routes() {
 	e.GET(ReadyPath, s.readyz)
 	e.GET("/openapi.yaml", s.openapi)
 	if s.cfg.Metrics != nil {
-		e.GET("/metrics", echo.WrapHandler(s.cfg.Metrics))
+		e.GET("/metrics", echo.WrapHandler(newRecentPage(s.cfg.Metrics)))
 	}
 	if s.cfg.WorkerOnly {
 		return

@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/labstack/echo/v4"
 	"github.com/labstack/echo/v4/middleware"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
 
@@ -42,6 +43,9 @@ type Config struct {
 	Configured map[string]bool
 	// Metrics serves GET /metrics (Prometheus); nil serves none.
 	Metrics http.Handler
+	// Registerer takes the HTTP metrics (requests by route and status, and
+	// their latency); nil keeps none.
+	Registerer prometheus.Registerer
 	// WorkerOnly serves only health, readiness and metrics: the process
 	// works chunks and takes no API calls.
 	WorkerOnly bool
@@ -68,6 +72,10 @@ type Config struct {
 	// Otherwise it is Secure when the request came over TLS, directly or as
 	// a trusted proxy says.
 	SecureCookies bool
+	// BodyBudget is how many bytes of request bodies the process reads at
+	// once (DefaultBodyBudget when zero); a body beyond it is refused with
+	// 503 and Retry-After before it is read.
+	BodyBudget int64
 	// RateLimit is the requests a second each caller (API key, or the
 	// dashboard) may make of this process once its burst of RateBurst is
 	// spent (DefaultRateLimit and DefaultRateBurst when zero).
@@ -106,6 +114,7 @@ func (c *Config) validate() error {
 	if c.Ready == nil {
 		c.Ready = func(context.Context) error { return nil }
 	}
+	c.BodyBudget = cmp.Or(c.BodyBudget, DefaultBodyBudget)
 	c.RateLimit = cmp.Or(c.RateLimit, DefaultRateLimit)
 	c.RateBurst = cmp.Or(c.RateBurst, DefaultRateBurst)
 	c.MaxDevicesPerUser = cmp.Or(c.MaxDevicesPerUser, DefaultMaxDevicesPerUser)
@@ -133,6 +142,8 @@ type Server struct {
 	sessions  *sessions
 	dashboard *dashboard
 	limiter   *rateLimiter
+	// ready is cfg.Ready, run at most once a second (recentCheck).
+	ready *recentCheck
 }
 
 // NewServer returns the server with every route in place.
@@ -145,6 +156,7 @@ func NewServer(cfg Config) (*Server, error) {
 		cfg: cfg, pool: cfg.Pool, keys: newAPIKeys(cfg.APIKeys),
 		enqueuer: jobs.NewEnqueuer(cfg.River, cfg.ChunkSize), echo: echo.New(),
 		limiter: newRateLimiter(cfg.RateLimit, cfg.RateBurst, time.Now),
+		ready:   newRecentCheck(cfg.Ready),
 	}
 	if cfg.AdminPassword != "" {
 		s.sessions = newSessions(cfg.AdminPassword)
@@ -157,7 +169,8 @@ func NewServer(cfg Config) (*Server, error) {
 	forwardedHeaders(e, cfg.TrustedProxies)
 	e.HTTPErrorHandler = errorHandler(cfg.Logger)
 	e.Use(middleware.RequestID())
-	e.Use(requestLogger(cfg.Logger))
+	e.Use(requestLogger(cfg.Logger, newHTTPMetrics(cfg.Registerer)))
+	e.Use(newBodyBudget(cfg.BodyBudget).middleware)
 	e.Use(middleware.RecoverWithConfig(middleware.RecoverConfig{
 		LogErrorFunc: func(c echo.Context, err error, stack []byte) error {
 			cfg.Logger.ErrorContext(c.Request().Context(), "panic in handler",
@@ -175,11 +188,13 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.echo.Serv
 
 // requestLogger logs one structured line per request, with its id, at a level
 // that follows the status: health checks stay quiet, server errors stand out.
-func requestLogger(logger *slog.Logger) echo.MiddlewareFunc {
+// It counts the request in metrics too (nil counts nothing).
+func requestLogger(logger *slog.Logger, metrics *httpMetrics) echo.MiddlewareFunc {
 	return middleware.RequestLoggerWithConfig(middleware.RequestLoggerConfig{
 		LogStatus: true, LogMethod: true, LogRoutePath: true, LogURIPath: true,
 		LogLatency: true, LogRequestID: true, LogError: true, HandleError: true,
 		LogValuesFunc: func(c echo.Context, v middleware.RequestLoggerValues) error {
+			metrics.observe(v.RoutePath, v.Method, v.Status, v.Latency)
 			level := slog.LevelInfo
 			switch {
 			case v.Status >= 500:
@@ -206,7 +221,7 @@ func (s *Server) healthz(c echo.Context) error {
 }
 
 func (s *Server) readyz(c echo.Context) error {
-	if err := s.cfg.Ready(c.Request().Context()); err != nil {
+	if err := s.ready.result(); err != nil {
 		// The error names the database, its address and what it said: the
 		// operator reads it in the log, an anonymous caller learns only that
 		// the process is not ready.

@@ -573,36 +573,6 @@ func (q *Queries) MessageWaves(ctx context.Context, messageID int64) ([]MessageW
 	return items, nil
 }
 
-const messagesByState = `-- name: MessagesByState :many
-SELECT state, count(*)::bigint AS messages FROM messages GROUP BY state
-`
-
-type MessagesByStateRow struct {
-	State    string
-	Messages int64
-}
-
-// How many messages are in each state, for the metrics.
-func (q *Queries) MessagesByState(ctx context.Context) ([]MessagesByStateRow, error) {
-	rows, err := q.db.Query(ctx, messagesByState)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	items := []MessagesByStateRow{}
-	for rows.Next() {
-		var i MessagesByStateRow
-		if err := rows.Scan(&i.State, &i.Messages); err != nil {
-			return nil, err
-		}
-		items = append(items, i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
 const segmentExists = `-- name: SegmentExists :one
 SELECT EXISTS (SELECT 1 FROM segments WHERE id = $1)::boolean
 `
@@ -694,4 +664,39 @@ WHERE id = $1 AND state = 'scheduled'
 func (q *Queries) StartMessage(ctx context.Context, id int64) error {
 	_, err := q.db.Exec(ctx, startMessage, id)
 	return err
+}
+
+const unsettledMessagesByState = `-- name: UnsettledMessagesByState :many
+SELECT state, count(*)::bigint AS messages
+FROM messages
+WHERE state IN ('scheduled', 'dispatching')
+GROUP BY state
+`
+
+type UnsettledMessagesByStateRow struct {
+	State    string
+	Messages int64
+}
+
+// How many messages are scheduled and dispatching, for the metrics: only
+// those, through messages_state_id_idx, never the settled history, which
+// grows until the retention.
+func (q *Queries) UnsettledMessagesByState(ctx context.Context) ([]UnsettledMessagesByStateRow, error) {
+	rows, err := q.db.Query(ctx, unsettledMessagesByState)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []UnsettledMessagesByStateRow{}
+	for rows.Next() {
+		var i UnsettledMessagesByStateRow
+		if err := rows.Scan(&i.State, &i.Messages); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }

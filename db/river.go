@@ -1,5 +1,12 @@
 package db
 
+// Every statement of Herald's that reads or writes River's own tables, or
+// speaks River's notification protocol, is in this file, and nowhere else:
+// River keeps its schema to itself and may change it in any release, so
+// these are the exceptions to using River's public API only, each pinned by
+// a test in river_test.go against the River this binary embeds. Upgrading
+// River means reading those tests' failures first.
+
 import (
 	"context"
 	"fmt"
@@ -64,4 +71,92 @@ func UpcomingDue(ctx context.Context, q DBTX, queues []string, horizon time.Dura
 		return nil, fmt.Errorf("upcoming due jobs: %w", err)
 	}
 	return out, nil
+}
+
+// QueueDepth is how many of River's jobs of a queue are in a state.
+type QueueDepth struct {
+	Queue, State string
+	Jobs         int64
+}
+
+// RiverQueueDepth counts River's jobs that are not finished (available,
+// scheduled, running, retryable), by queue and state, through River's own
+// index on (state, queue, ...): the finished jobs River keeps for a day are
+// never read.
+func RiverQueueDepth(ctx context.Context, q DBTX) ([]QueueDepth, error) {
+	rows, err := q.Query(ctx, `
+		SELECT queue, state::text, count(*)
+		FROM river_job
+		WHERE state IN ('available', 'scheduled', 'running', 'retryable')
+		GROUP BY queue, state`)
+	if err != nil {
+		return nil, fmt.Errorf("count river jobs: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (QueueDepth, error) {
+		var d QueueDepth
+		err := r.Scan(&d.Queue, &d.State, &d.Jobs)
+		return d, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("count river jobs: %w", err)
+	}
+	return out, nil
+}
+
+// NotifyRiverInsert sends River's insert notification for queue, as
+// River's own insert of an available job sends it: the River clients of
+// schema that serve queue fetch at once instead of at their next poll.
+// River keeps the topic (its schema, then ".river_insert") and the payload
+// ({"queue": ...}) to itself; TestRiverInsertNotificationIsRivers pins them
+// against the River this binary embeds.
+func NotifyRiverInsert(ctx context.Context, q DBTX, schema, queue string) error {
+	if _, err := q.Exec(ctx, `SELECT pg_notify($1 || '.river_insert', json_build_object('queue', $2::text)::text)`, schema, queue); err != nil {
+		return fmt.Errorf("notify river of queue %s: %w", queue, err)
+	}
+	return nil
+}
+
+// StrandedChunks counts the chunks of unsettled messages that still have
+// pending deliveries and that no River job will run: their job was
+// discarded or cancelled (in River UI, or after its last attempt), or
+// deleted. Retried from River UI before their expiry they send what is
+// pending; otherwise the reconciler expires them once their message is past
+// its expiry.
+//
+// A chunk's deliveries are found by walking its message's part of the
+// ledger, so only the chunks without a live job are looked at (the
+// materialized step): during a fan-out the finished chunks of a message
+// still dispatching are many, and each walk reads the whole message.
+func StrandedChunks(ctx context.Context, q DBTX) (int64, error) {
+	var n int64
+	err := q.QueryRow(ctx, `
+		WITH idle AS MATERIALIZED (
+			SELECT mc.message_id, mc.chunk
+			FROM message_chunks mc
+			JOIN messages m ON m.id = mc.message_id
+			LEFT JOIN river_job j ON j.id = mc.job_id
+			WHERE m.state IN ('scheduled', 'dispatching')
+			  AND (j.id IS NULL OR j.state IN ('discarded', 'cancelled'))
+		)
+		SELECT count(*)
+		FROM idle
+		WHERE EXISTS (
+			SELECT 1 FROM deliveries d
+			WHERE d.message_id = idle.message_id AND d.chunk = idle.chunk AND d.status = 'pending')`).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("count stranded chunks: %w", err)
+	}
+	return n, nil
+}
+
+// DeleteCompletedRuns deletes the completed jobs of a periodic kind. Herald's
+// periodic jobs (the schedule materializer every 15 s, the reconciler) call
+// it as each run starts: River keeps completed jobs for a day, and thousands
+// of them a day would bury the chunk jobs in River UI's lists. A run that
+// failed stays, for the operator to see.
+func DeleteCompletedRuns(ctx context.Context, q DBTX, kind string) error {
+	if _, err := q.Exec(ctx, `DELETE FROM river_job WHERE kind = $1 AND state = 'completed'`, kind); err != nil {
+		return fmt.Errorf("delete completed %s jobs: %w", kind, err)
+	}
+	return nil
 }

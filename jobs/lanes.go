@@ -202,8 +202,10 @@ func NewRiverClient(pool *pgxpool.Pool, cfg RiverConfig) (*river.Client[pgx.Tx],
 // process's pool, and one for each lane with a Pool of its own.
 type RiverClients struct {
 	Main *river.Client[pgx.Tx]
-	// byQueue is the client that works each lane.
+	// byQueue is the client that works each lane, and poolOf the
+	// connections it works on.
 	byQueue map[string]*river.Client[pgx.Tx]
+	poolOf  map[string]*pgxpool.Pool
 	all     []*river.Client[pgx.Tx]
 }
 
@@ -217,10 +219,10 @@ func NewRiverClients(pool *pgxpool.Pool, cfg RiverConfig) (*RiverClients, error)
 	if err != nil {
 		return nil, err
 	}
-	c := &RiverClients{Main: main, byQueue: map[string]*river.Client[pgx.Tx]{}, all: []*river.Client[pgx.Tx]{main}}
+	c := &RiverClients{Main: main, byQueue: map[string]*river.Client[pgx.Tx]{}, poolOf: map[string]*pgxpool.Pool{}, all: []*river.Client[pgx.Tx]{main}}
 	for _, l := range cfg.Lanes {
 		if l.Pool == nil {
-			c.byQueue[l.Queue] = main
+			c.byQueue[l.Queue], c.poolOf[l.Queue] = main, pool
 			continue
 		}
 		rc := cfg.base()
@@ -231,19 +233,20 @@ func NewRiverClients(pool *pgxpool.Pool, cfg RiverConfig) (*RiverClients, error)
 		if err != nil {
 			return nil, fmt.Errorf("river client of the %s lane: %w", l.Queue, err)
 		}
-		c.byQueue[l.Queue] = own
+		c.byQueue[l.Queue], c.poolOf[l.Queue] = own, l.Pool
 		c.all = append(c.all, own)
 	}
 	return c, nil
 }
 
-// Wakers are the functions that wake each lane at once, each through the
-// client that serves it, so that the urgent lane's wake never waits for a
-// connection behind the bulk lane's chunks (Waker.Lanes).
+// Wakers are the functions that wake each lane at once, each on the
+// connections of the client that serves it, so that the urgent lane's wake
+// never waits for a connection behind the bulk lane's chunks
+// (Waker.Lanes).
 func (c *RiverClients) Wakers() map[string]func(context.Context) error {
 	wake := map[string]func(context.Context) error{}
-	for queue, client := range c.byQueue {
-		wake[queue] = RiverNotify(client, queue)
+	for queue, pool := range c.poolOf {
+		wake[queue] = RiverNotify(pool, queue)
 	}
 	return wake
 }

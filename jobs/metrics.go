@@ -1,13 +1,10 @@
 package jobs
 
 import (
-	"context"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/heraldpush/herald/db"
 	"github.com/heraldpush/herald/jobs/push"
 )
 
@@ -97,6 +94,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, priority := range []string{PriorityUrgent, PriorityBulk} {
 		m.overSLO.WithLabelValues(priority)
 		m.messageSkew.WithLabelValues(priority)
+	}
+	for _, lane := range LaneQueues {
+		m.wakes.WithLabelValues(lane)
 	}
 	for _, channel := range Channels {
 		m.tries.WithLabelValues(channel)
@@ -233,54 +233,4 @@ func RegisterProcessMetrics(reg prometheus.Registerer, breakers *Breakers, clock
 		Name: "herald_database_clock_offset_seconds",
 		Help: "The database's clock minus this host's, as last measured; dispatch times are judged by the database's.",
 	}, func() float64 { return clock.Offset().Seconds() }))
-}
-
-// messagesByState is a collector that counts messages per state, and the
-// stranded chunks (db.StrandedChunks), in the database when scraped.
-type messagesByState struct {
-	pool     *pgxpool.Pool
-	desc     *prometheus.Desc
-	stranded *prometheus.Desc
-}
-
-// RegisterMessageMetrics adds the count of messages by state and of
-// stranded chunks, read from the database at each scrape (with a short
-// timeout), so that every process reports the same whichever ran what.
-func RegisterMessageMetrics(reg prometheus.Registerer, pool *pgxpool.Pool) {
-	reg.MustRegister(&messagesByState{
-		pool: pool,
-		desc: prometheus.NewDesc("herald_messages", "Messages by state, in the database.", []string{"state"}, nil),
-		stranded: prometheus.NewDesc("herald_stranded_chunks",
-			"Chunks of unsettled messages with deliveries pending that no River job will run (discarded, cancelled or deleted): retry them in River UI before they expire, or the reconciler expires them.",
-			nil, nil),
-	})
-}
-
-func (c *messagesByState) Describe(ch chan<- *prometheus.Desc) {
-	ch <- c.desc
-	ch <- c.stranded
-}
-
-func (c *messagesByState) Collect(ch chan<- prometheus.Metric) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	if n, err := db.StrandedChunks(ctx, c.pool); err != nil {
-		ch <- prometheus.NewInvalidMetric(c.stranded, err)
-	} else {
-		ch <- prometheus.MustNewConstMetric(c.stranded, prometheus.GaugeValue, float64(n))
-	}
-	rows, err := db.On(c.pool).MessagesByState(ctx)
-	if err != nil {
-		ch <- prometheus.NewInvalidMetric(c.desc, err)
-		return
-	}
-	// Every state is reported, zero included, so that an alert on one
-	// never sees it vanish.
-	counts := map[string]int64{StateScheduled: 0, StateDispatching: 0, StateDispatched: 0, StateCancelled: 0, StateExpired: 0}
-	for _, r := range rows {
-		counts[r.State] = r.Messages
-	}
-	for state, n := range counts {
-		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(n), state)
-	}
 }

@@ -25,7 +25,9 @@ func TestAlertRulesUseRealMetrics(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m := NewMetrics(reg)
 	RegisterProcessMetrics(reg, NewBreakers(BreakerConfig{}, ChannelAPNs), NewClock(tdb.Pool, discard))
-	RegisterMessageMetrics(reg, tdb.Pool)
+	gauges := NewDatabaseGauges(reg, tdb.Pool, discard)
+	gauges.refresh(context.Background(), time.Second)
+	NewPoolMetrics(reg).Add("main", tdb.Pool)
 	// Make every vector show at least one series.
 	m.count(PriorityBulk, []settledDelivery{{channel: "apns", status: "accepted", skew: time.Millisecond}})
 	m.chunkStarted(PriorityBulk)()

@@ -2,17 +2,13 @@ package jobs
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"maps"
 	"slices"
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/riverdriver"
 
 	"github.com/heraldpush/herald/db"
 )
@@ -103,17 +99,10 @@ func (w *Waker) Run(ctx context.Context) {
 	}
 }
 
-// riverInsertTopic is the channel River's producers listen on for inserted
-// jobs, with a payload naming the queue.
-const riverInsertTopic = "river_insert"
-
-// RiverNotify returns a Waker's wake for queue through a River client: it
-// sends River's insert notification for the queue, as an insert would, on
-// the topic of the client's schema.
-func RiverNotify(client *river.Client[pgx.Tx], queue string) func(ctx context.Context) error {
-	payload := []string{fmt.Sprintf(`{"queue": %q}`, queue)}
-	params := &riverdriver.NotifyManyParams{Schema: client.Schema(), Topic: riverInsertTopic, Payload: payload}
-	return func(ctx context.Context) error {
-		return client.Driver().GetExecutor().NotifyMany(ctx, params)
-	}
+// RiverNotify returns a Waker's wake for queue on pool, whose River
+// clients then fetch at once: River's insert notification, as an insert
+// would send it (db.NotifyRiverInsert).
+func RiverNotify(pool *pgxpool.Pool, queue string) func(ctx context.Context) error {
+	schema := db.PoolSchema(pool)
+	return func(ctx context.Context) error { return db.NotifyRiverInsert(ctx, pool, schema, queue) }
 }

@@ -29,8 +29,8 @@ func TestWakerStartsChunksAtTheirInstant(t *testing.T) {
 	waker := &Waker{
 		Pool: tdb.Pool, Clock: clock, Logger: discard, Every: 200 * time.Millisecond,
 		Lanes: map[string]func(context.Context) error{
-			QueueUrgent: RiverNotify(client, QueueUrgent),
-			QueueBulk:   RiverNotify(client, QueueBulk),
+			QueueUrgent: RiverNotify(tdb.Pool, QueueUrgent),
+			QueueBulk:   RiverNotify(tdb.Pool, QueueBulk),
 		},
 	}
 	go waker.Run(ctx)

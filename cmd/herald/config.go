@@ -24,7 +24,10 @@ type config struct {
 	DBSchema string
 	Addr     string
 	// AdminAddr is the optional operators' listener (/metrics, pprof).
-	AdminAddr     string
+	AdminAddr string
+	// BodyBudgetMB bounds the request bodies the process reads at once
+	// (api.DefaultBodyBudget when zero).
+	BodyBudgetMB  int
 	APIKeys       []string
 	AdminPassword string
 
@@ -239,6 +242,9 @@ func loadConfig(getenv func(string) string) (config, error) {
 		return c, fmt.Errorf("HERALD_HTTP_WRITE_TIMEOUT (%s) must be at least HERALD_HTTP_READ_TIMEOUT (%s): it runs from the end of the headers, so a body that takes the whole read timeout would leave no time to answer", c.WriteTimeout, c.ReadTimeout)
 	}
 	if c.RateLimit, err = intVar(getenv, "HERALD_RATE_LIMIT", 1, 1_000_000); err != nil {
+		return c, err
+	}
+	if c.BodyBudgetMB, err = intVar(getenv, "HERALD_BODY_BUDGET_MB", 16, 64<<10); err != nil {
 		return c, err
 	}
 	if c.RateBurst, err = intVar(getenv, "HERALD_RATE_BURST", 1, 10_000_000); err != nil {

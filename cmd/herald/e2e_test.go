@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"maps"
 	"net/http"
+	"os"
+	"regexp"
 	"runtime"
 	"strconv"
 	"strings"
@@ -606,7 +608,47 @@ func TestE2EMetricsAfterDispatch(t *testing.T) {
 	require.EqualValues(t, 3, value("herald_delivery_skew_seconds", map[string]string{"priority": "bulk"}))
 	skew := families["herald_delivery_skew_seconds"].GetMetric()[0].GetHistogram()
 	require.Greater(t, len(skew.GetBucket()), 10, "buckets fine enough below a second")
-	require.EqualValues(t, 1, value("herald_messages", map[string]string{"state": "dispatched"}))
+	require.EqualValues(t, 1, value("herald_message_skew_max_seconds", map[string]string{"priority": "bulk"}), "the message was graded once")
 	value("herald_database_clock_offset_seconds", nil)
 	value("herald_chunks_in_flight", map[string]string{"lane": "bulk"})
+	// The database's gauges (read in the background; the message settled,
+	// so nothing is unsettled once they are read again), the pools, and
+	// the requests by route.
+	value("herald_messages", map[string]string{"state": "dispatching"})
+	value("herald_river_jobs", map[string]string{"queue": "bulk", "state": "available"})
+	require.Positive(t, value("herald_db_pool_max_connections", map[string]string{"pool": "main"}))
+	require.Positive(t, value("herald_db_pool_acquires_total", map[string]string{"pool": "main"}))
+	require.GreaterOrEqual(t, value("herald_http_requests_total", map[string]string{"route": "/v1/messages", "method": "POST", "status": "202"}), 1.0)
+	require.GreaterOrEqual(t, value("herald_http_request_seconds", map[string]string{"route": "/v1/messages/:message_id", "method": "GET"}), 1.0)
+
+	// The Grafana dashboard in deploy/ draws only what Herald exports.
+	raw, err := os.ReadFile("../../deploy/grafana/herald.json")
+	require.NoError(t, err)
+	var dashboard struct {
+		Panels []struct {
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	require.NoError(t, json.Unmarshal(raw, &dashboard))
+	require.NotEmpty(t, dashboard.Panels)
+	for _, p := range dashboard.Panels {
+		require.NotEmpty(t, p.Targets, "panel %q has no query", p.Title)
+		for _, target := range p.Targets {
+			names := regexp.MustCompile(`herald_[a-z_]+`).FindAllString(target.Expr, -1)
+			require.NotEmpty(t, names, "panel %q queries no Herald metric", p.Title)
+			for _, n := range names {
+				base := n
+				for _, suffix := range []string{"_bucket", "_count", "_sum"} {
+					if f, ok := families[strings.TrimSuffix(n, suffix)]; ok && strings.HasSuffix(n, suffix) && f.GetType() == dto.MetricType_HISTOGRAM {
+						base = strings.TrimSuffix(n, suffix)
+					}
+				}
+				_, ok := families[base]
+				require.True(t, ok, "panel %q queries %s, which /metrics does not have", p.Title, n)
+			}
+		}
+	}
 }

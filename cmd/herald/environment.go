@@ -66,6 +66,7 @@ var serveEnv = []envVar{
 	{"HERALD_RETENTION", "how long settled messages and finished jobs are kept (at least 1m)", "720h (30 days)"},
 	{"HERALD_DEVICE_RETENTION", "how long an evicted device and its token are kept (at least 1m)", "720h (30 days)"},
 	{"HERALD_RATE_LIMIT", "requests a second per API key and process", "500"},
+	{"HERALD_BODY_BUDGET_MB", "request body bytes the process reads at once, in MiB; beyond it 503 with Retry-After", "32"},
 	{"HERALD_RATE_BURST", "requests a key may make at once before the rate applies", "1000"},
 	{"HERALD_MAX_DEVICES_PER_USER", "active devices one user may have", "100"},
 	{"HERALD_SCHEDULE_MIN_INTERVAL", "least time between two runs of a schedule", "1m"},

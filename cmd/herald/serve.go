@@ -110,6 +110,8 @@ type process struct {
 	adminLn  net.Listener
 	pool     *pgxpool.Pool
 	registry *prometheus.Registry
+	// pools exports the statistics of the process's connection pools.
+	pools *jobs.PoolMetrics
 	// Background loops run until stopBackground and are waited for at
 	// shutdown.
 	bgCtx          context.Context
@@ -162,7 +164,11 @@ func openProcess(ctx context.Context, o serveOptions, getenv func(string) string
 	p.registry = prometheus.NewRegistry()
 	p.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	readBuildInfo().register(p.registry)
-	jobs.RegisterMessageMetrics(p.registry, p.pool)
+	p.pools = jobs.NewPoolMetrics(p.registry)
+	p.pools.Add("main", p.pool)
+	// Every role reads the database's gauges (the queues' depth, the
+	// unsettled messages), on its own schedule, never per scrape.
+	p.goBackground(jobs.NewDatabaseGauges(p.registry, p.pool, p.logger).Run)
 	return p, nil
 }
 
@@ -246,6 +252,11 @@ func startChunkWorker(ctx context.Context, p *process) (_ *worker, err error) {
 		return nil, err
 	}
 	jobs.RegisterProcessMetrics(p.registry, w.fanOut.Breakers(), clock)
+	for _, l := range w.lanes.lanes {
+		if l.Pool != nil && l.Pool != p.pool {
+			p.pools.Add(l.Queue, l.Pool)
+		}
+	}
 	if err := w.clients.Start(ctx); err != nil {
 		return nil, err
 	}
@@ -294,6 +305,7 @@ func (p *process) handler(w *worker) (http.Handler, error) {
 	}
 	return api.NewServer(api.Config{
 		Metrics:    metrics,
+		Registerer: p.registry,
 		Logger:     p.logger,
 		Pool:       p.pool,
 		APIKeys:    cfg.APIKeys,
@@ -313,6 +325,7 @@ func (p *process) handler(w *worker) (http.Handler, error) {
 		SecureCookies:  cfg.SecureCookies,
 		WebPushEgress:  cfg.WebPushEgress,
 
+		BodyBudget:        int64(cfg.BodyBudgetMB) << 20,
 		RateLimit:         float64(cfg.RateLimit),
 		RateBurst:         cfg.RateBurst,
 		MaxDevicesPerUser: cfg.MaxDevicesPerUser,

@@ -132,6 +132,11 @@ SET state = 'dispatching',
     started_at = coalesce(started_at, clock_timestamp())
 WHERE id = @id AND state = 'scheduled';
 
--- name: MessagesByState :many
--- How many messages are in each state, for the metrics.
-SELECT state, count(*)::bigint AS messages FROM messages GROUP BY state;
+-- name: UnsettledMessagesByState :many
+-- How many messages are scheduled and dispatching, for the metrics: only
+-- those, through messages_state_id_idx, never the settled history, which
+-- grows until the retention.
+SELECT state, count(*)::bigint AS messages
+FROM messages
+WHERE state IN ('scheduled', 'dispatching')
+GROUP BY state;
