@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"crypto/ecdh"
 	"crypto/rand"
@@ -8,9 +9,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -38,7 +41,17 @@ type serveProcess struct {
 // as its whole environment (plus PATH) and waits for it to answer /healthz.
 func startServeProcess(t *testing.T, vars map[string]string, args ...string) *serveProcess {
 	t.Helper()
+	return startServeProcessWith(t, 0, vars, args...)
+}
+
+// startServeProcessWith is startServeProcess with the process allowed
+// nofile open files, when not zero.
+func startServeProcessWith(t *testing.T, nofile int, vars map[string]string, args ...string) *serveProcess {
+	t.Helper()
 	cmd := exec.Command(os.Args[0], append([]string{"serve", "--addr", "127.0.0.1:0"}, args...)...)
+	if nofile > 0 {
+		cmd = exec.Command("/bin/sh", append([]string{"-c", fmt.Sprintf(`ulimit -n %d && exec "$0" "$@"`, nofile), os.Args[0], "serve", "--addr", "127.0.0.1:0"}, args...)...)
+	}
 	cmd.Env = []string{childEnv + "=1", "PATH=" + os.Getenv("PATH")}
 	for k, v := range vars {
 		cmd.Env = append(cmd.Env, k+"="+v)
@@ -158,6 +171,8 @@ func (p *serveProcess) acquires(t *testing.T) float64 {
 	t.Helper()
 	families, err := heraldbench.ScrapeMetrics(p.base)
 	require.NoError(t, err)
+	_, ok := families["herald_db_pool_acquires_total"]
+	require.True(t, ok, "the process does not export its pool's statistics")
 	return heraldbench.MetricSum(families, "herald_db_pool_acquires_total", map[string]string{"pool": "main"})
 }
 
@@ -214,4 +229,82 @@ func TestAttackLoadUnauthenticatedEndpoints(t *testing.T) {
 		calls.Load(), used, idle, flooded)
 	require.Greater(t, calls.Load(), int64(100), "the flood never got going")
 	require.LessOrEqual(t, used, 40.0, "unauthenticated calls reached the database")
+}
+
+// TestAttackLoadIdleConnections opens 3,000 idle keep-alive connections
+// from one address to a process allowed 2,048 open files (the 20,000
+// idle connections that used up a default process's files, at a smaller
+// scale): the process keeps at most its per-client limit of them, and a
+// client from another address is still served.
+func TestAttackLoadIdleConnections(t *testing.T) {
+	t.Parallel()
+	tdb := dbtest.New(t)
+	// Idle connections are kept as long as the test takes: the limit, not
+	// the idle timeout, is what is tested.
+	p := startServeProcessWith(t, 2048, map[string]string{
+		"DATABASE_URL": tdb.URL, "HERALD_API_KEYS": testAPIKey, "HERALD_HTTP_IDLE_TIMEOUT": "10m",
+	}, "--role", "api")
+	addr := strings.TrimPrefix(p.base, "http://")
+
+	var (
+		mu      sync.Mutex
+		kept    []net.Conn
+		refused int
+		wg      sync.WaitGroup
+	)
+	t.Cleanup(func() {
+		for _, c := range kept {
+			c.Close()
+		}
+	})
+	// Sixty-four attackers at once. A connection the process cannot take
+	// waits in the kernel's queue for an answer that never comes, for two
+	// seconds.
+	attempts := make(chan struct{}, 3000)
+	for range 3000 {
+		attempts <- struct{}{}
+	}
+	close(attempts)
+	for range 64 {
+		wg.Go(func() {
+			for range attempts {
+				c, err := net.Dial("tcp", addr)
+				if err == nil {
+					_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+					if _, err = c.Write([]byte("GET /healthz HTTP/1.1\r\nHost: herald\r\n\r\n")); err == nil {
+						var resp *http.Response
+						if resp, err = http.ReadResponse(bufio.NewReader(c), nil); err == nil {
+							resp.Body.Close()
+							_ = c.SetDeadline(time.Time{})
+						}
+					}
+				}
+				mu.Lock()
+				if err == nil {
+					kept = append(kept, c)
+				} else {
+					refused++
+					if c != nil {
+						c.Close()
+					}
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+
+	// Another client, from another address on the loopback network.
+	other := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		DialContext: (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}}).DialContext,
+	}}
+	api, err := client.NewClientWithResponses(p.base, client.WithAPIKey(testAPIKey), client.WithHTTPClient(other))
+	require.NoError(t, err)
+	res, err := api.RegisterDeviceWithResponse(t.Context(), client.DeviceRegistration{UserID: "u1", Channel: client.ChannelFCM, Token: new("tok")})
+	fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", p.cmd.Process.Pid))
+	limits, _ := os.ReadFile(fmt.Sprintf("/proc/%d/limits", p.cmd.Process.Pid))
+	t.Logf("%d idle connections held open, %d refused; the process has %d files open (%s); another client's call: %v",
+		len(kept), refused, len(fds), regexp.MustCompile(`Max open files\s+\d+`).Find(limits), err)
+	answered(t, http.StatusCreated, res, err)
+	require.LessOrEqual(t, len(kept), 256, "one address kept more than its limit of connections")
 }

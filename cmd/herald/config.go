@@ -7,6 +7,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 	"unicode/utf8"
 
@@ -27,9 +28,12 @@ type config struct {
 	AdminAddr string
 	// BodyBudgetMB bounds the request bodies the process reads at once
 	// (api.DefaultBodyBudget when zero).
-	BodyBudgetMB  int
-	APIKeys       []string
-	AdminPassword string
+	BodyBudgetMB int
+	// MaxConnections and MaxConnectionsPerClient bound the connections the
+	// process holds open (defaultMaxConnections, 256 when zero).
+	MaxConnections, MaxConnectionsPerClient int
+	APIKeys                                 []string
+	AdminPassword                           string
 
 	// TrustedProxies are the networks whose forwarding headers
 	// (X-Forwarded-For, X-Real-IP, X-Forwarded-Proto) are believed
@@ -247,6 +251,14 @@ func loadConfig(getenv func(string) string) (config, error) {
 	if c.BodyBudgetMB, err = intVar(getenv, "HERALD_BODY_BUDGET_MB", 16, 64<<10); err != nil {
 		return c, err
 	}
+	if c.MaxConnections, err = intVar(getenv, "HERALD_MAX_CONNECTIONS", 16, 10_000_000); err != nil {
+		return c, err
+	}
+	c.MaxConnections = cmp.Or(c.MaxConnections, defaultMaxConnections())
+	if c.MaxConnectionsPerClient, err = intVar(getenv, "HERALD_MAX_CONNECTIONS_PER_CLIENT", 1, 10_000_000); err != nil {
+		return c, err
+	}
+	c.MaxConnectionsPerClient = cmp.Or(c.MaxConnectionsPerClient, defaultMaxConnectionsPerClient)
 	if c.RateBurst, err = intVar(getenv, "HERALD_RATE_BURST", 1, 10_000_000); err != nil {
 		return c, err
 	}
@@ -408,4 +420,20 @@ func (c config) configuredChannels() []string {
 		}
 	}
 	return channels
+}
+
+// defaultMaxConnectionsPerClient is how many connections one address may
+// hold open: far more than a client pool uses, far fewer than a process
+// has descriptors for.
+const defaultMaxConnectionsPerClient = 256
+
+// defaultMaxConnections is how many connections the process holds open at
+// most: its descriptors (RLIMIT_NOFILE, which Go raises to the hard limit)
+// less 1,024 kept for the database, the providers and files.
+func defaultMaxConnections() int {
+	var rl syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil || rl.Cur > 1<<20 {
+		return 10_000
+	}
+	return max(64, int(rl.Cur)-1024)
 }

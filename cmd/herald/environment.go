@@ -66,6 +66,8 @@ var serveEnv = []envVar{
 	{"HERALD_RETENTION", "how long settled messages and finished jobs are kept (at least 1m)", "720h (30 days)"},
 	{"HERALD_DEVICE_RETENTION", "how long an evicted device and its token are kept (at least 1m)", "720h (30 days)"},
 	{"HERALD_RATE_LIMIT", "requests a second per API key and process", "500"},
+	{"HERALD_MAX_CONNECTIONS", "connections the process holds open; past it the longest idle one is closed", "open files allowed less 1,024"},
+	{"HERALD_MAX_CONNECTIONS_PER_CLIENT", "connections one address may hold open (trusted proxies exempt)", "256"},
 	{"HERALD_BODY_BUDGET_MB", "request body bytes the process reads at once, in MiB; beyond it 503 with Retry-After", "32"},
 	{"HERALD_RATE_BURST", "requests a key may make at once before the rate applies", "1000"},
 	{"HERALD_MAX_DEVICES_PER_USER", "active devices one user may have", "100"},

@@ -360,8 +360,13 @@ func (p *process) serve(ctx context.Context, handler http.Handler, w *worker, st
 	fmt.Fprintf(stdout, "herald: listening on http://%s\n", p.ln.Addr())
 
 	admin := p.adminServer(stdout)
+	limited := api.LimitListener(p.ln, api.ConnLimits{
+		MaxTotal: cfg.MaxConnections, MaxPerClient: cfg.MaxConnectionsPerClient, TrustedProxies: cfg.TrustedProxies,
+	})
+	httpServer.ConnState = limited.ConnState
+	registerConnMetrics(p.registry, limited)
 	serveErr := make(chan error, 1)
-	go func() { serveErr <- httpServer.Serve(p.ln) }()
+	go func() { serveErr <- httpServer.Serve(limited) }()
 	var errs []error
 	select {
 	case err := <-serveErr:
