@@ -19,7 +19,8 @@ BUILD_DATE ?= $(shell date -u +%Y-%m-%dT%H:%M:%SZ)
 LDFLAGS := -X main.version=$(VERSION) -X main.commit=$(COMMIT) -X main.buildDate=$(BUILD_DATE)
 
 .PHONY: help build run test test/go test/fuzz chromium promtool bench generate generate/check vet fmt lint/openapi \
-	db/start db/stop db/reset db/test/start db/test/stop clean
+	db/start db/stop db/reset db/test/start db/test/stop clean \
+	buildah umoci image image/context test/image release-snapshot
 
 help:
 	@echo "make run      start a local PostgreSQL, migrate, and serve Herald with a development API key"
@@ -28,6 +29,8 @@ help:
 	@echo "make bench    the dispatch benchmark; the JSON result ends up in bench/results/latest.json"
 	@echo "make generate regenerate db/ from db/queries/*.sql with sqlc, and api/client from api/openapi.yaml"
 	@echo "make db/start | db/stop | db/reset   the development database"
+	@echo "make image    the container image (deploy/image/Containerfile) with buildah, no Docker daemon"
+	@echo "make release-snapshot   GoReleaser's archives and checksums in dist/, published nowhere"
 
 # The first build downloads the modules and compiles some 600 packages, which
 # takes minutes on a small machine: it counts them as it goes, so that a quiet
@@ -147,5 +150,45 @@ REDOCLY_VERSION := 2.77.0
 lint/openapi:
 	npx --yes @redocly/cli@$(REDOCLY_VERSION) lint --config api/redocly.yaml api/openapi.yaml
 
+# The container image: FROM scratch, holding the static binary, the build
+# host's CA bundle and a passwd naming the non-root user (65532). Its
+# context, bin/image, is filled here so that `docker build bin/image` or
+# compose (deploy/compose) builds the same image. buildah needs no daemon;
+# BUILDAH_FLAGS passes e.g. --storage-driver vfs where overlay cannot
+# mount. TestImage (make test/image) builds it, unpacks it and runs it.
+IMAGE ?= localhost/herald:$(VERSION)
+BUILDAH_FLAGS ?=
+CA_BUNDLE ?= /etc/ssl/certs/ca-certificates.crt
+image/context:
+	@rm -rf bin/image && mkdir -p bin/image/state
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w $(LDFLAGS)' -o bin/image/herald ./cmd/herald
+	cp deploy/image/Containerfile deploy/image/passwd deploy/image/group bin/image/
+	cp $(CA_BUNDLE) bin/image/ca-certificates.crt
+
+image: buildah image/context
+	BUILDAH_ISOLATION=chroot buildah $(BUILDAH_FLAGS) build --isolation chroot -f bin/image/Containerfile -t $(IMAGE) bin/image
+	@buildah $(BUILDAH_FLAGS) images --format '{{.Name}}:{{.Tag}} {{.Size}}' $(IMAGE)
+
+buildah:
+	$(call apt-tool,buildah,buildah,make image and the image test)
+
+umoci:
+	$(call apt-tool,umoci,umoci,the image test)
+
+# The image test alone (cmd/herald/image_test.go): slow (it builds a static
+# binary and the image), so it is its own target.
+test/image: buildah umoci
+	@url=$$($(MAKE) -s db/test/start); \
+	DATABASE_URL=$$url $(GO) test -count=1 -v -run '^TestImage' ./cmd/herald
+
+# GoReleaser's snapshot: the archives for linux and darwin, amd64 and arm64,
+# and checksums.txt in dist/, from .goreleaser.yaml, published nowhere.
+# GoReleaser is pinned here rather than in go.mod's tools, which would add
+# hundreds of modules to the main build; its first run builds it (minutes).
+GORELEASER_VERSION := v2.15.1
+GORELEASER := $(GO) run github.com/goreleaser/goreleaser/v2@$(GORELEASER_VERSION)
+release-snapshot:
+	COMMIT=$(COMMIT) $(GORELEASER) release --snapshot --clean
+
 clean:
-	rm -rf bin
+	rm -rf bin dist

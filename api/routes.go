@@ -2,11 +2,19 @@ package api
 
 import "github.com/labstack/echo/v4"
 
+// The probes' paths, which every role serves on its listener: liveness
+// (the process answers) and readiness (its database answers and is
+// migrated). deploy/'s manifests name them, and a test holds them to these.
+const (
+	HealthPath = "/healthz"
+	ReadyPath  = "/readyz"
+)
+
 // routes lists every route Herald serves, in one place.
 func (s *Server) routes() {
 	e := s.echo
-	e.GET("/healthz", s.healthz)
-	e.GET("/readyz", s.readyz)
+	e.GET(HealthPath, s.healthz)
+	e.GET(ReadyPath, s.readyz)
 	e.GET("/openapi.yaml", s.openapi)
 	if s.cfg.Metrics != nil {
 		e.GET("/metrics", echo.WrapHandler(newRecentPage(s.cfg.Metrics)))
