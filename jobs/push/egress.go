@@ -231,15 +231,18 @@ func (p *EgressPolicy) DialContext(d *net.Dialer, proxies ...string) func(ctx co
 
 // internalPrefixes are the ranges, beyond what netip classifies, that never
 // hold a public push service: shared address space (CGNAT), the IETF
-// protocol assignments, benchmarking, documentation, reserved, and the
-// IPv6 forms that embed an IPv4 address (NAT64, 6to4, Teredo), which could
-// carry an internal one.
+// protocol assignments, benchmarking, documentation, reserved, IPv6's
+// deprecated site-local range (fec0::/10, which netip does not call
+// private), and the IPv6 forms that embed an IPv4 address (IPv4-compatible
+// ::/96 and IPv4-translated ::ffff:0:0:0/96, NAT64, 6to4, Teredo), which
+// could carry an internal one. IPv4-mapped addresses (::ffff:0:0/96) are
+// not here: internalAddress judges them as the IPv4 address they map.
 var internalPrefixes = func() []netip.Prefix {
 	var out []netip.Prefix
 	for _, s := range []string{
 		"0.0.0.0/8", "100.64.0.0/10", "192.0.0.0/24", "192.0.2.0/24", "198.18.0.0/15",
 		"198.51.100.0/24", "203.0.113.0/24", "240.0.0.0/4", "255.255.255.255/32",
-		"64:ff9b::/96", "64:ff9b:1::/48", "2001::/32", "2001:db8::/32", "2002::/16", "100::/64",
+		"fec0::/10", "::/96", "::ffff:0:0:0/96", "64:ff9b::/96", "64:ff9b:1::/48", "2001::/32", "2001:db8::/32", "2002::/16", "100::/64",
 	} {
 		out = append(out, netip.MustParsePrefix(s))
 	}
