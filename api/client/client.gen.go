@@ -899,6 +899,7 @@ type WebPushOptionsUrgency string
 
 // WebPushSubscription A Web Push subscription, as PushSubscription.toJSON() gives it.
 type WebPushSubscription struct {
+	// Endpoint The push service's URL for this subscription: https on port 443 of a known push service (or a host the operator added to HERALD_WEBPUSH_HOSTS), in the path shape that service's subscriptions have (fcm.googleapis.com/fcm/send/<token> or /wp/<token>, android.googleapis.com/gcm/send/<token>, *.push.services.mozilla.com/wpush/v1|v2/<token>, *.push.apple.com/<token>, *.notify.windows.com/w/?token=<token>). On any host, a path with . or .. segments or starting with /_ is refused. Anything else is a 400 naming subscription.endpoint.
 	Endpoint       string   `json:"endpoint"`
 	ExpirationTime *float64 `json:"expirationTime,omitempty"`
 

@@ -67,6 +67,48 @@ func TestAttackWebPushEndpointsCannotReachInside(t *testing.T) {
 	require.Zero(t, inside.Connections(), "the internal service received a connection")
 }
 
+// TestAttackWebPushEndpointsCannotReachControls is issue #26's item 5: an
+// endpoint on a trusted push host (here fakepush, as make run and the tests
+// add it to HERALD_WEBPUSH_HOSTS) whose path names one of fakepush's
+// control endpoints made Herald POST to it: /_reset wiped every record.
+// Each spelling is refused at registration with a 400 naming the field, and
+// one stored before the rule is refused when sending (endpoint_forbidden):
+// the push already recorded survives.
+func TestAttackWebPushEndpointsCannotReachControls(t *testing.T) {
+	t.Parallel()
+	e := startE2E(t, nil)
+	sub, err := e.fake.MintSubscription(false)
+	require.NoError(t, err)
+	e.registerDevice(client.DeviceRegistration{UserID: "alice", Channel: client.ChannelWebPush, Subscription: webPush(sub)})
+	kept := e.send(client.NewMessage{Audience: toUsers("alice"), Payload: titled("kept")}).MessageID
+	st := e.settle(kept, 30*time.Second)
+	require.Equal(t, 1, st.Deliveries.Accepted, "%+v", st)
+	require.Len(t, e.fake.Receipts(kept), 1)
+
+	for _, path := range []string{"/_reset", "/_control", "/%5Freset", "/webpush/../_reset", "/webpush/%2e%2e/_reset"} {
+		s := webPush(sub)
+		s.Endpoint = e.fake.URL() + path
+		res, err := e.api.RegisterDeviceWithResponse(t.Context(), client.DeviceRegistration{UserID: "mallory", Channel: client.ChannelWebPush, Subscription: s})
+		answered(t, http.StatusBadRequest, res, err)
+		requireAPIError(t, res, "invalid_field", "subscription.endpoint")
+	}
+
+	// A device stored before the rule.
+	pool := e.db.Pool
+	_, err = pool.Exec(t.Context(), `INSERT INTO users (id) VALUES ('mallory') ON CONFLICT DO NOTHING`)
+	require.NoError(t, err)
+	_, err = pool.Exec(t.Context(), `INSERT INTO devices (user_id, channel, token, p256dh, auth) VALUES ('mallory', 'webpush', $1, $2, $3)`,
+		e.fake.URL()+"/_reset", sub.Keys.P256dh, sub.Keys.Auth)
+	require.NoError(t, err)
+	id := e.send(client.NewMessage{Audience: toUsers("mallory"), Payload: titled("reset")}).MessageID
+	st = e.settle(id, 30*time.Second)
+	require.Equal(t, 1, st.Deliveries.Failed, "%+v", st)
+	failed := e.deliveries(id, client.DeliveryStatusFailed)
+	require.Len(t, failed, 1)
+	require.Equal(t, new(client.ReasonEndpointForbidden), failed[0].Reason)
+	require.Len(t, e.fake.Receipts(kept), 1, "fakepush was reset through a push endpoint")
+}
+
 // TestAttackWebPushOneCallerCannotParkOthers has one caller register
 // subscriptions on a push service that fails every push, and schedule to
 // them: that service's breaker opens. Another caller's urgent push to a

@@ -26,6 +26,42 @@ var DefaultWebPushHosts = []string{
 	"*.notify.windows.com",
 }
 
+// pushPaths are the shapes of the default push services' endpoint paths:
+// a fixed prefix and then the subscription's own token, one path segment
+// (or, for Windows, the token in the query). A push service's host serves
+// more than push endpoints (Mozilla's autopush has registration routes, for
+// one), so a caller's endpoint may name only the resource a browser's
+// subscription names. Keyed by the entry of DefaultWebPushHosts.
+var pushPaths = map[string][]pathShape{
+	// Chrome's subscriptions say /fcm/send/; the Web Push protocol's
+	// resource for the same token is /wp/.
+	"fcm.googleapis.com":     {{prefix: "/fcm/send/"}, {prefix: "/wp/"}},
+	"android.googleapis.com": {{prefix: "/gcm/send/"}},
+	// Firefox: /wpush/v1/ without VAPID, /wpush/v2/ with it.
+	"*.push.services.mozilla.com": {{prefix: "/wpush/v1/"}, {prefix: "/wpush/v2/"}},
+	// Safari: https://web.push.apple.com/<token>.
+	"*.push.apple.com": {{prefix: "/"}},
+	// Windows: https://<region>.notify.windows.com/w/?token=<token>.
+	"*.notify.windows.com": {{prefix: "/w/", tokenInQuery: true}, {prefix: "/", tokenInQuery: true}},
+}
+
+// pathShape is one shape of a push service's endpoint path.
+type pathShape struct {
+	prefix string
+	// tokenInQuery: the path is the prefix alone and the token is the
+	// query's token parameter; otherwise the token is the one segment after
+	// the prefix, and there is no query.
+	tokenInQuery bool
+}
+
+func (s pathShape) matches(u *url.URL) bool {
+	if s.tokenInQuery {
+		return u.Path == s.prefix && u.Query().Get("token") != ""
+	}
+	token, ok := strings.CutPrefix(u.Path, s.prefix)
+	return ok && token != "" && !strings.Contains(token, "/") && u.RawQuery == ""
+}
+
 // ReasonEndpointForbidden is the reason of a Web Push delivery whose endpoint
 // Herald will not post to: a host that is not a known push service, or a
 // name that resolves to an address inside a network. Nothing was sent. The
@@ -60,6 +96,9 @@ type hostRule struct {
 	// checked, so that a push service inside the operator's network (or a
 	// local fakepush) can be reached. The defaults are never trusted.
 	trusted bool
+	// paths are the endpoint paths a default entry admits (pushPaths);
+	// an operator's entry admits any path checkPath lets through.
+	paths []pathShape
 }
 
 func (r hostRule) matches(host, port string) bool {
@@ -92,6 +131,7 @@ func NewEgressPolicy(extra []string) (*EgressPolicy, error) {
 		if err != nil {
 			return nil, err
 		}
+		r.paths = pushPaths[h]
 		p.rules = append(p.rules, r)
 	}
 	for _, h := range extra {
@@ -163,8 +203,9 @@ func (p *EgressPolicy) rule(host, port string) (hostRule, bool) {
 
 // CheckEndpoint says whether Herald may post to endpoint, as far as can be
 // told without resolving its name: an https URL without credentials, on an
-// allowed host and port, and, where the host is an IP address the operator
-// did not add, a public one. The error wraps ErrEndpointForbidden.
+// allowed host and port, whose path is a push resource (checkPath), and,
+// where the host is an IP address the operator did not add, a public one.
+// The error wraps ErrEndpointForbidden.
 func (p *EgressPolicy) CheckEndpoint(endpoint string) error {
 	u, err := url.Parse(endpoint)
 	if err != nil || u.Scheme != "https" || u.Host == "" || u.User != nil || u.Opaque != "" {
@@ -183,7 +224,35 @@ func (p *EgressPolicy) CheckEndpoint(endpoint string) error {
 			return forbidden("%s is %s", host, why)
 		}
 	}
-	return nil
+	return r.checkPath(u)
+}
+
+// checkPath says whether u's path may be a push endpoint's. On every host:
+// no dot segments (a server that cleans its paths would serve another
+// resource) and nothing under /_, where fakepush, which an operator's entry
+// names in development and tests, keeps its control endpoints (/_reset,
+// /_control): a caller's endpoint must never reset or steer it. On a
+// default push service, the path must have one of the service's endpoint
+// shapes (pushPaths). The path is judged decoded, as a server routes it, so
+// /%5Freset is /_reset.
+func (r hostRule) checkPath(u *url.URL) error {
+	for _, seg := range strings.Split(u.Path, "/") {
+		if seg == "." || seg == ".." {
+			return forbidden("the endpoint's path must not hold . or .. segments")
+		}
+	}
+	if strings.HasPrefix(u.Path, "/_") {
+		return forbidden("the endpoint's path must not start with /_, where push services' test doubles keep their controls")
+	}
+	if r.paths == nil {
+		return nil
+	}
+	for _, shape := range r.paths {
+		if shape.matches(u) {
+			return nil
+		}
+	}
+	return forbidden("the endpoint's path is not a push subscription's on %s", u.Hostname())
 }
 
 // DialContext wraps dial, a net.Dialer's DialContext, for a client that sends

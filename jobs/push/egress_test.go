@@ -192,3 +192,60 @@ func TestInternalAddressIPv6Forms(t *testing.T) {
 		})
 	}
 }
+
+// TestCheckEndpointPaths is issue #26's item 5: a push service's host, or
+// the operator's fakepush, serves more than push endpoints, so an endpoint
+// must name a push subscription's resource: on the default services, the
+// shapes their browsers' subscriptions have; on every host, nothing under
+// /_ (fakepush's controls) and no dot segments, however spelt.
+func TestCheckEndpointPaths(t *testing.T) {
+	t.Parallel()
+	p, err := NewEgressPolicy([]string{"127.0.0.1:8443"})
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		endpoint string
+		ok       bool
+	}{
+		{"https://fcm.googleapis.com/fcm/send/cXyz:APA91b-_x", true},
+		{"https://fcm.googleapis.com/wp/cXyz:APA91b", true},
+		{"https://android.googleapis.com/gcm/send/eDD5G1tIe9", true},
+		{"https://updates.push.services.mozilla.com/wpush/v1/gAAAAABf", true},
+		{"https://updates.push.services.mozilla.com/wpush/v2/gAAAAABf", true},
+		{"https://web.push.apple.com/QGuQyavXutnMH", true},
+		{"https://db5.notify.windows.com/w/?token=BQYAAAB%2b", true},
+		{"https://db5.notify.windows.com/?token=BQYAAAB", true},
+		{"https://127.0.0.1:8443/webpush/abc", true},
+		{"https://127.0.0.1:8443/", true},
+
+		{"https://fcm.googleapis.com/", false},
+		{"https://fcm.googleapis.com/fcm/send/", false},
+		{"https://fcm.googleapis.com/v1/projects/p/messages:send", false},
+		{"https://fcm.googleapis.com/fcm/send/a/b", false},
+		{"https://fcm.googleapis.com/fcm/send/..", false},
+		{"https://fcm.googleapis.com/fcm/send/%2e%2e", false},
+		{"https://fcm.googleapis.com/fcm/send/a%2Fb", false},
+		{"https://fcm.googleapis.com/fcm/send/a?x=1", false},
+		{"https://android.googleapis.com/fcm/send/a", false},
+		{"https://updates.push.services.mozilla.com/wpush/v3/a", false},
+		{"https://updates.push.services.mozilla.com/v1/fcm/app/registration", false},
+		{"https://updates.push.services.mozilla.com/m/abc", false},
+		{"https://web.push.apple.com/", false},
+		{"https://web.push.apple.com/a/b", false},
+		{"https://db5.notify.windows.com/w/", false},
+		{"https://db5.notify.windows.com/w/x?token=a", false},
+		{"https://127.0.0.1:8443/_reset", false},
+		{"https://127.0.0.1:8443/_control", false},
+		{"https://127.0.0.1:8443/_webpush/subscriptions", false},
+		{"https://127.0.0.1:8443/%5Freset", false},
+		{"https://127.0.0.1:8443/webpush/../_reset", false},
+		{"https://127.0.0.1:8443/webpush/%2e%2e/_reset", false},
+		{"https://127.0.0.1:8443/./_reset", false},
+	} {
+		err := p.CheckEndpoint(tc.endpoint)
+		if tc.ok {
+			require.NoError(t, err, tc.endpoint)
+		} else {
+			require.ErrorIs(t, err, ErrEndpointForbidden, tc.endpoint)
+		}
+	}
+}
