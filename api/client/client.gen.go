@@ -680,7 +680,7 @@ type Payload struct {
 	// Title APNs aps.alert.title; FCM notification.title; Web Push title.
 	Title *string `json:"title,omitempty"`
 
-	// URL Absolute (https or an app's own scheme), opened on tap. APNs custom key url; FCM data.url; Web Push url.
+	// URL Opened on tap: an https URL with a host, or a link in the app's own custom scheme (myapp://..., RFC 3986 scheme syntax). javascript, vbscript, data, blob, filesystem, view-source, about, file, content, resource, jar, intent, chrome, http, ftp, ws and wss are refused (400 naming payload.url), as is whitespace. APNs custom key url; FCM data.url; Web Push url.
 	URL *string `json:"url,omitempty"`
 
 	// Webpush What only Web Push has.
