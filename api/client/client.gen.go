@@ -954,7 +954,9 @@ type ListMessagesParams struct {
 	State      *MessageState `form:"state,omitempty" json:"state,omitempty"`
 	ScheduleID *string       `form:"schedule_id,omitempty" json:"schedule_id,omitempty"`
 	Limit      *Limit        `form:"limit,omitempty" json:"limit,omitempty"`
-	Cursor     *Cursor       `form:"cursor,omitempty" json:"cursor,omitempty"`
+
+	// Cursor The previous page's next_cursor, as it came: opaque. Anything else (edited, forged, from another listing or other filters) is a 400 invalid_cursor naming cursor.
+	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
 }
 
 // CreateMessageParams defines parameters for CreateMessage.
@@ -971,12 +973,16 @@ type CreateMessageParams struct {
 type ListMessageDeliveriesParams struct {
 	Status *DeliveryStatus `form:"status,omitempty" json:"status,omitempty"`
 	Limit  *Limit          `form:"limit,omitempty" json:"limit,omitempty"`
-	Cursor *Cursor         `form:"cursor,omitempty" json:"cursor,omitempty"`
+
+	// Cursor The previous page's next_cursor, as it came: opaque. Anything else (edited, forged, from another listing or other filters) is a 400 invalid_cursor naming cursor.
+	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
 }
 
 // ListSchedulesParams defines parameters for ListSchedules.
 type ListSchedulesParams struct {
-	Limit  *Limit  `form:"limit,omitempty" json:"limit,omitempty"`
+	Limit *Limit `form:"limit,omitempty" json:"limit,omitempty"`
+
+	// Cursor The previous page's next_cursor, as it came: opaque. Anything else (edited, forged, from another listing or other filters) is a 400 invalid_cursor naming cursor.
 	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
 }
 
@@ -992,19 +998,25 @@ type CreateScheduleParams struct {
 
 // ListSegmentsParams defines parameters for ListSegments.
 type ListSegmentsParams struct {
-	Limit  *Limit  `form:"limit,omitempty" json:"limit,omitempty"`
+	Limit *Limit `form:"limit,omitempty" json:"limit,omitempty"`
+
+	// Cursor The previous page's next_cursor, as it came: opaque. Anything else (edited, forged, from another listing or other filters) is a 400 invalid_cursor naming cursor.
 	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
 }
 
 // ListSegmentMembersParams defines parameters for ListSegmentMembers.
 type ListSegmentMembersParams struct {
-	Limit  *Limit  `form:"limit,omitempty" json:"limit,omitempty"`
+	Limit *Limit `form:"limit,omitempty" json:"limit,omitempty"`
+
+	// Cursor The previous page's next_cursor, as it came: opaque. Anything else (edited, forged, from another listing or other filters) is a 400 invalid_cursor naming cursor.
 	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
 }
 
 // ListUserDevicesParams defines parameters for ListUserDevices.
 type ListUserDevicesParams struct {
-	Limit  *Limit  `form:"limit,omitempty" json:"limit,omitempty"`
+	Limit *Limit `form:"limit,omitempty" json:"limit,omitempty"`
+
+	// Cursor The previous page's next_cursor, as it came: opaque. Anything else (edited, forged, from another listing or other filters) is a 400 invalid_cursor naming cursor.
 	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
 }
 
