@@ -192,7 +192,7 @@ func TestAttackLimitsDevicePages(t *testing.T) {
 	require.NotNil(t, first)
 	res = list("other", client.ListUserDevicesParams{Cursor: first.NextCursor})
 	require.Equal(t, http.StatusBadRequest, res.StatusCode())
-	requireAPIError(t, res, "invalid_field", "cursor")
+	requireAPIError(t, res, "invalid_cursor", "cursor")
 }
 
 // TestAttackLimitsScheduleCadence creates schedules that would run too
