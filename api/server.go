@@ -160,7 +160,7 @@ func NewServer(cfg Config) (*Server, error) {
 	e.HideBanner, e.HidePort = true, true
 	forwardedHeaders(e, cfg.TrustedProxies)
 	e.HTTPErrorHandler = errorHandler(cfg.Logger)
-	e.Use(middleware.RequestID())
+	e.Use(requestID())
 	e.Use(requestLogger(cfg.Logger, newHTTPMetrics(cfg.Registerer)))
 	e.Use(middleware.RecoverWithConfig(middleware.RecoverConfig{
 		LogErrorFunc: func(c echo.Context, err error, stack []byte) error {
