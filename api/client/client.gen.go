@@ -701,8 +701,10 @@ type Priority string
 
 // ProviderStatus defines model for ProviderStatus.
 type ProviderStatus struct {
-	Configured  bool         `json:"configured"`
-	Failures    int          `json:"failures"`
+	Configured bool `json:"configured"`
+	Failures   int  `json:"failures"`
+
+	// LastError The latest transient failure: the push service's host (Web Push) with its status or the error's class, such as "timeout" or "connection refused". Never an endpoint or a device token.
 	LastError   *string      `json:"last_error"`
 	LastErrorAt *time.Time   `json:"last_error_at"`
 	Sends       int          `json:"sends"`

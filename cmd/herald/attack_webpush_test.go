@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -160,4 +161,55 @@ func TestAttackWebPushOneCallerCannotParkOthers(t *testing.T) {
 	require.NotNil(t, lastError)
 	require.Equal(t, strings.TrimPrefix(failing.URL(), "https://")+": push service answered 503 Service Unavailable", *lastError,
 		"the push service is named, and its answer's body is not shown")
+}
+
+// TestAttackWebPushErasedTokenLeavesNoTrace is issue #26's item 1: when a
+// Web Push send failed at the network level, the error kept, shown in GET
+// /v1/providers (and so the dashboard) and logged with "chunk parked" was
+// the HTTP client's, which quotes the endpoint URL: the subscription's
+// token. After DELETE /v1/users/{id} answered 204 it was still in all
+// three. Now what is kept, shown and logged of a failed send names the
+// push service's host and the error's class, never the endpoint.
+func TestAttackWebPushErasedTokenLeavesNoTrace(t *testing.T) {
+	t.Parallel()
+	fp, tdb, vars := e2eEnv(t)
+	// A push service that refuses connections: a port nothing listens on,
+	// which the operator admitted.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	closed := ln.Addr().String()
+	require.NoError(t, ln.Close())
+	vars["HERALD_WEBPUSH_HOSTS"] += "," + closed
+	base, _, log, stop := startServeLog(t, vars, "--migrate")
+	e := &e2e{t: t, fake: fp, base: base, stop: stop, vars: vars, db: tdb, api: newAPIClient(t, base, testAPIKey)}
+
+	const token = "erin-subscription-secret-7f3a9c"
+	sub, err := fp.MintSubscription(false)
+	require.NoError(t, err)
+	s := webPush(sub)
+	s.Endpoint = "https://" + closed + "/webpush/" + token
+	e.registerDevice(client.DeviceRegistration{UserID: "erin", Channel: client.ChannelWebPush, Subscription: s})
+	e.send(client.NewMessage{Audience: toUsers("erin"), Payload: titled("hello")})
+
+	var lastError string
+	require.Eventually(t, func() bool {
+		if le := e.providers()["webpush"].LastError; le != nil {
+			lastError = *le
+		}
+		return lastError != "" && strings.Contains(log.String(), "chunk parked")
+	}, 30*time.Second, 50*time.Millisecond, "the failing push service was not noticed")
+	require.NotContains(t, lastError, token)
+	require.Contains(t, lastError, closed, "the push service is named")
+	require.Contains(t, lastError, "connection refused", "the error's class is named")
+
+	res, err := e.api.DeleteUserWithResponse(t.Context(), "erin")
+	answered(t, http.StatusNoContent, res, err)
+	raw, err := e.api.GetProvidersWithResponse(t.Context())
+	answered(t, http.StatusOK, raw, err)
+	require.NotContains(t, string(raw.Body), token, "GET /v1/providers")
+	require.NotContains(t, log.String(), token, "the log")
+	var stored int
+	require.NoError(t, tdb.Pool.QueryRow(t.Context(),
+		`SELECT count(*) FROM provider_status WHERE last_error LIKE '%' || $1 || '%'`, token).Scan(&stored))
+	require.Zero(t, stored, "provider_status")
 }
