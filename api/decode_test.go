@@ -185,7 +185,11 @@ func TestQueryParametersNeverFail(t *testing.T) {
 		{deliveries + "?cursor=eyJhIjoxLCJmIjoieCJ9", "cursor"}, // another listing's filter
 	} {
 		t.Run(tc.path, func(t *testing.T) {
-			requireError(t, b.call(t, request{method: http.MethodGet, path: tc.path}), http.StatusBadRequest, "invalid_field", tc.field)
+			code := "invalid_field"
+			if tc.field == "cursor" {
+				code = "invalid_cursor"
+			}
+			requireError(t, b.call(t, request{method: http.MethodGet, path: tc.path}), http.StatusBadRequest, code, tc.field)
 		})
 	}
 }

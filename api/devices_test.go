@@ -545,5 +545,5 @@ func TestListDevicesInPages(t *testing.T) {
 		require.Less(t, a, c, "in registration order, each once")
 	}
 	requireError(t, b.call(t, request{method: http.MethodGet, path: "/v1/users/pat/devices?limit=0"}), http.StatusBadRequest, "invalid_field", "limit")
-	requireError(t, b.call(t, request{method: http.MethodGet, path: "/v1/users/pat/devices?cursor=bogus"}), http.StatusBadRequest, "invalid_field", "cursor")
+	requireError(t, b.call(t, request{method: http.MethodGet, path: "/v1/users/pat/devices?cursor=bogus"}), http.StatusBadRequest, "invalid_cursor", "cursor")
 }

@@ -191,9 +191,9 @@ func TestSegmentsReadBackAndDelete(t *testing.T) {
 
 	// A cursor is for its own listing only.
 	requireError(t, b.call(t, request{method: http.MethodGet, path: "/v1/segments/seg_b/members?cursor=" + memberCursor}),
-		http.StatusBadRequest, "invalid_field", "cursor")
+		http.StatusBadRequest, "invalid_cursor", "cursor")
 	requireError(t, b.call(t, request{method: http.MethodGet, path: "/v1/segments?cursor=" + memberCursor}),
-		http.StatusBadRequest, "invalid_field", "cursor")
+		http.StatusBadRequest, "invalid_cursor", "cursor")
 	requireError(t, b.call(t, request{method: http.MethodGet, path: "/v1/segments?limit=0"}), http.StatusBadRequest, "invalid_field", "limit")
 	requireError(t, b.call(t, request{method: http.MethodGet, path: "/v1/segments/nope/members"}), http.StatusNotFound, "not_found", "")
 

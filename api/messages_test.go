@@ -532,8 +532,8 @@ func TestDeliveryPagination(t *testing.T) {
 	// A cursor is bound to its listing and filter.
 	_, first := b.do(t, http.MethodGet, "/v1/messages/"+id+"/deliveries?limit=10", nil)
 	cur := first["next_cursor"].(string)
-	requireError(t, b.call(t, request{method: http.MethodGet, path: "/v1/messages/" + id + "/deliveries?status=pending&cursor=" + cur}), 400, "invalid_field", "cursor")
-	requireError(t, b.call(t, request{method: http.MethodGet, path: "/v1/messages/" + id + "/deliveries?cursor=garbage"}), 400, "invalid_field", "cursor")
+	requireError(t, b.call(t, request{method: http.MethodGet, path: "/v1/messages/" + id + "/deliveries?status=pending&cursor=" + cur}), 400, "invalid_cursor", "cursor")
+	requireError(t, b.call(t, request{method: http.MethodGet, path: "/v1/messages/" + id + "/deliveries?cursor=garbage"}), 400, "invalid_cursor", "cursor")
 	for _, limit := range []string{"0", "1001", "ten", "-5"} {
 		requireError(t, b.call(t, request{method: http.MethodGet, path: "/v1/messages/" + id + "/deliveries?limit=" + limit}), 400, "invalid_field", "limit")
 	}

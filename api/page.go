@@ -3,7 +3,11 @@ package api
 import (
 	"encoding/base64"
 	"encoding/json"
+	"net/http"
 	"strconv"
+	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/labstack/echo/v4"
 )
@@ -103,14 +107,38 @@ func encodeCursor(c cursor) *string {
 	return &s
 }
 
+// maxCursor bounds a cursor's length: a key is at most 128 characters and a
+// filter names a listing and its ids, so Herald's cursors are far shorter.
+const maxCursor = 1024
+
+// decodeCursor reads a cursor of the listing filter names. A cursor is
+// opaque but forgeable (base64 of JSON), and what it holds reaches the
+// database's queries, so anything but a cursor Herald made is refused as
+// invalid_cursor: it must decode, hold text PostgreSQL can take (UTF-8, no
+// NUL, no control characters) and a key of an id's length, and encode back
+// to itself, which refuses unknown, reordered or repeated members and
+// every other spelling of the same JSON.
 func decodeCursor(s, filter string) (cursor, error) {
-	var c cursor
-	raw, err := base64.RawURLEncoding.DecodeString(s)
-	if err == nil {
-		err = json.Unmarshal(raw, &c)
+	bad := &Error{Status: http.StatusBadRequest, Code: "invalid_cursor", Field: "cursor",
+		Message: "cursor is not one this listing returned; start again from the first page"}
+	if len(s) > maxCursor {
+		return cursor{}, bad
 	}
-	if err != nil || (c.After <= 0) == (c.Key == "") || c.Filter != filter {
-		return cursor{}, invalid("cursor", "cursor is not one this listing returned")
+	raw, err := base64.RawURLEncoding.DecodeString(s)
+	if err != nil || !utf8.Valid(raw) {
+		return cursor{}, bad
+	}
+	var c cursor
+	if err := json.Unmarshal(raw, &c); err != nil {
+		return cursor{}, bad
+	}
+	switch {
+	case (c.After <= 0) == (c.Key == ""), c.Filter != filter, len(c.Key) > maxCursorKey,
+		strings.IndexFunc(c.Key, unicode.IsControl) >= 0, *encodeCursor(c) != s:
+		return cursor{}, bad
 	}
 	return c, nil
 }
+
+// maxCursorKey is the longest key a cursor holds: a caller's id.
+const maxCursorKey = 128

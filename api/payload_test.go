@@ -3,6 +3,7 @@ package api
 import (
 	"encoding/json"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -146,4 +147,61 @@ func requireSameJSON(t testing.TB, want []byte, got any) {
 	raw, err := json.Marshal(got)
 	require.NoError(t, err)
 	require.JSONEq(t, string(want), string(raw))
+}
+
+// TestAttackPayloadURLSchemes is issue #26's item 10: payload.url took any
+// absolute URL, so a caller could make a tap run javascript:, open a data:
+// document or a local file:. It is https with a host, or an app's own
+// custom scheme; a scheme that a browser or an OS would act on is refused
+// with a 400 naming payload.url, however it is cased or spelt.
+func TestAttackPayloadURLSchemes(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.population(t, "u", 1, 1)
+	send := func(t *testing.T, u string) *httptest.ResponseRecorder {
+		body := messageBody(map[string]any{"type": "users", "ids": []string{"u0"}})
+		body["payload"] = map[string]any{"title": "t", "url": u}
+		return b.call(t, request{method: http.MethodPost, path: "/v1/messages", body: body})
+	}
+	for _, u := range []string{
+		"https://example.com/standup/42",
+		"HTTPS://example.com/",
+		"myapp://standup/42",
+		"com.example.app:/standup?id=42",
+		"my-app+beta.v2://x",
+	} {
+		t.Run("accepts "+u, func(t *testing.T) {
+			t.Parallel()
+			rec := send(t, u)
+			require.Equal(t, http.StatusAccepted, rec.Code, rec.Body.String())
+		})
+	}
+	for _, u := range []string{
+		"javascript:alert(document.cookie)",
+		"JavaScript:alert(1)",
+		"javascript://%0aalert(1)",
+		"vbscript:msgbox(1)",
+		"data:text/html,<script>alert(1)</script>",
+		"file:///etc/passwd",
+		"blob:https://example.com/uuid",
+		"about:blank",
+		"http://example.com/",
+		"ftp://example.com/",
+		"view-source:https://example.com/",
+		"intent://scan/#Intent;scheme=zxing;end",
+		"filesystem:https://example.com/temporary/x",
+		"ws://example.com/",
+		"https:///no-host",
+		"https://exa mple.com/",
+		" javascript:alert(1)",
+		"java\tscript:alert(1)",
+		"myapp:",
+		"1app://x",
+		"/standup/42",
+	} {
+		t.Run("refuses "+u, func(t *testing.T) {
+			t.Parallel()
+			requireError(t, send(t, u), http.StatusBadRequest, "invalid_field", "payload.url")
+		})
+	}
 }

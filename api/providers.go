@@ -9,6 +9,7 @@ import (
 
 	"github.com/heraldpush/herald/db"
 	"github.com/heraldpush/herald/jobs"
+	"github.com/heraldpush/herald/jobs/push"
 )
 
 // providerStatusMaxAge is how recent a worker's report must be to count;
@@ -53,8 +54,19 @@ func (s *Server) listProviders(c echo.Context) error {
 		// One open breaker in any worker shows.
 		st.State = jobs.WorseState(st.State, r.State)
 		if r.LastErrorAt != nil && (st.LastErrorAt == nil || r.LastErrorAt.After(*st.LastErrorAt)) {
-			st.LastError, st.LastErrorAt = r.LastError, utcPtr(r.LastErrorAt)
+			st.LastError, st.LastErrorAt = scrubbed(r.LastError), utcPtr(r.LastErrorAt)
 		}
 	}
 	return c.JSON(http.StatusOK, out)
+}
+
+// scrubbed is a stored last error as it is shown: without any URL's path
+// (push.ScrubDetail), for the rows an older Herald wrote, whose errors
+// could quote a Web Push endpoint, a device's token.
+func scrubbed(lastError *string) *string {
+	if lastError == nil {
+		return nil
+	}
+	s := push.ScrubDetail(*lastError)
+	return &s
 }

@@ -140,6 +140,27 @@ func (r scheduleRequest) canonical() scheduleRequest {
 // used for a message never answers a schedule. No caller's scope starts so.
 func scheduleScope(caller string) string { return "schedules:" + caller }
 
+// roomForSchedule refuses, with 409 too_many_schedules, a schedule past
+// ScheduleLimits.MaxSchedules live ones: each runs on its own, so their
+// number bounds the messages schedules make. It counts under a lock that
+// every creation takes in its transaction, so that racing creations are
+// counted one after another. A retry of a schedule made (its
+// Idempotency-Key) is answered before this, at the limit or not.
+func (s *Server) roomForSchedule(ctx context.Context, q *db.Queries) error {
+	if err := q.LockScheduleCount(ctx); err != nil {
+		return fmt.Errorf("lock schedule count: %w", err)
+	}
+	live, err := q.CountLiveSchedules(ctx)
+	if err != nil {
+		return fmt.Errorf("count schedules: %w", err)
+	}
+	if limit := s.cfg.ScheduleLimits.MaxSchedules; live >= int64(limit) {
+		return &Error{Status: http.StatusConflict, Code: "too_many_schedules",
+			Message: fmt.Sprintf("there are %d schedules, the most there may be (HERALD_MAX_SCHEDULES is %d); delete one to make room", live, limit)}
+	}
+	return nil
+}
+
 // firstRun is a schedule's first run at or after now (and starts_at), or
 // nil when it has none before ends_at, or none whose message, lasting span
 // after it, would end within year 9999.
@@ -313,6 +334,9 @@ func (s *Server) createSchedule(c echo.Context) error {
 			if !exists {
 				return 0, nil, invalid("audience.id", "segment %q does not exist", req.Audience.ID)
 			}
+		}
+		if err := s.roomForSchedule(ctx, q); err != nil {
+			return 0, nil, err
 		}
 		now, err := q.DatabaseNow(ctx)
 		if err != nil {

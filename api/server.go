@@ -168,7 +168,7 @@ func NewServer(cfg Config) (*Server, error) {
 	e.HideBanner, e.HidePort = true, true
 	forwardedHeaders(e, cfg.TrustedProxies)
 	e.HTTPErrorHandler = errorHandler(cfg.Logger)
-	e.Use(middleware.RequestID())
+	e.Use(requestID())
 	e.Use(requestLogger(cfg.Logger, newHTTPMetrics(cfg.Registerer)))
 	e.Use(newBodyBudget(cfg.BodyBudget).middleware)
 	e.Use(middleware.RecoverWithConfig(middleware.RecoverConfig{

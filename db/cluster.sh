@@ -12,6 +12,14 @@
 # away and speed is all that matters there. Both listen only on a Unix socket
 # in a short private directory, so they never collide with another PostgreSQL
 # on the machine or with another checkout of Herald.
+#
+# A cluster holds device tokens and runs with a superuser, so only the user
+# who runs it gets in: the socket's directory is the cluster owner's alone
+# (0700; root, which runs the tests as the owner's superuser, passes), and
+# local connections are authenticated by peer, mapped to the postgres role
+# for the owner and for whoever started it (root, when the owner is
+# postgres). Every start writes both, so a cluster made before they were
+# added is brought in line too.
 set -euo pipefail
 
 kind=${2:-dev}
@@ -78,12 +86,28 @@ own() {
 	if [ "$(id -u)" = 0 ]; then chown -R postgres: "$@"; fi
 }
 
+# secure restricts who can connect, as the header says: run before the
+# server starts, and again (with a reload) when it is already running.
+secure() {
+	chmod 700 "$sock"
+	local me owner
+	me=$(id -un)
+	owner=$me
+	if [ "$(id -u)" = 0 ]; then owner=postgres; fi
+	printf '%s\n' "# Written by db/cluster.sh on every start: local connections only, by peer." \
+		"local all all peer map=herald" | as_owner tee "$data/pg_hba.conf" >/dev/null
+	printf 'herald %s postgres\n' $(printf '%s\n' "$owner" "$me" | sort -u) |
+		as_owner tee "$data/pg_ident.conf" >/dev/null
+}
+
 running() {
 	[ -f "$data/PG_VERSION" ] && as_owner "$bindir/pg_ctl" status -D "$data" >/dev/null 2>&1
 }
 
 start() {
 	if running; then
+		secure
+		as_owner "$bindir/pg_ctl" reload -D "$data" >/dev/null
 		echo "$url"
 		return
 	fi
@@ -92,11 +116,12 @@ start() {
 	own "$data" "$sock"
 	if [ ! -f "$data/PG_VERSION" ]; then
 		log "initialising the $kind cluster in $data"
-		as_owner "$bindir/initdb" -D "$data" -U postgres --auth=trust -E UTF8 --locale=C >/dev/null
+		as_owner "$bindir/initdb" -D "$data" -U postgres --auth-local=peer --auth-host=reject -E UTF8 --locale=C >/dev/null
 	fi
+	secure
 	log "starting the $kind cluster (socket in $sock)"
 	as_owner "$bindir/pg_ctl" start -D "$data" -l "$data/server.log" -w -t 60 \
-		-o "-k $sock -c listen_addresses='' ${settings[*]}" >/dev/null || {
+		-o "-k $sock -c listen_addresses='' -c unix_socket_permissions=0700 ${settings[*]}" >/dev/null || {
 		log "PostgreSQL did not start; its log says:"
 		tail -n 20 "$data/server.log" >&2
 		exit 1

@@ -24,6 +24,17 @@ func (q *Queries) AdvanceSchedule(ctx context.Context, arg AdvanceScheduleParams
 	return err
 }
 
+const countLiveSchedules = `-- name: CountLiveSchedules :one
+SELECT count(*) FROM schedules WHERE deleted_at IS NULL
+`
+
+func (q *Queries) CountLiveSchedules(ctx context.Context) (int64, error) {
+	row := q.db.QueryRow(ctx, countLiveSchedules)
+	var count int64
+	err := row.Scan(&count)
+	return count, err
+}
+
 const deleteSchedule = `-- name: DeleteSchedule :execrows
 UPDATE schedules SET deleted_at = clock_timestamp(), updated_at = clock_timestamp()
 WHERE id = $1 AND deleted_at IS NULL
@@ -247,6 +258,18 @@ func (q *Queries) ListSchedules(ctx context.Context, arg ListSchedulesParams) ([
 		return nil, err
 	}
 	return items, nil
+}
+
+const lockScheduleCount = `-- name: LockScheduleCount :exec
+SELECT pg_advisory_xact_lock(hashtextextended('herald:schedule-count', 0))
+`
+
+// Taken by every creation of a schedule, in its transaction: creations
+// count the live schedules one at a time, so that racing ones cannot all
+// see room for one more.
+func (q *Queries) LockScheduleCount(ctx context.Context) error {
+	_, err := q.db.Exec(ctx, lockScheduleCount)
+	return err
 }
 
 const pendingRuns = `-- name: PendingRuns :many

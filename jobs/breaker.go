@@ -4,6 +4,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/heraldpush/herald/jobs/push"
 )
 
 // Breaker states, as /v1/providers shows them.
@@ -96,8 +98,12 @@ func (b *Breaker) Success() {
 	}
 }
 
-// Failure records a transient failure.
+// Failure records a transient failure. detail is kept as the last error,
+// which GET /v1/providers shows and provider_status stores, so no URL in it
+// is kept beyond its host (push.ScrubDetail): a Web Push endpoint is a
+// device's token.
 func (b *Breaker) Failure(detail string) {
+	detail = push.ScrubDetail(detail)
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	now := b.cfg.Now()

@@ -571,6 +571,18 @@ func (w *FanOutWorker) finish(ctx context.Context, c *running, ledger *ledger, r
 	return river.JobSnooze(wait)
 }
 
+// parkedDetail is what the log says of a parked delivery's error: for Web
+// Push, with the push service's host, as GET /v1/providers says it; never
+// more of the target (push.ScrubDetail), since the log outlives a user's
+// erasure.
+func parkedDetail(t Target, detail string) string {
+	detail = push.ScrubDetail(detail)
+	if host := endpointHost(t.Token); t.Channel == ChannelWebPush && host != "" && detail != "" {
+		return host + ": " + detail
+	}
+	return detail
+}
+
 // parked counts the chunk's deliveries that wait for a breaker, by channel,
 // with the error that held them back and how long the chunk should sleep:
 // until the first parked provider (or push service) lets a send through
@@ -586,7 +598,7 @@ func (w *FanOutWorker) parked(c *running, results []push.Result) (parked map[str
 			t := c.Targets[i]
 			parked[t.Channel]++
 			if detail == "" || !r.At.IsZero() {
-				detail = r.Detail
+				detail = parkedDetail(t, r.Detail)
 			}
 			if d := w.cfg.Breakers.ForTarget(t).RetryIn(); wait < 0 || d < wait {
 				wait = d

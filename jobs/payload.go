@@ -4,8 +4,10 @@ import (
 	"fmt"
 	"maps"
 	"net/url"
+	"regexp"
 	"slices"
 	"strings"
+	"unicode"
 
 	"github.com/heraldpush/herald/jobs/push"
 )
@@ -53,10 +55,8 @@ func checkPayloadFields(p *push.Content) error {
 	if err := checkHTTPSURL("payload.image", p.Image); err != nil {
 		return err
 	}
-	if p.URL != "" {
-		if u, err := url.Parse(p.URL); err != nil || u.Scheme == "" || len(p.URL) > maxPayloadURL {
-			return invalid("payload.url", "payload.url must be an absolute URL (https://... or an app's own scheme) of at most %d bytes", maxPayloadURL)
-		}
+	if err := checkTapURL("payload.url", p.URL); err != nil {
+		return err
 	}
 	if err := checkName("payload.sound", p.Sound); err != nil {
 		return err
@@ -164,6 +164,50 @@ func checkHTTPSURL(field, v string) error {
 	}
 	if u, err := url.Parse(v); err != nil || u.Scheme != "https" || u.Host == "" || len(v) > maxPayloadURL {
 		return invalid(field, "%s must be an https URL of at most %d bytes", field, maxPayloadURL)
+	}
+	return nil
+}
+
+// deniedURLSchemes are the schemes a tap's link must not have, although
+// they are not https: a browser or an OS acts on them itself, running
+// script (javascript, vbscript), opening a document the caller wrote
+// (data, blob, filesystem, view-source), reading the device (file,
+// content, resource, jar), launching another app's activity (intent), or
+// sending the link in the clear (http, ftp, ws, wss). A custom scheme that
+// is none of these is an app's own, which it registered to open itself.
+var deniedURLSchemes = map[string]bool{
+	"javascript": true, "vbscript": true, "data": true, "blob": true, "filesystem": true,
+	"view-source": true, "about": true, "file": true, "content": true, "resource": true,
+	"jar": true, "intent": true, "chrome": true, "http": true, "ftp": true, "ws": true, "wss": true,
+}
+
+// urlScheme is RFC 3986's scheme: a letter, then letters, digits, +, - or .
+var urlScheme = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9+.-]*$`)
+
+// checkTapURL accepts "" or the link a tap opens: an https URL with a host,
+// or an app's own custom scheme (myapp://standup/42,
+// com.example.app:/standup) that is not one of deniedURLSchemes, with
+// something after the colon. No whitespace or control characters, which a
+// browser strips and so would read java\tscript: as javascript:.
+func checkTapURL(field, v string) error {
+	if v == "" {
+		return nil
+	}
+	refused := invalid(field, "%s must be an https URL or a link in the app's own custom scheme (myapp://...), of at most %d bytes; "+
+		"javascript, data, file, http and other schemes a browser or the OS would act on are refused", field, maxPayloadURL)
+	if len(v) > maxPayloadURL || strings.IndexFunc(v, func(r rune) bool { return r <= ' ' || r == 0x7f || unicode.IsSpace(r) }) >= 0 {
+		return refused
+	}
+	scheme, rest, ok := strings.Cut(v, ":")
+	if !ok || !urlScheme.MatchString(scheme) || rest == "" || deniedURLSchemes[strings.ToLower(scheme)] {
+		return refused
+	}
+	u, err := url.Parse(v)
+	switch {
+	case err != nil:
+		return refused
+	case strings.EqualFold(scheme, "https") && u.Host == "":
+		return refused
 	}
 	return nil
 }

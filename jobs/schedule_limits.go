@@ -18,6 +18,12 @@ const (
 	// waiting) and refuses denser ones; a schedule in one zone has only the
 	// runs of the next HERALD_SCHEDULE_LEAD waiting.
 	DefaultScheduleMaxAhead = 120
+	// DefaultMaxSchedules is how many live (not deleted) schedules the
+	// installation may hold: far more than an app's reminders need, and
+	// few enough that the every-minute runs of all of them (1,000
+	// messages a minute at most) stay a small share of what one worker
+	// sends.
+	DefaultMaxSchedules = 1000
 	// scheduleCheckSpan is how far past its first run a schedule's runs are
 	// examined at creation: a week catches every weekday's pattern, and
 	// since every matching day of a cron has the same times, starting at
@@ -26,9 +32,9 @@ const (
 	scheduleCheckSpan = 8 * 24 * time.Hour
 )
 
-// ScheduleLimits bound what one schedule may cost: how often it runs, and
-// how many of its runs wait as messages made ahead. Zero fields take the
-// defaults (WithDefaults).
+// ScheduleLimits bound what schedules may cost: how often one runs, how
+// many of its runs wait as messages made ahead, and how many schedules
+// there are. Zero fields take the defaults (WithDefaults).
 type ScheduleLimits struct {
 	// MinInterval is the least time between two runs (HERALD_SCHEDULE_MIN_INTERVAL).
 	MinInterval time.Duration
@@ -36,12 +42,16 @@ type ScheduleLimits struct {
 	// that have not started (HERALD_SCHEDULE_MAX_AHEAD). The materializer
 	// makes no more, and catches up as they start.
 	MaxAhead int
+	// MaxSchedules is how many live (not deleted) schedules there may be
+	// (HERALD_MAX_SCHEDULES): creating one more is refused.
+	MaxSchedules int
 }
 
 // WithDefaults fills the zero fields with the defaults, in this one place.
 func (l ScheduleLimits) WithDefaults() ScheduleLimits {
 	l.MinInterval = cmp.Or(l.MinInterval, DefaultScheduleMinInterval)
 	l.MaxAhead = cmp.Or(l.MaxAhead, DefaultScheduleMaxAhead)
+	l.MaxSchedules = cmp.Or(l.MaxSchedules, DefaultMaxSchedules)
 	return l
 }
 
@@ -52,6 +62,9 @@ func (l ScheduleLimits) Validate() error {
 	}
 	if l.MaxAhead < 1 {
 		return fmt.Errorf("ScheduleLimits.MaxAhead is %d; it must be at least 1", l.MaxAhead)
+	}
+	if l.MaxSchedules < 1 {
+		return fmt.Errorf("ScheduleLimits.MaxSchedules is %d; it must be at least 1", l.MaxSchedules)
 	}
 	return nil
 }

@@ -55,8 +55,9 @@ func TestScheduleLimitsCheck(t *testing.T) {
 func TestScheduleLimitsDefaultsAndValidate(t *testing.T) {
 	t.Parallel()
 	l := ScheduleLimits{}.WithDefaults()
-	require.Equal(t, ScheduleLimits{MinInterval: DefaultScheduleMinInterval, MaxAhead: DefaultScheduleMaxAhead}, l)
+	require.Equal(t, ScheduleLimits{MinInterval: DefaultScheduleMinInterval, MaxAhead: DefaultScheduleMaxAhead, MaxSchedules: DefaultMaxSchedules}, l)
 	require.NoError(t, l.Validate())
-	require.ErrorContains(t, ScheduleLimits{MinInterval: time.Minute, MaxAhead: -1}.Validate(), "MaxAhead")
-	require.ErrorContains(t, ScheduleLimits{MinInterval: -time.Minute, MaxAhead: 1}.Validate(), "MinInterval")
+	require.ErrorContains(t, ScheduleLimits{MinInterval: time.Minute, MaxAhead: -1, MaxSchedules: 1}.Validate(), "MaxAhead")
+	require.ErrorContains(t, ScheduleLimits{MinInterval: -time.Minute, MaxAhead: 1, MaxSchedules: 1}.Validate(), "MinInterval")
+	require.ErrorContains(t, ScheduleLimits{MinInterval: time.Minute, MaxAhead: 1, MaxSchedules: -1}.Validate(), "MaxSchedules")
 }

@@ -680,7 +680,7 @@ type Payload struct {
 	// Title APNs aps.alert.title; FCM notification.title; Web Push title.
 	Title *string `json:"title,omitempty"`
 
-	// URL Absolute (https or an app's own scheme), opened on tap. APNs custom key url; FCM data.url; Web Push url.
+	// URL Opened on tap: an https URL with a host, or a link in the app's own custom scheme (myapp://..., RFC 3986 scheme syntax). javascript, vbscript, data, blob, filesystem, view-source, about, file, content, resource, jar, intent, chrome, http, ftp, ws and wss are refused (400 naming payload.url), as is whitespace. APNs custom key url; FCM data.url; Web Push url.
 	URL *string `json:"url,omitempty"`
 
 	// Webpush What only Web Push has.
@@ -701,8 +701,10 @@ type Priority string
 
 // ProviderStatus defines model for ProviderStatus.
 type ProviderStatus struct {
-	Configured  bool         `json:"configured"`
-	Failures    int          `json:"failures"`
+	Configured bool `json:"configured"`
+	Failures   int  `json:"failures"`
+
+	// LastError The latest transient failure: the push service's host (Web Push) with its status or the error's class, such as "timeout" or "connection refused". Never an endpoint or a device token.
 	LastError   *string      `json:"last_error"`
 	LastErrorAt *time.Time   `json:"last_error_at"`
 	Sends       int          `json:"sends"`
@@ -899,6 +901,7 @@ type WebPushOptionsUrgency string
 
 // WebPushSubscription A Web Push subscription, as PushSubscription.toJSON() gives it.
 type WebPushSubscription struct {
+	// Endpoint The push service's URL for this subscription: https on port 443 of a known push service (or a host the operator added to HERALD_WEBPUSH_HOSTS), in the path shape that service's subscriptions have (fcm.googleapis.com/fcm/send/<token> or /wp/<token>, android.googleapis.com/gcm/send/<token>, *.push.services.mozilla.com/wpush/v1|v2/<token>, *.push.apple.com/<token>, *.notify.windows.com/w/?token=<token>). On any host, a path with . or .. segments or starting with /_ is refused. Anything else is a 400 naming subscription.endpoint.
 	Endpoint       string   `json:"endpoint"`
 	ExpirationTime *float64 `json:"expirationTime,omitempty"`
 
@@ -953,7 +956,9 @@ type ListMessagesParams struct {
 	State      *MessageState `form:"state,omitempty" json:"state,omitempty"`
 	ScheduleID *string       `form:"schedule_id,omitempty" json:"schedule_id,omitempty"`
 	Limit      *Limit        `form:"limit,omitempty" json:"limit,omitempty"`
-	Cursor     *Cursor       `form:"cursor,omitempty" json:"cursor,omitempty"`
+
+	// Cursor The previous page's next_cursor, as it came: opaque. Anything else (edited, forged, from another listing or other filters) is a 400 invalid_cursor naming cursor.
+	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
 }
 
 // CreateMessageParams defines parameters for CreateMessage.
@@ -970,12 +975,16 @@ type CreateMessageParams struct {
 type ListMessageDeliveriesParams struct {
 	Status *DeliveryStatus `form:"status,omitempty" json:"status,omitempty"`
 	Limit  *Limit          `form:"limit,omitempty" json:"limit,omitempty"`
-	Cursor *Cursor         `form:"cursor,omitempty" json:"cursor,omitempty"`
+
+	// Cursor The previous page's next_cursor, as it came: opaque. Anything else (edited, forged, from another listing or other filters) is a 400 invalid_cursor naming cursor.
+	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
 }
 
 // ListSchedulesParams defines parameters for ListSchedules.
 type ListSchedulesParams struct {
-	Limit  *Limit  `form:"limit,omitempty" json:"limit,omitempty"`
+	Limit *Limit `form:"limit,omitempty" json:"limit,omitempty"`
+
+	// Cursor The previous page's next_cursor, as it came: opaque. Anything else (edited, forged, from another listing or other filters) is a 400 invalid_cursor naming cursor.
 	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
 }
 
@@ -991,19 +1000,25 @@ type CreateScheduleParams struct {
 
 // ListSegmentsParams defines parameters for ListSegments.
 type ListSegmentsParams struct {
-	Limit  *Limit  `form:"limit,omitempty" json:"limit,omitempty"`
+	Limit *Limit `form:"limit,omitempty" json:"limit,omitempty"`
+
+	// Cursor The previous page's next_cursor, as it came: opaque. Anything else (edited, forged, from another listing or other filters) is a 400 invalid_cursor naming cursor.
 	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
 }
 
 // ListSegmentMembersParams defines parameters for ListSegmentMembers.
 type ListSegmentMembersParams struct {
-	Limit  *Limit  `form:"limit,omitempty" json:"limit,omitempty"`
+	Limit *Limit `form:"limit,omitempty" json:"limit,omitempty"`
+
+	// Cursor The previous page's next_cursor, as it came: opaque. Anything else (edited, forged, from another listing or other filters) is a 400 invalid_cursor naming cursor.
 	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
 }
 
 // ListUserDevicesParams defines parameters for ListUserDevices.
 type ListUserDevicesParams struct {
-	Limit  *Limit  `form:"limit,omitempty" json:"limit,omitempty"`
+	Limit *Limit `form:"limit,omitempty" json:"limit,omitempty"`
+
+	// Cursor The previous page's next_cursor, as it came: opaque. Anything else (edited, forged, from another listing or other filters) is a 400 invalid_cursor naming cursor.
 	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
 }
 

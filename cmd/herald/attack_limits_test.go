@@ -7,6 +7,7 @@ import (
 	"net/http/cookiejar"
 	"net/url"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -192,7 +193,7 @@ func TestAttackLimitsDevicePages(t *testing.T) {
 	require.NotNil(t, first)
 	res = list("other", client.ListUserDevicesParams{Cursor: first.NextCursor})
 	require.Equal(t, http.StatusBadRequest, res.StatusCode())
-	requireAPIError(t, res, "invalid_field", "cursor")
+	requireAPIError(t, res, "invalid_cursor", "cursor")
 }
 
 // TestAttackLimitsScheduleCadence creates schedules that would run too
@@ -250,4 +251,59 @@ func TestAttackLimitsRunsMadeAhead(t *testing.T) {
 		require.LessOrEqual(t, waiting(), 4)
 	}
 	e.deleteSchedule(id)
+}
+
+// TestAttackLimitsScheduleCount is issue #26's item 8: nothing bounded how
+// many schedules there were, so 300 every-minute schedules made 756
+// messages in 40 s. Past HERALD_MAX_SCHEDULES live schedules, creating one
+// more is 409 too_many_schedules, racing creations included; deleting one
+// makes room, and a retry of a schedule already made is still answered.
+func TestAttackLimitsScheduleCount(t *testing.T) {
+	t.Parallel()
+	e := startE2E(t, map[string]string{"HERALD_MAX_SCHEDULES": "5"})
+	create := func(key *string) *client.CreateScheduleResponse {
+		var params *client.CreateScheduleParams
+		if key != nil {
+			params = &client.CreateScheduleParams{IdempotencyKey: key}
+		}
+		res, err := e.api.CreateScheduleWithResponse(t.Context(), params, client.NewSchedule{
+			Cron: "* * * * *", Timezone: new("UTC"), Audience: toUsers("ann"), Payload: titled("spam"),
+		})
+		require.NoError(t, err)
+		return res
+	}
+	// Twenty at once: five are made, whatever the interleaving.
+	var wg sync.WaitGroup
+	var made, refused atomic.Int64
+	for i := range 20 {
+		wg.Go(func() {
+			res := create(new(fmt.Sprintf("k%d", i)))
+			switch res.StatusCode() {
+			case http.StatusCreated:
+				made.Add(1)
+			case http.StatusConflict:
+				refused.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	require.EqualValues(t, 5, made.Load())
+	require.EqualValues(t, 15, refused.Load())
+
+	res := create(nil)
+	require.Equal(t, http.StatusConflict, res.StatusCode(), "%s", res.Body)
+	require.Contains(t, requireAPIError(t, res, "too_many_schedules", "").Message, "5")
+
+	var kept string
+	for i := range 20 {
+		if res := create(new(fmt.Sprintf("k%d", i))); res.StatusCode() == http.StatusOK {
+			kept = res.JSON200.ScheduleID
+			break
+		}
+	}
+	require.NotEmpty(t, kept, "a retry of a schedule made is answered at the limit")
+	e.deleteSchedule(kept)
+	res = create(nil)
+	require.Equal(t, http.StatusCreated, res.StatusCode(), "%s", res.Body)
+	require.Equal(t, http.StatusConflict, create(nil).StatusCode())
 }

@@ -107,8 +107,8 @@ type config struct {
 	RateLimit, RateBurst int
 	// MaxDevicesPerUser is HERALD_MAX_DEVICES_PER_USER.
 	MaxDevicesPerUser int
-	// ScheduleLimits are HERALD_SCHEDULE_MIN_INTERVAL and
-	// HERALD_SCHEDULE_MAX_AHEAD.
+	// ScheduleLimits are HERALD_SCHEDULE_MIN_INTERVAL,
+	// HERALD_SCHEDULE_MAX_AHEAD and HERALD_MAX_SCHEDULES.
 	ScheduleLimits jobs.ScheduleLimits
 }
 
@@ -269,6 +269,9 @@ func loadConfig(getenv func(string) string) (config, error) {
 		return c, err
 	}
 	if c.ScheduleLimits.MaxAhead, err = intVar(getenv, "HERALD_SCHEDULE_MAX_AHEAD", 1, 1_000_000); err != nil {
+		return c, err
+	}
+	if c.ScheduleLimits.MaxSchedules, err = intVar(getenv, "HERALD_MAX_SCHEDULES", 1, 10_000_000); err != nil {
 		return c, err
 	}
 	if c.RescueAfter <= c.ChunkTimeout {

@@ -73,6 +73,7 @@ var serveEnv = []envVar{
 	{"HERALD_MAX_DEVICES_PER_USER", "active devices one user may have", "100"},
 	{"HERALD_SCHEDULE_MIN_INTERVAL", "least time between two runs of a schedule", "1m"},
 	{"HERALD_SCHEDULE_MAX_AHEAD", "runs of one schedule made into messages and not yet started", "120"},
+	{"HERALD_MAX_SCHEDULES", "live (not deleted) schedules there may be", "1000"},
 	{"GOGC", "Go's garbage collector target", "200"},
 }
 

@@ -52,6 +52,13 @@ func startServe(t *testing.T, vars map[string]string, args ...string) (string, f
 // startServeOut is startServe that also returns what serve printed.
 func startServeOut(t *testing.T, vars map[string]string, args ...string) (string, *syncBuffer, func() error) {
 	t.Helper()
+	base, stdout, _, stop := startServeLog(t, vars, args...)
+	return base, stdout, stop
+}
+
+// startServeLog is startServeOut that also returns serve's log (stderr).
+func startServeLog(t *testing.T, vars map[string]string, args ...string) (string, *syncBuffer, *syncBuffer, func() error) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	var stdout, stderr syncBuffer
 	done := make(chan error, 1)
@@ -102,7 +109,7 @@ func startServeOut(t *testing.T, vars map[string]string, args ...string) (string
 			t.Logf("herald serve's log:\n%s", stderr.String())
 		}
 	})
-	return base, &stdout, stop
+	return base, &stdout, &stderr, stop
 }
 
 func TestServeRefusesUnmigratedDatabase(t *testing.T) {

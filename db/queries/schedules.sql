@@ -72,3 +72,12 @@ SELECT schedule_id, schedule_run_at, id AS message_id FROM (
 ) runs
 WHERE n <= @per_schedule::integer
 ORDER BY schedule_id, schedule_run_at;
+
+-- name: LockScheduleCount :exec
+-- Taken by every creation of a schedule, in its transaction: creations
+-- count the live schedules one at a time, so that racing ones cannot all
+-- see room for one more.
+SELECT pg_advisory_xact_lock(hashtextextended('herald:schedule-count', 0));
+
+-- name: CountLiveSchedules :one
+SELECT count(*) FROM schedules WHERE deleted_at IS NULL;

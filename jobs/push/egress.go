@@ -26,6 +26,42 @@ var DefaultWebPushHosts = []string{
 	"*.notify.windows.com",
 }
 
+// pushPaths are the shapes of the default push services' endpoint paths:
+// a fixed prefix and then the subscription's own token, one path segment
+// (or, for Windows, the token in the query). A push service's host serves
+// more than push endpoints (Mozilla's autopush has registration routes, for
+// one), so a caller's endpoint may name only the resource a browser's
+// subscription names. Keyed by the entry of DefaultWebPushHosts.
+var pushPaths = map[string][]pathShape{
+	// Chrome's subscriptions say /fcm/send/; the Web Push protocol's
+	// resource for the same token is /wp/.
+	"fcm.googleapis.com":     {{prefix: "/fcm/send/"}, {prefix: "/wp/"}},
+	"android.googleapis.com": {{prefix: "/gcm/send/"}},
+	// Firefox: /wpush/v1/ without VAPID, /wpush/v2/ with it.
+	"*.push.services.mozilla.com": {{prefix: "/wpush/v1/"}, {prefix: "/wpush/v2/"}},
+	// Safari: https://web.push.apple.com/<token>.
+	"*.push.apple.com": {{prefix: "/"}},
+	// Windows: https://<region>.notify.windows.com/w/?token=<token>.
+	"*.notify.windows.com": {{prefix: "/w/", tokenInQuery: true}, {prefix: "/", tokenInQuery: true}},
+}
+
+// pathShape is one shape of a push service's endpoint path.
+type pathShape struct {
+	prefix string
+	// tokenInQuery: the path is the prefix alone and the token is the
+	// query's token parameter; otherwise the token is the one segment after
+	// the prefix, and there is no query.
+	tokenInQuery bool
+}
+
+func (s pathShape) matches(u *url.URL) bool {
+	if s.tokenInQuery {
+		return u.Path == s.prefix && u.Query().Get("token") != ""
+	}
+	token, ok := strings.CutPrefix(u.Path, s.prefix)
+	return ok && token != "" && !strings.Contains(token, "/") && u.RawQuery == ""
+}
+
 // ReasonEndpointForbidden is the reason of a Web Push delivery whose endpoint
 // Herald will not post to: a host that is not a known push service, or a
 // name that resolves to an address inside a network. Nothing was sent. The
@@ -60,6 +96,9 @@ type hostRule struct {
 	// checked, so that a push service inside the operator's network (or a
 	// local fakepush) can be reached. The defaults are never trusted.
 	trusted bool
+	// paths are the endpoint paths a default entry admits (pushPaths);
+	// an operator's entry admits any path checkPath lets through.
+	paths []pathShape
 }
 
 func (r hostRule) matches(host, port string) bool {
@@ -92,6 +131,7 @@ func NewEgressPolicy(extra []string) (*EgressPolicy, error) {
 		if err != nil {
 			return nil, err
 		}
+		r.paths = pushPaths[h]
 		p.rules = append(p.rules, r)
 	}
 	for _, h := range extra {
@@ -163,8 +203,9 @@ func (p *EgressPolicy) rule(host, port string) (hostRule, bool) {
 
 // CheckEndpoint says whether Herald may post to endpoint, as far as can be
 // told without resolving its name: an https URL without credentials, on an
-// allowed host and port, and, where the host is an IP address the operator
-// did not add, a public one. The error wraps ErrEndpointForbidden.
+// allowed host and port, whose path is a push resource (checkPath), and,
+// where the host is an IP address the operator did not add, a public one.
+// The error wraps ErrEndpointForbidden.
 func (p *EgressPolicy) CheckEndpoint(endpoint string) error {
 	u, err := url.Parse(endpoint)
 	if err != nil || u.Scheme != "https" || u.Host == "" || u.User != nil || u.Opaque != "" {
@@ -183,7 +224,35 @@ func (p *EgressPolicy) CheckEndpoint(endpoint string) error {
 			return forbidden("%s is %s", host, why)
 		}
 	}
-	return nil
+	return r.checkPath(u)
+}
+
+// checkPath says whether u's path may be a push endpoint's. On every host:
+// no dot segments (a server that cleans its paths would serve another
+// resource) and nothing under /_, where fakepush, which an operator's entry
+// names in development and tests, keeps its control endpoints (/_reset,
+// /_control): a caller's endpoint must never reset or steer it. On a
+// default push service, the path must have one of the service's endpoint
+// shapes (pushPaths). The path is judged decoded, as a server routes it, so
+// /%5Freset is /_reset.
+func (r hostRule) checkPath(u *url.URL) error {
+	for _, seg := range strings.Split(u.Path, "/") {
+		if seg == "." || seg == ".." {
+			return forbidden("the endpoint's path must not hold . or .. segments")
+		}
+	}
+	if strings.HasPrefix(u.Path, "/_") {
+		return forbidden("the endpoint's path must not start with /_, where push services' test doubles keep their controls")
+	}
+	if r.paths == nil {
+		return nil
+	}
+	for _, shape := range r.paths {
+		if shape.matches(u) {
+			return nil
+		}
+	}
+	return forbidden("the endpoint's path is not a push subscription's on %s", u.Hostname())
 }
 
 // DialContext wraps dial, a net.Dialer's DialContext, for a client that sends
@@ -231,15 +300,18 @@ func (p *EgressPolicy) DialContext(d *net.Dialer, proxies ...string) func(ctx co
 
 // internalPrefixes are the ranges, beyond what netip classifies, that never
 // hold a public push service: shared address space (CGNAT), the IETF
-// protocol assignments, benchmarking, documentation, reserved, and the
-// IPv6 forms that embed an IPv4 address (NAT64, 6to4, Teredo), which could
-// carry an internal one.
+// protocol assignments, benchmarking, documentation, reserved, IPv6's
+// deprecated site-local range (fec0::/10, which netip does not call
+// private), and the IPv6 forms that embed an IPv4 address (IPv4-compatible
+// ::/96 and IPv4-translated ::ffff:0:0:0/96, NAT64, 6to4, Teredo), which
+// could carry an internal one. IPv4-mapped addresses (::ffff:0:0/96) are
+// not here: internalAddress judges them as the IPv4 address they map.
 var internalPrefixes = func() []netip.Prefix {
 	var out []netip.Prefix
 	for _, s := range []string{
 		"0.0.0.0/8", "100.64.0.0/10", "192.0.0.0/24", "192.0.2.0/24", "198.18.0.0/15",
 		"198.51.100.0/24", "203.0.113.0/24", "240.0.0.0/4", "255.255.255.255/32",
-		"64:ff9b::/96", "64:ff9b:1::/48", "2001::/32", "2001:db8::/32", "2002::/16", "100::/64",
+		"fec0::/10", "::/96", "::ffff:0:0:0/96", "64:ff9b::/96", "64:ff9b:1::/48", "2001::/32", "2001:db8::/32", "2002::/16", "100::/64",
 	} {
 		out = append(out, netip.MustParsePrefix(s))
 	}

@@ -149,3 +149,103 @@ func TestDialRefusesInternalAddresses(t *testing.T) {
 	require.True(t, errors.As(err, &fe), "%v", err)
 	require.Contains(t, fe.Why, "not a Web Push service")
 }
+
+// TestInternalAddressIPv6Forms is issue #26's item 6: the IPv6 ranges that
+// hold no public push service, or that carry an IPv4 address, each with a
+// name. An IPv4-mapped address (::ffff:0:0/96) is judged as the IPv4
+// address it maps, public or not; the deprecated IPv4-compatible form
+// (::/96) and IPv4-translated form (::ffff:0:0:0/96) and the deprecated
+// site-local range (fec0::/10) are never public.
+func TestInternalAddressIPv6Forms(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, addr string
+		internal   bool
+	}{
+		{"site-local", "fec0::1", true},
+		{"site-local, top of range", "feff:ffff::1", true},
+		{"IPv4-compatible loopback", "::127.0.0.1", true},
+		{"IPv4-compatible private", "::10.0.0.1", true},
+		{"IPv4-compatible public", "::8.8.8.8", true},
+		{"IPv4-compatible, high bits", "::ffff", true},
+		{"IPv4-translated loopback", "::ffff:0:127.0.0.1", true},
+		{"IPv4-mapped loopback", "::ffff:127.0.0.1", true},
+		{"IPv4-mapped unspecified", "::ffff:0.0.0.0", true},
+		{"IPv4-mapped CGNAT", "::ffff:100.64.0.1", true},
+		{"IPv4-mapped metadata", "::ffff:169.254.169.254", true},
+		{"IPv4-mapped documentation", "::ffff:203.0.113.9", true},
+		{"IPv4-mapped broadcast", "::ffff:255.255.255.255", true},
+		{"IPv4-mapped public", "::ffff:8.8.8.8", false},
+		{"IPv4-mapped public, hex", "::ffff:808:808", false},
+		{"global unicast", "2a00:1450:4001::200a", false},
+		{"just above site-local", "ff00::1", true}, // multicast
+		{"just below site-local", "febf::1", true}, // link-local
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			why := internalAddress(netip.MustParseAddr(tc.addr))
+			if tc.internal {
+				require.NotEmpty(t, why, "%s is let through", tc.addr)
+			} else {
+				require.Empty(t, why, "%s is refused", tc.addr)
+			}
+		})
+	}
+}
+
+// TestCheckEndpointPaths is issue #26's item 5: a push service's host, or
+// the operator's fakepush, serves more than push endpoints, so an endpoint
+// must name a push subscription's resource: on the default services, the
+// shapes their browsers' subscriptions have; on every host, nothing under
+// /_ (fakepush's controls) and no dot segments, however spelt.
+func TestCheckEndpointPaths(t *testing.T) {
+	t.Parallel()
+	p, err := NewEgressPolicy([]string{"127.0.0.1:8443"})
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		endpoint string
+		ok       bool
+	}{
+		{"https://fcm.googleapis.com/fcm/send/cXyz:APA91b-_x", true},
+		{"https://fcm.googleapis.com/wp/cXyz:APA91b", true},
+		{"https://android.googleapis.com/gcm/send/eDD5G1tIe9", true},
+		{"https://updates.push.services.mozilla.com/wpush/v1/gAAAAABf", true},
+		{"https://updates.push.services.mozilla.com/wpush/v2/gAAAAABf", true},
+		{"https://web.push.apple.com/QGuQyavXutnMH", true},
+		{"https://db5.notify.windows.com/w/?token=BQYAAAB%2b", true},
+		{"https://db5.notify.windows.com/?token=BQYAAAB", true},
+		{"https://127.0.0.1:8443/webpush/abc", true},
+		{"https://127.0.0.1:8443/", true},
+
+		{"https://fcm.googleapis.com/", false},
+		{"https://fcm.googleapis.com/fcm/send/", false},
+		{"https://fcm.googleapis.com/v1/projects/p/messages:send", false},
+		{"https://fcm.googleapis.com/fcm/send/a/b", false},
+		{"https://fcm.googleapis.com/fcm/send/..", false},
+		{"https://fcm.googleapis.com/fcm/send/%2e%2e", false},
+		{"https://fcm.googleapis.com/fcm/send/a%2Fb", false},
+		{"https://fcm.googleapis.com/fcm/send/a?x=1", false},
+		{"https://android.googleapis.com/fcm/send/a", false},
+		{"https://updates.push.services.mozilla.com/wpush/v3/a", false},
+		{"https://updates.push.services.mozilla.com/v1/fcm/app/registration", false},
+		{"https://updates.push.services.mozilla.com/m/abc", false},
+		{"https://web.push.apple.com/", false},
+		{"https://web.push.apple.com/a/b", false},
+		{"https://db5.notify.windows.com/w/", false},
+		{"https://db5.notify.windows.com/w/x?token=a", false},
+		{"https://127.0.0.1:8443/_reset", false},
+		{"https://127.0.0.1:8443/_control", false},
+		{"https://127.0.0.1:8443/_webpush/subscriptions", false},
+		{"https://127.0.0.1:8443/%5Freset", false},
+		{"https://127.0.0.1:8443/webpush/../_reset", false},
+		{"https://127.0.0.1:8443/webpush/%2e%2e/_reset", false},
+		{"https://127.0.0.1:8443/./_reset", false},
+	} {
+		err := p.CheckEndpoint(tc.endpoint)
+		if tc.ok {
+			require.NoError(t, err, tc.endpoint)
+		} else {
+			require.ErrorIs(t, err, ErrEndpointForbidden, tc.endpoint)
+		}
+	}
+}

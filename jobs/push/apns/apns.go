@@ -195,7 +195,9 @@ func (p *Provider) push(ctx context.Context, n *apns2.Notification, sandbox bool
 	switch {
 	case err != nil:
 		reason := errorReason(err)
-		return push.Result{At: at, Reason: reason, Detail: err.Error(), Unanswered: reason == push.ReasonProviderUnavailable}
+		// The error's text quotes the request's URL, which holds the
+		// device token: the detail is the error's class alone.
+		return push.Result{At: at, Reason: reason, Detail: push.ErrorClass(err), Unanswered: reason == push.ReasonProviderUnavailable}
 	case res.StatusCode == http.StatusOK:
 		return push.Result{At: at, Accepted: true}
 	}

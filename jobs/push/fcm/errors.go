@@ -35,9 +35,9 @@ func classify(err error) (reason push.Reason, detail string, unanswered bool) {
 	switch {
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled),
 		errorutils.IsDeadlineExceeded(err), errorutils.IsUnavailable(err), errorutils.IsUnknown(err):
-		return push.ReasonProviderUnavailable, err.Error(), true
+		return push.ReasonProviderUnavailable, push.ErrorClass(err), true
 	}
-	return push.ReasonInternal, err.Error(), false
+	return push.ReasonInternal, push.ScrubDetail(err.Error()), false
 }
 
 // googleError is the error body of Google APIs, with FCM's detail.

@@ -181,7 +181,7 @@ func (p *Provider) send(ctx context.Context, payload []byte, t *push.Target, opt
 	if err != nil {
 		reason := errorReason(err)
 		var te *transportError
-		return push.Result{At: time.Now(), Reason: reason, Detail: err.Error(),
+		return push.Result{At: time.Now(), Reason: reason, Detail: errorDetail(err),
 			Unanswered: reason != push.ReasonEndpointForbidden && errors.As(err, &te)}
 	}
 	defer resp.Body.Close()
@@ -245,6 +245,21 @@ func errorReason(err error) push.Reason {
 		return push.ReasonPayloadRejected
 	}
 	return push.ReasonBadToken
+}
+
+// errorDetail says what went wrong with a send that got no answer, without
+// the endpoint, which is the subscription's token and which the text of
+// every error that carries a URL quotes: the breaker of the endpoint's host
+// keeps the detail, and names the host itself.
+func errorDetail(err error) string {
+	var te *transportError
+	switch {
+	case errors.As(err, &te), errors.Is(err, push.ErrEndpointForbidden):
+		return push.ErrorClass(err)
+	case errors.Is(err, webpush.ErrMaxPadExceeded):
+		return "the payload does not fit the push service's record size"
+	}
+	return "the subscription's keys or endpoint cannot be used to encrypt or sign a push"
 }
 
 // reasonFor maps a push service's answer other than 2xx. 404 and 410 are the
