@@ -77,7 +77,7 @@ bench: build
 
 test: generate/check vet test/go test/fuzz
 
-test/go: chromium promtool
+test/go: chromium promtool buildah umoci
 	@url=$$($(MAKE) -s db/test/start); \
 	echo "go test against $$url"; \
 	DATABASE_URL=$$url $(GO) test $(RACE) -count=1 -timeout 15m ./...
