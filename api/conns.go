@@ -75,7 +75,9 @@ func (l *LimitedListener) admit(c net.Conn, ip string) (net.Conn, bool) {
 	return &limitedConn{Conn: c, l: l, ip: ip}, true
 }
 
-// recycleLocked closes the connection idle the longest, if any is idle.
+// recycleLocked closes the connection idle the longest, if any is idle,
+// before the new one is taken: closed later, it could still take a
+// request in between.
 // Its count is given back when the server closes it in turn; it is taken
 // out of the count now, so that a burst of new connections does not close
 // every idle one.
@@ -94,7 +96,7 @@ func (l *LimitedListener) recycleLocked() bool {
 	lc := oldest.(*limitedConn)
 	lc.releaseLocked()
 	l.recycled++
-	go lc.Conn.Close()
+	_ = lc.Conn.Close()
 	return true
 }
 
