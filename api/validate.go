@@ -3,7 +3,6 @@ package api
 import (
 	"encoding/base64"
 	"encoding/hex"
-	"fmt"
 	"strconv"
 	"strings"
 
@@ -104,11 +103,6 @@ func formatDeviceID(id int64) string { return devicePrefix + strconv.FormatInt(i
 // parseID reads an external id; ok is false for anything that is not one,
 // which callers answer with 404, since no such resource can exist.
 func parseID(prefix, s string) (int64, bool) { return push.ParseID(prefix, s) }
-
-// indexed names an element of an array field, as errors report it.
-func indexed(field string, i int, sub string) string {
-	return fmt.Sprintf("%s[%d].%s", field, i, sub)
-}
 
 const schedulePrefix = "sch_"
 

@@ -33,25 +33,28 @@ func (s scheduled) ids() []string { return append([]string{s.urgentID}, s.bulkID
 // and localized, the rich one in five languages, so that the runs compare
 // what the fields and the languages cost per send.
 var bulkPayloads = map[string]push.Content{
-	"plain": {Title: "Your daily digest", Body: "12 new items since yesterday", Data: map[string]string{"deep_link": "app://digest"}},
-	"rich": {
-		Title: "Your daily digest", Subtitle: "Tuesday", Body: "12 new items since yesterday",
-		Data:  map[string]string{"deep_link": "app://digest"},
-		Image: "https://cdn.example.com/digest.png", URL: "https://app.example.com/digest",
-		Sound: "default", Badge: ptr(12), Category: "DIGEST", ThreadID: "digest",
-		InterruptionLevel: "passive", RelevanceScore: ptr(0.4),
-		APNs: &push.APNsOptions{TargetContentID: "digest"},
-		FCM:  &push.FCMOptions{AndroidChannelID: "digest", Tag: "digest", Color: "#3366ff", Icon: "ic_digest"},
-		WebPush: &push.WebPushOptions{Icon: "https://cdn.example.com/icon.png", BadgeIcon: "https://cdn.example.com/badge.png",
-			Actions: []push.WebPushAction{{Action: "open", Title: "Open"}, {Action: "later", Title: "Later"}}, Tag: "digest", Urgency: "low"},
-	},
+	"plain":     {Title: "Your daily digest", Body: "12 new items since yesterday", Data: map[string]string{"deep_link": "app://digest"}},
+	"rich":      richPayload,
+	"localized": localized(richPayload),
+}
+
+// richPayload uses every field of the payload reference a digest would.
+var richPayload = push.Content{
+	Title: "Your daily digest", Subtitle: "Tuesday", Body: "12 new items since yesterday",
+	Data:  map[string]string{"deep_link": "app://digest"},
+	Image: "https://cdn.example.com/digest.png", URL: "https://app.example.com/digest",
+	Sound: "default", Badge: ptr(12), Category: "DIGEST", ThreadID: "digest",
+	InterruptionLevel: "passive", RelevanceScore: ptr(0.4),
+	APNs: &push.APNsOptions{TargetContentID: "digest"},
+	FCM:  &push.FCMOptions{AndroidChannelID: "digest", Tag: "digest", Color: "#3366ff", Icon: "ic_digest"},
+	WebPush: &push.WebPushOptions{Icon: "https://cdn.example.com/icon.png", BadgeIcon: "https://cdn.example.com/badge.png",
+		Actions: []push.WebPushAction{{Action: "open", Title: "Open"}, {Action: "later", Title: "Later"}}, Tag: "digest", Urgency: "low"},
 }
 
 // localized is the rich payload in four more languages; a run with it
 // gives the users locales (SetBenchLocales), so that a fifth of the
 // devices each get German, Portuguese, French, Spanish and the English.
-func localized() push.Content {
-	c := bulkPayloads["rich"]
+func localized(c push.Content) push.Content {
 	c.Localizations = map[string]push.Text{
 		"de":    {Title: "Deine tägliche Übersicht", Subtitle: "Dienstag", Body: "12 neue Einträge seit gestern"},
 		"pt-BR": {Title: "Seu resumo diário", Subtitle: "Terça-feira", Body: "12 novos itens desde ontem"},
@@ -60,8 +63,6 @@ func localized() push.Content {
 	}
 	return c
 }
-
-func init() { bulkPayloads["localized"] = localized() }
 
 func ptr[T any](v T) *T { return &v }
 
