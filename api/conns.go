@@ -113,6 +113,13 @@ func (l *LimitedListener) ConnState(c net.Conn, state http.ConnState) {
 	}
 }
 
+// idleCount is how many connections the server has said are idle.
+func (l *LimitedListener) idleCount() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.idle)
+}
+
 // Counts are the connections open now, and those refused and closed to make
 // room since the process started.
 func (l *LimitedListener) Counts() (open int, refused, recycled int64) {

@@ -56,10 +56,19 @@ func TestLimitedListenerRecyclesTheLongestIdle(t *testing.T) {
 		return true
 	}
 
+	// idle waits for the server to have said that n connections are idle
+	// (it says so just after it has answered), so that which one is idle
+	// the longest is known.
+	idle := func(n int) {
+		t.Helper()
+		require.Eventually(t, func() bool { return l.idleCount() == n }, 5*time.Second, time.Millisecond)
+	}
 	first, ok := get("127.0.0.1")
 	require.True(t, ok)
+	idle(1)
 	_, ok = get("127.0.0.1")
 	require.True(t, ok)
+	idle(2)
 	_, ok = get("127.0.0.1")
 	require.False(t, ok, "a client's third connection is past its limit")
 
@@ -67,7 +76,7 @@ func TestLimitedListenerRecyclesTheLongestIdle(t *testing.T) {
 	// its second connection takes the place of the longest idle.
 	_, ok = get("127.0.0.3")
 	require.True(t, ok)
-	time.Sleep(10 * time.Millisecond)
+	idle(3)
 	_, ok = get("127.0.0.3")
 	require.True(t, ok)
 	require.False(t, alive(first), "the connection idle the longest was closed to make room")
