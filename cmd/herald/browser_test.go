@@ -105,12 +105,19 @@ func (b tab) do(steps ...chromedp.Action[chromedp.Void]) {
 }
 
 // text waits for the element that the CSS selector finds and returns its
-// text.
+// text. The dashboard redraws itself every few seconds, replacing its
+// nodes: an element found just before a redraw is gone when its text is
+// read ("No node with given id found"), and is looked for again.
 func (b tab) text(sel string) string {
 	b.t.Helper()
-	v, err := chromedp.Run(b.ctx, chromedp.Text(chromedp.CSS(sel)))
-	require.NoError(b.t, err, sel)
-	return strings.TrimSpace(v)
+	for attempt := 0; ; attempt++ {
+		v, err := chromedp.Run(b.ctx, chromedp.Text(chromedp.CSS(sel)))
+		if err != nil && attempt < 5 && strings.Contains(err.Error(), "No node with given id") {
+			continue
+		}
+		require.NoError(b.t, err, sel)
+		return strings.TrimSpace(v)
+	}
 }
 
 func evaluate[T any](b tab, expr string) T {

@@ -43,12 +43,14 @@ func TestSIGTERMMidFanOut(t *testing.T) {
 
 	dups := s.checkOnceEach(id, devices)
 	settled := time.Since(signalled)
+	// Every attempt after a delivery's first is recorded: a device sent
+	// three times (two sends that got no answer) is two extra attempts.
 	var resent int
 	require.NoError(t, s.db.Pool.QueryRow(context.Background(),
-		"SELECT count(*) FROM deliveries WHERE attempt > 1").Scan(&resent))
-	t.Logf("SIGTERM with %d of %d pushes accepted; the worker exited after %s, the message settled %s after the signal; duplicates %d, deliveries attempted more than once %d",
+		"SELECT coalesce(sum(attempt - 1), 0) FROM deliveries WHERE attempt > 1").Scan(&resent))
+	t.Logf("SIGTERM with %d of %d pushes accepted; the worker exited after %s, the message settled %s after the signal; duplicates %d, recorded attempts after a delivery's first %d",
 		atSignal, devices, exited.Round(time.Millisecond), settled.Round(time.Millisecond), dups, resent)
-	require.LessOrEqual(t, dups, resent, "a push was sent twice without a recorded second attempt: an answer was lost in the stop")
+	require.LessOrEqual(t, dups, resent, "a push was sent again without a recorded attempt: an answer was lost in the stop")
 
 	// What the stopping worker said after the signal: no chunk was parked
 	// for the stop's sake (a send cut short by it, taken for a provider's
