@@ -12,7 +12,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"regexp"
 	"slices"
 	"strconv"
@@ -32,13 +31,12 @@ import (
 // serveProcess is `herald serve` in a process of its own, so that its
 // memory and connections are its own to measure.
 type serveProcess struct {
-	cmd  *exec.Cmd
-	out  *syncBuffer
+	*child
 	base string
 }
 
-// startServeProcess re-executes the test binary as `herald serve` with vars
-// as its whole environment (plus PATH) and waits for it to answer /healthz.
+// startServeProcess runs `herald serve` with args in a process of its own
+// and waits for it to answer /healthz.
 func startServeProcess(t *testing.T, vars map[string]string, args ...string) *serveProcess {
 	t.Helper()
 	return startServeProcessWith(t, 0, vars, args...)
@@ -48,30 +46,13 @@ func startServeProcess(t *testing.T, vars map[string]string, args ...string) *se
 // nofile open files, when not zero.
 func startServeProcessWith(t *testing.T, nofile int, vars map[string]string, args ...string) *serveProcess {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], append([]string{"serve", "--addr", "127.0.0.1:0"}, args...)...)
+	argv := asHerald(append([]string{"serve", "--addr", "127.0.0.1:0"}, args...)...)
 	if nofile > 0 {
-		cmd = exec.Command("/bin/sh", append([]string{"-c", fmt.Sprintf(`ulimit -n %d && exec "$0" "$@"`, nofile), os.Args[0], "serve", "--addr", "127.0.0.1:0"}, args...)...)
+		argv = append([]string{"/bin/sh", "-c", fmt.Sprintf(`ulimit -n %d && exec "$0" "$@"`, nofile)}, argv...)
 	}
-	cmd.Env = []string{childEnv + "=1", "PATH=" + os.Getenv("PATH")}
-	for k, v := range vars {
-		cmd.Env = append(cmd.Env, k+"="+v)
-	}
-	p := &serveProcess{cmd: cmd, out: &syncBuffer{}}
-	cmd.Stdout, cmd.Stderr = p.out, p.out
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		if t.Failed() {
-			t.Logf("herald serve output:\n%s", p.out.String())
-		}
-	})
+	p := &serveProcess{child: startChild(t, argv, vars)}
+	p.base = p.child.base(t)
 	require.Eventually(t, func() bool {
-		m := listeningLine.FindStringSubmatch(p.out.String())
-		if m == nil {
-			return false
-		}
-		p.base = m[1]
 		resp, err := http.Get(p.base + "/healthz")
 		if err != nil {
 			return false

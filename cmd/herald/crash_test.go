@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"os"
-	"os/exec"
 	"strings"
 	"syscall"
 	"testing"
@@ -20,38 +18,17 @@ import (
 	"github.com/heraldpush/herald/jobs/push/fake"
 )
 
-// workerProcess is `herald serve --role worker` in a process of its own.
-type workerProcess struct {
-	cmd *exec.Cmd
-	out *syncBuffer
-}
-
-// startWorker re-executes the test binary as a Herald worker with vars as
-// its whole environment (plus PATH).
-func startWorker(t *testing.T, vars map[string]string) *workerProcess {
+// startWorker runs `herald serve --role worker` in a process of its own,
+// with vars as its whole environment.
+func startWorker(t *testing.T, vars map[string]string) *child {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "serve", "--role", "worker", "--addr", "127.0.0.1:0")
-	cmd.Env = []string{childEnv + "=1", "PATH=" + os.Getenv("PATH")}
-	for k, v := range vars {
-		cmd.Env = append(cmd.Env, k+"="+v)
-	}
-	w := &workerProcess{cmd: cmd, out: &syncBuffer{}}
-	cmd.Stdout, cmd.Stderr = w.out, w.out
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		if t.Failed() {
-			t.Logf("worker output:\n%s", w.out.String())
-		}
-	})
-	return w
+	return startChild(t, asHerald("serve", "--role", "worker", "--addr", "127.0.0.1:0"), vars)
 }
 
 // unanswered scrapes the worker's /metrics for its provider requests that
 // got no answer: pushes the provider may have taken while the worker could
 // not know it, which it sends again (with the same collapse id).
-func (w *workerProcess) unanswered(t *testing.T) int64 {
+func (w *child) unanswered(t *testing.T) int64 {
 	t.Helper()
 	m := listeningLine.FindStringSubmatch(w.out.String())
 	require.NotNil(t, m, "the worker never said where it listens:\n%s", w.out.String())
@@ -61,7 +38,7 @@ func (w *workerProcess) unanswered(t *testing.T) int64 {
 }
 
 // kill ends the worker the hard way, as a crash or an OOM kill would.
-func (w *workerProcess) kill(t *testing.T) {
+func (w *child) kill(t *testing.T) {
 	t.Helper()
 	require.NoError(t, w.cmd.Process.Signal(syscall.SIGKILL))
 	_ = w.cmd.Wait()
@@ -294,7 +271,7 @@ func TestTwoWorkersShareTheFanOut(t *testing.T) {
 	a := startWorker(t, s.vars)
 	b := startWorker(t, s.vars)
 	// Both must be up (listening) before the message is due.
-	for _, w := range []*workerProcess{a, b} {
+	for _, w := range []*child{a, b} {
 		require.Eventually(t, func() bool { return strings.Contains(w.out.String(), "listening on") }, time.Minute, 10*time.Millisecond)
 	}
 	id := s.schedule()

@@ -44,7 +44,7 @@ func (s *fanOutSetup) recorded() int64 {
 
 // faultMidFanOut starts a worker, waits until the fan-out is under way with
 // part of it still unrecorded, and then runs fault on the database.
-func (s *fanOutSetup) faultMidFanOut(devices int, fault func()) *workerProcess {
+func (s *fanOutSetup) faultMidFanOut(devices int, fault func()) *child {
 	s.t.Helper()
 	w := startWorker(s.t, s.vars)
 	require.Eventually(s.t, func() bool { return strings.Contains(w.out.String(), "listening on") }, time.Minute, 10*time.Millisecond)
@@ -62,7 +62,7 @@ func (s *fanOutSetup) faultMidFanOut(devices int, fault func()) *workerProcess {
 // requireNoResends checks the end of a fan-out that went through a database
 // fault: every device reached, none twice unless a send went unanswered,
 // and no provider blamed for the database.
-func (s *fanOutSetup) requireNoResends(w *workerProcess, devices int) {
+func (s *fanOutSetup) requireNoResends(w *child, devices int) {
 	s.t.Helper()
 	dups := s.checkOnceEach(s.msgID, devices)
 	unanswered := w.unanswered(s.t)
@@ -87,7 +87,7 @@ func (s *fanOutSetup) requireNoResends(w *workerProcess, devices int) {
 }
 
 // breakerState reads a channel's breaker state from the worker's /metrics.
-func (s *fanOutSetup) breakerState(w *workerProcess, channel string) string {
+func (s *fanOutSetup) breakerState(w *child, channel string) string {
 	s.t.Helper()
 	m := listeningLine.FindStringSubmatch(w.out.String())
 	require.NotNil(s.t, m)

@@ -27,7 +27,7 @@ func TestSIGTERMMidFanOut(t *testing.T) {
 	s.vars["HERALD_LOG_LEVEL"] = "info"
 	a := startWorker(t, s.vars)
 	b := startWorker(t, s.vars)
-	for _, w := range []*workerProcess{a, b} {
+	for _, w := range []*child{a, b} {
 		require.Eventually(t, func() bool { return strings.Contains(w.out.String(), "listening on") }, time.Minute, 10*time.Millisecond)
 	}
 	id := s.schedule()

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"io"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -52,36 +51,6 @@ func buildPreviousRelease(t *testing.T) string {
 	return bin
 }
 
-// startBinary runs a herald binary with vars as its whole environment (plus
-// PATH and HOME) and returns its base URL once it says where it listens.
-func startBinary(t *testing.T, bin string, vars map[string]string, args ...string) string {
-	t.Helper()
-	cmd := exec.Command(bin, args...)
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}
-	for k, v := range vars {
-		cmd.Env = append(cmd.Env, k+"="+v)
-	}
-	out := &syncBuffer{}
-	cmd.Stdout, cmd.Stderr = out, out
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		if t.Failed() {
-			t.Logf("%s %v:\n%s", filepath.Base(bin), args, out.String())
-		}
-	})
-	var base string
-	require.Eventually(t, func() bool {
-		m := listeningLine.FindStringSubmatch(out.String())
-		if m != nil {
-			base = m[1]
-		}
-		return m != nil
-	}, time.Minute, 20*time.Millisecond, "%s never said where it listens:\n%s", bin, out)
-	return base
-}
-
 // TestRollingUpgradeMixesReleases runs the previous release and this one on
 // one database, as a rolling deploy does, after this release's migrations
 // (README, Upgrading): the previous release's API with this release's
@@ -109,11 +78,11 @@ func TestRollingUpgradeMixesReleases(t *testing.T) {
 
 			var base string
 			if tc.oldAPI {
-				base = startBinary(t, prev, vars, "serve", "--role", "api", "--addr", "127.0.0.1:0")
+				base = startChild(t, []string{prev, "serve", "--role", "api", "--addr", "127.0.0.1:0"}, vars).base(t)
 				startWorker(t, vars)
 			} else {
 				base, _ = startServe(t, vars, "--role", "api")
-				startBinary(t, prev, vars, "serve", "--role", "worker", "--addr", "127.0.0.1:0")
+				startChild(t, []string{prev, "serve", "--role", "worker", "--addr", "127.0.0.1:0"}, vars).base(t)
 			}
 			e := &e2e{t: t, fake: fp, base: base, vars: vars, db: tdb, api: newAPIClient(t, base, testAPIKey)}
 			e.register("ann", false)
