@@ -591,14 +591,17 @@ func parkedDetail(t Target, detail string) string {
 func (w *FanOutWorker) parked(c *running, results []push.Result) (parked map[string]int, detail string, wait time.Duration) {
 	parked = map[string]int{}
 	wait = -1
+	// The error told is the last attempted one's (else the first refused
+	// one's), described once, after the walk.
+	told := -1
 	for i, r := range results {
 		// Refused by the breaker (no time), or attempted and transient: both
 		// stay pending and wait for the breaker.
 		if (r.At.IsZero() && r.Reason != push.ReasonNone) || (!r.At.IsZero() && r.Reason.Transient()) {
 			t := c.Targets[i]
 			parked[t.Channel]++
-			if detail == "" || !r.At.IsZero() {
-				detail = parkedDetail(t, r.Detail)
+			if told < 0 || results[told].Detail == "" || !r.At.IsZero() {
+				told = i
 			}
 			if d := w.cfg.Breakers.ForTarget(t).RetryIn(); wait < 0 || d < wait {
 				wait = d
@@ -608,6 +611,7 @@ func (w *FanOutWorker) parked(c *running, results []push.Result) (parked map[str
 	if len(parked) == 0 {
 		return nil, "", 0
 	}
+	detail = parkedDetail(c.Targets[told], results[told].Detail)
 	wait = max(wait, 100*time.Millisecond)
 	if untilExpiry := c.ExpiresAt.Sub(w.cfg.Clock.Now()); untilExpiry < wait {
 		wait = max(untilExpiry, 0)
