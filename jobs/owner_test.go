@@ -102,3 +102,22 @@ func TestFanOutExpiringChunkCancelsWhatIsGone(t *testing.T) {
 	require.EqualValues(t, 2, m.ExpiredCount)
 	require.EqualValues(t, 3, m.CancelledCount)
 }
+
+// TestDeviceReasonsAreOneVocabulary: the reasons db writes when it cancels
+// a device's deliveries (it cannot import push) are push's, and each
+// cancels rather than fails.
+func TestDeviceReasonsAreOneVocabulary(t *testing.T) {
+	t.Parallel()
+	for _, r := range []struct {
+		db   string
+		push push.Reason
+	}{
+		{db.ReasonDeviceMoved, push.ReasonDeviceMoved},
+		{db.ReasonDeviceDeleted, push.ReasonDeviceDeleted},
+		{db.ReasonDeviceEvicted, push.ReasonDeviceEvicted},
+		{db.ReasonDeviceReplaced, push.ReasonDeviceReplaced},
+	} {
+		require.Equal(t, string(r.push), r.db)
+		require.True(t, r.push.Cancels(), r.db)
+	}
+}
