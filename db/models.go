@@ -8,6 +8,37 @@ import (
 	"time"
 )
 
+type ApiKey struct {
+	ID         int64
+	Name       string
+	Scope      string
+	Digest     []byte
+	CreatedAt  time.Time
+	ExpiresAt  *time.Time
+	RevokedAt  *time.Time
+	LastUsedAt *time.Time
+}
+
+type AuditLog struct {
+	ID        int64
+	At        time.Time
+	KeyName   *string
+	Operator  *string
+	Method    string
+	Route     string
+	TargetID  *string
+	Status    int32
+	RequestID string
+}
+
+type DashboardSession struct {
+	Digest    []byte
+	Operator  string
+	CreatedAt time.Time
+	ExpiresAt time.Time
+	RevokedAt *time.Time
+}
+
 type Delivery struct {
 	MessageID   int64
 	DeviceID    int64
@@ -93,6 +124,13 @@ type MessageChunk struct {
 	RecordedAt      *time.Time
 }
 
+type Operator struct {
+	ID           int64
+	Name         string
+	PasswordHash string
+	CreatedAt    time.Time
+}
+
 type Payload struct {
 	ID        int64
 	Content   []byte
@@ -142,6 +180,12 @@ type SegmentMember struct {
 	SegmentID string
 	UserID    string
 	AddedAt   time.Time
+}
+
+type SigningKey struct {
+	Purpose   string
+	Key       []byte
+	CreatedAt time.Time
 }
 
 type User struct {
