@@ -2,6 +2,7 @@ package api
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"html/template"
 	"io/fs"
@@ -114,6 +115,7 @@ func (s *Server) loginPage(c echo.Context) error {
 // login checks the form's user and password and starts a session. A wrong
 // password is logged (without it) so that guessing shows in the logs.
 func (s *Server) login(c echo.Context) error {
+	ctx := c.Request().Context()
 	next := c.FormValue("next")
 	// RealIP is the connection's address unless a trusted proxy forwarded
 	// the request (proxy.go): a header the client sets never picks the
@@ -124,38 +126,60 @@ func (s *Server) login(c echo.Context) error {
 		return s.renderLogin(c, http.StatusTooManyRequests, next,
 			fmt.Sprintf("Too many failed sign-ins from here: try again in %s.", wait.Round(time.Second)))
 	}
-	if !s.sessions.checkPassword(c.FormValue("username"), c.FormValue("password")) {
+	user := c.FormValue("username")
+	ok, err := s.sessions.checkPassword(ctx, user, c.FormValue("password"))
+	if errors.Is(err, errBusy) {
+		c.Response().Header().Set("Retry-After", "1")
+		return s.renderLogin(c, http.StatusServiceUnavailable, next, "Too many sign-ins at once: try again in a second.")
+	}
+	if err != nil {
+		return err
+	}
+	if !ok {
 		s.sessions.loginFailed(remote)
-		s.cfg.Logger.WarnContext(c.Request().Context(), "dashboard login refused",
+		s.cfg.Logger.WarnContext(ctx, "dashboard login refused",
 			"remote", remote, "request_id", c.Response().Header().Get(echo.HeaderXRequestID))
 		return s.renderLogin(c, http.StatusUnauthorized, next, "The user or password is wrong.")
 	}
 	s.sessions.loginSucceeded(remote)
-	token, expires := s.sessions.issue()
+	token, expires, err := s.sessions.issue(ctx, user)
+	if err != nil {
+		return err
+	}
+	s.cfg.Logger.InfoContext(ctx, "dashboard sign-in", "operator", user, "remote", remote,
+		"request_id", c.Response().Header().Get(echo.HeaderXRequestID))
 	s.setSessionCookie(c, token, expires)
 	return c.Redirect(http.StatusSeeOther, safeNext(next))
 }
 
-// logout ends the session; without a valid session there is nothing to end
-// and the cookie is just cleared. Ending one needs its CSRF token, so that
-// another site cannot sign the operator out.
+// logout ends the session on every process; without a valid session there
+// is nothing to end and the cookie is just cleared. Ending one needs its
+// CSRF token, so that another site cannot sign the operator out.
 func (s *Server) logout(c echo.Context) error {
-	if token, ok := s.sessionOf(c); ok {
+	token, _, ok, err := s.sessionOf(c)
+	if err != nil {
+		return err
+	}
+	if ok {
 		if !s.sessions.checkCSRF(token, c.Request().Header.Get(csrfHeader)) {
 			return &Error{Status: http.StatusForbidden, Code: "csrf_failed", Message: "signing out needs the session's " + csrfHeader + " header"}
 		}
-		s.sessions.revoke(token)
+		if err := s.sessions.revoke(c.Request().Context(), token); err != nil {
+			return err
+		}
 	}
 	s.setSessionCookie(c, "", time.Time{})
 	return c.NoContent(http.StatusNoContent)
 }
 
-// sessionInfo gives the dashboard its CSRF token, which it cannot read from
-// the HttpOnly cookie, and says whether River UI is there to link to.
+// sessionInfo gives the dashboard its operator's name and CSRF token, which
+// it cannot read from the HttpOnly cookie, and says whether River UI is
+// there to link to.
 func (s *Server) sessionInfo(c echo.Context) error {
-	token, _ := c.Request().Context().Value(sessionKey{}).(string)
+	ctx := c.Request().Context()
+	token, _ := ctx.Value(sessionKey{}).(string)
 	return c.JSON(http.StatusOK, map[string]any{
-		"user": adminUser, "csrf_token": s.sessions.csrfToken(token), "river_ui": s.cfg.RiverUI != nil,
+		"user": callerOf(ctx).operator, "csrf_token": s.sessions.csrfToken(token), "river_ui": s.cfg.RiverUI != nil,
 	})
 }
 

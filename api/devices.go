@@ -162,6 +162,7 @@ func (s *Server) registerDevice(c echo.Context) error {
 	if row.Created {
 		status = http.StatusCreated
 	}
+	setAuditTarget(c, formatDeviceID(row.ID))
 	return c.JSON(status, deviceResponse{
 		DeviceID: formatDeviceID(row.ID), UserID: row.UserID, Channel: row.Channel,
 		Environment: row.Environment, Status: row.Status,

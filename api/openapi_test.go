@@ -133,14 +133,15 @@ func TestOpenAPIServed(t *testing.T) {
 }
 
 // operationID is lowerCamel verb-noun: getMessage, listUserDevices.
-var operationID = regexp.MustCompile(`^(get|list|create|put|update|register|delete|remove|add|cancel)[A-Z][A-Za-z]*$`)
+var operationID = regexp.MustCompile(`^(get|list|create|put|update|register|delete|remove|add|cancel|revoke)[A-Z][A-Za-z]*$`)
 
 // TestOpenAPIOperationsAreNamedAndDocumentTheirErrors holds openapi.yaml to
 // what a generated client needs: every operation has a stable verb-noun
 // operationId (the generated method's name) and documents its 4xx answers,
 // and the document names its license. Each /v1 operation can be refused
-// for its key (401) and its rate (429), and each that takes a body or
-// query parameters can be a 400.
+// for its key (401) and its rate (429), names the scope its key needs
+// (x-herald-scope) and, when that is more than read, can be refused for it
+// (403); and each that takes a body or query parameters can be a 400.
 func TestOpenAPIOperationsAreNamedAndDocumentTheirErrors(t *testing.T) {
 	t.Parallel()
 	doc, _ := openAPIRouter(t)
@@ -166,6 +167,14 @@ func TestOpenAPIOperationsAreNamedAndDocumentTheirErrors(t *testing.T) {
 			if strings.HasPrefix(path, "/v1/") {
 				for _, status := range []string{"401", "429"} {
 					require.Contains(t, clientErrors, status, "%s: every /v1 call can be a %s", where, status)
+				}
+				// Each names the scope its key needs; one that a read key
+				// cannot make can be refused for its scope.
+				scope, _ := op.Extensions["x-herald-scope"].(string)
+				need, err := ParseScope(scope)
+				require.NoError(t, err, "%s: x-herald-scope", where)
+				if need != ScopeRead {
+					require.Contains(t, clientErrors, "403", "%s needs scope %s, so it can be a 403", where, need)
 				}
 			}
 			takesInput := op.RequestBody != nil

@@ -24,60 +24,70 @@ func (s *Server) routes() {
 	}
 
 	// Each caller's requests are limited after it is known: a flood with
-	// one key is refused without slowing another.
-	v1 := e.Group("/v1", s.keys.requireAPIKey, s.limiter.limit)
+	// one key is refused without slowing another. What a call changes is
+	// then recorded (audit.go), refused by scope or not; each route names
+	// the scope it needs (auth.go).
+	v1 := e.Group("/v1", s.requireAPIKey, s.limiter.limit, s.audit)
+	read, send, admin := needs(ScopeRead), needs(ScopeSend), needs(ScopeAdmin)
 
-	// Directory.
-	v1.POST("/devices", s.registerDevice)
-	v1.POST("/devices/batch", s.registerDevices)
-	v1.DELETE("/devices/:device_id", s.deleteDevice)
-	v1.PUT("/users/:user_id", s.putUser)
-	v1.GET("/users/:user_id", s.getUser)
-	v1.DELETE("/users/:user_id", s.deleteUser)
-	v1.GET("/users/:user_id/devices", s.listUserDevices)
-	v1.GET("/segments", s.listSegments)
-	v1.PUT("/segments/:segment_id", s.putSegment)
-	v1.GET("/segments/:segment_id", s.getSegment)
-	v1.DELETE("/segments/:segment_id", s.deleteSegment)
-	v1.GET("/segments/:segment_id/members", s.listSegmentMembers)
-	v1.POST("/segments/:segment_id/members", s.addMembers)
-	v1.DELETE("/segments/:segment_id/members", s.removeMembers)
+	// Directory. Erasing a user or a segment needs admin.
+	v1.POST("/devices", s.registerDevice, send)
+	v1.POST("/devices/batch", s.registerDevices, send)
+	v1.DELETE("/devices/:device_id", s.deleteDevice, send)
+	v1.PUT("/users/:user_id", s.putUser, send)
+	v1.GET("/users/:user_id", s.getUser, read)
+	v1.DELETE("/users/:user_id", s.deleteUser, admin)
+	v1.GET("/users/:user_id/devices", s.listUserDevices, read)
+	v1.GET("/segments", s.listSegments, read)
+	v1.PUT("/segments/:segment_id", s.putSegment, send)
+	v1.GET("/segments/:segment_id", s.getSegment, read)
+	v1.DELETE("/segments/:segment_id", s.deleteSegment, admin)
+	v1.GET("/segments/:segment_id/members", s.listSegmentMembers, read)
+	v1.POST("/segments/:segment_id/members", s.addMembers, send)
+	v1.DELETE("/segments/:segment_id/members", s.removeMembers, send)
 
 	// Messages.
-	v1.POST("/messages", s.createMessage)
-	v1.GET("/messages", s.listMessages)
-	v1.GET("/messages/:message_id", s.getMessage)
-	v1.DELETE("/messages/:message_id", s.cancelMessage)
-	v1.GET("/messages/:message_id/deliveries", s.listDeliveries)
+	v1.POST("/messages", s.createMessage, send)
+	v1.GET("/messages", s.listMessages, read)
+	v1.GET("/messages/:message_id", s.getMessage, read)
+	v1.DELETE("/messages/:message_id", s.cancelMessage, send)
+	v1.GET("/messages/:message_id/deliveries", s.listDeliveries, read)
 
 	// Recurring reminders.
-	v1.POST("/schedules", s.createSchedule)
-	v1.GET("/schedules", s.listSchedules)
-	v1.GET("/schedules/:schedule_id", s.getSchedule)
-	v1.PATCH("/schedules/:schedule_id", s.patchSchedule)
-	v1.DELETE("/schedules/:schedule_id", s.deleteSchedule)
+	v1.POST("/schedules", s.createSchedule, send)
+	v1.GET("/schedules", s.listSchedules, read)
+	v1.GET("/schedules/:schedule_id", s.getSchedule, read)
+	v1.PATCH("/schedules/:schedule_id", s.patchSchedule, send)
+	v1.DELETE("/schedules/:schedule_id", s.deleteSchedule, send)
 
 	// Operations.
-	v1.GET("/providers", s.listProviders)
+	v1.GET("/providers", s.listProviders, read)
+
+	// Who may call, and what they did.
+	v1.POST("/keys", s.createKey, admin)
+	v1.GET("/keys", s.listKeys, admin)
+	v1.DELETE("/keys/:key_name", s.revokeKey, admin)
+	v1.GET("/audit", s.listAudit, admin)
 
 	s.dashboardRoutes()
 }
 
 // dashboardRoutes serves the operators' pages: the dashboard (package web)
-// and River UI, behind user admin's session (session.go). The dashboard's
+// and River UI, behind an operator's session (session.go). The dashboard's
 // data comes from the /v1 handlers mounted a second time under /ui/api, with
 // the session and its CSRF token in place of an API key, so that no key ever
-// reaches a browser.
+// reaches a browser; what an operator changes there is recorded as /v1's
+// calls are.
 func (s *Server) dashboardRoutes() {
 	e := s.echo
 	same := sameOrigin()
-	e.GET("/login", s.loginPage, s.dashboardOn)
-	e.POST("/login", s.login, s.dashboardOn, same, limitBody(loginBodyLimit))
-	e.POST("/logout", s.logout, s.dashboardOn, same)
-	e.GET("/", s.dashboardIndex, s.dashboardOn, s.requireSession)
-	e.GET("/assets/*", s.assets(), s.dashboardOn)
+	e.GET("/login", s.loginPage)
+	e.POST("/login", s.login, same, limitBody(loginBodyLimit))
+	e.POST("/logout", s.logout, same)
+	e.GET("/", s.dashboardIndex, s.requireSession)
+	e.GET("/assets/*", s.assets())
 
-	ui := e.Group("/ui/api", s.dashboardOn, same, s.requireSession, s.requireCSRF, s.limiter.limit)
+	ui := e.Group("/ui/api", same, s.requireSession, s.requireCSRF, s.limiter.limit, s.audit)
 	ui.GET("/session", s.sessionInfo)
 	ui.POST("/messages", s.createMessage)
 	ui.GET("/messages", s.listMessages)
@@ -95,6 +105,6 @@ func (s *Server) dashboardRoutes() {
 	// front end cannot send Herald's CSRF token, so its state-changing calls
 	// (cancel, retry, delete, pause) rely on the session cookie being
 	// SameSite=Strict and on the same-origin check.
-	e.Any("/riverui", s.riverUI, s.dashboardOn, same, s.requireSession)
-	e.Any("/riverui/*", s.riverUI, s.dashboardOn, same, s.requireSession)
+	e.Any("/riverui", s.riverUI, same, s.requireSession)
+	e.Any("/riverui/*", s.riverUI, same, s.requireSession)
 }

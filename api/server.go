@@ -30,8 +30,8 @@ import (
 type Config struct {
 	Logger *slog.Logger
 	Pool   *pgxpool.Pool
-	// APIKeys are the bearer tokens accepted on /v1/*. Empty: /v1/* refuses
-	// every request.
+	// APIKeys are HERALD_API_KEYS: bearer tokens accepted on /v1/* with
+	// scope admin, besides the keys stored in the database (Refresh).
 	APIKeys []string
 	// River enqueues and cancels chunk jobs in the API's transactions; an
 	// insert-only client is enough.
@@ -49,8 +49,9 @@ type Config struct {
 	// WorkerOnly serves only health, readiness and metrics: the process
 	// works chunks and takes no API calls.
 	WorkerOnly bool
-	// AdminPassword is the password of user admin on the dashboard and
-	// River UI. Empty disables both: they answer 503 saying why.
+	// AdminPassword is the password of operator admin on the dashboard and
+	// River UI, besides the named operators stored in the database. Empty:
+	// only those can sign in.
 	AdminPassword string
 	// RiverUI serves River UI under /riverui/ (a started riverui.Handler
 	// whose prefix is /riverui), behind the dashboard's login. Nil answers
@@ -133,12 +134,11 @@ func (c *Config) validate() error {
 
 // Server serves Herald's HTTP API.
 type Server struct {
-	cfg      Config
-	pool     *pgxpool.Pool
-	keys     apiKeys
-	enqueuer *jobs.Enqueuer
-	echo     *echo.Echo
-	// sessions is nil while the dashboard is disabled (no admin password).
+	cfg       Config
+	pool      *pgxpool.Pool
+	keys      *keyring
+	enqueuer  *jobs.Enqueuer
+	echo      *echo.Echo
 	sessions  *sessions
 	dashboard *dashboard
 	limiter   *rateLimiter
@@ -153,13 +153,11 @@ func NewServer(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{
-		cfg: cfg, pool: cfg.Pool, keys: newAPIKeys(cfg.APIKeys),
+		cfg: cfg, pool: cfg.Pool, keys: newKeyring(cfg.Pool, cfg.Logger, cfg.APIKeys),
 		enqueuer: jobs.NewEnqueuer(cfg.River, cfg.ChunkSize), echo: echo.New(),
-		limiter: newRateLimiter(cfg.RateLimit, cfg.RateBurst, time.Now),
-		ready:   newRecentCheck(cfg.Ready),
-	}
-	if cfg.AdminPassword != "" {
-		s.sessions = newSessions(cfg.AdminPassword)
+		limiter:  newRateLimiter(cfg.RateLimit, cfg.RateBurst, time.Now),
+		ready:    newRecentCheck(cfg.Ready),
+		sessions: newSessions(cfg.Pool, cfg.AdminPassword),
 	}
 	if s.dashboard, err = newDashboard(); err != nil {
 		return nil, err
@@ -182,6 +180,22 @@ func NewServer(cfg Config) (*Server, error) {
 	s.routes()
 	return s, nil
 }
+
+// Refresh reads the API keys stored in the database, and the key that signs
+// dashboard sessions. A process calls it once before it serves, so that it
+// starts with them; Run calls it again every second.
+func (s *Server) Refresh(ctx context.Context) error {
+	if err := s.sessions.loadKey(ctx); err != nil {
+		return err
+	}
+	return s.keys.refresh(ctx)
+}
+
+// Run keeps the server's API keys fresh until ctx ends: it reads them every
+// second, so that a key made, revoked or expired anywhere counts here within
+// about a second, and writes when each was last used every minute. A failed
+// read keeps the keys last read, and is logged.
+func (s *Server) Run(ctx context.Context) { s.keys.run(ctx) }
 
 // ServeHTTP makes the server an http.Handler.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.echo.ServeHTTP(w, r) }
@@ -206,6 +220,13 @@ func requestLogger(logger *slog.Logger, metrics *httpMetrics) echo.MiddlewareFun
 				slog.String("method", v.Method), slog.String("path", v.URIPath),
 				slog.String("route", v.RoutePath), slog.Int("status", v.Status),
 				slog.Duration("latency", v.Latency), slog.String("request_id", v.RequestID),
+			}
+			// Who made the call, once authentication has said.
+			switch who := callerOf(c.Request().Context()); {
+			case who.key != "":
+				attrs = append(attrs, slog.String("key", who.key))
+			case who.operator != "":
+				attrs = append(attrs, slog.String("operator", who.operator))
 			}
 			if v.Error != nil && v.Status >= 500 {
 				attrs = append(attrs, slog.String("error", v.Error.Error()))

@@ -2,6 +2,7 @@ package api
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"io"
@@ -47,7 +48,7 @@ func dbtestNew(t testing.TB) *dbtest.DB { return dbtest.New(t) }
 // setupWith builds a server on tdb; cfg's zero fields get the test defaults.
 func setupWith(t testing.TB, tdb *dbtest.DB, cfg Config) *bundle {
 	t.Helper()
-	cfg.Logger, cfg.Pool = discard, tdb.Pool
+	cfg.Logger, cfg.Pool = cmp.Or(cfg.Logger, discard), tdb.Pool
 	if cfg.River == nil {
 		cfg.River = insertOnlyRiver(t, tdb)
 	}
@@ -64,6 +65,7 @@ func setupWith(t testing.TB, tdb *dbtest.DB, cfg Config) *bundle {
 	}
 	srv, err := NewServer(cfg)
 	require.NoError(t, err)
+	require.NoError(t, srv.Refresh(context.Background()))
 	return &bundle{srv: srv, db: tdb, q: db.On(tdb.Pool)}
 }
 

@@ -7,19 +7,24 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/base64"
+	"errors"
+	"fmt"
 	"net/http"
 	"net/url"
-	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/labstack/echo/v4"
+
+	"github.com/heraldpush/herald/db"
 )
 
 const (
-	// adminUser is the one dashboard user; its password is
-	// Config.AdminPassword.
+	// adminUser is HERALD_ADMIN_PASSWORD's operator (Config.AdminPassword);
+	// no named operator may take its name.
 	adminUser = "admin"
 	// sessionCookie names the cookie that carries a dashboard session.
 	sessionCookie = "herald_session"
@@ -29,26 +34,42 @@ const (
 	// call the dashboard makes.
 	csrfHeader = "X-CSRF-Token"
 	// dashboardScope is the idempotency scope of calls made through the
-	// dashboard: it cannot equal an API key's scope (16 hex digits), so a
-	// key used in the dashboard never replays an API caller's request.
+	// dashboard: it cannot equal an API key's scope (16 hex digits, or
+	// key:<name>), so a key used in the dashboard never replays an API
+	// caller's request.
 	dashboardScope = "dashboard"
+	// sessionKeyPurpose names the signing key of sessions and their CSRF
+	// tokens in the database (signing_keys).
+	sessionKeyPurpose = "dashboard_session"
+	// maxPasswordChecks is how many operators' passwords a process hashes
+	// at once; passwordCheckWait how long a sign-in waits for its turn
+	// before it is told to try again.
+	maxPasswordChecks = 2
+	passwordCheckWait = 5 * time.Second
 )
 
-// sessions signs and checks dashboard sessions. A session token is
-// "expiry.nonce.mac": the HMAC of the first two under a key drawn at random
-// when the process starts, so tokens need no storage and a restart signs
-// everyone out. Logging out revokes the token's nonce until it would have
-// expired anyway. The CSRF token is a second HMAC of the session token,
-// so each session has its own and the server can check it without storing it.
+// sessions keeps dashboard sessions in the database, so that any process
+// serves any session and signing out ends it everywhere. A session token is
+// "nonce.mac": 32 random bytes and their HMAC under a key every process
+// shares (signing_keys), so that a forged cookie is refused without a query;
+// the database keeps the token's SHA-256 with its operator, expiry and
+// revocation, and decides whether a genuine token is still valid. The CSRF
+// token is a second HMAC of the session token, so each session has its own
+// and any process can check it without storing it.
 type sessions struct {
-	key      []byte
-	password [sha256.Size]byte
-	now      func() time.Time
+	pool *pgxpool.Pool
+	// adminPassword is the digest of HERALD_ADMIN_PASSWORD, the password of
+	// operator admin; nil when it is unset.
+	adminPassword *[sha256.Size]byte
+	now           func() time.Time
+	// key is the shared signing key, nil until read (loadKey).
+	key atomic.Pointer[[]byte]
+	// passwordChecks holds a place for each password being hashed.
+	passwordChecks chan struct{}
 
-	mu      sync.Mutex
-	revoked map[string]time.Time // nonce -> the token's expiry
-	// failed counts recent failed logins per remote address, so that the
-	// one password cannot be guessed at network speed.
+	mu sync.Mutex
+	// failed counts recent failed logins per remote address, so that
+	// passwords cannot be guessed at network speed.
 	failed map[string]*loginFailures
 }
 
@@ -106,75 +127,154 @@ func (s *sessions) loginSucceeded(remote string) {
 	delete(s.failed, remote)
 }
 
-func newSessions(password string) *sessions {
-	key := make([]byte, 32)
-	_, _ = rand.Read(key) // crypto/rand.Read never fails (Go 1.24+).
-	return &sessions{key: key, password: sha256.Sum256([]byte(password)), now: time.Now, revoked: map[string]time.Time{}, failed: map[string]*loginFailures{}}
+func newSessions(pool *pgxpool.Pool, adminPassword string) *sessions {
+	s := &sessions{pool: pool, now: time.Now, failed: map[string]*loginFailures{},
+		passwordChecks: make(chan struct{}, maxPasswordChecks)}
+	if adminPassword != "" {
+		d := sha256.Sum256([]byte(adminPassword))
+		s.adminPassword = &d
+	}
+	return s
 }
 
-// checkPassword compares the user and password in constant time; comparing
-// digests hides the password's length too.
-func (s *sessions) checkPassword(user, password string) bool {
-	u := sha256.Sum256([]byte(user))
-	wantUser := sha256.Sum256([]byte(adminUser))
-	p := sha256.Sum256([]byte(password))
-	userOK := subtle.ConstantTimeCompare(u[:], wantUser[:])
-	passOK := subtle.ConstantTimeCompare(p[:], s.password[:])
-	return userOK&passOK == 1
+// loadKey reads the shared signing key, drawing it first if no process has.
+func (s *sessions) loadKey(ctx context.Context) error {
+	if s.key.Load() != nil {
+		return nil
+	}
+	q := db.On(s.pool)
+	fresh := make([]byte, 32)
+	_, _ = rand.Read(fresh)
+	if err := q.InsertSigningKey(ctx, db.InsertSigningKeyParams{Purpose: sessionKeyPurpose, Key: fresh}); err != nil {
+		return fmt.Errorf("store the sessions' signing key: %w", err)
+	}
+	key, err := q.SigningKey(ctx, sessionKeyPurpose)
+	if err != nil {
+		return fmt.Errorf("read the sessions' signing key: %w", err)
+	}
+	s.key.Store(&key)
+	return nil
 }
 
-func (s *sessions) mac(parts ...string) string {
-	m := hmac.New(sha256.New, s.key)
+// signingKey is the shared signing key, read on first use.
+func (s *sessions) signingKey(ctx context.Context) ([]byte, error) {
+	if err := s.loadKey(ctx); err != nil {
+		return nil, err
+	}
+	return *s.key.Load(), nil
+}
+
+// errBusy answers a sign-in while maxPasswordChecks others are hashed.
+var errBusy = &Error{Status: http.StatusServiceUnavailable, Code: "busy", RetryAfter: 1,
+	Message: "too many sign-ins at once; try again in a second"}
+
+// checkPassword reports whether password is user's: HERALD_ADMIN_PASSWORD
+// for admin, compared in constant time (digests hide its length too), or
+// a named operator's, against its argon2id hash. A name that no operator
+// has costs a hash all the same.
+func (s *sessions) checkPassword(ctx context.Context, user, password string) (bool, error) {
+	if user == adminUser {
+		if s.adminPassword == nil {
+			return false, nil
+		}
+		p := sha256.Sum256([]byte(password))
+		return subtle.ConstantTimeCompare(p[:], s.adminPassword[:]) == 1, nil
+	}
+	encoded := decoyHash()
+	known := false
+	if checkOperatorName(user) == nil && len(password) <= maxPasswordLength {
+		stored, err := db.On(s.pool).OperatorPasswordHash(ctx, user)
+		switch {
+		case err == nil:
+			encoded, known = stored, true
+		case !errors.Is(err, db.ErrNotFound):
+			return false, fmt.Errorf("read operator: %w", err)
+		}
+	}
+	wait := time.NewTimer(passwordCheckWait)
+	defer wait.Stop()
+	select {
+	case s.passwordChecks <- struct{}{}:
+		defer func() { <-s.passwordChecks }()
+	case <-wait.C:
+		return false, errBusy
+	case <-ctx.Done():
+		return false, ctx.Err()
+	}
+	ok, err := verifyPassword(encoded, password)
+	if err != nil {
+		return false, fmt.Errorf("operator %q: %w", user, err)
+	}
+	return ok && known, nil
+}
+
+func mac(key []byte, parts ...string) string {
+	m := hmac.New(sha256.New, key)
 	m.Write([]byte(strings.Join(parts, "\x00")))
 	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
 }
 
-// issue returns a new session token and its expiry.
-func (s *sessions) issue() (string, time.Time) {
-	nonce := make([]byte, 16)
-	_, _ = rand.Read(nonce)
+// tokenDigest is what the database keeps of a session token.
+func tokenDigest(token string) []byte {
+	d := sha256.Sum256([]byte(token))
+	return d[:]
+}
+
+// issue starts a session for operator and returns its token and expiry.
+func (s *sessions) issue(ctx context.Context, operator string) (string, time.Time, error) {
+	key, err := s.signingKey(ctx)
+	if err != nil {
+		return "", time.Time{}, err
+	}
+	raw := make([]byte, 32)
+	_, _ = rand.Read(raw)
+	nonce := base64.RawURLEncoding.EncodeToString(raw)
+	token := nonce + "." + mac(key, "session", nonce)
 	expires := s.now().Add(sessionLifetime).Truncate(time.Second)
-	payload := strconv.FormatInt(expires.Unix(), 10) + "." + base64.RawURLEncoding.EncodeToString(nonce)
-	return payload + "." + s.mac("session", payload), expires
+	err = db.On(s.pool).InsertDashboardSession(ctx, db.InsertDashboardSessionParams{
+		Digest: tokenDigest(token), Operator: operator, ExpiresAt: expires,
+	})
+	if err != nil {
+		return "", time.Time{}, fmt.Errorf("store session: %w", err)
+	}
+	return token, expires, nil
 }
 
-// valid reports whether token is a session this process issued, unexpired
-// and not logged out.
-func (s *sessions) valid(token string) bool {
-	payload, mac, ok := cutLast(token, ".")
-	if !ok || !hmac.Equal([]byte(mac), []byte(s.mac("session", payload))) {
-		return false
+// operatorOf returns the operator of token when it is a live session: one
+// this installation issued (its MAC, checked without a query), neither
+// expired nor signed out (its row).
+func (s *sessions) operatorOf(ctx context.Context, token string) (string, bool, error) {
+	key, err := s.signingKey(ctx)
+	if err != nil {
+		return "", false, err
 	}
-	exp, nonce, _ := strings.Cut(payload, ".")
-	unix, err := strconv.ParseInt(exp, 10, 64)
-	if err != nil || !s.now().Before(time.Unix(unix, 0)) {
-		return false
+	nonce, sum, ok := cutLast(token, ".")
+	if !ok || !hmac.Equal([]byte(sum), []byte(mac(key, "session", nonce))) {
+		return "", false, nil
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	_, revoked := s.revoked[nonce]
-	return !revoked
+	operator, err := db.On(s.pool).DashboardSessionOperator(ctx, db.DashboardSessionOperatorParams{
+		Digest: tokenDigest(token), Now: s.now(),
+	})
+	switch {
+	case errors.Is(err, db.ErrNotFound):
+		return "", false, nil
+	case err != nil:
+		return "", false, fmt.Errorf("read session: %w", err)
+	}
+	return operator, true, nil
 }
 
-// revoke ends a valid session before its expiry, and forgets revocations
-// whose tokens have expired by themselves.
-func (s *sessions) revoke(token string) {
-	payload, _, _ := cutLast(token, ".")
-	exp, nonce, _ := strings.Cut(payload, ".")
-	unix, _ := strconv.ParseInt(exp, 10, 64)
-	now := s.now()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for n, until := range s.revoked {
-		if !now.Before(until) {
-			delete(s.revoked, n)
-		}
+// revoke ends a session on every process before its expiry.
+func (s *sessions) revoke(ctx context.Context, token string) error {
+	if err := db.On(s.pool).RevokeDashboardSession(ctx, tokenDigest(token)); err != nil {
+		return fmt.Errorf("end session: %w", err)
 	}
-	s.revoked[nonce] = time.Unix(unix, 0)
+	return nil
 }
 
-// csrfToken is the CSRF token of a session.
-func (s *sessions) csrfToken(session string) string { return s.mac("csrf", session) }
+// csrfToken is the CSRF token of a session; the signing key is loaded, as
+// the session was checked.
+func (s *sessions) csrfToken(session string) string { return mac(*s.key.Load(), "csrf", session) }
 
 // checkCSRF compares a presented CSRF token with the session's.
 func (s *sessions) checkCSRF(session, presented string) bool {
@@ -189,13 +289,15 @@ func cutLast(s, sep string) (before, after string, found bool) {
 	return s[:i], s[i+len(sep):], true
 }
 
-// sessionOf returns the request's session token when it is valid.
-func (s *Server) sessionOf(c echo.Context) (string, bool) {
-	ck, err := c.Cookie(sessionCookie)
-	if err != nil || !s.sessions.valid(ck.Value) {
-		return "", false
+// sessionOf returns the request's session token and its operator when the
+// token is a live session.
+func (s *Server) sessionOf(c echo.Context) (token, operator string, ok bool, err error) {
+	ck, cerr := c.Cookie(sessionCookie)
+	if cerr != nil {
+		return "", "", false, nil
 	}
-	return ck.Value, true
+	operator, ok, err = s.sessions.operatorOf(c.Request().Context(), ck.Value)
+	return ck.Value, operator, ok, err
 }
 
 // setSessionCookie sets (or, with an empty token, clears) the session
@@ -221,13 +323,16 @@ func (s *Server) setSessionCookie(c echo.Context, token string, expires time.Tim
 
 type sessionKey struct{}
 
-// requireSession lets signed-in requests through, with the dashboard's
-// idempotency scope. Others are refused: a page is redirected to the login
-// form, and anything else (the dashboard's and River UI's APIs, any
-// state-changing call) gets 401.
+// requireSession lets signed-in requests through, as their operator with
+// scope admin and the dashboard's idempotency scope. Others are refused: a
+// page is redirected to the login form, and anything else (the dashboard's
+// and River UI's APIs, any state-changing call) gets 401.
 func (s *Server) requireSession(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
-		token, ok := s.sessionOf(c)
+		token, operator, ok, err := s.sessionOf(c)
+		if err != nil {
+			return err
+		}
 		if !ok {
 			req := c.Request()
 			if req.Method == http.MethodGet && !strings.Contains(req.URL.Path, "/api/") {
@@ -236,7 +341,7 @@ func (s *Server) requireSession(next echo.HandlerFunc) echo.HandlerFunc {
 			return &Error{Status: http.StatusUnauthorized, Code: "unauthorized", Message: "sign in to the dashboard at /login"}
 		}
 		req := c.Request()
-		ctx := context.WithValue(req.Context(), callerKey{}, dashboardScope)
+		ctx := withCaller(req.Context(), caller{operator: operator, scope: ScopeAdmin, scopeName: dashboardScope})
 		ctx = context.WithValue(ctx, sessionKey{}, token)
 		c.SetRequest(req.WithContext(ctx))
 		return next(c)
@@ -275,17 +380,5 @@ func sameOrigin() echo.MiddlewareFunc {
 			}
 			return next(c)
 		}
-	}
-}
-
-// dashboardOn answers 503, saying why, while no admin password is set: the
-// dashboard and River UI are off rather than open.
-func (s *Server) dashboardOn(next echo.HandlerFunc) echo.HandlerFunc {
-	return func(c echo.Context) error {
-		if s.sessions == nil {
-			return &Error{Status: http.StatusServiceUnavailable, Code: "dashboard_disabled",
-				Message: "the dashboard and River UI are disabled: set HERALD_ADMIN_PASSWORD to enable them"}
-		}
-		return next(c)
 	}
 }
