@@ -87,6 +87,15 @@ const (
 	// until then, registering its token again brings it back as it was.
 	DefaultDeviceRetention = 30 * 24 * time.Hour
 
+	// DefaultAuditRetention is how long an entry of the audit log is kept
+	// (HERALD_AUDIT_RETENTION): a quarter, long enough to look into an
+	// incident found late.
+	DefaultAuditRetention = 90 * 24 * time.Hour
+
+	// SessionRetention is how long after it ended (expired, or would have,
+	// when it was revoked) a dashboard session's row is kept.
+	SessionRetention = 24 * time.Hour
+
 	// DefaultReconcileEvery is how often River's leader looks for messages
 	// no chunk will settle.
 	DefaultReconcileEvery = time.Minute

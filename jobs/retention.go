@@ -55,8 +55,10 @@ func retainRiverJobs(rc *river.Config, retention time.Duration) {
 // Retainer deletes settled messages older than the retention, with their
 // ledger (deliveries) and chunks, the payloads no message or schedule
 // references any more, the idempotency keys of deleted messages and of
-// schedules deleted longer ago than the retention, and the devices evicted
-// longer ago than the device retention.
+// schedules deleted longer ago than the retention, the devices evicted
+// longer ago than the device retention, the audit log's entries older than
+// the audit retention, and dashboard sessions that ended more than
+// SessionRetention ago.
 //
 // It works in bounded batches, each one statement found through an index,
 // so a batch costs the same however much history the tables hold, and
@@ -72,9 +74,12 @@ type Retainer struct {
 	// DeviceRetention is how long after its eviction an evicted device is
 	// kept (DefaultDeviceRetention when zero).
 	DeviceRetention time.Duration
-	// BatchRows is the most ledger rows, idempotency keys or devices one
-	// statement deletes (default 10,000); BatchMessages the most messages
-	// one batch takes on (default 100).
+	// AuditRetention is how long an audit log entry is kept
+	// (DefaultAuditRetention when zero).
+	AuditRetention time.Duration
+	// BatchRows is the most ledger rows, idempotency keys, devices, audit
+	// entries or sessions one statement deletes (default 10,000);
+	// BatchMessages the most messages one batch takes on (default 100).
 	BatchRows, BatchMessages int
 	// Budget is how long one run works before it leaves the rest to the
 	// next run (default 20 s), so that a backlog (retention shortened, or
@@ -86,7 +91,7 @@ type Retainer struct {
 
 // Removed counts what a run deleted.
 type Removed struct {
-	Messages, Deliveries, Payloads, IdempotencyKeys, Devices int64
+	Messages, Deliveries, Payloads, IdempotencyKeys, Devices, AuditEntries, Sessions int64
 }
 
 func (r *Retainer) withDefaults() Retainer {
@@ -96,6 +101,9 @@ func (r *Retainer) withDefaults() Retainer {
 	}
 	if c.DeviceRetention <= 0 {
 		c.DeviceRetention = DefaultDeviceRetention
+	}
+	if c.AuditRetention <= 0 {
+		c.AuditRetention = DefaultAuditRetention
 	}
 	if c.BatchRows <= 0 {
 		c.BatchRows = 10_000
@@ -109,9 +117,10 @@ func (r *Retainer) withDefaults() Retainer {
 	return c
 }
 
-// Run deletes what settled before now minus the retention, and the devices
-// evicted before now minus the device retention, until nothing is left or
-// the budget is spent.
+// Run deletes what settled before now minus the retention, the devices
+// evicted before now minus the device retention, the audit entries older
+// than the audit retention and the sessions that ended over a day ago,
+// until nothing is left or the budget is spent.
 func (r *Retainer) Run(ctx context.Context) (Removed, error) {
 	c := r.withDefaults()
 	var removed Removed
@@ -135,19 +144,39 @@ func (r *Retainer) Run(ctx context.Context) (Removed, error) {
 	// message is, a schedule's once the schedule has been deleted for the
 	// retention.
 	err = c.batches(deadline, &removed.IdempotencyKeys, func() (int64, error) {
-		n, err := q.DeleteIdempotencyKeys(ctx, db.DeleteIdempotencyKeysParams{Cutoff: cutoff, MaxRows: int32(c.BatchRows)})
-		if err != nil {
-			return n, fmt.Errorf("delete idempotency keys: %w", err)
-		}
-		return n, nil
+		return deleted("idempotency keys")(q.DeleteIdempotencyKeys(ctx, db.DeleteIdempotencyKeysParams{Cutoff: cutoff, MaxRows: int32(c.BatchRows)}))
 	})
 	if err != nil {
 		return removed, err
 	}
 	deviceCutoff := now.Add(-c.DeviceRetention)
-	return removed, c.batches(deadline, &removed.Devices, func() (int64, error) {
+	err = c.batches(deadline, &removed.Devices, func() (int64, error) {
 		return c.deleteEvictedDevices(ctx, deviceCutoff)
 	})
+	if err != nil {
+		return removed, err
+	}
+	auditCutoff := now.Add(-c.AuditRetention)
+	err = c.batches(deadline, &removed.AuditEntries, func() (int64, error) {
+		return deleted("audit entries")(q.DeleteAuditEntries(ctx, db.DeleteAuditEntriesParams{Cutoff: auditCutoff, MaxRows: int32(c.BatchRows)}))
+	})
+	if err != nil {
+		return removed, err
+	}
+	sessionCutoff := now.Add(-SessionRetention)
+	return removed, c.batches(deadline, &removed.Sessions, func() (int64, error) {
+		return deleted("ended sessions")(q.DeleteEndedSessions(ctx, db.DeleteEndedSessionsParams{Cutoff: sessionCutoff, MaxRows: int32(c.BatchRows)}))
+	})
+}
+
+// deleted says what a batch was deleting in its error, if it has one.
+func deleted(what string) func(n int64, err error) (int64, error) {
+	return func(n int64, err error) (int64, error) {
+		if err != nil {
+			return n, fmt.Errorf("delete %s: %w", what, err)
+		}
+		return n, nil
+	}
 }
 
 // batches runs batch, which deletes at most BatchRows and counts them into
@@ -258,7 +287,8 @@ func (w *RetainWorker) Work(ctx context.Context, _ *river.Job[RetainArgs]) error
 		w.r.Logger.InfoContext(ctx, "deleted history older than the retention",
 			"messages", removed.Messages, "deliveries", removed.Deliveries,
 			"payloads", removed.Payloads, "idempotency_keys", removed.IdempotencyKeys,
-			"evicted_devices", removed.Devices)
+			"evicted_devices", removed.Devices, "audit_entries", removed.AuditEntries,
+			"dashboard_sessions", removed.Sessions)
 	}
 	return err
 }

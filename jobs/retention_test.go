@@ -2,6 +2,7 @@ package jobs
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -267,4 +268,35 @@ func TestRetainerKeepsAScheduleKeyUntilItsScheduleIsDeletedForTheRetention(t *te
 	require.Equal(t, Removed{IdempotencyKeys: 1}, removed)
 	require.Equal(t, []string{"deleted lately", "live"}, b.column("SELECT key FROM idempotency_keys ORDER BY key"),
 		"a retry still finds the schedule while it lives")
+}
+
+func TestRetainerDeletesOldAuditEntriesAndEndedSessions(t *testing.T) {
+	t.Parallel()
+	b := setupRetain(t)
+	ctx := context.Background()
+	for i, age := range []time.Duration{100 * time.Hour, 50 * time.Hour, 47 * time.Hour, time.Hour} {
+		b.exec(`INSERT INTO audit_log (at, key_name, method, route, target_id, status, request_id)
+		        VALUES ($1, 'ops', 'DELETE', '/v1/users/{user_id}', $2, 204, 'r')`, b.now.Add(-age), fmt.Sprint(i))
+	}
+	// Sessions that ended two days ago (one signed out before), one that
+	// ended an hour ago, and one still live.
+	for i, ended := range []time.Duration{48 * time.Hour, 48 * time.Hour, time.Hour, -time.Hour} {
+		b.exec(`INSERT INTO dashboard_sessions (digest, operator, expires_at, revoked_at)
+		        VALUES (sha256($1::bytea), 'alice', $2::timestamptz, CASE WHEN $3::boolean THEN $2::timestamptz - interval '1 hour' END)`,
+			[]byte{byte(i)}, b.now.Add(-ended), i == 1)
+	}
+	now := func(context.Context) (time.Time, error) { return b.now, nil }
+	r := Retainer{Pool: b.db.Pool, Logger: discard, AuditRetention: 48 * time.Hour, BatchRows: 1, Now: now}
+	removed, err := r.Run(ctx)
+	require.NoError(t, err)
+	require.Equal(t, Removed{AuditEntries: 2, Sessions: 2}, removed)
+	require.Equal(t, []string{"2", "3"}, b.column("SELECT target_id FROM audit_log ORDER BY at"))
+	require.Equal(t, 2, b.count("SELECT count(*) FROM dashboard_sessions"))
+
+	// Unset, the audit retention is DefaultAuditRetention: 90 days.
+	r.AuditRetention = 0
+	b.exec("UPDATE audit_log SET at = $1 WHERE target_id = '2'", b.now.Add(-DefaultAuditRetention-time.Minute))
+	removed, err = r.Run(ctx)
+	require.NoError(t, err)
+	require.Equal(t, Removed{AuditEntries: 1}, removed)
 }
