@@ -52,7 +52,13 @@ func startSignIn(t *testing.T, extra map[string]string) (string, *dbtest.DB) {
 // redirect.
 func signIn(t *testing.T, base, password, next string, header map[string]string) *http.Response {
 	t.Helper()
-	form := url.Values{"username": {"admin"}, "password": {password}, "next": {next}}
+	return signInAs(t, base, "admin", password, next, header)
+}
+
+// signInAs is signIn as the operator user.
+func signInAs(t *testing.T, base, user, password, next string, header map[string]string) *http.Response {
+	t.Helper()
+	form := url.Values{"username": {user}, "password": {password}, "next": {next}}
 	req, err := http.NewRequest(http.MethodPost, base+"/login", strings.NewReader(form.Encode()))
 	require.NoError(t, err)
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")

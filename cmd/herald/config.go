@@ -11,6 +11,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/heraldpush/herald/api"
 	"github.com/heraldpush/herald/db"
 	"github.com/heraldpush/herald/jobs"
 	"github.com/heraldpush/herald/jobs/push"
@@ -98,6 +99,9 @@ type config struct {
 	// DeviceRetention is how long an evicted device is kept after its
 	// eviction, with its token (HERALD_DEVICE_RETENTION).
 	DeviceRetention time.Duration
+	// AuditRetention is how long an audit log entry is kept
+	// (HERALD_AUDIT_RETENTION).
+	AuditRetention time.Duration
 
 	// Limits on what one caller or one schedule may cost; zero takes the
 	// defaults, which api and jobs fill in.
@@ -221,6 +225,9 @@ func loadConfig(getenv func(string) string) (config, error) {
 	if c.DeviceRetention, err = durationVar(getenv, "HERALD_DEVICE_RETENTION", jobs.DefaultDeviceRetention, jobs.MinRetention); err != nil {
 		return c, err
 	}
+	if c.AuditRetention, err = durationVar(getenv, "HERALD_AUDIT_RETENTION", jobs.DefaultAuditRetention, jobs.MinRetention); err != nil {
+		return c, err
+	}
 	if c.TrustedProxies, err = cidrsVar(getenv, "HERALD_TRUSTED_PROXIES"); err != nil {
 		return c, err
 	}
@@ -332,16 +339,13 @@ func cidrsVar(getenv func(string) string, name string) ([]*net.IPNet, error) {
 	return nets, nil
 }
 
-// minAdminPasswordLength is the shortest HERALD_ADMIN_PASSWORD accepted. The
-// login throttle slows guessing down, but a short or dictionary password
-// still falls to a patient guesser; `make run` makes a 16-character one.
-const minAdminPasswordLength = 12
-
 // validateAdminPassword refuses a password too short to guard the
-// dashboard and River UI, whose sessions can cancel any message.
+// dashboard and River UI, whose sessions can cancel any message: at least
+// api.MinPasswordLength, as a named operator's (`make run` makes a
+// 16-character one).
 func (c config) validateAdminPassword() error {
-	if n := utf8.RuneCountInString(c.AdminPassword); c.AdminPassword != "" && n < minAdminPasswordLength {
-		return fmt.Errorf("HERALD_ADMIN_PASSWORD is %d characters long; use at least %d random characters (or unset it to disable the dashboard)", n, minAdminPasswordLength)
+	if n := utf8.RuneCountInString(c.AdminPassword); c.AdminPassword != "" && n < api.MinPasswordLength {
+		return fmt.Errorf("HERALD_ADMIN_PASSWORD is %d characters long; use at least %d random characters (or unset it: then only named operators sign in)", n, api.MinPasswordLength)
 	}
 	return nil
 }

@@ -23,18 +23,11 @@ func runMigrate(ctx context.Context, args []string, getenv func(string) string, 
 	if *status && *dryRun {
 		return fmt.Errorf("--status and --dry-run: give one")
 	}
-	cfg, err := loadConfig(getenv)
-	if err != nil {
-		return err
-	}
-	if err := cfg.requireDatabase(); err != nil {
-		return err
-	}
 	logger, err := newLogger(getenv, stderr)
 	if err != nil {
 		return err
 	}
-	pool, err := db.Open(ctx, cfg.DatabaseURL, db.PoolConfig{MaxConns: 2, Schema: cfg.DBSchema})
+	pool, cfg, err := openDatabase(ctx, getenv)
 	if err != nil {
 		return err
 	}

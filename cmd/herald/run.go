@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"strings"
 
 	"github.com/heraldpush/herald/cmd/herald/heraldbench"
@@ -17,6 +18,8 @@ const usage = `herald: scheduled push reminders
 Usage:
   herald serve [--role all|api|worker] [--migrate] [--addr ADDR]
   herald migrate
+  herald keys create --name NAME --scope send|read|admin [--expires-in D] | list | revoke NAME
+  herald operators create --name NAME | list | remove NAME
   herald fakepush [--addr ADDR] [--latency D] [--tls-dir DIR]
   herald bench [--users N] [--latency D] [--mix 45,45,10] [--profile DIR]
   herald soak [--duration 20m] [--retention 3m] [--users N]
@@ -39,6 +42,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return runServe(ctx, rest, getenv, stdout, stderr)
 	case "migrate":
 		return runMigrate(ctx, rest, getenv, stdout, stderr)
+	case "keys":
+		return runKeys(ctx, rest, getenv, stdout, stderr)
+	case "operators":
+		// A new operator's password comes on stdin, which only this
+		// command reads.
+		return runOperators(ctx, rest, getenv, os.Stdin, stdout, stderr)
 	case "fakepush":
 		return runFakepush(ctx, rest, getenv, stdout, stderr)
 	case "bench":

@@ -31,14 +31,7 @@ func withSecretFiles(getenv func(string) string) (func(string) string, error) {
 		if getenv(name) != "" {
 			return nil, fmt.Errorf("%s and %s_FILE are both set: give the secret one way", name, name)
 		}
-		info, err := os.Stat(path)
-		if err != nil {
-			return nil, fmt.Errorf("%s_FILE: %w", name, err)
-		}
-		if info.Size() > maxSecretFile {
-			return nil, fmt.Errorf("%s_FILE: %s holds %d bytes, more than a secret (%d at most)", name, path, info.Size(), maxSecretFile)
-		}
-		b, err := os.ReadFile(path)
+		b, err := readAtMost(path, maxSecretFile)
 		if err != nil {
 			return nil, fmt.Errorf("%s_FILE: %w", name, err)
 		}
@@ -50,4 +43,17 @@ func withSecretFiles(getenv func(string) string) (func(string) string, error) {
 		}
 		return getenv(name)
 	}, nil
+}
+
+// readAtMost reads a file of at most limit bytes: a secret is a line, a
+// list of API keys a few lines; more is a wrong path.
+func readAtMost(path string, limit int64) ([]byte, error) {
+	info, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	if info.Size() > limit {
+		return nil, fmt.Errorf("%s holds %d bytes, more than a secret (%d at most)", path, info.Size(), limit)
+	}
+	return os.ReadFile(path)
 }

@@ -51,7 +51,7 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		}
 		defer w.close()
 	}
-	handler, err := p.handler(w)
+	handler, err := p.handler(ctx, w)
 	if err != nil {
 		return err
 	}
@@ -155,10 +155,10 @@ func openProcess(ctx context.Context, o serveOptions, getenv func(string) string
 		return nil, err
 	}
 	if o.role != "worker" && len(o.cfg.APIKeys) == 0 {
-		p.logger.Warn("HERALD_API_KEYS is empty: every /v1 request will be refused with 401")
+		p.logger.Info("HERALD_API_KEYS is empty: /v1 takes only the keys made with `herald keys create`")
 	}
-	if o.cfg.AdminPassword == "" {
-		p.logger.Warn("HERALD_ADMIN_PASSWORD is empty: the dashboard and River UI are disabled")
+	if o.role != "worker" && o.cfg.AdminPassword == "" {
+		p.logger.Info("HERALD_ADMIN_PASSWORD is empty: only the operators made with `herald operators create` can sign in to the dashboard")
 	}
 	// One registry for the process's metrics, served at /metrics.
 	p.registry = prometheus.NewRegistry()
@@ -245,7 +245,9 @@ func startChunkWorker(ctx context.Context, p *process) (_ *worker, err error) {
 		Breakers: jobs.NewBreakers(jobs.BreakerConfig{Cooldown: cfg.BreakerCooldown}, cfg.configuredChannels()...),
 	}, &jobs.Materializer{
 		Pool: p.pool, Logger: logger, Lead: cfg.ScheduleLead, ChunkSize: cfg.ChunkSize, Limits: cfg.ScheduleLimits,
-	}, &jobs.Retainer{Pool: p.pool, Logger: logger, Retention: cfg.Retention, DeviceRetention: cfg.DeviceRetention})
+	}, &jobs.Retainer{
+		Pool: p.pool, Logger: logger, Retention: cfg.Retention, DeviceRetention: cfg.DeviceRetention, AuditRetention: cfg.AuditRetention,
+	})
 	riverCfg := p.riverConfig()
 	riverCfg.Workers, riverCfg.Lanes = workers, w.lanes.lanes
 	if w.clients, err = jobs.NewRiverClients(p.pool, riverCfg); err != nil {
@@ -273,8 +275,10 @@ func startChunkWorker(ctx context.Context, p *process) (_ *worker, err error) {
 // clients have stopped.
 func (w *worker) close() { w.lanes.close() }
 
-// handler is the HTTP API, with River UI behind the dashboard's login.
-func (p *process) handler(w *worker) (http.Handler, error) {
+// handler is the HTTP API, with River UI behind the dashboard's login. It
+// reads the stored API keys before it returns, and keeps them fresh in the
+// background.
+func (p *process) handler(ctx context.Context, w *worker) (http.Handler, error) {
 	cfg := p.cfg
 	// The API enqueues through the worker's main client, or through an
 	// insert-only one in the api role.
@@ -288,7 +292,7 @@ func (p *process) handler(w *worker) (http.Handler, error) {
 		}
 	}
 	var riverUI http.Handler
-	if cfg.AdminPassword != "" && p.role != "worker" {
+	if p.role != "worker" {
 		var err error
 		if riverUI, err = startRiverUI(p.bgCtx, riverClient, p.logger); err != nil {
 			return nil, err
@@ -303,7 +307,7 @@ func (p *process) handler(w *worker) (http.Handler, error) {
 	if p.adminLn == nil {
 		metrics = p.metricsHandler()
 	}
-	return api.NewServer(api.Config{
+	srv, err := api.NewServer(api.Config{
 		Metrics:    metrics,
 		Registerer: p.registry,
 		Logger:     p.logger,
@@ -332,6 +336,16 @@ func (p *process) handler(w *worker) (http.Handler, error) {
 		ScheduleLimits:    cfg.ScheduleLimits,
 		ScheduleLead:      cfg.ScheduleLead,
 	})
+	if err != nil {
+		return nil, err
+	}
+	if p.role != "worker" {
+		if err := srv.Refresh(ctx); err != nil {
+			return nil, err
+		}
+		p.goBackground(srv.Run)
+	}
+	return srv, nil
 }
 
 // serve answers requests until ctx is cancelled, then shuts down in order:
