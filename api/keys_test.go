@@ -307,9 +307,21 @@ func TestAuditLogRecordsTheDashboardsChanges(t *testing.T) {
 	ck, csrf := b.login(t)
 	rec := b.browse(http.MethodDelete, "/ui/api/messages/msg_404", "", ck, map[string]string{csrfHeader: csrf})
 	require.Equal(t, http.StatusNotFound, rec.Code)
+	rec = b.browse(http.MethodPost, "/riverui/api/jobs/cancel", `{"ids":["1"]}`, ck, nil)
+	require.Equal(t, http.StatusOK, rec.Code)
 	rec = b.call(t, request{method: http.MethodGet, path: "/v1/audit?operator=admin"})
 	require.Equal(t, http.StatusOK, rec.Code)
-	require.Contains(t, rec.Body.String(), `"operator":"admin","method":"DELETE","route":"/ui/api/messages/{message_id}","target_id":"msg_404","status":404`)
+	var page auditPage
+	require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &page))
+	require.Len(t, page.Items, 2)
+	admin, msg := adminUser, "msg_404"
+	for i := range page.Items {
+		page.Items[i].At, page.Items[i].RequestID = time.Time{}, ""
+	}
+	require.Equal(t, []auditEntry{
+		{Operator: &admin, Method: "POST", Route: "/riverui/api/jobs/cancel", Status: http.StatusOK},
+		{Operator: &admin, Method: "DELETE", Route: "/ui/api/messages/{message_id}", TargetID: &msg, Status: http.StatusNotFound},
+	}, page.Items)
 }
 
 // TestRequestLogNamesTheKey: each API request's log line says which key

@@ -104,7 +104,8 @@ func (s *Server) dashboardRoutes() {
 	// River UI serves its pages and its API (/riverui/api/...) itself. Its
 	// front end cannot send Herald's CSRF token, so its state-changing calls
 	// (cancel, retry, delete, pause) rely on the session cookie being
-	// SameSite=Strict and on the same-origin check.
-	e.Any("/riverui", s.riverUI, same, s.requireSession)
-	e.Any("/riverui/*", s.riverUI, same, s.requireSession)
+	// SameSite=Strict and on the same-origin check; they are recorded as
+	// the dashboard's are.
+	e.Any("/riverui", s.riverUI, same, s.requireSession, s.audit)
+	e.Any("/riverui/*", s.riverUI, same, s.requireSession, s.audit)
 }
