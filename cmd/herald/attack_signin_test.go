@@ -35,7 +35,7 @@ const signInPassword = "attack-admin-password-0123"
 // extra added to the environment.
 func startSignIn(t *testing.T, extra map[string]string) (string, *dbtest.DB) {
 	t.Helper()
-	tdb := dbtest.NewEmpty(t)
+	tdb := dbtest.New(t)
 	vars := map[string]string{
 		"DATABASE_URL":          tdb.URL,
 		"HERALD_API_KEYS":       testAPIKey,

@@ -20,7 +20,7 @@ import (
 // transactions, on its own pool (PostgreSQL's default search_path), next to
 // its own table called messages. What it commits, the running Herald sends
 // through fakepush; what it rolls back, Herald never sees.
-func TestE2ESchedulesInTheCallersTransaction(t *testing.T) {
+func TestSchedulesInTheCallersTransaction(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e := startE2E(t, nil)
@@ -76,7 +76,7 @@ func TestE2ESchedulesInTheCallersTransaction(t *testing.T) {
 // River's in public, a message scheduled and not yet sent) is refused by the
 // new Herald until `herald migrate` moves it; then the same message is sent,
 // its devices are still there, and new messages work.
-func TestE2EMigrateMovesAnInstallationFromPublic(t *testing.T) {
+func TestMigrateMovesAnInstallationFromPublic(t *testing.T) {
 	t.Parallel()
 	fp, tdb, vars := e2eEnv(t)
 

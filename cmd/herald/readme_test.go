@@ -110,13 +110,13 @@ func freeAddr(t *testing.T) string {
 	return addr
 }
 
-// TestMakeRun runs `make run` as a newcomer does (on a database of the
+// TestE2EMakeRun runs `make run` as a newcomer does (on a database of the
 // test's, on free ports, with a state directory of its own), waits for its
 // banner, which must come only once Herald answers /readyz, and runs the
 // README's walkthrough against it as written. A second `make run` on the
 // same state directory refuses without touching the first's files. Ctrl-C
 // stops both processes.
-func TestMakeRun(t *testing.T) {
+func TestE2EMakeRun(t *testing.T) {
 	t.Parallel()
 	for _, tool := range []string{"make", "bash", "curl", "flock"} {
 		if _, err := exec.LookPath(tool); err != nil {
