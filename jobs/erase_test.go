@@ -28,7 +28,7 @@ func (s *hookedSender) Send(ctx context.Context, m *push.Message, targets []push
 	s.inner.Send(ctx, m, targets, results, allow, answered)
 }
 
-// TestFanOutDeviceErasedMidSend is the bound the README states for an
+// TestFanOutDeviceErasedMidSend is the bound docs/api.md states for an
 // erasure racing a chunk: the attempt that read the device as pending
 // before the erasure committed still sends to it (once), but its answer is
 // not recorded over the cancellation, the counters stay true, and no later

@@ -114,7 +114,7 @@ func testBench(t *testing.T, urgentWorker bool) {
 
 // TestE2ESoakShort runs herald soak for a few seconds: its own fakepush and
 // Herald, steady traffic, and the tables' sizes read as it goes. The
-// plateau itself takes minutes (README, Retention).
+// plateau itself takes minutes (docs/performance.md, Retention).
 func TestE2ESoakShort(t *testing.T) {
 	t.Parallel()
 	b := &heraldbench.Benchmark{

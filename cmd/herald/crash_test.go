@@ -266,7 +266,7 @@ func TestE2ETwoWorkersShareTheFanOut(t *testing.T) {
 	s := newFanOutSetup(t, devices)
 	// A process fetches as many chunks as it has free workers; with the
 	// default 50 the first would take all 40 chunks. A deployment of
-	// several workers sizes them to share (README, Sizing).
+	// several workers sizes them to share (docs/operations.md, Sizing).
 	s.vars["HERALD_BULK_WORKERS"] = "10"
 	a := startWorker(t, s.vars)
 	b := startWorker(t, s.vars)

@@ -521,7 +521,7 @@ func TestLanesSplitAcrossProcesses(t *testing.T) {
 // Herald that was down for the last few minutes finds it: its next run a
 // few minutes back (the one query the materializer advances it with).
 // Herald's own materializer then makes the runs still alive, and they are
-// sent at once, late, as the README says of missed runs. That each run is
+// sent at once, late, as docs/api.md says of missed runs. That each run is
 // made ahead of its instant and its lane woken at it is covered, on a clock
 // the tests control, in jobs (TestMaterialize*, TestWaker*).
 func TestScheduleEveryMinute(t *testing.T) {

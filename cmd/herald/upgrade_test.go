@@ -53,7 +53,7 @@ func buildPreviousRelease(t *testing.T) string {
 
 // TestE2ERollingUpgradeMixesReleases runs the previous release and this one on
 // one database, as a rolling deploy does, after this release's migrations
-// (README, Upgrading): the previous release's API with this release's
+// (docs/operations.md, Upgrading): the previous release's API with this release's
 // worker, and the other way round. Each pair delivers a message to every
 // device, and a schedule's run.
 func TestE2ERollingUpgradeMixesReleases(t *testing.T) {
