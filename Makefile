@@ -84,7 +84,7 @@ bench: build
 # soak, make run, kill -9 and SIGTERM mid fan-out, PostgreSQL restarted and
 # stopped, a rolling upgrade, the container image, the browser; then a
 # brief fuzzing run. .ci/run runs both.
-test: generate/check vet test/go
+test: generate/check vet lint test/go
 
 test-e2e: test/e2e test/fuzz
 
@@ -106,6 +106,14 @@ FUZZTIME ?= 20s
 test/fuzz:
 	@url=$$($(MAKE) -s db/test/start); \
 	DATABASE_URL=$$url $(GO) test -run '^$$' -fuzz '^FuzzAPI$$' -fuzztime $(FUZZTIME) ./api
+
+# golangci-lint, its settings in .golangci.yaml (modelled on River's). It is
+# pinned as a Go tool in a module file of its own, .ci/lint.go.mod, so that
+# its hundreds of modules never enter Herald's build; its first run builds
+# it (minutes), later runs take the build cache's copy.
+GOLANGCI_LINT := $(GO) tool -modfile=.ci/lint.go.mod golangci-lint
+lint:
+	$(GOLANGCI_LINT) run ./...
 
 vet:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt would change:"; gofmt -l $$(git ls-files '*.go'); exit 1; }

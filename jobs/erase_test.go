@@ -2,7 +2,6 @@ package jobs
 
 import (
 	"context"
-	"errors"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -55,7 +54,7 @@ func TestFanOutDeviceErasedMidSend(t *testing.T) {
 	// would wait for the test's own transaction.
 	err := w.Work(ctx, &river.Job[FanOutArgs]{JobRow: c.job, Args: c.args})
 	var snooze *rivertype.JobSnoozeError
-	require.True(t, errors.As(err, &snooze), "Work returned %v: fcm-2 waits for another attempt", err)
+	require.ErrorAs(t, err, &snooze, "fcm-2 waits for another attempt")
 	require.Equal(t, []string{"fcm-1", "fcm-2"}, fcm.sends(), "the running attempt had read fcm-1 as pending")
 	b.requireStatus(c, "fcm-1", "cancelled", push.ReasonDeviceDeleted)
 	b.settled(c.msg.ID)

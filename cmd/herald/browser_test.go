@@ -369,7 +369,7 @@ func TestDashboardGuards(t *testing.T) {
 	// Signed in, River UI's API lists the chunk jobs once River has
 	// recorded them completed (its completer writes in batches, a moment
 	// after the deliveries).
-	require.EventuallyWithT(t, func(c *assert.CollectT) {
+	require.EventuallyWithT(t, func(c *assert.CollectT) { //nolint:forbidigo // EventuallyWithT hands its callback a CollectT
 		code, body := get(browser, "/riverui/api/jobs?state=completed&limit=100")
 		require.Equal(c, http.StatusOK, code, body)
 		require.Contains(c, body, `"kind":"fan_out"`)

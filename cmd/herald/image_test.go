@@ -193,7 +193,7 @@ func (r imageRunner) serve() (string, *syncBuffer) {
 			require.NoError(t, err, "herald serve did not exit cleanly on SIGTERM:\n%s", out)
 		case <-time.After(30 * time.Second):
 			_ = cmd.Process.Kill()
-			<-done
+			<-done //nolint:errcheck // killed: its exit status says only that
 			t.Errorf("herald serve did not stop within 30 s of SIGTERM:\n%s", out)
 		}
 		if t.Failed() {

@@ -38,7 +38,7 @@ func TestSchedulesInTheCallersTransaction(t *testing.T) {
 	book := func(commit bool) string {
 		tx, err := app.Begin(ctx)
 		require.NoError(t, err)
-		defer tx.Rollback(ctx)
+		defer func() { _ = tx.Rollback(ctx) }()
 		receipt, err := scheduler.Schedule(ctx, tx, jobs.Message{
 			Priority: jobs.PriorityUrgent,
 			Audience: jobs.Audience{UserIDs: []string{"pat"}},
@@ -60,7 +60,7 @@ func TestSchedulesInTheCallersTransaction(t *testing.T) {
 
 	st := e.settle(kept, 30*time.Second)
 	require.Equal(t, client.MessageStateDispatched, st.State)
-	require.EqualValues(t, 3, st.Deliveries.Accepted)
+	require.Equal(t, 3, st.Deliveries.Accepted)
 	require.Len(t, e.fake.Receipts(kept), 3, "fakepush took the committed reminder on every device")
 
 	res, err := e.api.GetMessageWithResponse(ctx, gone)
