@@ -18,13 +18,14 @@ COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)
 BUILD_DATE ?= $(shell date -u +%Y-%m-%dT%H:%M:%SZ)
 LDFLAGS := -X main.version=$(VERSION) -X main.commit=$(COMMIT) -X main.buildDate=$(BUILD_DATE)
 
-.PHONY: help build run test test/go test/fuzz chromium promtool bench generate generate/check vet fmt lint/openapi \
+.PHONY: help build run test test-e2e test/go test/e2e test/fuzz lint chromium promtool bench generate generate/check vet fmt lint/openapi \
 	db/start db/stop db/reset db/test/start db/test/stop clean \
 	buildah umoci image image/context test/image release-snapshot
 
 help:
 	@echo "make run      start a local PostgreSQL, migrate, and serve Herald with a development API key"
-	@echo "make test     start a PostgreSQL in RAM if needed, check generated code, vet, and run every test"
+	@echo "make test     start a PostgreSQL in RAM if needed, check generated code, vet, lint, and run the fast tier of tests"
+	@echo "make test-e2e the slow tier: the bench, make run, crashes, database faults, the image, the browser, fuzzing"
 	@echo "make build    build bin/herald"
 	@echo "make bench    the dispatch benchmark; the JSON result ends up in bench/results/latest.json"
 	@echo "make generate regenerate db/ from db/queries/*.sql with sqlc, and api/client from api/openapi.yaml"
@@ -75,12 +76,27 @@ bench: build
 	@url=$$($(MAKE) -s db/start); \
 	DATABASE_URL=$$url bin/herald bench $(BENCH_FLAGS)
 
-test: generate/check vet test/go test/fuzz
+# Two tiers of tests, split by name. make test is the one to run after
+# every change: unit and integration tests, and end-to-end tests that start
+# Herald on a database cloned from a migrated template (a few minutes on
+# two cores). make test-e2e runs the tests whose names begin with TestE2E,
+# which take minutes each or need more than PostgreSQL: the bench and the
+# soak, make run, kill -9 and SIGTERM mid fan-out, PostgreSQL restarted and
+# stopped, a rolling upgrade, the container image, the browser; then a
+# brief fuzzing run. .ci/run runs both.
+test: generate/check vet lint test/go
 
-test/go: chromium promtool buildah umoci
+test-e2e: test/e2e test/fuzz
+
+test/go: promtool
 	@url=$$($(MAKE) -s db/test/start); \
-	echo "go test against $$url"; \
-	DATABASE_URL=$$url $(GO) test $(RACE) -count=1 -timeout 15m ./...
+	echo "go test (fast tier) against $$url"; \
+	DATABASE_URL=$$url $(GO) test $(RACE) -count=1 -timeout 10m -skip '^TestE2E' ./...
+
+test/e2e: chromium promtool buildah umoci
+	@url=$$($(MAKE) -s db/test/start); \
+	echo "go test (e2e tier) against $$url"; \
+	DATABASE_URL=$$url $(GO) test $(RACE) -count=1 -timeout 15m -run '^TestE2E' ./...
 
 # A brief real fuzzing run of the /v1 handlers (api/fuzz_test.go): every
 # go test runs only the seed corpus, this one looks for new inputs that are
@@ -90,6 +106,14 @@ FUZZTIME ?= 20s
 test/fuzz:
 	@url=$$($(MAKE) -s db/test/start); \
 	DATABASE_URL=$$url $(GO) test -run '^$$' -fuzz '^FuzzAPI$$' -fuzztime $(FUZZTIME) ./api
+
+# golangci-lint, its settings in .golangci.yaml (modelled on River's). It is
+# pinned as a Go tool in a module file of its own, .ci/lint.go.mod, so that
+# its hundreds of modules never enter Herald's build; its first run builds
+# it (minutes), later runs take the build cache's copy.
+GOLANGCI_LINT := $(GO) tool -modfile=.ci/lint.go.mod golangci-lint
+lint:
+	$(GOLANGCI_LINT) run ./...
 
 vet:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt would change:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
@@ -155,7 +179,7 @@ lint/openapi:
 # context, bin/image, is filled here so that `docker build bin/image` or
 # compose (deploy/compose) builds the same image. buildah needs no daemon;
 # BUILDAH_FLAGS passes e.g. --storage-driver vfs where overlay cannot
-# mount. TestImage (make test/image) builds it, unpacks it and runs it.
+# mount. TestE2EImage (make test/image) builds it, unpacks it and runs it.
 IMAGE ?= localhost/herald:$(VERSION)
 BUILDAH_FLAGS ?=
 CA_BUNDLE ?= /etc/ssl/certs/ca-certificates.crt
@@ -179,7 +203,7 @@ umoci:
 # binary and the image), so it is its own target.
 test/image: buildah umoci
 	@url=$$($(MAKE) -s db/test/start); \
-	DATABASE_URL=$$url $(GO) test -count=1 -v -run '^TestImage' ./cmd/herald
+	DATABASE_URL=$$url $(GO) test -count=1 -v -run '^TestE2EImage' ./cmd/herald
 
 # GoReleaser's snapshot: the archives for linux and darwin, amd64 and arm64,
 # and checksums.txt in dist/, from .goreleaser.yaml, published nowhere.

@@ -182,7 +182,7 @@ func checkText(body []byte, prefix string) error {
 		if err != nil {
 			// Not JSON, or the end: the strict decode that follows says
 			// what is wrong, if anything.
-			return nil
+			return nil //nolint:nilerr // reported by the strict decode
 		}
 		switch v := tok.(type) {
 		case json.Delim:

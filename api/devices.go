@@ -420,13 +420,6 @@ func (s *Server) deleteDevice(c echo.Context) error {
 	return c.NoContent(http.StatusNoContent)
 }
 
-func nullable(s string) *string {
-	if s == "" {
-		return nil
-	}
-	return &s
-}
-
 func utcPtr(t *time.Time) *time.Time {
 	if t == nil {
 		return nil

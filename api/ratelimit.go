@@ -14,8 +14,8 @@ import (
 const (
 	// DefaultRateLimit is the requests a second each caller may make of one
 	// process, after its burst: about a quarter of what one process serves
-	// on two cores (the README's "Scheduling and the directory" has the
-	// figure), so that one key's flood leaves most of a process to the
+	// on two cores (docs/performance.md, "Scheduling and the directory", has
+	// the figure), so that one key's flood leaves most of a process to the
 	// others, and far above what an app's steady traffic, `herald bench` or
 	// the tests make.
 	DefaultRateLimit = 500

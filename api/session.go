@@ -293,8 +293,11 @@ func cutLast(s, sep string) (before, after string, found bool) {
 // token is a live session.
 func (s *Server) sessionOf(c echo.Context) (token, operator string, ok bool, err error) {
 	ck, cerr := c.Cookie(sessionCookie)
-	if cerr != nil {
+	if errors.Is(cerr, http.ErrNoCookie) {
 		return "", "", false, nil
+	}
+	if cerr != nil {
+		return "", "", false, fmt.Errorf("read session cookie: %w", cerr)
 	}
 	operator, ok, err = s.sessions.operatorOf(c.Request().Context(), ck.Value)
 	return ck.Value, operator, ok, err

@@ -106,7 +106,7 @@ cat <<BANNER
   fakepush:     https://$fpaddr   (curl -k https://$fpaddr/_stats; its log: $dev/fakepush.log)
   database:     $url
 
-  The README's walkthrough ("The API by example") runs against this as written.
+  The README's quick start and docs/api.md's walkthrough run against this as written.
 
 BANNER
 wait "${pids[1]}"

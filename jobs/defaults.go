@@ -5,7 +5,8 @@ import "time"
 // The defaults of a worker's tuning, all in one place: the River clients,
 // the lanes, the chunk worker, the Promoter and the schedule materializer
 // take these when their setting is zero, and `herald serve` reads its
-// environment over them. The README's "Sizing" explains how to change them.
+// environment over them. docs/operations.md, "Sizing", explains how to
+// change them.
 const (
 	// DefaultChunkSize is the number of devices per chunk job. FCM's
 	// multicast call takes at most 500 tokens, so a chunk's FCM devices

@@ -2,7 +2,6 @@ package jobs
 
 import (
 	"context"
-	"errors"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -28,7 +27,7 @@ func (s *hookedSender) Send(ctx context.Context, m *push.Message, targets []push
 	s.inner.Send(ctx, m, targets, results, allow, answered)
 }
 
-// TestFanOutDeviceErasedMidSend is the bound the README states for an
+// TestFanOutDeviceErasedMidSend is the bound docs/api.md states for an
 // erasure racing a chunk: the attempt that read the device as pending
 // before the erasure committed still sends to it (once), but its answer is
 // not recorded over the cancellation, the counters stay true, and no later
@@ -55,7 +54,7 @@ func TestFanOutDeviceErasedMidSend(t *testing.T) {
 	// would wait for the test's own transaction.
 	err := w.Work(ctx, &river.Job[FanOutArgs]{JobRow: c.job, Args: c.args})
 	var snooze *rivertype.JobSnoozeError
-	require.True(t, errors.As(err, &snooze), "Work returned %v: fcm-2 waits for another attempt", err)
+	require.ErrorAs(t, err, &snooze, "fcm-2 waits for another attempt")
 	require.Equal(t, []string{"fcm-1", "fcm-2"}, fcm.sends(), "the running attempt had read fcm-1 as pending")
 	b.requireStatus(c, "fcm-1", "cancelled", push.ReasonDeviceDeleted)
 	b.settled(c.msg.ID)

@@ -21,7 +21,7 @@ func TestChunkJobOfAnEarlierVersion(t *testing.T) {
 	require.EqualValues(t, 7, r.MessageID)
 	require.EqualValues(t, 2, r.Chunk)
 	require.Zero(t, r.FirstDevice)
-	require.EqualValues(t, int64(math.MaxInt64), r.LastDevice)
+	require.Equal(t, int64(math.MaxInt64), r.LastDevice)
 
 	raw, err := json.Marshal(FanOutArgs{MessageID: 7, Chunk: 2, FirstDevice: 10, LastDevice: 20})
 	require.NoError(t, err)

@@ -3,7 +3,6 @@ package jobs
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"slices"
 	"strings"
 	"sync"
@@ -502,7 +501,7 @@ func TestFanOutTimeoutRecordsWhatWasSent(t *testing.T) {
 
 		err := w.Work(ctx, &river.Job[FanOutArgs]{JobRow: c.job, Args: c.args})
 		var snooze *rivertype.JobSnoozeError
-		require.True(t, errors.As(err, &snooze), "Work returned %v, not a snooze", err)
+		require.ErrorAs(t, err, &snooze, "not a snooze")
 		// Handed back at once, for another worker: a stop is not a
 		// provider's failure, to wait out or to tell the breaker of.
 		require.Zero(t, snooze.Duration, "a stopped chunk waits for nothing")
@@ -655,7 +654,7 @@ func TestFanOutRecordsEachAnswerAsItComes(t *testing.T) {
 	fcm := &recordingSender{stallAfter: 2}
 	fcm.stalled = func() {
 		// The first two answers are in; the slice waits for the rest.
-		recorded = assert.Eventually(t, func() bool {
+		recorded = assert.Eventually(t, func() bool { //nolint:forbidigo // on the sender's goroutine, where require cannot stop the test
 			ledger := b.ledger(c.msg.ID)
 			return ledger[c.device(t, "fcm-1")].Status == "accepted" && ledger[c.device(t, "fcm-2")].Status == "accepted"
 		}, 5*time.Second, 5*time.Millisecond, "answers wait for their slice to be written")

@@ -41,7 +41,7 @@ const (
 // fast while bulk fan-outs saturate its workers runs some processes with
 // the urgent lane alone: inside one process the lanes share the Go
 // scheduler, and nothing there puts an urgent goroutine ahead of a bulk one
-// (README, "Sizing").
+// (docs/operations.md, "Sizing").
 type Lane struct {
 	// Queue is QueueUrgent or QueueBulk.
 	Queue string

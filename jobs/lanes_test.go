@@ -38,7 +38,7 @@ func TestParseLanes(t *testing.T) {
 // client alone, so that it wins River's leader election: the leader must
 // enqueue the schedule materializer, whichever client it is. When only the
 // main client had it, an urgent client that led meant no schedule run was
-// ever made (seen as TestE2EScheduleEveryMinute failing one run in ten).
+// ever made (seen as TestScheduleEveryMinute failing one run in ten).
 func TestUrgentClientLeadsWithTheMaterializer(t *testing.T) {
 	t.Parallel()
 	tdb := dbtest.New(t)

@@ -3,6 +3,7 @@ package jobs
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -168,7 +169,7 @@ func (m *Materializer) materialize(ctx context.Context, tx pgx.Tx, enq *Enqueuer
 		} else {
 			_, err = enq.Create(ctx, tx, msg)
 		}
-		if err == ErrUnknownSegment {
+		if errors.Is(err, ErrUnknownSegment) {
 			// The segment was removed since: the run reaches nobody.
 			msg.Audience = Audience{}
 			_, err = enq.Create(ctx, tx, msg)

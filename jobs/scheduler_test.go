@@ -60,7 +60,7 @@ func TestSchedulerRollbackLeavesNoTrace(t *testing.T) {
 	require.NoError(t, err)
 	// A failed assertion must not leave the connection taken: the pool's
 	// Close would wait for it for ever.
-	defer tx.Rollback(ctx)
+	defer func() { _ = tx.Rollback(ctx) }()
 	receipt, err := b.scheduler.Schedule(ctx, tx, Message{
 		Audience: Audience{UserIDs: b.users}, Payload: push.Content{Title: "t"}, IdempotencyKey: "k1",
 	})
@@ -92,7 +92,7 @@ func TestSchedulerCommitsWithTheCallersRows(t *testing.T) {
 	require.NoError(t, err)
 	// A failed assertion must not leave the connection taken: the pool's
 	// Close would wait for it for ever.
-	defer tx.Rollback(ctx)
+	defer func() { _ = tx.Rollback(ctx) }()
 	var path string
 	require.NoError(t, tx.QueryRow(ctx, "SELECT current_setting('search_path')").Scan(&path))
 	_, err = tx.Exec(ctx, "INSERT INTO messages (body) VALUES ('before')")
@@ -157,7 +157,7 @@ func TestSchedulerRefusalLeavesTheTransactionUsable(t *testing.T) {
 	require.NoError(t, err)
 	// A failed assertion must not leave the connection taken: the pool's
 	// Close would wait for it for ever.
-	defer tx.Rollback(ctx)
+	defer func() { _ = tx.Rollback(ctx) }()
 	_, err = tx.Exec(ctx, "INSERT INTO appointments DEFAULT VALUES")
 	require.NoError(t, err)
 	for _, c := range cases {

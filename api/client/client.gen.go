@@ -685,7 +685,7 @@ type MessageStatus struct {
 	ExpiresAt time.Time `json:"expires_at"`
 	MessageID string    `json:"message_id"`
 
-	// Payload What a message shows, encoded once per channel; each field's provider field is in the description (README, The payload). Needs a title, a body, data or silent: true. A wrong field is a 400 naming it (payload.badge, payload.webpush.actions[1].title, ...); an encoding over 4096 bytes is a 413 naming the channel.
+	// Payload What a message shows, encoded once per channel; each field's provider field is in the description (docs/api.md, The payload). Needs a title, a body, data or silent: true. A wrong field is a 400 naming it (payload.badge, payload.webpush.actions[1].title, ...); an encoding over 4096 bytes is a 413 naming the channel.
 	Payload        Payload    `json:"payload"`
 	Priority       Priority   `json:"priority"`
 	RecipientCount int        `json:"recipient_count"`
@@ -738,7 +738,7 @@ type NewMessage struct {
 	// IfPassed A local-time wave whose instant has passed for a recipient: skipped, or sent at once.
 	IfPassed *IfPassed `json:"if_passed,omitempty"`
 
-	// Payload What a message shows, encoded once per channel; each field's provider field is in the description (README, The payload). Needs a title, a body, data or silent: true. A wrong field is a 400 naming it (payload.badge, payload.webpush.actions[1].title, ...); an encoding over 4096 bytes is a 413 naming the channel.
+	// Payload What a message shows, encoded once per channel; each field's provider field is in the description (docs/api.md, The payload). Needs a title, a body, data or silent: true. A wrong field is a 400 naming it (payload.badge, payload.webpush.actions[1].title, ...); an encoding over 4096 bytes is a 413 naming the channel.
 	Payload  Payload   `json:"payload"`
 	Priority *Priority `json:"priority,omitempty"`
 
@@ -761,7 +761,7 @@ type NewSchedule struct {
 	IfPassed  *IfPassed `json:"if_passed,omitempty"`
 	LocalTime *bool     `json:"local_time,omitempty"`
 
-	// Payload What a message shows, encoded once per channel; each field's provider field is in the description (README, The payload). Needs a title, a body, data or silent: true. A wrong field is a 400 naming it (payload.badge, payload.webpush.actions[1].title, ...); an encoding over 4096 bytes is a 413 naming the channel.
+	// Payload What a message shows, encoded once per channel; each field's provider field is in the description (docs/api.md, The payload). Needs a title, a body, data or silent: true. A wrong field is a 400 naming it (payload.badge, payload.webpush.actions[1].title, ...); an encoding over 4096 bytes is a 413 naming the channel.
 	Payload  Payload   `json:"payload"`
 	Priority *Priority `json:"priority,omitempty"`
 
@@ -773,7 +773,7 @@ type NewSchedule struct {
 	TTLSeconds *int    `json:"ttl_seconds,omitempty"`
 }
 
-// Payload What a message shows, encoded once per channel; each field's provider field is in the description (README, The payload). Needs a title, a body, data or silent: true. A wrong field is a 400 naming it (payload.badge, payload.webpush.actions[1].title, ...); an encoding over 4096 bytes is a 413 naming the channel.
+// Payload What a message shows, encoded once per channel; each field's provider field is in the description (docs/api.md, The payload). Needs a title, a body, data or silent: true. A wrong field is a 400 naming it (payload.badge, payload.webpush.actions[1].title, ...); an encoding over 4096 bytes is a 413 naming the channel.
 type Payload struct {
 	// Apns What only APNs has.
 	Apns *APNsOptions `json:"apns,omitempty"`
@@ -876,7 +876,7 @@ type Schedule struct {
 	NextRuns []time.Time `json:"next_runs"`
 	Paused   bool        `json:"paused"`
 
-	// Payload What a message shows, encoded once per channel; each field's provider field is in the description (README, The payload). Needs a title, a body, data or silent: true. A wrong field is a 400 naming it (payload.badge, payload.webpush.actions[1].title, ...); an encoding over 4096 bytes is a 413 naming the channel.
+	// Payload What a message shows, encoded once per channel; each field's provider field is in the description (docs/api.md, The payload). Needs a title, a body, data or silent: true. A wrong field is a 400 naming it (payload.badge, payload.webpush.actions[1].title, ...); an encoding over 4096 bytes is a 413 naming the channel.
 	Payload Payload `json:"payload"`
 
 	// PendingRuns The runs already made into messages that have not started, earliest first (up to five), each with its message. Pausing or deleting the schedule cancels them.

@@ -7,9 +7,9 @@ import (
 	"github.com/heraldpush/herald/api/client"
 )
 
-// The README's example: schedule a message to one user now. It is compiled,
-// not run (there is no Herald to call here); the end-to-end tests in
-// cmd/herald run every operation through the client.
+// The example of docs/go.md: schedule a message to one user now. It is
+// compiled, not run (there is no Herald to call here); the end-to-end tests
+// in cmd/herald run every operation through the client.
 func ExampleClientWithResponses_CreateMessageWithResponse() {
 	ctx, key := context.Background(), "the API key"
 	c, err := client.NewClientWithResponses("http://127.0.0.1:8080", client.WithAPIKey(key))

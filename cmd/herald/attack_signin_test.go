@@ -35,7 +35,7 @@ const signInPassword = "attack-admin-password-0123"
 // extra added to the environment.
 func startSignIn(t *testing.T, extra map[string]string) (string, *dbtest.DB) {
 	t.Helper()
-	tdb := dbtest.NewEmpty(t)
+	tdb := dbtest.New(t)
 	vars := map[string]string{
 		"DATABASE_URL":          tdb.URL,
 		"HERALD_API_KEYS":       testAPIKey,
@@ -50,13 +50,13 @@ func startSignIn(t *testing.T, extra map[string]string) (string, *dbtest.DB) {
 // signIn posts the login form as a browser on the same site would, with
 // the given extra headers, and returns the answer without following its
 // redirect.
-func signIn(t *testing.T, base, password, next string, header map[string]string) *http.Response {
+func signIn(t *testing.T, base, password, next string, header map[string]string) signInAnswer {
 	t.Helper()
 	return signInAs(t, base, "admin", password, next, header)
 }
 
 // signInAs is signIn as the operator user.
-func signInAs(t *testing.T, base, user, password, next string, header map[string]string) *http.Response {
+func signInAs(t *testing.T, base, user, password, next string, header map[string]string) signInAnswer {
 	t.Helper()
 	form := url.Values{"username": {user}, "password": {password}, "next": {next}}
 	req, err := http.NewRequest(http.MethodPost, base+"/login", strings.NewReader(form.Encode()))
@@ -69,13 +69,20 @@ func signInAs(t *testing.T, base, user, password, next string, header map[string
 	// whose Location does not parse.
 	resp, err := http.DefaultTransport.RoundTrip(req)
 	require.NoError(t, err)
+	defer resp.Body.Close()
 	_, _ = io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	return resp
+	return signInAnswer{StatusCode: resp.StatusCode, Header: resp.Header, cookies: resp.Cookies()}
 }
 
-func sessionCookie(resp *http.Response) *http.Cookie {
-	for _, c := range resp.Cookies() {
+// signInAnswer is what a sign-in answered, its body read and closed.
+type signInAnswer struct {
+	StatusCode int
+	Header     http.Header
+	cookies    []*http.Cookie
+}
+
+func sessionCookie(resp signInAnswer) *http.Cookie {
+	for _, c := range resp.cookies {
 		if c.Name == "herald_session" {
 			return c
 		}

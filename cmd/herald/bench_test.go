@@ -14,12 +14,12 @@ import (
 	"github.com/heraldpush/herald/db/dbtest"
 )
 
-// TestBenchEndToEnd runs herald bench as make bench does, at a small size:
+// TestE2EBench runs herald bench as make bench does, at a small size:
 // its own fakepush and Herald processes, the population through the API,
 // an earlier round of messages, the measured messages, the blast, and the
 // JSON with every figure filled in. The figures' values are the
 // benchmark's business; here they must exist and agree with each other.
-func TestBenchEndToEnd(t *testing.T) {
+func TestE2EBench(t *testing.T) {
 	t.Parallel()
 	// Two bulk messages at the instant (--messages 2), after one earlier
 	// round (--before 1).
@@ -112,10 +112,10 @@ func testBench(t *testing.T, urgentWorker bool) {
 	}
 }
 
-// TestSoakShort runs herald soak for a few seconds: its own fakepush and
+// TestE2ESoakShort runs herald soak for a few seconds: its own fakepush and
 // Herald, steady traffic, and the tables' sizes read as it goes. The
-// plateau itself takes minutes (README, Retention).
-func TestSoakShort(t *testing.T) {
+// plateau itself takes minutes (docs/performance.md, Retention).
+func TestE2ESoakShort(t *testing.T) {
 	t.Parallel()
 	b := &heraldbench.Benchmark{
 		Config:   heraldbench.Config{Users: 20, Mix: [3]float64{45, 45, 10}, Latency: 5 * time.Millisecond, Seed: 7, DecryptOneIn: 1},

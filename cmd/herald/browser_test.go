@@ -173,11 +173,11 @@ func dashboardFixture(t *testing.T, e *e2e) (dispatched, scheduled, schedule str
 	return dispatched, later.MessageID, sch.ScheduleID
 }
 
-// TestBrowserDashboard drives the dashboard and River UI in headless
+// TestE2EBrowserDashboard drives the dashboard and River UI in headless
 // Chromium the way an operator would: log in, read a dispatched message's
 // counters and histogram, cancel a scheduled message, pause a schedule,
 // send a test message, and find the fan_out jobs in River UI.
-func TestBrowserDashboard(t *testing.T) {
+func TestE2EBrowserDashboard(t *testing.T) {
 	t.Parallel()
 	chromium := findChromium(t)
 	e := startE2E(t, map[string]string{"HERALD_ADMIN_PASSWORD": testAdminPassword})
@@ -311,11 +311,11 @@ func TestBrowserDashboard(t *testing.T) {
 		chromedp.Navigate(e.base+"/riverui/"), visible("#password"))
 }
 
-// TestE2EDashboardGuards checks over plain HTTP, against the real River UI,
+// TestDashboardGuards checks over plain HTTP, against the real River UI,
 // that nothing of the dashboard or River UI answers without a session, that
 // a wrong password and a cross-site call are refused, and what the
 // histogram endpoint returns.
-func TestE2EDashboardGuards(t *testing.T) {
+func TestDashboardGuards(t *testing.T) {
 	t.Parallel()
 	e := startE2E(t, map[string]string{"HERALD_ADMIN_PASSWORD": testAdminPassword})
 	dispatched, _, _ := dashboardFixture(t, e)
@@ -369,7 +369,7 @@ func TestE2EDashboardGuards(t *testing.T) {
 	// Signed in, River UI's API lists the chunk jobs once River has
 	// recorded them completed (its completer writes in batches, a moment
 	// after the deliveries).
-	require.EventuallyWithT(t, func(c *assert.CollectT) {
+	require.EventuallyWithT(t, func(c *assert.CollectT) { //nolint:forbidigo // EventuallyWithT hands its callback a CollectT
 		code, body := get(browser, "/riverui/api/jobs?state=completed&limit=100")
 		require.Equal(c, http.StatusOK, code, body)
 		require.Contains(c, body, `"kind":"fan_out"`)

@@ -18,13 +18,13 @@ import (
 	"github.com/heraldpush/herald/api/client"
 )
 
-// TestE2EClientSegmentsCancelAndPause drives through the generated client
+// TestClientSegmentsCancelAndPause drives through the generated client
 // the operations the other end-to-end tests have no reason to: the
 // unauthenticated documents, a segment's members added and removed, a
 // message to the segment cancelled before its instant and one sent, and a
 // schedule paused and resumed, and the segment and a user read back and
 // erased.
-func TestE2EClientSegmentsCancelAndPause(t *testing.T) {
+func TestClientSegmentsCancelAndPause(t *testing.T) {
 	t.Parallel()
 	e := startE2E(t, nil)
 	ctx := t.Context()
@@ -88,11 +88,11 @@ func TestE2EClientSegmentsCancelAndPause(t *testing.T) {
 	answered(t, http.StatusNotFound, devices, err)
 }
 
-// TestE2EClientCallsEveryOperation holds the end-to-end tests (and herald
+// TestClientCallsEveryOperation holds the end-to-end tests (and herald
 // bench) to driving the whole API through the generated client: each
 // operation of openapi.yaml is called, by its method, somewhere in their
 // code. A new operation needs an end-to-end call too.
-func TestE2EClientCallsEveryOperation(t *testing.T) {
+func TestClientCallsEveryOperation(t *testing.T) {
 	t.Parallel()
 	var doc struct {
 		Paths map[string]map[string]struct {
@@ -135,10 +135,10 @@ func TestE2EClientCallsEveryOperation(t *testing.T) {
 	require.Positive(t, operations)
 }
 
-// TestE2EHeadersTooLargeAsDocumented sends headers past net/http's limit
+// TestHeadersTooLargeAsDocumented sends headers past net/http's limit
 // (1 MB) to a route that takes no input: the answer is the 431 openapi.yaml
 // documents for it, in plain text.
-func TestE2EHeadersTooLargeAsDocumented(t *testing.T) {
+func TestHeadersTooLargeAsDocumented(t *testing.T) {
 	t.Parallel()
 	e := startE2E(t, nil)
 	big := func(_ context.Context, req *http.Request) error {

@@ -17,8 +17,8 @@ import (
 	"github.com/heraldpush/herald/jobs/push"
 )
 
-// config is the environment's configuration of a Herald process (the
-// README's Configuration). Flags may override some fields after it is read.
+// config is the environment's configuration of a Herald process
+// (docs/configuration.md). Flags may override some fields after it is read.
 type config struct {
 	DatabaseURL string
 	// DBSchema is the PostgreSQL schema of Herald's tables and River's
@@ -60,7 +60,7 @@ type config struct {
 	// (how a test or `make run` trusts fakepush).
 	CertFile string
 
-	// Tuning, with the defaults of jobs/defaults.go (see README, "Sizing").
+	// Tuning, with the defaults of jobs/defaults.go (see docs/operations.md, "Sizing").
 	ChunkSize                  int
 	UrgentWorkers, BulkWorkers int
 	FetchPollInterval          time.Duration

@@ -57,10 +57,10 @@ type fanOutSetup struct {
 
 func newFanOutSetup(t *testing.T, n int) *fanOutSetup {
 	t.Helper()
-	return newFanOutSetupOn(t, n, dbtest.NewEmpty(t), 20*time.Millisecond)
+	return newFanOutSetupOn(t, n, dbtest.New(t), 20*time.Millisecond)
 }
 
-// newFanOutSetupOn is newFanOutSetup on an empty database of the test's
+// newFanOutSetupOn is newFanOutSetup on a database of the test's
 // choosing, with fakepush answering after latency.
 func newFanOutSetupOn(t *testing.T, n int, tdb *dbtest.DB, latency time.Duration) *fanOutSetup {
 	t.Helper()
@@ -194,17 +194,17 @@ func (s *fanOutSetup) checkOnceEach(id string, devices int) (duplicates int) {
 	return int(stats.APNs.Duplicates + stats.FCM.Duplicates)
 }
 
-// TestCrashMidFanOut kills -9 the only worker in the middle of a
+// TestE2ECrashMidFanOut kills -9 the only worker in the middle of a
 // 20,000-device fan-out (40 ms provider latency) and starts another: the
 // message still ends with every device settled once, and the pushes sent
 // twice are at most the requests that can be in flight at the kill (500 per
 // provider): the answers a process had and had not yet written are about
 // one ledger write's worth (jobs/ledger.go), and the requests cut short by
 // the kill are not taken by fakepush.
-func TestCrashMidFanOut(t *testing.T) {
+func TestE2ECrashMidFanOut(t *testing.T) {
 	t.Parallel()
 	const devices = 20_000
-	s := newFanOutSetupOn(t, devices, dbtest.NewEmpty(t), 40*time.Millisecond)
+	s := newFanOutSetupOn(t, devices, dbtest.New(t), 40*time.Millisecond)
 	id := s.schedule()
 
 	first := startWorker(t, s.vars)
@@ -256,17 +256,17 @@ func TestCrashMidFanOut(t *testing.T) {
 		"more answers were lost with the process than the ledger writer lets be unwritten")
 }
 
-// TestTwoWorkersShareTheFanOut runs two worker processes on one database:
+// TestE2ETwoWorkersShareTheFanOut runs two worker processes on one database:
 // they split the chunks, and no device gets the push twice unless a send to
 // it went unanswered (a timeout, which a loaded test machine can cause) and
 // so had to be made again.
-func TestTwoWorkersShareTheFanOut(t *testing.T) {
+func TestE2ETwoWorkersShareTheFanOut(t *testing.T) {
 	t.Parallel()
 	const devices = 20_000
 	s := newFanOutSetup(t, devices)
 	// A process fetches as many chunks as it has free workers; with the
 	// default 50 the first would take all 40 chunks. A deployment of
-	// several workers sizes them to share (README, Sizing).
+	// several workers sizes them to share (docs/operations.md, Sizing).
 	s.vars["HERALD_BULK_WORKERS"] = "10"
 	a := startWorker(t, s.vars)
 	b := startWorker(t, s.vars)

@@ -102,11 +102,11 @@ func (s *fanOutSetup) breakerState(w *child, channel string) string {
 	return ""
 }
 
-// TestDatabaseRestartMidFanOut restarts PostgreSQL (pg_ctl restart -m fast)
+// TestE2EDatabaseRestartMidFanOut restarts PostgreSQL (pg_ctl restart -m fast)
 // in the middle of a 10,000-device fan-out, quicker than a chunk's timeout:
 // the chunks keep what they sent and write it once the database is back, so
 // every device gets the push once and neither provider's breaker opens.
-func TestDatabaseRestartMidFanOut(t *testing.T) {
+func TestE2EDatabaseRestartMidFanOut(t *testing.T) {
 	t.Parallel()
 	const devices = 10_000
 	s, c := dbFaultSetup(t, devices)
@@ -114,11 +114,11 @@ func TestDatabaseRestartMidFanOut(t *testing.T) {
 	s.requireNoResends(w, devices)
 }
 
-// TestDatabaseStopMidFanOut stops PostgreSQL for a few seconds in the middle
+// TestE2EDatabaseStopMidFanOut stops PostgreSQL for a few seconds in the middle
 // of a fan-out. While it is away the API answers 503 with Retry-After and a
 // JSON error and /readyz says not ready; once it is back everything resumes
 // by itself and no device gets the push twice.
-func TestDatabaseStopMidFanOut(t *testing.T) {
+func TestE2EDatabaseStopMidFanOut(t *testing.T) {
 	t.Parallel()
 	// Half the restart's fan-out: the end-to-end tests of this package
 	// share two cores, and the outage lasts seconds either way.

@@ -11,13 +11,13 @@ import (
 	"github.com/heraldpush/herald/api/client"
 )
 
-// TestE2EAPNsSandboxDevices runs issue 14's sandbox case through Herald and
+// TestAPNsSandboxDevices runs issue 14's sandbox case through Herald and
 // fakepush as processes see them: a device registered with environment
 // sandbox reaches only the sandbox host (APNS_SANDBOX_HOST, from fakepush's
 // env), a production one only the production host, and a sandbox token
 // registered as production fails wrong_environment without being evicted,
 // so that registering it again with its environment is all it takes.
-func TestE2EAPNsSandboxDevices(t *testing.T) {
+func TestAPNsSandboxDevices(t *testing.T) {
 	t.Parallel()
 	e := startE2E(t, nil)
 	debug, release, misregistered := hexToken(""), hexToken(""), hexToken("")

@@ -65,8 +65,9 @@ func startE2EWith(t *testing.T, configure func(vars map[string]string, fp *fake.
 	return &e2e{t: t, fake: fp, base: base, stop: stop, vars: vars, db: tdb, api: newAPIClient(t, base, testAPIKey)}
 }
 
-// e2eEnv starts fakepush and makes an empty database, and returns them with
-// the environment a Herald on them runs with.
+// e2eEnv starts fakepush and clones a migrated database (serve's --migrate
+// then finds nothing to do), and returns them with the environment a
+// Herald on them runs with.
 func e2eEnv(t *testing.T) (*fake.Server, *dbtest.DB, map[string]string) {
 	t.Helper()
 	fp, err := fake.New(fake.Config{Addr: "127.0.0.1:0", TLSDir: t.TempDir(), Latency: 5 * time.Millisecond})
@@ -74,7 +75,7 @@ func e2eEnv(t *testing.T) (*fake.Server, *dbtest.DB, map[string]string) {
 	require.NoError(t, fp.Start(context.Background()))
 	t.Cleanup(func() { _ = fp.Close() })
 
-	tdb := dbtest.NewEmpty(t)
+	tdb := dbtest.New(t)
 	vars := fp.Env()
 	vars["DATABASE_URL"] = tdb.URL
 	vars["HERALD_API_KEYS"] = testAPIKey
@@ -263,7 +264,7 @@ func (e *e2e) register(user string, dead bool) {
 	e.registerDevice(client.DeviceRegistration{UserID: user, Channel: client.ChannelWebPush, Subscription: webPush(sub)})
 }
 
-func TestE2EDeliversOncePerDeviceAndEvictsDeadTokens(t *testing.T) {
+func TestDeliversOncePerDeviceAndEvictsDeadTokens(t *testing.T) {
 	t.Parallel()
 	e := startE2E(t, nil)
 	for _, u := range []string{"ann", "bob", "cy"} {
@@ -330,7 +331,7 @@ func TestE2EDeliversOncePerDeviceAndEvictsDeadTokens(t *testing.T) {
 	require.Equal(t, client.MessageStateDispatched, e.settle(next.MessageID, 30*time.Second).State)
 }
 
-func TestE2EDisabledChannelFailsLoudly(t *testing.T) {
+func TestDisabledChannelFailsLoudly(t *testing.T) {
 	t.Parallel()
 	e := startE2E(t, nil, "VAPID_PUBLIC_KEY", "VAPID_PRIVATE_KEY", "VAPID_SUBJECT")
 	e.register("ann", false)
@@ -347,7 +348,7 @@ func TestE2EDisabledChannelFailsLoudly(t *testing.T) {
 	require.Equal(t, new(client.ReasonChannelDisabled), failed[0].Reason)
 }
 
-func TestE2EProviderDownForTheWholeLifetime(t *testing.T) {
+func TestProviderDownForTheWholeLifetime(t *testing.T) {
 	t.Parallel()
 	e := startE2E(t, nil)
 	require.NoError(t, e.fake.SetControl(fake.Control{Channel: "apns", Mode: fake.ModeUnavailable}))
@@ -391,7 +392,7 @@ func TestE2EProviderDownForTheWholeLifetime(t *testing.T) {
 	require.NotEmpty(t, *apns.LastError)
 }
 
-func TestE2EUrgentIsNotBlockedByBulk(t *testing.T) {
+func TestUrgentIsNotBlockedByBulk(t *testing.T) {
 	t.Parallel()
 	e := startE2E(t, nil)
 	// A provider round trip of 20 ms makes the bulk fan-out take a while.
@@ -431,10 +432,10 @@ func TestE2EUrgentIsNotBlockedByBulk(t *testing.T) {
 	require.True(t, urgentAt.Before(*bulkSt.SettledAt), "the urgent push waited for the bulk fan-out to finish")
 }
 
-// TestE2EDeviceDeletedBeforeDispatchGetsNothing deletes a device between
+// TestDeviceDeletedBeforeDispatchGetsNothing deletes a device between
 // the schedule and the due instant: the chunk that carries its token must
 // not send to it, and its delivery must read cancelled.
-func TestE2EDeviceDeletedBeforeDispatchGetsNothing(t *testing.T) {
+func TestDeviceDeletedBeforeDispatchGetsNothing(t *testing.T) {
 	t.Parallel()
 	e := startE2E(t, nil)
 	e.register("ann", false)
@@ -468,11 +469,11 @@ func TestE2EDeviceDeletedBeforeDispatchGetsNothing(t *testing.T) {
 	}
 }
 
-// TestE2ELanesSplitAcrossProcesses runs the bulk lane and the urgent lane in
+// TestLanesSplitAcrossProcesses runs the bulk lane and the urgent lane in
 // processes of their own (HERALD_LANES), as a deployment that keeps urgent
 // pushes off saturated bulk workers does: each process works its own lane's
 // chunks and never the other's.
-func TestE2ELanesSplitAcrossProcesses(t *testing.T) {
+func TestLanesSplitAcrossProcesses(t *testing.T) {
 	t.Parallel()
 	e := startE2E(t, map[string]string{"HERALD_LANES": "bulk", "HERALD_CHUNK_SIZE": "10"})
 	urgentVars := maps.Clone(e.vars)
@@ -513,17 +514,17 @@ func TestE2ELanesSplitAcrossProcesses(t *testing.T) {
 	require.Zero(t, sent(urgentBase, "bulk"), "the urgent-lane worker worked a bulk chunk")
 }
 
-// TestE2EScheduleEveryMinute runs an every-minute schedule through the
+// TestScheduleEveryMinute runs an every-minute schedule through the
 // real binary: its runs become messages, one per run, each delivered once
 // through fakepush with counters of its own. Waiting for real minutes to
 // pass would take one to two of them, so the test puts the schedule where a
 // Herald that was down for the last few minutes finds it: its next run a
 // few minutes back (the one query the materializer advances it with).
 // Herald's own materializer then makes the runs still alive, and they are
-// sent at once, late, as the README says of missed runs. That each run is
+// sent at once, late, as docs/api.md says of missed runs. That each run is
 // made ahead of its instant and its lane woken at it is covered, on a clock
 // the tests control, in jobs (TestMaterialize*, TestWaker*).
-func TestE2EScheduleEveryMinute(t *testing.T) {
+func TestScheduleEveryMinute(t *testing.T) {
 	t.Parallel()
 	e := startE2E(t, map[string]string{"HERALD_MATERIALIZE_EVERY": "200ms", "HERALD_SCHEDULE_LEAD": "1s"})
 	e.register("ann", false)
@@ -573,9 +574,9 @@ func TestE2EScheduleEveryMinute(t *testing.T) {
 	e.deleteSchedule(id)
 }
 
-// TestE2EMetricsAfterDispatch scrapes /metrics after a dispatch and finds
+// TestMetricsAfterDispatch scrapes /metrics after a dispatch and finds
 // the delivery counters, the skew histogram and the process gauges.
-func TestE2EMetricsAfterDispatch(t *testing.T) {
+func TestMetricsAfterDispatch(t *testing.T) {
 	t.Parallel()
 	e := startE2E(t, nil)
 	e.register("ann", false)

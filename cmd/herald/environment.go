@@ -9,7 +9,7 @@ import (
 )
 
 // envVar is one variable of the environment a command reads, as --help
-// lists it. The README's configuration table says more of each; a test
+// lists it. The table of docs/configuration.md says more of each; a test
 // checks that this list, the variables loadConfig reads and that table
 // agree.
 type envVar struct {
@@ -111,7 +111,7 @@ func printHelp(w io.Writer, fs *flag.FlagSet, synopsis string, env []envVar) {
 		fmt.Fprintln(w, "\nIt reads no environment variables.")
 		return
 	}
-	fmt.Fprintln(w, "\nEnvironment (README.md, Configuration, says more):")
+	fmt.Fprintln(w, "\nEnvironment (docs/configuration.md says more):")
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
 	for _, v := range env {
 		def := ""

@@ -12,6 +12,10 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// configurationDoc is the doc whose configuration table names every
+// variable `herald serve` reads, seen from this package's directory.
+const configurationDoc = "../../docs/configuration.md"
+
 // TestHelp checks that every command answers --help (and -h) on stdout,
 // exiting 0, with its flags and the environment it reads; none may start
 // anything or need a database to do so.
@@ -47,7 +51,7 @@ func TestHelp(t *testing.T) {
 
 // TestEnvironmentDocumented checks that --help's list of the variables
 // serve reads is exactly what its configuration reads, and that the
-// README's configuration table names each of them.
+// configuration table of configurationDoc names each of them.
 func TestEnvironmentDocumented(t *testing.T) {
 	t.Parallel()
 	var mu sync.Mutex
@@ -76,14 +80,14 @@ func TestEnvironmentDocumented(t *testing.T) {
 	slices.Sort(readNames)
 	require.Equal(t, readNames, listed, "serveEnv (herald serve --help) must list exactly what serve reads")
 
-	readme, err := os.ReadFile("../../README.md")
+	doc, err := os.ReadFile(configurationDoc)
 	require.NoError(t, err)
-	table := string(readme)
+	table := string(doc)
 	for _, name := range listed {
-		// The README's table writes HERALD_MAX_IN_FLIGHT_FCM as `_FCM`.
+		// The table writes HERALD_MAX_IN_FLIGHT_FCM as `_FCM`.
 		short := strings.TrimPrefix(name, "HERALD_MAX_IN_FLIGHT")
 		named := strings.Contains(table, "| `"+name+"`") || strings.Contains(table, ", `"+name+"`") ||
 			strings.Contains(table, ", `"+short+"`")
-		require.True(t, named, "README's configuration table does not name %s", name)
+		require.True(t, named, "the configuration table of %s does not name %s", configurationDoc, name)
 	}
 }

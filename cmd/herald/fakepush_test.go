@@ -12,8 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/heraldpush/herald/jobs/push/fake"
 	"github.com/stretchr/testify/require"
+
+	"github.com/heraldpush/herald/jobs/push/fake"
 )
 
 func TestRunFakepush(t *testing.T) {

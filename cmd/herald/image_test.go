@@ -29,7 +29,7 @@ import (
 // it from the build host.
 const hostCABundle = "/etc/ssl/certs/ca-certificates.crt"
 
-// TestImage builds the container image as `make image` does (a static
+// TestE2EImage builds the container image as `make image` does (a static
 // binary and deploy/image/Containerfile, with buildah and no daemon),
 // unpacks it with umoci and runs what it holds: `herald migrate`, then
 // `herald serve`, then a schedule in Europe/Berlin, whose runs only come out
@@ -38,7 +38,7 @@ const hostCABundle = "/etc/ssl/certs/ca-certificates.crt"
 // image's user, so that it sees only what the image holds; elsewhere it runs
 // from there unconfined. It is slow (a build of its own), so -short skips
 // it; make test/image installs the tools and runs it.
-func TestImage(t *testing.T) {
+func TestE2EImage(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {
 		t.Skip("the image test builds a binary and an image; it does not run with -short (make test/image runs it)")
@@ -193,7 +193,7 @@ func (r imageRunner) serve() (string, *syncBuffer) {
 			require.NoError(t, err, "herald serve did not exit cleanly on SIGTERM:\n%s", out)
 		case <-time.After(30 * time.Second):
 			_ = cmd.Process.Kill()
-			<-done
+			<-done //nolint:errcheck // killed: its exit status says only that
 			t.Errorf("herald serve did not stop within 30 s of SIGTERM:\n%s", out)
 		}
 		if t.Failed() {

@@ -20,7 +20,7 @@ import (
 // transactions, on its own pool (PostgreSQL's default search_path), next to
 // its own table called messages. What it commits, the running Herald sends
 // through fakepush; what it rolls back, Herald never sees.
-func TestE2ESchedulesInTheCallersTransaction(t *testing.T) {
+func TestSchedulesInTheCallersTransaction(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e := startE2E(t, nil)
@@ -38,7 +38,7 @@ func TestE2ESchedulesInTheCallersTransaction(t *testing.T) {
 	book := func(commit bool) string {
 		tx, err := app.Begin(ctx)
 		require.NoError(t, err)
-		defer tx.Rollback(ctx)
+		defer func() { _ = tx.Rollback(ctx) }()
 		receipt, err := scheduler.Schedule(ctx, tx, jobs.Message{
 			Priority: jobs.PriorityUrgent,
 			Audience: jobs.Audience{UserIDs: []string{"pat"}},
@@ -60,7 +60,7 @@ func TestE2ESchedulesInTheCallersTransaction(t *testing.T) {
 
 	st := e.settle(kept, 30*time.Second)
 	require.Equal(t, client.MessageStateDispatched, st.State)
-	require.EqualValues(t, 3, st.Deliveries.Accepted)
+	require.Equal(t, 3, st.Deliveries.Accepted)
 	require.Len(t, e.fake.Receipts(kept), 3, "fakepush took the committed reminder on every device")
 
 	res, err := e.api.GetMessageWithResponse(ctx, gone)
@@ -76,7 +76,7 @@ func TestE2ESchedulesInTheCallersTransaction(t *testing.T) {
 // River's in public, a message scheduled and not yet sent) is refused by the
 // new Herald until `herald migrate` moves it; then the same message is sent,
 // its devices are still there, and new messages work.
-func TestE2EMigrateMovesAnInstallationFromPublic(t *testing.T) {
+func TestMigrateMovesAnInstallationFromPublic(t *testing.T) {
 	t.Parallel()
 	fp, tdb, vars := e2eEnv(t)
 

@@ -239,12 +239,12 @@ func TestDashboardSessionServedByEveryProcess(t *testing.T) {
 	require.Equal(t, "dana", user)
 }
 
-// TestE2EKeysScopesAndAudit drives keys and the audit log through the
-// generated client, as an operator's tooling would: an application's key
-// (send) is made, schedules and cancels a message but cannot erase or read
-// the log; the bootstrap key erases; the log shows the erasure and the
-// cancel under each key's name; the revoked key is refused.
-func TestE2EKeysScopesAndAudit(t *testing.T) {
+// TestKeysScopesAndAuditThroughTheClient drives keys and the audit log
+// through the generated client, as an operator's tooling would: an
+// application's key (send) is made, schedules and cancels a message but
+// cannot erase or read the log; the bootstrap key erases; the log shows the
+// erasure and the cancel under each key's name; the revoked key is refused.
+func TestKeysScopesAndAuditThroughTheClient(t *testing.T) {
 	t.Parallel()
 	tdb := dbtest.New(t)
 	base, _ := startServe(t, map[string]string{"DATABASE_URL": tdb.URL, "HERALD_API_KEYS": testAPIKey, "HERALD_LOG_LEVEL": "warn"}, "--role", "api")

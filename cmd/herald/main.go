@@ -20,7 +20,7 @@ import (
 // fan-out allocates fast (the provider clients' HTTP/2 and JSON), so at Go's
 // default of 100 it collects several times a second. At 200 a send costs
 // less CPU and the fan-out's skew is smaller, for a little more peak memory
-// (the README's Performance has the measurements).
+// (docs/performance.md has the measurements).
 const defaultGCPercent = 200
 
 func main() {

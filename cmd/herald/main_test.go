@@ -5,11 +5,12 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"regexp"
 	"syscall"
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/heraldpush/herald/cmd/herald/heraldbench"
 )
 
 // childEnv marks a re-executed test binary that is to run as `herald` with
@@ -18,7 +19,7 @@ import (
 const childEnv = "HERALD_TEST_RUN_AS_HERALD"
 
 // listeningLine is what `herald serve` prints once it accepts connections.
-var listeningLine = regexp.MustCompile(`listening on (http://\S+)`)
+var listeningLine = heraldbench.ListeningLine
 
 func TestMain(m *testing.M) {
 	if os.Getenv(childEnv) == "1" {

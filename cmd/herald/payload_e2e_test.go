@@ -12,12 +12,12 @@ import (
 	"github.com/heraldpush/herald/api/client"
 )
 
-// TestE2ERichAndSilentPayloads sends a rich and a silent payload through
+// TestRichAndSilentPayloads sends a rich and a silent payload through
 // the whole of Herald (the API, the stored payload, the fan-out worker's
 // encoding) and reads, in fakepush's detailed receipts, what each channel
 // received: the rich fields where each provider documents them, and a
 // silent push that shows nothing anywhere.
-func TestE2ERichAndSilentPayloads(t *testing.T) {
+func TestRichAndSilentPayloads(t *testing.T) {
 	t.Parallel()
 	e := startE2E(t, nil)
 	e.register("ann", false)
@@ -74,12 +74,12 @@ func TestE2ERichAndSilentPayloads(t *testing.T) {
 	require.NotContains(t, got["webpush"], "title")
 }
 
-// TestE2ELocalizedMessages sends one message with German and Brazilian
+// TestLocalizedMessages sends one message with German and Brazilian
 // Portuguese localizations to three users, in de-AT, pt-BR and no locale,
 // and reads in fakepush's detailed receipts what each of their devices
 // received on every channel: German (de-AT falls back to de), Portuguese,
 // and the message's own text.
-func TestE2ELocalizedMessages(t *testing.T) {
+func TestLocalizedMessages(t *testing.T) {
 	t.Parallel()
 	e := startE2E(t, nil)
 	ctx := context.Background()

@@ -26,7 +26,7 @@ Usage:
   herald version
 
 Configuration is read from the environment (DATABASE_URL, HERALD_ADDR,
-HERALD_API_KEYS, ...); see README.md.
+HERALD_API_KEYS, ...); see docs/configuration.md.
 `
 
 // run is the whole program behind main, with its environment passed in so

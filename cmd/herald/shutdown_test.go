@@ -12,17 +12,17 @@ import (
 	"github.com/heraldpush/herald/db/dbtest"
 )
 
-// TestSIGTERMMidFanOut stops one of two workers with SIGTERM in the middle
+// TestE2ESIGTERMMidFanOut stops one of two workers with SIGTERM in the middle
 // of a 20,000-device fan-out, as a rolling deploy does. The stopping worker
 // fetches no new chunk, lets the ones it runs finish and write their
 // ledger, and exits; the other takes the rest. Nothing is lost, a push
 // reaches a device twice only as a recorded second attempt (a send that got
 // no answer, made again), no chunk waits for River's rescuer, and a
 // shutdown is never taken for a provider's failure.
-func TestSIGTERMMidFanOut(t *testing.T) {
+func TestE2ESIGTERMMidFanOut(t *testing.T) {
 	t.Parallel()
 	const devices = 20_000
-	s := newFanOutSetupOn(t, devices, dbtest.NewEmpty(t), 40*time.Millisecond)
+	s := newFanOutSetupOn(t, devices, dbtest.New(t), 40*time.Millisecond)
 	s.vars["HERALD_BULK_WORKERS"] = "10"
 	s.vars["HERALD_LOG_LEVEL"] = "info"
 	a := startWorker(t, s.vars)

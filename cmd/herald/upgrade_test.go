@@ -51,12 +51,12 @@ func buildPreviousRelease(t *testing.T) string {
 	return bin
 }
 
-// TestRollingUpgradeMixesReleases runs the previous release and this one on
+// TestE2ERollingUpgradeMixesReleases runs the previous release and this one on
 // one database, as a rolling deploy does, after this release's migrations
-// (README, Upgrading): the previous release's API with this release's
+// (docs/operations.md, Upgrading): the previous release's API with this release's
 // worker, and the other way round. Each pair delivers a message to every
 // device, and a schedule's run.
-func TestRollingUpgradeMixesReleases(t *testing.T) {
+func TestE2ERollingUpgradeMixesReleases(t *testing.T) {
 	t.Parallel()
 	prev := buildPreviousRelease(t)
 	for _, tc := range []struct {
@@ -70,7 +70,7 @@ func TestRollingUpgradeMixesReleases(t *testing.T) {
 			t.Parallel()
 			fp, tdb, vars := e2eEnv(t)
 			// Runs are made at once and sent within a second of their
-			// time (TestE2EScheduleEveryMinute does the same).
+			// time (TestScheduleEveryMinute does the same).
 			vars["HERALD_MATERIALIZE_EVERY"] = "200ms"
 			vars["HERALD_SCHEDULE_LEAD"] = "1s"
 			var out bytes.Buffer

@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"regexp"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -16,7 +15,7 @@ func TestVersion(t *testing.T) {
 	t.Parallel()
 	var out bytes.Buffer
 	require.NoError(t, run(context.Background(), []string{"herald", "version"}, func(string) string { return "" }, &out, &out))
-	require.Regexp(t, regexp.MustCompile(`(?m)^herald \S+\ncommit \S+`), out.String())
-	require.Regexp(t, regexp.MustCompile(`(?m)^go go1\.\d+`), out.String())
-	require.Regexp(t, regexp.MustCompile(`(?m)^river v0\.\d+\.\d+$`), out.String())
+	require.Regexp(t, `(?m)^herald \S+\ncommit \S+`, out.String())
+	require.Regexp(t, `(?m)^go go1\.\d+`, out.String())
+	require.Regexp(t, `(?m)^river v0\.\d+\.\d+$`, out.String())
 }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Time-partitioning against batched deletes, for the ledger's retention
-# (README, Retention). Usage: db/retention_experiment/run.sh DATABASE_URL [messages] [partitions]
+# (docs/performance.md, Retention). Usage: db/retention_experiment/run.sh DATABASE_URL [messages] [partitions]
 # It creates two scratch tables in that database and drops them at the end.
 set -euo pipefail
 url=$1 messages=${2:-200} partitions=${3:-20}

@@ -2,7 +2,6 @@ package push
 
 import (
 	"context"
-	"errors"
 	"net"
 	"net/netip"
 	"sync/atomic"
@@ -146,7 +145,7 @@ func TestDialRefusesInternalAddresses(t *testing.T) {
 
 	var fe *ForbiddenError
 	_, err = dial(ctx, "tcp", "evil.example:443")
-	require.True(t, errors.As(err, &fe), "%v", err)
+	require.ErrorAs(t, err, &fe)
 	require.Contains(t, fe.Why, "not a Web Push service")
 }
 

@@ -59,8 +59,8 @@ const senderIdle = 30 * time.Second
 // one, else a new one. Senders outlive their requests because a request
 // goes deep (HTTP/2 framing, TLS, JSON), and a fresh goroutine's stack grew
 // and was copied several times on the way, a measurable share of a
-// fan-out's CPU when each request had a goroutine of its own (the README's
-// Performance has the figure).
+// fan-out's CPU when each request had a goroutine of its own
+// (docs/performance.md, "Provider clients", has the figure).
 func (l *Limiter) run(request func()) {
 	select {
 	case l.idle <- request:

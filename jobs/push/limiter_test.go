@@ -281,7 +281,7 @@ func TestLimiterSendAnswered(t *testing.T) {
 	}
 	heard := make(chan int, len(results))
 	answered := func(i int) {
-		assert.True(t, results[i].Accepted, "answered before the result was in place")
+		assert.True(t, results[i].Accepted, "answered before the result was in place") //nolint:forbidigo // on the limiter's goroutine, where require cannot stop the test
 		heard <- i
 	}
 	var asked atomic.Int32

@@ -32,7 +32,7 @@ const webPushOverhead = 16 + 4 + 1 + 65 + 1 + 16
 const MaxMessageIDLen = 4 + 19
 
 // Content is what a caller asks to show, as every channel's encoding is made
-// from it. The common fields map to each provider's own (README, "The
+// from it. The common fields map to each provider's own (docs/api.md, "The
 // payload"); APNs, FCM and WebPush hold what only one provider has. Data
 // values are strings because FCM carries nothing else.
 //

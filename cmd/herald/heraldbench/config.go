@@ -6,7 +6,7 @@
 // single-device message for the same instant, measures where the time and
 // CPU went over the messages' whole life, then sends the same devices
 // straight through the same provider clients with no database and no queue
-// (the blast) for the floor. The README's Performance explains the figures.
+// (the blast) for the floor. docs/performance.md explains the figures.
 package heraldbench
 
 import (

@@ -132,7 +132,7 @@ func (b *Benchmark) startServe(ctx context.Context, env []string, args ...string
 	if err != nil {
 		return heraldProcess{}, fmt.Errorf("start herald: %w", err)
 	}
-	m, err := lines.waitFor(listeningLine, time.Minute)
+	m, err := lines.waitFor(ListeningLine, time.Minute)
 	if err != nil {
 		return heraldProcess{}, fmt.Errorf("herald %s: %w", strings.Join(args, " "), err)
 	}
@@ -166,7 +166,10 @@ func (b *Benchmark) stopHerald() error {
 	done := make(chan error, 1)
 	go func() { done <- b.herald.Wait() }()
 	select {
-	case <-done:
+	case err := <-done:
+		if err != nil {
+			return fmt.Errorf("herald did not exit cleanly on SIGTERM: %w", err)
+		}
 		return nil
 	case <-time.After(30 * time.Second):
 		_ = b.herald.Process.Kill()
@@ -174,8 +177,9 @@ func (b *Benchmark) stopHerald() error {
 	}
 }
 
-// listeningLine is what `herald serve` prints once it accepts connections.
-var listeningLine = regexp.MustCompile(`listening on (http://\S+)`)
+// ListeningLine is what `herald serve` prints once it accepts connections,
+// its first group the base URL; the tests that start Herald wait for it too.
+var ListeningLine = regexp.MustCompile(`listening on (http://\S+)`)
 
 // lineReader scans a child's stdout in the background, so that the test
 // can wait for a line while the child keeps writing.

@@ -21,8 +21,8 @@ const (
 	DefaultConnections = 2
 	// DefaultMaxInFlight bounds concurrent requests per Provider. Sends are
 	// bound by waiting for Apple, not by CPU, so more in flight carry
-	// proportionally more sends a second (BenchmarkSend; the README's
-	// Performance has the figures). 500 is 250 streams on each of the two
+	// proportionally more sends a second (BenchmarkSend; docs/performance.md
+	// has the figures). 500 is 250 streams on each of the two
 	// connections, a quarter of the 1000 Apple allows on one.
 	DefaultMaxInFlight = 500
 	// DefaultRequestTimeout bounds one request, so that a hung provider never

@@ -44,10 +44,10 @@ func reasonFor(status int, reason string) push.Reason {
 	case apns2.ReasonServiceUnavailable, apns2.ReasonShutdown, apns2.ReasonInternalServerError, apns2.ReasonIdleTimeout:
 		return push.ReasonProviderUnavailable
 	}
-	switch {
-	case status == http.StatusGone:
+	switch status {
+	case http.StatusGone:
 		return push.ReasonUnregistered
-	case status == http.StatusRequestEntityTooLarge:
+	case http.StatusRequestEntityTooLarge:
 		return push.ReasonPayloadRejected
 	}
 	return push.StatusReason(status)

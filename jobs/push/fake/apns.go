@@ -262,7 +262,7 @@ func (s *Server) apnsAnswer(w http.ResponseWriter, status int, reason string) {
 	h["Content-Type"] = s.jsonType
 	h["Apns-Id"] = []string{newUUID()}
 	w.WriteHeader(status)
-	w.Write(s.apnsBodies[reason])
+	_, _ = w.Write(s.apnsBodies[reason]) // a client gone is no concern of the fake's
 }
 
 // apnsUnregistered answers 410 with the time (in milliseconds) at which Apple
@@ -277,7 +277,7 @@ func (s *Server) apnsUnregistered(w http.ResponseWriter, at int64) {
 	h["Content-Type"] = s.jsonType
 	h["Apns-Id"] = []string{newUUID()}
 	w.WriteHeader(http.StatusGone)
-	w.Write(b)
+	_, _ = w.Write(b)
 }
 
 // headerValue is Header.Get for a key already in canonical form, as net/http

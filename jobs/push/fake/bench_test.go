@@ -102,7 +102,7 @@ func BenchmarkWebPush(b *testing.B) {
 					if err != nil {
 						return err
 					}
-					io.Copy(io.Discard, resp.Body)
+					_, _ = io.Copy(io.Discard, resp.Body)
 					resp.Body.Close()
 					if resp.StatusCode != http.StatusCreated {
 						return fmt.Errorf("push service answered %d", resp.StatusCode)
@@ -170,7 +170,11 @@ func startChildFakepush(b *testing.B, decryptOneIn int) *bundle {
 	b.Helper()
 	child, err := StartChild("TestFakepushChildProcess", b.TempDir(), decryptOneIn)
 	require.NoError(b, err)
-	b.Cleanup(func() { child.Stop() })
+	b.Cleanup(func() {
+		if err := child.Stop(); err != nil {
+			b.Logf("stop the fakepush child: %v", err)
+		}
+	})
 	return bundleFromEnv(b, child.Env)
 }
 

@@ -59,20 +59,20 @@ func StartChild(testName, dir string, decryptOneIn int) (*Child, error) {
 		ready = lines.Text() == childReady
 	}
 	if !ready {
-		c.Stop()
-		return nil, fmt.Errorf("fakepush child exited before it was ready: %v", lines.Err())
+		_ = c.Stop() // the error that made it stop is the one to return
+		return nil, fmt.Errorf("fakepush child exited before it was ready: %w", lines.Err())
 	}
 	// The test framework prints its verdict when the child exits; nobody reads it.
-	go io.Copy(io.Discard, stdout)
+	go func() { _, _ = io.Copy(io.Discard, stdout) }()
 	data, err := os.ReadFile(filepath.Join(dir, fileEnv))
 	if err != nil {
-		c.Stop()
+		_ = c.Stop() // the error that made it stop is the one to return
 		return nil, err
 	}
 	c.Env = ParseEnvFile(data)
 	ca, err := os.ReadFile(c.Env[EnvSSLCertFile])
 	if err != nil {
-		c.Stop()
+		_ = c.Stop() // the error that made it stop is the one to return
 		return nil, err
 	}
 	c.pool = x509.NewCertPool()
@@ -117,7 +117,7 @@ func ServeChild(args []string) (bool, error) {
 		return true, err
 	}
 	fmt.Println(childReady)
-	io.Copy(io.Discard, os.Stdin)
+	_, _ = io.Copy(io.Discard, os.Stdin) // until the parent closes it
 	return true, errors.Join(srv.Close())
 }
 

@@ -214,5 +214,5 @@ func (s *Server) writeJSON(w http.ResponseWriter, status int, v any) {
 	}
 	w.Header()["Content-Type"] = s.jsonType
 	w.WriteHeader(status)
-	w.Write(data)
+	_, _ = w.Write(data)
 }

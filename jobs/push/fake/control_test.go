@@ -19,12 +19,12 @@ func TestControlModesReachTheSDKs(t *testing.T) {
 	apns := b.apnsClient(t)
 	fcm := b.fcmClient(t, "")
 	sub := b.subscribe(t, false)
-	push := func() (*apns2.Response, error, int) {
+	push := func() (*apns2.Response, int, error) {
 		res, err := apns.Push(&apns2.Notification{DeviceToken: apnsToken, Topic: b.env[EnvAPNsTopic], Payload: []byte(`{"aps":{}}`)})
 		require.NoError(t, err)
 		_, fcmErr := fcm.Send(context.Background(), &messaging.Message{Token: fcmToken})
 		status, _ := sendWebPush(t, sub, b.webpushOptions(), `{}`)
-		return res, fcmErr, status
+		return res, status, fcmErr
 	}
 
 	// Retry-After beyond two minutes stops the Firebase SDK from retrying the
@@ -34,7 +34,7 @@ func TestControlModesReachTheSDKs(t *testing.T) {
 		require.Equal(t, http.StatusOK, code, body)
 		require.JSONEq(t, `{"channel":"`+ch+`","mode":"unavailable","latency_ms":0,"retry_after_s":600}`, body)
 	}
-	res, fcmErr, wpStatus := push()
+	res, wpStatus, fcmErr := push()
 	require.Equal(t, http.StatusServiceUnavailable, res.StatusCode)
 	require.Equal(t, apns2.ReasonServiceUnavailable, res.Reason)
 	require.True(t, messaging.IsUnavailable(fcmErr), "got %v", fcmErr)
@@ -44,7 +44,7 @@ func TestControlModesReachTheSDKs(t *testing.T) {
 	for _, ch := range []string{"apns", "fcm", "webpush"} {
 		require.NoError(t, b.srv.SetControl(Control{Channel: ch, Mode: ModeRateLimited, RetryAfterS: new(int)}))
 	}
-	res, fcmErr, wpStatus = push()
+	res, wpStatus, fcmErr = push()
 	require.Equal(t, http.StatusTooManyRequests, res.StatusCode)
 	require.Equal(t, apns2.ReasonTooManyRequests, res.Reason)
 	require.True(t, messaging.IsQuotaExceeded(fcmErr), "got %v", fcmErr)
@@ -54,7 +54,7 @@ func TestControlModesReachTheSDKs(t *testing.T) {
 	for _, ch := range []string{"apns", "fcm", "webpush"} {
 		require.NoError(t, b.srv.SetControl(Control{Channel: ch, Mode: ModeOK}))
 	}
-	res, fcmErr, wpStatus = push()
+	res, wpStatus, fcmErr = push()
 	require.Equal(t, http.StatusOK, res.StatusCode)
 	require.NoError(t, fcmErr)
 	require.Equal(t, http.StatusCreated, wpStatus)
@@ -147,8 +147,8 @@ func TestDuplicatesAndReset(t *testing.T) {
 	for _, cs := range []ChannelStats{st.APNs, st.FCM, st.WebPush} {
 		require.Equal(t, ChannelStats{Received: 4, Accepted: 4, Duplicates: 1}, cs)
 	}
-	require.Greater(t, st.Process.Requests, int64(0))
-	require.Greater(t, st.Process.CPUMicros, int64(0))
+	require.Positive(t, st.Process.Requests)
+	require.Positive(t, st.Process.CPUMicros)
 
 	var receipts []map[string]string
 	b.getJSON(t, "/_receipts?message_id=m1", &receipts)

@@ -237,7 +237,7 @@ func (s *Server) handleFCMSend(w http.ResponseWriter, r *http.Request) {
 		cnt.warmup()
 		w.Header()["Content-Type"] = s.jsonType
 		w.WriteHeader(http.StatusOK)
-		w.Write(append(append([]byte(`{"name":"projects/`), project...), `/messages/fake_message_id"}`...))
+		_, _ = w.Write(append(append([]byte(`{"name":"projects/`), project...), `/messages/fake_message_id"}`...))
 		return
 	}
 	target := req.token
@@ -266,14 +266,14 @@ func (s *Server) handleFCMSend(w http.ResponseWriter, r *http.Request) {
 	cnt.accepted.Add(1)
 	w.Header()["Content-Type"] = s.jsonType
 	w.WriteHeader(http.StatusOK)
-	w.Write(name)
+	_, _ = w.Write(name)
 }
 
 func (s *Server) fcmReject(w http.ResponseWriter, status int, body []byte) {
 	s.counters[FCM].rejected.Add(1)
 	w.Header()["Content-Type"] = s.jsonType
 	w.WriteHeader(status)
-	w.Write(body)
+	_, _ = w.Write(body)
 }
 
 func (s *Server) fcmInvalid(w http.ResponseWriter, message string) {

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"net/http"
 	"net/url"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -34,7 +33,7 @@ func TestFCMAccepts(t *testing.T) {
 		Android:      &messaging.AndroidConfig{CollapseKey: "msg_1", Priority: "high", TTL: &ttl},
 	})
 	require.NoError(t, err)
-	require.Regexp(t, regexp.MustCompile(`^projects/herald-fake/messages/0:\d+%[0-9a-f]+$`), name)
+	require.Regexp(t, `^projects/herald-fake/messages/0:\d+%[0-9a-f]+$`, name)
 
 	receipts := b.srv.Receipts("msg_1")
 	require.Len(t, receipts, 1)
@@ -91,7 +90,7 @@ func TestFCMRejectsLikeFCM(t *testing.T) {
 		// With an HTTP client given, the Google transport drops the credentials
 		// file silently: the request goes out without a bearer token.
 		app, err := firebase.NewApp(context.Background(), &firebase.Config{ProjectID: "herald-fake"},
-			option.WithCredentialsFile(b.env[EnvFCMCredentialsFile]),
+			option.WithAuthCredentialsFile(option.ServiceAccount, b.env[EnvFCMCredentialsFile]),
 			option.WithHTTPClient(b.client), option.WithEndpoint(b.env[EnvFCMEndpoint]))
 		require.NoError(t, err)
 		mc, err := app.Messaging(context.Background())
@@ -147,7 +146,7 @@ func TestFCMRawRequests(t *testing.T) {
 			if bearer == "" {
 				bearer = access
 			}
-			req, err := http.NewRequest("POST", b.srv.URL()+send, strings.NewReader(tt.body))
+			req, err := http.NewRequest(http.MethodPost, b.srv.URL()+send, strings.NewReader(tt.body))
 			require.NoError(t, err)
 			req.Header.Set("Authorization", "Bearer "+bearer)
 			resp, err := b.client.Do(req)

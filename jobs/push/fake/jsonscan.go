@@ -35,7 +35,7 @@ func forEachField(obj []byte, fn func(key, value []byte)) bool {
 		key := obj[i+1 : end-1]
 		if bytes.IndexByte(key, '\\') >= 0 {
 			var k string
-			json.Unmarshal(obj[i:end], &k) // valid, so it cannot fail
+			_ = json.Unmarshal(obj[i:end], &k) // valid, so it cannot fail
 			key = []byte(k)
 		}
 		i = skipSpace(obj, end) + 1 // past ':'

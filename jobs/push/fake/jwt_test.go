@@ -75,7 +75,8 @@ func TestFormatCheckers(t *testing.T) {
 		require.Equal(t, tt.want, tt.check(tt.in), "%q", tt.in)
 	}
 	require.True(t, isCanonicalUUID(newUUID()))
-	require.NotEqual(t, newUUID(), newUUID())
+	first, second := newUUID(), newUUID()
+	require.NotEqual(t, first, second)
 }
 
 func TestJSONString(t *testing.T) {

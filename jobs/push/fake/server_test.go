@@ -235,7 +235,7 @@ func TestEnvOnlyClientsChild(t *testing.T) {
 
 	// FCM: the credentials file (whose token_uri is honoured) and the endpoint.
 	app, err := firebase.NewApp(ctx, &firebase.Config{},
-		option.WithCredentialsFile(getenv("FCM_CREDENTIALS_FILE")), option.WithEndpoint(getenv("FCM_ENDPOINT")))
+		option.WithAuthCredentialsFile(option.ServiceAccount, getenv("FCM_CREDENTIALS_FILE")), option.WithEndpoint(getenv("FCM_ENDPOINT")))
 	require.NoError(t, err)
 	mc, err := app.Messaging(ctx)
 	require.NoError(t, err)

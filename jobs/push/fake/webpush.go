@@ -356,7 +356,7 @@ func (s *Server) webPushReject(w http.ResponseWriter, status, errno int, errText
 	body = append(body, '}')
 	w.Header()["Content-Type"] = s.jsonType
 	w.WriteHeader(status)
-	w.Write(body)
+	_, _ = w.Write(body)
 }
 
 // decryptAES128GCM opens an RFC 8291 message: an RFC 8188 aes128gcm header whose

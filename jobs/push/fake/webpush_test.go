@@ -152,7 +152,7 @@ func TestWebPushVAPIDClaims(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			req, err := http.NewRequest("POST", sub.Endpoint, nil)
+			req, err := http.NewRequest(http.MethodPost, sub.Endpoint, nil)
 			require.NoError(t, err)
 			req.Header.Set("Authorization", tt.header)
 			req.Header.Set("TTL", "60")

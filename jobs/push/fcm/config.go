@@ -15,8 +15,8 @@ const (
 	DefaultEndpoint = "https://fcm.googleapis.com/v1"
 	// DefaultMaxInFlight bounds concurrent requests per Provider. Sends are
 	// bound by waiting for FCM, not by CPU, so more in flight carry
-	// proportionally more sends a second (BenchmarkSend; the README's
-	// Performance has the figures). 500 takes five connections at Google's
+	// proportionally more sends a second (BenchmarkSend; docs/performance.md
+	// has the figures). 500 takes five connections at Google's
 	// 100 streams each, all opened by Warm.
 	DefaultMaxInFlight = 500
 	// DefaultRequestTimeout bounds one request, including the SDK's own

@@ -28,6 +28,7 @@ const fcmErrorType = "type.googleapis.com/google.firebase.fcm.v1.FcmError"
 // have reached FCM without an answer coming back (see push.Result).
 func classify(err error) (reason push.Reason, detail string, unanswered bool) {
 	if resp := errorutils.HTTPResponse(err); resp != nil {
+		defer resp.Body.Close()
 		body, _ := io.ReadAll(resp.Body) // a buffered copy: cannot fail
 		reason, detail = reasonFor(resp.StatusCode, body)
 		return reason, detail, resp.Header.Get(noAnswerHeader) != ""
@@ -67,7 +68,7 @@ type googleError struct {
 // configuration: internal, never an eviction.
 func reasonFor(status int, body []byte) (push.Reason, string) {
 	var ge googleError
-	json.Unmarshal(body, &ge) // a body that is not Google's leaves the status to decide
+	_ = json.Unmarshal(body, &ge) // a body that is not Google's leaves the status to decide
 	code := ""
 	for _, d := range ge.Error.Details {
 		if d.Type == fcmErrorType {

@@ -59,7 +59,11 @@ func StartChild(b testing.TB, decryptOneIn int) *Fakepush {
 	b.Helper()
 	child, err := fake.StartChild(childTest, b.TempDir(), decryptOneIn)
 	require.NoError(b, err)
-	b.Cleanup(func() { child.Stop() })
+	b.Cleanup(func() {
+		if err := child.Stop(); err != nil {
+			b.Logf("stop the fakepush child: %v", err)
+		}
+	})
 	return &Fakepush{Env: child.Env, URL: child.Env[fake.EnvAPNsHost], pool: child.CertPool(), client: child.HTTPClient()}
 }
 

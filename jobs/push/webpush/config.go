@@ -19,8 +19,8 @@ const (
 	// costs the client far more CPU than the other channels (an ECDH
 	// agreement, a VAPID signature and an encryption per push), so more in
 	// flight soon stops helping: past about 200 the cores are saturated and
-	// 500 carry hardly more sends a second than 200 (BenchmarkSend; the
-	// README's Performance has the figures).
+	// 500 carry hardly more sends a second than 200 (BenchmarkSend;
+	// docs/performance.md has the figures).
 	DefaultMaxInFlight = 200
 	// DefaultRequestTimeout bounds one request, so that a hung push service
 	// never holds a chunk.

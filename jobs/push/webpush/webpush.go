@@ -189,7 +189,7 @@ func (p *Provider) send(ctx context.Context, payload []byte, t *push.Target, opt
 	// Drained, so that an HTTP/1.1 connection can be reused. The body is
 	// never kept: what a push service says is not for Herald's callers to
 	// read (a result's detail reaches GET /v1/providers).
-	io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
 	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
 		return push.Result{At: at, Accepted: true}
 	}
@@ -267,10 +267,10 @@ func errorDetail(err error) string {
 // itself. 401 and 403 refuse Herald's VAPID credentials, which is Herald's
 // configuration and never the device's fault.
 func reasonFor(status int) push.Reason {
-	switch {
-	case status == http.StatusNotFound || status == http.StatusGone:
+	switch status {
+	case http.StatusNotFound, http.StatusGone:
 		return push.ReasonUnregistered
-	case status == http.StatusBadRequest || status == http.StatusRequestEntityTooLarge:
+	case http.StatusBadRequest, http.StatusRequestEntityTooLarge:
 		return push.ReasonPayloadRejected
 	}
 	return push.StatusReason(status)

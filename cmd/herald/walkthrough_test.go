@@ -18,54 +18,62 @@ import (
 	"github.com/heraldpush/herald/db/dbtest"
 )
 
-// readmeShell returns the README's shell blocks (```sh), in order, as one
-// script: the walkthrough a newcomer runs beside `make run`.
-func readmeShell(t *testing.T) string {
+// walkthroughDocs are the docs whose shell blocks (```sh) make the
+// walkthrough a newcomer runs beside `make run`, in the order they run: the
+// README's quick start, then the API by example. No other doc may hold a
+// shell block (TestDocShellBlocksAreRun), so every one of them is run.
+var walkthroughDocs = []string{"README.md", "docs/api.md"}
+
+// docShell returns the shell blocks of the doc at path (relative to the
+// repository's root), in order, as one script.
+func docShell(t *testing.T, path string) string {
 	t.Helper()
-	raw, err := os.ReadFile("../../README.md")
-	require.NoError(t, err)
 	var script strings.Builder
-	in := false
-	for line := range strings.Lines(string(raw)) {
-		switch {
-		case !in && strings.TrimSpace(line) == "```sh":
-			in = true
-		case in && strings.TrimSpace(line) == "```":
-			in = false
-			script.WriteString("\n")
-		case in:
-			script.WriteString(line)
-		}
+	for _, block := range shellBlocks(t, path) {
+		script.WriteString(block)
+		script.WriteString("\n")
 	}
-	require.False(t, in, "a shell block of the README is not closed")
 	return script.String()
 }
 
-// runWalkthrough runs the README's shell blocks with bash in dir (where
-// .dev/api-key must be), against the Herald at base and the fakepush at
-// fakeURL, and returns what they printed. Every curl fails on a 4xx or 5xx,
-// and the script stops at the first failing command.
+// walkthroughScript is the walkthrough: the shell blocks of every doc of
+// walkthroughDocs, one doc after the other.
+func walkthroughScript(t *testing.T) string {
+	t.Helper()
+	var script strings.Builder
+	for _, doc := range walkthroughDocs {
+		script.WriteString("# " + doc + "\n")
+		script.WriteString(docShell(t, doc))
+	}
+	return script.String()
+}
+
+// runWalkthrough runs the walkthrough with bash in dir (where .dev/api-key
+// must be), against the Herald at base and the fakepush at fakeURL, and
+// returns what it printed. Every curl fails on a 4xx or 5xx, and the script
+// stops at the first failing command.
 func runWalkthrough(t *testing.T, dir, base, fakeURL string) string {
 	t.Helper()
 	script := "set -euo pipefail\n" +
-		// Any curl the README runs, not only those through its api
+		// Any curl the docs run, not only those through their api
 		// function, must get what it asked for.
 		"curl() { command curl --fail-with-body \"$@\"; }\n" +
-		readmeShell(t)
+		walkthroughScript(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "bash", "-c", script)
 	cmd.Dir = dir
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + dir, "HERALD_URL=" + base, "FAKEPUSH_URL=" + fakeURL}
 	out, err := cmd.CombinedOutput()
-	require.NoError(t, err, "the README's walkthrough failed; its output:\n%s", out)
+	require.NoError(t, err, "the walkthrough of %v failed; its output:\n%s", walkthroughDocs, out)
 	return string(out)
 }
 
-// TestREADMEWalkthrough runs the README's walkthrough top to bottom against
-// a live Herald wired to fakepush, as a newcomer would beside `make run`:
-// every call must succeed, and the messages it sends must reach fakepush.
-func TestREADMEWalkthrough(t *testing.T) {
+// TestAPIWalkthrough runs the walkthrough (the README's quick start, then
+// docs/api.md) top to bottom against a live Herald wired to fakepush, as a
+// newcomer would beside `make run`: every call must succeed, and the
+// messages it sends must reach fakepush.
+func TestAPIWalkthrough(t *testing.T) {
 	t.Parallel()
 	if _, err := exec.LookPath("bash"); err != nil {
 		t.Skip("bash is not installed")
@@ -92,8 +100,9 @@ func requireWalkthroughDelivered(t *testing.T, e *e2e) {
 				sent = append(sent, m)
 			}
 		}
-		// Two at once; one for later, cancelled; one for tomorrow.
-		return len(sent) == 2
+		// The quick start's one and the API walkthrough's two at once;
+		// one for later, cancelled; one for tomorrow.
+		return len(sent) == 3
 	}, 30*time.Second, 50*time.Millisecond, "the walkthrough's messages did not settle")
 	for _, m := range sent {
 		require.Equal(t, m.Deliveries.Total, m.Deliveries.Accepted, "message %s: %+v", m.MessageID, m.Deliveries)
@@ -110,13 +119,14 @@ func freeAddr(t *testing.T) string {
 	return addr
 }
 
-// TestMakeRun runs `make run` as a newcomer does (on a database of the
+// TestE2EMakeRun runs `make run` as a newcomer does (on a database of the
 // test's, on free ports, with a state directory of its own), waits for its
 // banner, which must come only once Herald answers /readyz, and runs the
-// README's walkthrough against it as written. A second `make run` on the
+// walkthrough (the README's quick start, then docs/api.md) against it as
+// written. A second `make run` on the
 // same state directory refuses without touching the first's files. Ctrl-C
 // stops both processes.
-func TestMakeRun(t *testing.T) {
+func TestE2EMakeRun(t *testing.T) {
 	t.Parallel()
 	for _, tool := range []string{"make", "bash", "curl", "flock"} {
 		if _, err := exec.LookPath(tool); err != nil {
