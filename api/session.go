@@ -214,6 +214,17 @@ func mac(key []byte, parts ...string) string {
 	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
 }
 
+// credential tags a session of admin with the HERALD_ADMIN_PASSWORD it was
+// opened with (an HMAC of its digest), so that a session opened with a
+// password since changed is no longer valid; a named operator's is nil
+// (removing the operator ends its sessions).
+func (s *sessions) credential(key []byte, operator string) []byte {
+	if operator != adminUser || s.adminPassword == nil {
+		return nil
+	}
+	return []byte(mac(key, "credential", string(s.adminPassword[:])))
+}
+
 // tokenDigest is what the database keeps of a session token.
 func tokenDigest(token string) []byte {
 	d := sha256.Sum256([]byte(token))
@@ -232,7 +243,7 @@ func (s *sessions) issue(ctx context.Context, operator string) (string, time.Tim
 	token := nonce + "." + mac(key, "session", nonce)
 	expires := s.now().Add(sessionLifetime).Truncate(time.Second)
 	err = db.On(s.pool).InsertDashboardSession(ctx, db.InsertDashboardSessionParams{
-		Digest: tokenDigest(token), Operator: operator, ExpiresAt: expires,
+		Digest: tokenDigest(token), Operator: operator, Credential: s.credential(key, operator), ExpiresAt: expires,
 	})
 	if err != nil {
 		return "", time.Time{}, fmt.Errorf("store session: %w", err)
@@ -242,7 +253,8 @@ func (s *sessions) issue(ctx context.Context, operator string) (string, time.Tim
 
 // operatorOf returns the operator of token when it is a live session: one
 // this installation issued (its MAC, checked without a query), neither
-// expired nor signed out (its row).
+// expired nor signed out (its row), and, for admin, opened with this
+// process's HERALD_ADMIN_PASSWORD.
 func (s *sessions) operatorOf(ctx context.Context, token string) (string, bool, error) {
 	key, err := s.signingKey(ctx)
 	if err != nil {
@@ -252,7 +264,7 @@ func (s *sessions) operatorOf(ctx context.Context, token string) (string, bool, 
 	if !ok || !hmac.Equal([]byte(sum), []byte(mac(key, "session", nonce))) {
 		return "", false, nil
 	}
-	operator, err := db.On(s.pool).DashboardSessionOperator(ctx, db.DashboardSessionOperatorParams{
+	row, err := db.On(s.pool).LiveDashboardSession(ctx, db.LiveDashboardSessionParams{
 		Digest: tokenDigest(token), Now: s.now(),
 	})
 	switch {
@@ -261,7 +273,13 @@ func (s *sessions) operatorOf(ctx context.Context, token string) (string, bool, 
 	case err != nil:
 		return "", false, fmt.Errorf("read session: %w", err)
 	}
-	return operator, true, nil
+	if row.Operator == adminUser {
+		want := s.credential(key, adminUser)
+		if want == nil || !hmac.Equal(row.Credential, want) {
+			return "", false, nil
+		}
+	}
+	return row.Operator, true, nil
 }
 
 // revoke ends a session on every process before its expiry.

@@ -35,6 +35,26 @@ func TestSessionsAreSharedByServers(t *testing.T) {
 	}
 }
 
+// TestAdminSessionsEndWithTheirPassword: a session of admin is valid only
+// on a process whose HERALD_ADMIN_PASSWORD is the one it was opened with,
+// so changing the password (or unsetting it) ends the sessions opened
+// with the old one, as a restart used to.
+func TestAdminSessionsEndWithTheirPassword(t *testing.T) {
+	t.Parallel()
+	tdb := dbtestNew(t)
+	old := &dashBundle{bundle: setupWith(t, tdb, Config{AdminPassword: testAdminPassword, RiverUI: http.NotFoundHandler()})}
+	ck, _ := old.login(t)
+	changed := &dashBundle{bundle: setupWith(t, tdb, Config{AdminPassword: "a new admin password"})}
+	unset := &dashBundle{bundle: setupWith(t, tdb, Config{})}
+	require.Equal(t, http.StatusOK, old.browse(http.MethodGet, "/ui/api/session", "", ck, nil).Code)
+	for _, b := range []*dashBundle{changed, unset} {
+		require.Equal(t, http.StatusUnauthorized, b.browse(http.MethodGet, "/ui/api/session", "", ck, nil).Code)
+	}
+	rec := changed.postLogin(adminUser, "a new admin password", nil)
+	require.Equal(t, http.StatusSeeOther, rec.Code)
+	require.Equal(t, http.StatusUnauthorized, old.browse(http.MethodGet, "/ui/api/session", "", sessionCookieOf(t, rec), nil).Code)
+}
+
 // TestNamedOperatorSignsIn: an operator made with CreateOperator signs in
 // with its own password (not admin's), the dashboard names it, and
 // removing it ends its sessions.

@@ -32,11 +32,12 @@ type AuditLog struct {
 }
 
 type DashboardSession struct {
-	Digest    []byte
-	Operator  string
-	CreatedAt time.Time
-	ExpiresAt time.Time
-	RevokedAt *time.Time
+	Digest     []byte
+	Operator   string
+	Credential []byte
+	CreatedAt  time.Time
+	ExpiresAt  time.Time
+	RevokedAt  *time.Time
 }
 
 type Delivery struct {

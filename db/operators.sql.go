@@ -21,24 +21,6 @@ func (q *Queries) CountOperators(ctx context.Context) (int32, error) {
 	return column_1, err
 }
 
-const dashboardSessionOperator = `-- name: DashboardSessionOperator :one
-SELECT operator FROM dashboard_sessions
-WHERE digest = $1 AND revoked_at IS NULL AND expires_at > $2::timestamptz
-`
-
-type DashboardSessionOperatorParams struct {
-	Digest []byte
-	Now    time.Time
-}
-
-// The operator of a session that is neither revoked nor expired at now.
-func (q *Queries) DashboardSessionOperator(ctx context.Context, arg DashboardSessionOperatorParams) (string, error) {
-	row := q.db.QueryRow(ctx, dashboardSessionOperator, arg.Digest, arg.Now)
-	var operator string
-	err := row.Scan(&operator)
-	return operator, err
-}
-
 const deleteEndedSessions = `-- name: DeleteEndedSessions :execrows
 DELETE FROM dashboard_sessions d
 USING (
@@ -78,18 +60,24 @@ func (q *Queries) DeleteOperator(ctx context.Context, name string) (int64, error
 }
 
 const insertDashboardSession = `-- name: InsertDashboardSession :exec
-INSERT INTO dashboard_sessions (digest, operator, expires_at)
-VALUES ($1, $2, $3)
+INSERT INTO dashboard_sessions (digest, operator, credential, expires_at)
+VALUES ($1, $2, $3, $4)
 `
 
 type InsertDashboardSessionParams struct {
-	Digest    []byte
-	Operator  string
-	ExpiresAt time.Time
+	Digest     []byte
+	Operator   string
+	Credential []byte
+	ExpiresAt  time.Time
 }
 
 func (q *Queries) InsertDashboardSession(ctx context.Context, arg InsertDashboardSessionParams) error {
-	_, err := q.db.Exec(ctx, insertDashboardSession, arg.Digest, arg.Operator, arg.ExpiresAt)
+	_, err := q.db.Exec(ctx, insertDashboardSession,
+		arg.Digest,
+		arg.Operator,
+		arg.Credential,
+		arg.ExpiresAt,
+	)
 	return err
 }
 
@@ -162,6 +150,30 @@ func (q *Queries) ListOperators(ctx context.Context) ([]ListOperatorsRow, error)
 		return nil, err
 	}
 	return items, nil
+}
+
+const liveDashboardSession = `-- name: LiveDashboardSession :one
+SELECT operator, credential FROM dashboard_sessions
+WHERE digest = $1 AND revoked_at IS NULL AND expires_at > $2::timestamptz
+`
+
+type LiveDashboardSessionParams struct {
+	Digest []byte
+	Now    time.Time
+}
+
+type LiveDashboardSessionRow struct {
+	Operator   string
+	Credential []byte
+}
+
+// The operator of a session that is neither revoked nor expired at now,
+// and the tag of the password it was opened with (admin's).
+func (q *Queries) LiveDashboardSession(ctx context.Context, arg LiveDashboardSessionParams) (LiveDashboardSessionRow, error) {
+	row := q.db.QueryRow(ctx, liveDashboardSession, arg.Digest, arg.Now)
+	var i LiveDashboardSessionRow
+	err := row.Scan(&i.Operator, &i.Credential)
+	return i, err
 }
 
 const operatorPasswordHash = `-- name: OperatorPasswordHash :one

@@ -59,10 +59,14 @@ CREATE TABLE operators (
 -- Dashboard sessions, so that any process serves any session and signing
 -- out ends it everywhere. A session token is kept only as its SHA-256.
 -- Removing an operator revokes its sessions; retention deletes sessions a
--- day after they ended.
+-- day after they ended. An admin session carries a tag of the
+-- HERALD_ADMIN_PASSWORD it was opened with (an HMAC of its digest, never the
+-- password), so that changing the password ends the sessions opened with
+-- the old one.
 CREATE TABLE dashboard_sessions (
     digest     bytea PRIMARY KEY CHECK (length(digest) = 32),
     operator   text NOT NULL,
+    credential bytea,
     created_at timestamptz NOT NULL DEFAULT now(),
     expires_at timestamptz NOT NULL,
     revoked_at timestamptz

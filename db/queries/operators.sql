@@ -16,12 +16,13 @@ DELETE FROM operators WHERE name = @name;
 SELECT count(*)::integer FROM operators;
 
 -- name: InsertDashboardSession :exec
-INSERT INTO dashboard_sessions (digest, operator, expires_at)
-VALUES (@digest, @operator, @expires_at);
+INSERT INTO dashboard_sessions (digest, operator, credential, expires_at)
+VALUES (@digest, @operator, @credential, @expires_at);
 
--- name: DashboardSessionOperator :one
--- The operator of a session that is neither revoked nor expired at now.
-SELECT operator FROM dashboard_sessions
+-- name: LiveDashboardSession :one
+-- The operator of a session that is neither revoked nor expired at now,
+-- and the tag of the password it was opened with (admin's).
+SELECT operator, credential FROM dashboard_sessions
 WHERE digest = @digest AND revoked_at IS NULL AND expires_at > @now::timestamptz;
 
 -- name: RevokeDashboardSession :exec
