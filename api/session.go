@@ -64,8 +64,10 @@ type sessions struct {
 	now           func() time.Time
 	// key is the shared signing key, nil until read (loadKey).
 	key atomic.Pointer[[]byte]
-	// passwordChecks holds a place for each password being hashed.
+	// passwordChecks holds a place for each password being hashed;
+	// checkWait is how long a sign-in waits for one (passwordCheckWait).
 	passwordChecks chan struct{}
+	checkWait      time.Duration
 
 	mu sync.Mutex
 	// failed counts recent failed logins per remote address, so that
@@ -129,7 +131,7 @@ func (s *sessions) loginSucceeded(remote string) {
 
 func newSessions(pool *pgxpool.Pool, adminPassword string) *sessions {
 	s := &sessions{pool: pool, now: time.Now, failed: map[string]*loginFailures{},
-		passwordChecks: make(chan struct{}, maxPasswordChecks)}
+		passwordChecks: make(chan struct{}, maxPasswordChecks), checkWait: passwordCheckWait}
 	if adminPassword != "" {
 		d := sha256.Sum256([]byte(adminPassword))
 		s.adminPassword = &d
@@ -180,6 +182,18 @@ func (s *sessions) checkPassword(ctx context.Context, user, password string) (bo
 		p := sha256.Sum256([]byte(password))
 		return subtle.ConstantTimeCompare(p[:], s.adminPassword[:]) == 1, nil
 	}
+	// The turn is taken first, so that a flood of sign-ins costs neither
+	// more hashes nor more queries than there are turns.
+	wait := time.NewTimer(s.checkWait)
+	defer wait.Stop()
+	select {
+	case s.passwordChecks <- struct{}{}:
+		defer func() { <-s.passwordChecks }()
+	case <-wait.C:
+		return false, errBusy
+	case <-ctx.Done():
+		return false, ctx.Err()
+	}
 	encoded := decoyHash()
 	known := false
 	if checkOperatorName(user) == nil && len(password) <= maxPasswordLength {
@@ -190,16 +204,6 @@ func (s *sessions) checkPassword(ctx context.Context, user, password string) (bo
 		case !errors.Is(err, db.ErrNotFound):
 			return false, fmt.Errorf("read operator: %w", err)
 		}
-	}
-	wait := time.NewTimer(passwordCheckWait)
-	defer wait.Stop()
-	select {
-	case s.passwordChecks <- struct{}{}:
-		defer func() { <-s.passwordChecks }()
-	case <-wait.C:
-		return false, errBusy
-	case <-ctx.Done():
-		return false, ctx.Err()
 	}
 	ok, err := verifyPassword(encoded, password)
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -104,6 +105,28 @@ func TestCreateOperatorRefusesBadInput(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, ops, 1)
 	require.Equal(t, "carol", ops[0].Name)
+}
+
+// TestSignInFloodIsToldToWait: while every turn to hash a password is
+// taken, a sign-in is answered 503 with Retry-After rather than queued
+// without bound; admin's, which hashes nothing, still gets in.
+func TestSignInFloodIsToldToWait(t *testing.T) {
+	t.Parallel()
+	b := setupDashboard(t)
+	_, err := CreateOperator(context.Background(), b.db.Pool, "erin", "erin's long password")
+	require.NoError(t, err)
+	b.srv.sessions.checkWait = 10 * time.Millisecond
+	for range maxPasswordChecks {
+		b.srv.sessions.passwordChecks <- struct{}{}
+	}
+	rec := b.postLogin("erin", "erin's long password", nil)
+	require.Equal(t, http.StatusServiceUnavailable, rec.Code)
+	require.Equal(t, "1", rec.Header().Get("Retry-After"))
+	require.Contains(t, rec.Body.String(), "Too many sign-ins at once")
+	require.Equal(t, http.StatusSeeOther, b.postLogin(adminUser, testAdminPassword, nil).Code)
+
+	<-b.srv.sessions.passwordChecks
+	require.Equal(t, http.StatusSeeOther, b.postLogin("erin", "erin's long password", nil).Code)
 }
 
 // TestPasswordHash: a password hashes to an argon2id PHC string that only
