@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/labstack/echo/v4"
 
@@ -62,7 +63,7 @@ func (s *Server) audit(next echo.HandlerFunc) echo.HandlerFunc {
 func (s *Server) recordAudit(c echo.Context) {
 	who := callerOf(c.Request().Context())
 	entry := db.InsertAuditEntryParams{
-		Method: c.Request().Method, Route: auditRoute(c), TargetID: auditTarget(c),
+		Method: auditText(c.Request().Method), Route: auditText(auditRoute(c)), TargetID: auditTarget(c),
 		Status: int32(c.Response().Status), RequestID: c.Response().Header().Get(echo.HeaderXRequestID),
 	}
 	if who.operator != "" {
@@ -83,6 +84,26 @@ func (s *Server) recordAudit(c echo.Context) {
 	}
 }
 
+// maxAuditText bounds what an entry keeps of a caller's text (an id, a
+// path): far more than an id, far less than a path may be.
+const maxAuditText = 256
+
+// auditText is s as PostgreSQL can store it and an entry keeps it: valid
+// UTF-8 without NUL, at most maxAuditText bytes. A caller's ids and paths
+// are the caller's to choose, and one that could not be stored would leave
+// its call unrecorded.
+func auditText(s string) string {
+	s = strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
+	if len(s) <= maxAuditText {
+		return s
+	}
+	cut := maxAuditText
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut]
+}
+
 var routeParam = regexp.MustCompile(`:([a-z_]+)`)
 
 // auditRoute is the call's route as openapi.yaml writes it
@@ -100,20 +121,20 @@ func auditRoute(c echo.Context) string {
 // else the route's id (the user erased, the message cancelled), else what
 // the Location header points at (the message made).
 func auditTarget(c echo.Context) *string {
-	if id, ok := c.Get(auditTargetKey).(string); ok && id != "" {
-		return &id
-	}
+	id, ok := c.Get(auditTargetKey).(string)
 	for i, name := range c.ParamNames() {
-		if name != "*" && i < len(c.ParamValues()) {
-			id := c.ParamValues()[i]
-			return &id
+		if !ok && name != "*" && i < len(c.ParamValues()) {
+			id, ok = c.ParamValues()[i], true
 		}
 	}
-	if loc := c.Response().Header().Get(echo.HeaderLocation); strings.HasPrefix(loc, "/v1/") {
-		id := path.Base(loc)
-		return &id
+	if loc := c.Response().Header().Get(echo.HeaderLocation); !ok && strings.HasPrefix(loc, "/v1/") {
+		id, ok = path.Base(loc), true
 	}
-	return nil
+	if !ok || id == "" {
+		return nil
+	}
+	id = auditText(id)
+	return &id
 }
 
 // auditEntry is one entry as GET /v1/audit shows it.

@@ -40,6 +40,10 @@ var fuzzRoutes = []struct{ method, path string }{
 	{http.MethodGet, "/v1/segments"},
 	{http.MethodGet, "/v1/segments/{}/members"},
 	{http.MethodDelete, "/v1/segments/{}"},
+	{http.MethodPost, "/v1/keys"},
+	{http.MethodGet, "/v1/keys"},
+	{http.MethodDelete, "/v1/keys/{}"},
+	{http.MethodGet, "/v1/audit"},
 }
 
 // fuzzRoute finds a route of fuzzRoutes by method and path, for the seeds.
@@ -107,6 +111,10 @@ func FuzzAPI(f *testing.F) {
 		{http.MethodGet, "/v1/segments/{}/members", "seg1", "limit=1", "", ""},
 		{http.MethodDelete, "/v1/segments/{}", "seg1", "", "", ""},
 		{http.MethodDelete, "/v1/users/{}", "u1", "", "", ""},
+		{http.MethodPost, "/v1/keys", "", "", "", `{"name":"fuzz","scope":"read","expires_at":"2100-01-01T00:00:00Z"}`},
+		{http.MethodGet, "/v1/keys", "", "limit=1", "", ""},
+		{http.MethodDelete, "/v1/keys/{}", "fuzz", "", "", ""},
+		{http.MethodGet, "/v1/audit", "", "key_name=fuzz&operator=admin&limit=1", "", ""},
 	} {
 		f.Add(fuzzRoute(f, s.method, s.path), s.id, s.query, s.key, []byte(s.body))
 	}

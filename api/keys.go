@@ -134,6 +134,9 @@ func RevokeKey(ctx context.Context, dbtx db.DBTX, name string) (Key, error) {
 		return Key{}, &Error{Status: http.StatusConflict, Code: "bootstrap_key",
 			Message: fmt.Sprintf("key %q is one of HERALD_API_KEYS: remove it there and restart the processes", name)}
 	}
+	if !keyName.MatchString(name) {
+		return Key{}, notFound("key", name)
+	}
 	row, err := db.On(dbtx).RevokeAPIKey(ctx, name)
 	if errors.Is(err, db.ErrNotFound) {
 		return Key{}, notFound("key", name)

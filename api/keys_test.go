@@ -299,6 +299,29 @@ func TestAuditLogRecordsErasuresAndCancels(t *testing.T) {
 	require.Len(t, all, 5)
 }
 
+// TestAuditLogKeepsCallsWithIdsItCannotStore: an id that is not text
+// PostgreSQL can store (invalid UTF-8, NUL) or is very long still leaves an
+// entry, with the id made storable and cut short, so that no call goes
+// unrecorded for its id.
+func TestAuditLogKeepsCallsWithIdsItCannotStore(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for _, id := range []string{"%FF%FEu", "u%00x", strings.Repeat("long", 200)} {
+		rec := b.call(t, request{method: http.MethodDelete, path: "/v1/users/" + id})
+		require.Equal(t, http.StatusNotFound, rec.Code)
+	}
+	var targets []string
+	rows, err := b.db.Pool.Query(context.Background(), "SELECT target_id FROM audit_log ORDER BY id")
+	require.NoError(t, err)
+	for rows.Next() {
+		var s string
+		require.NoError(t, rows.Scan(&s))
+		targets = append(targets, s)
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, []string{"\uFFFDu", "u\uFFFDx", strings.Repeat("long", 64)}, targets)
+}
+
 // TestAuditLogRecordsTheDashboardsChanges: what an operator changes through
 // the dashboard is recorded under the operator's name.
 func TestAuditLogRecordsTheDashboardsChanges(t *testing.T) {
