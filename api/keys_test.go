@@ -209,6 +209,23 @@ func TestKeysAPI(t *testing.T) {
 	require.NotNil(t, page.Items[0].RevokedAt)
 }
 
+// TestKeyUseIsRecorded: when a stored key was last used is noted in
+// memory on each request and written in one statement for all keys.
+func TestKeyUseIsRecorded(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	used := b.makeKey(t, "used", ScopeRead, nil)
+	b.makeKey(t, "idle", ScopeRead, nil)
+	require.Equal(t, http.StatusOK, b.call(t, as(used, request{method: http.MethodGet, path: "/v1/providers"})).Code)
+	require.NoError(t, b.srv.keys.flushUse(context.Background()))
+	keys, err := ListKeys(context.Background(), b.db.Pool)
+	require.NoError(t, err)
+	require.Len(t, keys, 2)
+	require.NotNil(t, keys[0].LastUsedAt)
+	require.WithinDuration(t, time.Now(), *keys[0].LastUsedAt, time.Minute)
+	require.Nil(t, keys[1].LastUsedAt, "a key not used")
+}
+
 // callerName is the name of the key whose secret is given, as the audit
 // log and the request log have it.
 func callerName(t testing.TB, b *bundle, secret string) string {
