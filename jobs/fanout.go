@@ -54,42 +54,6 @@ func (a FanOutArgs) ledgerRange() db.ChunkPendingParams {
 	return p
 }
 
-// Target is one device of a chunk: what its provider needs to send to it,
-// which provider that is, and which of the message's localizations it gets
-// ("" for the message's own text), picked by its user's locale when the
-// message was scheduled.
-type Target struct {
-	push.Target
-	Channel string
-	Locale  string
-	// Gone, when set, is why the device must not be sent the delivery:
-	// it was moved to another user, deleted or evicted since the message
-	// was scheduled. The delivery is cancelled with it as its reason.
-	Gone push.Reason
-}
-
-// targetOf is the target of a pending delivery the chunk read.
-func targetOf(r db.ChunkPendingRow) Target {
-	t := NewTarget(r.DeviceID, r.Channel, r.Locale, r.Token, r.P256dh, r.Auth, r.Environment)
-	t.Gone = push.Reason(r.Gone)
-	return t
-}
-
-// NewTarget is a device as the ledger and the directory hold it, ready to
-// send to: its channel and picked localization (the delivery's), its token,
-// Web Push keys and APNs environment (the device's). herald bench's blast
-// builds its targets with it too, so that it sends what a worker sends.
-func NewTarget(deviceID int64, channel string, locale *string, token string, p256dh, auth *string, environment string) Target {
-	t := Target{Target: push.Target{DeviceID: deviceID, Token: token, Sandbox: environment == "sandbox"}, Channel: channel}
-	if locale != nil {
-		t.Locale = *locale
-	}
-	if p256dh != nil && auth != nil {
-		t.P256dh, t.Auth = *p256dh, *auth
-	}
-	return t
-}
-
 // running is a chunk attempt under way: its job's args and the targets it
 // read when it began, the deliveries still pending then.
 type running struct {
@@ -107,16 +71,6 @@ func (a FanOutArgs) InsertOpts() river.InsertOpts {
 		Queue:      laneQueue(a.Priority),
 		UniqueOpts: river.UniqueOpts{ByArgs: true},
 	}
-}
-
-// Sender sends one message to many devices of one channel: a provider. It
-// fills results[i] for targets[i], asking allow before each request; a send
-// that allow refuses is left unattempted (zero Result.At) and parked. It
-// calls answered (unless nil) with i once results[i] holds a request's
-// answer, as answers come, and does not call it for targets it refused
-// without a request. It bounds its own requests in flight.
-type Sender interface {
-	Send(ctx context.Context, m *push.Message, targets []push.Target, results []push.Result, allow func() bool, answered func(i int))
 }
 
 // FanOutConfig holds what the chunk worker needs.
@@ -276,90 +230,6 @@ func (w *FanOutWorker) begin(ctx context.Context, job *river.Job[FanOutArgs]) (c
 		}
 	}
 	return c, msg, nil
-}
-
-// beginGate is a pool's gate for beginning chunks. When many chunks fall
-// due at once (twenty messages at the same second start fifty chunks a
-// process), their beginnings queued for the pool's connections and the
-// database's CPU, and a message's first chunk queued with the rest: its
-// first devices went out hundreds of milliseconds late. So a message's
-// first chunk begins at once; any other waits while a first chunk is
-// beginning (for firstsWait at most, so that a stream of small messages
-// never holds it back for long), and only so many of them (a quarter of
-// the pool's connections) begin at once, which leaves connections to the
-// first chunks and the ledger writer.
-//
-// The others do not wait only for the first chunks they found beginning:
-// a lane's fetch hands out every chunk of it at once, in no order, and
-// when twenty messages fell due together the later first chunks then
-// began among the others again (the latest first device at 515 ms,
-// against 203-246 with the wait).
-type beginGate struct {
-	// others holds a token per chunk beginning that is not a message's
-	// first.
-	others chan struct{}
-	// firstsWait bounds how long another chunk waits for the first ones.
-	firstsWait time.Duration
-	mu         sync.Mutex
-	// firsts counts the first chunks beginning; clear is closed, and
-	// forgotten, when it falls to zero.
-	firsts int
-	clear  chan struct{}
-}
-
-// firstsWait is how long at most a chunk waits for first chunks to begin
-// (beginGate). When twenty messages fell due at once their first chunks
-// took up to 200 ms to begin, and a bound of 100 ms let the others in among
-// them again: the latest first device at 262-313 ms in four runs, against
-// 206-246 in five with no bound.
-const firstsWait = 500 * time.Millisecond
-
-func newBeginGate(others int, wait time.Duration) *beginGate {
-	return &beginGate{others: make(chan struct{}, max(others, 1)), firstsWait: wait}
-}
-
-// enter waits until a chunk may begin (first: a message's first chunk) and
-// returns what to call once it has. A nil gate lets every chunk begin.
-func (g *beginGate) enter(ctx context.Context, first bool) (release func(), err error) {
-	if g == nil {
-		return func() {}, nil
-	}
-	g.mu.Lock()
-	if first {
-		g.firsts++
-		g.mu.Unlock()
-		return func() {
-			g.mu.Lock()
-			defer g.mu.Unlock()
-			if g.firsts--; g.firsts == 0 && g.clear != nil {
-				close(g.clear)
-				g.clear = nil
-			}
-		}, nil
-	}
-	if g.firsts > 0 {
-		if g.clear == nil {
-			g.clear = make(chan struct{})
-		}
-		clear := g.clear
-		g.mu.Unlock()
-		wait := time.NewTimer(g.firstsWait)
-		defer wait.Stop()
-		select {
-		case <-clear:
-		case <-wait.C:
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-	} else {
-		g.mu.Unlock()
-	}
-	select {
-	case g.others <- struct{}{}:
-		return func() { <-g.others }, nil
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
 }
 
 // sendGroup is what a group of a chunk's targets answers to: a channel's

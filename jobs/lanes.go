@@ -18,6 +18,7 @@ import (
 	"github.com/riverqueue/river/rivertype"
 
 	"github.com/heraldpush/herald/db"
+	"github.com/heraldpush/herald/jobs/push"
 )
 
 // Lanes: each priority has its own River queue and its own workers, so that
@@ -363,4 +364,14 @@ func (m *availableSoon) InsertMany(ctx context.Context, params []*rivertype.JobI
 		}
 	}
 	return doInner(ctx)
+}
+
+// Sender sends one message to many devices of one channel: a provider. It
+// fills results[i] for targets[i], asking allow before each request; a send
+// that allow refuses is left unattempted (zero Result.At) and parked. It
+// calls answered (unless nil) with i once results[i] holds a request's
+// answer, as answers come, and does not call it for targets it refused
+// without a request. It bounds its own requests in flight.
+type Sender interface {
+	Send(ctx context.Context, m *push.Message, targets []push.Target, results []push.Result, allow func() bool, answered func(i int))
 }

@@ -10,16 +10,6 @@ import (
 	"github.com/heraldpush/herald/db"
 )
 
-// The channels Herald sends through.
-const (
-	ChannelAPNs    = "apns"
-	ChannelFCM     = "fcm"
-	ChannelWebPush = "webpush"
-)
-
-// Channels Herald sends through, in the order status is reported.
-var Channels = []string{ChannelAPNs, ChannelFCM, ChannelWebPush}
-
 // StatusReporter publishes this process's breaker states to the database
 // every Interval, so that any process can answer GET /v1/providers for the
 // whole deployment.
