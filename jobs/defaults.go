@@ -87,6 +87,10 @@ const (
 	// until then, registering its token again brings it back as it was.
 	DefaultDeviceRetention = 30 * 24 * time.Hour
 
+	// DefaultLifetime is a message's lifetime when no expiry is given (and
+	// each wave's, for a local-time message).
+	DefaultLifetime = time.Hour
+
 	// DefaultReconcileEvery is how often River's leader looks for messages
 	// no chunk will settle.
 	DefaultReconcileEvery = time.Minute
