@@ -154,7 +154,7 @@ func NewRiverClients(pool *pgxpool.Pool, cfg RiverConfig) (*RiverClients, error)
 // Wakers are the functions that wake each lane at once, each on the
 // connections of the client that serves it, so that the urgent lane's wake
 // never waits for a connection behind the bulk lane's chunks
-// (Waker.Lanes).
+// (WakerConfig.Lanes).
 func (c *RiverClients) Wakers() map[string]func(context.Context) error {
 	wake := map[string]func(context.Context) error{}
 	for queue, pool := range c.poolOf {

@@ -20,7 +20,10 @@ func TestUrgentClientLeadsWithTheMaterializer(t *testing.T) {
 	t.Parallel()
 	tdb := dbtest.New(t)
 	workers := river.NewWorkers()
-	Register(workers, FanOutConfig{Pool: tdb.Pool, Logger: discard}, &Materializer{Pool: tdb.Pool, Logger: discard}, &Retainer{Pool: tdb.Pool, Logger: discard})
+	materializer, err := NewMaterializer(&MaterializerConfig{Pool: tdb.Pool, Logger: discard})
+	require.NoError(t, err)
+	_, err = Register(workers, FanOutConfig{Pool: tdb.Pool, Logger: discard}, materializer, newRetainer(t, RetainerConfig{Pool: tdb.Pool, Logger: discard}))
+	require.NoError(t, err)
 	clients, err := NewRiverClients(tdb.Pool, RiverConfig{
 		Logger: discard, Workers: workers, Lanes: []Lane{{Queue: QueueUrgent, Pool: tdb.Pool}},
 		MaterializeEvery: 100 * time.Millisecond,
