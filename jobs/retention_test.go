@@ -118,8 +118,8 @@ func TestRetainerDeletesSettledHistoryOlderThanTheRetention(t *testing.T) {
 	run := b.message("run", 3*time.Hour, sched.PayloadID)
 	b.settle(run, 2*time.Hour)
 
-	r := &Retainer{Pool: b.db.Pool, Logger: discard, Retention: retention, BatchRows: 2, BatchMessages: 1,
-		Now: func(context.Context) (time.Time, error) { return b.now, nil }}
+	r := newRetainer(t, RetainerConfig{Pool: b.db.Pool, Logger: discard, Retention: retention, BatchRows: 2, BatchMessages: 1,
+		Now: func(context.Context) (time.Time, error) { return b.now, nil }})
 	removed, err := r.Run(ctx)
 	require.NoError(t, err)
 	require.Equal(t, Removed{Messages: 3, Deliveries: 15, Payloads: 1, IdempotencyKeys: 3}, removed)
@@ -136,6 +136,14 @@ func TestRetainerDeletesSettledHistoryOlderThanTheRetention(t *testing.T) {
 	require.Equal(t, Removed{}, removed)
 }
 
+// newRetainer is the Retainer of cfg, which the test expects to be valid.
+func newRetainer(t *testing.T, cfg RetainerConfig) *Retainer {
+	t.Helper()
+	r, err := NewRetainer(&cfg)
+	require.NoError(t, err)
+	return r
+}
+
 func TestRetainerLeavesABacklogToTheNextRunOnceItsBudgetIsSpent(t *testing.T) {
 	t.Parallel()
 	b := setupRetain(t)
@@ -143,13 +151,13 @@ func TestRetainerLeavesABacklogToTheNextRunOnceItsBudgetIsSpent(t *testing.T) {
 	b.settle(msg, 2*time.Hour)
 
 	now := func(context.Context) (time.Time, error) { return b.now, nil }
-	spent := &Retainer{Pool: b.db.Pool, Logger: discard, Retention: time.Hour, Budget: time.Nanosecond, Now: now}
+	spent := newRetainer(t, RetainerConfig{Pool: b.db.Pool, Logger: discard, Retention: time.Hour, Budget: time.Nanosecond, Now: now})
 	removed, err := spent.Run(context.Background())
 	require.NoError(t, err)
 	require.Zero(t, removed.Messages)
 	require.Equal(t, [5]int{1, 5, 3, 1, 1}, b.kept(msg, "old"))
 
-	removed, err = (&Retainer{Pool: b.db.Pool, Logger: discard, Retention: time.Hour, Now: now}).Run(context.Background())
+	removed, err = newRetainer(t, RetainerConfig{Pool: b.db.Pool, Logger: discard, Retention: time.Hour, Now: now}).Run(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, Removed{Messages: 1, Deliveries: 5, Payloads: 1, IdempotencyKeys: 1}, removed)
 }
@@ -210,11 +218,11 @@ func TestRetainerDeletesDevicesEvictedLongerThanTheDeviceRetention(t *testing.T)
 	devices := func() []string { return b.column("SELECT user_id FROM devices ORDER BY user_id") }
 
 	now := func(context.Context) (time.Time, error) { return b.now, nil }
-	r := Retainer{Pool: b.db.Pool, Logger: discard, Retention: time.Hour, DeviceRetention: time.Hour, BatchRows: 2, Now: now}
+	cfg := RetainerConfig{Pool: b.db.Pool, Logger: discard, Retention: time.Hour, DeviceRetention: time.Hour, BatchRows: 2, Now: now}
+	r := newRetainer(t, cfg)
 	// A run whose budget is spent still deletes a batch, and no more.
-	spent := r
-	spent.Budget = time.Nanosecond
-	removed, err := spent.Run(ctx)
+	cfg.Budget = time.Nanosecond
+	removed, err := newRetainer(t, cfg).Run(ctx)
 	require.NoError(t, err)
 	require.Equal(t, Removed{Devices: 2}, removed)
 	require.Len(t, devices(), 3)
@@ -260,8 +268,8 @@ func TestRetainerKeepsAScheduleKeyUntilItsScheduleIsDeletedForTheRetention(t *te
 	schedule("deleted long ago", 2*time.Hour)
 	schedule("deleted lately", 30*time.Minute)
 
-	r := &Retainer{Pool: b.db.Pool, Logger: discard, Retention: time.Hour,
-		Now: func(context.Context) (time.Time, error) { return b.now, nil }}
+	r := newRetainer(t, RetainerConfig{Pool: b.db.Pool, Logger: discard, Retention: time.Hour,
+		Now: func(context.Context) (time.Time, error) { return b.now, nil }})
 	removed, err := r.Run(ctx)
 	require.NoError(t, err)
 	require.Equal(t, Removed{IdempotencyKeys: 1}, removed)
