@@ -365,19 +365,7 @@ func (s *Server) getMessage(c echo.Context) error {
 // readMessage reads the message that the path's message_id names: 404 when
 // the id is malformed or unknown.
 func readMessage(c echo.Context, q *db.Queries) (db.Message, error) {
-	raw := c.Param("message_id")
-	id, ok := push.ParseMessageID(raw)
-	if !ok {
-		return db.Message{}, notFound("message", raw)
-	}
-	m, err := q.GetMessage(c.Request().Context(), id)
-	if err != nil {
-		if errors.Is(err, db.ErrNotFound) {
-			return db.Message{}, notFound("message", raw)
-		}
-		return db.Message{}, fmt.Errorf("read message: %w", err)
-	}
-	return m, nil
+	return fromPath(c, "message_id", "message", messageID, q.GetMessage)
 }
 
 // cancelMessage cancels a message before its first chunk starts: every
@@ -440,27 +428,20 @@ type deliveryPage struct {
 // pages never repeat or skip a row, whatever changes in between.
 func (s *Server) listDeliveries(c echo.Context) error {
 	ctx := c.Request().Context()
-	raw := c.Param("message_id")
-	id, ok := push.ParseMessageID(raw)
-	if !ok {
-		return notFound("message", raw)
+	q := db.On(s.pool)
+	m, err := readMessage(c, q)
+	if err != nil {
+		return err
 	}
 	status := c.QueryParam("status")
 	if status != "" && !deliveryStatuses[status] {
 		return invalid("status", "status %q is not one of pending, accepted, failed, expired, cancelled", status)
 	}
-	pg, err := readPage(c, "deliveries:"+raw+":"+status)
+	pg, err := readPage(c, "deliveries:"+c.Param("message_id")+":"+status)
 	if err != nil {
 		return err
 	}
-	q := db.On(s.pool)
-	if _, err := q.GetMessage(ctx, id); err != nil {
-		if errors.Is(err, db.ErrNotFound) {
-			return notFound("message", raw)
-		}
-		return fmt.Errorf("read message: %w", err)
-	}
-	params := db.ListDeliveriesParams{MessageID: id, AfterDeviceID: pg.afterOr(0), PageSize: pg.fetch()}
+	params := db.ListDeliveriesParams{MessageID: m.ID, AfterDeviceID: pg.afterOr(0), PageSize: pg.fetch()}
 	if status != "" {
 		params.Status = &status
 	}

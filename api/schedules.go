@@ -387,17 +387,10 @@ func (s *Server) scheduleParam(c echo.Context) (int64, string, error) {
 }
 
 func (s *Server) getSchedule(c echo.Context) error {
-	id, raw, err := s.scheduleParam(c)
+	q := db.On(s.pool)
+	sch, err := fromPath(c, "schedule_id", "schedule", scheduleID, q.GetSchedule)
 	if err != nil {
 		return err
-	}
-	q := db.On(s.pool)
-	sch, err := q.GetSchedule(c.Request().Context(), id)
-	if err != nil {
-		if errors.Is(err, db.ErrNotFound) {
-			return notFound("schedule", raw)
-		}
-		return fmt.Errorf("read schedule: %w", err)
 	}
 	pending, err := pendingRuns(c.Request().Context(), q, sch.ID)
 	if err != nil {

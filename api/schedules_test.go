@@ -61,8 +61,9 @@ func TestScheduleLifecycle(t *testing.T) {
 	// time, then pause: that run is cancelled, and no runs are listed.
 	first, err := time.Parse(time.RFC3339Nano, runs[0].(string))
 	require.NoError(t, err)
-	m := &jobs.Materializer{Pool: b.db.Pool, Logger: discard, Lead: time.Minute,
-		Now: func(context.Context) (time.Time, error) { return first.Add(-30 * time.Second), nil }}
+	m, err := jobs.NewMaterializer(&jobs.MaterializerConfig{Pool: b.db.Pool, Logger: discard, Lead: time.Minute,
+		Now: func(context.Context) (time.Time, error) { return first.Add(-30 * time.Second), nil }})
+	require.NoError(t, err)
 	made, err := m.Run(context.Background(), b.srv.cfg.River)
 	require.NoError(t, err)
 	require.Equal(t, 1, made)

@@ -72,16 +72,9 @@ func (s *Server) putSegment(c echo.Context) error {
 }
 
 func (s *Server) getSegment(c echo.Context) error {
-	id := c.Param("segment_id")
-	if checkID("segment_id", id) != nil {
-		return notFound("segment", id)
-	}
-	seg, err := db.On(s.pool).GetSegment(c.Request().Context(), id)
+	seg, err := fromPath(c, "segment_id", "segment", callerID, db.On(s.pool).GetSegment)
 	if err != nil {
-		if errors.Is(err, db.ErrNotFound) {
-			return notFound("segment", id)
-		}
-		return fmt.Errorf("read segment: %w", err)
+		return err
 	}
 	return c.JSON(http.StatusOK, segmentResponse{SegmentID: seg.ID, Name: seg.Name, MemberCount: seg.MemberCount})
 }

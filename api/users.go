@@ -83,16 +83,9 @@ type userDetail struct {
 }
 
 func (s *Server) getUser(c echo.Context) error {
-	userID := c.Param("user_id")
-	if checkID("user_id", userID) != nil {
-		return notFound("user", userID)
-	}
-	u, err := db.On(s.pool).GetUser(c.Request().Context(), userID)
+	u, err := fromPath(c, "user_id", "user", callerID, db.On(s.pool).GetUser)
 	if err != nil {
-		if errors.Is(err, db.ErrNotFound) {
-			return notFound("user", userID)
-		}
-		return fmt.Errorf("read user: %w", err)
+		return err
 	}
 	return c.JSON(http.StatusOK, userDetail{
 		UserID: u.ID, Timezone: u.Timezone, Locale: u.Locale, DeviceCount: u.DeviceCount, ActiveDeviceCount: u.ActiveDeviceCount,

@@ -17,9 +17,8 @@ const (
 
 // BreakerConfig tunes a circuit breaker. Zero values take the defaults.
 type BreakerConfig struct {
-	// Threshold is how many transient failures in a row open the breaker.
-	// Default 5: one lost request does not park a provider, a dead one is
-	// noticed within the first handful.
+	// Threshold is how many transient failures in a row open the breaker
+	// (DefaultBreakerThreshold when zero).
 	Threshold int
 	// Cooldown is how long the breaker stays open before it lets one probe
 	// through. It doubles after every failed probe, up to MaxCooldown.
@@ -52,7 +51,7 @@ type Breaker struct {
 // NewBreaker returns a closed breaker.
 func NewBreaker(cfg BreakerConfig) *Breaker {
 	if cfg.Threshold <= 0 {
-		cfg.Threshold = 5
+		cfg.Threshold = DefaultBreakerThreshold
 	}
 	if cfg.Cooldown <= 0 {
 		cfg.Cooldown = DefaultBreakerCooldown

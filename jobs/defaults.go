@@ -2,10 +2,13 @@ package jobs
 
 import "time"
 
-// The defaults of a worker's tuning, all in one place: the River clients,
-// the lanes, the chunk worker, the Promoter and the schedule materializer
-// take these when their setting is zero, and `herald serve` reads its
-// environment over them. docs/operations.md, "Sizing", explains how to
+// The defaults of Herald's tuning, all in one place: the River clients,
+// the lanes, the chunk worker, the breakers, the background services
+// (NewWaker, NewPromoter, NewStatusReporter, NewRetainer, NewMaterializer,
+// NewReconciler) and the schedule limits take these when their setting is
+// zero, `herald serve` reads its environment over them, and its --help and
+// the configuration table (docs/configuration.md) show them (a test holds
+// both to these values). docs/operations.md, "Sizing", explains how to
 // change them.
 const (
 	// DefaultChunkSize is the number of devices per chunk job. FCM's
@@ -78,6 +81,11 @@ const (
 	DefaultBreakerCooldown    = time.Second
 	DefaultBreakerMaxCooldown = 30 * time.Second
 
+	// DefaultBreakerThreshold is how many transient failures in a row open
+	// a breaker: one lost request does not park a provider, a dead one is
+	// noticed within the first handful.
+	DefaultBreakerThreshold = 5
+
 	// DefaultRetention is how long a settled message, its ledger and its
 	// idempotency key are kept (HERALD_RETENTION); finished River jobs are
 	// kept no longer.
@@ -97,7 +105,68 @@ const (
 	// when it was revoked) a dashboard session's row is kept.
 	SessionRetention = 24 * time.Hour
 
+	// DefaultLifetime is a message's lifetime when no expiry is given (and
+	// each wave's, for a local-time message).
+	DefaultLifetime = time.Hour
+
 	// DefaultReconcileEvery is how often River's leader looks for messages
 	// no chunk will settle.
 	DefaultReconcileEvery = time.Minute
+
+	// DefaultScheduleMinInterval is the least time between two runs of a
+	// schedule: cron's own granularity, so that by default only the
+	// operator's choice refuses anything.
+	DefaultScheduleMinInterval = time.Minute
+	// DefaultScheduleMaxAhead is how many runs of one schedule may be made
+	// into messages that have not started. A local-time schedule has its
+	// runs of the next 26 hours made at once (localTimeSpread), so this
+	// allows one run every quarter of an hour in local time (some 105
+	// waiting) and refuses denser ones; a schedule in one zone has only the
+	// runs of the next HERALD_SCHEDULE_LEAD waiting.
+	DefaultScheduleMaxAhead = 120
+	// DefaultMaxSchedules is how many live (not deleted) schedules the
+	// installation may hold: far more than an app's reminders need, and
+	// few enough that the every-minute runs of all of them (1,000
+	// messages a minute at most) stay a small share of what one worker
+	// sends.
+	DefaultMaxSchedules = 1000
+
+	// DefaultReconcileGrace is how long past its expiry a message may stay
+	// unsettled before the Reconciler settles it: longer than a chunk
+	// attempt, which may send until its timeout ends, so that no attempt
+	// still running is overtaken. Register takes at least twice the chunk
+	// timeout.
+	DefaultReconcileGrace = 5 * time.Minute
+
+	// DefaultWakeEvery is the Waker's interval between looks ahead for
+	// chunks falling due, DefaultWakeAhead how far each looks: a pass that
+	// fails leaves time for the next. A look ahead no longer than the
+	// interval takes the longer of DefaultWakeAhead and twice the interval.
+	// A chunk inserted less than the interval before its time may start on
+	// the poll instead.
+	DefaultWakeEvery = 500 * time.Millisecond
+	DefaultWakeAhead = 2 * time.Second
+
+	// DefaultPromoteEvery is the Promoter's interval between passes: well
+	// inside DefaultLookahead, so that a missed pass still leaves a chunk
+	// available in time.
+	DefaultPromoteEvery = time.Second
+
+	// DefaultStatusEvery is how often a process publishes its breakers'
+	// states for GET /v1/providers (StatusReporter).
+	DefaultStatusEvery = 2 * time.Second
+
+	// DefaultGaugesEvery is how often a process reads the database's
+	// gauges: a scrape every 15 s or 30 s sees a reading at most this old.
+	DefaultGaugesEvery = 10 * time.Second
+
+	// DefaultRetainBatchRows is the most ledger rows, idempotency keys or
+	// devices one retention statement deletes, DefaultRetainBatchMessages
+	// the most messages one batch takes on, and DefaultRetainBudget how
+	// long one retention run works before it leaves the rest to the next,
+	// so that a backlog (retention shortened, or first enabled on a year of
+	// history) is worked off over several runs.
+	DefaultRetainBatchRows     = 10_000
+	DefaultRetainBatchMessages = 100
+	DefaultRetainBudget        = 20 * time.Second
 )

@@ -41,24 +41,6 @@ type MessageSpec struct {
 	ScheduleRunAt *time.Time
 }
 
-// LocalTime is per-recipient local-time delivery: each device is due when
-// its user's clocks show Wall.
-type LocalTime struct {
-	// Wall is the wall time, as a time in UTC (its zone is ignored).
-	Wall time.Time
-	// Fallback is the zone of users without one.
-	Fallback *time.Location
-	// SendNow sends at Now to users whose Wall has passed; otherwise
-	// (if_passed skip) their deliveries end expired.
-	SendNow bool
-	// Now is the database's time when the message was made.
-	Now time.Time
-	// Lifetime is each wave's time to live.
-	Lifetime time.Duration
-	// JSON is the request's local-time part, kept on the message.
-	JSON []byte
-}
-
 // jobClient is the part of the River client that enqueues and cancels
 // jobs in a caller's transaction.
 type jobClient interface {
@@ -344,62 +326,6 @@ func (e *Enqueuer) RecordMissed(ctx context.Context, tx pgx.Tx, m MessageSpec) (
 		return db.Message{}, fmt.Errorf("store missed run: %w", err)
 	}
 	return msg, nil
-}
-
-// place gives each zone of the audience ("" for users without one, who
-// take Fallback) its wave: the instant its clocks show Wall, or passed when
-// that instant is before Now (unless SendNow, which makes it due at Now).
-func (lt *LocalTime) place(zones []string, plan *db.Expansion) error {
-	wall := time.Date(lt.Wall.Year(), lt.Wall.Month(), lt.Wall.Day(), lt.Wall.Hour(), lt.Wall.Minute(), lt.Wall.Second(), 0, time.UTC)
-	for _, zone := range zones {
-		loc := lt.Fallback
-		if zone != "" {
-			var err error
-			if loc, err = time.LoadLocation(zone); err != nil {
-				return fmt.Errorf("zone %q of a recipient: %w", zone, err)
-			}
-		}
-		due, passed := instantOf(wall, loc), false
-		if due.Before(lt.Now) {
-			if lt.SendNow {
-				due = lt.Now
-			} else {
-				passed = true
-			}
-		}
-		plan.Zones, plan.DueAts, plan.Passed = append(plan.Zones, zone), append(plan.DueAts, due), append(plan.Passed, passed)
-	}
-	return nil
-}
-
-// firstWave is the earliest wave still to send, which the message shows
-// as its dispatch_at; the earliest passed one when nothing is left to send,
-// and Now when the audience is empty.
-func (lt *LocalTime) firstWave(plan db.Expansion) time.Time {
-	return lt.wave(plan, func(a, b time.Time) bool { return a.Before(b) })
-}
-
-// lastWave is the latest wave still to send; the latest passed one when
-// nothing is left to send, and Now when the audience is empty.
-func (lt *LocalTime) lastWave(plan db.Expansion) time.Time {
-	return lt.wave(plan, func(a, b time.Time) bool { return a.After(b) })
-}
-
-// wave is the wave that comes first by better among those to send, or
-// among the passed ones when none is.
-func (lt *LocalTime) wave(plan db.Expansion, better func(a, b time.Time) bool) time.Time {
-	for _, passed := range []bool{false, true} {
-		var found time.Time
-		for i, due := range plan.DueAts {
-			if plan.Passed[i] == passed && (found.IsZero() || better(due, found)) {
-				found = due
-			}
-		}
-		if !found.IsZero() {
-			return found
-		}
-	}
-	return lt.Now
 }
 
 // localizationsOf are m's localizations: its content's, or for a

@@ -82,7 +82,8 @@ func TestChunksStartOnTime(t *testing.T) {
 			q := db.On(tdb.Pool)
 			users := registerUsers(t, q, "u", 3)
 			rec, client := startRecorderClient(t, ctx, tdb.Pool, RiverConfig{Lookahead: lookahead})
-			promoter := &Promoter{Pool: tdb.Pool, Logger: discard, Lookahead: lookahead, Interval: 200 * time.Millisecond}
+			promoter, err := NewPromoter(&PromoterConfig{Pool: tdb.Pool, Logger: discard, Lookahead: lookahead, Interval: 200 * time.Millisecond})
+			require.NoError(t, err)
 			go promoter.Run(ctx)
 
 			enq := NewEnqueuer(client, 0)

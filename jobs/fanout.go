@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -19,105 +18,6 @@ import (
 	"github.com/heraldpush/herald/db"
 	"github.com/heraldpush/herald/jobs/push"
 )
-
-// FanOutKind is the River kind of a chunk job.
-const FanOutKind = "fan_out"
-
-// FanOutArgs is one chunk of a message: a range of the message's part of
-// the ledger, cut when the message was scheduled (db.ExpandAudience), and
-// when to send it. The devices are not in the job: its worker reads the
-// range's pending deliveries, with their devices' tokens, in the round trip
-// that begins the chunk. So a job holds no token (River keeps finished jobs
-// for days, and shows them to operators), and scheduling writes no copy of
-// the audience. The payload travels by reference; it is the same for every
-// chunk.
-type FanOutArgs struct {
-	MessageID  int64     `json:"message_id" river:"unique"`
-	Chunk      int       `json:"chunk" river:"unique"`
-	PayloadID  int64     `json:"payload_id"`
-	Priority   string    `json:"priority"`
-	DispatchAt time.Time `json:"dispatch_at"`
-	ExpiresAt  time.Time `json:"expires_at"`
-	// FirstDevice and LastDevice bound the chunk's device ids. Zero in a
-	// job enqueued before chunks were ranges: its message's whole ledger is
-	// read for its chunk number.
-	FirstDevice int64 `json:"first_device,omitempty"`
-	LastDevice  int64 `json:"last_device,omitempty"`
-}
-
-// ledgerRange is the part of the ledger a's chunk reads.
-func (a FanOutArgs) ledgerRange() db.ChunkPendingParams {
-	p := db.ChunkPendingParams{MessageID: a.MessageID, FirstDevice: a.FirstDevice, LastDevice: a.LastDevice, Chunk: int32(a.Chunk)}
-	if p.LastDevice == 0 {
-		p.LastDevice = math.MaxInt64
-	}
-	return p
-}
-
-// Target is one device of a chunk: what its provider needs to send to it,
-// which provider that is, and which of the message's localizations it gets
-// ("" for the message's own text), picked by its user's locale when the
-// message was scheduled.
-type Target struct {
-	push.Target
-	Channel string
-	Locale  string
-	// Gone, when set, is why the device must not be sent the delivery:
-	// it was moved to another user, deleted or evicted since the message
-	// was scheduled. The delivery is cancelled with it as its reason.
-	Gone push.Reason
-}
-
-// targetOf is the target of a pending delivery the chunk read.
-func targetOf(r db.ChunkPendingRow) Target {
-	t := NewTarget(r.DeviceID, r.Channel, r.Locale, r.Token, r.P256dh, r.Auth, r.Environment)
-	t.Gone = push.Reason(r.Gone)
-	return t
-}
-
-// NewTarget is a device as the ledger and the directory hold it, ready to
-// send to: its channel and picked localization (the delivery's), its token,
-// Web Push keys and APNs environment (the device's). herald bench's blast
-// builds its targets with it too, so that it sends what a worker sends.
-func NewTarget(deviceID int64, channel string, locale *string, token string, p256dh, auth *string, environment string) Target {
-	t := Target{Target: push.Target{DeviceID: deviceID, Token: token, Sandbox: environment == "sandbox"}, Channel: channel}
-	if locale != nil {
-		t.Locale = *locale
-	}
-	if p256dh != nil && auth != nil {
-		t.P256dh, t.Auth = *p256dh, *auth
-	}
-	return t
-}
-
-// running is a chunk attempt under way: its job's args and the targets it
-// read when it began, the deliveries still pending then.
-type running struct {
-	FanOutArgs
-	Targets []Target
-}
-
-// Kind implements river.JobArgs.
-func (FanOutArgs) Kind() string { return FanOutKind }
-
-// InsertOpts puts the chunk on its priority's lane and makes (message,
-// chunk) unique, so a chunk is never enqueued twice.
-func (a FanOutArgs) InsertOpts() river.InsertOpts {
-	return river.InsertOpts{
-		Queue:      laneQueue(a.Priority),
-		UniqueOpts: river.UniqueOpts{ByArgs: true},
-	}
-}
-
-// Sender sends one message to many devices of one channel: a provider. It
-// fills results[i] for targets[i], asking allow before each request; a send
-// that allow refuses is left unattempted (zero Result.At) and parked. It
-// calls answered (unless nil) with i once results[i] holds a request's
-// answer, as answers come, and does not call it for targets it refused
-// without a request. It bounds its own requests in flight.
-type Sender interface {
-	Send(ctx context.Context, m *push.Message, targets []push.Target, results []push.Result, allow func() bool, answered func(i int))
-}
 
 // FanOutConfig holds what the chunk worker needs.
 type FanOutConfig struct {
@@ -193,6 +93,21 @@ func (w *FanOutWorker) lane(a FanOutArgs) Lane {
 	return Lane{Queue: q, Pool: w.cfg.Pool}
 }
 
+// ledger returns the ledger writer of a lane's pool, made on first use.
+func (w *FanOutWorker) ledger(pool *pgxpool.Pool) *ledger {
+	w.ledgersMu.Lock()
+	defer w.ledgersMu.Unlock()
+	if w.ledgers == nil {
+		w.ledgers = map[*pgxpool.Pool]*ledger{}
+	}
+	l := w.ledgers[pool]
+	if l == nil {
+		l = newLedger(pool, w.cfg.Logger, w.cfg.Clock, w.cfg.Metrics, w.cfg.Timeout)
+		w.ledgers[pool] = l
+	}
+	return l
+}
+
 // sendBudget is how long a chunk attempt may spend sending: its timeout less
 // a reserve for recording the results (a quarter of the timeout, at most 5 s).
 func (w *FanOutWorker) sendBudget() time.Duration {
@@ -211,16 +126,19 @@ func (w *FanOutWorker) Timeout(*river.Job[FanOutArgs]) time.Duration { return w.
 func (w *FanOutWorker) Work(ctx context.Context, job *river.Job[FanOutArgs]) error {
 	a := job.Args
 	defer w.cfg.Metrics.chunkStarted(a.Priority)()
+	// The chunk's lane is looked up once: its connections, its ledger
+	// writer and its providers serve the whole attempt.
+	lane := w.lane(a)
 	startedAt := w.cfg.Clock.Now()
 	if !startedAt.Before(a.ExpiresAt) {
 		// Past its lifetime nothing is sent: what is pending expires.
-		return w.expire(ctx, a, startedAt)
+		return w.expire(ctx, a, lane.Pool, startedAt)
 	}
-	ledger := w.ledger(a)
+	ledger := w.ledger(lane.Pool)
 	if err := ledger.drain(ctx, a); err != nil {
 		return err
 	}
-	c, msg, err := w.begin(ctx, job)
+	c, msg, err := w.begin(ctx, job, lane.Pool)
 	if err != nil || c == nil {
 		return err
 	}
@@ -235,7 +153,7 @@ func (w *FanOutWorker) Work(ctx context.Context, job *river.Job[FanOutArgs]) err
 	sendCtx, cancel := context.WithTimeout(ctx, w.sendBudget())
 	defer cancel()
 	rec := ledger.open(c, startedAt, make([]push.Result, len(c.Targets)))
-	w.send(sendCtx, c, msg, groups, ledger, rec).wait()
+	w.send(sendCtx, c, msg, groups, lane.Providers, ledger, rec).wait()
 	return w.finish(ctx, c, ledger, rec)
 }
 
@@ -244,19 +162,19 @@ func (w *FanOutWorker) Work(ctx context.Context, job *river.Job[FanOutArgs]) err
 // reads the state that resulted, its still-pending deliveries with their
 // devices and, unless the message is cached, its payload. c is nil when
 // the message is no longer sendable; msg, the encoded pushes, is only built
-// when something is pending.
-func (w *FanOutWorker) begin(ctx context.Context, job *river.Job[FanOutArgs]) (c *running, msg *encodedMessage, err error) {
+// when something is pending. pool is the connections of the chunk's lane.
+func (w *FanOutWorker) begin(ctx context.Context, job *river.Job[FanOutArgs], pool *pgxpool.Pool) (c *running, msg *encodedMessage, err error) {
 	a := job.Args
 	msg, cached := w.messages.lookup(a)
 	payloadID := a.PayloadID
 	if cached {
 		payloadID = 0
 	}
-	release, err := w.begins[w.lane(a).Pool].enter(ctx, a.Chunk == 0)
+	release, err := w.begins[pool].enter(ctx, a.Chunk == 0)
 	if err != nil {
 		return nil, nil, err
 	}
-	begun, err := db.BeginChunk(ctx, w.lane(a).Pool, a.ledgerRange(), payloadID)
+	begun, err := db.BeginChunk(ctx, pool, a.ledgerRange(), payloadID)
 	release()
 	if err != nil {
 		return nil, nil, err
@@ -276,90 +194,6 @@ func (w *FanOutWorker) begin(ctx context.Context, job *river.Job[FanOutArgs]) (c
 		}
 	}
 	return c, msg, nil
-}
-
-// beginGate is a pool's gate for beginning chunks. When many chunks fall
-// due at once (twenty messages at the same second start fifty chunks a
-// process), their beginnings queued for the pool's connections and the
-// database's CPU, and a message's first chunk queued with the rest: its
-// first devices went out hundreds of milliseconds late. So a message's
-// first chunk begins at once; any other waits while a first chunk is
-// beginning (for firstsWait at most, so that a stream of small messages
-// never holds it back for long), and only so many of them (a quarter of
-// the pool's connections) begin at once, which leaves connections to the
-// first chunks and the ledger writer.
-//
-// The others do not wait only for the first chunks they found beginning:
-// a lane's fetch hands out every chunk of it at once, in no order, and
-// when twenty messages fell due together the later first chunks then
-// began among the others again (the latest first device at 515 ms,
-// against 203-246 with the wait).
-type beginGate struct {
-	// others holds a token per chunk beginning that is not a message's
-	// first.
-	others chan struct{}
-	// firstsWait bounds how long another chunk waits for the first ones.
-	firstsWait time.Duration
-	mu         sync.Mutex
-	// firsts counts the first chunks beginning; clear is closed, and
-	// forgotten, when it falls to zero.
-	firsts int
-	clear  chan struct{}
-}
-
-// firstsWait is how long at most a chunk waits for first chunks to begin
-// (beginGate). When twenty messages fell due at once their first chunks
-// took up to 200 ms to begin, and a bound of 100 ms let the others in among
-// them again: the latest first device at 262-313 ms in four runs, against
-// 206-246 in five with no bound.
-const firstsWait = 500 * time.Millisecond
-
-func newBeginGate(others int, wait time.Duration) *beginGate {
-	return &beginGate{others: make(chan struct{}, max(others, 1)), firstsWait: wait}
-}
-
-// enter waits until a chunk may begin (first: a message's first chunk) and
-// returns what to call once it has. A nil gate lets every chunk begin.
-func (g *beginGate) enter(ctx context.Context, first bool) (release func(), err error) {
-	if g == nil {
-		return func() {}, nil
-	}
-	g.mu.Lock()
-	if first {
-		g.firsts++
-		g.mu.Unlock()
-		return func() {
-			g.mu.Lock()
-			defer g.mu.Unlock()
-			if g.firsts--; g.firsts == 0 && g.clear != nil {
-				close(g.clear)
-				g.clear = nil
-			}
-		}, nil
-	}
-	if g.firsts > 0 {
-		if g.clear == nil {
-			g.clear = make(chan struct{})
-		}
-		clear := g.clear
-		g.mu.Unlock()
-		wait := time.NewTimer(g.firstsWait)
-		defer wait.Stop()
-		select {
-		case <-clear:
-		case <-wait.C:
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-	} else {
-		g.mu.Unlock()
-	}
-	select {
-	case g.others <- struct{}{}:
-		return func() { <-g.others }, nil
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
 }
 
 // sendGroup is what a group of a chunk's targets answers to: a channel's
@@ -408,11 +242,10 @@ func (s *sends) wait() {
 // concurrency. A channel's targets go to its provider in slices, all at
 // once. A provider serves concurrent calls in the order they came
 // (push.Limiter), so slices finish one after another rather than all at the
-// end.
-func (w *FanOutWorker) send(ctx context.Context, c *running, msg *encodedMessage, groups map[sendGroup][]int, ledger *ledger, rec *chunkRecord) *sends {
+// end. providers are the chunk's lane's, by channel.
+func (w *FanOutWorker) send(ctx context.Context, c *running, msg *encodedMessage, groups map[sendGroup][]int, providers map[string]Sender, ledger *ledger, rec *chunkRecord) *sends {
 	s := &sends{ledger: ledger, rec: rec, done: make(chan struct{}, len(c.Targets)+len(groups))}
 	s.gone(c)
-	providers := w.lane(c.FanOutArgs).Providers
 	for g, idx := range groups {
 		provider, ok := providers[g.channel]
 		if !ok {
@@ -619,68 +452,14 @@ func (w *FanOutWorker) parked(c *running, results []push.Result) (parked map[str
 	return parked, detail, wait
 }
 
-// chunkResults are results of a chunk's targets as one write takes them.
-type chunkResults struct {
-	results               db.RecordResultsParams
-	evictIDs              []int64
-	evictReasons          []string
-	firstAccept, lastSeen *time.Time
-	counted               []settledDelivery
-}
-
-// resultsOf gathers the results of the targets at idx for one write: the
-// ledger's rows, the dead tokens to evict, the chunk's first and last
-// acceptance, and what the metrics count once the write has committed.
-func (w *FanOutWorker) resultsOf(a *running, results []push.Result, idx []int) chunkResults {
-	var c chunkResults
-	for _, i := range idx {
-		r := results[i]
-		if r.At.IsZero() {
-			// Not attempted (parked by the breaker, or not sent in time):
-			// nothing to write; it stays pending.
-			continue
-		}
-		at := w.cfg.Clock.ToDB(r.At)
-		status, acceptedUs := "failed", int64(0)
-		switch {
-		case r.Accepted:
-			status, acceptedUs = "accepted", at.UnixMicro()
-			if c.firstAccept == nil || at.Before(*c.firstAccept) {
-				c.firstAccept = &at
-			}
-			if c.lastSeen == nil || at.After(*c.lastSeen) {
-				c.lastSeen = &at
-			}
-		case r.Reason.Transient():
-			// Attempted, not settled: it waits for the breaker and is
-			// retried when the chunk wakes, until it expires.
-			status = "pending"
-		case r.Reason.Cancels():
-			// Not sent: its device is no longer the delivery's.
-			status = "cancelled"
-		}
-		attemptedUs := at.UnixMicro()
-		if status == "cancelled" {
-			attemptedUs = 0
-		}
-		c.results.Add(a.MessageID, a.Targets[i].DeviceID, status, string(r.Reason), attemptedUs, acceptedUs)
-		c.counted = append(c.counted, settledDelivery{a.Targets[i].Channel, status, r.Reason, at.Sub(a.DispatchAt)})
-		if !r.Accepted && r.Reason.Evicts() {
-			c.evictIDs = append(c.evictIDs, a.Targets[i].DeviceID)
-			c.evictReasons = append(c.evictReasons, string(r.Reason))
-		}
-	}
-	return c
-}
-
-// expire marks what is still pending in the chunk expired and settles the
-// message if that was the last of it.
-func (w *FanOutWorker) expire(ctx context.Context, a FanOutArgs, at time.Time) error {
+// expire marks what is still pending in the chunk expired, through pool
+// (its lane's), and settles the message if that was the last of it.
+func (w *FanOutWorker) expire(ctx context.Context, a FanOutArgs, pool *pgxpool.Pool, at time.Time) error {
 	var (
 		counted []settledDelivery
 		settled db.SettleMessageRow
 	)
-	err := db.InTx(ctx, w.lane(a).Pool, func(tx pgx.Tx) error {
+	err := db.InTx(ctx, pool, func(tx pgx.Tx) error {
 		q := db.On(tx)
 		if _, err := q.LockMessage(ctx, a.MessageID); err != nil {
 			return fmt.Errorf("lock message: %w", err)
@@ -713,25 +492,6 @@ func (w *FanOutWorker) expire(ctx context.Context, a FanOutArgs, at time.Time) e
 		w.cfg.Metrics.settled(settled.Priority, settled.SloSkewMs)
 	}
 	return err
-}
-
-// expired is the ledger write that expires the chunk's pending deliveries,
-// and what the metrics count once it has committed.
-func (a FanOutArgs) expired(pending []db.ChunkPendingRow) (db.RecordResultsParams, []settledDelivery) {
-	var p db.RecordResultsParams
-	counted := make([]settledDelivery, 0, len(pending))
-	for _, r := range pending {
-		if r.Gone != "" {
-			// Its device is no longer its user's: cancelled, as it would
-			// have been had the chunk begun in time.
-			counted = append(counted, settledDelivery{channel: r.Channel, status: "cancelled", reason: push.Reason(r.Gone)})
-			p.Add(a.MessageID, r.DeviceID, "cancelled", r.Gone, 0, 0)
-			continue
-		}
-		counted = append(counted, settledDelivery{channel: r.Channel, status: "expired"})
-		p.Add(a.MessageID, r.DeviceID, "expired", "", 0, 0)
-	}
-	return p, counted
 }
 
 // Breakers returns the worker's circuit breakers.

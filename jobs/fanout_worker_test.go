@@ -180,7 +180,7 @@ func (b *fanOutBundle) work(w *FanOutWorker, c chunkJob) *rivertest.WorkResult {
 	if res.EventKind == river.EventKindJobCompleted {
 		// Every place a request took in the ledger writer is free again
 		// once the chunk's answers are written.
-		l := w.ledger(c.args)
+		l := w.ledger(w.lane(c.args).Pool)
 		l.mu.Lock()
 		owed := l.owed
 		l.mu.Unlock()

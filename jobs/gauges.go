@@ -14,10 +14,6 @@ import (
 	"github.com/heraldpush/herald/db"
 )
 
-// DefaultGaugesEvery is how often a process reads the database's gauges:
-// a scrape every 15 s or 30 s sees a reading at most this old.
-const DefaultGaugesEvery = 10 * time.Second
-
 // DatabaseGauges are the gauges read from the database rather than kept by
 // a process: the unsettled messages by state, the stranded chunks, and
 // River's jobs by queue and state (the queues' depth). Every process of any

@@ -21,31 +21,12 @@ func InstantInRange(t time.Time) bool {
 	return !t.Before(EarliestInstant) && !t.After(LatestInstant)
 }
 
-// Zones' offsets from UTC run from -12 to +14 hours: a wall time is reached
-// first where clocks are 14 hours ahead and last where they are 12 behind.
-const (
-	mostAhead  = 14 * time.Hour
-	mostBehind = 12 * time.Hour
-	// localTimeSpread is how far apart the first and the last zone reach
-	// the same wall time, and so how much earlier a local-time schedule run
-	// is made: a schedule's own zone lies anywhere in between.
-	localTimeSpread = mostAhead + mostBehind
-)
-
-// LocalWindow bounds a local-time delivery at wall (a wall time, its zone
-// ignored) whose waves live for lifetime each: no wave is due before first,
-// and none expires after last.
-func LocalWindow(wall time.Time, lifetime time.Duration) (first, last time.Time) {
-	w := time.Date(wall.Year(), wall.Month(), wall.Day(), wall.Hour(), wall.Minute(), wall.Second(), wall.Nanosecond(), time.UTC)
-	return w.Add(-mostAhead), w.Add(mostBehind + lifetime)
-}
-
-// RunSpan is how long after its instant a schedule run's message may last:
-// its lifetime, and for a local-time run the time the last zone takes to
-// reach the run's wall time too.
-func RunSpan(ttl time.Duration, localTime bool) time.Duration {
-	if localTime {
-		return localTimeSpread + ttl
+// CheckInstant refuses an instant outside the years Herald stores
+// (InstantInRange). An offset can carry a timestamp written in year 9999
+// into year 10000, so the bound is on the instant, not the text.
+func CheckInstant(field string, t time.Time) error {
+	if !InstantInRange(t) {
+		return invalid(field, "%s is %s, outside the years 1970 to 9999 UTC that Herald stores and shows", field, t.UTC().Format(time.RFC3339))
 	}
-	return ttl
+	return nil
 }

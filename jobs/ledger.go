@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sync"
 	"time"
@@ -59,8 +60,13 @@ const (
 // (a lane's: the urgent lane's writes never queue behind the bulk lane's).
 // Its goroutine runs while it holds something to write.
 type ledger struct {
-	w    *FanOutWorker
-	pool *pgxpool.Pool
+	pool    *pgxpool.Pool
+	logger  *slog.Logger
+	clock   *Clock
+	metrics *Metrics
+	// chunkTimeout is a chunk attempt's bound: the writer keeps the
+	// answers of a chunk that gave up waiting for its close that long more.
+	chunkTimeout time.Duration
 
 	mu      sync.Mutex
 	chunks  map[chunkKey]*chunkRecord
@@ -154,20 +160,9 @@ type chunkRecord struct {
 	firstAccept, lastAccept *time.Time
 }
 
-// ledger returns the writer of a chunk's lane.
-func (w *FanOutWorker) ledger(a FanOutArgs) *ledger {
-	pool := w.lane(a).Pool
-	w.ledgersMu.Lock()
-	defer w.ledgersMu.Unlock()
-	if w.ledgers == nil {
-		w.ledgers = map[*pgxpool.Pool]*ledger{}
-	}
-	l := w.ledgers[pool]
-	if l == nil {
-		l = &ledger{w: w, pool: pool, chunks: map[chunkKey]*chunkRecord{}}
-		w.ledgers[pool] = l
-	}
-	return l
+// newLedger returns a writer of chunk results through pool.
+func newLedger(pool *pgxpool.Pool, logger *slog.Logger, clock *Clock, metrics *Metrics, chunkTimeout time.Duration) *ledger {
+	return &ledger{pool: pool, logger: logger, clock: clock, metrics: metrics, chunkTimeout: chunkTimeout, chunks: map[chunkKey]*chunkRecord{}}
 }
 
 func recordKey(a FanOutArgs) chunkKey { return chunkKey{a.MessageID, a.Chunk} }
@@ -296,7 +291,7 @@ func (l *ledger) run() {
 		switch {
 		case err == nil:
 			if failing != nil {
-				l.w.cfg.Logger.Info("ledger writes resumed: the results kept meanwhile are written")
+				l.logger.Info("ledger writes resumed: the results kept meanwhile are written")
 			}
 			backoff, failing = 0, nil
 			l.written(batch)
@@ -304,13 +299,13 @@ func (l *ledger) run() {
 			// The database away, or too slow to answer within
 			// recordTimeout (a connection hung by a failover).
 			if failing == nil {
-				l.w.cfg.Logger.Warn("ledger write failed: the database is unavailable; results are kept and written when it is back",
+				l.logger.Warn("ledger write failed: the database is unavailable; results are kept and written when it is back",
 					"error", err)
 			}
 			backoff, failing = min(max(2*backoff, retryFirst), retryMax), err
 			l.putBack(batch)
 		default:
-			l.w.cfg.Logger.Error("ledger write failed; its chunks fail and will be retried", "error", err)
+			l.logger.Error("ledger write failed; its chunks fail and will be retried", "error", err)
 			l.failed(batch, err)
 		}
 	}
@@ -331,7 +326,7 @@ func (l *ledger) take() (batch []pick, more bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for key, r := range l.chunks {
-		if !r.abandonedAt.IsZero() && time.Since(r.abandonedAt) > l.w.cfg.Timeout {
+		if !r.abandonedAt.IsZero() && time.Since(r.abandonedAt) > l.chunkTimeout {
 			// Its chunk gave up long ago and the database is still away:
 			// the chunk's retry, here or in another process, sends these
 			// again.
@@ -339,7 +334,7 @@ func (l *ledger) take() (batch []pick, more bool) {
 			l.releaseLocked(r.owed)
 			delete(l.chunks, key)
 			close(r.done)
-			l.w.cfg.Logger.Warn("chunk results dropped after the database stayed unavailable; its retry sends them again",
+			l.logger.Warn("chunk results dropped after the database stayed unavailable; its retry sends them again",
 				"message_id", push.FormatMessageID(r.a.MessageID), "chunk", r.a.Chunk, "unwritten", len(r.unwritten))
 			continue
 		}
@@ -405,7 +400,7 @@ func (l *ledger) write(batch []pick) error {
 		byMsg   = map[int64]int{}
 	)
 	for _, p := range batch {
-		c := l.w.resultsOf(p.r.a, p.r.results, p.idx)
+		c := l.resultsOf(p.r.a, p.r.results, p.idx)
 		i, ok := byMsg[p.r.a.MessageID]
 		if !ok {
 			i = len(writes)
@@ -436,7 +431,7 @@ func (l *ledger) write(batch []pick) error {
 				FirstAcceptedAt: first, LastAcceptedAt: last,
 			}
 			if !p.r.parked {
-				finishedAt := l.w.cfg.Clock.Now()
+				finishedAt := l.clock.Now()
 				chunk.FinishedAt = &finishedAt
 			}
 			w.Chunks = append(w.Chunks, chunk)
@@ -458,9 +453,9 @@ func (l *ledger) write(batch []pick) error {
 		return err
 	}
 	for i, w := range writes {
-		l.w.cfg.Metrics.count(priorityOf(batch, w.MessageID), counted[i])
+		l.metrics.count(priorityOf(batch, w.MessageID), counted[i])
 		if out[i].Settled != "" {
-			l.w.cfg.Metrics.settled(out[i].Priority, out[i].SLOSkewMs)
+			l.metrics.settled(out[i].Priority, out[i].SLOSkewMs)
 		}
 	}
 	return nil
@@ -484,4 +479,58 @@ func later(a, b *time.Time) *time.Time {
 		return b
 	}
 	return a
+}
+
+// chunkResults are results of a chunk's targets as one write takes them.
+type chunkResults struct {
+	results               db.RecordResultsParams
+	evictIDs              []int64
+	evictReasons          []string
+	firstAccept, lastSeen *time.Time
+	counted               []settledDelivery
+}
+
+// resultsOf gathers the results of the targets at idx for one write: the
+// ledger's rows, the dead tokens to evict, the chunk's first and last
+// acceptance, and what the metrics count once the write has committed.
+func (l *ledger) resultsOf(a *running, results []push.Result, idx []int) chunkResults {
+	var c chunkResults
+	for _, i := range idx {
+		r := results[i]
+		if r.At.IsZero() {
+			// Not attempted (parked by the breaker, or not sent in time):
+			// nothing to write; it stays pending.
+			continue
+		}
+		at := l.clock.ToDB(r.At)
+		status, acceptedUs := "failed", int64(0)
+		switch {
+		case r.Accepted:
+			status, acceptedUs = "accepted", at.UnixMicro()
+			if c.firstAccept == nil || at.Before(*c.firstAccept) {
+				c.firstAccept = &at
+			}
+			if c.lastSeen == nil || at.After(*c.lastSeen) {
+				c.lastSeen = &at
+			}
+		case r.Reason.Transient():
+			// Attempted, not settled: it waits for the breaker and is
+			// retried when the chunk wakes, until it expires.
+			status = "pending"
+		case r.Reason.Cancels():
+			// Not sent: its device is no longer the delivery's.
+			status = "cancelled"
+		}
+		attemptedUs := at.UnixMicro()
+		if status == "cancelled" {
+			attemptedUs = 0
+		}
+		c.results.Add(a.MessageID, a.Targets[i].DeviceID, status, string(r.Reason), attemptedUs, acceptedUs)
+		c.counted = append(c.counted, settledDelivery{a.Targets[i].Channel, status, r.Reason, at.Sub(a.DispatchAt)})
+		if !r.Accepted && r.Reason.Evicts() {
+			c.evictIDs = append(c.evictIDs, a.Targets[i].DeviceID)
+			c.evictReasons = append(c.evictReasons, string(r.Reason))
+		}
+	}
+	return c
 }

@@ -1,6 +1,7 @@
 package jobs
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -48,9 +49,16 @@ func periodicInsertOpts() river.InsertOpts {
 // other's), and the messages table is unique on (schedule_id,
 // schedule_run_at) should anything else slip.
 type Materializer struct {
+	cfg MaterializerConfig
+}
+
+// MaterializerConfig configures a Materializer. Pool and Logger are
+// required.
+type MaterializerConfig struct {
 	Pool   *pgxpool.Pool
 	Logger *slog.Logger
-	// ChunkSize is the devices per chunk of the runs' messages.
+	// ChunkSize is the devices per chunk of the runs' messages
+	// (DefaultChunkSize when zero).
 	ChunkSize int
 	// Lead is how far ahead runs are made (DefaultScheduleLead when zero).
 	Lead time.Duration
@@ -62,24 +70,56 @@ type Materializer struct {
 	Now func(ctx context.Context) (time.Time, error)
 }
 
+// NewMaterializer returns the Materializer of cfg, its defaults filled, or
+// an error naming the setting it cannot work with.
+func NewMaterializer(cfg *MaterializerConfig) (*Materializer, error) {
+	c, err := configure(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &Materializer{cfg: c}, nil
+}
+
+// withDefaults fills the settings left zero with their defaults.
+func (c *MaterializerConfig) withDefaults() {
+	c.ChunkSize = cmp.Or(c.ChunkSize, DefaultChunkSize)
+	c.Lead = cmp.Or(c.Lead, DefaultScheduleLead)
+	c.Limits = c.Limits.WithDefaults()
+}
+
+// validate names the first setting that no default can mend: a missing
+// dependency, or a negative value.
+func (c *MaterializerConfig) validate() error {
+	switch {
+	case c.Pool == nil:
+		return errRequired("MaterializerConfig.Pool")
+	case c.Logger == nil:
+		return errRequired("MaterializerConfig.Logger")
+	case c.ChunkSize < 0:
+		return fmt.Errorf("jobs: MaterializerConfig.ChunkSize is %d; it must not be negative (zero takes the default)", c.ChunkSize)
+	case c.Lead < 0:
+		return errNegative("MaterializerConfig.Lead", c.Lead)
+	}
+	if err := c.Limits.Validate(); err != nil {
+		return fmt.Errorf("jobs: MaterializerConfig.Limits: %w", err)
+	}
+	return nil
+}
+
 // Run makes every run due within the lead and returns how many it made.
 // A run whose lifetime (ttl_seconds) ended before it could be made is
 // recorded as an expired message and not sent; one whose lifetime has not
 // ended is sent, late, and its skew shows it.
 // Chunk jobs are enqueued through client, the River client.
 func (m *Materializer) Run(ctx context.Context, client jobClient) (int, error) {
-	enq := NewEnqueuer(client, m.ChunkSize)
+	enq := NewEnqueuer(client, m.cfg.ChunkSize)
 	now, err := m.now(ctx)
 	if err != nil {
 		return 0, err
 	}
-	lead := m.Lead
-	if lead <= 0 {
-		lead = DefaultScheduleLead
-	}
 	made := 0
 	for {
-		n, err := m.pass(ctx, enq, now, now.Add(lead))
+		n, err := m.pass(ctx, enq, now, now.Add(m.cfg.Lead))
 		made += n
 		if err != nil || n == 0 {
 			return made, err
@@ -88,22 +128,22 @@ func (m *Materializer) Run(ctx context.Context, client jobClient) (int, error) {
 }
 
 func (m *Materializer) now(ctx context.Context) (time.Time, error) {
-	if m.Now != nil {
-		return m.Now(ctx)
+	if m.cfg.Now != nil {
+		return m.cfg.Now(ctx)
 	}
-	return db.On(m.Pool).DatabaseNow(ctx)
+	return db.On(m.cfg.Pool).DatabaseNow(ctx)
 }
 
 // pass makes at most one run of each due schedule that has fewer than
 // Limits.MaxAhead runs waiting, in one transaction.
 func (m *Materializer) pass(ctx context.Context, enq *Enqueuer, now, horizon time.Time) (int, error) {
 	made := 0
-	err := db.InTx(ctx, m.Pool, func(tx pgx.Tx) error {
+	err := db.InTx(ctx, m.cfg.Pool, func(tx pgx.Tx) error {
 		made = 0
 		q := db.On(tx)
 		due, err := q.DueSchedules(ctx, db.DueSchedulesParams{
 			Horizon: horizon, LocalHorizon: horizon.Add(localTimeSpread),
-			UnstartedSince: now.Add(-localTimeSpread), MaxAhead: int32(m.Limits.WithDefaults().MaxAhead),
+			UnstartedSince: now.Add(-localTimeSpread), MaxAhead: int32(m.cfg.Limits.MaxAhead),
 		})
 		if err != nil {
 			return fmt.Errorf("find due schedules: %w", err)
@@ -195,12 +235,12 @@ type MaterializeWorker struct {
 // kind: one every 15 s, kept a day by River, would bury the chunk jobs in
 // River UI's lists.
 func (w *MaterializeWorker) Work(ctx context.Context, _ *river.Job[MaterializeArgs]) error {
-	if err := db.DeleteCompletedRuns(ctx, w.m.Pool, MaterializeKind); err != nil {
+	if err := db.DeleteCompletedRuns(ctx, w.m.cfg.Pool, MaterializeKind); err != nil {
 		return err
 	}
 	n, err := w.m.Run(ctx, river.ClientFromContext[pgx.Tx](ctx))
 	if n > 0 {
-		w.m.Logger.InfoContext(ctx, "materialized schedule runs", "runs", n)
+		w.m.cfg.Logger.InfoContext(ctx, "materialized schedule runs", "runs", n)
 	}
 	return err
 }

@@ -41,10 +41,18 @@ func (b *schedBundle) setNow(t time.Time) {
 	b.now = t
 }
 
-func (b *schedBundle) materializer() (*Materializer, jobClient) {
+// materializer is the bundle's materializer, on its clock, with limits (the
+// defaults when none), and the River client it enqueues through.
+func (b *schedBundle) materializer(limits ...ScheduleLimits) (*Materializer, jobClient) {
 	client, err := NewRiverClient(b.db.Pool, RiverConfig{Logger: discard})
 	require.NoError(b.t, err)
-	return &Materializer{Pool: b.db.Pool, Logger: discard, Lead: 2 * time.Minute, Now: b.clock}, client
+	cfg := &MaterializerConfig{Pool: b.db.Pool, Logger: discard, Lead: 2 * time.Minute, Now: b.clock}
+	for _, l := range limits {
+		cfg.Limits = l
+	}
+	m, err := NewMaterializer(cfg)
+	require.NoError(b.t, err)
+	return m, client
 }
 
 // schedule stores a schedule whose first run is first.
@@ -288,8 +296,7 @@ func TestMaterializeKeepsAtMostMaxAheadWaiting(t *testing.T) {
 	b.setNow(t0.Add(-time.Hour))
 	other := b.schedule("0 * * * *", "UTC", 600, t0.Add(-time.Hour).Add(time.Minute), nil)
 
-	m, client := b.materializer()
-	m.Limits = ScheduleLimits{MaxAhead: 40}
+	m, client := b.materializer(ScheduleLimits{MaxAhead: 40})
 	n, err := m.Run(ctx, client)
 	require.NoError(t, err)
 	require.Equal(t, 41, n, "40 runs of the dense schedule and the other's one")

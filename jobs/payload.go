@@ -1,6 +1,7 @@
 package jobs
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"net/url"
@@ -11,6 +12,12 @@ import (
 
 	"github.com/heraldpush/herald/jobs/push"
 )
+
+// The rules of a message's payload, all of them in this file: what
+// CheckPayload refuses, naming the field as POST /v1/messages' body names
+// it. push holds no rule: it encodes a payload for each provider, measures
+// those encodings (push.CheckSize) and puts locale tags in canonical case
+// (push.CanonicalLocale), and this file says what follows from them.
 
 // Bounds of the payload's short fields. Apple and Google document no limit
 // for most of them; these keep an identifier an identifier, while the
@@ -25,6 +32,43 @@ var (
 	androidPriorities = []string{"high", "normal"}
 	webPushUrgencies  = []string{"very-low", "low", "normal", "high"}
 )
+
+// CheckPayload checks a message's content: something to show or deliver,
+// no reserved data key, and a size every provider takes.
+func CheckPayload(p *push.Content) error {
+	if err := checkPayloadFields(p); err != nil {
+		return err
+	}
+	if err := checkLocalizations(p); err != nil {
+		return err
+	}
+	// Over HTTP the body was checked whole; a Go caller's strings are
+	// checked here, each by its field.
+	for field, v := range payloadTexts(p) {
+		if err := CheckText("payload."+field, v); err != nil {
+			return err
+		}
+	}
+	for k, v := range p.Data {
+		if err := CheckText("payload.data", k); err != nil {
+			return err
+		}
+		if err := CheckText("payload.data."+k, v); err != nil {
+			return err
+		}
+	}
+	var sizeErr *push.SizeError
+	if err := checkSizes(*p); errors.As(err, &sizeErr) {
+		field := "payload"
+		if sizeErr.Locale != "" {
+			field = "payload.localizations." + sizeErr.Locale
+		}
+		return &InvalidError{Field: field, Message: sizeErr.Error(), Err: sizeErr}
+	} else if err != nil {
+		return invalid("payload", "payload cannot be encoded: %v", err)
+	}
+	return nil
+}
 
 // checkPayloadFields checks every field of a payload but its size, naming
 // the first that is wrong.
@@ -48,7 +92,7 @@ func checkPayloadFields(p *push.Content) error {
 		switch {
 		case k == "":
 			return invalid("payload.data", "payload.data keys must not be empty")
-		case p.ReservedDataKey(k):
+		case reservedDataKey(p, k):
 			return invalid("payload.data."+k, "payload.data key %q is reserved", k)
 		}
 	}
@@ -72,7 +116,7 @@ func checkPayloadFields(p *push.Content) error {
 			return err
 		}
 	}
-	if err := checkEnum("payload.interruption_level", p.InterruptionLevel, push.InterruptionLevels); err != nil {
+	if err := checkEnum("payload.interruption_level", p.InterruptionLevel, interruptionLevels); err != nil {
 		return err
 	}
 	if r := p.RelevanceScore; r != nil && (*r < 0 || *r > 1) {
@@ -300,4 +344,41 @@ func checkLocalizations(p *push.Content) error {
 		p.Localizations = canonical
 	}
 	return nil
+}
+
+// checkSizes is push.CheckSize for c's own text and every localization of it,
+// the push.SizeError naming the localization that is too large.
+func checkSizes(c push.Content) error {
+	if err := push.CheckSize(c.Localized("")); err != nil {
+		return err
+	}
+	for key := range c.Localizations {
+		err := push.CheckSize(c.Localized(key))
+		var size *push.SizeError
+		if errors.As(err, &size) {
+			size.Locale = key
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// interruptionLevels are the interruption levels APNs knows, in its words.
+var interruptionLevels = []string{"passive", "active", "time-sensitive", "critical"}
+
+// reservedDataKey reports whether data key k would collide with what the
+// encodings of p put next to the data (push.APNsPayload, push.FCMData), and
+// so must be refused.
+func reservedDataKey(p *push.Content, k string) bool {
+	switch k {
+	case push.MessageIDKey, push.APSKey:
+		return true
+	case push.URLKey:
+		return p.URL != ""
+	case push.ImageKey:
+		return p.Image != ""
+	}
+	return false
 }

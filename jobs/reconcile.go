@@ -1,6 +1,7 @@
 package jobs
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -39,13 +40,48 @@ func (ReconcileArgs) InsertOpts() river.InsertOpts {
 // The chunks stranded before that, still retryable from River UI, are
 // counted at each scrape (herald_stranded_chunks, RegisterMessageMetrics).
 type Reconciler struct {
+	cfg ReconcilerConfig
+}
+
+// ReconcilerConfig configures a Reconciler. Pool and Logger are required.
+type ReconcilerConfig struct {
 	Pool    *pgxpool.Pool
 	Logger  *slog.Logger
 	Metrics *Metrics
 	// Grace is how long past its expiry a message may stay unsettled: it
 	// must exceed a chunk attempt (which may send until its timeout ends)
-	// so that no attempt still running is overtaken. Default 5 minutes.
+	// so that no attempt still running is overtaken
+	// (DefaultReconcileGrace when zero).
 	Grace time.Duration
+}
+
+// NewReconciler returns the Reconciler of cfg, its defaults filled, or an
+// error naming the setting it cannot work with.
+func NewReconciler(cfg *ReconcilerConfig) (*Reconciler, error) {
+	c, err := configure(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &Reconciler{cfg: c}, nil
+}
+
+// withDefaults fills the settings left zero with their defaults.
+func (c *ReconcilerConfig) withDefaults() {
+	c.Grace = cmp.Or(c.Grace, DefaultReconcileGrace)
+}
+
+// validate names the first setting that no default can mend: a missing
+// dependency, or a negative value.
+func (c *ReconcilerConfig) validate() error {
+	switch {
+	case c.Pool == nil:
+		return errRequired("ReconcilerConfig.Pool")
+	case c.Logger == nil:
+		return errRequired("ReconcilerConfig.Logger")
+	case c.Grace < 0:
+		return errNegative("ReconcilerConfig.Grace", c.Grace)
+	}
+	return nil
 }
 
 // reconcileBatch bounds the messages one pass settles, each in its own
@@ -59,13 +95,9 @@ type Reconciled struct {
 
 // Run settles every stuck message, a batch at a time.
 func (r *Reconciler) Run(ctx context.Context) (Reconciled, error) {
-	grace := r.Grace
-	if grace <= 0 {
-		grace = 5 * time.Minute
-	}
 	var done Reconciled
 	for {
-		ids, err := db.On(r.Pool).StuckMessages(ctx, db.StuckMessagesParams{GraceSeconds: grace.Seconds(), Batch: reconcileBatch})
+		ids, err := db.On(r.cfg.Pool).StuckMessages(ctx, db.StuckMessagesParams{GraceSeconds: r.cfg.Grace.Seconds(), Batch: reconcileBatch})
 		if err != nil {
 			return done, fmt.Errorf("find stuck messages: %w", err)
 		}
@@ -91,7 +123,7 @@ func (r *Reconciler) settle(ctx context.Context, id int64) (int, error) {
 		expired []db.ExpireStuckDeliveriesRow
 		settled db.SettleMessageRow
 	)
-	err := db.InTx(ctx, r.Pool, func(tx pgx.Tx) error {
+	err := db.InTx(ctx, r.cfg.Pool, func(tx pgx.Tx) error {
 		q := db.On(tx)
 		if _, err := q.LockMessage(ctx, id); err != nil {
 			return fmt.Errorf("lock message: %w", err)
@@ -114,11 +146,11 @@ func (r *Reconciler) settle(ctx context.Context, id int64) (int, error) {
 	n := 0
 	for _, e := range expired {
 		n += int(e.Expired)
-		r.Metrics.reconciledDeliveries(e.Channel, int(e.Expired))
+		r.cfg.Metrics.reconciledDeliveries(e.Channel, int(e.Expired))
 	}
-	r.Metrics.reconciledMessage()
-	r.Metrics.settled(settled.Priority, settled.SloSkewMs)
-	r.Logger.WarnContext(ctx, "reconciled a message no chunk would settle: its pending deliveries expired",
+	r.cfg.Metrics.reconciledMessage()
+	r.cfg.Metrics.settled(settled.Priority, settled.SloSkewMs)
+	r.cfg.Logger.WarnContext(ctx, "reconciled a message no chunk would settle: its pending deliveries expired",
 		"message_id", id, "expired", n)
 	return n, nil
 }
@@ -132,7 +164,7 @@ type ReconcileWorker struct {
 // Work settles the stuck messages, after removing the completed runs of
 // its own kind so that they do not fill River UI's lists.
 func (w *ReconcileWorker) Work(ctx context.Context, _ *river.Job[ReconcileArgs]) error {
-	if err := db.DeleteCompletedRuns(ctx, w.r.Pool, ReconcileKind); err != nil {
+	if err := db.DeleteCompletedRuns(ctx, w.r.cfg.Pool, ReconcileKind); err != nil {
 		return err
 	}
 	_, err := w.r.Run(ctx)

@@ -51,7 +51,8 @@ func TestReconcilerSettlesWhatNoChunkWill(t *testing.T) {
 	require.EqualValues(t, 4, stranded)
 
 	m := NewMetrics(prometheus.NewRegistry())
-	r := &Reconciler{Pool: b.db.Pool, Logger: discard, Metrics: m, Grace: 5 * time.Minute}
+	r, err := NewReconciler(&ReconcilerConfig{Pool: b.db.Pool, Logger: discard, Metrics: m, Grace: 5 * time.Minute})
+	require.NoError(t, err)
 	done, err := r.Run(ctx)
 	require.NoError(t, err)
 	require.Equal(t, Reconciled{Messages: 2, Deliveries: 3}, done)

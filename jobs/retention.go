@@ -1,6 +1,7 @@
 package jobs
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -66,6 +67,11 @@ func retainRiverJobs(rc *river.Config, retention time.Duration) {
 // a batch loses its ledger over several statements and is deleted with the
 // last one: until then its counters still describe the whole ledger.
 type Retainer struct {
+	cfg RetainerConfig
+}
+
+// RetainerConfig configures a Retainer. Pool and Logger are required.
+type RetainerConfig struct {
 	Pool   *pgxpool.Pool
 	Logger *slog.Logger
 	// Retention is how long after settling a message is kept
@@ -78,15 +84,59 @@ type Retainer struct {
 	// (DefaultAuditRetention when zero).
 	AuditRetention time.Duration
 	// BatchRows is the most ledger rows, idempotency keys, devices, audit
-	// entries or sessions one statement deletes (default 10,000);
-	// BatchMessages the most messages one batch takes on (default 100).
+	// entries or sessions one statement deletes (DefaultRetainBatchRows when
+	// zero); BatchMessages the most messages one batch takes on
+	// (DefaultRetainBatchMessages).
 	BatchRows, BatchMessages int
 	// Budget is how long one run works before it leaves the rest to the
-	// next run (default 20 s), so that a backlog (retention shortened, or
-	// first enabled on a year of history) is worked off over several runs.
+	// next run (DefaultRetainBudget when zero).
 	Budget time.Duration
 	// Now is the authoritative clock; the database's when nil.
 	Now func(ctx context.Context) (time.Time, error)
+}
+
+// NewRetainer returns the Retainer of cfg, its defaults filled, or an error
+// naming the setting it cannot work with.
+func NewRetainer(cfg *RetainerConfig) (*Retainer, error) {
+	c, err := configure(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &Retainer{cfg: c}, nil
+}
+
+// withDefaults fills the settings left zero with their defaults.
+func (c *RetainerConfig) withDefaults() {
+	c.Retention = cmp.Or(c.Retention, DefaultRetention)
+	c.DeviceRetention = cmp.Or(c.DeviceRetention, DefaultDeviceRetention)
+	c.AuditRetention = cmp.Or(c.AuditRetention, DefaultAuditRetention)
+	c.BatchRows = cmp.Or(c.BatchRows, DefaultRetainBatchRows)
+	c.BatchMessages = cmp.Or(c.BatchMessages, DefaultRetainBatchMessages)
+	c.Budget = cmp.Or(c.Budget, DefaultRetainBudget)
+}
+
+// validate names the first setting that no default can mend: a missing
+// dependency, or a negative value.
+func (c *RetainerConfig) validate() error {
+	switch {
+	case c.Pool == nil:
+		return errRequired("RetainerConfig.Pool")
+	case c.Logger == nil:
+		return errRequired("RetainerConfig.Logger")
+	case c.Retention < 0:
+		return errNegative("RetainerConfig.Retention", c.Retention)
+	case c.DeviceRetention < 0:
+		return errNegative("RetainerConfig.DeviceRetention", c.DeviceRetention)
+	case c.AuditRetention < 0:
+		return errNegative("RetainerConfig.AuditRetention", c.AuditRetention)
+	case c.BatchRows < 0:
+		return fmt.Errorf("jobs: RetainerConfig.BatchRows is %d; it must not be negative (zero takes the default)", c.BatchRows)
+	case c.BatchMessages < 0:
+		return fmt.Errorf("jobs: RetainerConfig.BatchMessages is %d; it must not be negative (zero takes the default)", c.BatchMessages)
+	case c.Budget < 0:
+		return errNegative("RetainerConfig.Budget", c.Budget)
+	}
+	return nil
 }
 
 // Removed counts what a run deleted.
@@ -94,35 +144,12 @@ type Removed struct {
 	Messages, Deliveries, Payloads, IdempotencyKeys, Devices, AuditEntries, Sessions int64
 }
 
-func (r *Retainer) withDefaults() Retainer {
-	c := *r
-	if c.Retention <= 0 {
-		c.Retention = DefaultRetention
-	}
-	if c.DeviceRetention <= 0 {
-		c.DeviceRetention = DefaultDeviceRetention
-	}
-	if c.AuditRetention <= 0 {
-		c.AuditRetention = DefaultAuditRetention
-	}
-	if c.BatchRows <= 0 {
-		c.BatchRows = 10_000
-	}
-	if c.BatchMessages <= 0 {
-		c.BatchMessages = 100
-	}
-	if c.Budget <= 0 {
-		c.Budget = 20 * time.Second
-	}
-	return c
-}
-
 // Run deletes what settled before now minus the retention, the devices
 // evicted before now minus the device retention, the audit entries older
 // than the audit retention and the sessions that ended over a day ago,
 // until nothing is left or the budget is spent.
 func (r *Retainer) Run(ctx context.Context) (Removed, error) {
-	c := r.withDefaults()
+	c := r.cfg
 	var removed Removed
 	now, err := c.now(ctx)
 	if err != nil {
@@ -182,7 +209,7 @@ func deleted(what string) func(n int64, err error) (int64, error) {
 // batches runs batch, which deletes at most BatchRows and counts them into
 // removed, until one deletes fewer or the deadline has passed: at least
 // once each run, however the steps before it used the budget.
-func (c Retainer) batches(deadline time.Time, removed *int64, batch func() (int64, error)) error {
+func (c RetainerConfig) batches(deadline time.Time, removed *int64, batch func() (int64, error)) error {
 	for {
 		n, err := batch()
 		*removed += n
@@ -197,7 +224,7 @@ func (c Retainer) batches(deadline time.Time, removed *int64, batch func() (int6
 // with their messages' counters, as an erasure does (db.EraseDevices), so
 // that no delivery waits on a device that is gone. Unlike an erasure it need
 // not wait for messages being made: those read only active devices.
-func (c Retainer) deleteEvictedDevices(ctx context.Context, cutoff time.Time) (int64, error) {
+func (c RetainerConfig) deleteEvictedDevices(ctx context.Context, cutoff time.Time) (int64, error) {
 	var n int64
 	err := db.InTx(ctx, c.Pool, func(tx pgx.Tx) error {
 		q := db.On(tx)
@@ -220,7 +247,7 @@ func (c Retainer) deleteEvictedDevices(ctx context.Context, cutoff time.Time) (i
 // messageBatch deletes one batch: up to BatchRows ledger rows of the oldest
 // retainable messages and, once their ledger is gone, the messages and the
 // payloads left unreferenced. It reports whether there may be more.
-func (c Retainer) messageBatch(ctx context.Context, q *db.Queries, cutoff time.Time, removed *Removed) (bool, error) {
+func (c RetainerConfig) messageBatch(ctx context.Context, q *db.Queries, cutoff time.Time, removed *Removed) (bool, error) {
 	ids, err := q.RetainableMessages(ctx, db.RetainableMessagesParams{Cutoff: cutoff, MaxMessages: int32(c.BatchMessages)})
 	if err != nil {
 		return false, fmt.Errorf("find retainable messages: %w", err)
@@ -253,7 +280,7 @@ func (c Retainer) messageBatch(ctx context.Context, q *db.Queries, cutoff time.T
 	return rows > 0 || len(payloads) > 0, nil
 }
 
-func (c Retainer) now(ctx context.Context) (time.Time, error) {
+func (c RetainerConfig) now(ctx context.Context) (time.Time, error) {
 	if c.Now != nil {
 		return c.Now(ctx)
 	}
@@ -272,19 +299,19 @@ func NewRetainWorker(r *Retainer) *RetainWorker { return &RetainWorker{r: r} }
 // Timeout lets a run spend its budget: River's job timeout is the chunks'
 // (30 s by default), which a run's last statements could pass.
 func (w *RetainWorker) Timeout(*river.Job[RetainArgs]) time.Duration {
-	return w.r.withDefaults().Budget + time.Minute
+	return w.r.cfg.Budget + time.Minute
 }
 
 // Work deletes what is older than the retention.
 func (w *RetainWorker) Work(ctx context.Context, _ *river.Job[RetainArgs]) error {
 	// Its own completed runs go first, as the materializer's do, so that
 	// they never bury the chunk jobs in River UI's lists.
-	if err := db.DeleteCompletedRuns(ctx, w.r.Pool, RetainKind); err != nil {
+	if err := db.DeleteCompletedRuns(ctx, w.r.cfg.Pool, RetainKind); err != nil {
 		return err
 	}
 	removed, err := w.r.Run(ctx)
 	if removed != (Removed{}) {
-		w.r.Logger.InfoContext(ctx, "deleted history older than the retention",
+		w.r.cfg.Logger.InfoContext(ctx, "deleted history older than the retention",
 			"messages", removed.Messages, "deliveries", removed.Deliveries,
 			"payloads", removed.Payloads, "idempotency_keys", removed.IdempotencyKeys,
 			"evicted_devices", removed.Devices, "audit_entries", removed.AuditEntries,

@@ -119,8 +119,8 @@ func TestRetainerDeletesSettledHistoryOlderThanTheRetention(t *testing.T) {
 	run := b.message("run", 3*time.Hour, sched.PayloadID)
 	b.settle(run, 2*time.Hour)
 
-	r := &Retainer{Pool: b.db.Pool, Logger: discard, Retention: retention, BatchRows: 2, BatchMessages: 1,
-		Now: func(context.Context) (time.Time, error) { return b.now, nil }}
+	r := newRetainer(t, RetainerConfig{Pool: b.db.Pool, Logger: discard, Retention: retention, BatchRows: 2, BatchMessages: 1,
+		Now: func(context.Context) (time.Time, error) { return b.now, nil }})
 	removed, err := r.Run(ctx)
 	require.NoError(t, err)
 	require.Equal(t, Removed{Messages: 3, Deliveries: 15, Payloads: 1, IdempotencyKeys: 3}, removed)
@@ -137,6 +137,14 @@ func TestRetainerDeletesSettledHistoryOlderThanTheRetention(t *testing.T) {
 	require.Equal(t, Removed{}, removed)
 }
 
+// newRetainer is the Retainer of cfg, which the test expects to be valid.
+func newRetainer(t *testing.T, cfg RetainerConfig) *Retainer {
+	t.Helper()
+	r, err := NewRetainer(&cfg)
+	require.NoError(t, err)
+	return r
+}
+
 func TestRetainerLeavesABacklogToTheNextRunOnceItsBudgetIsSpent(t *testing.T) {
 	t.Parallel()
 	b := setupRetain(t)
@@ -144,13 +152,13 @@ func TestRetainerLeavesABacklogToTheNextRunOnceItsBudgetIsSpent(t *testing.T) {
 	b.settle(msg, 2*time.Hour)
 
 	now := func(context.Context) (time.Time, error) { return b.now, nil }
-	spent := &Retainer{Pool: b.db.Pool, Logger: discard, Retention: time.Hour, Budget: time.Nanosecond, Now: now}
+	spent := newRetainer(t, RetainerConfig{Pool: b.db.Pool, Logger: discard, Retention: time.Hour, Budget: time.Nanosecond, Now: now})
 	removed, err := spent.Run(context.Background())
 	require.NoError(t, err)
 	require.Zero(t, removed.Messages)
 	require.Equal(t, [5]int{1, 5, 3, 1, 1}, b.kept(msg, "old"))
 
-	removed, err = (&Retainer{Pool: b.db.Pool, Logger: discard, Retention: time.Hour, Now: now}).Run(context.Background())
+	removed, err = newRetainer(t, RetainerConfig{Pool: b.db.Pool, Logger: discard, Retention: time.Hour, Now: now}).Run(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, Removed{Messages: 1, Deliveries: 5, Payloads: 1, IdempotencyKeys: 1}, removed)
 }
@@ -211,11 +219,11 @@ func TestRetainerDeletesDevicesEvictedLongerThanTheDeviceRetention(t *testing.T)
 	devices := func() []string { return b.column("SELECT user_id FROM devices ORDER BY user_id") }
 
 	now := func(context.Context) (time.Time, error) { return b.now, nil }
-	r := Retainer{Pool: b.db.Pool, Logger: discard, Retention: time.Hour, DeviceRetention: time.Hour, BatchRows: 2, Now: now}
+	cfg := RetainerConfig{Pool: b.db.Pool, Logger: discard, Retention: time.Hour, DeviceRetention: time.Hour, BatchRows: 2, Now: now}
+	r := newRetainer(t, cfg)
 	// A run whose budget is spent still deletes a batch, and no more.
-	spent := r
-	spent.Budget = time.Nanosecond
-	removed, err := spent.Run(ctx)
+	cfg.Budget = time.Nanosecond
+	removed, err := newRetainer(t, cfg).Run(ctx)
 	require.NoError(t, err)
 	require.Equal(t, Removed{Devices: 2}, removed)
 	require.Len(t, devices(), 3)
@@ -261,8 +269,8 @@ func TestRetainerKeepsAScheduleKeyUntilItsScheduleIsDeletedForTheRetention(t *te
 	schedule("deleted long ago", 2*time.Hour)
 	schedule("deleted lately", 30*time.Minute)
 
-	r := &Retainer{Pool: b.db.Pool, Logger: discard, Retention: time.Hour,
-		Now: func(context.Context) (time.Time, error) { return b.now, nil }}
+	r := newRetainer(t, RetainerConfig{Pool: b.db.Pool, Logger: discard, Retention: time.Hour,
+		Now: func(context.Context) (time.Time, error) { return b.now, nil }})
 	removed, err := r.Run(ctx)
 	require.NoError(t, err)
 	require.Equal(t, Removed{IdempotencyKeys: 1}, removed)
@@ -286,17 +294,17 @@ func TestRetainerDeletesOldAuditEntriesAndEndedSessions(t *testing.T) {
 			[]byte{byte(i)}, b.now.Add(-ended), i == 1)
 	}
 	now := func(context.Context) (time.Time, error) { return b.now, nil }
-	r := Retainer{Pool: b.db.Pool, Logger: discard, AuditRetention: 48 * time.Hour, BatchRows: 1, Now: now}
-	removed, err := r.Run(ctx)
+	cfg := RetainerConfig{Pool: b.db.Pool, Logger: discard, AuditRetention: 48 * time.Hour, BatchRows: 1, Now: now}
+	removed, err := newRetainer(t, cfg).Run(ctx)
 	require.NoError(t, err)
 	require.Equal(t, Removed{AuditEntries: 2, Sessions: 2}, removed)
 	require.Equal(t, []string{"2", "3"}, b.column("SELECT target_id FROM audit_log ORDER BY at"))
 	require.Equal(t, 2, b.count("SELECT count(*) FROM dashboard_sessions"))
 
 	// Unset, the audit retention is DefaultAuditRetention: 90 days.
-	r.AuditRetention = 0
+	cfg.AuditRetention = 0
 	b.exec("UPDATE audit_log SET at = $1 WHERE target_id = '2'", b.now.Add(-DefaultAuditRetention-time.Minute))
-	removed, err = r.Run(ctx)
+	removed, err = newRetainer(t, cfg).Run(ctx)
 	require.NoError(t, err)
 	require.Equal(t, Removed{AuditEntries: 1}, removed)
 }

@@ -7,23 +7,6 @@ import (
 )
 
 const (
-	// DefaultScheduleMinInterval is the least time between two runs of a
-	// schedule: cron's own granularity, so that by default only the
-	// operator's choice refuses anything.
-	DefaultScheduleMinInterval = time.Minute
-	// DefaultScheduleMaxAhead is how many runs of one schedule may be made
-	// into messages that have not started. A local-time schedule has its
-	// runs of the next 26 hours made at once (localTimeSpread), so this
-	// allows one run every quarter of an hour in local time (some 105
-	// waiting) and refuses denser ones; a schedule in one zone has only the
-	// runs of the next HERALD_SCHEDULE_LEAD waiting.
-	DefaultScheduleMaxAhead = 120
-	// DefaultMaxSchedules is how many live (not deleted) schedules the
-	// installation may hold: far more than an app's reminders need, and
-	// few enough that the every-minute runs of all of them (1,000
-	// messages a minute at most) stay a small share of what one worker
-	// sends.
-	DefaultMaxSchedules = 1000
 	// scheduleCheckSpan is how far past its first run a schedule's runs are
 	// examined at creation: a week catches every weekday's pattern, and
 	// since every matching day of a cron has the same times, starting at

@@ -1,6 +1,7 @@
 package jobs
 
 import (
+	"cmp"
 	"context"
 	"log/slog"
 	"maps"
@@ -24,18 +25,56 @@ import (
 // the lane fetches then. Should River stop hearing it (the notification is
 // River's, not Herald's), chunks still start on the poll.
 type Waker struct {
+	cfg WakerConfig
+}
+
+// WakerConfig configures a Waker. Pool, Clock and Logger are required.
+type WakerConfig struct {
 	Pool   *pgxpool.Pool
 	Clock  *Clock
 	Logger *slog.Logger
 	// Lanes are the lanes to wake, by queue, each with what tells every
 	// producer of that queue to fetch (RiverNotify).
 	Lanes map[string]func(ctx context.Context) error
-	// Every is the interval between looks ahead (default 500 ms), Ahead how
-	// far each looks (default 2 s: a pass that fails leaves time for the
-	// next). A chunk inserted less than Every before its time may start on
-	// the poll instead.
+	// Every is the interval between looks ahead (DefaultWakeEvery when
+	// zero), Ahead how far each looks: one no longer than Every (zero
+	// included) takes the longer of DefaultWakeAhead and twice Every.
 	Every, Ahead time.Duration
 	Metrics      *Metrics
+}
+
+// NewWaker returns the Waker of cfg, its defaults filled, or an error
+// naming the setting it cannot work with.
+func NewWaker(cfg *WakerConfig) (*Waker, error) {
+	c, err := configure(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &Waker{cfg: c}, nil
+}
+
+// withDefaults fills the settings left zero with their defaults.
+func (c *WakerConfig) withDefaults() {
+	c.Every = cmp.Or(c.Every, DefaultWakeEvery)
+	if c.Ahead <= c.Every {
+		c.Ahead = max(DefaultWakeAhead, 2*c.Every)
+	}
+}
+
+// validate names the first setting that no default can mend: a missing
+// dependency, or a negative value.
+func (c *WakerConfig) validate() error {
+	switch {
+	case c.Pool == nil:
+		return errRequired("WakerConfig.Pool")
+	case c.Clock == nil:
+		return errRequired("WakerConfig.Clock")
+	case c.Logger == nil:
+		return errRequired("WakerConfig.Logger")
+	case c.Every < 0:
+		return errNegative("WakerConfig.Every", c.Every)
+	}
+	return nil
 }
 
 // wakeMargin is how long after a due instant the lane is woken: River's
@@ -45,14 +84,8 @@ const wakeMargin = 2 * time.Millisecond
 
 // Run wakes the lanes until ctx is done.
 func (w *Waker) Run(ctx context.Context) {
-	every, ahead := w.Every, w.Ahead
-	if every <= 0 {
-		every = 500 * time.Millisecond
-	}
-	if ahead <= every {
-		ahead = max(2*time.Second, 2*every)
-	}
-	queues := slices.Collect(maps.Keys(w.Lanes))
+	c := w.cfg
+	queues := slices.Collect(maps.Keys(c.Lanes))
 	var mu sync.Mutex
 	armed := map[db.DueInstant]*time.Timer{}
 	defer func() {
@@ -62,12 +95,12 @@ func (w *Waker) Run(ctx context.Context) {
 			t.Stop()
 		}
 	}()
-	t := time.NewTicker(every)
+	t := time.NewTicker(c.Every)
 	defer t.Stop()
 	for {
-		due, err := db.UpcomingDue(ctx, w.Pool, queues, ahead, 100)
+		due, err := db.UpcomingDue(ctx, c.Pool, queues, c.Ahead, 100)
 		if err != nil && ctx.Err() == nil {
-			w.Logger.WarnContext(ctx, "look ahead for due chunks", "error", err)
+			c.Logger.WarnContext(ctx, "look ahead for due chunks", "error", err)
 		}
 		mu.Lock()
 		for _, d := range due {
@@ -75,19 +108,19 @@ func (w *Waker) Run(ctx context.Context) {
 				continue
 			}
 			// The instant is the database's; the timer runs on the host.
-			armed[d] = time.AfterFunc(time.Until(d.At.Add(-w.Clock.Offset()))+wakeMargin, func() {
+			armed[d] = time.AfterFunc(time.Until(d.At.Add(-c.Clock.Offset()))+wakeMargin, func() {
 				mu.Lock()
 				delete(armed, d)
 				mu.Unlock()
 				nctx, cancel := context.WithTimeout(ctx, time.Second)
 				defer cancel()
-				if err := w.Lanes[d.Queue](nctx); err != nil {
+				if err := c.Lanes[d.Queue](nctx); err != nil {
 					if ctx.Err() == nil {
-						w.Logger.WarnContext(ctx, "wake a lane", "lane", d.Queue, "error", err)
+						c.Logger.WarnContext(ctx, "wake a lane", "lane", d.Queue, "error", err)
 					}
 					return
 				}
-				w.Metrics.woke(d.Queue)
+				c.Metrics.woke(d.Queue)
 			})
 		}
 		mu.Unlock()

@@ -26,13 +26,14 @@ func TestWakerStartsChunksAtTheirInstant(t *testing.T) {
 	rec, client := startRecorderClient(t, ctx, tdb.Pool, RiverConfig{FetchPollInterval: time.Minute})
 	clock := NewClock(tdb.Pool, discard)
 	require.NoError(t, clock.Measure(ctx))
-	waker := &Waker{
+	waker, err := NewWaker(&WakerConfig{
 		Pool: tdb.Pool, Clock: clock, Logger: discard, Every: 200 * time.Millisecond,
 		Lanes: map[string]func(context.Context) error{
 			QueueUrgent: RiverNotify(tdb.Pool, QueueUrgent),
 			QueueBulk:   RiverNotify(tdb.Pool, QueueBulk),
 		},
-	}
+	})
+	require.NoError(t, err)
 	go waker.Run(ctx)
 
 	enq := NewEnqueuer(client, 0)

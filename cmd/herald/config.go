@@ -161,7 +161,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		CertFile: getenv("SSL_CERT_FILE"),
 	}
 	if c.Addr == "" {
-		c.Addr = "127.0.0.1:8080"
+		c.Addr = defaultAddr
 	}
 	c.Lookahead = jobs.DefaultLookahead
 	for _, k := range strings.Split(getenv("HERALD_API_KEYS"), ",") {
@@ -236,17 +236,13 @@ func loadConfig(getenv func(string) string) (config, error) {
 			return c, fmt.Errorf("HERALD_SECURE_COOKIES: %q is neither true nor false", v)
 		}
 	}
-	// A 16 MB device batch must arrive within the read timeout: a minute
-	// allows a caller about 2 Mbit/s. The write timeout runs from the end of
-	// the headers, so it must also cover the body, then the handling (a
-	// big audience takes seconds to expand) and the answer.
-	if c.ReadTimeout, err = durationVar(getenv, "HERALD_HTTP_READ_TIMEOUT", time.Minute, time.Second); err != nil {
+	if c.ReadTimeout, err = durationVar(getenv, "HERALD_HTTP_READ_TIMEOUT", defaultReadTimeout, time.Second); err != nil {
 		return c, err
 	}
-	if c.WriteTimeout, err = durationVar(getenv, "HERALD_HTTP_WRITE_TIMEOUT", 2*time.Minute, time.Second); err != nil {
+	if c.WriteTimeout, err = durationVar(getenv, "HERALD_HTTP_WRITE_TIMEOUT", defaultWriteTimeout, time.Second); err != nil {
 		return c, err
 	}
-	if c.IdleTimeout, err = durationVar(getenv, "HERALD_HTTP_IDLE_TIMEOUT", 2*time.Minute, time.Second); err != nil {
+	if c.IdleTimeout, err = durationVar(getenv, "HERALD_HTTP_IDLE_TIMEOUT", defaultIdleTimeout, time.Second); err != nil {
 		return c, err
 	}
 	if c.WriteTimeout < c.ReadTimeout {
@@ -428,6 +424,21 @@ func (c config) configuredChannels() []string {
 	}
 	return channels
 }
+
+// defaultAddr is where a process listens unless HERALD_ADDR says otherwise:
+// the loopback interface, so that nothing is exposed by accident.
+const defaultAddr = "127.0.0.1:8080"
+
+// The HTTP server's default timeouts. A 16 MB device batch must arrive
+// within the read timeout: a minute allows a caller about 2 Mbit/s. The
+// write timeout runs from the end of the headers, so it must also cover
+// the body, then the handling (a big audience takes seconds to expand) and
+// the answer.
+const (
+	defaultReadTimeout  = time.Minute
+	defaultWriteTimeout = 2 * time.Minute
+	defaultIdleTimeout  = 2 * time.Minute
+)
 
 // defaultMaxConnectionsPerClient is how many connections one address may
 // hold open: far more than a client pool uses, far fewer than a process

@@ -70,12 +70,17 @@ func startE2EWith(t *testing.T, configure func(vars map[string]string, fp *fake.
 // Herald on them runs with.
 func e2eEnv(t *testing.T) (*fake.Server, *dbtest.DB, map[string]string) {
 	t.Helper()
+	return e2eEnvOn(t, dbtest.New(t))
+}
+
+// e2eEnvOn is e2eEnv on a database of the test's choosing.
+func e2eEnvOn(t *testing.T, tdb *dbtest.DB) (*fake.Server, *dbtest.DB, map[string]string) {
+	t.Helper()
 	fp, err := fake.New(fake.Config{Addr: "127.0.0.1:0", TLSDir: t.TempDir(), Latency: 5 * time.Millisecond})
 	require.NoError(t, err)
 	require.NoError(t, fp.Start(context.Background()))
 	t.Cleanup(func() { _ = fp.Close() })
 
-	tdb := dbtest.New(t)
 	vars := fp.Env()
 	vars["DATABASE_URL"] = tdb.URL
 	vars["HERALD_API_KEYS"] = testAPIKey

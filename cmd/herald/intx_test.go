@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/heraldpush/herald/api/client"
+	"github.com/heraldpush/herald/db/dbtest"
 	"github.com/heraldpush/herald/jobs"
 	"github.com/heraldpush/herald/jobs/push"
 )
@@ -78,7 +79,7 @@ func TestSchedulesInTheCallersTransaction(t *testing.T) {
 // its devices are still there, and new messages work.
 func TestMigrateMovesAnInstallationFromPublic(t *testing.T) {
 	t.Parallel()
-	fp, tdb, vars := e2eEnv(t)
+	fp, tdb, vars := e2eEnvOn(t, dbtest.NewEmpty(t))
 
 	// The old layout: everything in public.
 	old := maps.Clone(vars)

@@ -17,11 +17,7 @@ import (
 )
 
 // adminEnv is what `herald keys` and `herald operators` read.
-var adminEnv = []envVar{
-	{"DATABASE_URL", "PostgreSQL connection string", "none"},
-	{"DATABASE_URL_FILE", "a file holding DATABASE_URL instead", "none"},
-	{"HERALD_DB_SCHEMA", "PostgreSQL schema of Herald's tables and River's", "herald"},
-}
+var adminEnv = envOf("DATABASE_URL", "DATABASE_URL_FILE", "HERALD_DB_SCHEMA")
 
 // runKeys manages the API keys stored in the database: every process takes
 // a change within about a second, without a restart.

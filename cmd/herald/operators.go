@@ -21,7 +21,7 @@ const passwordFileVar = "HERALD_OPERATOR_PASSWORD_FILE"
 
 // operatorsEnv is what `herald operators create` reads.
 var operatorsEnv = append(adminEnv[:len(adminEnv):len(adminEnv)],
-	envVar{passwordFileVar, "a file holding the new operator's password, instead of stdin", "none (stdin)"})
+	envVar{passwordFileVar, "a file holding the new operator's password, instead of stdin", nil, "none (stdin)"})
 
 // runOperators manages the dashboard's named operators. stdin carries a new
 // operator's password.

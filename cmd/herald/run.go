@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -72,19 +73,25 @@ func newFlagSet(name string, stderr io.Writer) *flag.FlagSet {
 	return fs
 }
 
+// The logger's defaults: what an operator wants from a service in
+// production, a log aggregator's format at the level that tells what
+// happened without every request.
+const (
+	defaultLogLevel  = "info"
+	defaultLogFormat = "json"
+)
+
 // newLogger builds the process logger from HERALD_LOG_LEVEL (debug, info,
-// warn, error; default info) and HERALD_LOG_FORMAT (json or text; default
-// json).
+// warn, error; defaultLogLevel when unset) and HERALD_LOG_FORMAT (json or
+// text; defaultLogFormat when unset).
 func newLogger(getenv func(string) string, w io.Writer) (*slog.Logger, error) {
 	var level slog.Level
-	if s := getenv("HERALD_LOG_LEVEL"); s != "" {
-		if err := level.UnmarshalText([]byte(s)); err != nil {
-			return nil, fmt.Errorf("HERALD_LOG_LEVEL: %q is not one of debug, info, warn, error", s)
-		}
+	if s := cmp.Or(getenv("HERALD_LOG_LEVEL"), defaultLogLevel); level.UnmarshalText([]byte(s)) != nil {
+		return nil, fmt.Errorf("HERALD_LOG_LEVEL: %q is not one of debug, info, warn, error", s)
 	}
 	opts := &slog.HandlerOptions{Level: level}
-	switch f := strings.ToLower(getenv("HERALD_LOG_FORMAT")); f {
-	case "", "json":
+	switch f := strings.ToLower(cmp.Or(getenv("HERALD_LOG_FORMAT"), defaultLogFormat)); f {
+	case "json":
 		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	case "text":
 		return slog.New(slog.NewTextHandler(w, opts)), nil

@@ -239,18 +239,44 @@ func startChunkWorker(ctx context.Context, p *process) (_ *worker, err error) {
 	}
 	logger.Info("database clock offset measured", "offset", clock.Offset())
 
-	workers := river.NewWorkers()
-	w.fanOut = jobs.Register(workers, jobs.FanOutConfig{
-		Pool: p.pool, Lanes: w.lanes.lanes, Logger: logger, Clock: clock, Timeout: cfg.ChunkTimeout, Metrics: metrics,
-		Breakers: jobs.NewBreakers(jobs.BreakerConfig{Cooldown: cfg.BreakerCooldown}, cfg.configuredChannels()...),
-	}, &jobs.Materializer{
+	materializer, err := jobs.NewMaterializer(&jobs.MaterializerConfig{
 		Pool: p.pool, Logger: logger, Lead: cfg.ScheduleLead, ChunkSize: cfg.ChunkSize, Limits: cfg.ScheduleLimits,
-	}, &jobs.Retainer{
+	})
+	if err != nil {
+		return nil, err
+	}
+	retainer, err := jobs.NewRetainer(&jobs.RetainerConfig{
 		Pool: p.pool, Logger: logger, Retention: cfg.Retention, DeviceRetention: cfg.DeviceRetention, AuditRetention: cfg.AuditRetention,
 	})
+	if err != nil {
+		return nil, err
+	}
+	workers := river.NewWorkers()
+	if w.fanOut, err = jobs.Register(workers, jobs.FanOutConfig{
+		Pool: p.pool, Lanes: w.lanes.lanes, Logger: logger, Clock: clock, Timeout: cfg.ChunkTimeout, Metrics: metrics,
+		Breakers: jobs.NewBreakers(jobs.BreakerConfig{Cooldown: cfg.BreakerCooldown}, cfg.configuredChannels()...),
+	}, materializer, retainer); err != nil {
+		return nil, err
+	}
 	riverCfg := p.riverConfig()
 	riverCfg.Workers, riverCfg.Lanes = workers, w.lanes.lanes
 	if w.clients, err = jobs.NewRiverClients(p.pool, riverCfg); err != nil {
+		return nil, err
+	}
+	// The loops beside the clients are built before anything starts, so
+	// that a setting they refuse stops the process before it works chunks.
+	promoter, err := jobs.NewPromoter(&jobs.PromoterConfig{Pool: p.pool, Logger: logger, Lookahead: cfg.Lookahead})
+	if err != nil {
+		return nil, err
+	}
+	status, err := jobs.NewStatusReporter(&jobs.StatusReporterConfig{
+		Pool: p.pool, Logger: logger, ProcessID: processID(), Breakers: w.fanOut.Breakers(),
+	})
+	if err != nil {
+		return nil, err
+	}
+	waker, err := jobs.NewWaker(&jobs.WakerConfig{Pool: p.pool, Clock: clock, Logger: logger, Lanes: w.clients.Wakers(), Metrics: metrics})
+	if err != nil {
 		return nil, err
 	}
 	jobs.RegisterProcessMetrics(p.registry, w.fanOut.Breakers(), clock)
@@ -263,11 +289,9 @@ func startChunkWorker(ctx context.Context, p *process) (_ *worker, err error) {
 		return nil, err
 	}
 	p.goBackground(func(ctx context.Context) { clock.Run(ctx, 30*time.Second) })
-	p.goBackground((&jobs.Promoter{Pool: p.pool, Logger: logger, Lookahead: cfg.Lookahead}).Run)
-	p.goBackground((&jobs.StatusReporter{
-		Pool: p.pool, Logger: logger, ProcessID: processID(), Breakers: w.fanOut.Breakers(),
-	}).Run)
-	p.goBackground((&jobs.Waker{Pool: p.pool, Clock: clock, Logger: logger, Lanes: w.clients.Wakers(), Metrics: metrics}).Run)
+	p.goBackground(promoter.Run)
+	p.goBackground(status.Run)
+	p.goBackground(waker.Run)
 	return w, nil
 }
 

@@ -15,6 +15,7 @@ import (
 
 	"github.com/heraldpush/herald/api/client"
 	"github.com/heraldpush/herald/db"
+	"github.com/heraldpush/herald/db/dbtest"
 )
 
 // previousRelease is the release a rolling upgrade comes from. Until
@@ -68,7 +69,7 @@ func TestE2ERollingUpgradeMixesReleases(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			fp, tdb, vars := e2eEnv(t)
+			fp, tdb, vars := e2eEnvOn(t, dbtest.NewEmpty(t)) // the previous release migrates it first
 			// Runs are made at once and sent within a second of their
 			// time (TestScheduleEveryMinute does the same).
 			vars["HERALD_MATERIALIZE_EVERY"] = "200ms"

@@ -105,25 +105,6 @@ func (c Content) Localized(key string) Content {
 	return c
 }
 
-// CheckSizes is CheckSize for c's own text and every localization of it,
-// the SizeError naming the localization that is too large.
-func CheckSizes(c Content) error {
-	if err := CheckSize(c.Localized("")); err != nil {
-		return err
-	}
-	for key := range c.Localizations {
-		err := CheckSize(c.Localized(key))
-		var size *SizeError
-		if errors.As(err, &size) {
-			size.Locale = key
-		}
-		if err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 func isAlpha(s string) bool {
 	for i := 0; i < len(s); i++ {
 		if c := s[i] | 0x20; c < 'a' || c > 'z' {

@@ -69,24 +69,3 @@ func TestLocalized(t *testing.T) {
 	require.Equal(t, own, c.Localized("fr"))
 	require.Len(t, c.Localizations, 1, "the original keeps its localizations")
 }
-
-func TestCheckSizesNamesTheLocalization(t *testing.T) {
-	t.Parallel()
-	c := Content{Title: "Hello", Localizations: map[string]Text{
-		"de": {Title: "Hallo"},
-		"fr": {Body: strings.Repeat("é", 2100)},
-	}}
-	err := CheckSizes(c)
-	var size *SizeError
-	require.ErrorAs(t, err, &size)
-	require.Equal(t, "fr", size.Locale)
-	require.Contains(t, err.Error(), `"fr" localization`)
-
-	delete(c.Localizations, "fr")
-	require.NoError(t, CheckSizes(c))
-
-	// Every localization alone fits, but the message's own text does not.
-	c.Body = strings.Repeat("x", 4100)
-	require.ErrorAs(t, CheckSizes(c), &size)
-	require.Empty(t, size.Locale)
-}

@@ -113,28 +113,14 @@ type WebPushAction struct {
 
 // The custom keys Herald adds to what a channel carries beside the caller's
 // data: the message id everywhere, and the link and image where the
-// provider has no field of its own for them. Data may not use them.
+// provider has no field of its own for them. Data may not use them, nor
+// APSKey, the dictionary of APNs's own keys beside them (jobs' payload
+// rules refuse them).
 const (
 	URLKey   = "url"
 	ImageKey = "image"
+	APSKey   = "aps"
 )
-
-// ReservedDataKey reports whether data key k would collide with what c
-// itself puts next to the data, and so must be refused.
-func (c *Content) ReservedDataKey(k string) bool {
-	switch k {
-	case MessageIDKey, "aps":
-		return true
-	case URLKey:
-		return c.URL != ""
-	case ImageKey:
-		return c.Image != ""
-	}
-	return false
-}
-
-// InterruptionLevels are the interruption levels APNs knows, in its words.
-var InterruptionLevels = []string{"passive", "active", "time-sensitive", "critical"}
 
 // apnsAlert is the alert of an APNs payload.
 type apnsAlert struct {
@@ -200,7 +186,7 @@ func APNsPayload(c Content, messageID string) ([]byte, error) {
 	for k, v := range c.Data {
 		body[k] = v
 	}
-	body["aps"] = apnsAPSOf(&c)
+	body[APSKey] = apnsAPSOf(&c)
 	if c.URL != "" {
 		body[URLKey] = c.URL
 	}

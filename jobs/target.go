@@ -1,0 +1,42 @@
+package jobs
+
+import (
+	"github.com/heraldpush/herald/db"
+	"github.com/heraldpush/herald/jobs/push"
+)
+
+// Target is one device of a chunk: what its provider needs to send to it,
+// which provider that is, and which of the message's localizations it gets
+// ("" for the message's own text), picked by its user's locale when the
+// message was scheduled.
+type Target struct {
+	push.Target
+	Channel string
+	Locale  string
+	// Gone, when set, is why the device must not be sent the delivery:
+	// it was moved to another user, deleted or evicted since the message
+	// was scheduled. The delivery is cancelled with it as its reason.
+	Gone push.Reason
+}
+
+// targetOf is the target of a pending delivery the chunk read.
+func targetOf(r db.ChunkPendingRow) Target {
+	t := NewTarget(r.DeviceID, r.Channel, r.Locale, r.Token, r.P256dh, r.Auth, r.Environment)
+	t.Gone = push.Reason(r.Gone)
+	return t
+}
+
+// NewTarget is a device as the ledger and the directory hold it, ready to
+// send to: its channel and picked localization (the delivery's), its token,
+// Web Push keys and APNs environment (the device's). herald bench's blast
+// builds its targets with it too, so that it sends what a worker sends.
+func NewTarget(deviceID int64, channel string, locale *string, token string, p256dh, auth *string, environment string) Target {
+	t := Target{Target: push.Target{DeviceID: deviceID, Token: token, Sandbox: environment == "sandbox"}, Channel: channel}
+	if locale != nil {
+		t.Locale = *locale
+	}
+	if p256dh != nil && auth != nil {
+		t.P256dh, t.Auth = *p256dh, *auth
+	}
+	return t
+}
