@@ -93,7 +93,11 @@ func TestEnvironmentDocumented(t *testing.T) {
 // where it is.
 const configurationDoc = "../../docs/configuration.md"
 
-// configurationSection is the configuration doc's Configuration section:
+// configurationHeading is the heading of the doc's section that holds the
+// table.
+const configurationHeading = "Environment variables"
+
+// configurationSection is the configuration doc's section of the table:
 // from its heading to the next heading of the same level or above, or to
 // the end.
 func configurationSection(t *testing.T) string {
@@ -102,9 +106,9 @@ func configurationSection(t *testing.T) string {
 	require.NoError(t, err)
 	lines := strings.Split(string(doc), "\n")
 	start := slices.IndexFunc(lines, func(l string) bool {
-		return strings.HasPrefix(l, "#") && strings.TrimLeft(l, "#") == " Configuration"
+		return strings.HasPrefix(l, "#") && strings.TrimLeft(l, "#") == " "+configurationHeading
 	})
-	require.GreaterOrEqual(t, start, 0, "%s has no Configuration heading", configurationDoc)
+	require.GreaterOrEqual(t, start, 0, "%s has no %s heading", configurationDoc, configurationHeading)
 	level := strings.Index(lines[start], " ")
 	end := len(lines)
 	for i := start + 1; i < len(lines); i++ {
