@@ -79,15 +79,24 @@ func (c *Cron) Next(t time.Time) (time.Time, bool) {
 	after := wallOf(t, c.loc)
 	day := time.Date(after.Year(), after.Month(), after.Day(), 0, 0, 0, 0, time.UTC)
 	end := day.AddDate(cronSearchYears, 0, 0)
-	for ; day.Before(end); day = day.AddDate(0, 0, 1) {
+	// On the first day the search starts at after's hour and minute: the
+	// wall times before them are not after it, and skipping them keeps a
+	// minutely schedule's next run one step away rather than a day's
+	// minutes (ScheduleLimits.Check walks eight days of runs).
+	fromHour, fromMinute := after.Hour(), after.Minute()
+	for ; day.Before(end); day, fromHour, fromMinute = day.AddDate(0, 0, 1), 0, 0 {
 		if 1<<uint(day.Month())&c.spec.Month == 0 || !c.dayMatches(day) {
 			continue
 		}
-		for h := 0; h < 24; h++ {
+		for h := fromHour; h < 24; h++ {
 			if 1<<uint(h)&c.spec.Hour == 0 {
 				continue
 			}
-			for m := 0; m < 60; m++ {
+			m := 0
+			if h == fromHour {
+				m = fromMinute
+			}
+			for ; m < 60; m++ {
 				if 1<<uint(m)&c.spec.Minute == 0 {
 					continue
 				}

@@ -61,3 +61,17 @@ func TestScheduleLimitsDefaultsAndValidate(t *testing.T) {
 	require.ErrorContains(t, ScheduleLimits{MinInterval: -time.Minute, MaxAhead: 1, MaxSchedules: 1}.Validate(), "MinInterval")
 	require.ErrorContains(t, ScheduleLimits{MinInterval: time.Minute, MaxAhead: 1, MaxSchedules: -1}.Validate(), "MaxSchedules")
 }
+
+// BenchmarkScheduleLimitsCheck is the check every POST /v1/schedules runs,
+// for the schedule that makes it work hardest: every minute, so that
+// eight days of runs are walked, in a zone with DST.
+func BenchmarkScheduleLimitsCheck(b *testing.B) {
+	loc, err := time.LoadLocation("America/New_York")
+	require.NoError(b, err)
+	c, err := ParseCron("* * * * *", loc)
+	require.NoError(b, err)
+	from := time.Date(2026, 3, 5, 17, 59, 30, 0, time.UTC) // a DST change inside the span
+	for b.Loop() {
+		require.NoError(b, ScheduleLimits{}.Check(c, false, 0, from))
+	}
+}
