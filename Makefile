@@ -80,10 +80,10 @@ bench: build
 # every change: unit and integration tests, and end-to-end tests that start
 # Herald on a database cloned from a migrated template (a few minutes on
 # two cores). make test-e2e runs the tests whose names begin with TestE2E,
-# which take minutes each or need more than PostgreSQL: the bench and the
-# soak, make run, kill -9 and SIGTERM mid fan-out, PostgreSQL restarted and
-# stopped, a rolling upgrade, the container image, the browser; then a
-# brief fuzzing run. .ci/run runs both.
+# which take minutes each, load the machine or need more than PostgreSQL:
+# the bench and the soak, the attack loads, make run, kill -9 and SIGTERM mid
+# fan-out, PostgreSQL restarted and stopped, a rolling upgrade, the image,
+# the browser; then a brief fuzzing run. .ci/run runs both.
 test: generate/check vet lint test/go
 
 test-e2e: test/e2e test/fuzz

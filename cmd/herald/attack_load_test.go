@@ -80,13 +80,13 @@ func (p *serveProcess) memory(t *testing.T) (rss, peak float64) {
 	return rss, peak
 }
 
-// TestAttackLoadRefusedBatchBodies sends 16 device batches of nearly 16 MB
+// TestE2EAttackLoadRefusedBatchBodies sends 16 device batches of nearly 16 MB
 // at once, each refused with 400 for its last device, as an attacker with a
 // key would, far under the rate limit: the process's memory grows by at
 // most 200 MB over idle (it grew by 1.5 GB when every body was read whole
 // and decoded whole at once). A body beyond the process's budget of body
 // bytes in flight is refused with 503 and Retry-After before it is read.
-func TestAttackLoadRefusedBatchBodies(t *testing.T) {
+func TestE2EAttackLoadRefusedBatchBodies(t *testing.T) {
 	t.Parallel()
 	tdb := dbtest.New(t)
 	p := startServeProcess(t, map[string]string{"DATABASE_URL": tdb.URL, "HERALD_API_KEYS": testAPIKey}, "--role", "api")
@@ -157,12 +157,12 @@ func (p *serveProcess) acquires(t *testing.T) float64 {
 	return heraldbench.MetricSum(families, "herald_db_pool_acquires_total", map[string]string{"pool": "main"})
 }
 
-// TestAttackLoadUnauthenticatedEndpoints floods /readyz and /metrics, which
+// TestE2EAttackLoadUnauthenticatedEndpoints floods /readyz and /metrics, which
 // anyone may call, from eight clients for two seconds: the database sees a
 // handful of queries, not one or more a call (a flood of them took the
 // API's typical latency from 2.6 ms to 252 ms). The API's median latency
 // before and during the flood is logged.
-func TestAttackLoadUnauthenticatedEndpoints(t *testing.T) {
+func TestE2EAttackLoadUnauthenticatedEndpoints(t *testing.T) {
 	t.Parallel()
 	tdb := dbtest.New(t)
 	p := startServeProcess(t, map[string]string{"DATABASE_URL": tdb.URL, "HERALD_API_KEYS": testAPIKey}, "--role", "api")
@@ -212,12 +212,12 @@ func TestAttackLoadUnauthenticatedEndpoints(t *testing.T) {
 	require.LessOrEqual(t, used, 40.0, "unauthenticated calls reached the database")
 }
 
-// TestAttackLoadIdleConnections opens 3,000 idle keep-alive connections
+// TestE2EAttackLoadIdleConnections opens 3,000 idle keep-alive connections
 // from one address to a process allowed 2,048 open files (the 20,000
 // idle connections that used up a default process's files, at a smaller
 // scale): the process keeps at most its per-client limit of them, and a
 // client from another address is still served.
-func TestAttackLoadIdleConnections(t *testing.T) {
+func TestE2EAttackLoadIdleConnections(t *testing.T) {
 	t.Parallel()
 	tdb := dbtest.New(t)
 	// Idle connections are kept as long as the test takes: the limit, not

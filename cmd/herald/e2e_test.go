@@ -400,21 +400,20 @@ func TestProviderDownForTheWholeLifetime(t *testing.T) {
 func TestUrgentIsNotBlockedByBulk(t *testing.T) {
 	t.Parallel()
 	e := startE2E(t, nil)
-	// A provider round trip of 20 ms makes the bulk fan-out take a while.
-	latency := 20
+	// A provider round trip of 200 ms makes the bulk fan-out take a while
+	// (some seconds) without the CPU that many more devices would cost.
+	latency := 200
 	require.NoError(t, e.fake.SetControl(fake.Control{Channel: "fcm", LatencyMS: &latency}))
 
-	const bulkDevices = 5000
+	const bulkDevices = 1500
 	var users []string
-	for start := 0; start < bulkDevices; start += 2500 {
-		var batch []client.DeviceRegistration
-		for i := start; i < start+2500; i++ {
-			u := fmt.Sprintf("b%d", i)
-			users = append(users, u)
-			batch = append(batch, client.DeviceRegistration{UserID: u, Channel: client.ChannelFCM, Token: new(fmt.Sprintf("bulk-token-%d", i))})
-		}
-		e.registerDevices(batch)
+	var batch []client.DeviceRegistration
+	for i := range bulkDevices {
+		u := fmt.Sprintf("b%d", i)
+		users = append(users, u)
+		batch = append(batch, client.DeviceRegistration{UserID: u, Channel: client.ChannelFCM, Token: new(fmt.Sprintf("bulk-token-%d", i))})
 	}
+	e.registerDevices(batch)
 	e.registerDevice(client.DeviceRegistration{UserID: "otp", Channel: client.ChannelFCM, Token: new("urgent-token")})
 
 	bulkID := e.send(client.NewMessage{Priority: new(client.PriorityBulk), Audience: toUsers(users...), Payload: titled("digest")}).MessageID
