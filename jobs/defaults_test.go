@@ -48,7 +48,7 @@ func TestServicesTakeTheDefaults(t *testing.T) {
 	retainer, err := NewRetainer(&RetainerConfig{Pool: pool, Logger: discard})
 	require.NoError(t, err)
 	require.Equal(t, RetainerConfig{
-		Pool: pool, Logger: discard, Retention: DefaultRetention, DeviceRetention: DefaultDeviceRetention,
+		Pool: pool, Logger: discard, Retention: DefaultRetention, DeviceRetention: DefaultDeviceRetention, AuditRetention: DefaultAuditRetention,
 		BatchRows: DefaultRetainBatchRows, BatchMessages: DefaultRetainBatchMessages, Budget: DefaultRetainBudget,
 	}, retainer.cfg)
 
