@@ -3,6 +3,7 @@ package push
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -33,5 +34,25 @@ func TestStatusReason(t *testing.T) {
 		301: ReasonInternal,
 	} {
 		require.Equal(t, want, StatusReason(status), "status %d", status)
+	}
+}
+
+func TestParseRetryAfter(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		in   string
+		want time.Duration
+	}{
+		{"", 0},
+		{"3", 3 * time.Second},
+		{" 60 ", time.Minute},
+		{"-5", 0},
+		{"99999999999", 24 * time.Hour},
+		{"Wed, 02 Dec 2026 00:00:30 GMT", 30 * time.Second},
+		{"Tue, 01 Dec 2026 23:59:00 GMT", 0},
+		{"soon", 0},
+	} {
+		require.Equal(t, tc.want, ParseRetryAfter(tc.in, now), "%q", tc.in)
 	}
 }

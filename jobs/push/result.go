@@ -2,6 +2,8 @@ package push
 
 import (
 	"net/http"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -151,4 +153,32 @@ type Result struct {
 	// Latency is how long the request took, for the provider latency
 	// histogram; zero when nothing was sent.
 	Latency time.Duration
+	// RetryAfter is how long the provider asked for before the next send
+	// (its Retry-After), zero when it named no time.
+	RetryAfter time.Duration
+	// TargetThrottled says that a rate limit was about this target alone:
+	// APNs' TooManyRequests (too many pushes to one device token), a Web
+	// Push service's 429 (RFC 8030 section 8.4: one push resource), FCM's
+	// QUOTA_EXCEEDED for one device. The provider is up and other targets
+	// may be sent; only this one waits, RetryAfter or a backoff.
+	TargetThrottled bool
+}
+
+// ParseRetryAfter reads an HTTP Retry-After value (RFC 9110 section
+// 10.2.3): a number of seconds, or a date, which is taken relative to now.
+// It is zero for an absent, malformed or past value.
+func ParseRetryAfter(v string, now time.Time) time.Duration {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return 0
+	}
+	if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+		// A day at most: a longer wait outlives any message's lifetime,
+		// and an absurd number must not overflow a Duration.
+		return time.Duration(min(max(n, 0), 86400)) * time.Second
+	}
+	if t, err := http.ParseTime(v); err == nil && t.After(now) {
+		return min(t.Sub(now), 24*time.Hour)
+	}
+	return 0
 }

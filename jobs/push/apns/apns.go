@@ -201,7 +201,14 @@ func (p *Provider) push(ctx context.Context, n *apns2.Notification, sandbox bool
 	case res.StatusCode == http.StatusOK:
 		return push.Result{At: at, Accepted: true}
 	}
-	return push.Result{At: at, Reason: reasonFor(res.StatusCode, res.Reason), Detail: strconv.Itoa(res.StatusCode) + " " + res.Reason}
+	return push.Result{
+		At: at, Reason: reasonFor(res.StatusCode, res.Reason), Detail: strconv.Itoa(res.StatusCode) + " " + res.Reason,
+		// Apple's TooManyRequests is about one device token ("too many
+		// requests were made consecutively to the same device token"),
+		// and Apple names no Retry-After: the delivery backs off, and
+		// the other devices go on.
+		TargetThrottled: res.Reason == apns2.ReasonTooManyRequests,
+	}
 }
 
 // validToken reports whether t can be an APNs device token: hex digits, of

@@ -38,8 +38,11 @@ func reasonFor(status int, reason string) push.Reason {
 	case apns2.ReasonPayloadTooLarge, apns2.ReasonPayloadEmpty, "BadPayload":
 		return push.ReasonPayloadRejected
 	case apns2.ReasonTooManyRequests, apns2.ReasonTooManyProviderTokenUpdates:
-		// Too many provider token updates is Herald's doing, but it passes
-		// by itself; backing off through the breaker is the right response.
+		// TooManyRequests is one device token's (push marks it
+		// TargetThrottled, and only that delivery waits). Too many
+		// provider token updates is Herald's doing for every device, but
+		// it passes by itself; backing off through the breaker is the
+		// right response.
 		return push.ReasonRateLimited
 	case apns2.ReasonServiceUnavailable, apns2.ReasonShutdown, apns2.ReasonInternalServerError, apns2.ReasonIdleTimeout:
 		return push.ReasonProviderUnavailable

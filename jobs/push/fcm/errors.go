@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 
 	"firebase.google.com/go/v4/errorutils"
 
@@ -21,24 +22,88 @@ const fcmErrorType = "type.googleapis.com/google.firebase.fcm.v1.FcmError"
 // the provider's words. An error with an HTTP answer is judged by the answer,
 // which reasonFor reads the way the SDK's messaging.Is... helpers do (those
 // helpers need the SDK's own error value, unwrapped; reading the answer keeps
-// the mapping a pure, table-tested function). Without an answer, only the
-// request's context can have ended it (failFast turns every other transport
-// failure into an answer); anything else failed in the SDK before a request
-// was made, which is Herald's doing. unanswered says that the request may
-// have reached FCM without an answer coming back (see push.Result).
-func classify(err error) (reason push.Reason, detail string, unanswered bool) {
+// the mapping a pure, table-tested function), and throttleOf reads for how
+// long and for whom a 429 or 503 asks Herald to wait. Without an answer,
+// only the request's context can have ended it (failFast turns every other
+// transport failure into an answer); anything else failed in the SDK before
+// a request was made, which is Herald's doing. The result's Unanswered says
+// that the request may have reached FCM without an answer coming back (see
+// push.Result). Its time is the caller's to set.
+func classify(err error, now time.Time) push.Result {
 	if resp := errorutils.HTTPResponse(err); resp != nil {
 		defer resp.Body.Close()
 		body, _ := io.ReadAll(resp.Body) // a buffered copy: cannot fail
-		reason, detail = reasonFor(resp.StatusCode, body)
-		return reason, detail, resp.Header.Get(noAnswerHeader) != ""
+		r := push.Result{Unanswered: resp.Header.Get(noAnswerHeader) != ""}
+		r.Reason, r.Detail = reasonFor(resp.StatusCode, body)
+		if r.Reason.Transient() {
+			retryAfter := resp.Header.Get(retryAfterHeader)
+			if retryAfter == "" && resp.StatusCode != http.StatusServiceUnavailable {
+				// failFast replaced a 503's own; any other answer's is FCM's.
+				retryAfter = resp.Header.Get("Retry-After")
+			}
+			r.RetryAfter, r.TargetThrottled = throttleOf(body, push.ParseRetryAfter(retryAfter, now))
+		}
+		return r
 	}
 	switch {
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled),
 		errorutils.IsDeadlineExceeded(err), errorutils.IsUnavailable(err), errorutils.IsUnknown(err):
-		return push.ReasonProviderUnavailable, push.ErrorClass(err), true
+		return push.Result{Reason: push.ReasonProviderUnavailable, Detail: push.ErrorClass(err), Unanswered: true}
 	}
-	return push.ReasonInternal, push.ScrubDetail(err.Error()), false
+	return push.Result{Reason: push.ReasonInternal, Detail: push.ScrubDetail(err.Error())}
+}
+
+// quotaFailureType marks the detail in which Google says which quota a 429
+// exceeded (google.rpc.QuotaFailure).
+const quotaFailureType = "type.googleapis.com/google.rpc.QuotaFailure"
+
+// minQuotaBackoff is the least FCM asks a sender to wait after exceeding
+// the project's sending rate: "exponential backoff with a minimum initial
+// delay of 1 minute" (FCM's ErrorCode reference, QUOTA_EXCEEDED).
+const minQuotaBackoff = time.Minute
+
+// throttleOf says how long a transient FCM answer asks Herald to wait and
+// whether it is about the one device. QUOTA_EXCEEDED is a sending-rate
+// limit of one of three scopes, which its QuotaFailure detail names: the
+// project's rate or a topic's, which Herald waits out for every FCM send,
+// at least a minute whatever the Retry-After; or one device's rate
+// ("device message rate exceeded"), which only that device's delivery
+// waits out. Any other transient answer (503 UNAVAILABLE, 500) is FCM's
+// own trouble, for as long as its Retry-After, if any, says.
+func throttleOf(body []byte, retryAfter time.Duration) (time.Duration, bool) {
+	var ge struct {
+		Error struct {
+			Details []struct {
+				Type       string `json:"@type"`
+				ErrorCode  string `json:"errorCode"`
+				Violations []struct {
+					Subject     string `json:"subject"`
+					Description string `json:"description"`
+				} `json:"violations"`
+			} `json:"details"`
+		} `json:"error"`
+	}
+	_ = json.Unmarshal(body, &ge) // a body that is not Google's names no scope
+	quota, device := false, false
+	for _, d := range ge.Error.Details {
+		switch d.Type {
+		case fcmErrorType:
+			quota = quota || d.ErrorCode == "QUOTA_EXCEEDED"
+		case quotaFailureType:
+			for _, v := range d.Violations {
+				if strings.Contains(strings.ToLower(v.Subject+" "+v.Description), "device") {
+					device = true
+				}
+			}
+		}
+	}
+	switch {
+	case quota && device:
+		return retryAfter, true
+	case quota:
+		return max(retryAfter, minQuotaBackoff), false
+	}
+	return retryAfter, false
 }
 
 // googleError is the error body of Google APIs, with FCM's detail.

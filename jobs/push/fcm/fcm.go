@@ -216,8 +216,9 @@ func (p *Provider) send(ctx context.Context, msg *messaging.Message) push.Result
 	if err == nil {
 		return push.Result{At: at, Accepted: true}
 	}
-	reason, detail, unanswered := classify(err)
-	return push.Result{At: at, Reason: reason, Detail: detail, Unanswered: unanswered}
+	r := classify(err, at)
+	r.At = at
+	return r
 }
 
 // message builds what every device of one Send shares: everything but the

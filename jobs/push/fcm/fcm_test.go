@@ -261,13 +261,13 @@ func TestReasonFor(t *testing.T) {
 
 func TestClassify(t *testing.T) {
 	t.Parallel()
-	reason, detail, unanswered := classify(context.DeadlineExceeded)
-	require.Equal(t, push.ReasonProviderUnavailable, reason)
-	require.Equal(t, "timeout", detail, "the error's class, never its text")
-	require.True(t, unanswered)
-	reason, _, unanswered = classify(fmt.Errorf("exactly one of token, topic or condition must be specified"))
-	require.Equal(t, push.ReasonInternal, reason, "the SDK refused the message before sending it")
-	require.False(t, unanswered)
+	r := classify(context.DeadlineExceeded, time.Now())
+	require.Equal(t, push.ReasonProviderUnavailable, r.Reason)
+	require.Equal(t, "timeout", r.Detail, "the error's class, never its text")
+	require.True(t, r.Unanswered)
+	r = classify(fmt.Errorf("exactly one of token, topic or condition must be specified"), time.Now())
+	require.Equal(t, push.ReasonInternal, r.Reason, "the SDK refused the message before sending it")
+	require.False(t, r.Unanswered)
 }
 
 // TestRichPayload follows every field of a payload to fakepush: each
@@ -314,4 +314,32 @@ func TestRichPayload(t *testing.T) {
 		require.Equal(t, "5", apnsHeaders["apns-priority"])
 		require.Equal(t, map[string]any{"aps": map[string]any{"content-available": 1.0}}, got.Body["apns"].(map[string]any)["payload"])
 	})
+}
+
+func TestThrottleOf(t *testing.T) {
+	t.Parallel()
+	const (
+		project = `{"error":{"code":429,"status":"RESOURCE_EXHAUSTED","details":[{"@type":"type.googleapis.com/google.firebase.fcm.v1.FcmError","errorCode":"QUOTA_EXCEEDED"}]}}`
+		device  = `{"error":{"code":429,"status":"RESOURCE_EXHAUSTED","details":[{"@type":"type.googleapis.com/google.firebase.fcm.v1.FcmError","errorCode":"QUOTA_EXCEEDED"},` +
+			`{"@type":"type.googleapis.com/google.rpc.QuotaFailure","violations":[{"subject":"device","description":"Device message rate exceeded."}]}]}}`
+		unavailable = `{"error":{"code":503,"status":"UNAVAILABLE","details":[{"@type":"type.googleapis.com/google.firebase.fcm.v1.FcmError","errorCode":"UNAVAILABLE"}]}}`
+	)
+	for _, tc := range []struct {
+		name       string
+		body       string
+		retryAfter time.Duration
+		want       time.Duration
+		device     bool
+	}{
+		{"the project's rate: at least a minute", project, 3 * time.Second, time.Minute, false},
+		{"the project's rate: a longer Retry-After holds", project, 2 * time.Minute, 2 * time.Minute, false},
+		{"one device's rate", device, 3 * time.Second, 3 * time.Second, true},
+		{"one device's rate without Retry-After backs off", device, 0, 0, true},
+		{"unavailable: its Retry-After", unavailable, 5 * time.Second, 5 * time.Second, false},
+		{"not Google's body", `<html>`, 0, 0, false},
+	} {
+		got, device := throttleOf([]byte(tc.body), tc.retryAfter)
+		require.Equal(t, tc.want, got, tc.name)
+		require.Equal(t, tc.device, device, tc.name)
+	}
 }

@@ -34,6 +34,11 @@ func (f failFast) RoundTrip(r *http.Request) (*http.Response, error) {
 	resp, err := f.base.RoundTrip(r)
 	if err == nil {
 		if resp.StatusCode == http.StatusServiceUnavailable {
+			// FCM's own Retry-After is kept for classify, which tells the
+			// breaker to wait that long.
+			if ra := resp.Header.Get("Retry-After"); ra != "" {
+				resp.Header.Set(retryAfterHeader, ra)
+			}
 			resp.Header.Set("Retry-After", giveUpRetryAfter)
 		}
 		return resp, nil
@@ -57,6 +62,9 @@ func (f failFast) RoundTrip(r *http.Request) (*http.Response, error) {
 // noAnswerHeader marks an answer failFast made for a request that may have
 // reached FCM but got no answer, so that classify can say so.
 const noAnswerHeader = "Herald-No-Answer"
+
+// retryAfterHeader keeps the Retry-After of a 503 that failFast replaced.
+const retryAfterHeader = "Herald-Retry-After"
 
 // answer makes a response in Google's error shape, as if FCM had sent it.
 func answer(r *http.Request, status int, code, message string) *http.Response {

@@ -197,7 +197,13 @@ func (p *Provider) send(ctx context.Context, payload []byte, t *push.Target, opt
 	if resp.StatusCode >= 300 && resp.StatusCode < 400 {
 		return push.Result{At: at, Reason: push.ReasonEndpointForbidden, Detail: detail + ": redirects are not followed"}
 	}
-	return push.Result{At: at, Reason: reasonFor(resp.StatusCode), Detail: detail}
+	return push.Result{
+		At: at, Reason: reasonFor(resp.StatusCode), Detail: detail,
+		RetryAfter: push.ParseRetryAfter(resp.Header.Get("Retry-After"), at),
+		// A 429 is about this push resource, the one subscription (RFC
+		// 8030 section 8.4): the push service is up for the others.
+		TargetThrottled: resp.StatusCode == http.StatusTooManyRequests,
+	}
 }
 
 // doer is the client webpush-go sends with. It marks the errors that come
