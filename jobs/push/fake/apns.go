@@ -181,6 +181,11 @@ func (s *Server) handleAPNs(w http.ResponseWriter, r *http.Request) {
 		s.apnsUnregistered(w, at)
 		return
 	}
+	if _, throttled := s.throttle(APNs, token); throttled {
+		// Too many pushes to this one token; Apple names no Retry-After.
+		s.apnsReject(w, http.StatusTooManyRequests, reasonTooManyRequests)
+		return
+	}
 
 	var d *detail
 	if s.cfg.Details > 0 {

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -29,6 +31,9 @@ type Control struct {
 	// usually answers. Note that the Firebase SDK retries a 503 on its own (four
 	// times, up to 7 s in all) unless Retry-After exceeds two minutes.
 	RetryAfterS *int `json:"retry_after_s,omitempty"`
+	// Throttle, when present, replaces the channel's per-device throttle
+	// (an empty one removes it) and forgets what the last one did.
+	Throttle *Throttle `json:"throttle,omitempty"`
 }
 
 // ChannelControl is one channel's current behaviour as GET /_control reports it.
@@ -37,6 +42,8 @@ type ChannelControl struct {
 	Mode        Mode   `json:"mode"`
 	LatencyMS   int    `json:"latency_ms"`
 	RetryAfterS int    `json:"retry_after_s"`
+	// Throttle is the channel's per-device throttle, if it has one.
+	Throttle *Throttle `json:"throttle,omitempty"`
 }
 
 // behaviour is a channel's current mode and latency. It is replaced whole, so a
@@ -45,6 +52,8 @@ type behaviour struct {
 	mode       Mode
 	latency    time.Duration
 	retryAfter int
+	// throttle, when set, limits some devices (throttle.go).
+	throttle *Throttle
 }
 
 func (s *Server) behaviourOf(ch Channel) *behaviour { return s.behaviour[ch].Load() }
@@ -52,6 +61,7 @@ func (s *Server) behaviourOf(ch Channel) *behaviour { return s.behaviour[ch].Loa
 func (s *Server) resetBehaviour() {
 	for ch := range numChannels {
 		s.behaviour[ch].Store(&behaviour{mode: ModeOK, latency: s.cfg.Latency})
+		s.throttles.reset(ch)
 	}
 }
 
@@ -81,6 +91,25 @@ func (s *Server) SetControl(c Control) error {
 		}
 		next.retryAfter = *c.RetryAfterS
 	}
+	if c.Throttle != nil {
+		if err := c.Throttle.validate(); err != nil {
+			return err
+		}
+		next.throttle = nil
+		if len(c.Throttle.Tokens) > 0 || c.Throttle.Share > 0 {
+			th := *c.Throttle
+			th.Tokens = slices.Clone(th.Tokens)
+			if ch == WebPush {
+				// A subscription is named by its endpoint or by the id
+				// that ends it; fakepush keys it by the id.
+				for i, tok := range th.Tokens {
+					th.Tokens[i] = tok[strings.LastIndexByte(tok, '/')+1:]
+				}
+			}
+			next.throttle = &th
+		}
+		s.throttles.reset(ch)
+	}
 	s.behaviour[ch].Store(&next)
 	return nil
 }
@@ -95,6 +124,7 @@ func (s *Server) Controls() []ChannelControl {
 			Mode:        b.mode,
 			LatencyMS:   int(b.latency / time.Millisecond),
 			RetryAfterS: b.retryAfter,
+			Throttle:    b.throttle,
 		})
 	}
 	return out
@@ -111,6 +141,8 @@ func (s *Server) Stats() Stats {
 			Rejected:   c.rejected.Load(),
 			Duplicates: c.duplicates.Load(),
 			Warmups:    c.warmups.Load(),
+			Throttled:  c.throttled.Load(),
+			Early:      c.throttledEarly.Load(),
 		}
 	}
 	st := Stats{APNs: load(APNs), FCM: load(FCM), WebPush: load(WebPush)}
@@ -142,6 +174,8 @@ func (s *Server) Reset() {
 		c.rejected.Store(0)
 		c.duplicates.Store(0)
 		c.warmups.Store(0)
+		c.throttled.Store(0)
+		c.throttledEarly.Store(0)
 	}
 	s.resetBehaviour()
 	s.cpuBase.Store(processCPU())
@@ -180,7 +214,8 @@ func (s *Server) handleGetControl(w http.ResponseWriter, _ *http.Request) {
 
 func (s *Server) handleControl(w http.ResponseWriter, r *http.Request) {
 	var c Control
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4<<10))
+	// A throttle may name many devices.
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&c); err != nil {
 		s.writeJSON(w, http.StatusBadRequest, controlError("invalid JSON: "+err.Error()))

@@ -28,6 +28,9 @@ const (
 // fcmBodies are the FCM error bodies that do not vary, rendered once.
 type fcmBodies struct {
 	unauthenticated, unregistered, unavailable, quotaExceeded []byte
+	// deviceQuota is QUOTA_EXCEEDED for one device's message rate, which
+	// its QuotaFailure detail names.
+	deviceQuota []byte
 }
 
 func newFCMBodies() fcmBodies {
@@ -37,7 +40,25 @@ func newFCMBodies() fcmBodies {
 		unregistered:  fcmErrorBody(http.StatusNotFound, "NOT_FOUND", "UNREGISTERED", "Requested entity was not found."),
 		unavailable:   fcmErrorBody(http.StatusServiceUnavailable, "UNAVAILABLE", "UNAVAILABLE", "The service is currently unavailable."),
 		quotaExceeded: fcmErrorBody(http.StatusTooManyRequests, "RESOURCE_EXHAUSTED", "QUOTA_EXCEEDED", "Quota exceeded for quota metric 'Send requests' and limit 'Send requests per minute'."),
+		deviceQuota:   fcmDeviceQuotaBody(),
 	}
+}
+
+// fcmDeviceQuotaBody is FCM's QUOTA_EXCEEDED for one device: the FcmError
+// detail, and a google.rpc.QuotaFailure whose violation names the device's
+// message rate, which is how FCM tells it from the project's.
+func fcmDeviceQuotaBody() []byte {
+	const msg = "Device message rate exceeded."
+	data, _ := json.Marshal(map[string]any{"error": map[string]any{ // plain strings: cannot fail
+		"code": http.StatusTooManyRequests, "message": msg, "status": "RESOURCE_EXHAUSTED",
+		"details": []any{
+			map[string]string{"@type": fcmErrorType, "errorCode": "QUOTA_EXCEEDED"},
+			map[string]any{"@type": "type.googleapis.com/google.rpc.QuotaFailure", "violations": []map[string]string{
+				{"subject": "device", "description": msg},
+			}},
+		},
+	}})
+	return data
 }
 
 // fcmErrorBody renders Google's error shape. FCM adds an FcmError detail naming
@@ -239,6 +260,13 @@ func (s *Server) handleFCMSend(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusOK)
 		_, _ = w.Write(append(append([]byte(`{"name":"projects/`), project...), `/messages/fake_message_id"}`...))
 		return
+	}
+	if req.token != "" {
+		if retryAfter, throttled := s.throttle(FCM, req.token); throttled {
+			setRetryAfter(w, retryAfter)
+			s.fcmReject(w, http.StatusTooManyRequests, s.fcmBodies.deviceQuota)
+			return
+		}
 	}
 	target := req.token
 	if target == "" {

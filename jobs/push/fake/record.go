@@ -60,6 +60,11 @@ type ChannelStats struct {
 	// answers them. They are in none of the counts above: they deliver nothing,
 	// and counted as pushes they read as failures before anything was sent.
 	Warmups int64 `json:"warmups"`
+	// Throttled counts the pushes answered 429 by a per-device throttle
+	// (Throttle), among the rejected; Early those of them that came before
+	// the device's last 429's Retry-After had passed.
+	Throttled int64 `json:"throttled"`
+	Early     int64 `json:"throttled_early"`
 }
 
 // ProcessStats is fakepush's own CPU use since start or the last reset, so that a
@@ -137,6 +142,7 @@ func newDetail(h http.Header, body []byte) *detail {
 // counters are the lock-free per-channel tallies behind ChannelStats.
 type counters struct {
 	received, accepted, rejected, duplicates, warmups atomic.Int64
+	throttled, throttledEarly                         atomic.Int64
 }
 
 // warmup moves a request that admit counted as received to the warm-ups, once

@@ -56,6 +56,7 @@ type Server struct {
 	cpuBase   atomic.Int64 // process CPU nanoseconds at start or last reset
 	handling  atomic.Int64 // push requests being handled now
 
+	throttles   throttles
 	sandbox     sandboxTokens
 	apnsTokens  tokenCache
 	subKeys     subscriptionCache
@@ -226,6 +227,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("POST /_reset", s.handleReset)
 	mux.HandleFunc("GET /_control", s.handleGetControl)
 	mux.HandleFunc("POST /_control", s.handleControl)
+	mux.HandleFunc("GET /_throttled", s.handleThrottled)
 	mux.HandleFunc("POST /_apns/sandbox-tokens", s.handleSandboxTokens)
 	return s.sandboxServesAPNsOnly(mux)
 }

@@ -219,6 +219,11 @@ func (s *Server) handleWebPush(w http.ResponseWriter, r *http.Request) {
 		s.webPushReject(w, status, 109, http.StatusText(status), msg)
 		return
 	}
+	if retryAfter, throttled := s.throttle(WebPush, id); throttled {
+		setRetryAfter(w, retryAfter)
+		s.webPushReject(w, http.StatusTooManyRequests, 900, "Too Many Requests", "Too many requests for this subscription.")
+		return
+	}
 	ttl := r.Header.Get("TTL")
 	if ttl == "" {
 		s.webPushReject(w, http.StatusBadRequest, 111, "Bad Request", "Missing TTL header.")
