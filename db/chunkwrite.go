@@ -30,12 +30,24 @@ type ChunkWrite struct {
 
 // Add appends one delivery's result.
 func (p *RecordResultsParams) Add(messageID, deviceID int64, status, reason string, attemptedUs, acceptedUs int64) {
+	p.add(messageID, deviceID, status, reason, attemptedUs, acceptedUs, 0)
+}
+
+// AddThrottled appends the result of a delivery that stays pending because
+// the provider throttled its device: it may not be sent again before
+// notBeforeUs.
+func (p *RecordResultsParams) AddThrottled(messageID, deviceID int64, reason string, attemptedUs, notBeforeUs int64) {
+	p.add(messageID, deviceID, "pending", reason, attemptedUs, 0, notBeforeUs)
+}
+
+func (p *RecordResultsParams) add(messageID, deviceID int64, status, reason string, attemptedUs, acceptedUs, notBeforeUs int64) {
 	p.MessageIds = append(p.MessageIds, messageID)
 	p.DeviceIds = append(p.DeviceIds, deviceID)
 	p.Statuses = append(p.Statuses, status)
 	p.Reasons = append(p.Reasons, reason)
 	p.AttemptedUs = append(p.AttemptedUs, attemptedUs)
 	p.AcceptedUs = append(p.AcceptedUs, acceptedUs)
+	p.NotBeforeUs = append(p.NotBeforeUs, notBeforeUs)
 }
 
 // Append appends src's rows.
@@ -46,6 +58,7 @@ func (p *RecordResultsParams) Append(src RecordResultsParams) {
 	p.Reasons = append(p.Reasons, src.Reasons...)
 	p.AttemptedUs = append(p.AttemptedUs, src.AttemptedUs...)
 	p.AcceptedUs = append(p.AcceptedUs, src.AcceptedUs...)
+	p.NotBeforeUs = append(p.NotBeforeUs, src.NotBeforeUs...)
 }
 
 // ChunkWritten is what a ChunkWrite did.
@@ -103,7 +116,7 @@ func WriteChunks(ctx context.Context, pool *pgxpool.Pool, ws []ChunkWrite) ([]Ch
 		}
 		if len(results.DeviceIds) > 0 {
 			b.Queue(recordResults, results.MessageIds, results.DeviceIds, results.Statuses,
-				results.Reasons, results.AttemptedUs, results.AcceptedUs).Query(func(rows pgx.Rows) error {
+				results.Reasons, results.AttemptedUs, results.AcceptedUs, results.NotBeforeUs).Query(func(rows pgx.Rows) error {
 				for rows.Next() {
 					var r RecordResultsRow
 					if err := rows.Scan(&r.MessageID, &r.PendingCount, &r.Accepted, &r.Failed, &r.Expired); err != nil {
@@ -181,7 +194,7 @@ func BeginChunk(ctx context.Context, pool *pgxpool.Pool, c ChunkPendingParams, p
 		b.Queue(chunkPending, c.MessageID, c.FirstDevice, c.LastDevice, c.Chunk).Query(func(rows pgx.Rows) error {
 			for rows.Next() {
 				var r ChunkPendingRow
-				if err := rows.Scan(&r.DeviceID, &r.Attempt, &r.Channel, &r.Locale, &r.Token, &r.P256dh, &r.Auth, &r.Environment, &r.Gone); err != nil {
+				if err := rows.Scan(&r.DeviceID, &r.Attempt, &r.Channel, &r.Locale, &r.Token, &r.P256dh, &r.Auth, &r.Environment, &r.Gone, &r.NotBefore); err != nil {
 					return err
 				}
 				out.Pending = append(out.Pending, r)

@@ -17,7 +17,8 @@ SELECT d.device_id, d.attempt, d.channel, d.locale,
        (CASE WHEN v.id IS NULL THEN 'device_deleted'
              WHEN v.user_id <> d.user_id THEN 'device_moved'
              WHEN v.status <> 'active' THEN 'device_evicted'
-             ELSE '' END)::text AS gone
+             ELSE '' END)::text AS gone,
+       d.not_before
 FROM deliveries d
 LEFT JOIN devices v ON v.id = d.device_id
 WHERE d.message_id = $1
@@ -44,6 +45,7 @@ type ChunkPendingRow struct {
 	Auth        *string
 	Environment string
 	Gone        string
+	NotBefore   *time.Time
 }
 
 // A chunk's deliveries that are still pending, with what their provider
@@ -57,6 +59,9 @@ type ChunkPendingRow struct {
 // Gone says why a delivery must not be sent, "" when it may: its device was
 // deleted, moved to another user or evicted since the message was
 // scheduled (migration 0012). Such a row carries no token.
+//
+// NotBefore is when a throttled delivery may be sent again (migration
+// 0016), NULL when it may be sent now.
 func (q *Queries) ChunkPending(ctx context.Context, arg ChunkPendingParams) ([]ChunkPendingRow, error) {
 	rows, err := q.db.Query(ctx, chunkPending,
 		arg.MessageID,
@@ -81,6 +86,7 @@ func (q *Queries) ChunkPending(ctx context.Context, arg ChunkPendingParams) ([]C
 			&i.Auth,
 			&i.Environment,
 			&i.Gone,
+			&i.NotBefore,
 		); err != nil {
 			return nil, err
 		}
@@ -214,7 +220,8 @@ WITH input AS (
            unnest($3::text[]) AS status,
            unnest($4::text[]) AS reason,
            unnest($5::bigint[]) AS attempted_us,
-           unnest($6::bigint[]) AS accepted_us
+           unnest($6::bigint[]) AS accepted_us,
+           unnest($7::bigint[]) AS not_before_us
 ), updated AS (
     UPDATE deliveries d
     SET status = i.status,
@@ -229,7 +236,9 @@ WITH input AS (
         attempted_at = CASE WHEN i.attempted_us = 0 THEN d.attempted_at
                             ELSE to_timestamp(0) + i.attempted_us * interval '1 microsecond' END,
         accepted_at = CASE WHEN i.accepted_us = 0 THEN NULL
-                           ELSE to_timestamp(0) + i.accepted_us * interval '1 microsecond' END
+                           ELSE to_timestamp(0) + i.accepted_us * interval '1 microsecond' END,
+        not_before = CASE WHEN i.not_before_us = 0 THEN NULL
+                          ELSE to_timestamp(0) + i.not_before_us * interval '1 microsecond' END
     FROM input i
     -- Written for the plan (TestLedgerPlansUseThePrimaryKey): each input
     -- row finds its delivery through the primary key on both its columns,
@@ -291,6 +300,7 @@ type RecordResultsParams struct {
 	Reasons     []string
 	AttemptedUs []int64
 	AcceptedUs  []int64
+	NotBeforeUs []int64
 }
 
 type RecordResultsRow struct {
@@ -305,8 +315,8 @@ type RecordResultsRow struct {
 // statement, and moves each message's counters by exactly the rows that
 // changed: only pending rows are updated, so a result written twice (a
 // retried chunk, a concurrent cancel) counts once. A row may stay pending
-// (parked behind an open breaker) with its attempt and last reason
-// recorded. Times are microseconds since the epoch in the database's frame;
+// (parked behind an open breaker, or throttled until its not_before) with
+// its attempt and last reason recorded. Times are microseconds since the epoch in the database's frame;
 // 0 stands for none. A message none of whose rows changed is not returned,
 // and its row is left alone. The caller locks the messages first, in the
 // order of their ids (LockMessages): this statement's own order of them is
@@ -319,6 +329,7 @@ func (q *Queries) RecordResults(ctx context.Context, arg RecordResultsParams) ([
 		arg.Reasons,
 		arg.AttemptedUs,
 		arg.AcceptedUs,
+		arg.NotBeforeUs,
 	)
 	if err != nil {
 		return nil, err

@@ -53,6 +53,7 @@ type Delivery struct {
 	AttemptedAt *time.Time
 	AcceptedAt  *time.Time
 	Locale      *string
+	NotBefore   *time.Time
 }
 
 type Device struct {

@@ -29,18 +29,25 @@ type BreakerConfig struct {
 }
 
 // Breaker is a per-provider circuit breaker. Herald does not retry a send
-// inside the dispatch second: a transient failure (503, 429, a timeout, a
-// refused connection) counts here instead, and while the breaker is open the
-// provider's sends are parked (their chunk snoozes) rather than hammered,
-// until a single probe succeeds.
+// inside the dispatch second: a transient failure of the provider (503, a
+// provider-wide 429, a timeout, a refused connection) counts here instead,
+// and while the breaker is open the provider's sends are parked (their
+// chunk snoozes) rather than hammered, until a single probe succeeds. A
+// provider that names how long it wants (a Retry-After on a provider-wide
+// 429 or a 503) pauses the breaker for that long (Pause). A 429 about one
+// device (push.Result.TargetThrottled) is not the provider's failure and
+// never counts here: only that device's delivery waits.
 type Breaker struct {
 	cfg BreakerConfig
 
-	mu        sync.Mutex
-	state     string
-	failures  int
-	openedAt  time.Time
-	cooldown  time.Duration
+	mu       sync.Mutex
+	state    string
+	failures int
+	openedAt time.Time
+	cooldown time.Duration
+	// notBefore, while open, is the earliest a probe may go: the end of
+	// the last pause the provider asked for (Pause).
+	notBefore time.Time
 	probing   bool
 	lastError string
 	lastErrAt time.Time
@@ -75,7 +82,7 @@ func (b *Breaker) Allow() bool {
 	case BreakerClosed:
 		return true
 	case BreakerOpen:
-		if b.cfg.Now().Sub(b.openedAt) < b.cooldown {
+		if now := b.cfg.Now(); now.Sub(b.openedAt) < b.cooldown || now.Before(b.notBefore) {
 			return false
 		}
 		b.state, b.probing = BreakerHalfOpen, true
@@ -101,7 +108,18 @@ func (b *Breaker) Success() {
 // which GET /v1/providers shows and provider_status stores, so no URL in it
 // is kept beyond its host (push.ScrubDetail): a Web Push endpoint is a
 // device's token.
-func (b *Breaker) Failure(detail string) {
+func (b *Breaker) Failure(detail string) { b.fail(detail, false, 0) }
+
+// Pause records a transient failure for which the provider named how long
+// it wants no more sends (Retry-After): the breaker opens at once, whatever
+// its threshold, and lets its probe through no sooner than d from now (nor
+// before its cooldown is over). A pause is the provider's own word for its
+// state, so it never needs failures in a row to be believed.
+func (b *Breaker) Pause(d time.Duration, detail string) { b.fail(detail, true, d) }
+
+// fail records a transient failure; pause opens the breaker at once and
+// keeps it open for at least d.
+func (b *Breaker) fail(detail string, pause bool, d time.Duration) {
 	detail = push.ScrubDetail(detail)
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -115,15 +133,18 @@ func (b *Breaker) Failure(detail string) {
 		b.state, b.probing, b.openedAt = BreakerOpen, false, now
 		b.cooldown = min(2*b.cooldown, b.cfg.MaxCooldown)
 	case BreakerClosed:
-		if b.failures >= b.cfg.Threshold {
+		if pause || b.failures >= b.cfg.Threshold {
 			b.state, b.openedAt = BreakerOpen, now
 		}
+	}
+	if until := now.Add(d); pause && until.After(b.notBefore) {
+		b.notBefore = until
 	}
 }
 
 // RetryIn is how long until the breaker lets a send through again: zero
-// when closed, the rest of the cooldown when open, and a short wait for the
-// probe's result when half-open.
+// when closed, the rest of the cooldown (or of the pause, if longer) when
+// open, and a short wait for the probe's result when half-open.
 func (b *Breaker) RetryIn() time.Duration {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -131,7 +152,8 @@ func (b *Breaker) RetryIn() time.Duration {
 	case BreakerClosed:
 		return 0
 	case BreakerOpen:
-		return max(b.cooldown-b.cfg.Now().Sub(b.openedAt), 0)
+		now := b.cfg.Now()
+		return max(b.cooldown-now.Sub(b.openedAt), b.notBefore.Sub(now), 0)
 	default:
 		return b.cfg.Cooldown / 4
 	}

@@ -36,7 +36,8 @@
 //     jobs/push, tells each answer to its breaker (breaker.go) and hands it
 //     to the process's ledger writer (ledger.go), which writes every
 //     running chunk's answers in one batch and settles the message when
-//     nothing of it is pending.
+//     nothing of it is pending. A device the provider throttled waits in
+//     the ledger for its Retry-After (throttle.go) while the rest go on.
 //   - The Materializer (materialize.go) turns schedules' runs into messages
 //     ahead of time; the Reconciler (reconcile.go) settles what no chunk
 //     will; the Retainer (retention.go) deletes history past the retention;

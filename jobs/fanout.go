@@ -142,11 +142,11 @@ func (w *FanOutWorker) Work(ctx context.Context, job *river.Job[FanOutArgs]) err
 	if err != nil || c == nil {
 		return err
 	}
-	w.cfg.Metrics.tried(c.Targets)
+	w.cfg.Metrics.tried(c.due(startedAt))
 	if len(c.Targets) == 0 {
 		return w.finish(ctx, c, ledger, ledger.open(c, startedAt, nil))
 	}
-	groups := w.group(c)
+	groups := w.group(c, startedAt)
 	// Sending stops early enough to leave time to record what was sent: a
 	// chunk that ran out of time still writes its results, so its retry
 	// sends only what was not answered.
@@ -206,11 +206,12 @@ type sendGroup struct {
 
 // group sorts the chunk's targets (their indexes in c.Targets) by the
 // breaker they answer to, so that a failing provider or push service parks
-// only its own targets.
-func (w *FanOutWorker) group(c *running) map[sendGroup][]int {
+// only its own targets. A target whose device was throttled until after now
+// (the database's time) is not sent: it waits (throttle.go).
+func (w *FanOutWorker) group(c *running, now time.Time) map[sendGroup][]int {
 	groups := map[sendGroup][]int{}
 	for i, t := range c.Targets {
-		if t.Gone != push.ReasonNone {
+		if t.Gone != push.ReasonNone || t.NotBefore.After(now) {
 			continue
 		}
 		g := sendGroup{t.Channel, w.cfg.Breakers.ForTarget(t), t.Locale}
@@ -319,6 +320,14 @@ func (w *FanOutWorker) sendTargets(ctx context.Context, c *running, msg *push.Me
 		case r.Reason.Transient() && errors.Is(ctx.Err(), context.Canceled):
 			// The chunk was stopped (a shutdown): the request was cut
 			// short here, not failed by the provider.
+		case r.TargetThrottled:
+			// A limit of this device's alone: the provider answered, so
+			// it is up, and only this delivery waits (throttle.go).
+			g.breaker.Success()
+		case r.Reason.Transient() && r.RetryAfter > 0:
+			// The provider (or push service) asked for a pause of all
+			// its sends: a provider-wide 429 or a 503 with Retry-After.
+			g.breaker.Pause(r.RetryAfter, r.Detail)
 		case r.Reason.Transient():
 			g.breaker.Failure(r.Detail)
 		default:
@@ -381,13 +390,15 @@ const sendSlice = 500
 
 // finish closes the chunk once its answers are written: the ledger writer
 // writes its timings and settles the message when nothing of it is pending
-// any more. The chunk snoozes when some of its deliveries were parked.
+// any more. The chunk snoozes when some of its deliveries were parked or
+// wait for their devices' throttles: until the first of them may be sent.
 func (w *FanOutWorker) finish(ctx context.Context, c *running, ledger *ledger, rec *chunkRecord) error {
 	parked, detail, wait := w.parked(c, rec.results)
-	if err := ledger.close(ctx, rec, len(parked) > 0); err != nil {
+	waiting, waitThrottle := w.throttledWait(c, rec.results)
+	if err := ledger.close(ctx, rec, len(parked) > 0 || waiting > 0); err != nil {
 		return err
 	}
-	if len(parked) == 0 {
+	if len(parked) == 0 && waiting == 0 {
 		return nil
 	}
 	if errors.Is(ctx.Err(), context.Canceled) {
@@ -396,12 +407,57 @@ func (w *FanOutWorker) finish(ctx context.Context, c *running, ledger *ledger, r
 		// failure. The chunk is handed back, its answers written, for
 		// another worker to take at once.
 		w.cfg.Logger.InfoContext(ctx, "chunk handed back: this worker is stopping",
-			"message_id", push.FormatMessageID(c.MessageID), "chunk", c.Chunk, "unsent", parked)
+			"message_id", push.FormatMessageID(c.MessageID), "chunk", c.Chunk, "unsent", parked, "throttled", waiting)
 		return river.JobSnooze(0)
 	}
+	if len(parked) == 0 {
+		wait = w.untilExpiry(c, waitThrottle)
+		w.cfg.Logger.InfoContext(ctx, "chunk waits for throttled devices",
+			"message_id", push.FormatMessageID(c.MessageID), "chunk", c.Chunk, "throttled", waiting, "retry_in", wait)
+		return river.JobSnooze(wait)
+	}
+	if waiting > 0 {
+		wait = w.untilExpiry(c, min(wait, waitThrottle))
+	}
 	w.cfg.Logger.WarnContext(ctx, "chunk parked: a provider is failing, its deliveries wait for it",
-		"message_id", push.FormatMessageID(c.MessageID), "chunk", c.Chunk, "parked", parked, "error", detail, "retry_in", wait)
+		"message_id", push.FormatMessageID(c.MessageID), "chunk", c.Chunk, "parked", parked, "throttled", waiting,
+		"error", detail, "retry_in", wait)
 	return river.JobSnooze(wait)
+}
+
+// throttledWait counts the chunk's deliveries that wait for their devices'
+// throttles: those the provider throttled in this attempt, and those not
+// sent because an earlier attempt's throttle had not run out. wait is how
+// long until the first of them may be sent (from the database's now).
+func (w *FanOutWorker) throttledWait(c *running, results []push.Result) (waiting int, wait time.Duration) {
+	now := w.cfg.Clock.Now()
+	wait = -1
+	for i, t := range c.Targets {
+		var until time.Time
+		switch r := results[i]; {
+		case throttled(r):
+			until = w.cfg.Clock.ToDB(r.At).Add(throttleWait(r, t.Attempt))
+		case r.At.IsZero() && r.Reason == push.ReasonNone && t.Gone == push.ReasonNone && t.NotBefore.After(now):
+			until = t.NotBefore
+		default:
+			continue
+		}
+		waiting++
+		if d := until.Sub(now); wait < 0 || d < wait {
+			wait = d
+		}
+	}
+	return waiting, max(wait, 0)
+}
+
+// untilExpiry is wait, at least a short while and never past the chunk's
+// expiry, when what is still pending expires.
+func (w *FanOutWorker) untilExpiry(c *running, wait time.Duration) time.Duration {
+	wait = max(wait, 100*time.Millisecond)
+	if untilExpiry := c.ExpiresAt.Sub(w.cfg.Clock.Now()); untilExpiry < wait {
+		wait = max(untilExpiry, 0)
+	}
+	return wait
 }
 
 // parkedDetail is what the log says of a parked delivery's error: for Web
@@ -429,8 +485,9 @@ func (w *FanOutWorker) parked(c *running, results []push.Result) (parked map[str
 	told := -1
 	for i, r := range results {
 		// Refused by the breaker (no time), or attempted and transient: both
-		// stay pending and wait for the breaker.
-		if (r.At.IsZero() && r.Reason != push.ReasonNone) || (!r.At.IsZero() && r.Reason.Transient()) {
+		// stay pending and wait for the breaker. A throttled device waits
+		// for its own throttle instead (throttledWait).
+		if (r.At.IsZero() && r.Reason != push.ReasonNone) || (!r.At.IsZero() && r.Reason.Transient() && !r.TargetThrottled) {
 			t := c.Targets[i]
 			parked[t.Channel]++
 			if told < 0 || results[told].Detail == "" || !r.At.IsZero() {
@@ -445,11 +502,7 @@ func (w *FanOutWorker) parked(c *running, results []push.Result) (parked map[str
 		return nil, "", 0
 	}
 	detail = parkedDetail(c.Targets[told], results[told].Detail)
-	wait = max(wait, 100*time.Millisecond)
-	if untilExpiry := c.ExpiresAt.Sub(w.cfg.Clock.Now()); untilExpiry < wait {
-		wait = max(untilExpiry, 0)
-	}
-	return parked, detail, wait
+	return parked, detail, w.untilExpiry(c, wait)
 }
 
 // expire marks what is still pending in the chunk expired, through pool

@@ -514,8 +514,9 @@ func (l *ledger) resultsOf(a *running, results []push.Result, idx []int) chunkRe
 				c.lastSeen = &at
 			}
 		case r.Reason.Transient():
-			// Attempted, not settled: it waits for the breaker and is
-			// retried when the chunk wakes, until it expires.
+			// Attempted, not settled: it waits for the breaker (or its
+			// device's throttle) and is retried when the chunk wakes,
+			// until it expires.
 			status = "pending"
 		case r.Reason.Cancels():
 			// Not sent: its device is no longer the delivery's.
@@ -525,7 +526,13 @@ func (l *ledger) resultsOf(a *running, results []push.Result, idx []int) chunkRe
 		if status == "cancelled" {
 			attemptedUs = 0
 		}
-		c.results.Add(a.MessageID, a.Targets[i].DeviceID, status, string(r.Reason), attemptedUs, acceptedUs)
+		if throttled(r) {
+			// Pending until its device's throttle runs out (throttle.go).
+			notBefore := at.Add(throttleWait(r, a.Targets[i].Attempt))
+			c.results.AddThrottled(a.MessageID, a.Targets[i].DeviceID, string(r.Reason), attemptedUs, notBefore.UnixMicro())
+		} else {
+			c.results.Add(a.MessageID, a.Targets[i].DeviceID, status, string(r.Reason), attemptedUs, acceptedUs)
+		}
 		c.counted = append(c.counted, settledDelivery{a.Targets[i].Channel, status, r.Reason, at.Sub(a.DispatchAt)})
 		if !r.Accepted && r.Reason.Evicts() {
 			c.evictIDs = append(c.evictIDs, a.Targets[i].DeviceID)

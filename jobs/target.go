@@ -1,6 +1,8 @@
 package jobs
 
 import (
+	"time"
+
 	"github.com/heraldpush/herald/db"
 	"github.com/heraldpush/herald/jobs/push"
 )
@@ -17,12 +19,21 @@ type Target struct {
 	// it was moved to another user, deleted or evicted since the message
 	// was scheduled. The delivery is cancelled with it as its reason.
 	Gone push.Reason
+	// Attempt counts the delivery's earlier attempts.
+	Attempt int
+	// NotBefore, when set, is the instant (in the database's frame) before
+	// which the delivery must not be sent: its device was throttled.
+	NotBefore time.Time
 }
 
 // targetOf is the target of a pending delivery the chunk read.
 func targetOf(r db.ChunkPendingRow) Target {
 	t := NewTarget(r.DeviceID, r.Channel, r.Locale, r.Token, r.P256dh, r.Auth, r.Environment)
 	t.Gone = push.Reason(r.Gone)
+	t.Attempt = int(r.Attempt)
+	if r.NotBefore != nil {
+		t.NotBefore = *r.NotBefore
+	}
 	return t
 }
 

@@ -10,13 +10,17 @@
 -- Gone says why a delivery must not be sent, "" when it may: its device was
 -- deleted, moved to another user or evicted since the message was
 -- scheduled (migration 0012). Such a row carries no token.
+--
+-- NotBefore is when a throttled delivery may be sent again (migration
+-- 0016), NULL when it may be sent now.
 SELECT d.device_id, d.attempt, d.channel, d.locale,
        coalesce(v.token, '')::text AS token, v.p256dh, v.auth,
        coalesce(v.environment, 'production')::text AS environment,
        (CASE WHEN v.id IS NULL THEN 'device_deleted'
              WHEN v.user_id <> d.user_id THEN 'device_moved'
              WHEN v.status <> 'active' THEN 'device_evicted'
-             ELSE '' END)::text AS gone
+             ELSE '' END)::text AS gone,
+       d.not_before
 FROM deliveries d
 LEFT JOIN devices v ON v.id = d.device_id
 WHERE d.message_id = @message_id
@@ -30,8 +34,8 @@ ORDER BY d.device_id;
 -- statement, and moves each message's counters by exactly the rows that
 -- changed: only pending rows are updated, so a result written twice (a
 -- retried chunk, a concurrent cancel) counts once. A row may stay pending
--- (parked behind an open breaker) with its attempt and last reason
--- recorded. Times are microseconds since the epoch in the database's frame;
+-- (parked behind an open breaker, or throttled until its not_before) with
+-- its attempt and last reason recorded. Times are microseconds since the epoch in the database's frame;
 -- 0 stands for none. A message none of whose rows changed is not returned,
 -- and its row is left alone. The caller locks the messages first, in the
 -- order of their ids (LockMessages): this statement's own order of them is
@@ -42,7 +46,8 @@ WITH input AS (
            unnest(@statuses::text[]) AS status,
            unnest(@reasons::text[]) AS reason,
            unnest(@attempted_us::bigint[]) AS attempted_us,
-           unnest(@accepted_us::bigint[]) AS accepted_us
+           unnest(@accepted_us::bigint[]) AS accepted_us,
+           unnest(@not_before_us::bigint[]) AS not_before_us
 ), updated AS (
     UPDATE deliveries d
     SET status = i.status,
@@ -57,7 +62,9 @@ WITH input AS (
         attempted_at = CASE WHEN i.attempted_us = 0 THEN d.attempted_at
                             ELSE to_timestamp(0) + i.attempted_us * interval '1 microsecond' END,
         accepted_at = CASE WHEN i.accepted_us = 0 THEN NULL
-                           ELSE to_timestamp(0) + i.accepted_us * interval '1 microsecond' END
+                           ELSE to_timestamp(0) + i.accepted_us * interval '1 microsecond' END,
+        not_before = CASE WHEN i.not_before_us = 0 THEN NULL
+                          ELSE to_timestamp(0) + i.not_before_us * interval '1 microsecond' END
     FROM input i
     -- Written for the plan (TestLedgerPlansUseThePrimaryKey): each input
     -- row finds its delivery through the primary key on both its columns,
