@@ -25,7 +25,8 @@ func TestE2EBench(t *testing.T) {
 	// round (--before 1).
 	t.Run("one process", func(t *testing.T) { testBench(t, false) })
 	// The urgent lane in a worker of its own (--urgent-worker), with the
-	// rich payload (--payload rich), one bulk message and no earlier one.
+	// rich payload (--payload rich), one bulk message and no earlier one,
+	// a fifth of the devices throttled (--throttled 20).
 	t.Run("urgent worker", func(t *testing.T) { testBench(t, true) })
 }
 
@@ -38,9 +39,10 @@ func testBench(t *testing.T, urgentWorker bool) {
 			Users: 40, Mix: [3]float64{45, 45, 10}, Latency: 5 * time.Millisecond, Ahead: 4 * time.Second,
 			Seed: 7, DecryptOneIn: 1, UrgentWorker: urgentWorker, Payload: map[bool]string{false: "plain", true: "rich"}[urgentWorker],
 			// Two history messages, one of them partial.
-			History:  30_000,
-			Messages: map[bool]int{false: 2, true: 1}[urgentWorker],
-			Before:   map[bool]int{false: 1, true: 0}[urgentWorker],
+			History:   30_000,
+			Messages:  map[bool]int{false: 2, true: 1}[urgentWorker],
+			Before:    map[bool]int{false: 1, true: 0}[urgentWorker],
+			Throttled: map[bool]float64{false: 0, true: 0.2}[urgentWorker],
 		},
 		Getenv:    func(k string) string { return map[string]string{"PATH": os.Getenv("PATH")}[k] },
 		Progress:  func(format string, a ...any) { progress.WriteString(strings.TrimSpace(format) + "\n") },
@@ -79,6 +81,25 @@ func testBench(t *testing.T, urgentWorker bool) {
 	require.Equal(t, urgentWorker, res.UrgentWorker)
 	require.Equal(t, 30_000, res.HistoryRows, "the history is in the ledger")
 	require.Equal(t, map[bool]int{false: 1, true: 2}[urgentWorker], b.Heralds())
+
+	// The healthy devices' figures, and the throttled ones': each
+	// throttled device was answered 429 once and resent no sooner than its
+	// Retry-After, and no breaker counted a failure, so none opened.
+	th := res.Throttled
+	require.NotNil(t, th)
+	require.Positive(t, th.HealthyFanoutMs)
+	require.Positive(t, th.HealthyFanoutBlast)
+	require.LessOrEqual(t, th.HealthySkewMs.Max, res.ReceiptSkewMs.Max)
+	if urgentWorker {
+		require.Positive(t, th.Devices, "a fifth of some hundred devices")
+		require.GreaterOrEqual(t, th.Answered429, int64(th.Devices))
+		require.Zero(t, th.Early, "no throttled device was sent to before its Retry-After")
+	} else {
+		require.Zero(t, th.Devices)
+	}
+	for ch, n := range th.BreakerFailures {
+		require.Zero(t, n, "%s's breaker counted failures", ch)
+	}
 
 	// Many messages at one instant: each one's first and last device.
 	require.Equal(t, messages, res.Messages)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"os/exec"
 	"slices"
@@ -106,6 +107,9 @@ func (b *Benchmark) Run(ctx context.Context, admin string) (*Result, error) {
 	if err := b.sendBefore(ctx, pool, res.Devices); err != nil {
 		return nil, err
 	}
+	if err := b.throttle(ctx); err != nil {
+		return nil, err
+	}
 
 	// Every mark reads the cluster's CPU and that of the status reads'
 	// backends (cpuSpans): the measured messages' life is the span from
@@ -162,6 +166,9 @@ func (b *Benchmark) Run(ctx context.Context, admin string) (*Result, error) {
 	if err := b.fakepushView(sent, res); err != nil {
 		return nil, err
 	}
+	if err := b.throttledView(ctx, sent, res); err != nil {
+		return nil, err
+	}
 	b.Progress("dispatched: %d accepted, skew p50 %.0f ms, max %.0f ms, fan-out %.0f ms, %.0f µs of Herald CPU per send",
 		res.Accepted, res.SkewMs.P50, res.SkewMs.Max, res.FanoutMs, res.CPUPerSend)
 	for _, h := range b.heralds {
@@ -183,6 +190,15 @@ func (b *Benchmark) Run(ctx context.Context, admin string) (*Result, error) {
 		return nil, err
 	}
 	b.Progress("blast: %.0f ms, %.0f µs of CPU per send", res.BlastMs, res.BlastCPUPerSnd)
+	if t := res.Throttled; res.BlastMs > 0 {
+		t.HealthyFanoutBlast = math.Round(t.HealthyFanoutMs/res.BlastMs*100) / 100
+		b.Progress("healthy devices: receipt skew p50 %.0f ms, p99 %.0f ms, max %.0f ms; fan-out %.0f ms, %.2f of the blast",
+			t.HealthySkewMs.P50, t.HealthySkewMs.P99, t.HealthySkewMs.Max, t.HealthyFanoutMs, t.HealthyFanoutBlast)
+		if t.Share > 0 {
+			b.Progress("throttled: %d devices, %d 429s, %d pushes before their Retry-After; breaker failures %v",
+				t.Devices, t.Answered429, t.Early, t.BreakerFailures)
+		}
+	}
 	return res, nil
 }
 

@@ -60,6 +60,10 @@ type Config struct {
 	// StatusEvery is how often each message's status is read through the
 	// API until it settles (--status-every); 0 means 250 ms.
 	StatusEvery time.Duration
+	// Throttled is the share of devices (0 to 1) fakepush answers 429 once
+	// in the measured messages, each as its provider answers one device
+	// (--throttled).
+	Throttled float64
 }
 
 // messages is Config.Messages, at least one.
@@ -105,6 +109,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	fs.IntVar(&cfg.History, "history", 0, "settled ledger rows (in messages of 25,000) written with SQL before the measured messages")
 	fs.StringVar(&cfg.Payload, "payload", "plain", "the bulk message's payload: plain (title, body, data), rich (every payload field) or localized (rich, in five languages the users' locales spread over)")
 	fs.BoolVar(&cfg.UrgentWorker, "urgent-worker", false, "run the urgent lane in a worker process of its own (HERALD_LANES=urgent)")
+	throttled := fs.Float64("throttled", 0, "percent of devices fakepush throttles (429 with Retry-After, once each) in the measured messages")
 	// --help answers on stdout and succeeds; a bad flag fails with the
 	// usage on stderr.
 	fs.Usage = func() {}
@@ -128,6 +133,10 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if cfg.Users < 1 {
 		return errors.New("--users must be at least 1")
 	}
+	if *throttled < 0 || *throttled > 100 {
+		return fmt.Errorf("--throttled must be a percent from 0 to 100, not %v", *throttled)
+	}
+	cfg.Throttled = *throttled / 100
 	if cfg.Messages < 1 {
 		return errors.New("--messages must be at least 1")
 	}

@@ -63,6 +63,9 @@ type Result struct {
 		LedgerWriteMs pair `json:"ledger_write_ms"`
 	} `json:"breakdown"`
 	Tuning map[string]string `json:"tuning,omitempty"`
+	// Throttled is the healthy devices' figures, and with --throttled the
+	// throttled ones' (throttle.go).
+	Throttled *Throttled `json:"throttled"`
 	// UrgentWorker says the urgent lane ran in a process of its own
 	// (--urgent-worker); cpu_us_per_send and peak_rss_mb then cover both
 	// processes (the sum of their CPU, the larger peak).
