@@ -10,6 +10,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/heraldpush/herald/api/client"
+	"github.com/heraldpush/herald/cmd/herald/heraldbench"
+	"github.com/heraldpush/herald/jobs/push/apns"
+	fcmpkg "github.com/heraldpush/herald/jobs/push/fcm"
 	"github.com/heraldpush/herald/jobs/push/fake"
 )
 
@@ -172,7 +175,7 @@ func TestFCMQuotaExceededPausesFCM(t *testing.T) {
 	require.NoError(t, e.fake.SetControl(fake.Control{Channel: "fcm", Mode: fake.ModeRateLimited, RetryAfterS: new(retryAfter)}))
 
 	before := e.fake.Stats().FCM.Received
-	e.send(client.NewMessage{Audience: toUsers(users...), Payload: titled("quota")})
+	e.send(client.NewMessage{Priority: new(client.PriorityBulk), Audience: toUsers(users...), Payload: titled("quota")})
 	var firstAt time.Time
 	require.Eventually(t, func() bool {
 		if e.fake.Stats().FCM.Rejected > 0 {
@@ -193,6 +196,18 @@ func TestFCMQuotaExceededPausesFCM(t *testing.T) {
 	}
 	fcm := e.providers()["fcm"]
 	require.Equal(t, client.BreakerStateOpen, fcm.State, "paused: FCM asks for at least a minute after QUOTA_EXCEEDED")
+
+	// FCM throttled Herald as a whole: its client's bound on requests in
+	// flight halved (once a round trip, so once or twice for the burst),
+	// and APNs' did not move.
+	families, err := heraldbench.ScrapeMetrics(e.base)
+	require.NoError(t, err)
+	limit := func(channel string) float64 {
+		return heraldbench.MetricSum(families, "herald_provider_in_flight_limit", map[string]string{"channel": channel, "lane": "bulk"})
+	}
+	require.Less(t, limit("fcm"), float64(fcmpkg.DefaultMaxInFlight))
+	require.GreaterOrEqual(t, limit("fcm"), float64(fcmpkg.DefaultMaxInFlight/4))
+	require.EqualValues(t, apns.DefaultMaxInFlight, limit("apns"))
 }
 
 func TestThrottledPastExpiryExpires(t *testing.T) {

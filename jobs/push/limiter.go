@@ -13,9 +13,32 @@ import (
 // breaker before each request, and parks what the breaker will not let
 // through. Providers differ only in how one request is made and in which
 // targets they refuse locally, so those are what they pass to Send.
+//
+// The bound adapts, between 1 and the provider's MaxInFlight, the way TCP's
+// congestion window does: it halves, at most once a round trip, when the
+// provider throttles Herald as a whole (a 429 that is not about one device)
+// or a request gets no answer in time, and grows by one after a bound's
+// worth of answers whose latency held (within twice its running average).
+// It starts at MaxInFlight, so a provider that never pushes back sees the
+// fixed bound it always had.
 type Limiter struct {
-	// slots holds one token per request in flight.
+	// slots holds one token per request in flight, and one per slot the
+	// adaptive bound withholds.
 	slots chan struct{}
+	// max is the most requests in flight (MaxInFlight); fixed keeps the
+	// bound there (NewFixedLimiter).
+	max   int
+	fixed bool
+
+	mu sync.Mutex
+	// limit is the adaptive bound; withheld counts the slots taken out of
+	// use to keep to it (max - limit once the requests above it are back).
+	limit, withheld int
+	// held counts the answers within latency since the bound last moved;
+	// latency is their running average.
+	held       int
+	latency    time.Duration
+	lastShrink time.Time
 	// turn makes concurrent Sends take their slots one Send after another,
 	// in the order they asked (the semaphore is FIFO): the first Send's
 	// requests all start before the second's, so Sends finish in order
@@ -34,8 +57,86 @@ type Limiter struct {
 // once. Providers validate maxInFlight, so it is at least 1.
 func NewLimiter(maxInFlight int) *Limiter {
 	return &Limiter{
-		slots: make(chan struct{}, maxInFlight), turn: semaphore.NewWeighted(1),
-		idle: make(chan func()), closed: make(chan struct{}),
+		slots: make(chan struct{}, maxInFlight), max: maxInFlight, limit: maxInFlight,
+		turn: semaphore.NewWeighted(1), idle: make(chan func()), closed: make(chan struct{}),
+	}
+}
+
+// NewFixedLimiter is NewLimiter with a bound that never adapts: Web Push's,
+// which every push service shares, so that one host's timeouts or 429s
+// never slow the others (each host has a breaker of its own instead).
+func NewFixedLimiter(maxInFlight int) *Limiter {
+	l := NewLimiter(maxInFlight)
+	l.fixed = true
+	return l
+}
+
+// InFlightLimit is the adaptive bound on requests in flight now.
+func (l *Limiter) InFlightLimit() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.limit
+}
+
+// release gives a request's slot back, unless the bound shrank below the
+// slots in use: then the slot is withheld.
+func (l *Limiter) release() {
+	l.mu.Lock()
+	if l.withheld < l.max-l.limit {
+		l.withheld++
+		l.mu.Unlock()
+		return
+	}
+	l.mu.Unlock()
+	<-l.slots
+}
+
+// observe moves the adaptive bound by an answer.
+func (l *Limiter) observe(r Result) {
+	if l.fixed {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := time.Now()
+	switch {
+	case r.Unanswered || (r.Reason == ReasonRateLimited && !r.TargetThrottled):
+		// Once a round trip: the requests in flight together all meet
+		// the same trouble, and one halving answers it.
+		if now.Sub(l.lastShrink) >= max(l.latency, 100*time.Millisecond) {
+			l.limit, l.held, l.lastShrink = max(l.limit/2, 1), 0, now
+			// The free slots above the bound are withheld now, the busy
+			// ones as their requests come back (release).
+		withhold:
+			for l.withheld < l.max-l.limit {
+				select {
+				case l.slots <- struct{}{}:
+					l.withheld++
+				default:
+					break withhold
+				}
+			}
+		}
+	case r.Latency > 0:
+		if l.latency == 0 || r.Latency <= 2*l.latency {
+			l.held++
+		} else {
+			l.held = 0
+		}
+		if l.latency == 0 {
+			l.latency = r.Latency
+		} else {
+			l.latency += (r.Latency - l.latency) / 8
+		}
+		if l.limit < l.max && l.held >= l.limit {
+			l.limit, l.held = l.limit+1, 0
+			if l.withheld > l.max-l.limit {
+				// A withheld slot goes back into use. The channel holds it,
+				// so this never blocks.
+				l.withheld--
+				<-l.slots
+			}
+		}
 	}
 }
 
@@ -140,7 +241,7 @@ func (l *Limiter) Send(ctx context.Context, targets []Target, results []Result, 
 			return false
 		}
 		if !allow() {
-			<-l.slots
+			l.release()
 			refused = true
 			results[i] = parked()
 			return true
@@ -148,10 +249,11 @@ func (l *Limiter) Send(ctx context.Context, targets []Target, results []Result, 
 		wg.Add(1)
 		l.run(func() {
 			defer wg.Done()
-			defer func() { <-l.slots }()
+			defer l.release()
 			start := time.Now()
 			r := send(t)
 			r.Latency = time.Since(start)
+			l.observe(r)
 			results[i] = r
 			if answered != nil {
 				answered(i)

@@ -343,3 +343,66 @@ func TestLimiterSendLeadGoesFirst(t *testing.T) {
 		require.True(t, r.Accepted, "target %d", i)
 	}
 }
+
+func TestLimiterAdaptsItsBound(t *testing.T) {
+	t.Parallel()
+	l := NewLimiter(8)
+	defer l.Close()
+	answer := func(r Result) {
+		if r.Latency == 0 {
+			r.Latency = 10 * time.Millisecond
+		}
+		l.observe(r)
+	}
+	answer(Result{Accepted: true})
+	require.Equal(t, 8, l.InFlightLimit(), "it starts at MaxInFlight")
+
+	answer(Result{Reason: ReasonProviderUnavailable, Unanswered: true})
+	require.Equal(t, 4, l.InFlightLimit(), "a timeout halves it")
+	answer(Result{Reason: ReasonProviderUnavailable, Unanswered: true})
+	require.Equal(t, 4, l.InFlightLimit(), "once a round trip: the requests in flight together met the same trouble")
+	l.mu.Lock()
+	l.lastShrink = l.lastShrink.Add(-time.Second)
+	l.mu.Unlock()
+	answer(Result{Reason: ReasonRateLimited, Detail: "429 QUOTA_EXCEEDED"})
+	require.Equal(t, 2, l.InFlightLimit(), "a provider-wide 429 halves it")
+	answer(Result{Reason: ReasonRateLimited, TargetThrottled: true})
+	require.Equal(t, 2, l.InFlightLimit(), "one device's 429 is no reason to slow the others")
+
+	// Answers whose latency holds grow it by one a bound's worth; a slow
+	// one starts the count again.
+	answer(Result{Accepted: true, Latency: time.Second})
+	answer(Result{Accepted: true})
+	require.Equal(t, 2, l.InFlightLimit(), "a slow answer starts the count again")
+	answer(Result{Accepted: true})
+	require.Equal(t, 3, l.InFlightLimit())
+	for range 100 {
+		answer(Result{Accepted: true})
+	}
+	require.Equal(t, 8, l.InFlightLimit(), "never past MaxInFlight")
+}
+
+func TestLimiterKeepsToItsShrunkBound(t *testing.T) {
+	t.Parallel()
+	l := NewLimiter(4)
+	defer l.Close()
+	l.observe(Result{Reason: ReasonRateLimited, Latency: time.Millisecond})
+	l.mu.Lock()
+	l.lastShrink = time.Time{}
+	l.mu.Unlock()
+	l.observe(Result{Reason: ReasonRateLimited, Latency: time.Millisecond})
+	require.Equal(t, 1, l.InFlightLimit())
+
+	var inFlight, most atomic.Int32
+	targets, results := make([]Target, 6), make([]Result, 6)
+	l.Send(context.Background(), targets, results, func() bool { return true }, nil, nil, func(Target) Result {
+		n := inFlight.Add(1)
+		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		}
+		time.Sleep(5 * time.Millisecond)
+		inFlight.Add(-1)
+		// Still throttled: the bound stays at one.
+		return Result{Reason: ReasonRateLimited}
+	})
+	require.Equal(t, int32(1), most.Load(), "one request at a time at a bound of one")
+}

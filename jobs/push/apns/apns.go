@@ -130,6 +130,10 @@ func (p *Provider) Warm(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
+// InFlightLimit is the bound on requests in flight now: MaxInFlight, or
+// less while the provider pushes back (push.Limiter).
+func (p *Provider) InFlightLimit() int { return p.limiter.InFlightLimit() }
+
 // Close closes the pool's idle connections. Call it once no Send is running.
 func (p *Provider) Close() {
 	p.limiter.Close()

@@ -151,6 +151,10 @@ func warmMessage() *messaging.Message {
 	return &messaging.Message{Topic: warmTopic, Data: map[string]string{"herald": "warm"}}
 }
 
+// InFlightLimit is the bound on requests in flight now: MaxInFlight, or
+// less while the provider pushes back (push.Limiter).
+func (p *Provider) InFlightLimit() int { return p.limiter.InFlightLimit() }
+
 // Close closes idle connections. Call it once no Send is running.
 func (p *Provider) Close() {
 	p.limiter.Close()

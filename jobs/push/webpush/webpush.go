@@ -87,13 +87,17 @@ func New(cfg Config) (*Provider, error) {
 		client: &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error {
 			return http.ErrUseLastResponse
 		}},
-		limiter: push.NewLimiter(cfg.MaxInFlight),
+		limiter: push.NewFixedLimiter(cfg.MaxInFlight),
 	}, nil
 }
 
 // Warm does nothing: which push services a message goes to is known only
 // from its subscriptions, so there is no connection to open ahead of them.
 func (p *Provider) Warm(context.Context) error { return nil }
+
+// InFlightLimit is the bound on requests in flight now: MaxInFlight, or
+// less while the provider pushes back (push.Limiter).
+func (p *Provider) InFlightLimit() int { return p.limiter.InFlightLimit() }
 
 // Close closes idle connections. Call it once no Send is running.
 func (p *Provider) Close() {
