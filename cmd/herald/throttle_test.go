@@ -12,8 +12,8 @@ import (
 	"github.com/heraldpush/herald/api/client"
 	"github.com/heraldpush/herald/cmd/herald/heraldbench"
 	"github.com/heraldpush/herald/jobs/push/apns"
-	fcmpkg "github.com/heraldpush/herald/jobs/push/fcm"
 	"github.com/heraldpush/herald/jobs/push/fake"
+	fcmpkg "github.com/heraldpush/herald/jobs/push/fcm"
 )
 
 // These tests hold Herald to the providers' throttles as fakepush answers

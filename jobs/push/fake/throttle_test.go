@@ -4,7 +4,6 @@ import (
 	"context"
 	"io"
 	"net/http"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -102,5 +101,5 @@ func TestThrottleAnswersPerDevice(t *testing.T) {
 
 	code, answer := b.postJSON(t, "/_control", `{"channel":"fcm","throttle":{"share":2}}`)
 	require.Equal(t, http.StatusBadRequest, code)
-	require.True(t, strings.Contains(answer, "throttle.share"), answer)
+	require.Contains(t, answer, "throttle.share")
 }
