@@ -427,8 +427,10 @@ func (w *FanOutWorker) finish(ctx context.Context, c *running, ledger *ledger, r
 
 // throttledWait counts the chunk's deliveries that wait for their devices'
 // throttles: those the provider throttled in this attempt, and those not
-// sent because an earlier attempt's throttle had not run out. wait is how
-// long until the first of them may be sent (from the database's now).
+// sent because an earlier attempt's throttle had not run out when this one
+// began (the only targets an attempt leaves without any result: their
+// time may have come while it ran, and they are still to send). wait is
+// how long until the first of them may be sent (from the database's now).
 func (w *FanOutWorker) throttledWait(c *running, results []push.Result) (waiting int, wait time.Duration) {
 	now := w.cfg.Clock.Now()
 	wait = -1
@@ -437,7 +439,7 @@ func (w *FanOutWorker) throttledWait(c *running, results []push.Result) (waiting
 		switch r := results[i]; {
 		case throttled(r):
 			until = w.cfg.Clock.ToDB(r.At).Add(throttleWait(r, t.Attempt))
-		case r.At.IsZero() && r.Reason == push.ReasonNone && t.Gone == push.ReasonNone && t.NotBefore.After(now):
+		case r.At.IsZero() && r.Reason == push.ReasonNone && t.Gone == push.ReasonNone:
 			until = t.NotBefore
 		default:
 			continue

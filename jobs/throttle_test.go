@@ -146,3 +146,24 @@ func TestThrottleWait(t *testing.T) {
 		require.Equal(t, tc.want, throttleWait(push.Result{RetryAfter: tc.retryAfter}, tc.attempts), "%+v", tc)
 	}
 }
+
+// TestThrottledWaitCountsWhatItSkipped is the attempt that skipped a device
+// whose throttle had not run out when it began, and had by its end: the
+// device is still to send, so the chunk must not complete without it.
+func TestThrottledWaitCountsWhatItSkipped(t *testing.T) {
+	t.Parallel()
+	b := setupFanOut(t)
+	w := b.worker(nil, FanOutConfig{})
+	now := b.clock.Now()
+	c := &running{
+		FanOutArgs: FanOutArgs{ExpiresAt: now.Add(time.Hour)},
+		Targets: []Target{
+			{Target: push.Target{DeviceID: 1}, Channel: ChannelAPNs, NotBefore: now.Add(-time.Millisecond)},
+			{Target: push.Target{DeviceID: 2}, Channel: ChannelAPNs},
+		},
+	}
+	results := []push.Result{{}, {Accepted: true, At: time.Now()}}
+	waiting, wait := w.throttledWait(c, results)
+	require.Equal(t, 1, waiting, "the skipped device waits still")
+	require.Zero(t, wait, "its time has come")
+}
