@@ -82,6 +82,9 @@ type config struct {
 	// (HERALD_MAX_IN_FLIGHT_APNS, _FCM, _WEBPUSH); zero takes the
 	// provider's default.
 	MaxInFlight map[string]int
+	// FCMRate is the FCM client's sends a second (HERALD_RATE_FCM): 0 for
+	// its default, -1 for none.
+	FCMRate int
 	// BreakerCooldown is how long a provider's (or a Web Push service's)
 	// circuit breaker stays open before one probe may go out
 	// (HERALD_BREAKER_COOLDOWN); it doubles after each failed probe, up to
@@ -212,6 +215,9 @@ func loadConfig(getenv func(string) string) (config, error) {
 		if c.MaxInFlight[channel], err = intVar(getenv, name, 1, 100_000); err != nil {
 			return c, err
 		}
+	}
+	if c.FCMRate, err = intVar(getenv, "HERALD_RATE_FCM", -1, 10_000_000); err != nil {
+		return c, err
 	}
 	if c.ScheduleLead, err = durationVar(getenv, "HERALD_SCHEDULE_LEAD", 0, time.Second); err != nil {
 		return c, err

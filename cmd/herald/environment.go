@@ -106,6 +106,7 @@ var serveEnv = []envVar{
 	{"HERALD_MAX_IN_FLIGHT_APNS", "APNs requests in flight per client", apns.DefaultMaxInFlight, ""},
 	{"HERALD_MAX_IN_FLIGHT_FCM", "FCM requests in flight per client", fcm.DefaultMaxInFlight, ""},
 	{"HERALD_MAX_IN_FLIGHT_WEBPUSH", "Web Push requests in flight per client", webpush.DefaultMaxInFlight, ""},
+	{"HERALD_RATE_FCM", "FCM sends a second per client, in bursts of a minute's worth; -1 for no bound", fcm.DefaultRate, ""},
 	{"HERALD_DB_MAX_CONNS", "the process's PostgreSQL connection pool", jobs.DefaultPoolSize, ""},
 	{"HERALD_SCHEDULE_LEAD", "how long before a schedule run its message is made", jobs.DefaultScheduleLead, ""},
 	{"HERALD_MATERIALIZE_EVERY", "how often schedule runs are looked for", jobs.DefaultMaterializeEvery, ""},

@@ -140,7 +140,7 @@ func buildProviders(ctx context.Context, cfg config, roots *x509.CertPool, logge
 	if err == nil && cfg.FCM.enabled() {
 		f, e := fcm.New(ctx, fcm.Config{
 			CredentialsFile: cfg.FCM.CredentialsFile, Endpoint: cfg.FCM.Endpoint, RootCAs: roots,
-			MaxInFlight: cfg.MaxInFlight[jobs.ChannelFCM],
+			MaxInFlight: cfg.MaxInFlight[jobs.ChannelFCM], Rate: float64(cfg.FCMRate),
 		})
 		err = add(jobs.ChannelFCM, f, e)
 	}

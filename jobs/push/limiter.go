@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"golang.org/x/sync/semaphore"
+	"golang.org/x/time/rate"
 )
 
 // Limiter runs the send loop every provider shares: it bounds the requests in
@@ -25,6 +26,8 @@ type Limiter struct {
 	// slots holds one token per request in flight, and one per slot the
 	// adaptive bound withholds.
 	slots chan struct{}
+	// pace, when set, bounds the requests' sustained rate (SetRate).
+	pace *rate.Limiter
 	// max is the most requests in flight (MaxInFlight); fixed keeps the
 	// bound there (NewFixedLimiter).
 	max   int
@@ -69,6 +72,25 @@ func NewFixedLimiter(maxInFlight int) *Limiter {
 	l := NewLimiter(maxInFlight)
 	l.fixed = true
 	return l
+}
+
+// SetRate bounds the requests' sustained rate to perSecond, with bursts of
+// up to burst requests; zero leaves it unbounded. Call it before any Send.
+func (l *Limiter) SetRate(perSecond float64, burst int) {
+	if perSecond <= 0 {
+		l.pace = nil
+		return
+	}
+	l.pace = rate.NewLimiter(rate.Limit(perSecond), max(burst, 1))
+}
+
+// Rate is the bound on the requests' sustained rate, a second; zero for
+// none.
+func (l *Limiter) Rate() float64 {
+	if l.pace == nil {
+		return 0
+	}
+	return float64(l.pace.Limit())
 }
 
 // InFlightLimit is the adaptive bound on requests in flight now.
@@ -232,6 +254,15 @@ func (l *Limiter) Send(ctx context.Context, targets []Target, results []Result, 
 			if r, ok := reject(t); ok {
 				results[i] = r
 				return true
+			}
+		}
+		// The rate first, so that a request waiting for its turn holds no
+		// slot. One that would have to wait past the attempt's deadline is
+		// not sent, and its chunk tries again later.
+		if l.pace != nil {
+			if err := l.pace.Wait(ctx); err != nil {
+				notSent(i, err)
+				return false
 			}
 		}
 		select {

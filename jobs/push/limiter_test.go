@@ -406,3 +406,32 @@ func TestLimiterKeepsToItsShrunkBound(t *testing.T) {
 	})
 	require.Equal(t, int32(1), most.Load(), "one request at a time at a bound of one")
 }
+
+func TestLimiterKeepsToItsRate(t *testing.T) {
+	t.Parallel()
+	l := NewLimiter(8)
+	defer l.Close()
+	l.SetRate(20, 1)
+	require.InDelta(t, 20.0, l.Rate(), 0)
+	targets, results := make([]Target, 5), make([]Result, 5)
+	start := time.Now()
+	l.Send(context.Background(), targets, results, func() bool { return true }, nil, nil, sent)
+	// A burst of one, then one every 50 ms: the fifth no sooner than
+	// 200 ms after the first.
+	require.GreaterOrEqual(t, time.Since(start), 190*time.Millisecond)
+	for _, r := range results {
+		require.True(t, r.Accepted)
+	}
+
+	// A request that would wait past its context's deadline is not sent.
+	l.SetRate(0.5, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	l.Send(ctx, targets[:2], results[:2], func() bool { return true }, nil, nil, sent)
+	require.True(t, results[0].Accepted)
+	require.Equal(t, ReasonProviderUnavailable, results[1].Reason)
+	require.Contains(t, results[1].Detail, "not sent")
+
+	l.SetRate(0, 0)
+	require.Zero(t, l.Rate())
+}

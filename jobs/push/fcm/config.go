@@ -22,6 +22,10 @@ const (
 	// DefaultRequestTimeout bounds one request, including the SDK's own
 	// handling of it, so that a hung provider never holds a chunk.
 	DefaultRequestTimeout = 5 * time.Second
+	// DefaultRate is the sends a second a Provider keeps to, with bursts of
+	// a minute's worth: FCM's default quota is 600,000 messages a minute a
+	// project, counted per minute, and answered 429 QUOTA_EXCEEDED past it.
+	DefaultRate = 10_000
 )
 
 // Config configures the FCM provider.
@@ -42,6 +46,11 @@ type Config struct {
 	MaxInFlight int
 	// RequestTimeout bounds one request. Default DefaultRequestTimeout.
 	RequestTimeout time.Duration
+	// Rate is the sends a second the Provider keeps to, with bursts of a
+	// minute's worth (HERALD_RATE_FCM). Default DefaultRate; negative for
+	// none. The quota is the project's: with several processes (or both
+	// lanes), each should keep to its share.
+	Rate float64
 }
 
 // withDefaults returns a copy of c with every empty field filled in.
@@ -56,6 +65,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.RequestTimeout == 0 {
 		c.RequestTimeout = DefaultRequestTimeout
+	}
+	if c.Rate == 0 {
+		c.Rate = DefaultRate
 	}
 	return c
 }

@@ -113,10 +113,9 @@ func New(ctx context.Context, cfg Config) (*Provider, error) {
 	if err != nil {
 		return nil, fmt.Errorf("fcm: %w", err)
 	}
-	return &Provider{
-		cfg: cfg, client: client, sends: sends, tokens: tokens,
-		limiter: push.NewLimiter(cfg.MaxInFlight),
-	}, nil
+	limiter := push.NewLimiter(cfg.MaxInFlight)
+	limiter.SetRate(cfg.Rate, int(60*cfg.Rate))
+	return &Provider{cfg: cfg, client: client, sends: sends, tokens: tokens, limiter: limiter}, nil
 }
 
 // Warm fetches an access token and opens every connection to FCM, with one
@@ -150,6 +149,9 @@ func (p *Provider) Warm(ctx context.Context) error {
 func warmMessage() *messaging.Message {
 	return &messaging.Message{Topic: warmTopic, Data: map[string]string{"herald": "warm"}}
 }
+
+// Rate is the sends a second the Provider keeps to; zero for no bound.
+func (p *Provider) Rate() float64 { return p.limiter.Rate() }
 
 // InFlightLimit is the bound on requests in flight now: MaxInFlight, or
 // less while the provider pushes back (push.Limiter).
