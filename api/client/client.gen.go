@@ -562,7 +562,7 @@ type FCMOptions struct {
 	// Icon FCM android.notification.icon.
 	Icon *string `json:"icon,omitempty"`
 
-	// Tag FCM android.notification.tag; the message id when absent.
+	// Tag FCM android.notification.tag; the message id when absent. On a data message (silent, or data with nothing to show) the android.collapse_key, which a data message otherwise has none of.
 	Tag *string `json:"tag,omitempty"`
 }
 
@@ -793,7 +793,7 @@ type Payload struct {
 	// Fcm What only FCM has.
 	Fcm *FCMOptions `json:"fcm,omitempty"`
 
-	// Image An https URL. APNs custom key image with aps.mutable-content 1; FCM notification.image; Web Push image.
+	// Image An https URL. APNs custom key image with aps.mutable-content 1; FCM notification.image, and apns.fcm_options.image with aps.mutable-content 1 for Apple devices; Web Push image.
 	Image *string `json:"image,omitempty"`
 
 	// InterruptionLevel APNs aps.interruption-level.
