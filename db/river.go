@@ -9,6 +9,7 @@ package db
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -159,4 +160,95 @@ func DeleteCompletedRuns(ctx context.Context, q DBTX, kind string) error {
 		return fmt.Errorf("delete completed %s jobs: %w", kind, err)
 	}
 	return nil
+}
+
+// LivenessLockSpace is the first key of the session advisory locks by which
+// worker processes say they are alive (pg_advisory_lock(LivenessLockSpace,
+// key)): "HRLD".
+const LivenessLockSpace int32 = 0x48524c44
+
+// AbandonedChunk is a running job whose worker process is gone.
+type AbandonedChunk struct {
+	ID int64
+	// ClientID is the River client that ran it (the last of attempted_by).
+	ClientID string
+	Queue    string
+}
+
+// AbandonedChunks lists the running jobs of kind whose last attempt was
+// made by a River client of a worker process that no longer holds its
+// liveness lock. A worker's clients are named herald-<key>-<name>, key its
+// lock's second key (jobs.Liveness); a client named otherwise (an older
+// release, a client of River's own naming) is never listed: River's rescue
+// after RescueAfter still covers it. PostgreSQL releases a session's
+// advisory locks when the session ends, which it notices at once for a
+// process killed on the database's machine or another's (the socket
+// closes), so a dead worker's chunks show here within moments.
+func AbandonedChunks(ctx context.Context, q DBTX, kind string) ([]AbandonedChunk, error) {
+	rows, err := q.Query(ctx, `
+		SELECT j.id, j.attempted_by[cardinality(j.attempted_by)], j.queue
+		FROM river_job j
+		WHERE j.state = 'running' AND j.kind = $1
+		  AND j.attempted_by[cardinality(j.attempted_by)] ~ '^herald-[0-9]{1,10}-'
+		  AND NOT EXISTS (
+			SELECT 1 FROM pg_locks l
+			WHERE l.locktype = 'advisory' AND l.granted
+			  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+			  AND l.classid = $2::bigint::oid AND l.objsubid = 2
+			  AND l.objid = split_part(j.attempted_by[cardinality(j.attempted_by)], '-', 2)::bigint::oid)`,
+		kind, int64(LivenessLockSpace))
+	if err != nil {
+		return nil, fmt.Errorf("list abandoned chunks: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[AbandonedChunk])
+	if err != nil {
+		return nil, fmt.Errorf("list abandoned chunks: %w", err)
+	}
+	return out, nil
+}
+
+// RetakeChunk makes a running job whose worker is gone available again at
+// once, as River's rescuer would after RescueAfter, with an error entry
+// that says why: only if it is still running under the same client, so a
+// job that finished or moved on meanwhile is left alone. It reports
+// whether the job was taken.
+func RetakeChunk(ctx context.Context, q DBTX, c AbandonedChunk, reason string) (bool, error) {
+	tag, err := q.Exec(ctx, `
+		UPDATE river_job
+		SET state = 'available', scheduled_at = now(),
+		    errors = array_append(errors, jsonb_build_object(
+		        'at', now(), 'attempt', attempt, 'error', $3::text, 'trace', ''))
+		WHERE id = $1 AND state = 'running'
+		  AND attempted_by[cardinality(attempted_by)] = $2`, c.ID, c.ClientID, reason)
+	if err != nil {
+		return false, fmt.Errorf("retake chunk %d: %w", c.ID, err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// TryLivenessLock takes this session's liveness lock (LivenessLockSpace,
+// key) if no other session holds it.
+func TryLivenessLock(ctx context.Context, conn *pgx.Conn, key int32) (bool, error) {
+	var ok bool
+	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1::int, $2::int)`, LivenessLockSpace, key).Scan(&ok); err != nil {
+		return false, fmt.Errorf("take the liveness lock: %w", err)
+	}
+	return ok, nil
+}
+
+// ChunkAttemptOwned says whether job is still running the attempt that
+// client made: false once another worker has taken it over (RetakeChunk,
+// then a fetch) or it ended.
+func ChunkAttemptOwned(ctx context.Context, q DBTX, job int64, client string) (bool, error) {
+	var owned bool
+	err := q.QueryRow(ctx, `
+		SELECT state = 'running' AND attempted_by[cardinality(attempted_by)] = $2
+		FROM river_job WHERE id = $1`, job, client).Scan(&owned)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("read chunk %d's attempt: %w", job, err)
+	}
+	return owned, nil
 }

@@ -109,3 +109,103 @@ func TestRiverJobsAsHeraldReadsAndWritesThem(t *testing.T) {
 	_, err = client.JobGet(ctx, res.Job.ID)
 	require.NoError(t, err, "only completed runs are deleted")
 }
+
+// blockingWorker runs pinArgs jobs until release is closed.
+type blockingWorker struct {
+	river.WorkerDefaults[pinArgs]
+	started chan struct{}
+	release chan struct{}
+}
+
+func (w *blockingWorker) Work(ctx context.Context, _ *river.Job[pinArgs]) error {
+	w.started <- struct{}{}
+	select {
+	case <-w.release:
+	case <-ctx.Done():
+	}
+	return nil
+}
+
+// TestAbandonedChunksFollowTheLivenessLock: a job River is running under a
+// client named after a liveness key (as a worker names its clients) is
+// abandoned while no session holds that key's lock, and not while one
+// does; River writes the client's name where AbandonedChunks and
+// ChunkAttemptOwned read it. RetakeChunk makes a running job available
+// once, as River reads it, with the reason among its errors.
+func TestAbandonedChunksFollowTheLivenessLock(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tdb := dbtest.New(t)
+	const key = 77
+	const clientID = "herald-77-bulk"
+	w := &blockingWorker{started: make(chan struct{}, 1), release: make(chan struct{})}
+	workers := river.NewWorkers()
+	river.AddWorker(workers, w)
+	working, err := river.NewClient(riverpgxv5.New(tdb.Pool), &river.Config{
+		ID: clientID, Schema: db.PoolSchema(tdb.Pool), Workers: workers,
+		Queues: map[string]river.QueueConfig{"bulk": {MaxWorkers: 1}}, FetchCooldown: 20 * time.Millisecond, FetchPollInterval: 50 * time.Millisecond,
+	})
+	require.NoError(t, err)
+	require.NoError(t, working.Start(ctx))
+	t.Cleanup(func() { _ = working.Stop(ctx) })
+	res, err := working.Insert(ctx, pinArgs{}, &river.InsertOpts{Queue: "bulk"})
+	require.NoError(t, err)
+	<-w.started
+
+	abandoned, err := db.AbandonedChunks(ctx, tdb.Pool, pinArgs{}.Kind())
+	require.NoError(t, err)
+	require.Equal(t, []db.AbandonedChunk{{ID: res.Job.ID, ClientID: clientID, Queue: "bulk"}}, abandoned,
+		"no session holds lock 77: the job's worker is gone")
+	owned, err := db.ChunkAttemptOwned(ctx, tdb.Pool, res.Job.ID, clientID)
+	require.NoError(t, err)
+	require.True(t, owned)
+
+	conn, err := pgx.Connect(ctx, tdb.URL)
+	require.NoError(t, err)
+	ok, err := db.TryLivenessLock(ctx, conn, key)
+	require.NoError(t, err)
+	require.True(t, ok)
+	abandoned, err = db.AbandonedChunks(ctx, tdb.Pool, pinArgs{}.Kind())
+	require.NoError(t, err)
+	require.Empty(t, abandoned, "the lock is held: its worker is alive")
+	other, err := pgx.Connect(ctx, tdb.URL)
+	require.NoError(t, err)
+	defer other.Close(ctx)
+	ok, err = db.TryLivenessLock(ctx, other, key)
+	require.NoError(t, err)
+	require.False(t, ok, "one session holds a key")
+	require.NoError(t, conn.Close(ctx))
+	require.Eventually(t, func() bool {
+		abandoned, err := db.AbandonedChunks(ctx, tdb.Pool, pinArgs{}.Kind())
+		return err == nil && len(abandoned) == 1
+	}, 10*time.Second, 10*time.Millisecond, "the session ended, and its lock with it")
+
+	close(w.release)
+	require.Eventually(t, func() bool {
+		owned, err := db.ChunkAttemptOwned(ctx, tdb.Pool, res.Job.ID, clientID)
+		return err == nil && !owned
+	}, 10*time.Second, 10*time.Millisecond, "a finished job is no attempt's")
+
+	// A running job, as River's fetch leaves it, retaken.
+	client := insertOnly(t, tdb)
+	stuck, err := client.Insert(ctx, pinArgs{}, &river.InsertOpts{Queue: "other"})
+	require.NoError(t, err)
+	_, err = tdb.Pool.Exec(ctx, `UPDATE river_job SET state = 'running', attempt = 1, attempted_at = now(), attempted_by = '{herald-78-other}' WHERE id = $1`, stuck.Job.ID)
+	require.NoError(t, err)
+	gone := db.AbandonedChunk{ID: stuck.Job.ID, ClientID: "herald-78-other", Queue: "other"}
+	taken, err := db.RetakeChunk(ctx, tdb.Pool, db.AbandonedChunk{ID: stuck.Job.ID, ClientID: "herald-79-other"}, "not its client")
+	require.NoError(t, err)
+	require.False(t, taken, "a job is retaken only from the client that ran it")
+	taken, err = db.RetakeChunk(ctx, tdb.Pool, gone, "its worker is gone")
+	require.NoError(t, err)
+	require.True(t, taken)
+	taken, err = db.RetakeChunk(ctx, tdb.Pool, gone, "its worker is gone")
+	require.NoError(t, err)
+	require.False(t, taken, "taken once")
+	job, err := client.JobGet(ctx, stuck.Job.ID)
+	require.NoError(t, err)
+	require.Equal(t, rivertype.JobStateAvailable, job.State)
+	require.Len(t, job.Errors, 1)
+	require.Equal(t, "its worker is gone", job.Errors[0].Error)
+	require.Equal(t, 1, job.Errors[0].Attempt)
+}

@@ -58,6 +58,21 @@ const (
 	DefaultChunkTimeout = 30 * time.Second
 	DefaultRescueAfter  = time.Minute
 
+	// DefaultLivenessPing is how often a worker checks the connection that
+	// holds its liveness lock (Liveness); a worker that lost it stops
+	// sending within about this long.
+	DefaultLivenessPing = 250 * time.Millisecond
+	// DefaultLivenessFence is how long after its last good ping a worker
+	// stops sending (Liveness.Held): half DefaultTakeoverGrace.
+	DefaultLivenessFence = time.Second
+	// DefaultTakeoverEvery is how often a worker looks for running chunks
+	// whose worker is gone (Takeover), and DefaultTakeoverGrace how long a
+	// worker's lock must stay free before its chunks are taken: twice
+	// DefaultLivenessFence, so that a worker that lost its connection but
+	// lives has stopped sending, or taken its lock again, first.
+	DefaultTakeoverEvery = time.Second
+	DefaultTakeoverGrace = 2 * time.Second
+
 	// DefaultShutdownTimeout is how long a stopping worker lets the chunk
 	// attempts it is running finish (and write their ledger) before it
 	// cancels them and hands them back: inside the 30 s Kubernetes gives a

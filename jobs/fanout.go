@@ -37,6 +37,11 @@ type FanOutConfig struct {
 	Timeout time.Duration
 	// Metrics, when set, counts deliveries, skew and provider latency.
 	Metrics *Metrics
+	// Alive, when set, is asked before every provider request: false means
+	// this process may no longer claim its chunks (it lost its liveness
+	// lock, and Takeover may give them to another worker), so the request
+	// is not made and the delivery stays pending for whoever sends it.
+	Alive func() bool
 }
 
 // FanOutWorker turns a chunk into pushes: it checks expiry, marks the
@@ -144,7 +149,7 @@ func (w *FanOutWorker) Work(ctx context.Context, job *river.Job[FanOutArgs]) err
 	}
 	w.cfg.Metrics.tried(c.due(startedAt))
 	if len(c.Targets) == 0 {
-		return w.finish(ctx, c, ledger, ledger.open(c, startedAt, nil))
+		return w.finish(ctx, c, ledger, ledger.open(c, startedAt, nil), false)
 	}
 	groups := w.group(c, startedAt)
 	// Sending stops early enough to leave time to record what was sent: a
@@ -153,8 +158,45 @@ func (w *FanOutWorker) Work(ctx context.Context, job *river.Job[FanOutArgs]) err
 	sendCtx, cancel := context.WithTimeout(ctx, w.sendBudget())
 	defer cancel()
 	rec := ledger.open(c, startedAt, make([]push.Result, len(c.Targets)))
-	w.send(sendCtx, c, msg, groups, lane.Providers, ledger, rec).wait()
-	return w.finish(ctx, c, ledger, rec)
+	s := w.send(sendCtx, c, msg, groups, lane.Providers, ledger, rec)
+	s.wait()
+	err = w.finish(ctx, c, ledger, rec, s.fenced.Load())
+	if s.fenced.Load() {
+		return w.afterFence(ctx, job, lane.Pool, err)
+	}
+	return err
+}
+
+// afterFence ends an attempt that stopped sending because this process
+// lost its liveness lock. Another worker may have taken the chunk over
+// meanwhile (Takeover) and be running it: then whatever this attempt
+// returned, River would write over that attempt's state, and a snooze
+// would let a third attempt run beside it. So once the lock is back, an
+// attempt whose chunk is no longer its own returns nil: River marks the
+// job completed, which starts no other attempt, and the worker that has it
+// sends what is pending. (Should that attempt then park a delivery behind
+// a breaker, the reconciler expires it at its expiry: at most once wins
+// over at least once.)
+func (w *FanOutWorker) afterFence(ctx context.Context, job *river.Job[FanOutArgs], pool *pgxpool.Pool, err error) error {
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for !w.cfg.Alive() {
+		select {
+		case <-ctx.Done():
+			return err
+		case <-tick.C:
+		}
+	}
+	if len(job.AttemptedBy) == 0 {
+		return err
+	}
+	owned, qerr := db.ChunkAttemptOwned(ctx, pool, job.ID, job.AttemptedBy[len(job.AttemptedBy)-1])
+	if qerr != nil || owned {
+		return err
+	}
+	w.cfg.Logger.Warn("chunk taken over while this worker had lost its liveness lock; leaving it to the worker that has it",
+		"job_id", job.ID, "message_id", job.Args.MessageID, "chunk", job.Args.Chunk)
+	return nil
 }
 
 // begin starts the chunk in one round trip: the first chunk turns the
@@ -230,6 +272,9 @@ type sends struct {
 	// blocked.
 	done     chan struct{}
 	inFlight int
+	// fenced says a request was not made because this process had lost
+	// its liveness lock (FanOutConfig.Alive).
+	fenced atomic.Bool
 }
 
 // wait returns when every slice is back.
@@ -340,6 +385,10 @@ func (w *FanOutWorker) sendTargets(ctx context.Context, c *running, msg *push.Me
 	var reserved, made atomic.Int64
 	lead := push.LeadOf(ctx) > 0
 	allow := func() bool {
+		if w.cfg.Alive != nil && !w.cfg.Alive() {
+			s.fenced.Store(true)
+			return false
+		}
 		if !s.ledger.reserve(ctx, lead) {
 			return false
 		}
@@ -392,7 +441,7 @@ const sendSlice = 500
 // writes its timings and settles the message when nothing of it is pending
 // any more. The chunk snoozes when some of its deliveries were parked or
 // wait for their devices' throttles: until the first of them may be sent.
-func (w *FanOutWorker) finish(ctx context.Context, c *running, ledger *ledger, rec *chunkRecord) error {
+func (w *FanOutWorker) finish(ctx context.Context, c *running, ledger *ledger, rec *chunkRecord, fenced bool) error {
 	parked, detail, wait := w.parked(c, rec.results)
 	waiting, waitThrottle := w.throttledWait(c, rec.results)
 	if err := ledger.close(ctx, rec, len(parked) > 0 || waiting > 0); err != nil {
@@ -407,6 +456,13 @@ func (w *FanOutWorker) finish(ctx context.Context, c *running, ledger *ledger, r
 		// failure. The chunk is handed back, its answers written, for
 		// another worker to take at once.
 		w.cfg.Logger.InfoContext(ctx, "chunk handed back: this worker is stopping",
+			"message_id", push.FormatMessageID(c.MessageID), "chunk", c.Chunk, "unsent", parked, "throttled", waiting)
+		return river.JobSnooze(0)
+	}
+	if fenced {
+		// This process lost its liveness lock mid-chunk and stopped
+		// sending (afterFence): no provider's failure either.
+		w.cfg.Logger.WarnContext(ctx, "chunk handed back: this worker lost its liveness lock",
 			"message_id", push.FormatMessageID(c.MessageID), "chunk", c.Chunk, "unsent", parked, "throttled", waiting)
 		return river.JobSnooze(0)
 	}

@@ -29,6 +29,8 @@ type Metrics struct {
 	// that an outage (deliveries due, none accepted) shows even while the
 	// breakers park everything and nothing settles.
 	tries *prometheus.CounterVec
+	// takenOver counts the chunks Takeover made available again.
+	takenOver prometheus.Counter
 }
 
 // SLOSkew is Herald's promise: every device of a message reached within a
@@ -85,9 +87,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "herald_delivery_tries_total",
 			Help: "Due deliveries chunk passes set out to send, by channel; one parked behind an open breaker counts again each time its chunk wakes.",
 		}, []string{"channel"}),
+		takenOver: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "herald_chunks_taken_over_total",
+			Help: "Running chunks this process made available again because the worker process running them was gone (its liveness lock free).",
+		}),
 	}
 	reg.MustRegister(m.deliveries, m.skew, m.latency, m.chunksInFlight, m.wakes, m.reconciledMessages, m.reconciledExpired,
-		m.messageSkew, m.overSLO, m.tries)
+		m.messageSkew, m.overSLO, m.tries, m.takenOver)
 	// The series the alerts count increases of start at zero, so that the
 	// first message over the SLO, or the first delivery to expire, is an
 	// increase Prometheus sees rather than a series that appears at 1.
@@ -135,6 +141,13 @@ func (m *Metrics) tried(targets []Target) {
 	}
 	for channel, k := range n {
 		m.tries.WithLabelValues(channel).Add(float64(k))
+	}
+}
+
+// chunkTakenOver counts a chunk Takeover made available again.
+func (m *Metrics) chunkTakenOver() {
+	if m != nil {
+		m.takenOver.Inc()
 	}
 }
 

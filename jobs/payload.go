@@ -94,6 +94,9 @@ func checkPayloadFields(p *push.Content) error {
 			return invalid("payload.data", "payload.data keys must not be empty")
 		case reservedDataKey(p, k):
 			return invalid("payload.data."+k, "payload.data key %q is reserved", k)
+		case fcmReservedDataKey(k):
+			return invalid("payload.data."+k, "payload.data key %q is reserved by FCM, which refuses every push that carries it: "+
+				"from, message_type, collapse_key, notification and keys starting with google or gcm are FCM's own", k)
 		}
 	}
 	if err := checkHTTPSURL("payload.image", p.Image); err != nil {
@@ -381,4 +384,17 @@ func reservedDataKey(p *push.Content, k string) bool {
 		return p.Image != ""
 	}
 	return false
+}
+
+// fcmReservedDataKey reports whether FCM reserves data key k: Firebase's
+// HTTP v1 reference names from, message_type and any key starting with
+// google or gcm, and FCM refuses every push that carries one; collapse_key
+// and notification are words of FCM's own message that its documentation
+// says data must not use. The check is FCM's exact spelling, as FCM's is.
+func fcmReservedDataKey(k string) bool {
+	switch k {
+	case "from", "message_type", "collapse_key", "notification":
+		return true
+	}
+	return strings.HasPrefix(k, "google") || strings.HasPrefix(k, "gcm")
 }

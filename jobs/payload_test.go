@@ -1,12 +1,17 @@
 package jobs
 
 import (
+	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/heraldpush/herald/jobs/push"
+	"github.com/heraldpush/herald/jobs/push/fake"
+	"github.com/heraldpush/herald/jobs/push/fcm"
+	"github.com/heraldpush/herald/jobs/push/pushtest"
 )
 
 // TestCheckSizesNamesTheLocalization: a payload too large names the
@@ -31,4 +36,58 @@ func TestCheckSizesNamesTheLocalization(t *testing.T) {
 	c.Body = strings.Repeat("x", 4100)
 	require.ErrorAs(t, checkSizes(c), &size)
 	require.Empty(t, size.Locale)
+}
+
+// TestFCMReservedDataKeysRefused: every data key FCM refuses (fakepush,
+// as strict as Firebase, answers a push carrying it 400 INVALID_ARGUMENT,
+// payload_rejected for every device) is refused before a message is made,
+// naming the key, and so are the words FCM's documentation reserves beside
+// them; a key that merely contains one of them is the caller's own.
+func TestFCMReservedDataKeysRefused(t *testing.T) {
+	t.Parallel()
+	fp := pushtest.Start(t)
+	p, err := fcm.New(context.Background(), fcm.Config{
+		CredentialsFile: fp.Env[fake.EnvFCMCredentialsFile], Endpoint: fp.Env[fake.EnvFCMEndpoint], RootCAs: fp.CertPool(),
+	})
+	require.NoError(t, err)
+	t.Cleanup(p.Close)
+	// FCM's verdict on a push with data key k: true when it refuses it.
+	fcmRefuses := func(k string) bool {
+		m, err := push.NewMessage("msg_1", true, push.Content{Title: "Hi", Data: map[string]string{k: "v"}}, time.Now().Add(time.Hour))
+		require.NoError(t, err)
+		results := make([]push.Result, 1)
+		p.Send(context.Background(), m, pushtest.Targets("fcm:0001"), results, pushtest.AllowAll, nil)
+		require.True(t, results[0].Accepted || results[0].Reason == push.ReasonPayloadRejected, "%s: %+v", k, results[0])
+		return !results[0].Accepted
+	}
+
+	for _, tc := range []struct {
+		key              string
+		herald, firebase bool // refused by CheckPayload, by FCM
+	}{
+		{"from", true, true},
+		{"message_type", true, true},
+		{"google.c.a.e", true, true},
+		{"google", true, true},
+		{"googleAnalytics", true, true},
+		{"gcm.notification.title", true, true},
+		{"gcm", true, true},
+		{"collapse_key", true, false},
+		{"notification", true, false},
+		{"kind", false, false},
+		{"from_user", false, false},
+		{"my_google_id", false, false},
+		{"Google", false, false},
+		{"notifications", false, false},
+	} {
+		err := CheckPayload(&push.Content{Title: "Hi", Data: map[string]string{tc.key: "v"}})
+		if tc.herald {
+			var inv *InvalidError
+			require.ErrorAs(t, err, &inv, tc.key)
+			require.Equal(t, "payload.data."+tc.key, inv.Field)
+		} else {
+			require.NoError(t, err, tc.key)
+		}
+		require.Equal(t, tc.firebase, fcmRefuses(tc.key), "FCM's verdict on %q", tc.key)
+	}
 }

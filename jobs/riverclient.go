@@ -47,6 +47,11 @@ type RiverConfig struct {
 	// the retention job's period follows from it, and River's job cleaner
 	// never keeps a finished job longer.
 	Retention time.Duration
+	// ClientID, when set, names each working client: "main" for the main
+	// client, the queue for a lane's own. A worker names them after its
+	// liveness lock (Liveness.ClientID), so that Takeover can tell whose
+	// running chunks are orphaned.
+	ClientID func(name string) string
 }
 
 func (c *RiverConfig) setDefaults() {
@@ -84,6 +89,9 @@ func NewRiverClient(pool *pgxpool.Pool, cfg RiverConfig) (*river.Client[pgx.Tx],
 	rc := cfg.base()
 	if cfg.Workers != nil {
 		cfg.workerConfig(rc)
+		if cfg.ClientID != nil {
+			rc.ID = cfg.ClientID("main")
+		}
 		rc.Queues = map[string]river.QueueConfig{
 			// Maintenance (the schedule materializer) runs off the lanes and
 			// needs no quick pickup: it polls at River's default second,
@@ -140,6 +148,9 @@ func NewRiverClients(pool *pgxpool.Pool, cfg RiverConfig) (*RiverClients, error)
 		rc := cfg.base()
 		rc.Queues = map[string]river.QueueConfig{l.Queue: cfg.queue(l)}
 		cfg.workerConfig(rc)
+		if cfg.ClientID != nil {
+			rc.ID = cfg.ClientID(l.Queue)
+		}
 		rc.Schema = db.PoolSchema(l.Pool)
 		own, err := river.NewClient(riverpgxv5.New(l.Pool), rc)
 		if err != nil {

@@ -562,7 +562,7 @@ type FCMOptions struct {
 	// Icon FCM android.notification.icon.
 	Icon *string `json:"icon,omitempty"`
 
-	// Tag FCM android.notification.tag; the message id when absent.
+	// Tag FCM android.notification.tag; the message id when absent. On a data message (silent, or data with nothing to show) the android.collapse_key, which a data message otherwise has none of.
 	Tag *string `json:"tag,omitempty"`
 }
 
@@ -787,13 +787,13 @@ type Payload struct {
 	// Category APNs aps.category; FCM android.notification.click_action.
 	Category *string `json:"category,omitempty"`
 
-	// Data APNs custom top-level keys; FCM data; Web Push data. Keys herald_message_id and aps are reserved, and url and image when those fields are set.
+	// Data APNs custom top-level keys; FCM data; Web Push data. Keys herald_message_id and aps are reserved, and url and image when those fields are set; so are the keys FCM refuses or reserves (from, message_type, collapse_key, notification, and any key starting with google or gcm), each refused with 400 naming it.
 	Data *map[string]string `json:"data,omitempty"`
 
 	// Fcm What only FCM has.
 	Fcm *FCMOptions `json:"fcm,omitempty"`
 
-	// Image An https URL. APNs custom key image with aps.mutable-content 1; FCM notification.image; Web Push image.
+	// Image An https URL. APNs custom key image with aps.mutable-content 1; FCM notification.image, and apns.fcm_options.image with aps.mutable-content 1 for Apple devices; Web Push image.
 	Image *string `json:"image,omitempty"`
 
 	// InterruptionLevel APNs aps.interruption-level.

@@ -256,6 +256,47 @@ func TestE2ECrashMidFanOut(t *testing.T) {
 		"more answers were lost with the process than the ledger writer lets be unwritten")
 }
 
+// TestE2EWorkerGoneIsTakenOverInSeconds kills -9 one of two workers in the
+// middle of a 20,000-device fan-out. River's own rescue is an hour away, so
+// only the takeover can finish the dead worker's chunks: the survivor makes
+// them available as soon as the dead worker's liveness lock has been free
+// for the grace (2 s), and the message ends with every device accepted
+// once, the duplicates within what the dead worker can have had in flight.
+// How long after the kill the message settled is logged, not asserted (a
+// speed; a busy machine would make a bound flaky).
+func TestE2EWorkerGoneIsTakenOverInSeconds(t *testing.T) {
+	t.Parallel()
+	const devices = 20_000
+	s := newFanOutSetupOn(t, devices, dbtest.New(t), 40*time.Millisecond)
+	s.vars["HERALD_BULK_WORKERS"] = "10"
+	s.vars["HERALD_CHUNK_TIMEOUT"] = "50m"
+	s.vars["HERALD_RESCUE_AFTER"] = "1h"
+	a := startWorker(t, s.vars)
+	b := startWorker(t, s.vars)
+	for _, w := range []*child{a, b} {
+		require.Eventually(t, func() bool { return strings.Contains(w.out.String(), "listening on") }, time.Minute, 10*time.Millisecond)
+	}
+	id := s.schedule()
+	require.Eventually(t, func() bool { return s.accepted() >= devices/4 }, 2*time.Minute, 5*time.Millisecond,
+		"the fan-out never got going:\n%s\n%s", a.out.String(), b.out.String())
+	aUnanswered := a.unanswered(t)
+	a.kill(t)
+	killedAt := time.Now()
+	require.Less(t, s.accepted(), int64(devices), "the fan-out finished before the kill; the test proved nothing")
+
+	dups := s.checkOnceEach(id, devices)
+	settled := time.Since(killedAt)
+	families, err := heraldbench.ScrapeMetrics(b.base(t))
+	require.NoError(t, err)
+	takenOver := heraldbench.MetricSum(families, "herald_chunks_taken_over_total", nil)
+	bUnanswered := b.unanswered(t)
+	t.Logf("settled %s after the kill; %.0f chunks taken over; duplicates %d; unanswered sends %d (killed worker) and %d",
+		settled.Round(time.Millisecond), takenOver, dups, aUnanswered, bUnanswered)
+	require.Positive(t, takenOver, "the survivor took over none of the dead worker's chunks")
+	require.LessOrEqual(t, int64(dups), jobs.MaxUnwritten+aUnanswered+bUnanswered,
+		"more answers were lost with the process than the ledger writer lets be unwritten")
+}
+
 // TestE2ETwoWorkersShareTheFanOut runs two worker processes on one database:
 // they split the chunks, and no device gets the push twice unless a send to
 // it went unanswered (a timeout, which a loaded test machine can cause) and

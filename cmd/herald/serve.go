@@ -251,15 +251,27 @@ func startChunkWorker(ctx context.Context, p *process) (_ *worker, err error) {
 	if err != nil {
 		return nil, err
 	}
+	// The liveness lock is taken before any chunk is: a chunk of this
+	// process's is never seen running without it (Takeover).
+	liveness, err := jobs.NewLiveness(&jobs.LivenessConfig{ConnConfig: p.pool.Config().ConnConfig, Logger: logger})
+	if err != nil {
+		return nil, err
+	}
+	livenessConn, err := liveness.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	p.goBackground(func(ctx context.Context) { liveness.Run(ctx, livenessConn) })
 	workers := river.NewWorkers()
 	if w.fanOut, err = jobs.Register(workers, jobs.FanOutConfig{
 		Pool: p.pool, Lanes: w.lanes.lanes, Logger: logger, Clock: clock, Timeout: cfg.ChunkTimeout, Metrics: metrics,
 		Breakers: jobs.NewBreakers(jobs.BreakerConfig{Cooldown: cfg.BreakerCooldown}, cfg.configuredChannels()...),
+		Alive:    liveness.Held,
 	}, materializer, retainer); err != nil {
 		return nil, err
 	}
 	riverCfg := p.riverConfig()
-	riverCfg.Workers, riverCfg.Lanes = workers, w.lanes.lanes
+	riverCfg.Workers, riverCfg.Lanes, riverCfg.ClientID = workers, w.lanes.lanes, liveness.ClientID
 	if w.clients, err = jobs.NewRiverClients(p.pool, riverCfg); err != nil {
 		return nil, err
 	}
@@ -279,6 +291,17 @@ func startChunkWorker(ctx context.Context, p *process) (_ *worker, err error) {
 	if err != nil {
 		return nil, err
 	}
+	takeover, err := jobs.NewTakeover(&jobs.TakeoverConfig{
+		Pool: p.pool, Logger: logger, Metrics: metrics,
+		Wake: func(ctx context.Context, queue string) {
+			if err := jobs.RiverNotify(p.pool, queue)(ctx); err != nil {
+				logger.Warn("wake a lane after a takeover", "queue", queue, "error", err)
+			}
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
 	jobs.RegisterProcessMetrics(p.registry, w.fanOut.Breakers(), clock)
 	registerPacingMetrics(p.registry, w.lanes.lanes)
 	for _, l := range w.lanes.lanes {
@@ -293,6 +316,7 @@ func startChunkWorker(ctx context.Context, p *process) (_ *worker, err error) {
 	p.goBackground(promoter.Run)
 	p.goBackground(status.Run)
 	p.goBackground(waker.Run)
+	p.goBackground(takeover.Run)
 	return w, nil
 }
 

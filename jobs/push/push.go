@@ -70,6 +70,16 @@ type Content struct {
 	Localizations map[string]Text `json:"localizations,omitempty"`
 }
 
+// DataOnly reports whether c goes through FCM as a data message, with no
+// notification: it is silent, or it has nothing a notification shows or
+// sounds (no title, subtitle, body, image, sound or badge), only data for
+// the app. FCM takes a data message to Apple devices only as APNs'
+// background push, and an empty notification would make it a notification
+// message that shows nothing.
+func (c *Content) DataOnly() bool {
+	return c.Silent || c.Title == "" && c.Subtitle == "" && c.Body == "" && c.Image == "" && c.Sound == "" && c.Badge == nil
+}
+
 // APNsOptions are the fields only APNs has.
 type APNsOptions struct {
 	// CriticalSoundVolume (0 to 1) plays Sound as a critical alert; it
@@ -85,7 +95,8 @@ type FCMOptions struct {
 	// Android.
 	AndroidPriority string `json:"android_priority,omitempty"`
 	// Tag replaces an earlier notification with the same tag; the message
-	// id when empty.
+	// id when empty. On a data message (Content.DataOnly) it is the
+	// collapse key, which a data message has only when Tag asks for one.
 	Tag   string `json:"tag,omitempty"`
 	Color string `json:"color,omitempty"`
 	Icon  string `json:"icon,omitempty"`
@@ -335,7 +346,7 @@ func CheckSize(c Content) error {
 		return &SizeError{Channel: "apns", Size: len(apns), Limit: MaxPayloadBytes}
 	}
 	f := fcmPayload{Data: FCMData(c, messageID)}
-	if !c.Silent {
+	if !c.DataOnly() {
 		f.Notification = &fcmNotification{Title: c.Title, Body: c.Body, Image: c.Image}
 	}
 	fcm, err := json.Marshal(f)

@@ -86,8 +86,10 @@ func (r Reason) Evicts() bool {
 // Message is what a provider sends to every device of one message (one
 // chunk's worth at a time), encoded once and shared.
 type Message struct {
-	// ID is the Herald message id ("msg_42"); it is every push's collapse
-	// key and travels as herald_message_id in its data.
+	// ID is the Herald message id ("msg_42"); it collapses a message's
+	// second copy on a device (apns-collapse-id, the notification's tag on
+	// Android, the Web Push Topic) and travels as herald_message_id in its
+	// data, by which an app drops a second copy of a data message.
 	ID string
 	// Urgent selects the providers' high priority.
 	Urgent  bool

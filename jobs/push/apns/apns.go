@@ -46,6 +46,9 @@ type Provider struct {
 	sandboxClients []*apns2.Client
 	transports     []*http2.Transport
 	next           atomic.Uint64
+	// token is the provider token every connection sends: apns2 renews it
+	// on its timer, renewToken when Apple calls it expired before that.
+	token *token.Token
 	// limiter bounds the requests in flight across all concurrent Send
 	// calls.
 	limiter *push.Limiter
@@ -70,7 +73,7 @@ func New(cfg Config) (*Provider, error) {
 	if _, err := tok.Generate(); err != nil {
 		return nil, fmt.Errorf("apns config: KeyFile (APNS_KEY_FILE): sign a provider token: %w", err)
 	}
-	p := &Provider{cfg: cfg, limiter: push.NewLimiter(cfg.MaxInFlight)}
+	p := &Provider{cfg: cfg, limiter: push.NewLimiter(cfg.MaxInFlight), token: tok}
 	p.clients = p.pool(cfg.Host, cfg.Connections, tok)
 	// Sandbox devices are debug builds, few beside the production ones: one
 	// connection serves them.
@@ -185,8 +188,39 @@ func rejectToken(t push.Target) (push.Result, bool) {
 }
 
 // push sends one notification on the next connection of its environment's
-// pool.
+// pool. When Apple answers that the provider token is expired, which
+// apns2's timer (a new token every 50 minutes by the host's clock) should
+// never let happen but a host's clock that jumped or a process that was
+// suspended does, push signs a new token and sends the notification once
+// more; a second ExpiredProviderToken is the answer.
 func (p *Provider) push(ctx context.Context, n *apns2.Notification, sandbox bool) push.Result {
+	bearer := p.token.GenerateIfExpired()
+	r, expired := p.pushOnce(ctx, n, sandbox)
+	if !expired || ctx.Err() != nil || p.renewToken(bearer) != nil {
+		return r
+	}
+	r, _ = p.pushOnce(ctx, n, sandbox)
+	return r
+}
+
+// renewToken signs a new provider token in place of stale, unless another
+// send has already replaced it: the answers to a burst of sends with an
+// expired token renew it once, as Apple answers TooManyProviderTokenUpdates
+// to tokens renewed more often than every 20 minutes.
+func (p *Provider) renewToken(stale string) error {
+	t := p.token
+	t.Lock()
+	defer t.Unlock()
+	if t.Bearer != stale {
+		return nil
+	}
+	_, err := t.Generate()
+	return err
+}
+
+// pushOnce sends one request, and reports whether Apple answered that its
+// provider token is expired.
+func (p *Provider) pushOnce(ctx context.Context, n *apns2.Notification, sandbox bool) (r push.Result, expiredToken bool) {
 	clients := p.clients
 	if sandbox {
 		clients = p.sandboxClients
@@ -201,9 +235,9 @@ func (p *Provider) push(ctx context.Context, n *apns2.Notification, sandbox bool
 		reason := errorReason(err)
 		// The error's text quotes the request's URL, which holds the
 		// device token: the detail is the error's class alone.
-		return push.Result{At: at, Reason: reason, Detail: push.ErrorClass(err), Unanswered: reason == push.ReasonProviderUnavailable}
+		return push.Result{At: at, Reason: reason, Detail: push.ErrorClass(err), Unanswered: reason == push.ReasonProviderUnavailable}, false
 	case res.StatusCode == http.StatusOK:
-		return push.Result{At: at, Accepted: true}
+		return push.Result{At: at, Accepted: true}, false
 	}
 	return push.Result{
 		At: at, Reason: reasonFor(res.StatusCode, res.Reason), Detail: strconv.Itoa(res.StatusCode) + " " + res.Reason,
@@ -212,7 +246,7 @@ func (p *Provider) push(ctx context.Context, n *apns2.Notification, sandbox bool
 		// and Apple names no Retry-After: the delivery backs off, and
 		// the other devices go on.
 		TargetThrottled: res.Reason == apns2.ReasonTooManyRequests,
-	}
+	}, res.Reason == apns2.ReasonExpiredProviderToken
 }
 
 // validToken reports whether t can be an APNs device token: hex digits, of

@@ -2,15 +2,21 @@ package apns
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/rand"
+	"crypto/sha256"
 	"crypto/x509"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/url"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/sideshow/apns2/token"
 	"github.com/stretchr/testify/require"
 
 	"github.com/heraldpush/herald/jobs/push"
@@ -314,5 +320,66 @@ func TestRichPayload(t *testing.T) {
 		require.Equal(t, pushtest.JSON(t, `{"aps":{"content-available":1},"sync":"inbox","url":"https://app.example.com/inbox","herald_message_id":"msg_silent"}`), got.Body)
 		require.Equal(t, "background", got.Headers["apns-push-type"])
 		require.Equal(t, "5", got.Headers["apns-priority"], "a background push goes at 5 even when urgent")
+	})
+}
+
+// providerToken signs a provider token issued at iat with the key of cfg,
+// as apns2 would have at that time.
+func providerToken(t testing.TB, cfg Config, iat int64) string {
+	t.Helper()
+	key, err := token.AuthKeyFromFile(cfg.KeyFile)
+	require.NoError(t, err)
+	enc := base64.RawURLEncoding
+	input := enc.EncodeToString(fmt.Appendf(nil, `{"alg":"ES256","kid":%q}`, cfg.KeyID)) + "." +
+		enc.EncodeToString(fmt.Appendf(nil, `{"iss":%q,"iat":%d}`, cfg.TeamID, iat))
+	sum := sha256.Sum256([]byte(input))
+	r, s, err := ecdsa.Sign(rand.Reader, key, sum[:])
+	require.NoError(t, err)
+	return input + "." + enc.EncodeToString(append(r.FillBytes(make([]byte, 32)), s.FillBytes(make([]byte, 32))...))
+}
+
+// TestExpiredProviderTokenRenewedAndResent: a provider token Apple finds
+// older than an hour, though apns2 took it for fresh (the host's clock
+// jumped, or the process was suspended), is answered 403
+// ExpiredProviderToken; the provider signs a new one and sends each push
+// once more, and every push is taken. The new token is signed once for
+// the whole burst: fakepush, as Apple, answers 429
+// TooManyProviderTokenUpdates to a connection whose token changes again
+// within 20 minutes.
+func TestExpiredProviderTokenRenewedAndResent(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(c *Config) { c.Connections = 1 })
+	stale := providerToken(t, b.Cfg, time.Now().Add(-61*time.Minute).Unix())
+	b.P.token.Lock()
+	b.P.token.Bearer, b.P.token.IssuedAt = stale, time.Now().Unix()
+	b.P.token.Unlock()
+
+	m := pushtest.Message(t, "msg_expired_token", true)
+	ts := b.Targets(t, 20)
+	b.SendAccepted(t, m, ts)
+	// A push that starts after the token was renewed is taken at once.
+	st := b.Stats(t)
+	require.Equal(t, int64(len(ts)), st.Accepted)
+	require.Positive(t, st.Rejected, "the stale token was refused")
+	require.Equal(t, st.Accepted+st.Rejected, st.Received, "each push refused at most once, then taken")
+	require.NotEqual(t, stale, b.P.token.GenerateIfExpired())
+
+	t.Run("ExpiredAgain", func(t *testing.T) {
+		t.Parallel()
+		// Apple's clock two hours ahead of the host's: every token the
+		// host signs is expired on arrival. One resend, then the answer.
+		var ahead atomic.Int64
+		fp := pushtest.Start(t, func(c *fake.Config) {
+			c.Now = func() time.Time { return time.Now().Add(time.Duration(ahead.Load())) }
+		})
+		_, p := harness().NewProvider(t, fp, pushtest.Limits{}, func(c *Config) { c.Connections = 1 })
+		ahead.Store(int64(2 * time.Hour))
+		results := make([]push.Result, 3)
+		p.Send(context.Background(), m, ts[:3], results, pushtest.AllowAll, nil)
+		for _, r := range results {
+			require.Equal(t, push.ReasonInternal, r.Reason, "%+v", r)
+			require.Equal(t, "403 ExpiredProviderToken", r.Detail)
+		}
+		require.Equal(t, fake.ChannelStats{Received: 6, Rejected: 6}, fp.Stats(t).APNs, "one resend a push")
 	})
 }

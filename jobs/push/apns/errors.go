@@ -22,7 +22,8 @@ import (
 // the likely fault, and a registration with the right one fixes it. Failures of our own request or
 // credentials (403 token problems, a bad topic, priority or collapse id) are
 // internal: evicting a device for them would punish it for Herald's
-// misconfiguration. DeviceTokenNotForTopic is one of those too: a token of
+// misconfiguration. ExpiredProviderToken is internal once a new token has
+// been tried (Provider.push sends once more with one). DeviceTokenNotForTopic is one of those too: a token of
 // another app is rare, and a wrong APNS_TOPIC says it for every device at
 // once, which must not evict them all.
 func reasonFor(status int, reason string) push.Reason {

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 )
 
 // APNs limits, from Apple's "Sending notification requests to APNs".
@@ -16,6 +17,11 @@ const (
 	apnsMaxCollapseID  = 64
 	apnsTokenLifetime  = 3600 // seconds; older provider tokens are ExpiredProviderToken
 	apnsClockSkew      = 60   // seconds of future iat tolerated
+	// apnsTokenRefresh is the least time between the issue times of two
+	// provider tokens on one connection: Apple asks for a new token no more
+	// often than every 20 minutes and answers TooManyProviderTokenUpdates
+	// to a connection that changes it sooner.
+	apnsTokenRefresh = 20 * 60
 )
 
 // The reasons fakepush answers with, spelled as Apple spells them.
@@ -43,6 +49,8 @@ const (
 	reasonInternalServerError    = "InternalServerError"
 	reasonIdleTimeout            = "IdleTimeout"
 	reasonDeviceTokenNotForTopic = "DeviceTokenNotForTopic"
+	reasonDuplicateHeaders       = "DuplicateHeaders"
+	reasonTooManyTokenUpdates    = "TooManyProviderTokenUpdates"
 )
 
 // apnsErrorBodies pre-renders {"reason":...} for every reason, so that a rejection
@@ -56,6 +64,7 @@ func apnsErrorBodies() map[string][]byte {
 		reasonMissingDeviceToken, reasonMissingProviderToken, reasonMissingTopic, reasonPayloadEmpty,
 		reasonPayloadTooLarge, reasonServiceUnavailable, reasonTooManyRequests, reasonTopicDisallowed,
 		reasonInternalServerError, reasonIdleTimeout, reasonDeviceTokenNotForTopic,
+		reasonDuplicateHeaders, reasonTooManyTokenUpdates,
 	} {
 		m[r] = []byte(`{"reason":"` + r + `"}`)
 	}
@@ -66,8 +75,10 @@ func apnsErrorBodies() map[string][]byte {
 // id in apns-topic.
 func apnsTopicSuffix(pushType string) (suffix string, ok bool) {
 	switch pushType {
-	case "", "alert", "background", "location", "mdm":
+	case "", "alert", "background", "mdm":
 		return "", true
+	case "location":
+		return ".location-query", true
 	case "widgets":
 		return ".push-type.widgets", true
 	case "voip":
@@ -104,7 +115,11 @@ func (s *Server) handleAPNs(w http.ResponseWriter, r *http.Request) {
 	defer s.putBuffer(ad.buf)
 	at, cnt, body, tooLarge := ad.at, ad.cnt, ad.body, ad.tooLarge
 
-	if status, reason := s.checkProviderToken(headerValue(r.Header, "Authorization")); status != 0 {
+	if repeatedAPNsHeader(r.Header) {
+		s.apnsReject(w, http.StatusBadRequest, reasonDuplicateHeaders)
+		return
+	}
+	if status, reason := s.checkProviderToken(r, headerValue(r.Header, "Authorization")); status != 0 {
 		s.apnsReject(w, status, reason)
 		return
 	}
@@ -222,10 +237,56 @@ func (s *Server) handleAPNsBadRequestLine(w http.ResponseWriter, r *http.Request
 	s.apnsReject(w, http.StatusNotFound, reasonBadPath)
 }
 
+// apnsHeaders are the request headers Apple defines, each of which a
+// request may carry once.
+var apnsHeaders = []string{
+	"Authorization", "Apns-Push-Type", "Apns-Id", "Apns-Expiration", "Apns-Priority", "Apns-Topic", "Apns-Collapse-Id",
+}
+
+// repeatedAPNsHeader reports whether one of Apple's headers came more than
+// once, which Apple answers DuplicateHeaders (net/http gathers a repeated
+// field's values under its one key).
+func repeatedAPNsHeader(h http.Header) bool {
+	for _, k := range apnsHeaders {
+		if len(h[k]) > 1 {
+			return true
+		}
+	}
+	return false
+}
+
+// apnsConnKey marks, in a connection's context, its *apnsConn.
+type apnsConnKey struct{}
+
+// apnsConn is what fakepush knows of one connection's provider tokens: the
+// last one it accepted and when that one was issued.
+type apnsConn struct {
+	mu     sync.Mutex
+	bearer string
+	iat    int64
+}
+
+// update takes token, issued at iat, as the connection's, and reports
+// false when that replaces another token issued less than
+// apnsTokenRefresh before it: Apple's TooManyProviderTokenUpdates.
+func (c *apnsConn) update(token string, iat int64) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.bearer == token {
+		return true
+	}
+	if c.bearer != "" && iat-c.iat < apnsTokenRefresh {
+		return false
+	}
+	c.bearer, c.iat = token, iat
+	return true
+}
+
 // checkProviderToken verifies an APNs provider token ("bearer <JWT>") the way
 // Apple does: ES256, signed by the key fakepush issued, kid naming that key, iss
-// naming the team, and iat within the last hour.
-func (s *Server) checkProviderToken(authz string) (status int, reason string) {
+// naming the team, iat within the last hour, and no newer token on r's
+// connection within 20 minutes of the one before it.
+func (s *Server) checkProviderToken(r *http.Request, authz string) (status int, reason string) {
 	if authz == "" {
 		return http.StatusForbidden, reasonMissingProviderToken
 	}
@@ -252,6 +313,9 @@ func (s *Server) checkProviderToken(authz string) (status int, reason string) {
 		return http.StatusForbidden, reasonInvalidProviderToken
 	case now-iat > apnsTokenLifetime:
 		return http.StatusForbidden, reasonExpiredProviderToken
+	}
+	if c, ok := r.Context().Value(apnsConnKey{}).(*apnsConn); ok && !c.update(token, iat) {
+		return http.StatusTooManyRequests, reasonTooManyTokenUpdates
 	}
 	return 0, ""
 }

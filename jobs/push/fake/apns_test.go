@@ -192,3 +192,86 @@ func TestAPNsVoIPTopicAndLimit(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, http.StatusOK, res.StatusCode, res.Reason)
 }
+
+// TestAPNsStrictAsApple: what Apple refuses of a request's headers and of
+// its provider tokens, fakepush refuses too, with Apple's status and
+// reason: a header repeated (400 DuplicateHeaders), a connection whose
+// provider token changes within 20 minutes of the last one's issue (429
+// TooManyProviderTokenUpdates), and a location push whose topic lacks
+// .location-query (400 TopicDisallowed).
+func TestAPNsStrictAsApple(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	topic := b.env[EnvAPNsTopic]
+	own := b.srv.creds.apnsKey
+	kid, team := b.env[EnvAPNsKeyID], b.env[EnvAPNsTeamID]
+	now := time.Now().Unix()
+	tokenAt := func(iat int64) string {
+		return signJWT(t, own, map[string]any{"kid": kid}, map[string]any{"iss": team, "iat": iat})
+	}
+	notification := func() *apns2.Notification {
+		return &apns2.Notification{DeviceToken: apnsToken, Topic: topic, Payload: []byte(`{"aps":{"alert":"x"}}`)}
+	}
+
+	t.Run("DuplicateHeaders", func(t *testing.T) {
+		t.Parallel()
+		bearer := tokenAt(now)
+		for _, header := range []string{"apns-priority", "apns-topic", "apns-collapse-id", "authorization"} {
+			req, err := http.NewRequest(http.MethodPost, b.srv.URL()+"/3/device/"+apnsToken, strings.NewReader(`{"aps":{"alert":"x"}}`))
+			require.NoError(t, err)
+			req.Header.Set("authorization", "bearer "+bearer)
+			req.Header.Set("apns-topic", topic)
+			req.Header.Set("apns-priority", "10")
+			req.Header.Set("apns-collapse-id", "msg_1")
+			req.Header.Add(header, req.Header.Get(header))
+			resp, err := b.client.Do(req)
+			require.NoError(t, err)
+			var body struct{ Reason string }
+			require.NoError(t, jsonDecode(resp.Body, &body))
+			resp.Body.Close()
+			require.Equal(t, http.StatusBadRequest, resp.StatusCode, header)
+			require.Equal(t, "DuplicateHeaders", body.Reason, header)
+		}
+	})
+
+	t.Run("TooManyProviderTokenUpdates", func(t *testing.T) {
+		t.Parallel()
+		// One client, one connection: its first token 25 minutes old.
+		client := b.apnsClientWithBearer(t, tokenAt(now-25*60))
+		push := func(bearer string) *apns2.Response {
+			client.Token.Bearer = bearer
+			res, err := client.Push(notification())
+			require.NoError(t, err)
+			return res
+		}
+		res := push(client.Token.Bearer)
+		require.Equal(t, http.StatusOK, res.StatusCode, res.Reason)
+		// Ten minutes after it: too soon.
+		res = push(tokenAt(now - 15*60))
+		require.Equal(t, http.StatusTooManyRequests, res.StatusCode)
+		require.Equal(t, apns2.ReasonTooManyProviderTokenUpdates, res.Reason)
+		// Twenty-five minutes after it: a new token is due.
+		res = push(tokenAt(now))
+		require.Equal(t, http.StatusOK, res.StatusCode, res.Reason)
+		// Another connection starts afresh.
+		other := b.apnsClientWithBearer(t, tokenAt(now-60))
+		res, err := other.Push(notification())
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, res.StatusCode, res.Reason)
+	})
+
+	t.Run("LocationTopic", func(t *testing.T) {
+		t.Parallel()
+		client := b.apnsClient(t)
+		n := notification()
+		n.PushType, n.Payload = apns2.PushTypeLocation, []byte(`{"aps":{}}`)
+		res, err := client.Push(n)
+		require.NoError(t, err)
+		require.Equal(t, http.StatusBadRequest, res.StatusCode)
+		require.Equal(t, apns2.ReasonTopicDisallowed, res.Reason)
+		n.Topic = topic + ".location-query"
+		res, err = client.Push(n)
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, res.StatusCode, res.Reason)
+	})
+}

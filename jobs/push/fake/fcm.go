@@ -1,6 +1,7 @@
 package fake
 
 import (
+	"cmp"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -21,6 +22,7 @@ const (
 	fcmMaxRequest      = 64 << 10 // bytes of request body read; Google's real limit is far higher
 	fcmMaxMessage      = 4096     // bytes of data plus notification, FCM's payload limit
 	fcmTokenLifetime   = 3600     // seconds an access token is valid, as Google issues them
+	fcmMaxTTL          = 2419200  // seconds: four weeks, the longest android.ttl FCM keeps a message
 	jwtBearerGrantType = "urn:ietf:params:oauth:grant-type:jwt-bearer"
 	accessTokenPrefix  = "ya29.fake-"
 )
@@ -336,7 +338,7 @@ func parseFCMSend(body []byte) (fcmSend, string) {
 		return req, "Request contains an invalid argument."
 	}
 	req.message = message
-	var data, notification, android []byte
+	var data, notification, android, apns []byte
 	if !p.object("message", message, func(k, v []byte) {
 		switch string(k) {
 		case "token":
@@ -364,13 +366,18 @@ func parseFCMSend(body []byte) (fcmSend, string) {
 		case "webpush":
 			p.webpush(v)
 		case "apns":
-			p.apns(v)
+			apns = v
 		case "fcm_options", "fcmOptions":
 			p.object("message."+string(k), v, nil)
 		default:
 			p.unknown(k, "message")
 		}
 	}) || p.problem != "" {
+		return req, p.problem
+	}
+
+	p.apns(apns, !shows(notification))
+	if p.problem != "" {
 		return req, p.problem
 	}
 
@@ -412,6 +419,8 @@ func parseFCMSend(body []byte) (fcmSend, string) {
 	}
 	if t := p.str("message.android.ttl", ttl); t != "" && !isProtoDuration(t) {
 		return req, fmt.Sprintf("Invalid value at 'message.android.ttl' (type.googleapis.com/google.protobuf.Duration), %s", ttl)
+	} else if t != "" && durationOver(t, fcmMaxTTL) {
+		return req, fmt.Sprintf("Invalid value at 'message.android.ttl' (type.googleapis.com/google.protobuf.Duration), %s: the time to live may be at most 4 weeks (%ds)", ttl, fcmMaxTTL)
 	}
 	if pr := strings.ToLower(p.str("message.android.priority", priority)); pr != "" && pr != "normal" && pr != "high" {
 		return req, fmt.Sprintf("Invalid value at 'message.android.priority' (type.googleapis.com/google.firebase.fcm.v1.AndroidMessagePriority), %s", priority)
@@ -597,10 +606,27 @@ func (p *fcmParser) webpush(v []byte) {
 	})
 }
 
-// apns checks message.apns: string headers, and the payload's aps as APNs
+// shows reports whether a message's notification has something to show:
+// a title or a body. A message without one is a data message.
+func shows(notification []byte) bool {
+	found := false
+	if !isNull(notification) {
+		forEachField(notification, func(k, v []byte) {
+			if (string(k) == "title" || string(k) == "body") && jsonString(v) != "" {
+				found = true
+			}
+		})
+	}
+	return found
+}
+
+// apns checks message.apns: string headers, apns-collapse-id within
+// Apple's 64 bytes, fcm_options' image, and the payload's aps as APNs
 // would check it with those headers (a background push must be
-// content-available alone at priority 5).
-func (p *fcmParser) apns(v []byte) {
+// content-available alone at priority 5). A data message (dataOnly, and no
+// alert of its own in aps) may go to Apple only at priority 5: FCM refuses
+// it at 10.
+func (p *fcmParser) apns(v []byte, dataOnly bool) {
 	const at = "message.apns"
 	var headers, aps []byte
 	p.object(at, v, func(k, v []byte) {
@@ -615,30 +641,50 @@ func (p *fcmParser) apns(v []byte) {
 				}
 			})
 		case "fcm_options", "fcmOptions":
-			p.object(at+"."+string(k), v, nil)
+			field := at + ".fcm_options"
+			p.object(field, v, func(k, v []byte) {
+				switch string(k) {
+				case "image":
+					if u, err := url.Parse(p.str(field+".image", v)); err != nil || u.Scheme != "https" || u.Host == "" {
+						p.fail(fmt.Sprintf("Invalid value at '%s.image' (TYPE_STRING), %s: the image must be an https URL", field, v))
+					}
+				case "analytics_label", "analyticsLabel":
+					p.str(field+"."+string(k), v)
+				default:
+					p.unknown(k, field)
+				}
+			})
 		default:
 			p.unknown(k, at)
 		}
 	})
-	if p.problem != "" || isNull(headers) {
+	if p.problem != "" {
 		return
 	}
-	pushType, priority := "", "10"
+	pushType, priority := "", ""
 	forEachField(headers, func(k, v []byte) {
 		switch strings.ToLower(string(k)) {
 		case "apns-push-type":
 			pushType = jsonString(v)
 		case "apns-priority":
 			priority = jsonString(v)
+		case "apns-collapse-id":
+			if len(jsonString(v)) > apnsMaxCollapseID {
+				p.fail(fmt.Sprintf("Invalid value at '%s.headers' : apns-collapse-id may be at most %d bytes", at, apnsMaxCollapseID))
+			}
 		}
 	})
-	if pushType == "" {
+	if dataOnly && priority == "10" && !hasField(aps, "alert") {
+		p.fail(fmt.Sprintf("Invalid value at '%s.headers' : a data message may go to Apple only at apns-priority 5, not %s", at, priority))
+	}
+	if p.problem != "" || pushType == "" {
 		return
 	}
 	if isNull(aps) {
 		aps = []byte("{}")
 	}
-	if reason := checkAPS(aps, pushType, priority); reason != "" {
+	// Without apns-priority Apple takes 10.
+	if reason := checkAPS(aps, pushType, cmp.Or(priority, "10")); reason != "" {
 		p.fail("Request contains an invalid argument: APNs would refuse it (" + reason + ").")
 	}
 }
@@ -716,3 +762,22 @@ func allDigits(s string) bool {
 }
 
 func isNull(raw []byte) bool { return len(raw) == 0 || string(raw) == "null" }
+
+// hasField reports whether the JSON object obj has the field name, not null.
+func hasField(obj []byte, name string) bool {
+	found := false
+	if !isNull(obj) {
+		forEachField(obj, func(k, v []byte) {
+			found = found || string(k) == name && !isNull(v)
+		})
+	}
+	return found
+}
+
+// durationOver reports whether the protobuf JSON duration d (as
+// isProtoDuration accepts) is longer than limit seconds.
+func durationOver(d string, limit int64) bool {
+	whole, frac, _ := strings.Cut(strings.TrimSuffix(d, "s"), ".")
+	n, err := strconv.ParseInt(whole, 10, 64)
+	return err != nil || n > limit || n == limit && strings.Trim(frac, "0") != ""
+}

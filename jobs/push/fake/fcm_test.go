@@ -272,3 +272,59 @@ func TestFCMSDKRetriesUnavailable(t *testing.T) {
 	require.GreaterOrEqual(t, st.Received, int64(3), "one send became several requests")
 	require.Equal(t, st.Received, st.Rejected)
 }
+
+// TestFCMStrictAsFirebase: what Firebase refuses of a message for Apple
+// devices and of its lifetime, fakepush refuses too, with 400
+// INVALID_ARGUMENT naming the field, and takes what Firebase takes beside
+// it: a data message goes to Apple only at apns-priority 5, android.ttl is
+// at most four weeks, apns-collapse-id at most Apple's 64 bytes, and the
+// image for Apple devices (apns.fcm_options.image) an https URL.
+func TestFCMStrictAsFirebase(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	client := b.fcmClient(t, "")
+	apnsAt := func(priority string) *messaging.APNSConfig {
+		return &messaging.APNSConfig{Headers: map[string]string{"apns-priority": priority}}
+	}
+	ttl := func(d time.Duration) *messaging.AndroidConfig { return &messaging.AndroidConfig{TTL: &d} }
+	data := map[string]string{"sync": "inbox"}
+	tests := []struct {
+		name  string
+		msg   messaging.Message
+		field string // empty: accepted
+	}{
+		{name: "data message at apns-priority 10", msg: messaging.Message{Data: data, APNS: apnsAt("10")}, field: "message.apns.headers"},
+		{name: "data message with an empty notification at apns-priority 10", msg: messaging.Message{Data: data, Notification: &messaging.Notification{}, APNS: apnsAt("10")}, field: "message.apns.headers"},
+		{name: "data message at apns-priority 5", msg: messaging.Message{Data: data, APNS: apnsAt("5")}},
+		{name: "data message without apns-priority", msg: messaging.Message{Data: data}},
+		{name: "notification at apns-priority 10", msg: messaging.Message{Data: data, Notification: &messaging.Notification{Title: "Hi"}, APNS: apnsAt("10")}},
+		{name: "ttl over four weeks", msg: messaging.Message{Android: ttl(28*24*time.Hour + time.Second)}, field: "message.android.ttl"},
+		{name: "ttl a fraction over four weeks", msg: messaging.Message{Android: ttl(28*24*time.Hour + time.Millisecond)}, field: "message.android.ttl"},
+		{name: "ttl of four weeks", msg: messaging.Message{Android: ttl(28 * 24 * time.Hour)}},
+		{name: "apns-collapse-id over 64 bytes", msg: messaging.Message{APNS: &messaging.APNSConfig{Headers: map[string]string{"apns-collapse-id": strings.Repeat("c", 65)}}}, field: "message.apns.headers"},
+		{name: "apns-collapse-id of 64 bytes", msg: messaging.Message{APNS: &messaging.APNSConfig{Headers: map[string]string{"apns-collapse-id": strings.Repeat("c", 64)}}}},
+		{name: "apns image not https", msg: messaging.Message{APNS: &messaging.APNSConfig{FCMOptions: &messaging.APNSFCMOptions{ImageURL: "http://cdn.example.com/a.png"}}}, field: "message.apns.fcm_options.image"},
+		{name: "apns image", msg: messaging.Message{
+			Notification: &messaging.Notification{Title: "Hi"},
+			APNS: &messaging.APNSConfig{
+				FCMOptions: &messaging.APNSFCMOptions{ImageURL: "https://cdn.example.com/a.png"},
+				Payload:    &messaging.APNSPayload{Aps: &messaging.Aps{MutableContent: true}},
+			},
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			msg := tt.msg
+			msg.Token = fcmToken
+			_, err := client.Send(context.Background(), &msg)
+			if tt.field == "" {
+				require.NoError(t, err)
+				return
+			}
+			require.True(t, messaging.IsInvalidArgument(err), "unexpected error: %v", err)
+			require.Equal(t, http.StatusBadRequest, errorutils.HTTPResponse(err).StatusCode)
+			require.ErrorContains(t, err, tt.field)
+		})
+	}
+}

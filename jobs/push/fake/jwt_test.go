@@ -101,7 +101,7 @@ func TestAPNsTopicSuffix(t *testing.T) {
 	for pushType, want := range map[string]string{
 		"": "", "alert": "", "background": "", "voip": ".voip", "complication": ".complication",
 		"fileprovider": ".pushkit.fileprovider", "liveactivity": ".push-type.liveactivity",
-		"pushtotalk": ".voip-ptt", "widgets": ".push-type.widgets",
+		"pushtotalk": ".voip-ptt", "widgets": ".push-type.widgets", "location": ".location-query",
 	} {
 		got, ok := apnsTopicSuffix(pushType)
 		require.True(t, ok, pushType)

@@ -176,9 +176,12 @@ func (s *Server) Start(ctx context.Context) error {
 		HTTP2: &http.HTTP2Config{
 			MaxConcurrentStreams: s.cfg.MaxConcurrentStreams,
 		},
-		// A connection to the sandbox listener is marked, so that the APNs
-		// handler knows which host a push came to.
+		// Every connection keeps its APNs provider tokens, which Apple
+		// allows to change only every 20 minutes; a connection to the
+		// sandbox listener is marked, so that the APNs handler knows which
+		// host a push came to.
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			ctx = context.WithValue(ctx, apnsConnKey{}, &apnsConn{})
 			if c.LocalAddr().String() == sandboxLn.Addr().String() {
 				return context.WithValue(ctx, sandboxConn{}, true)
 			}

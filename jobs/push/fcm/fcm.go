@@ -229,8 +229,22 @@ func (p *Provider) send(ctx context.Context, msg *messaging.Message) push.Result
 
 // message builds what every device of one Send shares: everything but the
 // token. The parts are pointers the SDK only reads, so the per-device copies
-// share them. A silent message is data only: no notification block, so that
-// Android hands it to the app instead of showing anything.
+// share them.
+//
+// A message with something to show is a notification message: Android
+// folds a second copy of it on its notification's tag (androidNotification),
+// and it carries no collapse key, which Firebase ignores on notification
+// messages. Its image reaches Apple devices as apns.fcm_options.image, which
+// the app's notification service extension fetches, asked for by
+// mutable-content.
+//
+// A message with nothing to show (push.Content.DataOnly) is a data message:
+// no notification block, so that Android hands it to the app, and on Apple
+// devices APNs' background push, content-available alone at priority 5,
+// which is all FCM takes for a data message to Apple. It is collapsible
+// only when fcm.tag asks: FCM keeps at most four collapse keys for an
+// offline device, so a key of every message's own would leave it an
+// arbitrary four; an app drops a second copy by herald_message_id.
 func (p *Provider) message(m *push.Message, now time.Time) messaging.Message {
 	c := &m.Content
 	androidPriority, apnsPriority, urgency := "normal", "5", "normal"
@@ -244,26 +258,28 @@ func (p *Provider) message(m *push.Message, now time.Time) messaging.Message {
 		urgency = c.WebPush.Urgency
 	}
 	msg := messaging.Message{
-		Data: m.FCMData,
-		Android: &messaging.AndroidConfig{
-			CollapseKey: m.ID,
-			Priority:    androidPriority,
-		},
-		APNS: &messaging.APNSConfig{Headers: map[string]string{"apns-collapse-id": m.ID, "apns-priority": apnsPriority}},
+		Data:    m.FCMData,
+		Android: &messaging.AndroidConfig{Priority: androidPriority},
+		APNS:    &messaging.APNSConfig{Headers: map[string]string{"apns-collapse-id": m.ID, "apns-priority": apnsPriority}},
 		Webpush: &messaging.WebpushConfig{Headers: map[string]string{
 			"Urgency": urgency,
 			"Topic":   push.WebPushTopic(m.ID),
 		}},
 	}
-	if c.Silent {
-		// What FCM documents for a background push to an iOS app: APNs'
-		// own background push, content-available alone at priority 5.
+	if c.DataOnly() {
 		msg.APNS.Headers["apns-priority"] = "5"
 		msg.APNS.Headers["apns-push-type"] = "background"
 		msg.APNS.Payload = &messaging.APNSPayload{Aps: &messaging.Aps{ContentAvailable: true}}
+		if c.FCM != nil {
+			msg.Android.CollapseKey = c.FCM.Tag
+		}
 	} else {
 		msg.Notification = &messaging.Notification{Title: c.Title, Body: c.Body, ImageURL: c.Image}
 		msg.Android.Notification = androidNotification(m)
+		if c.Image != "" {
+			msg.APNS.FCMOptions = &messaging.APNSFCMOptions{ImageURL: c.Image}
+			msg.APNS.Payload = &messaging.APNSPayload{Aps: &messaging.Aps{MutableContent: true}}
+		}
 	}
 	// Without an expiry FCM's own default lifetime applies; Herald's
 	// messages always have one.
@@ -289,8 +305,14 @@ func androidNotification(m *push.Message) *messaging.AndroidNotification {
 	return n
 }
 
+// maxTTL is the longest time to live FCM takes: four weeks, the longest a
+// Herald message lives.
+const maxTTL = 28 * 24 * time.Hour
+
 // ttlOf is the message's remaining lifetime in whole seconds, rounded up so
-// that a message with a moment left is not sent as "now or never".
+// that a message with a moment left is not sent as "now or never", and at
+// most maxTTL, which the rounding would pass for a message of the longest
+// lifetime sent a moment before its dispatch_at.
 func ttlOf(m *push.Message, now time.Time) time.Duration {
-	return (m.TTL(now) + time.Second - 1).Truncate(time.Second)
+	return min((m.TTL(now) + time.Second - 1).Truncate(time.Second), maxTTL)
 }

@@ -66,7 +66,7 @@ func TestMessage(t *testing.T) {
 	require.Equal(t, m.FCMData, msg.Data)
 	require.Equal(t, "msg_2", msg.Data[push.MessageIDKey])
 	require.Equal(t, "Reminder", msg.Notification.Title)
-	require.Equal(t, "msg_2", msg.Android.CollapseKey)
+	require.Empty(t, msg.Android.CollapseKey, "a notification folds on its tag")
 	require.Equal(t, "msg_2", msg.Android.Notification.Tag)
 	require.Equal(t, "high", msg.Android.Priority)
 	require.Equal(t, 91*time.Second, *msg.Android.TTL, "the remaining lifetime, rounded up")
@@ -291,14 +291,17 @@ func TestRichPayload(t *testing.T) {
 		"data": {"room": "blue", "url": "https://app.example.com/standup/42", "herald_message_id": "msg_rich"},
 		"notification": {"title": "Standup", "body": "In five minutes", "image": "https://cdn.example.com/standup.png"},
 		"android": {
-			"collapse_key": "msg_rich",
 			"priority": "high",
 			"notification": {
 				"tag": "standup", "channel_id": "meetings", "color": "#ff8800", "icon": "ic_meeting",
 				"sound": "chime.caf", "notification_count": 7, "click_action": "MEETING"
 			}
 		},
-		"apns": {"headers": {"apns-collapse-id": "msg_rich", "apns-priority": "5", "apns-expiration": "`+fmt.Sprint(m.ExpiresAt.Unix())+`"}},
+		"apns": {
+			"headers": {"apns-collapse-id": "msg_rich", "apns-priority": "5", "apns-expiration": "`+fmt.Sprint(m.ExpiresAt.Unix())+`"},
+			"payload": {"aps": {"mutable-content": 1}},
+			"fcm_options": {"image": "https://cdn.example.com/standup.png"}
+		},
 		"webpush": {"headers": {"Urgency": "low", "Topic": "msg_rich"}}
 	}`), got.Body)
 
@@ -308,6 +311,7 @@ func TestRichPayload(t *testing.T) {
 		got := b.SendDetailed(t, m)
 		require.NotContains(t, got.Body, "notification", "a silent message is data only")
 		require.NotContains(t, got.Body["android"], "notification")
+		require.NotContains(t, got.Body["android"], "collapse_key", "collapsible only when fcm.tag asks")
 		require.Equal(t, map[string]any{"sync": "inbox", "url": "https://app.example.com/inbox", "herald_message_id": "msg_silent"}, got.Body["data"])
 		apnsHeaders := got.Body["apns"].(map[string]any)["headers"].(map[string]any)
 		require.Equal(t, "background", apnsHeaders["apns-push-type"])
@@ -342,4 +346,91 @@ func TestThrottleOf(t *testing.T) {
 		require.Equal(t, tc.want, got, tc.name)
 		require.Equal(t, tc.device, device, tc.name)
 	}
+}
+
+// dataOnly is a payload of data alone, neither silent nor showing anything.
+func dataOnly() push.Content {
+	return push.Content{Data: map[string]string{"sync": "inbox"}}
+}
+
+// TestDataOnlyGoesToAppleAsABackgroundPush: a payload of data alone,
+// urgent, is a data message, which Firebase takes for Apple devices only at
+// apns-priority 5: no notification block (an empty one would make it a
+// notification that shows nothing), and APNs' background push,
+// content-available alone. Android still gets it at high priority.
+func TestDataOnlyGoesToAppleAsABackgroundPush(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	m, err := push.NewMessage("msg_data", true, dataOnly(), time.Now().Add(time.Hour))
+	require.NoError(t, err)
+	got := b.SendDetailed(t, m)
+	require.NotContains(t, got.Body, "notification")
+	android := got.Body["android"].(map[string]any)
+	require.Equal(t, "high", android["priority"])
+	require.NotContains(t, android, "notification")
+	apns := got.Body["apns"].(map[string]any)
+	headers := apns["headers"].(map[string]any)
+	require.Equal(t, "5", headers["apns-priority"])
+	require.Equal(t, "background", headers["apns-push-type"])
+	require.Equal(t, map[string]any{"aps": map[string]any{"content-available": 1.0}}, apns["payload"])
+}
+
+// TestImageReachesAppleDevices: an image goes to Apple devices through FCM
+// as apns.fcm_options.image with mutable-content, which lets the app's
+// notification service extension fetch it; notification.image alone
+// reaches Android only.
+func TestImageReachesAppleDevices(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := push.Content{Title: "Standup", Image: "https://cdn.example.com/standup.png"}
+	got := b.SendDetailed(t, pushtest.NewContentMessage(t, "msg_image", c, time.Hour))
+	require.Equal(t, map[string]any{"title": "Standup", "image": c.Image}, got.Body["notification"])
+	apns := got.Body["apns"].(map[string]any)
+	require.Equal(t, map[string]any{"image": c.Image}, apns["fcm_options"])
+	require.Equal(t, map[string]any{"aps": map[string]any{"mutable-content": 1.0}}, apns["payload"])
+}
+
+// TestCollapseKeyOnlyWhereAsked: no message carries a collapse key of its
+// own id. FCM keeps at most four collapse keys for an offline device, so a
+// device offline for more than four data messages would keep an arbitrary
+// four of them; Firebase ignores the key on notifications, whose second
+// copy folds on their tag. A data message collapses only under the
+// fcm.tag its caller gave.
+func TestCollapseKeyOnlyWhereAsked(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	tagged := dataOnly()
+	tagged.FCM = &push.FCMOptions{Tag: "inbox"}
+	for _, tc := range []struct {
+		id          string
+		content     push.Content
+		collapseKey any // nil: none
+		tag         any
+	}{
+		{"msg_notification", push.Content{Title: "Reminder"}, nil, "msg_notification"},
+		{"msg_silent", pushtest.SilentContent(), nil, nil},
+		{"msg_data", dataOnly(), nil, nil},
+		{"msg_tagged", tagged, "inbox", nil},
+	} {
+		got := b.SendDetailed(t, pushtest.NewContentMessage(t, tc.id, tc.content, time.Hour))
+		android := got.Body["android"].(map[string]any)
+		require.Equal(t, tc.collapseKey, android["collapse_key"], tc.id)
+		var tag any
+		if n, ok := android["notification"].(map[string]any); ok {
+			tag = n["tag"]
+		}
+		require.Equal(t, tc.tag, tag, tc.id)
+	}
+}
+
+// TestTTLAtMostFourWeeks: a message of the longest lifetime sent a moment
+// before its time still goes with a TTL FCM takes, four weeks, not the
+// second over it that rounding up would make.
+func TestTTLAtMostFourWeeks(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	m, err := push.NewMessage("msg_long", false, push.Content{Title: "Renew"}, time.Now().Add(28*24*time.Hour+500*time.Millisecond))
+	require.NoError(t, err)
+	got := b.SendDetailed(t, m)
+	require.Equal(t, "2419200s", got.Body["android"].(map[string]any)["ttl"])
 }

@@ -37,10 +37,14 @@ type Fakepush struct {
 }
 
 // Start runs an in-process fakepush on a free port with a directory of its
-// own, closed when t ends.
-func Start(t testing.TB) *Fakepush {
+// own, with configure applied to its config, closed when t ends.
+func Start(t testing.TB, configure ...func(*fake.Config)) *Fakepush {
 	t.Helper()
-	srv, err := fake.New(fake.Config{Addr: "127.0.0.1:0", TLSDir: t.TempDir()})
+	cfg := fake.Config{Addr: "127.0.0.1:0", TLSDir: t.TempDir()}
+	for _, c := range configure {
+		c(&cfg)
+	}
+	srv, err := fake.New(cfg)
 	require.NoError(t, err)
 	require.NoError(t, srv.Start(context.Background()))
 	t.Cleanup(func() { srv.Close() })
