@@ -94,11 +94,13 @@ func (l *Liveness) sinceEpoch() int64 { return int64(time.Since(l.epoch)) }
 
 // Acquire takes the lock once; Run keeps it.
 func (l *Liveness) Acquire(ctx context.Context) (*pgx.Conn, error) {
-	at := l.sinceEpoch()
 	conn, err := pgx.ConnectConfig(ctx, l.cfg.ConnConfig)
 	if err != nil {
 		return nil, fmt.Errorf("liveness connection: %w", err)
 	}
+	// The lock is held from the statement that takes it: that is as good
+	// as a ping sent at the same moment.
+	at := l.sinceEpoch()
 	ok, err := db.TryLivenessLock(ctx, conn, l.key)
 	if err == nil && !ok {
 		err = fmt.Errorf("liveness lock %d is held by another session", l.key)

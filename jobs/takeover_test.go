@@ -14,14 +14,16 @@ import (
 )
 
 // TestLivenessLetsGoAndTakesItBack: a worker whose lock's session ends no
-// longer claims to be alive while another session holds its key, and
-// claims it again, under the same key, once it can take the lock back.
+// longer claims to be alive, FenceAfter after its last good ping, while
+// another session holds its key, and claims it again, under the same key,
+// once it can take the lock back. (FenceAfter is long here so that a busy
+// machine's slow connect cannot fence it before the test looks.)
 func TestLivenessLetsGoAndTakesItBack(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	tdb := dbtest.New(t)
-	l, err := NewLiveness(&LivenessConfig{ConnConfig: tdb.Pool.Config().ConnConfig, Logger: discard, Ping: 20 * time.Millisecond, FenceAfter: 100 * time.Millisecond})
+	l, err := NewLiveness(&LivenessConfig{ConnConfig: tdb.Pool.Config().ConnConfig, Logger: discard, Ping: 20 * time.Millisecond, FenceAfter: 2 * time.Second})
 	require.NoError(t, err)
 	conn, err := l.Acquire(ctx)
 	require.NoError(t, err)
