@@ -161,12 +161,14 @@ type apnsAPS struct {
 	RelevanceScore    *float64   `json:"relevance-score,omitempty"`
 }
 
-// apnsAPSOf maps c to the aps dictionary. A silent push is content-available
-// alone; anything else always has an alert, even an empty one, so that it is
-// an alert push. An image needs the app's notification service extension to
-// fetch it, which mutable-content asks for.
+// apnsAPSOf maps c to the aps dictionary. A silent push, or one with
+// nothing to show (DataOnly), is content-available alone: a background
+// push, which wakes the app, where an empty alert would show nothing and
+// wake nothing. Anything else always has an alert, so that it is an alert
+// push. An image needs the app's notification service extension to fetch
+// it, which mutable-content asks for.
 func apnsAPSOf(c *Content) apnsAPS {
-	if c.Silent {
+	if c.DataOnly() {
 		return apnsAPS{ContentAvailable: 1}
 	}
 	aps := apnsAPS{
@@ -208,11 +210,11 @@ func APNsPayload(c Content, messageID string) ([]byte, error) {
 	return json.Marshal(body)
 }
 
-// APNsPushType is the apns-push-type a message is sent with: a silent push
-// is a background push (which Apple takes only at priority 5), any other an
-// alert.
+// APNsPushType is the apns-push-type a message is sent with: a silent or
+// data-only push is a background push (which Apple takes only at priority
+// 5), any other an alert.
 func APNsPushType(c *Content) string {
-	if c.Silent {
+	if c.DataOnly() {
 		return "background"
 	}
 	return "alert"

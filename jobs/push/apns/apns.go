@@ -164,7 +164,7 @@ func (p *Provider) Send(ctx context.Context, m *push.Message, targets []push.Tar
 	}
 	// A background push goes at priority 5 whatever the message's
 	// priority: Apple refuses it at 10.
-	if m.Urgent && !m.Content.Silent {
+	if m.Urgent && !m.Content.DataOnly() {
 		n.Priority = apns2.PriorityHigh
 	}
 

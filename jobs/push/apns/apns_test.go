@@ -321,6 +321,19 @@ func TestRichPayload(t *testing.T) {
 		require.Equal(t, "background", got.Headers["apns-push-type"])
 		require.Equal(t, "5", got.Headers["apns-priority"], "a background push goes at 5 even when urgent")
 	})
+
+	// Data and nothing to show, not marked silent: an alert push would carry
+	// an empty alert, which shows nothing and does not wake the app, so it
+	// goes as the background push it is, as it does through FCM.
+	t.Run("DataOnly", func(t *testing.T) {
+		t.Parallel()
+		m, err := push.NewMessage("msg_data", true, push.Content{Data: map[string]string{"sync": "inbox"}}, time.Now().Add(time.Hour))
+		require.NoError(t, err)
+		got := b.SendDetailed(t, m)
+		require.Equal(t, pushtest.JSON(t, `{"aps":{"content-available":1},"sync":"inbox","herald_message_id":"msg_data"}`), got.Body)
+		require.Equal(t, "background", got.Headers["apns-push-type"])
+		require.Equal(t, "5", got.Headers["apns-priority"], "a background push goes at 5 even when urgent")
+	})
 }
 
 // providerToken signs a provider token issued at iat with the key of cfg,
