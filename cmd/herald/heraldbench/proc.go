@@ -90,36 +90,58 @@ func clusterCPU(ctx context.Context, pool db.DBTX) func() (time.Duration, error)
 		return nil
 	}
 	return func() (time.Duration, error) {
-		pm, err := readProcStat(pid)
-		if err != nil {
-			return 0, fmt.Errorf("read PostgreSQL's CPU: %w", err)
-		}
-		// Children that ended are counted in ticks, the rest to the
-		// nanosecond (threadCPU).
-		total := pm.children
-		if own, err := threadCPU(pid); err == nil {
-			total += own
-		}
-		entries, err := os.ReadDir("/proc")
-		if err != nil {
-			return 0, fmt.Errorf("read PostgreSQL's CPU: %w", err)
-		}
-		for _, e := range entries {
-			child, err := strconv.Atoi(e.Name())
+		// A backend that ends while its siblings are read would be counted
+		// nowhere (gone from the listing, not yet among the reaped) or
+		// twice: its whole life's CPU, which made a span negative when
+		// Herald's connections closed at the last mark. So the reading is
+		// taken again until no child was reaped during it.
+		for range 10 {
+			before, err := readProcStat(pid)
 			if err != nil {
+				return 0, fmt.Errorf("read PostgreSQL's CPU: %w", err)
+			}
+			live, err := childrenCPU(pid)
+			if err != nil {
+				return 0, err
+			}
+			after, err := readProcStat(pid)
+			if err != nil {
+				return 0, fmt.Errorf("read PostgreSQL's CPU: %w", err)
+			}
+			if after.children != before.children {
 				continue
 			}
-			// A process may end between the listing and the read: its
-			// CPU then moves to the postmaster's reaped children, and the
-			// next reading counts it.
-			if st, err := readProcStat(child); err == nil && st.ppid == pid {
-				if own, err := threadCPU(child); err == nil {
-					total += own
-				}
+			// Children that ended are counted in ticks, the rest to the
+			// nanosecond (threadCPU).
+			total := after.children + live
+			if own, err := threadCPU(pid); err == nil {
+				total += own
+			}
+			return total, nil
+		}
+		return 0, errors.New("read PostgreSQL's CPU: its backends kept ending while they were read")
+	}
+}
+
+// childrenCPU is the CPU of the running children of the process pid.
+func childrenCPU(pid int) (time.Duration, error) {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, fmt.Errorf("read PostgreSQL's CPU: %w", err)
+	}
+	var total time.Duration
+	for _, e := range entries {
+		child, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if st, err := readProcStat(child); err == nil && st.ppid == pid {
+			if own, err := threadCPU(child); err == nil {
+				total += own
 			}
 		}
-		return total, nil
 	}
+	return total, nil
 }
 
 // peakRSS is a process's peak resident set, in MiB.
