@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -23,6 +22,16 @@ import (
 func startWorker(t *testing.T, vars map[string]string) *child {
 	t.Helper()
 	return startChild(t, asHerald("serve", "--role", "worker", "--addr", "127.0.0.1:0"), vars)
+}
+
+// startListeningWorkers starts two workers and waits until both listen,
+// so that both are up before a message falls due.
+func startListeningWorkers(t *testing.T, vars map[string]string) (a, b *child) {
+	t.Helper()
+	a, b = startWorker(t, vars), startWorker(t, vars)
+	a.base(t)
+	b.base(t)
+	return a, b
 }
 
 // unanswered scrapes the worker's /metrics for its provider requests that
@@ -271,11 +280,7 @@ func TestE2EWorkerGoneIsTakenOverInSeconds(t *testing.T) {
 	s.vars["HERALD_BULK_WORKERS"] = "10"
 	s.vars["HERALD_CHUNK_TIMEOUT"] = "50m"
 	s.vars["HERALD_RESCUE_AFTER"] = "1h"
-	a := startWorker(t, s.vars)
-	b := startWorker(t, s.vars)
-	for _, w := range []*child{a, b} {
-		require.Eventually(t, func() bool { return strings.Contains(w.out.String(), "listening on") }, time.Minute, 10*time.Millisecond)
-	}
+	a, b := startListeningWorkers(t, s.vars)
 	id := s.schedule()
 	require.Eventually(t, func() bool { return s.accepted() >= devices/4 }, 2*time.Minute, 5*time.Millisecond,
 		"the fan-out never got going:\n%s\n%s", a.out.String(), b.out.String())
@@ -309,12 +314,7 @@ func TestE2ETwoWorkersShareTheFanOut(t *testing.T) {
 	// default 50 the first would take all 40 chunks. A deployment of
 	// several workers sizes them to share (docs/operations.md, Sizing).
 	s.vars["HERALD_BULK_WORKERS"] = "10"
-	a := startWorker(t, s.vars)
-	b := startWorker(t, s.vars)
-	// Both must be up (listening) before the message is due.
-	for _, w := range []*child{a, b} {
-		require.Eventually(t, func() bool { return strings.Contains(w.out.String(), "listening on") }, time.Minute, 10*time.Millisecond)
-	}
+	a, b := startListeningWorkers(t, s.vars)
 	id := s.schedule()
 	dups := s.checkOnceEach(id, devices)
 	unanswered := a.unanswered(t) + b.unanswered(t)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
-	"strings"
 	"testing"
 	"time"
 
@@ -47,7 +46,7 @@ func (s *fanOutSetup) recorded() int64 {
 func (s *fanOutSetup) faultMidFanOut(devices int, fault func()) *child {
 	s.t.Helper()
 	w := startWorker(s.t, s.vars)
-	require.Eventually(s.t, func() bool { return strings.Contains(w.out.String(), "listening on") }, time.Minute, 10*time.Millisecond)
+	w.base(s.t)
 	id := s.schedule()
 	require.Eventually(s.t, func() bool { return s.accepted() >= int64(devices)/5 }, 2*time.Minute, 2*time.Millisecond,
 		"the worker never got going:\n%s", w.out.String())

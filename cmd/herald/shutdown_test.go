@@ -25,11 +25,7 @@ func TestE2ESIGTERMMidFanOut(t *testing.T) {
 	s := newFanOutSetupOn(t, devices, dbtest.New(t), 40*time.Millisecond)
 	s.vars["HERALD_BULK_WORKERS"] = "10"
 	s.vars["HERALD_LOG_LEVEL"] = "info"
-	a := startWorker(t, s.vars)
-	b := startWorker(t, s.vars)
-	for _, w := range []*child{a, b} {
-		require.Eventually(t, func() bool { return strings.Contains(w.out.String(), "listening on") }, time.Minute, 10*time.Millisecond)
-	}
+	a, _ := startListeningWorkers(t, s.vars) // the second takes over what the first hands back
 	id := s.schedule()
 	require.Eventually(t, func() bool { return s.accepted() >= devices/4 }, 2*time.Minute, 5*time.Millisecond,
 		"the workers never got going:\n%s", a.out.String())
