@@ -51,18 +51,6 @@ type running struct {
 	Targets []Target
 }
 
-// due are the targets that may be sent at now (the database's time): all
-// but those whose devices' throttles have not run out.
-func (c *running) due(now time.Time) []Target {
-	due := make([]Target, 0, len(c.Targets))
-	for _, t := range c.Targets {
-		if !t.NotBefore.After(now) {
-			due = append(due, t)
-		}
-	}
-	return due
-}
-
 // Kind implements river.JobArgs.
 func (FanOutArgs) Kind() string { return FanOutKind }
 

@@ -147,11 +147,17 @@ func (w *FanOutWorker) Work(ctx context.Context, job *river.Job[FanOutArgs]) err
 	if err != nil || c == nil {
 		return err
 	}
-	w.cfg.Metrics.tried(c.due(startedAt))
 	if len(c.Targets) == 0 {
 		return w.finish(ctx, c, ledger, ledger.open(c, startedAt, nil), false)
 	}
 	groups := w.group(c, startedAt)
+	// What is tried is what is grouped: a device gone is cancelled, and
+	// one waiting for its throttle skipped, neither tried.
+	tried := map[string]int{}
+	for g, idx := range groups {
+		tried[g.channel] += len(idx)
+	}
+	w.cfg.Metrics.tried(tried)
 	// Sending stops early enough to leave time to record what was sent: a
 	// chunk that ran out of time still writes its results, so its retry
 	// sends only what was not answered.

@@ -56,20 +56,32 @@ type LivenessConfig struct {
 	Ping, FenceAfter time.Duration
 }
 
-// NewLiveness draws the process's key; Run takes the lock.
-func NewLiveness(cfg *LivenessConfig) (*Liveness, error) {
-	c := *cfg
+// withDefaults fills the settings left zero with their defaults.
+func (c *LivenessConfig) withDefaults() {
 	c.Ping = cmp.Or(c.Ping, DefaultLivenessPing)
 	c.FenceAfter = cmp.Or(c.FenceAfter, DefaultLivenessFence)
+}
+
+// validate names the first setting a Liveness cannot work with.
+func (c *LivenessConfig) validate() error {
 	switch {
 	case c.ConnConfig == nil:
-		return nil, errRequired("LivenessConfig.ConnConfig")
+		return errRequired("LivenessConfig.ConnConfig")
 	case c.Logger == nil:
-		return nil, errRequired("LivenessConfig.Logger")
+		return errRequired("LivenessConfig.Logger")
 	case c.Ping < 0:
-		return nil, errNegative("LivenessConfig.Ping", c.Ping)
+		return errNegative("LivenessConfig.Ping", c.Ping)
 	case c.FenceAfter <= 2*c.Ping:
-		return nil, fmt.Errorf("jobs: LivenessConfig.FenceAfter (%s) must exceed two pings (%s)", c.FenceAfter, 2*c.Ping)
+		return fmt.Errorf("jobs: LivenessConfig.FenceAfter (%s) must exceed two pings (%s)", c.FenceAfter, 2*c.Ping)
+	}
+	return nil
+}
+
+// NewLiveness draws the process's key; Run takes the lock.
+func NewLiveness(cfg *LivenessConfig) (*Liveness, error) {
+	c, err := configure(cfg)
+	if err != nil {
+		return nil, err
 	}
 	var b [4]byte
 	if _, err := rand.Read(b[:]); err != nil {

@@ -127,17 +127,10 @@ func (m *Metrics) settled(priority string, sloSkewMs *float64) {
 	}
 }
 
-// tried counts the due deliveries a chunk pass sets out to send; one whose
-// device is gone (Target.Gone) is cancelled, not tried.
-func (m *Metrics) tried(targets []Target) {
+// tried counts the deliveries a chunk pass sets out to send, by channel.
+func (m *Metrics) tried(n map[string]int) {
 	if m == nil {
 		return
-	}
-	n := map[string]int{}
-	for _, t := range targets {
-		if t.Gone == push.ReasonNone {
-			n[t.Channel]++
-		}
 	}
 	for channel, k := range n {
 		m.tries.WithLabelValues(channel).Add(float64(k))

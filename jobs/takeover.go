@@ -39,20 +39,32 @@ type TakeoverConfig struct {
 	Metrics *Metrics
 }
 
-// NewTakeover fills cfg's defaults and checks it.
-func NewTakeover(cfg *TakeoverConfig) (*Takeover, error) {
-	c := *cfg
+// withDefaults fills the settings left zero with their defaults.
+func (c *TakeoverConfig) withDefaults() {
 	c.Every = cmp.Or(c.Every, DefaultTakeoverEvery)
 	c.Grace = cmp.Or(c.Grace, DefaultTakeoverGrace)
+}
+
+// validate names the first setting a Takeover cannot work with.
+func (c *TakeoverConfig) validate() error {
 	switch {
 	case c.Pool == nil:
-		return nil, errRequired("TakeoverConfig.Pool")
+		return errRequired("TakeoverConfig.Pool")
 	case c.Logger == nil:
-		return nil, errRequired("TakeoverConfig.Logger")
+		return errRequired("TakeoverConfig.Logger")
 	case c.Every < 0:
-		return nil, errNegative("TakeoverConfig.Every", c.Every)
+		return errNegative("TakeoverConfig.Every", c.Every)
 	case c.Grace < 0:
-		return nil, errNegative("TakeoverConfig.Grace", c.Grace)
+		return errNegative("TakeoverConfig.Grace", c.Grace)
+	}
+	return nil
+}
+
+// NewTakeover fills cfg's defaults and checks it.
+func NewTakeover(cfg *TakeoverConfig) (*Takeover, error) {
+	c, err := configure(cfg)
+	if err != nil {
+		return nil, err
 	}
 	return &Takeover{cfg: c}, nil
 }
