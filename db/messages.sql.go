@@ -18,7 +18,7 @@ SET state = 'cancelled',
     cancelled_count = cancelled_count + pending_count,
     pending_count = 0
 WHERE id = $1 AND state = 'scheduled'
-RETURNING id, state, priority, dispatch_at, expires_at, payload_id, audience, local_time, recipient_count, device_count, chunk_count, pending_count, accepted_count, failed_count, expired_count, cancelled_count, schedule_id, schedule_run_at, started_at, settled_at, cancelled_at, skew_p50_ms, skew_p95_ms, skew_p99_ms, skew_max_ms, created_at, skew_histogram, slo_skew_ms
+RETURNING id, state, priority, dispatch_at, expires_at, payload_id, audience, local_time, recipient_count, device_count, chunk_count, pending_count, accepted_count, failed_count, expired_count, cancelled_count, schedule_id, schedule_run_at, started_at, settled_at, cancelled_at, skew_p50_ms, skew_p95_ms, skew_p99_ms, skew_max_ms, created_at, skew_histogram, slo_skew_ms, confirmed_count, opened_count, confirmed_histogram
 `
 
 // Cancels a message that has not started. The guard on state is what
@@ -56,6 +56,9 @@ func (q *Queries) CancelMessage(ctx context.Context, id int64) (Message, error) 
 		&i.CreatedAt,
 		&i.SkewHistogram,
 		&i.SloSkewMs,
+		&i.ConfirmedCount,
+		&i.OpenedCount,
+		&i.ConfirmedHistogram,
 	)
 	return i, err
 }
@@ -156,7 +159,7 @@ func (q *Queries) GetIdempotencyKey(ctx context.Context, arg GetIdempotencyKeyPa
 }
 
 const getMessage = `-- name: GetMessage :one
-SELECT id, state, priority, dispatch_at, expires_at, payload_id, audience, local_time, recipient_count, device_count, chunk_count, pending_count, accepted_count, failed_count, expired_count, cancelled_count, schedule_id, schedule_run_at, started_at, settled_at, cancelled_at, skew_p50_ms, skew_p95_ms, skew_p99_ms, skew_max_ms, created_at, skew_histogram, slo_skew_ms FROM messages WHERE id = $1
+SELECT id, state, priority, dispatch_at, expires_at, payload_id, audience, local_time, recipient_count, device_count, chunk_count, pending_count, accepted_count, failed_count, expired_count, cancelled_count, schedule_id, schedule_run_at, started_at, settled_at, cancelled_at, skew_p50_ms, skew_p95_ms, skew_p99_ms, skew_max_ms, created_at, skew_histogram, slo_skew_ms, confirmed_count, opened_count, confirmed_histogram FROM messages WHERE id = $1
 `
 
 func (q *Queries) GetMessage(ctx context.Context, id int64) (Message, error) {
@@ -191,6 +194,9 @@ func (q *Queries) GetMessage(ctx context.Context, id int64) (Message, error) {
 		&i.CreatedAt,
 		&i.SkewHistogram,
 		&i.SloSkewMs,
+		&i.ConfirmedCount,
+		&i.OpenedCount,
+		&i.ConfirmedHistogram,
 	)
 	return i, err
 }
@@ -246,7 +252,7 @@ INSERT INTO messages (
     $8, $9, $10, $11, $12,
     $13, $14, $15
 )
-RETURNING id, state, priority, dispatch_at, expires_at, payload_id, audience, local_time, recipient_count, device_count, chunk_count, pending_count, accepted_count, failed_count, expired_count, cancelled_count, schedule_id, schedule_run_at, started_at, settled_at, cancelled_at, skew_p50_ms, skew_p95_ms, skew_p99_ms, skew_max_ms, created_at, skew_histogram, slo_skew_ms
+RETURNING id, state, priority, dispatch_at, expires_at, payload_id, audience, local_time, recipient_count, device_count, chunk_count, pending_count, accepted_count, failed_count, expired_count, cancelled_count, schedule_id, schedule_run_at, started_at, settled_at, cancelled_at, skew_p50_ms, skew_p95_ms, skew_p99_ms, skew_max_ms, created_at, skew_histogram, slo_skew_ms, confirmed_count, opened_count, confirmed_histogram
 `
 
 type InsertMessageParams struct {
@@ -317,6 +323,9 @@ func (q *Queries) InsertMessage(ctx context.Context, arg InsertMessageParams) (M
 		&i.CreatedAt,
 		&i.SkewHistogram,
 		&i.SloSkewMs,
+		&i.ConfirmedCount,
+		&i.OpenedCount,
+		&i.ConfirmedHistogram,
 	)
 	return i, err
 }
@@ -422,7 +431,7 @@ func (q *Queries) ListDeliveries(ctx context.Context, arg ListDeliveriesParams) 
 }
 
 const listMessages = `-- name: ListMessages :many
-SELECT id, state, priority, dispatch_at, expires_at, payload_id, audience, local_time, recipient_count, device_count, chunk_count, pending_count, accepted_count, failed_count, expired_count, cancelled_count, schedule_id, schedule_run_at, started_at, settled_at, cancelled_at, skew_p50_ms, skew_p95_ms, skew_p99_ms, skew_max_ms, created_at, skew_histogram, slo_skew_ms
+SELECT id, state, priority, dispatch_at, expires_at, payload_id, audience, local_time, recipient_count, device_count, chunk_count, pending_count, accepted_count, failed_count, expired_count, cancelled_count, schedule_id, schedule_run_at, started_at, settled_at, cancelled_at, skew_p50_ms, skew_p95_ms, skew_p99_ms, skew_max_ms, created_at, skew_histogram, slo_skew_ms, confirmed_count, opened_count, confirmed_histogram
 FROM messages
 WHERE id < $1
   AND ($2::text IS NULL OR state = $2::text)
@@ -482,6 +491,9 @@ func (q *Queries) ListMessages(ctx context.Context, arg ListMessagesParams) ([]M
 			&i.CreatedAt,
 			&i.SkewHistogram,
 			&i.SloSkewMs,
+			&i.ConfirmedCount,
+			&i.OpenedCount,
+			&i.ConfirmedHistogram,
 		); err != nil {
 			return nil, err
 		}
@@ -590,7 +602,7 @@ SET state = $1, settled_at = $2,
     recipient_count = $3, device_count = $4, chunk_count = $5,
     pending_count = $6, expired_count = $7
 WHERE id = $8
-RETURNING id, state, priority, dispatch_at, expires_at, payload_id, audience, local_time, recipient_count, device_count, chunk_count, pending_count, accepted_count, failed_count, expired_count, cancelled_count, schedule_id, schedule_run_at, started_at, settled_at, cancelled_at, skew_p50_ms, skew_p95_ms, skew_p99_ms, skew_max_ms, created_at, skew_histogram, slo_skew_ms
+RETURNING id, state, priority, dispatch_at, expires_at, payload_id, audience, local_time, recipient_count, device_count, chunk_count, pending_count, accepted_count, failed_count, expired_count, cancelled_count, schedule_id, schedule_run_at, started_at, settled_at, cancelled_at, skew_p50_ms, skew_p95_ms, skew_p99_ms, skew_max_ms, created_at, skew_histogram, slo_skew_ms, confirmed_count, opened_count, confirmed_histogram
 `
 
 type SetMessageAudienceParams struct {
@@ -647,6 +659,9 @@ func (q *Queries) SetMessageAudience(ctx context.Context, arg SetMessageAudience
 		&i.CreatedAt,
 		&i.SkewHistogram,
 		&i.SloSkewMs,
+		&i.ConfirmedCount,
+		&i.OpenedCount,
+		&i.ConfirmedHistogram,
 	)
 	return i, err
 }

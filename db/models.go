@@ -83,34 +83,37 @@ type IdempotencyKey struct {
 }
 
 type Message struct {
-	ID             int64
-	State          string
-	Priority       string
-	DispatchAt     time.Time
-	ExpiresAt      time.Time
-	PayloadID      int64
-	Audience       []byte
-	LocalTime      []byte
-	RecipientCount int32
-	DeviceCount    int32
-	ChunkCount     int32
-	PendingCount   int32
-	AcceptedCount  int32
-	FailedCount    int32
-	ExpiredCount   int32
-	CancelledCount int32
-	ScheduleID     *int64
-	ScheduleRunAt  *time.Time
-	StartedAt      *time.Time
-	SettledAt      *time.Time
-	CancelledAt    *time.Time
-	SkewP50Ms      *float64
-	SkewP95Ms      *float64
-	SkewP99Ms      *float64
-	SkewMaxMs      *float64
-	CreatedAt      time.Time
-	SkewHistogram  []int32
-	SloSkewMs      *float64
+	ID                 int64
+	State              string
+	Priority           string
+	DispatchAt         time.Time
+	ExpiresAt          time.Time
+	PayloadID          int64
+	Audience           []byte
+	LocalTime          []byte
+	RecipientCount     int32
+	DeviceCount        int32
+	ChunkCount         int32
+	PendingCount       int32
+	AcceptedCount      int32
+	FailedCount        int32
+	ExpiredCount       int32
+	CancelledCount     int32
+	ScheduleID         *int64
+	ScheduleRunAt      *time.Time
+	StartedAt          *time.Time
+	SettledAt          *time.Time
+	CancelledAt        *time.Time
+	SkewP50Ms          *float64
+	SkewP95Ms          *float64
+	SkewP99Ms          *float64
+	SkewMaxMs          *float64
+	CreatedAt          time.Time
+	SkewHistogram      []int32
+	SloSkewMs          *float64
+	ConfirmedCount     int32
+	OpenedCount        int32
+	ConfirmedHistogram []int32
 }
 
 type MessageChunk struct {
@@ -149,6 +152,15 @@ type ProviderStatus struct {
 	Sends       int64
 	Failures    int64
 	UpdatedAt   time.Time
+}
+
+type Receipt struct {
+	MessageID  int64
+	DeviceID   int64
+	Event      string
+	ReceivedAt time.Time
+	DeviceAt   *time.Time
+	SkewMs     float64
 }
 
 type Schedule struct {
