@@ -144,15 +144,9 @@ func (s *sessions) loadKey(ctx context.Context) error {
 	if s.key.Load() != nil {
 		return nil
 	}
-	q := db.On(s.pool)
-	fresh := make([]byte, 32)
-	_, _ = rand.Read(fresh)
-	if err := q.InsertSigningKey(ctx, db.InsertSigningKeyParams{Purpose: sessionKeyPurpose, Key: fresh}); err != nil {
-		return fmt.Errorf("store the sessions' signing key: %w", err)
-	}
-	key, err := q.SigningKey(ctx, sessionKeyPurpose)
+	key, err := db.SharedKey(ctx, s.pool, sessionKeyPurpose, 32)
 	if err != nil {
-		return fmt.Errorf("read the sessions' signing key: %w", err)
+		return err
 	}
 	s.key.Store(&key)
 	return nil
