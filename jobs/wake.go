@@ -41,6 +41,11 @@ type WakerConfig struct {
 	// included) takes the longer of DefaultWakeAhead and twice Every.
 	Every, Ahead time.Duration
 	Metrics      *Metrics
+	// Warm, when set, readies the process for the chunks of a queue due at
+	// an instant (FanOutWorker.Warm). The Waker calls it once per instant,
+	// when it first sees it, one call at a time, with a context that ends at
+	// the instant: a warm-up that has not finished by then is of no use.
+	Warm func(ctx context.Context, queue string, at time.Time) error
 }
 
 // NewWaker returns the Waker of cfg, its defaults filled, or an error
@@ -97,6 +102,11 @@ func (w *Waker) Run(ctx context.Context) {
 	}()
 	t := time.NewTicker(c.Every)
 	defer t.Stop()
+	warms := make(chan db.DueInstant, 100)
+	defer close(warms)
+	if c.Warm != nil {
+		go w.warm(ctx, warms)
+	}
 	for {
 		due, err := db.UpcomingDue(ctx, c.Pool, queues, c.Ahead, 100)
 		if err != nil && ctx.Err() == nil {
@@ -122,12 +132,32 @@ func (w *Waker) Run(ctx context.Context) {
 				}
 				c.Metrics.woke(d.Queue)
 			})
+			if c.Warm != nil {
+				select {
+				case warms <- d:
+				default: // warming is behind; this instant goes cold
+				}
+			}
 		}
 		mu.Unlock()
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		}
+	}
+}
+
+// warm warms the instants it is given, one after another, each until its
+// time comes.
+func (w *Waker) warm(ctx context.Context, instants <-chan db.DueInstant) {
+	c := w.cfg
+	for d := range instants {
+		wctx, cancel := context.WithDeadline(ctx, d.At.Add(-c.Clock.Offset()))
+		err := c.Warm(wctx, d.Queue, d.At)
+		cancel()
+		if err != nil && wctx.Err() == nil {
+			c.Logger.WarnContext(ctx, "warm up for chunks falling due", "lane", d.Queue, "at", d.At, "error", err)
 		}
 	}
 }

@@ -287,7 +287,8 @@ func startChunkWorker(ctx context.Context, p *process) (_ *worker, err error) {
 	if err != nil {
 		return nil, err
 	}
-	waker, err := jobs.NewWaker(&jobs.WakerConfig{Pool: p.pool, Clock: clock, Logger: logger, Lanes: w.clients.Wakers(), Metrics: metrics})
+	waker, err := jobs.NewWaker(&jobs.WakerConfig{Pool: p.pool, Clock: clock, Logger: logger, Lanes: w.clients.Wakers(), Metrics: metrics,
+		Warm: w.fanOut.Warm})
 	if err != nil {
 		return nil, err
 	}

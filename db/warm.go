@@ -1,0 +1,61 @@
+package db
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// DueJobArgs are the args of River's available jobs of kind on queue that
+// fall due at exactly at, at most limit of them: every message's first
+// chunk, then every message's second, and so on (a message's first chunk
+// goes first at its instant, beginGate). It reads River's fetch index, as
+// UpcomingDue does.
+func DueJobArgs(ctx context.Context, q DBTX, kind, queue string, at time.Time, limit int) ([][]byte, error) {
+	rows, err := q.Query(ctx, `
+		SELECT args FROM (
+			SELECT args, row_number() OVER (
+				PARTITION BY args->'message_id' ORDER BY (args->>'chunk')::integer) AS n
+			FROM river_job
+			WHERE state = 'available' AND queue = $2 AND scheduled_at = $3 AND kind = $1
+		) due
+		ORDER BY n, args->'message_id'
+		LIMIT $4`, kind, queue, at, limit)
+	if err != nil {
+		return nil, fmt.Errorf("due jobs at %s: %w", at.Format(time.RFC3339Nano), err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowTo[[]byte])
+	if err != nil {
+		return nil, fmt.Errorf("due jobs at %s: %w", at.Format(time.RFC3339Nano), err)
+	}
+	return out, nil
+}
+
+// WarmChunk reads what BeginChunk will read for c, the same way, and keeps
+// none of it: the pages of the chunk's part of the ledger, of its devices
+// and of their indexes are in PostgreSQL's buffers when the chunk begins,
+// and the connection has the statement prepared. When payloadID is not
+// zero it returns the payload too, so the caller can encode the message
+// ahead as well. It changes nothing.
+func WarmChunk(ctx context.Context, pool *pgxpool.Pool, c ChunkPendingParams, payloadID int64) (payload []byte, rows int, err error) {
+	err = inBatch(ctx, pool, func(b *pgx.Batch) {
+		payload, rows = nil, 0
+		b.Queue(useGenericPlans)
+		b.Queue(chunkPending, c.MessageID, c.FirstDevice, c.LastDevice, c.Chunk).Query(func(r pgx.Rows) error {
+			for r.Next() {
+				rows++
+			}
+			return r.Err()
+		})
+		if payloadID != 0 {
+			b.Queue(getPayload, payloadID).QueryRow(func(row pgx.Row) error { return row.Scan(&payload) })
+		}
+	})
+	if err != nil {
+		return nil, 0, fmt.Errorf("warm chunk %d of message %d: %w", c.Chunk, c.MessageID, err)
+	}
+	return payload, rows, nil
+}
