@@ -7,7 +7,6 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 	"testing"
@@ -35,7 +34,7 @@ type Cluster struct {
 // and stops and deletes it when the test ends. It takes a few seconds.
 func NewCluster(tb testing.TB) *Cluster {
 	tb.Helper()
-	bin, err := postgresBin()
+	bin, err := db.PostgresBin()
 	if err != nil {
 		tb.Fatalf("dbtest: %v", err)
 	}
@@ -140,27 +139,4 @@ func (c *Cluster) own(dir string) error {
 	uid, _ := strconv.Atoi(u.Uid)
 	gid, _ := strconv.Atoi(u.Gid)
 	return os.Chown(dir, uid, gid)
-}
-
-// postgresBin finds the server binaries as db/cluster.sh does: pg_config's
-// bindir, else the newest /usr/lib/postgresql/*/bin.
-func postgresBin() (string, error) {
-	var dirs []string
-	if out, err := exec.Command("pg_config", "--bindir").Output(); err == nil {
-		dirs = append(dirs, strings.TrimSpace(string(out)))
-	}
-	found, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
-	sort.Slice(found, func(i, j int) bool { return versionOf(found[i]) > versionOf(found[j]) })
-	dirs = append(dirs, found...)
-	for _, d := range dirs {
-		if _, err := os.Stat(filepath.Join(d, "pg_ctl")); err == nil {
-			return d, nil
-		}
-	}
-	return "", fmt.Errorf("no PostgreSQL server binaries (pg_ctl, initdb) found")
-}
-
-func versionOf(bin string) int {
-	n, _ := strconv.Atoi(filepath.Base(filepath.Dir(bin)))
-	return n
 }

@@ -115,6 +115,9 @@ func (b *Benchmark) Run(ctx context.Context, admin string) (*Result, error) {
 	// backends (cpuSpans): the measured messages' life is the span from
 	// markBefore to markCleaned.
 	cluster := clusterCPU(ctx, pool)
+	if b.Config.Cold {
+		cluster = nil
+	}
 	cpu := &cpuSpans{herald: b.heraldCPU, postgres: cluster, status: backendsCPU(pool, cluster, statusApplication)}
 	if err := cpu.markHerald(markBefore); err != nil {
 		return nil, err
@@ -126,6 +129,17 @@ func (b *Benchmark) Run(ctx context.Context, admin string) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	if b.Config.Cold {
+		// The statistics first: ANALYZE reads the ledger, which would
+		// warm the page cache again.
+		if err := db.On(pool).AnalyzeDeliveries(ctx); err != nil {
+			return nil, fmt.Errorf("analyze: %w", err)
+		}
+		if res.Cold, err = b.coldCaches(ctx, pool); err != nil {
+			return nil, err
+		}
+		b.Progress("cold: %s", res.Cold)
+	}
 	var statusReads atomic.Int64
 	settled := b.readStatus(ctx, sent.ids(), settleDeadline(sent.dispatchAt, res.Devices), &statusReads)
 	if err := cpu.markPostgres(ctx, markScheduled); err != nil {
@@ -136,8 +150,10 @@ func (b *Benchmark) Run(ctx context.Context, admin string) (*Result, error) {
 	// ten seconds is due; so the dispatch runs on those statistics, and
 	// their cost is the wait's. (The ledger queries are also tested on an
 	// empty table's statistics: TestLedgerPlansUseThePrimaryKey.)
-	if err := db.On(pool).AnalyzeDeliveries(ctx); err != nil {
-		return nil, fmt.Errorf("analyze: %w", err)
+	if !b.Config.Cold {
+		if err := db.On(pool).AnalyzeDeliveries(ctx); err != nil {
+			return nil, fmt.Errorf("analyze: %w", err)
+		}
 	}
 	if err := cpu.markHerald(markScheduled); err != nil {
 		return nil, err

@@ -64,6 +64,11 @@ type Config struct {
 	// in the measured messages, each as its provider answers one device
 	// (--throttled).
 	Throttled float64
+	// Cold restarts PostgreSQL, and drops the page cache where it may,
+	// between the scheduling and the instant (--cold): the instant then
+	// meets cold caches. PostgreSQL's CPU is not measured then: the
+	// restart ends the processes it is read from.
+	Cold bool
 }
 
 // messages is Config.Messages, at least one.
@@ -109,6 +114,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	fs.IntVar(&cfg.History, "history", 0, "settled ledger rows (in messages of 25,000) written with SQL before the measured messages")
 	fs.StringVar(&cfg.Payload, "payload", "plain", "the bulk message's payload: plain (title, body, data), rich (every payload field) or localized (rich, in five languages the users' locales spread over)")
 	fs.BoolVar(&cfg.UrgentWorker, "urgent-worker", false, "run the urgent lane in a worker process of its own (HERALD_LANES=urgent)")
+	fs.BoolVar(&cfg.Cold, "cold", false, "restart PostgreSQL and drop the page cache (as root) between the scheduling and the instant; PostgreSQL's CPU is then not measured")
 	throttled := fs.Float64("throttled", 0, "percent of devices fakepush throttles (429 with Retry-After, once each) in the measured messages")
 	// --help answers on stdout and succeeds; a bad flag fails with the
 	// usage on stderr.

@@ -29,6 +29,9 @@ type Result struct {
 	SkewMs        summary `json:"skew_ms"`
 	ReceiptSkewMs summary `json:"receipt_skew_ms"`
 	UrgentSkewMs  float64 `json:"urgent_skew_ms"`
+	// Cold says what --cold did to the caches before the instant; empty
+	// without it.
+	Cold string `json:"cold,omitempty"`
 	// UrgentPickupMs is when the urgent chunk started after its due time:
 	// the rest of urgent_skew_ms is its reads, the send and the answer.
 	UrgentPickupMs float64 `json:"urgent_pickup_ms"`
