@@ -11,17 +11,17 @@ import (
 
 // Limiter runs the send loop every provider shares: it bounds the requests in
 // flight across all concurrent Sends of one provider (for Web Push, of one
-// push service, the endpoints' host), asks the circuit
-// breaker before each request, and parks what the breaker will not let
-// through. Providers differ only in how one request is made and in which
-// targets they refuse locally, so those are what they pass to Send.
+// push service: the endpoints' host), asks the circuit breaker before each
+// request, and parks what the breaker will not let through. Providers differ
+// only in how one request is made and in which targets they refuse locally,
+// so those are what they pass to Send.
 //
 // The bound adapts, between 1 and the provider's MaxInFlight, the way TCP's
 // congestion window does: it halves, at most once a round trip, when the
 // provider throttles Herald as a whole (a 429 that is not about one device,
 // or a 503 that names a Retry-After) or a request gets no answer in time,
-// and grows by one after a bound's
-// worth of answers whose latency held (within twice its running average).
+// and grows by one after a bound's worth of answers whose latency held
+// (within twice its running average).
 // It starts at MaxInFlight, so a provider that never pushes back sees the
 // fixed bound it always had.
 type Limiter struct {
