@@ -71,3 +71,16 @@ func TestPacingMetricsPerPushService(t *testing.T) {
 		"herald_provider_rate_limit webpush " + host:      50,
 	}, gauges())
 }
+
+// TestWebPushHostRateConfig: HERALD_RATE_WEBPUSH_HOST is a whole number of
+// sends a second, -1 for no bound.
+func TestWebPushHostRateConfig(t *testing.T) {
+	t.Parallel()
+	c, err := loadConfig(env(map[string]string{"HERALD_RATE_WEBPUSH_HOST": "-1"}))
+	require.NoError(t, err)
+	require.Equal(t, -1, c.WebPushHostRate)
+	for _, v := range []string{"-2", "fast", "1.5"} {
+		_, err := loadConfig(env(map[string]string{"HERALD_RATE_WEBPUSH_HOST": v}))
+		require.ErrorContains(t, err, "HERALD_RATE_WEBPUSH_HOST", v)
+	}
+}

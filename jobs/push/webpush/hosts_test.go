@@ -285,4 +285,5 @@ func TestHostsAreBounded(t *testing.T) {
 	require.Len(t, ps, maxHosts+1)
 	require.Equal(t, othersHost, ps[0].Host, "shown once used")
 	require.Equal(t, 4, ps[0].InFlightLimit)
+	require.Zero(t, ps[0].Rate, "a negative rate is no bound")
 }
