@@ -23,11 +23,10 @@ const (
 	// (BenchmarkSend; docs/performance.md has the figures).
 	DefaultMaxInFlight = 200
 	// DefaultHostRate is the sends a second to one push service, with
-	// bursts of a minute's worth. The one service that publishes its limit
-	// is FCM, which serves Chrome's subscriptions under the project's
-	// quota of 600,000 messages a minute; the others publish none, and
-	// answer a 429 or a 503 with a Retry-After when they want less, which
-	// the in-flight bound follows. Far above what one process sends.
+	// bursts of a minute's worth. No push service publishes a rate for Web
+	// Push, so it is FCM's figure for its own API (600,000 a minute), far
+	// above what one process sends: a service that wants less answers a
+	// 429 or a 503 with a Retry-After, which the in-flight bound follows.
 	DefaultHostRate = 10_000
 	// DefaultRequestTimeout bounds one request, so that a hung push service
 	// never holds a chunk.
