@@ -1,7 +1,6 @@
 package jobs
 
 import (
-	"strings"
 	"sync"
 	"time"
 
@@ -238,7 +237,7 @@ func (b *Breakers) For(channel, token string) *Breaker {
 	if !ok || channel != ChannelWebPush {
 		return own
 	}
-	host := endpointHost(token)
+	host := push.EndpointHost(token)
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if h := b.hosts[host]; h != nil {
@@ -261,19 +260,6 @@ func (b *Breakers) For(channel, token string) *Breaker {
 	h := NewBreaker(b.cfg)
 	b.hosts[host] = h
 	return h
-}
-
-// endpointHost is the host of a Web Push endpoint, lower-cased, as the
-// breakers key it.
-func endpointHost(endpoint string) string {
-	rest, ok := strings.CutPrefix(endpoint, "https://")
-	if !ok {
-		return ""
-	}
-	if i := strings.IndexAny(rest, "/?#"); i >= 0 {
-		rest = rest[:i]
-	}
-	return strings.ToLower(rest)
 }
 
 // stateRank orders breaker states from best to worst.

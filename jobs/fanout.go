@@ -530,7 +530,7 @@ func (w *FanOutWorker) untilExpiry(c *running, wait time.Duration) time.Duration
 // erasure.
 func parkedDetail(t Target, detail string) string {
 	detail = push.ScrubDetail(detail)
-	if host := endpointHost(t.Token); t.Channel == ChannelWebPush && host != "" && detail != "" {
+	if host := push.EndpointHost(t.Token); t.Channel == ChannelWebPush && host != "" && detail != "" {
 		return host + ": " + detail
 	}
 	return detail

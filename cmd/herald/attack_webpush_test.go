@@ -4,8 +4,6 @@ import (
 	"context"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -119,27 +117,12 @@ func TestAttackWebPushEndpointsCannotReachControls(t *testing.T) {
 // answer's body.
 func TestAttackWebPushOneCallerCannotParkOthers(t *testing.T) {
 	t.Parallel()
-	failing, err := fake.New(fake.Config{Addr: "127.0.0.1:0", TLSDir: t.TempDir()})
-	require.NoError(t, err)
-	require.NoError(t, failing.Start(context.Background()))
-	t.Cleanup(func() { _ = failing.Close() })
-	require.NoError(t, failing.SetControl(fake.Control{Channel: "webpush", Mode: fake.ModeUnavailable}))
-
 	// Herald trusts both push services' CAs and admits both hosts.
-	e := startE2EWith(t, func(vars map[string]string, main *fake.Server) {
-		both := filepath.Join(t.TempDir(), "ca.pem")
-		require.NoError(t, os.WriteFile(both, append(main.CACertPEM(), failing.CACertPEM()...), 0o600))
-		vars["SSL_CERT_FILE"] = both
-		vars["HERALD_WEBPUSH_HOSTS"] += "," + strings.TrimPrefix(failing.URL(), "https://")
+	e, failing := startE2EWithSecondPushService(t, fake.Control{Channel: "webpush", Mode: fake.ModeUnavailable}, func(vars map[string]string) {
 		vars["HERALD_BREAKER_COOLDOWN"] = "1m"
 	})
 
-	for range 5 {
-		sub, err := failing.MintSubscription(false)
-		require.NoError(t, err)
-		e.registerDevice(client.DeviceRegistration{UserID: "mallory", Channel: client.ChannelWebPush, Subscription: webPush(sub)})
-	}
-	e.send(client.NewMessage{Audience: toUsers("mallory"), Payload: titled("noise")})
+	e.sendToNewSubscriptions(failing, "mallory", 5, "noise")
 	var providers client.Providers
 	require.Eventually(t, func() bool {
 		providers = e.providers()

@@ -85,6 +85,9 @@ type config struct {
 	// FCMRate is the FCM client's sends a second (HERALD_RATE_FCM): 0 for
 	// its default, -1 for none.
 	FCMRate int
+	// WebPushHostRate is the Web Push client's sends a second to one push
+	// service (HERALD_RATE_WEBPUSH_HOST): 0 for its default, -1 for none.
+	WebPushHostRate int
 	// BreakerCooldown is how long a provider's (or a Web Push service's)
 	// circuit breaker stays open before one probe may go out
 	// (HERALD_BREAKER_COOLDOWN); it doubles after each failed probe, up to
@@ -217,6 +220,9 @@ func loadConfig(getenv func(string) string) (config, error) {
 		}
 	}
 	if c.FCMRate, err = intVar(getenv, "HERALD_RATE_FCM", -1, 10_000_000); err != nil {
+		return c, err
+	}
+	if c.WebPushHostRate, err = intVar(getenv, "HERALD_RATE_WEBPUSH_HOST", -1, 10_000_000); err != nil {
 		return c, err
 	}
 	if c.ScheduleLead, err = durationVar(getenv, "HERALD_SCHEDULE_LEAD", 0, time.Second); err != nil {

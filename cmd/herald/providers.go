@@ -148,7 +148,7 @@ func buildProviders(ctx context.Context, cfg config, roots *x509.CertPool, logge
 		w, e := webpush.New(webpush.Config{
 			VAPIDPublicKey: cfg.WebPush.PublicKey, VAPIDPrivateKey: cfg.WebPush.PrivateKey,
 			Subject: cfg.WebPush.Subject, RootCAs: roots, MaxInFlight: cfg.MaxInFlight[jobs.ChannelWebPush],
-			Egress: cfg.WebPushEgress,
+			HostRate: float64(cfg.WebPushHostRate), Egress: cfg.WebPushEgress,
 		})
 		err = add(jobs.ChannelWebPush, w, e)
 	}

@@ -227,6 +227,22 @@ func (p *EgressPolicy) CheckEndpoint(endpoint string) error {
 	return r.checkPath(u)
 }
 
+// EndpointHost is the host (and port, if named) of a Web Push endpoint,
+// lower-cased: the push service it belongs to, by which the fan-out keys
+// its breakers and the Web Push client its pacing. It is empty for an
+// endpoint that is not an https URL, which is never sent to. It allocates
+// nothing for an endpoint already in lower case, as they are.
+func EndpointHost(endpoint string) string {
+	rest, ok := strings.CutPrefix(endpoint, "https://")
+	if !ok {
+		return ""
+	}
+	if i := strings.IndexAny(rest, "/?#"); i >= 0 {
+		rest = rest[:i]
+	}
+	return strings.ToLower(rest)
+}
+
 // checkPath says whether u's path may be a push endpoint's. On every host:
 // no dot segments (a server that cleans its paths would serve another
 // resource) and nothing under /_, where fakepush, which an operator's entry

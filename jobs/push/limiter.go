@@ -10,16 +10,18 @@ import (
 )
 
 // Limiter runs the send loop every provider shares: it bounds the requests in
-// flight across all concurrent Sends of one provider, asks the circuit
-// breaker before each request, and parks what the breaker will not let
-// through. Providers differ only in how one request is made and in which
-// targets they refuse locally, so those are what they pass to Send.
+// flight across all concurrent Sends of one provider (for Web Push, of one
+// push service: the endpoints' host), asks the circuit breaker before each
+// request, and parks what the breaker will not let through. Providers differ
+// only in how one request is made and in which targets they refuse locally,
+// so those are what they pass to Send.
 //
 // The bound adapts, between 1 and the provider's MaxInFlight, the way TCP's
 // congestion window does: it halves, at most once a round trip, when the
-// provider throttles Herald as a whole (a 429 that is not about one device)
-// or a request gets no answer in time, and grows by one after a bound's
-// worth of answers whose latency held (within twice its running average).
+// provider throttles Herald as a whole (a 429 that is not about one device,
+// or a 503 that names a Retry-After) or a request gets no answer in time,
+// and grows by one after a bound's worth of answers whose latency held
+// (within twice its running average).
 // It starts at MaxInFlight, so a provider that never pushes back sees the
 // fixed bound it always had.
 type Limiter struct {
@@ -28,10 +30,11 @@ type Limiter struct {
 	slots chan struct{}
 	// pace, when set, bounds the requests' sustained rate (SetRate).
 	pace *rate.Limiter
-	// max is the most requests in flight (MaxInFlight); fixed keeps the
-	// bound there (NewFixedLimiter).
-	max   int
-	fixed bool
+	// shared, when set, is a bound this Limiter's requests share with
+	// other Limiters' (Share): taken after a slot of its own.
+	shared *Bound
+	// max is the most requests in flight (MaxInFlight).
+	max int
 
 	mu sync.Mutex
 	// limit is the adaptive bound; withheld counts the slots taken out of
@@ -65,14 +68,21 @@ func NewLimiter(maxInFlight int) *Limiter {
 	}
 }
 
-// NewFixedLimiter is NewLimiter with a bound that never adapts: Web Push's,
-// which every push service shares, so that one host's timeouts or 429s
-// never slow the others (each host has a breaker of its own instead).
-func NewFixedLimiter(maxInFlight int) *Limiter {
-	l := NewLimiter(maxInFlight)
-	l.fixed = true
-	return l
+// Bound is a bound on requests in flight that several Limiters share:
+// Web Push's across its push services, each of which has a Limiter of its
+// own.
+type Bound struct {
+	slots chan struct{}
 }
+
+// NewBound returns a Bound of n requests in flight, at least 1.
+func NewBound(n int) *Bound {
+	return &Bound{slots: make(chan struct{}, max(n, 1))}
+}
+
+// Share makes the Limiter's requests take a slot of b too, after one of
+// their own. Call it before any Send.
+func (l *Limiter) Share(b *Bound) { l.shared = b }
 
 // SetRate bounds the requests' sustained rate to perSecond, with bursts of
 // up to burst requests; zero leaves it unbounded. Call it before any Send.
@@ -113,16 +123,31 @@ func (l *Limiter) release() {
 	<-l.slots
 }
 
+// releaseShared gives a request's slot of the shared Bound back.
+func (l *Limiter) releaseShared() {
+	if l.shared != nil {
+		<-l.shared.slots
+	}
+}
+
+// throttledAll reports whether r is the provider pushing back on all of
+// Herald's requests rather than on one device's: a 429 not scoped to the
+// device, or any transient answer that asks for a pause (a 503 with a
+// Retry-After), as the fan-out reads it when it pauses a breaker.
+func throttledAll(r Result) bool {
+	if r.TargetThrottled {
+		return false
+	}
+	return r.Reason == ReasonRateLimited || r.Reason.Transient() && r.RetryAfter > 0
+}
+
 // observe moves the adaptive bound by an answer.
 func (l *Limiter) observe(r Result) {
-	if l.fixed {
-		return
-	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	now := time.Now()
 	switch {
-	case r.Unanswered || (r.Reason == ReasonRateLimited && !r.TargetThrottled):
+	case r.Unanswered || throttledAll(r):
 		// Once a round trip: the requests in flight together all meet
 		// the same trouble, and one halving answers it.
 		if now.Sub(l.lastShrink) >= max(l.latency, 100*time.Millisecond) {
@@ -225,8 +250,9 @@ func parked() Result {
 //   - reject, which may be nil, is asked first: a target it refuses gets its
 //     result and no request, so a token that cannot be sent as it is never
 //     reaches the network;
-//   - Send waits for a slot; if ctx ends first, this target and every one
-//     after it get a "not sent" result without a time;
+//   - Send waits for a slot (and one of the shared Bound, if any); if ctx
+//     ends first, this target and every one after it get a "not sent"
+//     result without a time;
 //   - allow is asked with the slot in hand, just before the request starts,
 //     so that a breaker that opened while Send waited for a slot is seen;
 //   - send runs on a sender goroutine (see run) and its result is the
@@ -271,7 +297,17 @@ func (l *Limiter) Send(ctx context.Context, targets []Target, results []Result, 
 			notSent(i, ctx.Err())
 			return false
 		}
+		if l.shared != nil {
+			select {
+			case l.shared.slots <- struct{}{}:
+			case <-ctx.Done():
+				l.release()
+				notSent(i, ctx.Err())
+				return false
+			}
+		}
 		if !allow() {
+			l.releaseShared()
 			l.release()
 			refused = true
 			results[i] = parked()
@@ -281,6 +317,7 @@ func (l *Limiter) Send(ctx context.Context, targets []Target, results []Result, 
 		l.run(func() {
 			defer wg.Done()
 			defer l.release()
+			defer l.releaseShared()
 			start := time.Now()
 			r := send(t)
 			r.Latency = time.Since(start)

@@ -382,6 +382,22 @@ func TestLimiterAdaptsItsBound(t *testing.T) {
 	require.Equal(t, 8, l.InFlightLimit(), "never past MaxInFlight")
 }
 
+// TestLimiterShrinksOnAPause: a 503 that names a Retry-After is the
+// provider (or a push service) asking for less from Herald as a whole, as
+// a provider-wide 429 is; a bare 503 is its breaker's business, and a
+// pause scoped to one device no one else's.
+func TestLimiterShrinksOnAPause(t *testing.T) {
+	t.Parallel()
+	l := NewLimiter(8)
+	defer l.Close()
+	l.observe(Result{Reason: ReasonProviderUnavailable, Detail: "503"})
+	require.Equal(t, 8, l.InFlightLimit(), "a 503 alone")
+	l.observe(Result{Reason: ReasonRateLimited, RetryAfter: time.Minute, TargetThrottled: true})
+	require.Equal(t, 8, l.InFlightLimit(), "one device's pause")
+	l.observe(Result{Reason: ReasonProviderUnavailable, RetryAfter: time.Minute, Detail: "503"})
+	require.Equal(t, 4, l.InFlightLimit(), "a 503 that asks for a pause halves it")
+}
+
 func TestLimiterKeepsToItsShrunkBound(t *testing.T) {
 	t.Parallel()
 	l := NewLimiter(4)
@@ -434,4 +450,55 @@ func TestLimiterKeepsToItsRate(t *testing.T) {
 
 	l.SetRate(0, 0)
 	require.Zero(t, l.Rate())
+}
+
+// TestLimitersShareABound: Limiters that share a Bound keep, together, to
+// it, each within its own bound too; a request that waits for the shared
+// slot holds its own, and one whose attempt ends meanwhile is not sent.
+func TestLimitersShareABound(t *testing.T) {
+	t.Parallel()
+	b := NewBound(3)
+	var inFlight, most atomic.Int32
+	send := func(Target) Result {
+		n := inFlight.Add(1)
+		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		}
+		time.Sleep(5 * time.Millisecond)
+		inFlight.Add(-1)
+		return Result{Accepted: true}
+	}
+	done := make(chan []Result, 2)
+	for range 2 {
+		l := NewLimiter(2)
+		l.Share(b)
+		defer l.Close()
+		go func() {
+			results := make([]Result, 10)
+			l.Send(context.Background(), make([]Target, 10), results, func() bool { return true }, nil, nil, send)
+			done <- results
+		}()
+	}
+	for range 2 {
+		for i, r := range <-done {
+			require.True(t, r.Accepted, "target %d", i)
+		}
+	}
+	require.Equal(t, int32(3), most.Load(), "two Limiters of two, within a shared three")
+
+	// The shared slots all taken: a Send waits with its own slot in hand,
+	// and when its attempt ends, that target and the rest are not sent.
+	for range 3 {
+		b.slots <- struct{}{}
+	}
+	l := NewLimiter(2)
+	l.Share(b)
+	defer l.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	results := make([]Result, 2)
+	l.Send(ctx, make([]Target, 2), results, func() bool { return true }, nil, nil, send)
+	for i, r := range results {
+		require.Contains(t, r.Detail, "not sent", "target %d", i)
+	}
+	require.Empty(t, l.slots, "the slot it held is back")
 }

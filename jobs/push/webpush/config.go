@@ -15,13 +15,19 @@ import (
 
 // Defaults filled in by Config.withDefaults, the one place they live.
 const (
-	// DefaultMaxInFlight bounds concurrent requests per Provider. Web Push
-	// costs the client far more CPU than the other channels (an ECDH
-	// agreement, a VAPID signature and an encryption per push), so more in
-	// flight soon stops helping: past about 200 the cores are saturated and
-	// 500 carry hardly more sends a second than 200 (BenchmarkSend;
-	// docs/performance.md has the figures).
+	// DefaultMaxInFlight bounds concurrent requests to one push service.
+	// Web Push costs the client far more CPU than the other channels (an
+	// ECDH agreement, a VAPID signature and an encryption per push), so
+	// more in flight soon stops helping: past about 200 the cores are
+	// saturated and 500 carry hardly more sends a second than 200
+	// (BenchmarkSend; docs/performance.md has the figures).
 	DefaultMaxInFlight = 200
+	// DefaultHostRate is the sends a second to one push service, with
+	// bursts of a minute's worth. No push service publishes a rate for Web
+	// Push, so it is FCM's figure for its own API (600,000 a minute), far
+	// above what one process sends: a service that wants less answers a
+	// 429 or a 503 with a Retry-After, which the in-flight bound follows.
+	DefaultHostRate = 10_000
 	// DefaultRequestTimeout bounds one request, so that a hung push service
 	// never holds a chunk.
 	DefaultRequestTimeout = 5 * time.Second
@@ -40,9 +46,16 @@ type Config struct {
 	// RootCAs verifies push services; nil means the system pool, which Go
 	// extends with SSL_CERT_FILE itself.
 	RootCAs *x509.CertPool
-	// MaxInFlight bounds the requests in flight across all concurrent Send
-	// calls. Default DefaultMaxInFlight.
+	// MaxInFlight bounds the requests in flight to one push service (the
+	// endpoints' host) across all concurrent Send calls
+	// (HERALD_MAX_IN_FLIGHT_WEBPUSH); the bound adapts below it while the
+	// service pushes back (push.Limiter). Across every service at most
+	// four times as many are in flight. Default DefaultMaxInFlight.
 	MaxInFlight int
+	// HostRate is the sends a second to one push service, in bursts of a
+	// minute's worth (HERALD_RATE_WEBPUSH_HOST). Default DefaultHostRate;
+	// negative for no bound.
+	HostRate float64
 	// RequestTimeout bounds one request. Default DefaultRequestTimeout.
 	RequestTimeout time.Duration
 	// Egress says which endpoints may be posted to (HERALD_WEBPUSH_HOSTS).
@@ -54,6 +67,9 @@ type Config struct {
 func (c Config) withDefaults() Config {
 	if c.MaxInFlight == 0 {
 		c.MaxInFlight = DefaultMaxInFlight
+	}
+	if c.HostRate == 0 {
+		c.HostRate = DefaultHostRate
 	}
 	if c.RequestTimeout == 0 {
 		c.RequestTimeout = DefaultRequestTimeout

@@ -11,7 +11,10 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	webpush "github.com/SherClockHolmes/webpush-go"
@@ -37,15 +40,16 @@ const (
 const recordOverhead = 16 + 4 + 1 + 65 + 1 + 16
 
 // Provider sends to Web Push services. It is safe for concurrent use; all
-// Send calls share its client and its in-flight limit.
+// Send calls share its client, and those to one push service its pacing
+// (hosts.go).
 type Provider struct {
 	cfg        Config
 	subscriber string
 	transport  *http.Transport
 	client     *http.Client
-	// limiter bounds the requests in flight across all concurrent Send
-	// calls.
-	limiter *push.Limiter
+	// hosts pace the requests to each push service, across all concurrent
+	// Send calls.
+	hosts *hosts
 	// padRecords pads every record to webpush-go's default 4096 bytes, as
 	// the library does when no RecordSize is given; the benchmark compares.
 	padRecords bool
@@ -87,7 +91,7 @@ func New(cfg Config) (*Provider, error) {
 		client: &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error {
 			return http.ErrUseLastResponse
 		}},
-		limiter: push.NewFixedLimiter(cfg.MaxInFlight),
+		hosts: newHosts(cfg.MaxInFlight, cfg.HostRate),
 	}, nil
 }
 
@@ -95,23 +99,29 @@ func New(cfg Config) (*Provider, error) {
 // from its subscriptions, so there is no connection to open ahead of them.
 func (p *Provider) Warm(context.Context) error { return nil }
 
-// InFlightLimit is the bound on requests in flight now: MaxInFlight, or
-// less while the provider pushes back (push.Limiter).
-func (p *Provider) InFlightLimit() int { return p.limiter.InFlightLimit() }
+// Pacing is the pacing of every push service sent to lately: its bound on
+// requests in flight now (MaxInFlight, or less while it pushes back) and
+// its sustained rate, in the order of their hosts.
+func (p *Provider) Pacing() []HostPacing { return p.hosts.pacing() }
 
 // Close closes idle connections. Call it once no Send is running.
 func (p *Provider) Close() {
-	p.limiter.Close()
+	p.hosts.close()
 	p.transport.CloseIdleConnections()
 }
 
 // Send pushes m to every target, filling results[i] for targets[i], in the
-// way push.Limiter.Send describes: within the Provider's in-flight limit,
-// asking allow before each request and parking the rest once it refuses,
-// and calling answered (unless nil) with each request's index as its answer
-// comes. Each request is bounded by RequestTimeout; Send returns when all
-// have answered.
+// way push.Limiter.Send describes: within each push service's in-flight
+// limit and rate, asking allow before each request and parking the rest
+// once it refuses, and calling answered (unless nil) with each request's
+// index as its answer comes. Targets on different push services are sent
+// concurrently, each service's through its own Limiter, so allow may be
+// called from several goroutines at once. Each request is bounded by
+// RequestTimeout; Send returns when all have answered.
 func (p *Provider) Send(ctx context.Context, m *push.Message, targets []push.Target, results []push.Result, allow func() bool, answered func(i int)) {
+	if len(targets) == 0 {
+		return
+	}
 	urgency := webpush.UrgencyNormal
 	if m.Urgent {
 		urgency = webpush.UrgencyHigh
@@ -135,10 +145,93 @@ func (p *Provider) Send(ctx context.Context, m *push.Message, targets []push.Tar
 		VAPIDPublicKey:  p.cfg.VAPIDPublicKey,
 		VAPIDPrivateKey: p.cfg.VAPIDPrivateKey,
 	}
-
-	p.limiter.Send(ctx, targets, results, allow, answered, p.rejectEndpoint, func(t push.Target) push.Result {
+	send := func(t push.Target) push.Result {
 		return p.send(ctx, m.WebPush, &t, opts)
-	})
+	}
+
+	// The fan-out groups a chunk's targets by push service (each has a
+	// breaker of its own), so a Send is nearly always to one: it goes
+	// through that service's Limiter as it is.
+	first := push.EndpointHost(targets[0].Token)
+	for _, t := range targets[1:] {
+		if push.EndpointHost(t.Token) != first {
+			p.sendByHost(ctx, targets, results, allow, answered, send)
+			return
+		}
+	}
+	h := p.hosts.acquire(first)
+	defer p.hosts.release(h)
+	h.limiter.Send(ctx, targets, results, allow, answered, p.rejectEndpoint, send)
+}
+
+// sendByHost is Send to targets on several push services: each service's
+// share goes through its own Limiter, all at once, so that a service that
+// is slow or throttling holds back only its own. The shares keep the
+// caller's order and lead (push.WithLead: the lead's targets, wherever
+// they fall), and once allow has refused, every share parks the rest
+// without asking again.
+func (p *Provider) sendByHost(ctx context.Context, targets []push.Target, results []push.Result, allow func() bool, answered func(i int),
+	send func(push.Target) push.Result) {
+	var shares [][]int
+	byHost := map[string]int{}
+	for i, t := range targets {
+		host := push.EndpointHost(t.Token)
+		k, ok := byHost[host]
+		if !ok {
+			k = len(shares)
+			byHost[host] = k
+			shares = append(shares, nil)
+		}
+		shares[k] = append(shares[k], i)
+	}
+	var refused atomic.Bool
+	allowOnce := func() bool {
+		if refused.Load() {
+			return false
+		}
+		if !allow() {
+			refused.Store(true)
+			return false
+		}
+		return true
+	}
+	lead := push.LeadOf(ctx)
+	var wg sync.WaitGroup
+	for _, idx := range shares {
+		wg.Go(func() {
+			h := p.hosts.acquire(push.EndpointHost(targets[idx[0]].Token))
+			defer p.hosts.release(h)
+			ts := make([]push.Target, len(idx))
+			for j, i := range idx {
+				ts[j] = targets[i]
+			}
+			sctx := ctx
+			if lead > 0 {
+				// idx is in order: the share's lead is its targets
+				// within the caller's.
+				n, _ := slices.BinarySearch(idx, lead)
+				sctx = push.WithLead(ctx, n)
+			}
+			out := make([]push.Result, len(idx))
+			// done[j] is written by the goroutine that got target j's
+			// answer, and read once Send has returned, which waits for
+			// them all.
+			done := make([]bool, len(idx))
+			h.limiter.Send(sctx, ts, out, allowOnce, func(j int) {
+				results[idx[j]] = out[j]
+				done[j] = true
+				if answered != nil {
+					answered(idx[j])
+				}
+			}, p.rejectEndpoint, send)
+			for j, i := range idx {
+				if !done[j] {
+					results[i] = out[j]
+				}
+			}
+		})
+	}
+	wg.Wait()
 }
 
 // rejectEndpoint refuses, before any request, an endpoint the egress policy

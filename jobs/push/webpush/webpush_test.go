@@ -178,6 +178,7 @@ func TestConfig(t *testing.T) {
 	got := valid.withDefaults()
 	require.Equal(t, DefaultMaxInFlight, got.MaxInFlight)
 	require.Equal(t, DefaultRequestTimeout, got.RequestTimeout)
+	require.InDelta(t, DefaultHostRate, got.HostRate, 0)
 	require.NoError(t, got.validate())
 	p, err := New(valid)
 	require.NoError(t, err)
