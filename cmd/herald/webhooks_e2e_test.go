@@ -290,7 +290,11 @@ func TestE2EWebhooks(t *testing.T) {
 
 	// Receipts, as the receipt endpoint writes them: the first of a kind
 	// counts, a replay inserts nothing.
-	id := func(dev string) int64 { n, err := strconv.ParseInt(strings.TrimPrefix(dev, "dev_"), 10, 64); require.NoError(t, err); return n }
+	id := func(dev string) int64 {
+		n, err := strconv.ParseInt(strings.TrimPrefix(dev, "dev_"), 10, 64)
+		require.NoError(t, err)
+		return n
+	}
 	m, ok := push.ParseMessageID(msg.MessageID)
 	require.True(t, ok)
 	for range 2 {
