@@ -12,18 +12,23 @@ import (
 
 const claimWebhookEvents = `-- name: ClaimWebhookEvents :many
 WITH claimed AS (
-    SELECT id, webhook_id, message_id FROM webhook_events
+    SELECT id, webhook_id, message_id, created_at FROM webhook_events
     WHERE batch_id IS NULL
     ORDER BY id
     LIMIT $1
     FOR UPDATE SKIP LOCKED
 ), numbered AS (
-    SELECT id, webhook_id, message_id,
+    SELECT id, webhook_id, message_id, created_at,
            (row_number() OVER (PARTITION BY webhook_id, message_id ORDER BY id) - 1) / $2::bigint AS part
     FROM claimed
+), parts AS (
+    SELECT webhook_id, message_id, part
+    FROM numbered
+    GROUP BY webhook_id, message_id, part
+    HAVING count(*) = $2::bigint
+        OR min(created_at) < clock_timestamp() - make_interval(secs => $3::double precision)
 ), groups AS (
-    SELECT webhook_id, message_id, part, nextval('webhook_batches') AS batch_id
-    FROM (SELECT DISTINCT webhook_id, message_id, part FROM numbered) g
+    SELECT webhook_id, message_id, part, nextval('webhook_batches') AS batch_id FROM parts
 ), assigned AS (
     UPDATE webhook_events e
     SET batch_id = g.batch_id
@@ -38,8 +43,9 @@ ORDER BY batch_id
 `
 
 type ClaimWebhookEventsParams struct {
-	MaxEvents int32
-	BatchSize int64
+	MaxEvents   int32
+	BatchSize   int64
+	HoldSeconds float64
 }
 
 type ClaimWebhookEventsRow struct {
@@ -51,11 +57,14 @@ type ClaimWebhookEventsRow struct {
 
 // Claims up to max_events unclaimed events and gives them batch ids: one
 // batch per webhook and message, of at most batch_size events, in the order
-// the events were written. Rows another dispatcher is claiming are skipped
-// (SKIP LOCKED), so every worker process may run this at once. The caller
-// inserts one River job per batch returned in the same transaction.
+// the events were written. A batch that would not be full waits until its
+// oldest event is hold_seconds old, so that the failures of a message still
+// being sent fill batches rather than leave one part-batch each pass. Rows
+// another dispatcher is claiming are skipped (SKIP LOCKED), so every worker
+// process may run this at once. The caller inserts one River job per batch
+// returned in the same transaction.
 func (q *Queries) ClaimWebhookEvents(ctx context.Context, arg ClaimWebhookEventsParams) ([]ClaimWebhookEventsRow, error) {
-	rows, err := q.db.Query(ctx, claimWebhookEvents, arg.MaxEvents, arg.BatchSize)
+	rows, err := q.db.Query(ctx, claimWebhookEvents, arg.MaxEvents, arg.BatchSize, arg.HoldSeconds)
 	if err != nil {
 		return nil, err
 	}

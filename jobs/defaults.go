@@ -204,6 +204,11 @@ const (
 	// DefaultWebhookDispatchEvery is how often each worker process turns
 	// the events written since into batch jobs.
 	DefaultWebhookDispatchEvery = time.Second
+	// DefaultWebhookHold is how long a batch that would not be full waits
+	// for more of its message's events: a message failing on many devices
+	// as it is sent fills its batches instead of leaving a part-batch each
+	// pass, and a lone event waits about this long more.
+	DefaultWebhookHold = time.Second
 	// WebhookEventRetention is how long the events of a batch given up are
 	// kept, so that its job can be retried from River UI: as long as River
 	// keeps a discarded job.

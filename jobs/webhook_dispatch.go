@@ -22,7 +22,8 @@ const webhookClaimMax = 20_000
 
 // WebhookDispatcher turns the outbox's events (webhook_events, written in
 // the transactions of the facts) into River jobs, one per batch of one
-// webhook and one message (WebhookArgs), every Every: it claims unclaimed
+// webhook and one message (WebhookArgs), every Every; a batch that would
+// not be full waits Hold for more of its message's events. It claims unclaimed
 // events with FOR UPDATE SKIP LOCKED, gives them batch ids and inserts the
 // jobs in the same transaction, so an event is in exactly one batch and
 // every batch has its job. Every worker process runs one; they skip each
@@ -40,12 +41,16 @@ type WebhookDispatcherConfig struct {
 	River *river.Client[pgx.Tx]
 	// Every is the time between passes (DefaultWebhookDispatchEvery).
 	Every time.Duration
+	// Hold is how long a batch that would not be full waits for more of
+	// its message's events (DefaultWebhookHold).
+	Hold time.Duration
 }
 
 // NewWebhookDispatcher returns a dispatcher; Run runs it.
 func NewWebhookDispatcher(cfg *WebhookDispatcherConfig) (*WebhookDispatcher, error) {
 	c := *cfg
 	c.Every = cmp.Or(c.Every, DefaultWebhookDispatchEvery)
+	c.Hold = cmp.Or(c.Hold, DefaultWebhookHold)
 	switch {
 	case c.Pool == nil:
 		return nil, errors.New("jobs: WebhookDispatcherConfig.Pool is required")
@@ -55,6 +60,8 @@ func NewWebhookDispatcher(cfg *WebhookDispatcherConfig) (*WebhookDispatcher, err
 		return nil, errors.New("jobs: WebhookDispatcherConfig.River is required")
 	case c.Every < 0:
 		return nil, fmt.Errorf("jobs: WebhookDispatcherConfig.Every is %s; want a positive duration", c.Every)
+	case c.Hold < 0:
+		return nil, fmt.Errorf("jobs: WebhookDispatcherConfig.Hold is %s; want a positive duration", c.Hold)
 	}
 	return &WebhookDispatcher{cfg: c}, nil
 }
@@ -95,7 +102,9 @@ func (d *WebhookDispatcher) Dispatch(ctx context.Context) (int, error) {
 func (d *WebhookDispatcher) pass(ctx context.Context) (batches, events int, err error) {
 	err = db.InTx(ctx, d.cfg.Pool, func(tx pgx.Tx) error {
 		batches, events = 0, 0
-		rows, err := db.On(tx).ClaimWebhookEvents(ctx, db.ClaimWebhookEventsParams{MaxEvents: webhookClaimMax, BatchSize: WebhookBatchSize})
+		rows, err := db.On(tx).ClaimWebhookEvents(ctx, db.ClaimWebhookEventsParams{
+			MaxEvents: webhookClaimMax, BatchSize: WebhookBatchSize, HoldSeconds: d.cfg.Hold.Seconds(),
+		})
 		if err != nil {
 			return fmt.Errorf("claim webhook events: %w", err)
 		}

@@ -339,3 +339,73 @@ func TestE2EWebhooks(t *testing.T) {
 	require.NoError(t, e.db.Pool.QueryRow(context.Background(), "SELECT count(*) FROM webhook_events").Scan(&left))
 	require.Zero(t, left, "delivered batches' events are deleted")
 }
+
+// TestE2EWebhookBatches: a 25,000-device message's failures arrive in
+// batches of up to a thousand, each device once, in about as many calls
+// as the batch size allows (a few more where the dispatcher's passes cut a
+// message's events in parts).
+func TestE2EWebhookBatches(t *testing.T) {
+	t.Parallel()
+	e := startE2E(t, map[string]string{"HERALD_WEBHOOK_HOSTS": "127.0.0.1"})
+	hooks := newHookReceiver(t)
+	e.createWebhook(hooks, "/batches", client.WebhookEventTypeDeliveryFailed)
+
+	const n = 25_000
+	members := users("many", n)
+	dead := e.fcmDevices(members, true)
+	seg, err := e.api.CreateSegmentWithResponse(context.Background(), "many", client.SegmentUpdate{Name: new("many")})
+	answered(t, http.StatusCreated, seg, err)
+	for start := 0; start < n; start += 10_000 {
+		res, err := e.api.AddSegmentMembersWithResponse(context.Background(), "many", client.MemberIDs{UserIDs: members[start:min(start+10_000, n)]})
+		answered(t, http.StatusOK, res, err)
+	}
+	msg := e.send(client.NewMessage{Audience: client.Audience{Type: client.AudienceTypeSegment, ID: new("many")}, Payload: titled("to many"), DispatchAt: soon()})
+	st := e.settle(msg.MessageID, 3*time.Minute)
+	require.Equal(t, n, st.Deliveries.Failed, "%+v", st)
+
+	require.Eventually(t, func() bool { return len(hooks.accepted()) >= n }, 2*time.Minute, 100*time.Millisecond)
+	seen := map[string]int{}
+	for _, ev := range hooks.accepted() {
+		seen[ev.DeviceID]++
+	}
+	require.Len(t, seen, n)
+	for _, id := range dead {
+		require.Equal(t, 1, seen[id], id)
+	}
+	calls := hooks.snapshot()
+	for _, c := range calls {
+		require.LessOrEqual(t, len(c.batch.Events), 1000)
+	}
+	t.Logf("%d failures in %d calls", n, len(calls))
+	require.LessOrEqual(t, len(calls), n/1000+5, "one call per thousand events, and a few more")
+}
+
+// TestE2EWebhookReceiverHangs: a receiver that never answers delays no
+// send. Its calls take the webhooks queue's workers; a message sent while
+// they hang still reaches every device and settles.
+func TestE2EWebhookReceiverHangs(t *testing.T) {
+	t.Parallel()
+	e := startE2E(t, map[string]string{"HERALD_WEBHOOK_HOSTS": "127.0.0.1"})
+	hooks := newHookReceiver(t)
+	hooks.hang = make(chan struct{})
+	e.createWebhook(hooks, "/hangs", client.WebhookEventTypeMessageSettled, client.WebhookEventTypeDeliveryFailed)
+
+	// Enough hanging calls to take every webhook worker: each message's
+	// settle is a batch of its own.
+	e.fcmDevices(users("first", 1), false)
+	for i := range 6 {
+		e.send(client.NewMessage{Audience: toUsers("first0"), Payload: titled(fmt.Sprintf("first %d", i))})
+	}
+	require.Eventually(t, func() bool { return len(hooks.snapshot()) >= 4 }, time.Minute, 20*time.Millisecond,
+		"the receiver holds a call of each webhook worker")
+
+	live := users("later", 200)
+	e.fcmDevices(live, false)
+	msg := e.send(client.NewMessage{Audience: toUsers(live...), Payload: titled("sent while the receiver hangs")})
+	st := e.settle(msg.MessageID, time.Minute)
+	require.Equal(t, client.MessageStateDispatched, st.State)
+	require.Equal(t, len(live), st.Deliveries.Accepted, "%+v", st)
+	for _, c := range hooks.snapshot() {
+		require.Zero(t, c.status, "the receiver has answered nothing, yet the message was sent")
+	}
+}
