@@ -2,7 +2,6 @@ package jobs
 
 import (
 	"context"
-	"errors"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -81,7 +80,7 @@ func TestWebhookDispatchTakesLateCommits(t *testing.T) {
 	b := setupWebhooks(t, "https://hooks.example.com/")
 	late, err := b.pool.Begin(ctx)
 	require.NoError(t, err)
-	defer late.Rollback(ctx)
+	defer func() { _ = late.Rollback(ctx) }()
 	b.addEvents(late, 1, 3) // the lower ids, not committed yet
 	b.addEvents(b.pool, 2, 2)
 	n, err := b.dispatcher.Dispatch(ctx)
@@ -175,7 +174,7 @@ func TestWebhookWorker(t *testing.T) {
 	err = w.Work(ctx, job(1, 0))
 	require.ErrorContains(t, err, "answered 503")
 	var cancel *river.JobCancelError
-	require.False(t, errors.As(err, &cancel))
+	require.NotErrorAs(t, err, &cancel)
 	require.Equal(t, 5, left())
 	for attempt, wait := range map[int]time.Duration{1: time.Second, 2: 2 * time.Second, 4: 8 * time.Second, 9: 8 * time.Second} {
 		require.WithinDuration(t, time.Now().Add(wait), w.NextRetry(job(attempt, 0)), 100*time.Millisecond, "attempt %d", attempt)
