@@ -166,7 +166,7 @@ func parseHostRule(entry string) (hostRule, error) {
 	if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
 		return r, fmt.Errorf("web push host %q: the port must be a number from 1 to 65535", entry)
 	}
-	host = normalizeHost(host)
+	host = NormalizeHost(host)
 	if rest, ok := strings.CutPrefix(host, "*."); ok {
 		host, r.suffix = rest, true
 	}
@@ -180,10 +180,10 @@ func parseHostRule(entry string) (hostRule, error) {
 	return r, nil
 }
 
-// normalizeHost lower-cases a host name and drops one trailing dot, so that
+// NormalizeHost lower-cases a host name and drops one trailing dot, so that
 // FCM.googleapis.com. is fcm.googleapis.com; an IP address is written in its
 // canonical form, so that ::ffff:127.0.0.1 is not a spelling apart.
-func normalizeHost(host string) string {
+func NormalizeHost(host string) string {
 	host = strings.TrimSuffix(strings.ToLower(host), ".")
 	if a, err := netip.ParseAddr(host); err == nil {
 		return a.String()
@@ -211,7 +211,7 @@ func (p *EgressPolicy) CheckEndpoint(endpoint string) error {
 	if err != nil || u.Scheme != "https" || u.Host == "" || u.User != nil || u.Opaque != "" {
 		return forbidden("the endpoint must be an absolute https URL without credentials")
 	}
-	host, port := normalizeHost(u.Hostname()), u.Port()
+	host, port := NormalizeHost(u.Hostname()), u.Port()
 	if port == "" {
 		port = "443"
 	}
@@ -273,7 +273,7 @@ func (p *EgressPolicy) DialContext(d *net.Dialer, proxies ...string) func(ctx co
 		if err != nil {
 			return nil, forbidden("cannot read the address %q", addr)
 		}
-		r, ok := p.rule(normalizeHost(host), port)
+		r, ok := p.rule(NormalizeHost(host), port)
 		switch {
 		case !ok:
 			return nil, forbidden("%s is not a Web Push service Herald may post to", addr)

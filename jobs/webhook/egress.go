@@ -52,7 +52,7 @@ func NewPolicy(trusted []string) (*Policy, error) {
 				return nil, fmt.Errorf("webhook host %q: the port must be a number from 1 to 65535", entry)
 			}
 		}
-		host = normalizeHost(host)
+		host = push.NormalizeHost(host)
 		if host == "" || strings.ContainsAny(host, "*/@?#[] ") {
 			return nil, fmt.Errorf("webhook host %q: want a host name or an IP address, with an optional :port", entry)
 		}
@@ -61,16 +61,8 @@ func NewPolicy(trusted []string) (*Policy, error) {
 	return p, nil
 }
 
-func normalizeHost(host string) string {
-	host = strings.TrimSuffix(strings.ToLower(host), ".")
-	if a, err := netip.ParseAddr(host); err == nil {
-		return a.String()
-	}
-	return host
-}
-
 func (p *Policy) trusts(host, port string) bool {
-	host = normalizeHost(host)
+	host = push.NormalizeHost(host)
 	for _, t := range p.trusted {
 		if t.host == host && (t.port == "" || t.port == port) {
 			return true
@@ -100,12 +92,12 @@ func (p *Policy) CheckURL(raw string) error {
 	if u.Scheme == "http" && !trusted {
 		return errors.New("the url must be https (plain http only to a host the operator trusts: HERALD_WEBHOOK_HOSTS)")
 	}
-	if a, err := netip.ParseAddr(normalizeHost(u.Hostname())); err == nil && !trusted {
+	if a, err := netip.ParseAddr(push.NormalizeHost(u.Hostname())); err == nil && !trusted {
 		if why := push.InternalAddress(a); why != "" {
 			return fmt.Errorf("the url's host %s is %s; Herald posts only to public addresses", a, why)
 		}
 	}
-	if !trusted && normalizeHost(u.Hostname()) == "localhost" {
+	if !trusted && push.NormalizeHost(u.Hostname()) == "localhost" {
 		return errors.New("the url's host is localhost; Herald posts only to public addresses")
 	}
 	return nil
