@@ -136,7 +136,7 @@ func (q *Queries) CreateWebhook(ctx context.Context, arg CreateWebhookParams) (C
 
 const deleteOldWebhookEvents = `-- name: DeleteOldWebhookEvents :execrows
 DELETE FROM webhook_events
-WHERE id IN (SELECT o.id FROM webhook_events o WHERE o.created_at < $1 ORDER BY o.created_at LIMIT $2)
+WHERE id IN (SELECT o.id FROM webhook_events o WHERE o.created_at < $1 ORDER BY o.id LIMIT $2)
 `
 
 type DeleteOldWebhookEventsParams struct {
@@ -146,7 +146,9 @@ type DeleteOldWebhookEventsParams struct {
 
 // Retention of the outbox: events older than the cutoff, in practice those
 // of batches given up (a delivered batch's are deleted at once), a bounded
-// number a call, oldest first.
+// number a call, oldest first. Ids grow with time, so the walk of the
+// primary key finds the old ones first; the table holds only what is not
+// delivered, so the walk that finds none is short.
 func (q *Queries) DeleteOldWebhookEvents(ctx context.Context, arg DeleteOldWebhookEventsParams) (int64, error) {
 	result, err := q.db.Exec(ctx, deleteOldWebhookEvents, arg.Before, arg.Batch)
 	if err != nil {
@@ -251,7 +253,8 @@ SELECT count(*) FROM webhook_events
 `
 
 // Events not yet delivered, claimed or not (a gauge): those of batches given
-// up are counted until retention deletes them.
+// up are counted until retention deletes them. The table holds nothing
+// else, so the count is of what is pending, not of history.
 func (q *Queries) PendingWebhookEvents(ctx context.Context) (int64, error) {
 	row := q.db.QueryRow(ctx, pendingWebhookEvents)
 	var count int64
