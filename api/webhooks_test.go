@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -25,6 +26,22 @@ func TestWebhooksAPI(t *testing.T) {
 	_, err := webhook.Sign(made.Secret, "whb_1", 1, nil)
 	require.NoError(t, err, "the secret is one Sign takes")
 	require.Equal(t, []string{"delivery.failed", "message.settled"}, made.Events)
+
+	// An admin's: a send key can neither make nor read one.
+	send := b.makeKey(t, "app", ScopeSend, nil)
+	for _, r := range []request{
+		{method: http.MethodPost, path: "/v1/webhooks", body: map[string]any{"url": "https://hooks.example.com/", "events": []string{"delivery.failed"}}},
+		{method: http.MethodGet, path: "/v1/webhooks"},
+		{method: http.MethodGet, path: "/v1/webhooks/" + made.WebhookID},
+		{method: http.MethodDelete, path: "/v1/webhooks/" + made.WebhookID},
+	} {
+		requireError(t, b.call(t, as(send, r)), http.StatusForbidden, "forbidden", "")
+	}
+	// Made, it is in the audit log under its id.
+	var audited int
+	require.NoError(t, b.db.Pool.QueryRow(context.Background(),
+		"SELECT count(*) FROM audit_log WHERE route = '/v1/webhooks' AND method = 'POST' AND status = 201 AND target_id = $1", made.WebhookID).Scan(&audited))
+	require.Equal(t, 1, audited)
 
 	// The secret is shown once: neither the list nor the webhook shows it.
 	rec = b.call(t, request{method: http.MethodGet, path: "/v1/webhooks"})
