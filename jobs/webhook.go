@@ -44,10 +44,24 @@ var WebhookEvents = []string{EventDeliveryFailed, EventDeliveryConfirmed, EventD
 // fails on a million devices is a thousand calls, not a million.
 const WebhookBatchSize = 1000
 
-// webhookMaxAttempts is River's bound on a batch's attempts, beyond the
-// give-up by age (WebhookConfig.GiveUp) that decides in practice: the
-// doubling waits reach an hour by the tenth retry, so a day is about 33.
-const webhookMaxAttempts = 50
+// webhookMaxAttempts is River's bound on a batch's attempts: as many as the
+// default waits (DefaultWebhookRetryFirst doubling up to
+// DefaultWebhookRetryMax) fit in DefaultWebhookGiveUp, 33, the last some 23
+// hours after the first. River then discards the batch's job: River UI keeps
+// a discarded job a week, where it can be retried, and the batch's events
+// as long (WebhookEventRetention).
+var webhookMaxAttempts = attemptsWithin(DefaultWebhookRetryFirst, DefaultWebhookRetryMax, DefaultWebhookGiveUp)
+
+// attemptsWithin is how many attempts fit in giveUp when the waits between
+// them start at first and double up to most.
+func attemptsWithin(first, most, giveUp time.Duration) int {
+	attempts, total := 1, time.Duration(0)
+	for wait := first; total+wait <= giveUp; wait = min(2*wait, most) {
+		total += wait
+		attempts++
+	}
+	return attempts
+}
 
 // WebhookArgs is one batch: events of one message for one webhook, which
 // the job reads by BatchID (the outbox, migration 0018).
@@ -114,8 +128,10 @@ func (c *WebhookConfig) validate() error {
 // WebhookWorker makes one signed call per batch: a 2xx answer delivers it
 // (its events are deleted), anything else, or no answer within Timeout, is
 // retried with doubling waits until GiveUp after its first attempt, when it
-// is cancelled; its events stay (WebhookEventRetention), so that an
-// operator can retry it from River UI.
+// is given up: River discards it after its last attempt
+// (webhookMaxAttempts), and cancels it when GiveUp comes first. Its events
+// stay (WebhookEventRetention), so that an operator can retry it from River
+// UI.
 type WebhookWorker struct {
 	river.WorkerDefaults[WebhookArgs]
 	cfg    WebhookConfig
@@ -195,11 +211,18 @@ func (w *WebhookWorker) Work(ctx context.Context, job *river.Job[WebhookArgs]) e
 	}
 	err = fmt.Errorf("webhook %s, batch %s of message %s: %w", webhook.WebhookID(a.WebhookID),
 		webhook.BatchID(a.BatchID), push.FormatMessageID(a.MessageID), err)
-	if job.Attempt >= job.MaxAttempts || w.cfg.Now().Add(w.retryWait(job.Attempt)).Sub(job.CreatedAt) > w.cfg.GiveUp {
+	last := job.Attempt >= job.MaxAttempts
+	if last || w.cfg.Now().Add(w.retryWait(job.Attempt)).Sub(job.CreatedAt) > w.cfg.GiveUp {
 		w.cfg.Logger.WarnContext(ctx, "webhook batch given up: no 2xx answer since its first attempt",
 			"webhook_id", webhook.WebhookID(a.WebhookID), "batch", webhook.BatchID(a.BatchID),
 			"message_id", push.FormatMessageID(a.MessageID), "attempts", job.Attempt, "error", err)
 		w.cfg.Metrics.webhookCall("given_up")
+		if last {
+			// River discards it.
+			return err
+		}
+		// Out of time before its attempts (waits of another length, or a
+		// job retried by hand from River UI long after): cancelled.
 		return river.JobCancel(err)
 	}
 	w.cfg.Metrics.webhookCall("retried")

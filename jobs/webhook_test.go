@@ -180,14 +180,18 @@ func TestWebhookWorker(t *testing.T) {
 		require.WithinDuration(t, time.Now().Add(wait), w.NextRetry(job(attempt, 0)), 100*time.Millisecond, "attempt %d", attempt)
 	}
 
-	err = w.Work(ctx, job(30, DefaultWebhookGiveUp))
+	err = w.Work(ctx, job(20, DefaultWebhookGiveUp))
 	require.ErrorAs(t, err, &cancel, "given up a day after its first attempt")
+	require.Equal(t, 5, left(), "kept for a retry from River UI")
+	err = w.Work(ctx, job(webhookMaxAttempts, 0))
+	require.ErrorContains(t, err, "answered 503")
+	require.NotErrorAs(t, err, &cancel, "its last attempt: River discards it")
 	require.Equal(t, 5, left(), "kept for a retry from River UI")
 
 	status.Store(http.StatusNoContent)
-	require.NoError(t, w.Work(ctx, job(31, DefaultWebhookGiveUp)), "retried by hand")
+	require.NoError(t, w.Work(ctx, job(webhookMaxAttempts+1, DefaultWebhookGiveUp)), "retried by hand")
 	require.Zero(t, left())
-	require.EqualValues(t, 3, calls.Load())
+	require.EqualValues(t, 4, calls.Load())
 
 	b.addEvents(b.pool, 2, 1)
 	_, err = b.dispatcher.Dispatch(ctx)
@@ -200,8 +204,24 @@ func TestWebhookWorker(t *testing.T) {
 	_, err = db.On(b.pool).DeleteWebhook(ctx, b.webhookID)
 	require.NoError(t, err)
 	require.NoError(t, w.Work(ctx, job(1, 0)))
-	require.EqualValues(t, 3, calls.Load(), "a deleted webhook is not called")
+	require.EqualValues(t, 4, calls.Load(), "a deleted webhook is not called")
 	require.Zero(t, left())
+}
+
+// TestWebhookAttemptsFillADay: River's bound on a batch's attempts gives
+// up about a day after the first, on the default waits.
+func TestWebhookAttemptsFillADay(t *testing.T) {
+	t.Parallel()
+	w := &WebhookWorker{cfg: WebhookConfig{}}
+	w.cfg.withDefaults()
+	var total time.Duration
+	for attempt := 1; attempt < webhookMaxAttempts; attempt++ {
+		total += w.retryWait(attempt)
+	}
+	require.LessOrEqual(t, total, DefaultWebhookGiveUp)
+	require.Greater(t, total+w.retryWait(webhookMaxAttempts), DefaultWebhookGiveUp)
+	require.Greater(t, total, 22*time.Hour)
+	require.Equal(t, 33, webhookMaxAttempts)
 }
 
 // TestWebhookTypes: the process's reading of what the webhooks want
