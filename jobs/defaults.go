@@ -209,8 +209,9 @@ const (
 	// as it is sent fills its batches instead of leaving a part-batch each
 	// pass, and a lone event waits about this long more.
 	DefaultWebhookHold = time.Second
-	// WebhookEventRetention is how long the events of a batch given up are
-	// kept, so that its job can be retried from River UI: as long as River
-	// keeps a discarded job.
-	WebhookEventRetention = 7 * 24 * time.Hour
+	// WebhookEventRetention is how long after they were written the events
+	// of a batch given up are kept, so that its job can be retried from
+	// River UI: the day of its tries, and the week River keeps a discarded
+	// job.
+	WebhookEventRetention = 8 * 24 * time.Hour
 )
