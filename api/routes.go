@@ -69,6 +69,13 @@ func (s *Server) routes() {
 	v1.DELETE("/keys/:key_name", s.revokeKey, admin)
 	v1.GET("/audit", s.listAudit, admin)
 
+	// Where Herald posts what happened (webhooks.go): their secrets sign
+	// the calls, so they are an admin's.
+	v1.POST("/webhooks", s.createWebhook, admin)
+	v1.GET("/webhooks", s.listWebhooks, admin)
+	v1.GET("/webhooks/:webhook_id", s.getWebhook, admin)
+	v1.DELETE("/webhooks/:webhook_id", s.deleteWebhook, admin)
+
 	s.dashboardRoutes()
 }
 

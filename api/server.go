@@ -24,6 +24,7 @@ import (
 
 	"github.com/heraldpush/herald/jobs"
 	"github.com/heraldpush/herald/jobs/push"
+	"github.com/heraldpush/herald/jobs/webhook"
 )
 
 // Config holds what the server needs.
@@ -61,6 +62,10 @@ type Config struct {
 	// pass to be registered (HERALD_WEBPUSH_HOSTS); the workers send under
 	// the same one. Nil: push.DefaultEgressPolicy().
 	WebPushEgress *push.EgressPolicy
+	// WebhookEgress is the policy a webhook's URL must pass to be made
+	// (HERALD_WEBHOOK_HOSTS); the workers post under the same one. Nil:
+	// public https hosts only.
+	WebhookEgress *webhook.Policy
 	// Ready reports whether the process can serve: the database answers and
 	// is migrated. Nil means always ready. Its error is logged, never shown.
 	Ready func(ctx context.Context) error
@@ -111,6 +116,9 @@ func (c *Config) validate() error {
 	}
 	if c.WebPushEgress == nil {
 		c.WebPushEgress = push.DefaultEgressPolicy()
+	}
+	if c.WebhookEgress == nil {
+		c.WebhookEgress, _ = webhook.NewPolicy(nil) // Trusting nothing cannot fail.
 	}
 	if c.Ready == nil {
 		c.Ready = func(context.Context) error { return nil }

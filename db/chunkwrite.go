@@ -26,6 +26,10 @@ type ChunkWrite struct {
 	// Settle asks to settle the message if nothing of it is pending after
 	// this write; SettleMessage's own guard decides.
 	Settle bool
+	// FailureEvents writes a webhook's delivery.failed event for each
+	// failure the write records (some webhook wants them: migration 0018).
+	// A write of several messages writes them for all when one asks.
+	FailureEvents bool
 }
 
 // Add appends one delivery's result.
@@ -101,6 +105,7 @@ func WriteChunks(ctx context.Context, pool *pgxpool.Pool, ws []ChunkWrite) ([]Ch
 	for i, w := range ws {
 		order[i], ids[i] = i, w.MessageID
 		results.Append(w.Results)
+		results.WantFailed = results.WantFailed || w.FailureEvents
 	}
 	slices.SortFunc(order, func(i, j int) int { return cmp.Compare(ws[i].MessageID, ws[j].MessageID) })
 	out := make([]ChunkWritten, len(ws))
@@ -111,12 +116,12 @@ func WriteChunks(ctx context.Context, pool *pgxpool.Pool, ws []ChunkWrite) ([]Ch
 		b.Queue(lockMessages, ids)
 		for _, i := range order {
 			if e := ws[i].Evict; len(e.Ids) > 0 {
-				b.Queue(evictDevices, e.SentAfter, e.Ids, e.Reasons)
+				b.Queue(evictDevices, e.SentAfter, e.Ids, e.Reasons, ws[i].MessageID)
 			}
 		}
 		if len(results.DeviceIds) > 0 {
 			b.Queue(recordResults, results.MessageIds, results.DeviceIds, results.Statuses,
-				results.Reasons, results.AttemptedUs, results.AcceptedUs, results.NotBeforeUs).Query(func(rows pgx.Rows) error {
+				results.Reasons, results.AttemptedUs, results.AcceptedUs, results.NotBeforeUs, results.WantFailed).Query(func(rows pgx.Rows) error {
 				for rows.Next() {
 					var r RecordResultsRow
 					if err := rows.Scan(&r.MessageID, &r.PendingCount, &r.Accepted, &r.Failed, &r.Expired); err != nil {

@@ -209,3 +209,25 @@ type User struct {
 	UpdatedAt time.Time
 	Locale    *string
 }
+
+type Webhook struct {
+	ID        int64
+	Url       string
+	Events    []string
+	Secret    string
+	CreatedAt time.Time
+}
+
+type WebhookEvent struct {
+	ID        int64
+	WebhookID int64
+	MessageID int64
+	Type      string
+	DeviceID  *int64
+	UserID    *string
+	Reason    *string
+	At        time.Time
+	Data      []byte
+	BatchID   *int64
+	CreatedAt time.Time
+}

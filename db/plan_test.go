@@ -74,7 +74,7 @@ func testLedgerPlans(t *testing.T, settled, pending int) {
 		// the chunk's range of them.
 		args, cond := "1, 1, 500, 0", "(message_id = $1) AND (device_id >= $2) AND (device_id <= $3)"
 		if name == "RecordResults" {
-			args = `'{1,1,1}', '{1,2,3}', '{accepted,accepted,failed}', '{"","",bad_token}', '{1,1,1}', '{1,1,0}', '{0,0,0}'`
+			args = `'{1,1,1}', '{1,2,3}', '{accepted,accepted,failed}', '{"","",bad_token}', '{1,1,1}', '{1,1,0}', '{0,0,0}', true`
 			cond = "(message_id = i.message_id) AND (device_id = i.device_id)"
 		}
 		p := explain(t, conn, fmt.Sprintf("EXECUTE %s(%s)", strings.ToLower(name), args))

@@ -185,3 +185,33 @@ const (
 	DefaultRetainBatchMessages = 100
 	DefaultRetainBudget        = 20 * time.Second
 )
+
+// Webhooks (webhook.go, webhook_dispatch.go).
+const (
+	// DefaultWebhookWorkers is how many webhook calls a worker process
+	// makes at once, on a queue of their own (QueueWebhooks): a slow
+	// receiver holds these, never a chunk lane's workers.
+	DefaultWebhookWorkers = 4
+	// DefaultWebhookTimeout bounds one call; the answer's body is ignored.
+	DefaultWebhookTimeout = 10 * time.Second
+	// DefaultWebhookRetryFirst is the wait before a failed call's first
+	// retry; each later wait doubles, up to DefaultWebhookRetryMax.
+	DefaultWebhookRetryFirst = 5 * time.Second
+	DefaultWebhookRetryMax   = time.Hour
+	// DefaultWebhookGiveUp is how long after its first attempt a batch is
+	// given up: a receiver down for a day misses what happened meanwhile.
+	DefaultWebhookGiveUp = 24 * time.Hour
+	// DefaultWebhookDispatchEvery is how often each worker process turns
+	// the events written since into batch jobs.
+	DefaultWebhookDispatchEvery = time.Second
+	// DefaultWebhookHold is how long a batch that would not be full waits
+	// for more of its message's events: a message failing on many devices
+	// as it is sent fills its batches instead of leaving a part-batch each
+	// pass, and a lone event waits about this long more.
+	DefaultWebhookHold = time.Second
+	// WebhookEventRetention is how long after they were written the events
+	// of a batch given up are kept, so that its job can be retried from
+	// River UI: the day of its tries, and the week River keeps a discarded
+	// job.
+	WebhookEventRetention = 8 * 24 * time.Hour
+)

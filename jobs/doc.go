@@ -38,6 +38,12 @@
 //     running chunk's answers in one batch and settles the message when
 //     nothing of it is pending. A device the provider throttled waits in
 //     the ledger for its Retry-After (throttle.go) while the rest go on.
+//   - Webhooks (webhook.go, webhook_dispatch.go): the facts a caller's
+//     webhook wants (a failure, an eviction, a settle, a receipt) are
+//     written to an outbox in their own transactions; every worker's
+//     WebhookDispatcher turns them into batch jobs (WebhookArgs) on the
+//     webhooks queue, whose WebhookWorker posts them, signed by
+//     jobs/webhook, with retries for a day.
 //   - The Materializer (materialize.go) turns schedules' runs into messages
 //     ahead of time; the Reconciler (reconcile.go) settles what no chunk
 //     will; the Retainer (retention.go) deletes history past the retention;

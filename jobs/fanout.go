@@ -37,6 +37,9 @@ type FanOutConfig struct {
 	Timeout time.Duration
 	// Metrics, when set, counts deliveries, skew and provider latency.
 	Metrics *Metrics
+	// Webhooks, when set, says whether some webhook wants the ledger's
+	// failures as events (WebhookTypes); nil: none does.
+	Webhooks *WebhookTypes
 	// Alive, when set, is asked before every provider request: false means
 	// this process may no longer claim its chunks (it lost its liveness
 	// lock, and Takeover may give them to another worker), so the request
@@ -108,6 +111,7 @@ func (w *FanOutWorker) ledger(pool *pgxpool.Pool) *ledger {
 	l := w.ledgers[pool]
 	if l == nil {
 		l = newLedger(pool, w.cfg.Logger, w.cfg.Clock, w.cfg.Metrics, w.cfg.Timeout)
+		l.webhooks = w.cfg.Webhooks
 		w.ledgers[pool] = l
 	}
 	return l

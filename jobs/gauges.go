@@ -34,9 +34,10 @@ type DatabaseGauges struct {
 	messages map[string]int64
 	stranded int64
 	jobs     []db.QueueDepth
+	webhooks int64
 	at       time.Time
 
-	messagesDesc, strandedDesc, jobsDesc, ageDesc *prometheus.Desc
+	messagesDesc, strandedDesc, jobsDesc, webhooksDesc, ageDesc *prometheus.Desc
 }
 
 // NewDatabaseGauges returns the gauges, registered on reg; Run keeps them.
@@ -51,6 +52,9 @@ func NewDatabaseGauges(reg prometheus.Registerer, pool *pgxpool.Pool, logger *sl
 		jobsDesc: prometheus.NewDesc("herald_river_jobs",
 			"River's jobs not finished, by queue and state (available, scheduled, running, retryable), as last read: a queue's depth.",
 			[]string{"queue", "state"}, nil),
+		webhooksDesc: prometheus.NewDesc("herald_webhook_events_pending",
+			"Webhook events not yet delivered (waiting for their batch's call, being retried, or of batches given up and kept for a retry), as last read.",
+			nil, nil),
 		ageDesc: prometheus.NewDesc("herald_database_gauges_age_seconds",
 			"How old the last reading of the database's gauges is.", nil, nil),
 	}
@@ -99,9 +103,14 @@ func (g *DatabaseGauges) refresh(ctx context.Context, timeout time.Duration) {
 		g.Logger.WarnContext(ctx, "read the database's gauges", "error", err)
 		return
 	}
+	webhooks, err := db.On(g.Pool).PendingWebhookEvents(ctx)
+	if err != nil {
+		g.Logger.WarnContext(ctx, "read the database's gauges", "error", err)
+		return
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.read, g.messages, g.stranded, g.jobs, g.at = true, messages, stranded, jobs, time.Now()
+	g.read, g.messages, g.stranded, g.jobs, g.webhooks, g.at = true, messages, stranded, jobs, webhooks, time.Now()
 }
 
 // Describe implements prometheus.Collector.
@@ -109,6 +118,7 @@ func (g *DatabaseGauges) Describe(ch chan<- *prometheus.Desc) {
 	ch <- g.messagesDesc
 	ch <- g.strandedDesc
 	ch <- g.jobsDesc
+	ch <- g.webhooksDesc
 	ch <- g.ageDesc
 }
 
@@ -126,7 +136,7 @@ func (g *DatabaseGauges) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(g.strandedDesc, prometheus.GaugeValue, float64(g.stranded))
 	// Herald's queues are reported in every live state, zero included.
 	depth := map[[2]string]int64{}
-	for _, q := range []string{QueueUrgent, QueueBulk, river.QueueDefault} {
+	for _, q := range []string{QueueUrgent, QueueBulk, QueueWebhooks, river.QueueDefault} {
 		for _, state := range []string{"available", "scheduled", "running", "retryable"} {
 			depth[[2]string{q, state}] = 0
 		}
@@ -137,5 +147,6 @@ func (g *DatabaseGauges) Collect(ch chan<- prometheus.Metric) {
 	for k, n := range depth {
 		ch <- prometheus.MustNewConstMetric(g.jobsDesc, prometheus.GaugeValue, float64(n), k[0], k[1])
 	}
+	ch <- prometheus.MustNewConstMetric(g.webhooksDesc, prometheus.GaugeValue, float64(g.webhooks))
 	ch <- prometheus.MustNewConstMetric(g.ageDesc, prometheus.GaugeValue, time.Since(g.at).Seconds())
 }

@@ -67,6 +67,8 @@ type ledger struct {
 	// chunkTimeout is a chunk attempt's bound: the writer keeps the
 	// answers of a chunk that gave up waiting for its close that long more.
 	chunkTimeout time.Duration
+	// webhooks says whether a write records its failures' webhook events.
+	webhooks *WebhookTypes
 
 	mu      sync.Mutex
 	chunks  map[chunkKey]*chunkRecord
@@ -398,6 +400,7 @@ func (l *ledger) write(batch []pick) error {
 		writes  []db.ChunkWrite
 		counted [][]settledDelivery
 		byMsg   = map[int64]int{}
+		events  = l.webhooks.WantsFailures()
 	)
 	for _, p := range batch {
 		c := l.resultsOf(p.r.a, p.r.results, p.idx)
@@ -406,8 +409,9 @@ func (l *ledger) write(batch []pick) error {
 			i = len(writes)
 			byMsg[p.r.a.MessageID] = i
 			writes = append(writes, db.ChunkWrite{
-				MessageID: p.r.a.MessageID,
-				Evict:     db.EvictDevicesParams{SentAfter: p.r.startedAt},
+				MessageID:     p.r.a.MessageID,
+				Evict:         db.EvictDevicesParams{SentAfter: p.r.startedAt},
+				FailureEvents: events,
 			})
 			counted = append(counted, nil)
 		}

@@ -31,6 +31,8 @@ type Metrics struct {
 	tries *prometheus.CounterVec
 	// takenOver counts the chunks Takeover made available again.
 	takenOver prometheus.Counter
+	// webhookCalls counts webhook batches' attempts by outcome.
+	webhookCalls *prometheus.CounterVec
 }
 
 // SLOSkew is Herald's promise: every device of a message reached within a
@@ -91,9 +93,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "herald_chunks_taken_over_total",
 			Help: "Running chunks this process made available again because the worker process running them was gone (its liveness lock free).",
 		}),
+		webhookCalls: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "herald_webhook_calls_total",
+			Help: "Webhook batch calls by outcome: delivered (2xx), retried (any other answer, or none), given_up (a day after the first attempt), dropped (the webhook was deleted).",
+		}, []string{"outcome"}),
 	}
 	reg.MustRegister(m.deliveries, m.skew, m.latency, m.chunksInFlight, m.wakes, m.reconciledMessages, m.reconciledExpired,
-		m.messageSkew, m.overSLO, m.tries, m.takenOver)
+		m.messageSkew, m.overSLO, m.tries, m.takenOver, m.webhookCalls)
+	for _, outcome := range []string{"delivered", "retried", "given_up", "dropped"} {
+		m.webhookCalls.WithLabelValues(outcome)
+	}
 	// The series the alerts count increases of start at zero, so that the
 	// first message over the SLO, or the first delivery to expire, is an
 	// increase Prometheus sees rather than a series that appears at 1.
@@ -124,6 +133,13 @@ func (m *Metrics) settled(priority string, sloSkewMs *float64) {
 	m.messageSkew.WithLabelValues(priority).Observe(skew.Seconds())
 	if skew > SLOSkew {
 		m.overSLO.WithLabelValues(priority).Inc()
+	}
+}
+
+// webhookCall counts one webhook batch's attempt.
+func (m *Metrics) webhookCall(outcome string) {
+	if m != nil {
+		m.webhookCalls.WithLabelValues(outcome).Inc()
 	}
 }
 

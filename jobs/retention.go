@@ -58,8 +58,9 @@ func retainRiverJobs(rc *river.Config, retention time.Duration) {
 // references any more, the idempotency keys of deleted messages and of
 // schedules deleted longer ago than the retention, the devices evicted
 // longer ago than the device retention, the audit log's entries older than
-// the audit retention, and dashboard sessions that ended more than
-// SessionRetention ago.
+// the audit retention, dashboard sessions that ended more than
+// SessionRetention ago, and the events of webhook batches given up longer
+// than WebhookEventRetention (or the retention, when shorter) ago.
 //
 // It works in bounded batches, each one statement found through an index,
 // so a batch costs the same however much history the tables hold, and
@@ -142,6 +143,9 @@ func (c *RetainerConfig) validate() error {
 // Removed counts what a run deleted.
 type Removed struct {
 	Messages, Deliveries, Payloads, IdempotencyKeys, Devices, AuditEntries, Sessions int64
+	// WebhookEvents are the events of webhook batches given up, kept
+	// WebhookEventRetention for a retry from River UI.
+	WebhookEvents int64
 }
 
 // Run deletes what settled before now minus the retention, the devices
@@ -191,8 +195,15 @@ func (r *Retainer) Run(ctx context.Context) (Removed, error) {
 		return removed, err
 	}
 	sessionCutoff := now.Add(-SessionRetention)
-	return removed, c.batches(deadline, &removed.Sessions, func() (int64, error) {
+	err = c.batches(deadline, &removed.Sessions, func() (int64, error) {
 		return deleted("ended sessions")(q.DeleteEndedSessions(ctx, db.DeleteEndedSessionsParams{Cutoff: sessionCutoff, MaxRows: int32(c.BatchRows)}))
+	})
+	if err != nil {
+		return removed, err
+	}
+	webhookCutoff := now.Add(-min(WebhookEventRetention, c.Retention))
+	return removed, c.batches(deadline, &removed.WebhookEvents, func() (int64, error) {
+		return deleted("webhook events")(q.DeleteOldWebhookEvents(ctx, db.DeleteOldWebhookEventsParams{Before: webhookCutoff, Batch: int32(c.BatchRows)}))
 	})
 }
 
@@ -315,7 +326,7 @@ func (w *RetainWorker) Work(ctx context.Context, _ *river.Job[RetainArgs]) error
 			"messages", removed.Messages, "deliveries", removed.Deliveries,
 			"payloads", removed.Payloads, "idempotency_keys", removed.IdempotencyKeys,
 			"evicted_devices", removed.Devices, "audit_entries", removed.AuditEntries,
-			"dashboard_sessions", removed.Sessions)
+			"dashboard_sessions", removed.Sessions, "webhook_events", removed.WebhookEvents)
 	}
 	return err
 }

@@ -308,3 +308,20 @@ func TestRetainerDeletesOldAuditEntriesAndEndedSessions(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, Removed{AuditEntries: 1}, removed)
 }
+
+// TestRetainerDeletesWebhookEventsOfBatchesGivenUp: a batch given up keeps
+// its events WebhookEventRetention, for a retry from River UI, then they
+// go; younger ones stay.
+func TestRetainerDeletesWebhookEventsOfBatchesGivenUp(t *testing.T) {
+	t.Parallel()
+	b := setupRetain(t)
+	for i, age := range []time.Duration{WebhookEventRetention + time.Hour, WebhookEventRetention + time.Minute, time.Hour} {
+		b.exec(`INSERT INTO webhook_events (webhook_id, message_id, type, device_id, at, batch_id, created_at)
+		        VALUES (1, 1, 'delivery.failed', $1, $2, 7, $2)`, i, b.now.Add(-age))
+	}
+	now := func(context.Context) (time.Time, error) { return b.now, nil }
+	removed, err := newRetainer(t, RetainerConfig{Pool: b.db.Pool, Logger: discard, BatchRows: 1, Now: now}).Run(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, Removed{WebhookEvents: 2}, removed)
+	require.Equal(t, []string{"2"}, b.column("SELECT device_id::text FROM webhook_events"))
+}

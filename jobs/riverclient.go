@@ -47,6 +47,9 @@ type RiverConfig struct {
 	// the retention job's period follows from it, and River's job cleaner
 	// never keeps a finished job longer.
 	Retention time.Duration
+	// WebhookWorkers is how many webhook calls the main client makes at
+	// once (DefaultWebhookWorkers when zero).
+	WebhookWorkers int
 	// ClientID, when set, names each working client: "main" for the main
 	// client, the queue for a lane's own. A worker names them after its
 	// liveness lock (Liveness.ClientID), so that Takeover can tell whose
@@ -97,6 +100,10 @@ func NewRiverClient(pool *pgxpool.Pool, cfg RiverConfig) (*river.Client[pgx.Tx],
 			// needs no quick pickup: it polls at River's default second,
 			// which saves a third of an idle process's fetches.
 			river.QueueDefault: {MaxWorkers: 2, FetchPollInterval: time.Second},
+			// Webhook calls (webhook.go) wait for receivers Herald does not
+			// control: a few workers of their own, off the lanes, polling
+			// at River's default second (an insert wakes them at once).
+			QueueWebhooks: {MaxWorkers: cmp.Or(cfg.WebhookWorkers, DefaultWebhookWorkers), FetchPollInterval: time.Second},
 		}
 		for _, l := range cfg.Lanes {
 			if l.Pool == nil {

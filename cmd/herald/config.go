@@ -15,6 +15,7 @@ import (
 	"github.com/heraldpush/herald/db"
 	"github.com/heraldpush/herald/jobs"
 	"github.com/heraldpush/herald/jobs/push"
+	"github.com/heraldpush/herald/jobs/webhook"
 )
 
 // config is the environment's configuration of a Herald process
@@ -56,6 +57,9 @@ type config struct {
 	// WebPushEgress says which Web Push endpoints may be registered and
 	// posted to: the browsers' push services, plus HERALD_WEBPUSH_HOSTS.
 	WebPushEgress *push.EgressPolicy
+	// WebhookEgress says where webhooks may post: public https hosts, plus
+	// HERALD_WEBHOOK_HOSTS, trusted.
+	WebhookEgress *webhook.Policy
 	// CertFile is SSL_CERT_FILE: a CA bundle trusted besides the system's
 	// (how a test or `make run` trusts fakepush).
 	CertFile string
@@ -180,6 +184,9 @@ func loadConfig(getenv func(string) string) (config, error) {
 	}
 	if c.WebPushEgress, err = push.NewEgressPolicy(strings.Split(getenv("HERALD_WEBPUSH_HOSTS"), ",")); err != nil {
 		return c, fmt.Errorf("HERALD_WEBPUSH_HOSTS: %w", err)
+	}
+	if c.WebhookEgress, err = webhook.NewPolicy(strings.Split(getenv("HERALD_WEBHOOK_HOSTS"), ",")); err != nil {
+		return c, fmt.Errorf("HERALD_WEBHOOK_HOSTS: %w", err)
 	}
 	if c.ChunkSize, err = intVar(getenv, "HERALD_CHUNK_SIZE", 1, 10_000); err != nil {
 		return c, err

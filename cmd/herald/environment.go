@@ -94,6 +94,7 @@ var serveEnv = []envVar{
 	{"VAPID_SUBJECT", "Web Push contact (mailto: or https:)", nil, ""},
 	{"SSL_CERT_FILE", "a CA bundle trusted besides the system's", nil, "system roots"},
 	{"HERALD_WEBPUSH_HOSTS", "push services Web Push endpoints may name besides the browsers' own", nil, "none"},
+	{"HERALD_WEBHOOK_HOSTS", "hosts webhooks may post to inside your network (trusted: any address, http allowed)", nil, "none: public https hosts only"},
 	{"HERALD_BREAKER_COOLDOWN", "how long an open circuit breaker waits before a probe", jobs.DefaultBreakerCooldown, ""},
 	{"HERALD_CHUNK_SIZE", "devices per chunk job", jobs.DefaultChunkSize, ""},
 	{"HERALD_URGENT_WORKERS", "urgent chunks worked at once per process", jobs.DefaultUrgentWorkers, ""},

@@ -263,13 +263,26 @@ func startChunkWorker(ctx context.Context, p *process) (_ *worker, err error) {
 	}
 	p.goBackground(func(ctx context.Context) { liveness.Run(ctx, livenessConn) })
 	workers := river.NewWorkers()
+	// Whether some webhook wants the ledger's failures, read before the
+	// first chunk's write and every second after.
+	webhookTypes := jobs.NewWebhookTypes(p.pool, logger)
+	if err := webhookTypes.Refresh(ctx); err != nil {
+		return nil, err
+	}
+	p.goBackground(webhookTypes.Run)
 	if w.fanOut, err = jobs.Register(workers, jobs.FanOutConfig{
 		Pool: p.pool, Lanes: w.lanes.lanes, Logger: logger, Clock: clock, Timeout: cfg.ChunkTimeout, Metrics: metrics,
 		Breakers: jobs.NewBreakers(jobs.BreakerConfig{Cooldown: cfg.BreakerCooldown}, cfg.configuredChannels()...),
 		Alive:    liveness.Held,
+		Webhooks: webhookTypes,
 	}, materializer, retainer); err != nil {
 		return nil, err
 	}
+	webhooks, err := jobs.NewWebhookWorker(jobs.WebhookConfig{Pool: p.pool, Logger: logger, Policy: cfg.WebhookEgress, Metrics: metrics})
+	if err != nil {
+		return nil, err
+	}
+	river.AddWorker(workers, webhooks)
 	riverCfg := p.riverConfig()
 	riverCfg.Workers, riverCfg.Lanes, riverCfg.ClientID = workers, w.lanes.lanes, liveness.ClientID
 	if w.clients, err = jobs.NewRiverClients(p.pool, riverCfg); err != nil {
@@ -289,6 +302,10 @@ func startChunkWorker(ctx context.Context, p *process) (_ *worker, err error) {
 	}
 	waker, err := jobs.NewWaker(&jobs.WakerConfig{Pool: p.pool, Clock: clock, Logger: logger, Lanes: w.clients.Wakers(), Metrics: metrics,
 		Warm: w.fanOut.Warm})
+	if err != nil {
+		return nil, err
+	}
+	dispatcher, err := jobs.NewWebhookDispatcher(&jobs.WebhookDispatcherConfig{Pool: p.pool, Logger: logger, River: w.clients.Main})
 	if err != nil {
 		return nil, err
 	}
@@ -318,6 +335,7 @@ func startChunkWorker(ctx context.Context, p *process) (_ *worker, err error) {
 	p.goBackground(status.Run)
 	p.goBackground(waker.Run)
 	p.goBackground(takeover.Run)
+	p.goBackground(dispatcher.Run)
 	return w, nil
 }
 
@@ -378,6 +396,7 @@ func (p *process) handler(ctx context.Context, w *worker) (http.Handler, error) 
 		TrustedProxies: cfg.TrustedProxies,
 		SecureCookies:  cfg.SecureCookies,
 		WebPushEgress:  cfg.WebPushEgress,
+		WebhookEgress:  cfg.WebhookEgress,
 
 		BodyBudget:        int64(cfg.BodyBudgetMB) << 20,
 		RateLimit:         float64(cfg.RateLimit),

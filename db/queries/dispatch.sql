@@ -82,7 +82,20 @@ WITH input AS (
       AND (d.status || '') NOT IN ('accepted', 'failed', 'expired', 'cancelled')
     -- date_part, not extract: the skew is a double, as ln below needs it to be
     -- cheap (extract's numeric made ln cost microseconds a row).
-    RETURNING d.message_id, d.status, date_part('epoch', d.accepted_at - d.due_at) * 1000 AS skew_ms
+    RETURNING d.message_id, d.device_id, d.user_id, d.status, d.reason, d.attempted_at,
+              date_part('epoch', d.accepted_at - d.due_at) * 1000 AS skew_ms
+), failure_events AS (
+    -- The webhooks' delivery.failed events (migration 0018), written with
+    -- the failures themselves. want_failed is the process's reading of
+    -- whether any webhook wants them (jobs.WebhookTypes): false, the
+    -- generic plan's one-time filter skips this, and a ledger write costs
+    -- what it did before webhooks.
+    INSERT INTO webhook_events (webhook_id, message_id, type, device_id, user_id, reason, at)
+    SELECT w.id, u.message_id, 'delivery.failed', u.device_id, u.user_id, u.reason,
+           coalesce(u.attempted_at, clock_timestamp())
+    FROM updated u
+    JOIN webhooks w ON 'delivery.failed' = ANY (w.events)
+    WHERE @want_failed::boolean AND u.status = 'failed'
 ), tallies AS (
     -- The rows each write settled, by message and status, the accepted
     -- ones by the bucket of their skew in the message's histogram
@@ -125,13 +138,25 @@ RETURNING m.id AS message_id, m.pending_count, c.accepted, c.failed, c.expired;
 -- deliveries, the order every transaction that changes both keeps.
 SELECT id FROM messages WHERE id = ANY (@ids::bigint[]) ORDER BY id FOR UPDATE;
 
--- name: EvictDevices :execrows
+-- name: EvictDevices :one
 -- Evicts the devices whose tokens a provider called dead, unless they
--- registered again after the send began.
-UPDATE devices
-SET status = 'evicted', evicted_reason = v.reason, evicted_at = clock_timestamp(), updated_at = clock_timestamp()
-FROM (SELECT unnest(@ids::bigint[]) AS id, unnest(@reasons::text[]) AS reason) v
-WHERE devices.id = v.id AND devices.status = 'active' AND devices.updated_at < @sent_after;
+-- registered again after the send began, and writes the webhooks'
+-- device.evicted events of those it evicted, naming the message whose send
+-- found them dead (migration 0018). Evictions are rare, so the webhooks'
+-- table is read every time rather than through the process's reading of it.
+WITH evicted AS (
+    UPDATE devices
+    SET status = 'evicted', evicted_reason = v.reason, evicted_at = clock_timestamp(), updated_at = clock_timestamp()
+    FROM (SELECT unnest(@ids::bigint[]) AS id, unnest(@reasons::text[]) AS reason) v
+    WHERE devices.id = v.id AND devices.status = 'active' AND devices.updated_at < @sent_after
+    RETURNING devices.id, devices.user_id, v.reason, devices.evicted_at
+), events AS (
+    INSERT INTO webhook_events (webhook_id, message_id, type, device_id, user_id, reason, at)
+    SELECT w.id, @message_id, 'device.evicted', e.id, e.user_id, e.reason, e.evicted_at
+    FROM evicted e
+    JOIN webhooks w ON 'device.evicted' = ANY (w.events)
+)
+SELECT count(*) FROM evicted;
 
 -- name: RecordChunk :exec
 -- What the worker saw of its chunk, for the dispatch breakdown.

@@ -166,7 +166,7 @@ func parseHostRule(entry string) (hostRule, error) {
 	if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
 		return r, fmt.Errorf("web push host %q: the port must be a number from 1 to 65535", entry)
 	}
-	host = normalizeHost(host)
+	host = NormalizeHost(host)
 	if rest, ok := strings.CutPrefix(host, "*."); ok {
 		host, r.suffix = rest, true
 	}
@@ -180,10 +180,10 @@ func parseHostRule(entry string) (hostRule, error) {
 	return r, nil
 }
 
-// normalizeHost lower-cases a host name and drops one trailing dot, so that
+// NormalizeHost lower-cases a host name and drops one trailing dot, so that
 // FCM.googleapis.com. is fcm.googleapis.com; an IP address is written in its
 // canonical form, so that ::ffff:127.0.0.1 is not a spelling apart.
-func normalizeHost(host string) string {
+func NormalizeHost(host string) string {
 	host = strings.TrimSuffix(strings.ToLower(host), ".")
 	if a, err := netip.ParseAddr(host); err == nil {
 		return a.String()
@@ -211,7 +211,7 @@ func (p *EgressPolicy) CheckEndpoint(endpoint string) error {
 	if err != nil || u.Scheme != "https" || u.Host == "" || u.User != nil || u.Opaque != "" {
 		return forbidden("the endpoint must be an absolute https URL without credentials")
 	}
-	host, port := normalizeHost(u.Hostname()), u.Port()
+	host, port := NormalizeHost(u.Hostname()), u.Port()
 	if port == "" {
 		port = "443"
 	}
@@ -220,7 +220,7 @@ func (p *EgressPolicy) CheckEndpoint(endpoint string) error {
 		return forbidden("%s is not a Web Push service Herald may post to", net.JoinHostPort(host, port))
 	}
 	if a, err := netip.ParseAddr(host); err == nil && !r.trusted {
-		if why := internalAddress(a); why != "" {
+		if why := InternalAddress(a); why != "" {
 			return forbidden("%s is %s", host, why)
 		}
 	}
@@ -277,21 +277,7 @@ func (r hostRule) checkPath(u *url.URL) error {
 // is made. Proxies lists host:port addresses that are dialled as they are
 // (the operator's HTTPS proxy, which resolves names itself).
 func (p *EgressPolicy) DialContext(d *net.Dialer, proxies ...string) func(ctx context.Context, network, addr string) (net.Conn, error) {
-	checked := *d
-	// Control runs once per address the name resolved to, just before the
-	// connection is attempted: the check sees the very address dialled, so
-	// a name that resolves to a public address at registration and to an
-	// internal one later is still refused.
-	checked.Control = func(_, address string, _ syscall.RawConn) error {
-		ap, err := netip.ParseAddrPort(address)
-		if err != nil {
-			return forbidden("cannot read the dialled address %q", address)
-		}
-		if why := internalAddress(ap.Addr()); why != "" {
-			return forbidden("the endpoint's host resolves to %s, which is %s", ap.Addr().Unmap(), why)
-		}
-		return nil
-	}
+	checked := PublicOnly(d)
 	plain := *d
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		for _, proxy := range proxies {
@@ -303,7 +289,7 @@ func (p *EgressPolicy) DialContext(d *net.Dialer, proxies ...string) func(ctx co
 		if err != nil {
 			return nil, forbidden("cannot read the address %q", addr)
 		}
-		r, ok := p.rule(normalizeHost(host), port)
+		r, ok := p.rule(NormalizeHost(host), port)
 		switch {
 		case !ok:
 			return nil, forbidden("%s is not a Web Push service Herald may post to", addr)
@@ -314,6 +300,29 @@ func (p *EgressPolicy) DialContext(d *net.Dialer, proxies ...string) func(ctx co
 	}
 }
 
+// PublicOnly returns a copy of d that refuses to connect to any address that
+// is not a public unicast one (the error wraps ErrEndpointForbidden): Web
+// Push endpoints and webhooks' URLs are the callers', and must not reach
+// into the network Herald runs in.
+func PublicOnly(d *net.Dialer) *net.Dialer {
+	checked := *d
+	// Control runs once per address the name resolved to, just before the
+	// connection is attempted: the check sees the very address dialled, so
+	// a name that resolves to a public address when it is registered and
+	// to an internal one later is still refused.
+	checked.Control = func(_, address string, _ syscall.RawConn) error {
+		ap, err := netip.ParseAddrPort(address)
+		if err != nil {
+			return forbidden("cannot read the dialled address %q", address)
+		}
+		if why := InternalAddress(ap.Addr()); why != "" {
+			return forbidden("the endpoint's host resolves to %s, which is %s", ap.Addr().Unmap(), why)
+		}
+		return nil
+	}
+	return &checked
+}
+
 // internalPrefixes are the ranges, beyond what netip classifies, that never
 // hold a public push service: shared address space (CGNAT), the IETF
 // protocol assignments, benchmarking, documentation, reserved, IPv6's
@@ -321,7 +330,7 @@ func (p *EgressPolicy) DialContext(d *net.Dialer, proxies ...string) func(ctx co
 // private), and the IPv6 forms that embed an IPv4 address (IPv4-compatible
 // ::/96 and IPv4-translated ::ffff:0:0:0/96, NAT64, 6to4, Teredo), which
 // could carry an internal one. IPv4-mapped addresses (::ffff:0:0/96) are
-// not here: internalAddress judges them as the IPv4 address they map.
+// not here: InternalAddress judges them as the IPv4 address they map.
 var internalPrefixes = func() []netip.Prefix {
 	var out []netip.Prefix
 	for _, s := range []string{
@@ -334,9 +343,9 @@ var internalPrefixes = func() []netip.Prefix {
 	return out
 }()
 
-// internalAddress says why a is not a public unicast address, or "" when it
+// InternalAddress says why a is not a public unicast address, or "" when it
 // is one. An IPv4-mapped IPv6 address is judged as the IPv4 address it maps.
-func internalAddress(a netip.Addr) string {
+func InternalAddress(a netip.Addr) string {
 	a = a.Unmap()
 	switch {
 	case !a.IsValid():

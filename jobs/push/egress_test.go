@@ -86,10 +86,10 @@ func TestInternalAddress(t *testing.T) {
 		"fd12:3456::1", "ff02::1", "64:ff9b::7f00:1", "2002:7f00:1::1", "2001:db8::1",
 	}
 	for _, s := range internal {
-		require.NotEmpty(t, internalAddress(netip.MustParseAddr(s)), s)
+		require.NotEmpty(t, InternalAddress(netip.MustParseAddr(s)), s)
 	}
 	for _, s := range []string{"8.8.8.8", "142.250.74.42", "17.253.144.10", "2606:4700::1111", "2a00:1450:4001::200a"} {
-		require.Empty(t, internalAddress(netip.MustParseAddr(s)), s)
+		require.Empty(t, InternalAddress(netip.MustParseAddr(s)), s)
 	}
 }
 
@@ -182,7 +182,7 @@ func TestInternalAddressIPv6Forms(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			why := internalAddress(netip.MustParseAddr(tc.addr))
+			why := InternalAddress(netip.MustParseAddr(tc.addr))
 			if tc.internal {
 				require.NotEmpty(t, why, "%s is let through", tc.addr)
 			} else {

@@ -12,6 +12,10 @@ const messageIDPrefix = "msg_"
 // and as every push carries it.
 func FormatMessageID(n int64) string { return messageIDPrefix + strconv.FormatInt(n, 10) }
 
+// FormatDeviceID returns the external id of device n, as the API shows it
+// and webhooks' events name it.
+func FormatDeviceID(n int64) string { return "dev_" + strconv.FormatInt(n, 10) }
+
 // ParseMessageID reads an external message id; ok is false for anything
 // that is not one.
 func ParseMessageID(s string) (int64, bool) { return ParseID(messageIDPrefix, s) }
