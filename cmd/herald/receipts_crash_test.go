@@ -5,7 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -31,7 +33,15 @@ func TestReceiptsSurviveACrash(t *testing.T) {
 	const devices = 1000
 	tdb := dbtest.New(t)
 	vars := map[string]string{"DATABASE_URL": tdb.URL, "HERALD_API_KEYS": testAPIKey, "HERALD_LOG_LEVEL": "warn"}
-	first := startServeProcess(t, vars, "--migrate", "--role", "api")
+	// The first process's connections are named, so that the test can
+	// wait for PostgreSQL to end their work once the process is killed.
+	firstVars := maps.Clone(vars)
+	sep := "?"
+	if strings.Contains(tdb.URL, "?") {
+		sep = "&"
+	}
+	firstVars["DATABASE_URL"] = tdb.URL + sep + "application_name=receipts-killed"
+	first := startServeProcess(t, firstVars, "--migrate", "--role", "api")
 	e := &e2e{t: t, base: first.base, api: newAPIClient(t, first.base, testAPIKey)}
 	var batch []client.DeviceRegistration
 	users := make([]string, devices)
@@ -99,6 +109,13 @@ func TestReceiptsSurviveACrash(t *testing.T) {
 		return out, nil
 	}
 
+	killedConnections := func() int {
+		var n int
+		require.NoError(t, tdb.Pool.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'receipts-killed'").Scan(&n))
+		return n
+	}
+	require.NotZero(t, killedConnections(), "the first process's connections are named")
+
 	// 32 phones post one receipt a request; the process is killed once 300
 	// are answered.
 	var (
@@ -138,6 +155,11 @@ func TestReceiptsSurviveACrash(t *testing.T) {
 	require.Empty(t, problems)
 	require.GreaterOrEqual(t, len(recorded), 300)
 	require.Less(t, len(recorded), len(all), "the process was killed before the phones were done")
+
+	// A write the process sent just before it died may still commit:
+	// its backends are waited for before the table is read.
+	require.Eventually(t, func() bool { return killedConnections() == 0 }, 30*time.Second, 20*time.Millisecond,
+		"the killed process's connections never ended")
 
 	// Every answered receipt is there, and the counters are the table's.
 	kept := map[sent]bool{}
