@@ -407,3 +407,33 @@ func TestConcurrentReceiptsAllCounted(t *testing.T) {
 	}
 	require.EqualValues(t, devices, total)
 }
+
+// TestForgedReceiptsReadNothing: forged and expired tokens are refused
+// without the database: with the server's pool closed, they are still
+// 401, while a genuine receipt, which must be written, is a 503.
+func TestForgedReceiptsReadNothing(t *testing.T) {
+	t.Parallel()
+	tdb := dbtestNew(t)
+	pool, err := db.Open(context.Background(), tdb.URL, db.PoolConfig{})
+	require.NoError(t, err)
+	b := setupWith(t, tdb, Config{})
+	srv, err := NewServer(Config{Logger: discard, Pool: pool, River: insertOnlyRiver(t, tdb)})
+	require.NoError(t, err)
+	require.NoError(t, srv.Refresh(context.Background()))
+	pool.Close()
+	b.srv = srv
+
+	s := b.signer(t)
+	other, err := receipt.NewSigner(make([]byte, receipt.KeySize))
+	require.NoError(t, err)
+	for tok, want := range map[string]string{
+		token(other, 1, 1): "forged",
+		s.Sign(receipt.Delivery{MessageID: 1, DeviceID: 1}, time.Now().Add(-time.Minute)): "expired",
+	} {
+		rec := b.call(t, request{method: http.MethodPost, path: "/v1/receipts", body: map[string]any{"receipts": []any{delivered(tok)}}, noAuth: true})
+		requireError(t, rec, http.StatusUnauthorized, "invalid_receipt", "")
+		require.Equal(t, []string{want}, results(t, decodeBody(t, rec)))
+	}
+	rec := b.call(t, request{method: http.MethodPost, path: "/v1/receipts", body: map[string]any{"receipts": []any{delivered(token(s, 1, 1))}}, noAuth: true})
+	require.GreaterOrEqual(t, rec.Code, http.StatusInternalServerError, rec.Body.String())
+}
