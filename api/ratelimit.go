@@ -50,6 +50,8 @@ type rateLimiter struct {
 	rate  float64 // tokens a second
 	burst float64
 	now   func() time.Time
+	// maxBuckets is maxRateBuckets, but for the tests.
+	maxBuckets int
 
 	mu      sync.Mutex
 	buckets map[string]*bucket
@@ -61,7 +63,7 @@ type bucket struct {
 }
 
 func newRateLimiter(rate float64, burst int, now func() time.Time) *rateLimiter {
-	return &rateLimiter{rate: rate, burst: float64(burst), now: now, buckets: map[string]*bucket{}}
+	return &rateLimiter{rate: rate, burst: float64(burst), now: now, maxBuckets: maxRateBuckets, buckets: map[string]*bucket{}}
 }
 
 // take spends one of scope's tokens. When none is left it returns false
@@ -72,7 +74,7 @@ func (l *rateLimiter) take(scope string) (bool, time.Duration) {
 	defer l.mu.Unlock()
 	b, ok := l.buckets[scope]
 	if !ok {
-		if len(l.buckets) >= maxRateBuckets {
+		if len(l.buckets) >= l.maxBuckets {
 			l.forgetLocked(now)
 		}
 		b = &bucket{tokens: l.burst, at: now}
@@ -97,7 +99,7 @@ func (l *rateLimiter) forgetLocked(now time.Time) {
 			delete(l.buckets, key)
 		}
 	}
-	if len(l.buckets) >= maxRateBuckets {
+	if len(l.buckets) >= l.maxBuckets {
 		clear(l.buckets)
 	}
 }
