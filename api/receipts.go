@@ -339,6 +339,14 @@ func newReceiptMetrics(reg prometheus.Registerer) *receiptMetrics {
 			Buckets: receiptSkewBuckets,
 		}),
 	}
+	// Every series from zero, so that a rate over the first receipts is
+	// right and a dashboard finds each before anything happened.
+	for _, event := range []string{EventDelivered, EventOpened} {
+		for _, outcome := range []string{outcomeRecorded, outcomeReplayed, outcomeForged, outcomeExpired, outcomeErased} {
+			m.receipts.WithLabelValues(event, outcome)
+		}
+	}
+	m.receipts.WithLabelValues("unknown", outcomeRateLimited)
 	if reg != nil {
 		reg.MustRegister(m.receipts, m.skew)
 	}
