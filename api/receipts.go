@@ -168,6 +168,29 @@ func (s *Server) postReceipts(c echo.Context) error {
 	return c.JSON(http.StatusOK, receiptsAnswer{Results: results})
 }
 
+// anyOrigin lets a page of any origin read the answer: a service worker
+// posts receipts from its site's origin, not Herald's. It is safe because
+// the call carries no cookie or key, only the tokens, which are worth the
+// same from anywhere.
+func anyOrigin(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		c.Response().Header().Set(echo.HeaderAccessControlAllowOrigin, "*")
+		return next(c)
+	}
+}
+
+// receiptsPreflight answers a browser's CORS preflight of POST
+// /v1/receipts, which its JSON body makes it send first, and lets the
+// browser keep the answer for a day.
+func receiptsPreflight(c echo.Context) error {
+	h := c.Response().Header()
+	h.Set(echo.HeaderAccessControlAllowOrigin, "*")
+	h.Set(echo.HeaderAccessControlAllowMethods, http.MethodPost)
+	h.Set(echo.HeaderAccessControlAllowHeaders, echo.HeaderContentType)
+	h.Set(echo.HeaderAccessControlMaxAge, "86400")
+	return c.NoContent(http.StatusNoContent)
+}
+
 // receiptAddress is the bucket of the receipts' rate limit a request
 // counts against: its client's address (the one a trusted proxy names),
 // an IPv6 client's /64.

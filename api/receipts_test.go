@@ -437,3 +437,29 @@ func TestForgedReceiptsReadNothing(t *testing.T) {
 	rec := b.call(t, request{method: http.MethodPost, path: "/v1/receipts", body: map[string]any{"receipts": []any{delivered(token(s, 1, 1))}}, noAuth: true})
 	require.GreaterOrEqual(t, rec.Code, http.StatusInternalServerError, rec.Body.String())
 }
+
+// TestReceiptsFromAnyOrigin: a service worker posts receipts from its
+// site's origin, so the browser's preflight is answered and every answer,
+// a refusal too, lets any origin read it.
+func TestReceiptsFromAnyOrigin(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	req := httptest.NewRequest(http.MethodOptions, "/v1/receipts", nil)
+	req.Header.Set("Origin", "https://app.example.test")
+	req.Header.Set("Access-Control-Request-Method", "POST")
+	req.Header.Set("Access-Control-Request-Headers", "content-type")
+	rec := httptest.NewRecorder()
+	b.srv.ServeHTTP(rec, req)
+	require.Equal(t, http.StatusNoContent, rec.Code)
+	require.Equal(t, "*", rec.Header().Get("Access-Control-Allow-Origin"))
+	require.Equal(t, "POST", rec.Header().Get("Access-Control-Allow-Methods"))
+	require.Equal(t, "Content-Type", rec.Header().Get("Access-Control-Allow-Headers"))
+
+	rec = b.call(t, request{method: http.MethodPost, path: "/v1/receipts", body: map[string]any{"receipts": []any{delivered("forged")}},
+		noAuth: true, header: map[string]string{"Origin": "https://app.example.test"}})
+	require.Equal(t, http.StatusUnauthorized, rec.Code)
+	require.Equal(t, "*", rec.Header().Get("Access-Control-Allow-Origin"))
+	// The API's other routes answer no origin but their own.
+	rec = b.call(t, request{method: http.MethodGet, path: "/v1/messages", header: map[string]string{"Origin": "https://app.example.test"}})
+	require.Empty(t, rec.Header().Get("Access-Control-Allow-Origin"))
+}

@@ -1794,7 +1794,8 @@ type ClientInterface interface {
 	// in order, when at least one was recorded or replayed; when none was, 401
 	// `invalid_receipt` with the same `results`. Limited per client address (the address a
 	// trusted proxy names; an IPv6 client's /64): HERALD_RECEIPT_RATE_LIMIT a second in
-	// bursts of HERALD_RECEIPT_RATE_BURST, per process.
+	// bursts of HERALD_RECEIPT_RATE_BURST, per process. Any web origin may call it (CORS `*`,
+	// and its preflight is answered), so that a service worker can.
 	//
 	// Takes any type of body and a specified content type.
 	//
@@ -1809,7 +1810,8 @@ type ClientInterface interface {
 	// in order, when at least one was recorded or replayed; when none was, 401
 	// `invalid_receipt` with the same `results`. Limited per client address (the address a
 	// trusted proxy names; an IPv6 client's /64): HERALD_RECEIPT_RATE_LIMIT a second in
-	// bursts of HERALD_RECEIPT_RATE_BURST, per process.
+	// bursts of HERALD_RECEIPT_RATE_BURST, per process. Any web origin may call it (CORS `*`,
+	// and its preflight is answered), so that a service worker can.
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -2325,7 +2327,8 @@ func (c *Client) GetProviders(ctx context.Context, reqEditors ...RequestEditorFn
 // in order, when at least one was recorded or replayed; when none was, 401
 // `invalid_receipt` with the same `results`. Limited per client address (the address a
 // trusted proxy names; an IPv6 client's /64): HERALD_RECEIPT_RATE_LIMIT a second in
-// bursts of HERALD_RECEIPT_RATE_BURST, per process.
+// bursts of HERALD_RECEIPT_RATE_BURST, per process. Any web origin may call it (CORS `*`,
+// and its preflight is answered), so that a service worker can.
 //
 // Takes any type of body and a specified content type.
 //
@@ -2350,7 +2353,8 @@ func (c *Client) CreateReceiptsWithBody(ctx context.Context, contentType string,
 // in order, when at least one was recorded or replayed; when none was, 401
 // `invalid_receipt` with the same `results`. Limited per client address (the address a
 // trusted proxy names; an IPv6 client's /64): HERALD_RECEIPT_RATE_LIMIT a second in
-// bursts of HERALD_RECEIPT_RATE_BURST, per process.
+// bursts of HERALD_RECEIPT_RATE_BURST, per process. Any web origin may call it (CORS `*`,
+// and its preflight is answered), so that a service worker can.
 //
 // Takes a body of the `application/json` content type.
 //
@@ -4556,7 +4560,8 @@ type ClientWithResponsesInterface interface {
 	// in order, when at least one was recorded or replayed; when none was, 401
 	// `invalid_receipt` with the same `results`. Limited per client address (the address a
 	// trusted proxy names; an IPv6 client's /64): HERALD_RECEIPT_RATE_LIMIT a second in
-	// bursts of HERALD_RECEIPT_RATE_BURST, per process.
+	// bursts of HERALD_RECEIPT_RATE_BURST, per process. Any web origin may call it (CORS `*`,
+	// and its preflight is answered), so that a service worker can.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -4571,7 +4576,8 @@ type ClientWithResponsesInterface interface {
 	// in order, when at least one was recorded or replayed; when none was, 401
 	// `invalid_receipt` with the same `results`. Limited per client address (the address a
 	// trusted proxy names; an IPv6 client's /64): HERALD_RECEIPT_RATE_LIMIT a second in
-	// bursts of HERALD_RECEIPT_RATE_BURST, per process.
+	// bursts of HERALD_RECEIPT_RATE_BURST, per process. Any web origin may call it (CORS `*`,
+	// and its preflight is answered), so that a service worker can.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -8046,7 +8052,8 @@ func (c *ClientWithResponses) GetProvidersWithResponse(ctx context.Context, reqE
 // in order, when at least one was recorded or replayed; when none was, 401
 // `invalid_receipt` with the same `results`. Limited per client address (the address a
 // trusted proxy names; an IPv6 client's /64): HERALD_RECEIPT_RATE_LIMIT a second in
-// bursts of HERALD_RECEIPT_RATE_BURST, per process.
+// bursts of HERALD_RECEIPT_RATE_BURST, per process. Any web origin may call it (CORS `*`,
+// and its preflight is answered), so that a service worker can.
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
@@ -8067,7 +8074,8 @@ func (c *ClientWithResponses) CreateReceiptsWithBodyWithResponse(ctx context.Con
 // in order, when at least one was recorded or replayed; when none was, 401
 // `invalid_receipt` with the same `results`. Limited per client address (the address a
 // trusted proxy names; an IPv6 client's /64): HERALD_RECEIPT_RATE_LIMIT a second in
-// bursts of HERALD_RECEIPT_RATE_BURST, per process.
+// bursts of HERALD_RECEIPT_RATE_BURST, per process. Any web origin may call it (CORS `*`,
+// and its preflight is answered), so that a service worker can.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
