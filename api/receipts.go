@@ -346,7 +346,7 @@ type receiptMetrics struct {
 
 // receiptSkewBuckets are the delivery skew's, and a tail for the phones
 // that were off or out of reach for minutes to an hour.
-var receiptSkewBuckets = append(append([]float64(nil), jobs.SkewBuckets...), 120, 300, 900, 3600)
+var receiptSkewBuckets = append(jobs.SkewBuckets(), 120, 300, 900, 3600)
 
 // newReceiptMetrics registers the receipt metrics on reg; with nil reg
 // they are kept but not exported.

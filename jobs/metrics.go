@@ -1,6 +1,7 @@
 package jobs
 
 import (
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -37,9 +38,13 @@ type Metrics struct {
 // second of its time.
 const SLOSkew = time.Second
 
-// SkewBuckets are fine below a second, where the SLO lives, and coarse
+// skewBuckets are fine below a second, where the SLO lives, and coarse
 // beyond it, where a delivery is late whatever its exact figure.
-var SkewBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1, 1.25, 1.5, 2, 3, 5, 10, 30, 60}
+var skewBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1, 1.25, 1.5, 2, 3, 5, 10, 30, 60}
+
+// SkewBuckets returns the skew histograms' buckets, for another histogram
+// of skew (the API's confirmed skew) to be read beside these.
+func SkewBuckets() []float64 { return slices.Clone(skewBuckets) }
 
 // NewMetrics registers the dispatch metrics on reg.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
@@ -51,7 +56,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		skew: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "herald_delivery_skew_seconds",
 			Help:    "Provider acceptance minus the delivery's due time (database clock), per accepted delivery, by priority.",
-			Buckets: SkewBuckets,
+			Buckets: skewBuckets,
 		}, []string{"priority"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "herald_provider_request_seconds",
@@ -77,7 +82,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		messageSkew: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "herald_message_skew_max_seconds",
 			Help:    "Each settled message's maximum skew, as the one-second SLO grades it: the latest any due delivery was answered after its due time, a delivery that expired unsent always past 1 s; by priority (lane).",
-			Buckets: SkewBuckets,
+			Buckets: skewBuckets,
 		}, []string{"priority"}),
 		overSLO: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "herald_messages_over_slo_total",
