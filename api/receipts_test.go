@@ -69,6 +69,17 @@ func acceptAll(t testing.TB, b *bundle, n int64, ledger []ledgerRow) {
 	require.NoError(t, err)
 }
 
+// acceptedMessage is a started message to users one-device users of
+// prefix, every delivery accepted, on a server of its own, and the signer
+// of its receipts.
+func acceptedMessage(t *testing.T, prefix string, users int) (b *bundle, id string, n int64, ledger []ledgerRow, s *receipt.Signer) {
+	t.Helper()
+	b = setup(t)
+	id, n, ledger = startedMessage(t, b, prefix, users)
+	acceptAll(t, b, n, ledger)
+	return b, id, n, ledger, b.signer(t)
+}
+
 // receiptFigures is the message's receipts object.
 func receiptFigures(t testing.TB, b *bundle, id string) map[string]any {
 	t.Helper()
@@ -101,10 +112,7 @@ func receiptRows(t testing.TB, b *bundle, column string, value int64) int {
 // one, answers success and changes nothing; opened counts apart.
 func TestReceiptRecordedOnceAndCounted(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	id, n, ledger := startedMessage(t, b, "rc", 3)
-	acceptAll(t, b, n, ledger)
-	s := b.signer(t)
+	b, id, n, ledger, s := acceptedMessage(t, "rc", 3)
 	tok := token(s, n, ledger[0].ID)
 
 	deviceTime := "2026-01-02T03:04:05.123Z"
@@ -145,10 +153,7 @@ func TestReceiptRecordedOnceAndCounted(t *testing.T) {
 // 400 naming it, and nothing of its request is recorded.
 func TestReceiptRefusals(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	id, n, ledger := startedMessage(t, b, "rf", 2)
-	acceptAll(t, b, n, ledger)
-	s := b.signer(t)
+	b, id, n, ledger, s := acceptedMessage(t, "rf", 2)
 	good := token(s, n, ledger[0].ID)
 	other, err := receipt.NewSigner(make([]byte, receipt.KeySize))
 	require.NoError(t, err)
@@ -360,10 +365,7 @@ func TestReceiptBodyBounds(t *testing.T) {
 func TestConcurrentReceiptsAllCounted(t *testing.T) {
 	t.Parallel()
 	const devices = 300
-	b := setup(t)
-	id, n, ledger := startedMessage(t, b, "cc", devices)
-	acceptAll(t, b, n, ledger)
-	s := b.signer(t)
+	b, id, n, ledger, s := acceptedMessage(t, "cc", devices)
 
 	var (
 		wg       sync.WaitGroup
