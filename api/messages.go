@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -266,11 +267,66 @@ type messageStatus struct {
 	// (SettleMessage), nil until it settles or when nothing was due.
 	SLOSkewMs *float64 `json:"slo_skew_ms"`
 	Waves     []wave   `json:"waves,omitempty"`
+	// Receipts is what the devices said of the message (receipts.go).
+	Receipts receiptCounts `json:"receipts"`
 	// Payload is what the message sends, as it was stored.
 	Payload json.RawMessage `json:"payload"`
 }
 
-func newMessageStatus(m db.Message, payload json.RawMessage) messageStatus {
+// receiptCounts is what a message's receipts say: how many deliveries the
+// devices confirmed and opened, how many accepted ones they did not
+// confirm, and the confirmed skew, as percentiles and as the histogram's
+// buckets, which add across messages.
+type receiptCounts struct {
+	Confirmed   int32           `json:"confirmed"`
+	Opened      int32           `json:"opened"`
+	Unconfirmed int32           `json:"unconfirmed"`
+	SkewMs      *skewSummary    `json:"skew_ms"`
+	Histogram   []skewBucketOut `json:"histogram"`
+}
+
+// skewBucketOut is one of a histogram's buckets that holds deliveries:
+// bucket k (1 to 194) holds skews up to upper_ms (and from the previous
+// bucket's).
+type skewBucketOut struct {
+	Bucket  int     `json:"bucket"`
+	UpperMs float64 `json:"upper_ms"`
+	Count   int32   `json:"count"`
+}
+
+// newReceiptCounts reads a message row's receipt figures. early is how many
+// of its delivered receipts are for deliveries the ledger does not have as
+// accepted (db.EarlyUnaccepted): counted as confirmed, but not among the
+// accepted ones they confirm.
+func newReceiptCounts(m db.Message, early int32) receiptCounts {
+	rc := receiptCounts{
+		Confirmed: m.ConfirmedCount, Opened: m.OpenedCount,
+		Unconfirmed: max(m.AcceptedCount-(m.ConfirmedCount-early), 0),
+		SkewMs:      liveSkew(m.ConfirmedHistogram),
+		Histogram:   []skewBucketOut{},
+	}
+	for i, n := range m.ConfirmedHistogram {
+		if n != 0 {
+			rc.Histogram = append(rc.Histogram, skewBucketOut{Bucket: i + 1, UpperMs: bucketUpper(i + 1), Count: n})
+		}
+	}
+	return rc
+}
+
+// earlyReceipts reads db.EarlyUnaccepted for messages, by message id.
+func earlyReceipts(ctx context.Context, q *db.Queries, messages ...int64) (map[int64]int32, error) {
+	rows, err := q.EarlyUnaccepted(ctx, messages)
+	if err != nil {
+		return nil, fmt.Errorf("count early receipts: %w", err)
+	}
+	out := make(map[int64]int32, len(rows))
+	for _, r := range rows {
+		out[r.MessageID] = r.Receipts
+	}
+	return out, nil
+}
+
+func newMessageStatus(m db.Message, payload json.RawMessage, early int32) messageStatus {
 	st := messageStatus{
 		Payload:    payload,
 		Receipt:    jobs.NewReceipt(m),
@@ -279,6 +335,7 @@ func newMessageStatus(m db.Message, payload json.RawMessage) messageStatus {
 		SettledAt:  utcPtr(m.SettledAt),
 		Deliveries: countsOf(m),
 		SLOSkewMs:  m.SloSkewMs,
+		Receipts:   newReceiptCounts(m, early),
 	}
 	if m.ScheduleID != nil {
 		id := formatScheduleID(*m.ScheduleID)
@@ -305,14 +362,7 @@ func liveSkew(histogram []int32) *skewSummary {
 	if total == 0 {
 		return nil
 	}
-	// upper is the top of bucket k (1-based): 1 ms for bucket 1, then
-	// 1.1^(k-1) ms.
-	upper := func(k int) float64 {
-		if k == 1 {
-			return 1
-		}
-		return round1(math.Pow(1.1, float64(k-1)))
-	}
+	upper := bucketUpper
 	percentile := func(p float64) float64 {
 		rank := max(int64(math.Ceil(p*float64(total))), 1)
 		var seen int64
@@ -324,6 +374,15 @@ func liveSkew(histogram []int32) *skewSummary {
 		return upper(len(histogram))
 	}
 	return &skewSummary{P50: percentile(0.5), P95: percentile(0.95), P99: percentile(0.99), Max: percentile(1)}
+}
+
+// bucketUpper is the top of a skew histogram's bucket k (1-based): 1 ms for
+// bucket 1, then 1.1^(k-1) ms.
+func bucketUpper(k int) float64 {
+	if k == 1 {
+		return 1
+	}
+	return round1(math.Pow(1.1, float64(k-1)))
 }
 
 // getMessage reads one message row, and a local-time message's waves.
@@ -339,7 +398,11 @@ func (s *Server) getMessage(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	st := newMessageStatus(m, payloads[m.PayloadID])
+	early, err := earlyReceipts(ctx, q, id)
+	if err != nil {
+		return err
+	}
+	st := newMessageStatus(m, payloads[m.PayloadID], early[id])
 	if m.LocalTime != nil {
 		var spec struct {
 			TTLSeconds int64 `json:"ttl_seconds"`
@@ -416,6 +479,13 @@ type deliveryItem struct {
 	AttemptedAt *time.Time `json:"attempted_at"`
 	AcceptedAt  *time.Time `json:"accepted_at"`
 	SkewMs      *float64   `json:"skew_ms"`
+	// The delivery's receipts: when Herald received its delivered and
+	// opened receipts, the device's clock then, and the confirmed skew.
+	ConfirmedAt       *time.Time `json:"confirmed_at"`
+	ConfirmedDeviceAt *time.Time `json:"confirmed_device_at"`
+	ConfirmedSkewMs   *float64   `json:"confirmed_skew_ms"`
+	OpenedAt          *time.Time `json:"opened_at"`
+	OpenedDeviceAt    *time.Time `json:"opened_device_at"`
 }
 
 type deliveryPage struct {
@@ -437,13 +507,25 @@ func (s *Server) listDeliveries(c echo.Context) error {
 	if status != "" && !deliveryStatuses[status] {
 		return invalid("status", "status %q is not one of pending, accepted, failed, expired, cancelled", status)
 	}
-	pg, err := readPage(c, "deliveries:"+c.Param("message_id")+":"+status)
+	confirmed := c.QueryParam("confirmed")
+	if confirmed != "" && confirmed != "true" && confirmed != "false" {
+		return invalid("confirmed", "confirmed %q is not true or false", confirmed)
+	}
+	filter := "deliveries:" + c.Param("message_id") + ":" + status
+	if confirmed != "" {
+		filter += ":confirmed=" + confirmed
+	}
+	pg, err := readPage(c, filter)
 	if err != nil {
 		return err
 	}
 	params := db.ListDeliveriesParams{MessageID: m.ID, AfterDeviceID: pg.afterOr(0), PageSize: pg.fetch()}
 	if status != "" {
 		params.Status = &status
+	}
+	if confirmed != "" {
+		want := confirmed == "true"
+		params.Confirmed = &want
 	}
 	rows, err := q.ListDeliveries(ctx, params)
 	if err != nil {
@@ -455,6 +537,12 @@ func (s *Server) listDeliveries(c echo.Context) error {
 		item := deliveryItem{
 			UserID: r.UserID, DeviceID: formatDeviceID(r.DeviceID), Channel: r.Channel, Status: r.Status,
 			Reason: r.Reason, AttemptedAt: utcPtr(r.AttemptedAt), AcceptedAt: utcPtr(r.AcceptedAt),
+			ConfirmedAt: utcPtr(r.ConfirmedAt), ConfirmedDeviceAt: utcPtr(r.ConfirmedDeviceAt),
+			OpenedAt: utcPtr(r.OpenedAt), OpenedDeviceAt: utcPtr(r.OpenedDeviceAt),
+		}
+		if r.ConfirmedSkewMs != nil {
+			skew := round1(*r.ConfirmedSkewMs)
+			item.ConfirmedSkewMs = &skew
 		}
 		if r.AcceptedAt != nil {
 			skew := round1(float64(r.AcceptedAt.Sub(r.DueAt).Microseconds()) / 1000)
@@ -512,9 +600,17 @@ func (s *Server) listMessages(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	ids := make([]int64, len(rows))
+	for i, m := range rows {
+		ids[i] = m.ID
+	}
+	early, err := earlyReceipts(ctx, db.On(s.pool), ids...)
+	if err != nil {
+		return err
+	}
 	page := messagePage{Items: make([]json.RawMessage, 0, len(rows)), NextCursor: next}
 	for _, m := range rows {
-		if item, ok := s.listed(c, "message_id", push.FormatMessageID(m.ID), newMessageStatus(m, payloads[m.PayloadID]), nil); ok {
+		if item, ok := s.listed(c, "message_id", push.FormatMessageID(m.ID), newMessageStatus(m, payloads[m.PayloadID], early[m.ID]), nil); ok {
 			page.Items = append(page.Items, item)
 		}
 	}

@@ -28,6 +28,34 @@ func (c *fakeClock) Add(d time.Duration) {
 	c.now = c.now.Add(d)
 }
 
+// TestRateLimiterForgetsRefilledBuckets: a limiter keyed by client address
+// keeps at most maxBuckets buckets. Past it, those that have refilled go
+// (a new bucket is the same), and one still spending keeps its debt; if
+// none has refilled, all go.
+func TestRateLimiterForgetsRefilledBuckets(t *testing.T) {
+	t.Parallel()
+	clock := &fakeClock{now: time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)}
+	l := newRateLimiter(1, 2, clock.Now)
+	l.maxBuckets = 3
+	for _, addr := range []string{"a", "a", "b", "c"} {
+		ok, _ := l.take(addr)
+		require.True(t, ok)
+	}
+	// a is spent; b and c refill within a second, a within two.
+	clock.Add(1500 * time.Millisecond)
+	ok, _ := l.take("d")
+	require.True(t, ok)
+	require.Len(t, l.buckets, 2, "b and c forgotten, a and d kept")
+	require.Contains(t, l.buckets, "a")
+
+	// a, d and e all still spending, none refilled: every bucket goes.
+	l.take("e")
+	l.take("e")
+	ok, _ = l.take("f")
+	require.True(t, ok)
+	require.Len(t, l.buckets, 1)
+}
+
 func TestRateLimiterBucket(t *testing.T) {
 	t.Parallel()
 	clock := &fakeClock{now: time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)}

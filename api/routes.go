@@ -23,6 +23,14 @@ func (s *Server) routes() {
 		return
 	}
 
+	// Receipts take no API key: the token in each is the credential, and
+	// a device posts them, which must never hold a key. They are limited
+	// by client address before the body is read, and a service worker may
+	// post them from any origin (receipts.go).
+	e.POST("/v1/receipts", s.postReceipts, anyOrigin,
+		s.receiptLimiter.limitBy(receiptAddress, "each client address", s.receiptMetrics.rateLimited))
+	e.OPTIONS("/v1/receipts", receiptsPreflight)
+
 	// Each caller's requests are limited after it is known: a flood with
 	// one key is refused without slowing another. What a call changes is
 	// then recorded (audit.go), refused by scope or not; each route names

@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -24,6 +25,7 @@ import (
 
 	"github.com/heraldpush/herald/jobs"
 	"github.com/heraldpush/herald/jobs/push"
+	"github.com/heraldpush/herald/jobs/receipt"
 	"github.com/heraldpush/herald/jobs/webhook"
 )
 
@@ -87,6 +89,11 @@ type Config struct {
 	// spent (DefaultRateLimit and DefaultRateBurst when zero).
 	RateLimit float64
 	RateBurst int
+	// ReceiptRateLimit is the receipt requests a second each client address
+	// may make of this process once its burst of ReceiptRateBurst is spent
+	// (DefaultReceiptRateLimit and DefaultReceiptRateBurst when zero).
+	ReceiptRateLimit float64
+	ReceiptRateBurst int
 	// MaxDevicesPerUser is how many active devices one user may have
 	// (DefaultMaxDevicesPerUser when zero).
 	MaxDevicesPerUser int
@@ -126,6 +133,8 @@ func (c *Config) validate() error {
 	c.BodyBudget = cmp.Or(c.BodyBudget, DefaultBodyBudget)
 	c.RateLimit = cmp.Or(c.RateLimit, DefaultRateLimit)
 	c.RateBurst = cmp.Or(c.RateBurst, DefaultRateBurst)
+	c.ReceiptRateLimit = cmp.Or(c.ReceiptRateLimit, DefaultReceiptRateLimit)
+	c.ReceiptRateBurst = cmp.Or(c.ReceiptRateBurst, DefaultReceiptRateBurst)
 	c.MaxDevicesPerUser = cmp.Or(c.MaxDevicesPerUser, DefaultMaxDevicesPerUser)
 	c.ScheduleLimits = c.ScheduleLimits.WithDefaults()
 	c.ScheduleLead = cmp.Or(c.ScheduleLead, jobs.DefaultScheduleLead)
@@ -134,6 +143,10 @@ func (c *Config) validate() error {
 		return fmt.Errorf("api: Config.RateLimit is %g; it must be positive", c.RateLimit)
 	case c.RateBurst < 1:
 		return fmt.Errorf("api: Config.RateBurst is %d; it must be at least 1", c.RateBurst)
+	case c.ReceiptRateLimit < 0:
+		return fmt.Errorf("api: Config.ReceiptRateLimit is %g; it must be positive", c.ReceiptRateLimit)
+	case c.ReceiptRateBurst < 1:
+		return fmt.Errorf("api: Config.ReceiptRateBurst is %d; it must be at least 1", c.ReceiptRateBurst)
 	case c.MaxDevicesPerUser < 1:
 		return fmt.Errorf("api: Config.MaxDevicesPerUser is %d; it must be at least 1", c.MaxDevicesPerUser)
 	}
@@ -152,6 +165,13 @@ type Server struct {
 	limiter   *rateLimiter
 	// ready is cfg.Ready, run at most once a second (recentCheck).
 	ready *recentCheck
+
+	// Receipts (receipts.go): the signer of their tokens, once its key is
+	// read (Refresh); the limiter by client address; the group commit.
+	receiptSigner  atomic.Pointer[receipt.Signer]
+	receiptLimiter *rateLimiter
+	receipts       *receiptWriter
+	receiptMetrics *receiptMetrics
 }
 
 // NewServer returns the server with every route in place.
@@ -166,7 +186,11 @@ func NewServer(cfg Config) (*Server, error) {
 		limiter:  newRateLimiter(cfg.RateLimit, cfg.RateBurst, time.Now),
 		ready:    newRecentCheck(cfg.Ready),
 		sessions: newSessions(cfg.Pool, cfg.AdminPassword),
+
+		receiptLimiter: newRateLimiter(cfg.ReceiptRateLimit, cfg.ReceiptRateBurst, time.Now),
+		receiptMetrics: newReceiptMetrics(cfg.Registerer),
 	}
+	s.receipts = newReceiptWriter(cfg.Pool, s.receiptMetrics)
 	if s.dashboard, err = newDashboard(); err != nil {
 		return nil, err
 	}
@@ -194,6 +218,9 @@ func NewServer(cfg Config) (*Server, error) {
 // starts with them; Run calls it again every second.
 func (s *Server) Refresh(ctx context.Context) error {
 	if err := s.sessions.loadKey(ctx); err != nil {
+		return err
+	}
+	if err := s.loadReceiptKey(ctx); err != nil {
 		return err
 	}
 	return s.keys.refresh(ctx)

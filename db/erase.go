@@ -13,6 +13,12 @@ import (
 // keeps its settled rows, which hold no token; nor do chunk jobs, which
 // name a range of the ledger (FanOutArgs), so deleting the devices removes
 // their tokens from everywhere Herald keeps them.
+//
+// It deletes the devices' receipts too (what their phones said of each push,
+// with their clocks' readings). Receipts are written under the same lock,
+// shared (WriteReceipts): those written before this erasure are committed
+// when the lock is granted and deleted here, and those after it find their
+// device gone and are refused.
 func EraseDevices(ctx context.Context, q DBTX, deviceIDs []int64) error {
 	qs := On(q)
 	if err := qs.LockDirectoryExclusive(ctx); err != nil {
@@ -20,6 +26,9 @@ func EraseDevices(ctx context.Context, q DBTX, deviceIDs []int64) error {
 	}
 	if err := qs.CancelPendingForDevices(ctx, CancelPendingForDevicesParams{DeviceIds: deviceIDs, Reason: ReasonDeviceDeleted}); err != nil {
 		return fmt.Errorf("cancel pending deliveries: %w", err)
+	}
+	if _, err := qs.DeleteDeviceReceipts(ctx, deviceIDs); err != nil {
+		return fmt.Errorf("delete receipts: %w", err)
 	}
 	return nil
 }

@@ -367,40 +367,54 @@ func (q *Queries) InsertPayload(ctx context.Context, content []byte) (int64, err
 }
 
 const listDeliveries = `-- name: ListDeliveries :many
-SELECT device_id, user_id, channel, status, reason, attempted_at, accepted_at, due_at
-FROM deliveries
-WHERE message_id = $1
-  AND device_id > $2
-  AND ($3::text IS NULL OR status = $3::text)
-ORDER BY device_id
-LIMIT $4
+SELECT d.device_id, d.user_id, d.channel, d.status, d.reason, d.attempted_at, d.accepted_at, d.due_at,
+       rd.received_at AS confirmed_at, rd.device_at AS confirmed_device_at, rd.skew_ms AS confirmed_skew_ms,
+       ro.received_at AS opened_at, ro.device_at AS opened_device_at
+FROM deliveries d
+LEFT JOIN receipts rd ON rd.message_id = d.message_id AND rd.device_id = d.device_id AND rd.event = 'delivered'
+LEFT JOIN receipts ro ON ro.message_id = d.message_id AND ro.device_id = d.device_id AND ro.event = 'opened'
+WHERE d.message_id = $1
+  AND d.device_id > $2
+  AND ($3::text IS NULL OR d.status = $3::text)
+  AND ($4::boolean IS NULL OR (rd.message_id IS NOT NULL) = $4::boolean)
+ORDER BY d.device_id
+LIMIT $5
 `
 
 type ListDeliveriesParams struct {
 	MessageID     int64
 	AfterDeviceID int64
 	Status        *string
+	Confirmed     *bool
 	PageSize      int32
 }
 
 type ListDeliveriesRow struct {
-	DeviceID    int64
-	UserID      string
-	Channel     string
-	Status      string
-	Reason      *string
-	AttemptedAt *time.Time
-	AcceptedAt  *time.Time
-	DueAt       time.Time
+	DeviceID          int64
+	UserID            string
+	Channel           string
+	Status            string
+	Reason            *string
+	AttemptedAt       *time.Time
+	AcceptedAt        *time.Time
+	DueAt             time.Time
+	ConfirmedAt       *time.Time
+	ConfirmedDeviceAt *time.Time
+	ConfirmedSkewMs   *float64
+	OpenedAt          *time.Time
+	OpenedDeviceAt    *time.Time
 }
 
 // One page of a message's deliveries in device order, after a cursor, of
-// one status or of all.
+// one status or of all, and of those confirmed by a delivered receipt or
+// not (migration 0017), with their receipts' times. Each delivery finds
+// its receipts through their primary key.
 func (q *Queries) ListDeliveries(ctx context.Context, arg ListDeliveriesParams) ([]ListDeliveriesRow, error) {
 	rows, err := q.db.Query(ctx, listDeliveries,
 		arg.MessageID,
 		arg.AfterDeviceID,
 		arg.Status,
+		arg.Confirmed,
 		arg.PageSize,
 	)
 	if err != nil {
@@ -419,6 +433,11 @@ func (q *Queries) ListDeliveries(ctx context.Context, arg ListDeliveriesParams) 
 			&i.AttemptedAt,
 			&i.AcceptedAt,
 			&i.DueAt,
+			&i.ConfirmedAt,
+			&i.ConfirmedDeviceAt,
+			&i.ConfirmedSkewMs,
+			&i.OpenedAt,
+			&i.OpenedDeviceAt,
 		); err != nil {
 			return nil, err
 		}

@@ -161,6 +161,7 @@ type Receipt struct {
 	ReceivedAt time.Time
 	DeviceAt   *time.Time
 	SkewMs     float64
+	Early      bool
 }
 
 type Schedule struct {

@@ -85,11 +85,14 @@ const deleteMessagesWithoutLedger = `-- name: DeleteMessagesWithoutLedger :many
 DELETE FROM messages m
 WHERE m.id = ANY($1::bigint[])
   AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.message_id = m.id)
+  AND NOT EXISTS (SELECT 1 FROM receipts r WHERE r.message_id = m.id)
 RETURNING m.payload_id
 `
 
-// Deletes those of the given messages whose ledger is gone (their chunks go
-// with them), and returns their payloads.
+// Deletes those of the given messages whose ledger and receipts are gone
+// (their chunks go with them), and returns their payloads. The caller has
+// locked the messages (LockMessages), so a receipt written meanwhile has
+// committed and is seen here, and keeps its message for the next run.
 func (q *Queries) DeleteMessagesWithoutLedger(ctx context.Context, messageIds []int64) ([]int64, error) {
 	rows, err := q.db.Query(ctx, deleteMessagesWithoutLedger, messageIds)
 	if err != nil {

@@ -1,6 +1,7 @@
 package jobs
 
 import (
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -42,6 +43,10 @@ const SLOSkew = time.Second
 // skewBuckets are fine below a second, where the SLO lives, and coarse
 // beyond it, where a delivery is late whatever its exact figure.
 var skewBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1, 1.25, 1.5, 2, 3, 5, 10, 30, 60}
+
+// SkewBuckets returns the skew histograms' buckets, for another histogram
+// of skew (the API's confirmed skew) to be read beside these.
+func SkewBuckets() []float64 { return slices.Clone(skewBuckets) }
 
 // NewMetrics registers the dispatch metrics on reg.
 func NewMetrics(reg prometheus.Registerer) *Metrics {

@@ -142,7 +142,7 @@ func (c *RetainerConfig) validate() error {
 
 // Removed counts what a run deleted.
 type Removed struct {
-	Messages, Deliveries, Payloads, IdempotencyKeys, Devices, AuditEntries, Sessions int64
+	Messages, Deliveries, Receipts, Payloads, IdempotencyKeys, Devices, AuditEntries, Sessions int64
 	// WebhookEvents are the events of webhook batches given up, kept
 	// WebhookEventRetention for a retry from River UI.
 	WebhookEvents int64
@@ -275,10 +275,20 @@ func (c RetainerConfig) messageBatch(ctx context.Context, q *db.Queries, cutoff 
 		// These messages may have more ledger left.
 		return true, nil
 	}
-	payloads, err := q.DeleteMessagesWithoutLedger(ctx, ids)
+	// Their receipts go with the ledger, after it: a receipt is written
+	// only for a delivery the ledger has, so none is added once it is gone.
+	receipts, err := q.DeleteReceiptRows(ctx, db.DeleteReceiptRowsParams{MessageIds: ids, MaxRows: int32(c.BatchRows)})
+	removed.Receipts += receipts
+	if err != nil {
+		return false, fmt.Errorf("delete receipts: %w", err)
+	}
+	if receipts == int64(c.BatchRows) {
+		return true, nil
+	}
+	payloads, err := c.deleteMessages(ctx, ids)
 	removed.Messages += int64(len(payloads))
 	if err != nil {
-		return false, fmt.Errorf("delete messages: %w", err)
+		return false, err
 	}
 	slices.Sort(payloads)
 	n, err := q.DeleteUnreferencedPayloads(ctx, slices.Compact(payloads))
@@ -288,7 +298,30 @@ func (c RetainerConfig) messageBatch(ctx context.Context, q *db.Queries, cutoff 
 	}
 	// Nothing deleted at all means the messages found are not deletable
 	// (which only a concurrent change could cause): stop rather than spin.
-	return rows > 0 || len(payloads) > 0, nil
+	return rows > 0 || receipts > 0 || len(payloads) > 0, nil
+}
+
+// deleteMessages deletes those of ids whose ledger and receipts are gone,
+// and returns their payloads. It locks the messages first, as a receipts
+// write does (db.WriteReceipts) before it reads the ledger: a receipt
+// whose write read a delivery just before its deletion has committed once
+// the lock is granted, and keeps its message, whose receipts the next run
+// deletes, instead of outliving it.
+func (c RetainerConfig) deleteMessages(ctx context.Context, ids []int64) ([]int64, error) {
+	var payloads []int64
+	err := db.InTx(ctx, c.Pool, func(tx pgx.Tx) error {
+		q := db.On(tx)
+		if err := q.LockMessages(ctx, ids); err != nil {
+			return err
+		}
+		var err error
+		payloads, err = q.DeleteMessagesWithoutLedger(ctx, ids)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("delete messages: %w", err)
+	}
+	return payloads, nil
 }
 
 func (c RetainerConfig) now(ctx context.Context) (time.Time, error) {
@@ -323,7 +356,7 @@ func (w *RetainWorker) Work(ctx context.Context, _ *river.Job[RetainArgs]) error
 	removed, err := w.r.Run(ctx)
 	if removed != (Removed{}) {
 		w.r.cfg.Logger.InfoContext(ctx, "deleted history older than the retention",
-			"messages", removed.Messages, "deliveries", removed.Deliveries,
+			"messages", removed.Messages, "deliveries", removed.Deliveries, "receipts", removed.Receipts,
 			"payloads", removed.Payloads, "idempotency_keys", removed.IdempotencyKeys,
 			"evicted_devices", removed.Devices, "audit_entries", removed.AuditEntries,
 			"dashboard_sessions", removed.Sessions, "webhook_events", removed.WebhookEvents)

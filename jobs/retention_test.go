@@ -137,6 +137,42 @@ func TestRetainerDeletesSettledHistoryOlderThanTheRetention(t *testing.T) {
 	require.Equal(t, Removed{}, removed)
 }
 
+// TestRetainerDeletesReceiptsWithTheirLedger: a message's receipts go with
+// its ledger, in batches, and a message kept keeps its receipts.
+func TestRetainerDeletesReceiptsWithTheirLedger(t *testing.T) {
+	t.Parallel()
+	b := setupRetain(t)
+	ctx := context.Background()
+	old := b.message("old", 3*time.Hour, 0)
+	b.settle(old, 2*time.Hour)
+	recent := b.message("recent", 3*time.Hour, 0)
+	b.settle(recent, 30*time.Minute)
+	for _, msg := range []db.Message{old, recent} {
+		rows, err := b.db.Pool.Query(ctx, "SELECT device_id FROM deliveries WHERE message_id = $1", msg.ID)
+		require.NoError(t, err)
+		devices, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		require.NoError(t, err)
+		var rs []db.ReceiptWrite
+		for i, d := range devices {
+			rs = append(rs, db.ReceiptWrite{MessageID: msg.ID, DeviceID: d, Event: "delivered"})
+			if i < 2 {
+				rs = append(rs, db.ReceiptWrite{MessageID: msg.ID, DeviceID: d, Event: "opened"})
+			}
+		}
+		_, err = db.WriteReceipts(ctx, b.db.Pool, rs)
+		require.NoError(t, err)
+	}
+
+	r := newRetainer(t, RetainerConfig{Pool: b.db.Pool, Logger: discard, Retention: time.Hour, BatchRows: 2, BatchMessages: 1,
+		Now: func(context.Context) (time.Time, error) { return b.now, nil }})
+	removed, err := r.Run(ctx)
+	require.NoError(t, err)
+	require.Equal(t, Removed{Messages: 1, Deliveries: 5, Receipts: 7, Payloads: 1, IdempotencyKeys: 1}, removed)
+	require.Zero(t, b.count("SELECT count(*) FROM receipts WHERE message_id = $1", old.ID))
+	require.Zero(t, b.count("SELECT count(*) FROM messages WHERE id = $1", old.ID))
+	require.Equal(t, 7, b.count("SELECT count(*) FROM receipts WHERE message_id = $1", recent.ID))
+}
+
 // newRetainer is the Retainer of cfg, which the test expects to be valid.
 func newRetainer(t *testing.T, cfg RetainerConfig) *Retainer {
 	t.Helper()

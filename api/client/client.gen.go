@@ -236,6 +236,24 @@ func (e MessageState) Valid() bool {
 	}
 }
 
+// Defines values for NewReceiptEvent.
+const (
+	NewReceiptEventDelivered NewReceiptEvent = "delivered"
+	NewReceiptEventOpened    NewReceiptEvent = "opened"
+)
+
+// Valid indicates whether the value is a known member of the NewReceiptEvent enum.
+func (e NewReceiptEvent) Valid() bool {
+	switch e {
+	case NewReceiptEventDelivered:
+		return true
+	case NewReceiptEventOpened:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for PayloadInterruptionLevel.
 const (
 	PayloadInterruptionLevelActive        PayloadInterruptionLevel = "active"
@@ -323,6 +341,33 @@ func (e Reason) Valid() bool {
 	case ReasonUnregistered:
 		return true
 	case ReasonWrongEnvironment:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for ReceiptResultResult.
+const (
+	ReceiptResultResultErased   ReceiptResultResult = "erased"
+	ReceiptResultResultExpired  ReceiptResultResult = "expired"
+	ReceiptResultResultForged   ReceiptResultResult = "forged"
+	ReceiptResultResultRecorded ReceiptResultResult = "recorded"
+	ReceiptResultResultReplayed ReceiptResultResult = "replayed"
+)
+
+// Valid indicates whether the value is a known member of the ReceiptResultResult enum.
+func (e ReceiptResultResult) Valid() bool {
+	switch e {
+	case ReceiptResultResultErased:
+		return true
+	case ReceiptResultResultExpired:
+		return true
+	case ReceiptResultResultForged:
+		return true
+	case ReceiptResultResultRecorded:
+		return true
+	case ReceiptResultResultReplayed:
 		return true
 	default:
 		return false
@@ -495,7 +540,20 @@ type Delivery struct {
 	AcceptedAt  *time.Time `json:"accepted_at"`
 	AttemptedAt *time.Time `json:"attempted_at"`
 	Channel     Channel    `json:"channel"`
-	DeviceID    string     `json:"device_id"`
+
+	// ConfirmedAt When Herald received the delivery's delivered receipt, by its own clock.
+	ConfirmedAt *time.Time `json:"confirmed_at,omitempty"`
+
+	// ConfirmedDeviceAt The device's clock reading the delivered receipt carried (device_time), as it came.
+	ConfirmedDeviceAt *time.Time `json:"confirmed_device_at,omitempty"`
+
+	// ConfirmedSkewMs confirmed_at less the delivery's due instant, in milliseconds.
+	ConfirmedSkewMs *float64 `json:"confirmed_skew_ms,omitempty"`
+	DeviceID        string   `json:"device_id"`
+
+	// OpenedAt When Herald received the delivery's opened receipt.
+	OpenedAt       *time.Time `json:"opened_at,omitempty"`
+	OpenedDeviceAt *time.Time `json:"opened_device_at,omitempty"`
 
 	// Reason Why a delivery failed, expired or was cancelled. A delivery is cancelled without being sent because of its device with device_moved (its token was registered for another user since the message was scheduled), device_deleted (the device or its user was deleted), device_evicted (a provider called its token dead since) or device_replaced (the token was taken over by another device of the same installation); one cancelled with no reason was cancelled with its message.
 	Reason *Reason        `json:"reason"`
@@ -728,11 +786,14 @@ type MessageStatus struct {
 	MessageID string    `json:"message_id"`
 
 	// Payload What a message shows, encoded once per channel; each field's provider field is in the description (docs/api.md, The payload). Needs a title, a body, data or silent: true. A wrong field is a 400 naming it (payload.badge, payload.webpush.actions[1].title, ...); an encoding over 4096 bytes is a 413 naming the channel.
-	Payload        Payload    `json:"payload"`
-	Priority       Priority   `json:"priority"`
-	RecipientCount int        `json:"recipient_count"`
-	ScheduleID     *string    `json:"schedule_id"`
-	SettledAt      *time.Time `json:"settled_at"`
+	Payload  Payload  `json:"payload"`
+	Priority Priority `json:"priority"`
+
+	// Receipts What the devices said of the message (POST /v1/receipts): how many deliveries a delivered receipt confirmed and an opened receipt says were tapped; how many accepted deliveries have no delivered receipt (unconfirmed: status=accepted&confirmed=false in the deliveries' listing); and the confirmed skew, from Herald's receipt of a delivered receipt to the delivery's due instant, as percentiles (each the top of its 10%-wide bucket) and as the histogram's buckets that hold deliveries, which add across messages.
+	Receipts       ReceiptCounts `json:"receipts"`
+	RecipientCount int           `json:"recipient_count"`
+	ScheduleID     *string       `json:"schedule_id"`
+	SettledAt      *time.Time    `json:"settled_at"`
 
 	// SkewMs Skew percentiles over accepted deliveries, in milliseconds (provider acceptance minus the delivery's due instant). Exact once the message has settled; while it is being sent, each is the top of the 10%-wide histogram bucket it falls in, at most 10% above the exact value (1 ms under 1 ms). Null while nothing is accepted.
 	SkewMs *Skew `json:"skew_ms"`
@@ -787,6 +848,21 @@ type NewMessage struct {
 	// TTLSeconds With deliver_at_local: each wave's lifetime, at most 28 days.
 	TTLSeconds *int `json:"ttl_seconds,omitempty"`
 }
+
+// NewReceipt defines model for NewReceipt.
+type NewReceipt struct {
+	// DeviceTime The device's clock when it happened, kept beside Herald's own; optional.
+	DeviceTime *time.Time `json:"device_time,omitempty"`
+
+	// Event delivered: the push reached the app (its extension, its service, its service worker); opened: the user tapped it. Anything else is a 400 naming the receipt's event.
+	Event NewReceiptEvent `json:"event"`
+
+	// Token The push's herald_receipt, as it came.
+	Token string `json:"token"`
+}
+
+// NewReceiptEvent delivered: the push reached the app (its extension, its service, its service worker); opened: the user tapped it. Anything else is a 400 naming the receipt's event.
+type NewReceiptEvent string
 
 // NewSchedule defines model for NewSchedule.
 type NewSchedule struct {
@@ -910,6 +986,55 @@ type Providers map[string]ProviderStatus
 // Reason Why a delivery failed, expired or was cancelled. A delivery is cancelled without being sent because of its device with device_moved (its token was registered for another user since the message was scheduled), device_deleted (the device or its user was deleted), device_evicted (a provider called its token dead since) or device_replaced (the token was taken over by another device of the same installation); one cancelled with no reason was cancelled with its message.
 type Reason string
 
+// ReceiptBatch defines model for ReceiptBatch.
+type ReceiptBatch struct {
+	Receipts []NewReceipt `json:"receipts"`
+}
+
+// ReceiptCounts What the devices said of the message (POST /v1/receipts): how many deliveries a delivered receipt confirmed and an opened receipt says were tapped; how many accepted deliveries have no delivered receipt (unconfirmed: status=accepted&confirmed=false in the deliveries' listing); and the confirmed skew, from Herald's receipt of a delivered receipt to the delivery's due instant, as percentiles (each the top of its 10%-wide bucket) and as the histogram's buckets that hold deliveries, which add across messages.
+type ReceiptCounts struct {
+	Confirmed int          `json:"confirmed"`
+	Histogram []SkewBucket `json:"histogram"`
+	Opened    int          `json:"opened"`
+
+	// SkewMs Skew percentiles over accepted deliveries, in milliseconds (provider acceptance minus the delivery's due instant). Exact once the message has settled; while it is being sent, each is the top of the 10%-wide histogram bucket it falls in, at most 10% above the exact value (1 ms under 1 ms). Null while nothing is accepted.
+	SkewMs      *Skew `json:"skew_ms"`
+	Unconfirmed int   `json:"unconfirmed"`
+}
+
+// ReceiptRefusedBody defines model for ReceiptRefusedBody.
+type ReceiptRefusedBody struct {
+	Error ReceiptRefusedBody_Error `json:"error"`
+}
+
+// ReceiptRefusedBody_Error defines model for ReceiptRefusedBody.Error.
+type ReceiptRefusedBody_Error struct {
+	// Code What went wrong, for programs: invalid_field, not_found, rate_limited, ...
+	Code string `json:"code"`
+
+	// Field The field to blame, by its JSON path, where there is one.
+	Field *string `json:"field,omitempty"`
+
+	// Message For people.
+	Message              string                 `json:"message"`
+	Results              []ReceiptResult        `json:"results"`
+	AdditionalProperties map[string]interface{} `json:"-"`
+}
+
+// ReceiptResult defines model for ReceiptResult.
+type ReceiptResult struct {
+	// Result recorded: the first of its kind, counted; replayed: already recorded, nothing changed; forged: not a token Herald made; expired: past its expiry; erased: the delivery is gone (its device erased, or its message past the retention).
+	Result ReceiptResultResult `json:"result"`
+}
+
+// ReceiptResultResult recorded: the first of its kind, counted; replayed: already recorded, nothing changed; forged: not a token Herald made; expired: past its expiry; erased: the delivery is gone (its device erased, or its message past the retention).
+type ReceiptResultResult string
+
+// ReceiptResults defines model for ReceiptResults.
+type ReceiptResults struct {
+	Results []ReceiptResult `json:"results"`
+}
+
 // Schedule defines model for Schedule.
 type Schedule struct {
 	Audience         Audience   `json:"audience"`
@@ -979,6 +1104,13 @@ type Skew struct {
 	P50 float64 `json:"p50"`
 	P95 float64 `json:"p95"`
 	P99 float64 `json:"p99"`
+}
+
+// SkewBucket Bucket 1 holds skews under 1 ms; bucket k, from 1.1^(k-2) to 1.1^(k-1) ms (upper_ms); bucket 194, everything from about 24 hours up.
+type SkewBucket struct {
+	Bucket  int     `json:"bucket"`
+	Count   int     `json:"count"`
+	UpperMs float64 `json:"upper_ms"`
 }
 
 // Text A message's text in one language; at least one field.
@@ -1217,7 +1349,10 @@ type CreateMessageParams struct {
 // ListMessageDeliveriesParams defines parameters for ListMessageDeliveries.
 type ListMessageDeliveriesParams struct {
 	Status *DeliveryStatus `form:"status,omitempty" json:"status,omitempty"`
-	Limit  *Limit          `form:"limit,omitempty" json:"limit,omitempty"`
+
+	// Confirmed Only the deliveries with (true) or without (false) a delivered receipt. status=accepted&confirmed=false lists the message's unconfirmed deliveries (receipts.unconfirmed).
+	Confirmed *bool  `form:"confirmed,omitempty" json:"confirmed,omitempty"`
+	Limit     *Limit `form:"limit,omitempty" json:"limit,omitempty"`
 
 	// Cursor The previous page's next_cursor, as it came: opaque. Anything else (edited, forged, from another listing or other filters) is a 400 invalid_cursor naming cursor.
 	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
@@ -1276,6 +1411,9 @@ type CreateKeyJSONRequestBody = NewKey
 
 // CreateMessageJSONRequestBody defines body for CreateMessage for application/json ContentType.
 type CreateMessageJSONRequestBody = NewMessage
+
+// CreateReceiptsJSONRequestBody defines body for CreateReceipts for application/json ContentType.
+type CreateReceiptsJSONRequestBody = ReceiptBatch
 
 // CreateScheduleJSONRequestBody defines body for CreateSchedule for application/json ContentType.
 type CreateScheduleJSONRequestBody = NewSchedule
@@ -1381,6 +1519,115 @@ func (a ErrorDetail) MarshalJSON() ([]byte, error) {
 	object["message"], err = json.Marshal(a.Message)
 	if err != nil {
 		return nil, fmt.Errorf("error marshaling 'message': %w", err)
+	}
+
+	for fieldName, field := range a.AdditionalProperties {
+		object[fieldName], err = json.Marshal(field)
+		if err != nil {
+			return nil, fmt.Errorf("error marshaling '%s': %w", fieldName, err)
+		}
+	}
+	return json.Marshal(object)
+}
+
+// Getter for additional properties for ReceiptRefusedBody_Error. Returns the specified
+// element and whether it was found
+func (a ReceiptRefusedBody_Error) Get(fieldName string) (value interface{}, found bool) {
+	if a.AdditionalProperties != nil {
+		value, found = a.AdditionalProperties[fieldName]
+	}
+	return
+}
+
+// Setter for additional properties for ReceiptRefusedBody_Error
+func (a *ReceiptRefusedBody_Error) Set(fieldName string, value interface{}) {
+	if a.AdditionalProperties == nil {
+		a.AdditionalProperties = make(map[string]interface{})
+	}
+	a.AdditionalProperties[fieldName] = value
+}
+
+// Override default JSON handling for ReceiptRefusedBody_Error to handle AdditionalProperties
+func (a *ReceiptRefusedBody_Error) UnmarshalJSON(b []byte) error {
+	object := make(map[string]json.RawMessage)
+	err := json.Unmarshal(b, &object)
+	if err != nil {
+		return err
+	}
+
+	if raw, found := object["code"]; found {
+		err = json.Unmarshal(raw, &a.Code)
+		if err != nil {
+			return fmt.Errorf("error reading 'code': %w", err)
+		}
+		delete(object, "code")
+	}
+
+	if raw, found := object["field"]; found {
+		err = json.Unmarshal(raw, &a.Field)
+		if err != nil {
+			return fmt.Errorf("error reading 'field': %w", err)
+		}
+		delete(object, "field")
+	}
+
+	if raw, found := object["message"]; found {
+		err = json.Unmarshal(raw, &a.Message)
+		if err != nil {
+			return fmt.Errorf("error reading 'message': %w", err)
+		}
+		delete(object, "message")
+	}
+
+	if raw, found := object["results"]; found {
+		err = json.Unmarshal(raw, &a.Results)
+		if err != nil {
+			return fmt.Errorf("error reading 'results': %w", err)
+		}
+		delete(object, "results")
+	}
+
+	if len(object) != 0 {
+		a.AdditionalProperties = make(map[string]interface{})
+		for fieldName, fieldBuf := range object {
+			var fieldVal interface{}
+			err := json.Unmarshal(fieldBuf, &fieldVal)
+			if err != nil {
+				return fmt.Errorf("error unmarshaling field %s: %w", fieldName, err)
+			}
+			a.AdditionalProperties[fieldName] = fieldVal
+		}
+	}
+	return nil
+}
+
+// Override default JSON handling for ReceiptRefusedBody_Error to handle AdditionalProperties
+func (a ReceiptRefusedBody_Error) MarshalJSON() ([]byte, error) {
+	var err error
+	object := make(map[string]json.RawMessage)
+
+	object["code"], err = json.Marshal(a.Code)
+	if err != nil {
+		return nil, fmt.Errorf("error marshaling 'code': %w", err)
+	}
+
+	if a.Field != nil {
+		object["field"], err = json.Marshal(a.Field)
+		if err != nil {
+			return nil, fmt.Errorf("error marshaling 'field': %w", err)
+		}
+	}
+
+	object["message"], err = json.Marshal(a.Message)
+	if err != nil {
+		return nil, fmt.Errorf("error marshaling 'message': %w", err)
+	}
+
+	if a.Results != nil {
+		object["results"], err = json.Marshal(a.Results)
+		if err != nil {
+			return nil, fmt.Errorf("error marshaling 'results': %w", err)
+		}
 	}
 
 	for fieldName, field := range a.AdditionalProperties {
@@ -1612,6 +1859,38 @@ type ClientInterface interface {
 	//
 	// Corresponds with GET /v1/providers (the `GetProviders` operationId).
 	GetProviders(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreateReceiptsWithBody What devices saw of their pushes, posted by the app from the device (docs/receipts.md).
+	//
+	// Takes no API key: each receipt's token (the push's `herald_receipt`) is the credential.
+	// The first receipt of an event for a delivery is recorded, with Herald's clock; a replay
+	// changes nothing and answers `replayed`. The answer is 200 with one result per receipt,
+	// in order, when at least one was recorded or replayed; when none was, 401
+	// `invalid_receipt` with the same `results`. Limited per client address (the address a
+	// trusted proxy names; an IPv6 client's /64): HERALD_RECEIPT_RATE_LIMIT a second in
+	// bursts of HERALD_RECEIPT_RATE_BURST, per process. Any web origin may call it (CORS `*`,
+	// and its preflight is answered), so that a service worker can.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /v1/receipts (the `CreateReceipts` operationId).
+	CreateReceiptsWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreateReceipts What devices saw of their pushes, posted by the app from the device (docs/receipts.md).
+	//
+	// Takes no API key: each receipt's token (the push's `herald_receipt`) is the credential.
+	// The first receipt of an event for a delivery is recorded, with Herald's clock; a replay
+	// changes nothing and answers `replayed`. The answer is 200 with one result per receipt,
+	// in order, when at least one was recorded or replayed; when none was, 401
+	// `invalid_receipt` with the same `results`. Limited per client address (the address a
+	// trusted proxy names; an IPv6 client's /64): HERALD_RECEIPT_RATE_LIMIT a second in
+	// bursts of HERALD_RECEIPT_RATE_BURST, per process. Any web origin may call it (CORS `*`,
+	// and its preflight is answered), so that a service worker can.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /v1/receipts (the `CreateReceipts` operationId).
+	CreateReceipts(ctx context.Context, body CreateReceiptsJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// ListSchedules Schedules, newest first.
 	//
@@ -2147,6 +2426,58 @@ func (c *Client) ListMessageDeliveries(ctx context.Context, messageID MessageID,
 // Corresponds with GET /v1/providers (the `GetProviders` operationId).
 func (c *Client) GetProviders(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetProvidersRequest(c.Server)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreateReceiptsWithBody What devices saw of their pushes, posted by the app from the device (docs/receipts.md).
+//
+// Takes no API key: each receipt's token (the push's `herald_receipt`) is the credential.
+// The first receipt of an event for a delivery is recorded, with Herald's clock; a replay
+// changes nothing and answers `replayed`. The answer is 200 with one result per receipt,
+// in order, when at least one was recorded or replayed; when none was, 401
+// `invalid_receipt` with the same `results`. Limited per client address (the address a
+// trusted proxy names; an IPv6 client's /64): HERALD_RECEIPT_RATE_LIMIT a second in
+// bursts of HERALD_RECEIPT_RATE_BURST, per process. Any web origin may call it (CORS `*`,
+// and its preflight is answered), so that a service worker can.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /v1/receipts (the `CreateReceipts` operationId).
+func (c *Client) CreateReceiptsWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateReceiptsRequestWithBody(c.Server, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreateReceipts What devices saw of their pushes, posted by the app from the device (docs/receipts.md).
+//
+// Takes no API key: each receipt's token (the push's `herald_receipt`) is the credential.
+// The first receipt of an event for a delivery is recorded, with Herald's clock; a replay
+// changes nothing and answers `replayed`. The answer is 200 with one result per receipt,
+// in order, when at least one was recorded or replayed; when none was, 401
+// `invalid_receipt` with the same `results`. Limited per client address (the address a
+// trusted proxy names; an IPv6 client's /64): HERALD_RECEIPT_RATE_LIMIT a second in
+// bursts of HERALD_RECEIPT_RATE_BURST, per process. Any web origin may call it (CORS `*`,
+// and its preflight is answered), so that a service worker can.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /v1/receipts (the `CreateReceipts` operationId).
+func (c *Client) CreateReceipts(ctx context.Context, body CreateReceiptsJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateReceiptsRequest(c.Server, body)
 	if err != nil {
 		return nil, err
 	}
@@ -3325,6 +3656,18 @@ func NewListMessageDeliveriesRequest(server string, messageID MessageID, params 
 
 		}
 
+		if params.Confirmed != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "confirmed", *params.Confirmed, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "boolean", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
 		if params.Limit != nil {
 
 			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "limit", *params.Limit, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
@@ -3386,6 +3729,46 @@ func NewGetProvidersRequest(server string) (*http.Request, error) {
 	if err != nil {
 		return nil, err
 	}
+
+	return req, nil
+}
+
+// NewCreateReceiptsRequest calls the generic CreateReceipts builder with application/json body
+func NewCreateReceiptsRequest(server string, body CreateReceiptsJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewCreateReceiptsRequestWithBody(server, "application/json", bodyReader)
+}
+
+// NewCreateReceiptsRequestWithBody constructs an http.Request for the CreateReceipts method, with any body, and a specified content type
+func NewCreateReceiptsRequestWithBody(server string, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/receipts")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
 
 	return req, nil
 }
@@ -4513,6 +4896,38 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with GET /v1/providers (the `GetProviders` operationId).
 	GetProvidersWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetProvidersResponse, error)
+
+	// CreateReceiptsWithBodyWithResponse What devices saw of their pushes, posted by the app from the device (docs/receipts.md).
+	//
+	// Takes no API key: each receipt's token (the push's `herald_receipt`) is the credential.
+	// The first receipt of an event for a delivery is recorded, with Herald's clock; a replay
+	// changes nothing and answers `replayed`. The answer is 200 with one result per receipt,
+	// in order, when at least one was recorded or replayed; when none was, 401
+	// `invalid_receipt` with the same `results`. Limited per client address (the address a
+	// trusted proxy names; an IPv6 client's /64): HERALD_RECEIPT_RATE_LIMIT a second in
+	// bursts of HERALD_RECEIPT_RATE_BURST, per process. Any web origin may call it (CORS `*`,
+	// and its preflight is answered), so that a service worker can.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/receipts (the `CreateReceipts` operationId).
+	CreateReceiptsWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateReceiptsResponse, error)
+
+	// CreateReceiptsWithResponse What devices saw of their pushes, posted by the app from the device (docs/receipts.md).
+	//
+	// Takes no API key: each receipt's token (the push's `herald_receipt`) is the credential.
+	// The first receipt of an event for a delivery is recorded, with Herald's clock; a replay
+	// changes nothing and answers `replayed`. The answer is 200 with one result per receipt,
+	// in order, when at least one was recorded or replayed; when none was, 401
+	// `invalid_receipt` with the same `results`. Limited per client address (the address a
+	// trusted proxy names; an IPv6 client's /64): HERALD_RECEIPT_RATE_LIMIT a second in
+	// bursts of HERALD_RECEIPT_RATE_BURST, per process. Any web origin may call it (CORS `*`,
+	// and its preflight is answered), so that a service worker can.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/receipts (the `CreateReceipts` operationId).
+	CreateReceiptsWithResponse(ctx context.Context, body CreateReceiptsJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateReceiptsResponse, error)
 
 	// ListSchedulesWithResponse Schedules, newest first.
 	//
@@ -6132,6 +6547,103 @@ func (r GetProvidersResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r GetProvidersResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// CreateReceiptsResponse429Headers the declared response headers of an HTTP 429 response for CreateReceipts
+type CreateReceiptsResponse429Headers struct {
+	RetryAfter int
+}
+
+// CreateReceiptsResponse503Headers the declared response headers of an HTTP 503 response for CreateReceipts
+type CreateReceiptsResponse503Headers struct {
+	RetryAfter int
+}
+
+type CreateReceiptsResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *ReceiptResults
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *Error
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *ReceiptRefusedBody
+	// JSON413 the response for an HTTP 413 `application/json` response
+	JSON413 *Error
+	// JSON415 the response for an HTTP 415 `application/json` response
+	JSON415 *Error
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *RateLimited
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Unavailable
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *CreateReceiptsResponse429Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *CreateReceiptsResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r CreateReceiptsResponse) GetJSON200() *ReceiptResults {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r CreateReceiptsResponse) GetJSON400() *Error {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r CreateReceiptsResponse) GetJSON401() *ReceiptRefusedBody {
+	return r.JSON401
+}
+
+// GetJSON413 returns the response for an HTTP 413 `application/json` response
+func (r CreateReceiptsResponse) GetJSON413() *Error {
+	return r.JSON413
+}
+
+// GetJSON415 returns the response for an HTTP 415 `application/json` response
+func (r CreateReceiptsResponse) GetJSON415() *Error {
+	return r.JSON415
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r CreateReceiptsResponse) GetJSON429() *RateLimited {
+	return r.JSON429
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r CreateReceiptsResponse) GetJSON503() *Unavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r CreateReceiptsResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r CreateReceiptsResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r CreateReceiptsResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r CreateReceiptsResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -8300,6 +8812,50 @@ func (c *ClientWithResponses) GetProvidersWithResponse(ctx context.Context, reqE
 	return ParseGetProvidersResponse(rsp)
 }
 
+// CreateReceiptsWithBodyWithResponse What devices saw of their pushes, posted by the app from the device (docs/receipts.md).
+//
+// Takes no API key: each receipt's token (the push's `herald_receipt`) is the credential.
+// The first receipt of an event for a delivery is recorded, with Herald's clock; a replay
+// changes nothing and answers `replayed`. The answer is 200 with one result per receipt,
+// in order, when at least one was recorded or replayed; when none was, 401
+// `invalid_receipt` with the same `results`. Limited per client address (the address a
+// trusted proxy names; an IPv6 client's /64): HERALD_RECEIPT_RATE_LIMIT a second in
+// bursts of HERALD_RECEIPT_RATE_BURST, per process. Any web origin may call it (CORS `*`,
+// and its preflight is answered), so that a service worker can.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/receipts (the `CreateReceipts` operationId).
+func (c *ClientWithResponses) CreateReceiptsWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateReceiptsResponse, error) {
+	rsp, err := c.CreateReceiptsWithBody(ctx, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreateReceiptsResponse(rsp)
+}
+
+// CreateReceiptsWithResponse What devices saw of their pushes, posted by the app from the device (docs/receipts.md).
+//
+// Takes no API key: each receipt's token (the push's `herald_receipt`) is the credential.
+// The first receipt of an event for a delivery is recorded, with Herald's clock; a replay
+// changes nothing and answers `replayed`. The answer is 200 with one result per receipt,
+// in order, when at least one was recorded or replayed; when none was, 401
+// `invalid_receipt` with the same `results`. Limited per client address (the address a
+// trusted proxy names; an IPv6 client's /64): HERALD_RECEIPT_RATE_LIMIT a second in
+// bursts of HERALD_RECEIPT_RATE_BURST, per process. Any web origin may call it (CORS `*`,
+// and its preflight is answered), so that a service worker can.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/receipts (the `CreateReceipts` operationId).
+func (c *ClientWithResponses) CreateReceiptsWithResponse(ctx context.Context, body CreateReceiptsJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateReceiptsResponse, error) {
+	rsp, err := c.CreateReceipts(ctx, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreateReceiptsResponse(rsp)
+}
+
 // ListSchedulesWithResponse Schedules, newest first.
 //
 // Returns a wrapper object for the known response body format(s).
@@ -9940,6 +10496,97 @@ func ParseGetProvidersResponse(rsp *http.Response) (*GetProvidersResponse, error
 		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers GetProvidersResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseCreateReceiptsResponse parses an HTTP response from a CreateReceiptsWithResponse call
+func ParseCreateReceiptsResponse(rsp *http.Response) (*CreateReceiptsResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &CreateReceiptsResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest ReceiptResults
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest ReceiptRefusedBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 415:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON415 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 429:
+		var headers CreateReceiptsResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 503:
+		var headers CreateReceiptsResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {

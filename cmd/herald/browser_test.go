@@ -16,10 +16,14 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/heraldpush/herald/api/client"
+	"github.com/heraldpush/herald/db"
+	"github.com/heraldpush/herald/jobs/push"
+	"github.com/heraldpush/herald/jobs/receipt"
 )
 
 const testAdminPassword = "e2e-admin-password-0123"
@@ -151,9 +155,40 @@ func (b tab) goHash(route string) {
 	_ = evaluate[string](b, fmt.Sprintf("location.hash = %q", route))
 }
 
+// postReceipts posts, as the devices would, a delivered receipt for the
+// first delivered of message's accepted deliveries and an opened one for
+// the first opened, with tokens signed under the key Herald's processes
+// share.
+func (e *e2e) postReceipts(message string, delivered, opened int) {
+	e.t.Helper()
+	ctx := context.Background()
+	key, err := db.SharedKey(ctx, e.db.Pool, "receipt", receipt.KeySize)
+	require.NoError(e.t, err)
+	signer, err := receipt.NewSigner(key)
+	require.NoError(e.t, err)
+	id, ok := push.ParseMessageID(message)
+	require.True(e.t, ok)
+	rows, err := e.db.Pool.Query(ctx, "SELECT device_id FROM deliveries WHERE message_id = $1 AND status = 'accepted' ORDER BY device_id", id)
+	require.NoError(e.t, err)
+	devices, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	require.NoError(e.t, err)
+	var batch client.ReceiptBatch
+	for i, d := range devices {
+		tok := signer.Sign(receipt.Delivery{MessageID: id, DeviceID: d}, time.Now().Add(time.Hour))
+		if i < delivered {
+			batch.Receipts = append(batch.Receipts, client.NewReceipt{Token: tok, Event: client.NewReceiptEventDelivered})
+		}
+		if i < opened {
+			batch.Receipts = append(batch.Receipts, client.NewReceipt{Token: tok, Event: client.NewReceiptEventOpened})
+		}
+	}
+	res, err := e.api.CreateReceiptsWithResponse(ctx, batch)
+	answered(e.t, http.StatusOK, res, err)
+}
+
 // dashboardFixture gives the e2e server what the dashboard shows: a
-// dispatched message to 9 devices (3 of them dead), a message scheduled an
-// hour ahead, and a schedule.
+// dispatched message to 9 devices (3 of them dead) that 4 devices confirmed
+// and 1 opened, a message scheduled an hour ahead, and a schedule.
 func dashboardFixture(t *testing.T, e *e2e) (dispatched, scheduled, schedule string) {
 	t.Helper()
 	for _, u := range []string{"ann", "bob"} {
@@ -164,6 +199,7 @@ func dashboardFixture(t *testing.T, e *e2e) (dispatched, scheduled, schedule str
 		Audience: toUsers("ann", "bob", "dee"), Payload: client.Payload{Title: new("Standup"), Body: new("now")},
 	}).MessageID
 	require.Equal(t, client.MessageStateDispatched, e.settle(dispatched, 30*time.Second).State)
+	e.postReceipts(dispatched, 4, 1)
 	later := e.send(client.NewMessage{
 		DispatchAt: new(time.Now().Add(time.Hour).Truncate(time.Second)), Audience: toUsers("ann"), Payload: titled("Later"),
 	})
@@ -225,6 +261,17 @@ func TestE2EBrowserDashboard(t *testing.T) {
 		.reduce((n, t) => n + Number(t.textContent.split(': ')[1].split(' ')[0]), 0)`), "the histogram counts every accepted delivery once")
 	require.Equal(t, 3, evaluate[int](b, `document.querySelectorAll('#failures-body tr').length`))
 	require.Zero(t, evaluate[int](b, `document.querySelectorAll('#cancel').length`), "a dispatched message cannot be cancelled")
+	// What the devices saw: the receipts' counts as the API has them, and
+	// the confirmed skew beside the accepted one.
+	receipts := e.message(dispatched).Receipts
+	require.GreaterOrEqual(t, receipts.Confirmed, 4)
+	require.Equal(t, []string{fmt.Sprint(receipts.Confirmed), fmt.Sprint(receipts.Opened), fmt.Sprint(receipts.Unconfirmed)},
+		[]string{b.text("#receipts-confirmed b"), b.text("#receipts-opened b"), b.text("#receipts-unconfirmed b")},
+		"confirmed, opened, unconfirmed")
+	require.NotEqual(t, "—", b.text("#skew-accepted td.p50"))
+	require.NotEqual(t, "—", b.text("#skew-confirmed td.p50"))
+	require.NotNil(t, receipts.SkewMs)
+	require.Greater(t, receipts.SkewMs.Max, e.message(dispatched).SkewMs.P50, "a device hears of a push after its provider took it")
 	b.screenshot("dashboard-message")
 
 	// Cancel the scheduled message, in two clicks.

@@ -119,6 +119,10 @@ type config struct {
 	// RateLimit and RateBurst are each caller's requests a second and burst
 	// (HERALD_RATE_LIMIT, HERALD_RATE_BURST).
 	RateLimit, RateBurst int
+	// ReceiptRateLimit and ReceiptRateBurst are each client address's
+	// receipt requests a second and burst (HERALD_RECEIPT_RATE_LIMIT,
+	// HERALD_RECEIPT_RATE_BURST).
+	ReceiptRateLimit, ReceiptRateBurst int
 	// MaxDevicesPerUser is HERALD_MAX_DEVICES_PER_USER.
 	MaxDevicesPerUser int
 	// ScheduleLimits are HERALD_SCHEDULE_MIN_INTERVAL,
@@ -282,6 +286,12 @@ func loadConfig(getenv func(string) string) (config, error) {
 	}
 	c.MaxConnectionsPerClient = cmp.Or(c.MaxConnectionsPerClient, defaultMaxConnectionsPerClient)
 	if c.RateBurst, err = intVar(getenv, "HERALD_RATE_BURST", 1, 10_000_000); err != nil {
+		return c, err
+	}
+	if c.ReceiptRateLimit, err = intVar(getenv, "HERALD_RECEIPT_RATE_LIMIT", 1, 1_000_000); err != nil {
+		return c, err
+	}
+	if c.ReceiptRateBurst, err = intVar(getenv, "HERALD_RECEIPT_RATE_BURST", 1, 10_000_000); err != nil {
 		return c, err
 	}
 	if c.MaxDevicesPerUser, err = intVar(getenv, "HERALD_MAX_DEVICES_PER_USER", 1, 1_000_000); err != nil {

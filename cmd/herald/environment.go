@@ -120,6 +120,8 @@ var serveEnv = []envVar{
 	{"HERALD_MAX_CONNECTIONS_PER_CLIENT", "connections one address may hold open (trusted proxies exempt)", defaultMaxConnectionsPerClient, ""},
 	{"HERALD_BODY_BUDGET_MB", "request body bytes the process reads at once, in MiB; beyond it 503 with Retry-After", api.DefaultBodyBudget >> 20, ""},
 	{"HERALD_RATE_BURST", "requests a key may make at once before the rate applies", api.DefaultRateBurst, ""},
+	{"HERALD_RECEIPT_RATE_LIMIT", "receipt requests a second per client address and process", api.DefaultReceiptRateLimit, ""},
+	{"HERALD_RECEIPT_RATE_BURST", "receipt requests an address may make at once before the rate applies", api.DefaultReceiptRateBurst, ""},
 	{"HERALD_MAX_DEVICES_PER_USER", "active devices one user may have", api.DefaultMaxDevicesPerUser, ""},
 	{"HERALD_SCHEDULE_MIN_INTERVAL", "least time between two runs of a schedule", jobs.DefaultScheduleMinInterval, ""},
 	{"HERALD_SCHEDULE_MAX_AHEAD", "runs of one schedule made into messages and not yet started", jobs.DefaultScheduleMaxAhead, ""},

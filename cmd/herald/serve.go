@@ -401,6 +401,8 @@ func (p *process) handler(ctx context.Context, w *worker) (http.Handler, error) 
 		BodyBudget:        int64(cfg.BodyBudgetMB) << 20,
 		RateLimit:         float64(cfg.RateLimit),
 		RateBurst:         cfg.RateBurst,
+		ReceiptRateLimit:  float64(cfg.ReceiptRateLimit),
+		ReceiptRateBurst:  cfg.ReceiptRateBurst,
 		MaxDevicesPerUser: cfg.MaxDevicesPerUser,
 		ScheduleLimits:    cfg.ScheduleLimits,
 		ScheduleLead:      cfg.ScheduleLead,

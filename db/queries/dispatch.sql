@@ -102,9 +102,7 @@ WITH input AS (
     -- (migration 0010; read by the API while the message is sent): under
     -- 1 ms is bucket 1, then 10% a bucket up to 194.
     SELECT message_id, status,
-           CASE WHEN status <> 'accepted' THEN NULL
-                WHEN skew_ms < 1 THEN 1
-                ELSE least(2 + floor(ln(skew_ms) / ln(1.1))::integer, 194) END AS bucket,
+           CASE WHEN status = 'accepted' THEN skew_histogram_bucket(skew_ms) END AS bucket,
            count(*)::integer AS n
     FROM updated
     GROUP BY 1, 2, 3

@@ -70,13 +70,20 @@ SELECT job_id FROM message_chunks WHERE message_id = @message_id ORDER BY chunk;
 
 -- name: ListDeliveries :many
 -- One page of a message's deliveries in device order, after a cursor, of
--- one status or of all.
-SELECT device_id, user_id, channel, status, reason, attempted_at, accepted_at, due_at
-FROM deliveries
-WHERE message_id = @message_id
-  AND device_id > @after_device_id
-  AND (sqlc.narg('status')::text IS NULL OR status = sqlc.narg('status')::text)
-ORDER BY device_id
+-- one status or of all, and of those confirmed by a delivered receipt or
+-- not (migration 0017), with their receipts' times. Each delivery finds
+-- its receipts through their primary key.
+SELECT d.device_id, d.user_id, d.channel, d.status, d.reason, d.attempted_at, d.accepted_at, d.due_at,
+       rd.received_at AS confirmed_at, rd.device_at AS confirmed_device_at, rd.skew_ms AS confirmed_skew_ms,
+       ro.received_at AS opened_at, ro.device_at AS opened_device_at
+FROM deliveries d
+LEFT JOIN receipts rd ON rd.message_id = d.message_id AND rd.device_id = d.device_id AND rd.event = 'delivered'
+LEFT JOIN receipts ro ON ro.message_id = d.message_id AND ro.device_id = d.device_id AND ro.event = 'opened'
+WHERE d.message_id = @message_id
+  AND d.device_id > @after_device_id
+  AND (sqlc.narg('status')::text IS NULL OR d.status = sqlc.narg('status')::text)
+  AND (sqlc.narg('confirmed')::boolean IS NULL OR (rd.message_id IS NOT NULL) = sqlc.narg('confirmed')::boolean)
+ORDER BY d.device_id
 LIMIT @page_size;
 
 -- name: ListMessages :many

@@ -21,11 +21,14 @@ USING (
 WHERE d.message_id = v.message_id AND d.device_id = v.device_id;
 
 -- name: DeleteMessagesWithoutLedger :many
--- Deletes those of the given messages whose ledger is gone (their chunks go
--- with them), and returns their payloads.
+-- Deletes those of the given messages whose ledger and receipts are gone
+-- (their chunks go with them), and returns their payloads. The caller has
+-- locked the messages (LockMessages), so a receipt written meanwhile has
+-- committed and is seen here, and keeps its message for the next run.
 DELETE FROM messages m
 WHERE m.id = ANY(@message_ids::bigint[])
   AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.message_id = m.id)
+  AND NOT EXISTS (SELECT 1 FROM receipts r WHERE r.message_id = m.id)
 RETURNING m.payload_id;
 
 -- name: DeleteUnreferencedPayloads :execrows

@@ -219,6 +219,25 @@
       h('div', { class: `counter ${k}`, id: `counter-${k}` }, h('b', {}, fmtNum(d[k])), h('span', {}, k)));
   }
 
+  // receiptCounters are what the devices said: deliveries confirmed by a
+  // delivered receipt, opened, and accepted but never confirmed.
+  function receiptCounters(r) {
+    return ['confirmed', 'opened', 'unconfirmed'].map((k) =>
+      h('div', { class: `counter ${k}`, id: `receipts-${k}` }, h('b', {}, fmtNum(r[k])), h('span', {}, k)));
+  }
+
+  // skewTable sets the providers' acceptance skew beside the devices'
+  // confirmed skew: the difference is the way from the provider to the phone.
+  function skewTable(accepted, confirmed) {
+    const row = (name, id, sk, title) => h('tr', { id }, h('td', { title }, name),
+      ['p50', 'p95', 'p99', 'max'].map((k) => h('td', { class: `num ${k}` }, fmtMs(sk ? sk[k] : null))));
+    return h('table', {},
+      h('thead', {}, h('tr', {}, h('th', {}, 'Skew'), ['p50', 'p95', 'p99', 'max'].map((k) => h('th', { class: 'num' }, k)))),
+      h('tbody', {},
+        row('accepted', 'skew-accepted', accepted, 'the provider took the push, less its due time'),
+        row('confirmed', 'skew-confirmed', confirmed, 'the device said it arrived, less its due time')));
+  }
+
   function timeline(m) {
     const step = (what, at, note) => h('li', { class: at ? 'done' : '' },
       h('span', { class: 'dot' }), h('span', { class: 'what' }, what),
@@ -278,6 +297,8 @@
         h('div', { class: 'panel histogram', style: 'flex:2' }, h('h2', {}, 'Skew (provider acceptance − due time)'),
           h('div', { id: 'histogram' }), h('div', { class: 'quantiles', id: 'quantiles' })),
         h('div', { class: 'panel' }, h('h2', {}, 'Failures by reason'), h('div', { id: 'reasons' }))),
+      h('div', { class: 'panel', id: 'receipts-panel' }, h('h2', {}, 'What the devices saw (receipts)'),
+        h('div', { class: 'counters', id: 'receipt-counters' }), h('div', { style: 'margin-top:12px', id: 'skews' })),
       h('div', { class: 'panel' }, h('h2', {}, 'Failed deliveries'),
         h('table', {}, h('thead', {}, h('tr', {}, h('th', {}, 'User'), h('th', {}, 'Device'), h('th', {}, 'Channel'), h('th', {}, 'Reason'), h('th', {}, 'Attempted at'))),
           h('tbody', { id: 'failures-body' })),
@@ -334,6 +355,8 @@
       replace('histogram', histogram(breakdown.skew_histogram));
       const sk = m.skew_ms;
       replace('quantiles', ['p50', 'p95', 'p99', 'max'].map((k) => h('div', { id: `skew-${k}` }, `${k} `, h('b', {}, fmtMs(sk ? sk[k] : null)))));
+      replace('receipt-counters', receiptCounters(m.receipts));
+      replace('skews', skewTable(m.skew_ms, m.receipts.skew_ms));
       replace('reasons', breakdown.failures_by_reason.length ? h('table', {},
         h('thead', {}, h('tr', {}, h('th', {}, 'Status'), h('th', {}, 'Reason'), h('th', { class: 'num' }, 'Devices'))),
         h('tbody', {}, breakdown.failures_by_reason.map((r) => h('tr', {}, h('td', {}, r.status), h('td', {}, r.reason || '—'), h('td', { class: 'num' }, fmtNum(r.devices))))))
