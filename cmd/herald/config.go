@@ -105,6 +105,11 @@ type config struct {
 	// AuditRetention is how long an audit log entry is kept
 	// (HERALD_AUDIT_RETENTION).
 	AuditRetention time.Duration
+	// Receipts signs a receipt token into every push (HERALD_RECEIPTS, on
+	// unless off); ReceiptWindow is how long after its message's expiry a
+	// token is good (HERALD_RECEIPT_WINDOW).
+	Receipts      bool
+	ReceiptWindow time.Duration
 
 	// Limits on what one caller or one schedule may cost; zero takes the
 	// defaults, which api and jobs fill in.
@@ -232,6 +237,16 @@ func loadConfig(getenv func(string) string) (config, error) {
 		return c, err
 	}
 	if c.AuditRetention, err = durationVar(getenv, "HERALD_AUDIT_RETENTION", jobs.DefaultAuditRetention, jobs.MinRetention); err != nil {
+		return c, err
+	}
+	switch v := getenv("HERALD_RECEIPTS"); v {
+	case "", "on":
+		c.Receipts = true
+	case "off":
+	default:
+		return c, fmt.Errorf("HERALD_RECEIPTS: %q is neither on nor off", v)
+	}
+	if c.ReceiptWindow, err = durationVar(getenv, "HERALD_RECEIPT_WINDOW", jobs.DefaultReceiptWindow, time.Minute); err != nil {
 		return c, err
 	}
 	if c.TrustedProxies, err = cidrsVar(getenv, "HERALD_TRUSTED_PROXIES"); err != nil {

@@ -24,6 +24,7 @@ import (
 	"github.com/heraldpush/herald/api"
 	"github.com/heraldpush/herald/db"
 	"github.com/heraldpush/herald/jobs"
+	"github.com/heraldpush/herald/jobs/receipt"
 )
 
 // runServe runs the API and the chunk workers (or one of them, by --role)
@@ -262,11 +263,16 @@ func startChunkWorker(ctx context.Context, p *process) (_ *worker, err error) {
 		return nil, err
 	}
 	p.goBackground(func(ctx context.Context) { liveness.Run(ctx, livenessConn) })
+	signer, err := receiptSigner(ctx, p.pool, cfg.Receipts)
+	if err != nil {
+		return nil, err
+	}
 	workers := river.NewWorkers()
 	if w.fanOut, err = jobs.Register(workers, jobs.FanOutConfig{
 		Pool: p.pool, Lanes: w.lanes.lanes, Logger: logger, Clock: clock, Timeout: cfg.ChunkTimeout, Metrics: metrics,
 		Breakers: jobs.NewBreakers(jobs.BreakerConfig{Cooldown: cfg.BreakerCooldown}, cfg.configuredChannels()...),
 		Alive:    liveness.Held,
+		Receipts: signer, ReceiptWindow: cfg.ReceiptWindow,
 	}, materializer, retainer); err != nil {
 		return nil, err
 	}
@@ -503,4 +509,22 @@ func processID() string {
 	b := make([]byte, 3)
 	_, _ = rand.Read(b)
 	return fmt.Sprintf("%s/%d/%s", host, os.Getpid(), hex.EncodeToString(b))
+}
+
+// receiptKeyPurpose names the receipt tokens' key among the shared keys
+// (db.SharedKey): the workers sign with it, the API verifies with it.
+const receiptKeyPurpose = "receipt"
+
+// receiptSigner is the signer of the receipt tokens this worker puts in its
+// pushes, under the key every process shares, drawn by the first to ask;
+// nil when receipts are off, and the pushes carry none.
+func receiptSigner(ctx context.Context, pool *pgxpool.Pool, on bool) (*receipt.Signer, error) {
+	if !on {
+		return nil, nil
+	}
+	key, err := db.SharedKey(ctx, pool, receiptKeyPurpose, receipt.KeySize)
+	if err != nil {
+		return nil, fmt.Errorf("receipt key: %w", err)
+	}
+	return receipt.NewSigner(key)
 }

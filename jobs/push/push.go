@@ -11,11 +11,25 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+
+	"github.com/heraldpush/herald/jobs/receipt"
 )
 
 // MessageIDKey is the data key under which every push carries the Herald
 // message id, so that a client can drop a second copy of the same message.
 const MessageIDKey = "herald_message_id"
+
+// ReceiptKey is the key under which a push carries its receipt token
+// (Target.Receipt), for the app to send back with what became of the push
+// (POST /v1/receipts): a top-level key of the APNs payload, a data key of
+// FCM's, a member of the Web Push plaintext.
+const ReceiptKey = "herald_receipt"
+
+// receiptReserve is the room every channel's size check keeps for the
+// receipt token spliced into each device's payload (WithReceipt): the key,
+// a token of the longest length, the quotes, colon and comma. A payload
+// accepted is then never refused by a provider for its token.
+const receiptReserve = len(`"`+ReceiptKey+`":"",`) + receipt.MaxLen
 
 // MaxPayloadBytes is the providers' common payload limit: APNs and FCM take
 // 4096 bytes, and a Web Push record is at most 4096 bytes once encrypted.
@@ -332,7 +346,8 @@ func (e *SizeError) Error() string {
 }
 
 // CheckSize returns a *SizeError when any channel's encoding of c, with the
-// longest message id, would exceed its provider's limit.
+// longest message id and room for the longest receipt token
+// (receiptReserve), would exceed its provider's limit.
 func CheckSize(c Content) error {
 	id := make([]byte, MaxMessageIDLen)
 	for i := range id {
@@ -344,8 +359,8 @@ func CheckSize(c Content) error {
 	if err != nil {
 		return err
 	}
-	if len(apns) > MaxPayloadBytes {
-		return &SizeError{Channel: "apns", Size: len(apns), Limit: MaxPayloadBytes}
+	if n := len(apns) + receiptReserve; n > MaxPayloadBytes {
+		return &SizeError{Channel: "apns", Size: n, Limit: MaxPayloadBytes}
 	}
 	f := fcmPayload{Data: FCMData(c, messageID)}
 	if !c.DataOnly() {
@@ -355,15 +370,42 @@ func CheckSize(c Content) error {
 	if err != nil {
 		return err
 	}
-	if len(fcm) > MaxPayloadBytes {
-		return &SizeError{Channel: "fcm", Size: len(fcm), Limit: MaxPayloadBytes}
+	if n := len(fcm) + receiptReserve; n > MaxPayloadBytes {
+		return &SizeError{Channel: "fcm", Size: n, Limit: MaxPayloadBytes}
 	}
 	web, err := WebPushPayload(c, messageID)
 	if err != nil {
 		return err
 	}
-	if len(web)+webPushOverhead > MaxPayloadBytes {
-		return &SizeError{Channel: "webpush", Size: len(web) + webPushOverhead, Limit: MaxPayloadBytes}
+	if n := len(web) + receiptReserve + webPushOverhead; n > MaxPayloadBytes {
+		return &SizeError{Channel: "webpush", Size: n, Limit: MaxPayloadBytes}
 	}
 	return nil
+}
+
+// WithReceipt appends to dst the JSON object obj (an APNs payload or a Web
+// Push plaintext, encoded once for the message) with token spliced in as its
+// first member, under ReceiptKey: one device's payload, made without
+// decoding or encoding the message again. An empty token appends obj as it
+// is. A token is base64url, which JSON needs no escape for.
+func WithReceipt(dst, obj []byte, token string) []byte {
+	if token == "" || len(obj) < 2 || obj[0] != '{' {
+		return append(dst, obj...)
+	}
+	dst = append(dst, `{"`+ReceiptKey+`":"`...)
+	dst = append(dst, token...)
+	dst = append(dst, '"')
+	if rest := obj[1:]; rest[0] != '}' {
+		dst = append(dst, ',')
+	}
+	return append(dst, obj[1:]...)
+}
+
+// ReceiptLen is how many bytes WithReceipt adds to a non-empty object for
+// token.
+func ReceiptLen(token string) int {
+	if token == "" {
+		return 0
+	}
+	return len(`"`+ReceiptKey+`":"",`) + len(token)
 }

@@ -1,6 +1,7 @@
 package push
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -54,5 +55,23 @@ func TestParseRetryAfter(t *testing.T) {
 		{"soon", 0},
 	} {
 		require.Equal(t, tc.want, ParseRetryAfter(tc.in, now), "%q", tc.in)
+	}
+}
+
+// TestWithReceipt splices a token into an encoded object, which stays JSON
+// with every member it had, and adds what ReceiptLen says.
+func TestWithReceipt(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ obj, token, want string }{
+		{`{"aps":{"alert":"x"},"herald_message_id":"msg_1"}`, "tok", `{"herald_receipt":"tok","aps":{"alert":"x"},"herald_message_id":"msg_1"}`},
+		{`{}`, "tok", `{"herald_receipt":"tok"}`},
+		{`{"a":"b"}`, "", `{"a":"b"}`},
+	} {
+		got := WithReceipt([]byte("prefix:"), []byte(tc.obj), tc.token)
+		require.Equal(t, "prefix:"+tc.want, string(got))
+		require.True(t, json.Valid(got[len("prefix:"):]))
+		if tc.obj != `{}` {
+			require.Len(t, tc.want, len(tc.obj)+ReceiptLen(tc.token))
+		}
 	}
 }

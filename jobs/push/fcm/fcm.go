@@ -200,8 +200,25 @@ func (p *Provider) Send(ctx context.Context, m *push.Message, targets []push.Tar
 	p.limiter.Send(ctx, targets, results, allow, answered, rejectToken, func(t push.Target) push.Result {
 		msg := base
 		msg.Token = t.Token
+		if t.Receipt != "" {
+			msg.Data = withReceipt(m.FCMData, t.Receipt)
+		}
 		return p.send(ctx, &msg)
 	})
+}
+
+// withReceipt is data, the message's data map that every device shares,
+// with the device's receipt token added under push.ReceiptKey: a map of its
+// own, sized for it, since the SDK reads the map while it encodes the
+// request and the shared one must not change. Copying a few keys costs
+// little beside the encoding the SDK does for every send anyway.
+func withReceipt(data map[string]string, token string) map[string]string {
+	d := make(map[string]string, len(data)+1)
+	for k, v := range data {
+		d[k] = v
+	}
+	d[push.ReceiptKey] = token
+	return d
 }
 
 // rejectToken refuses an empty token, which the SDK would refuse itself
