@@ -1,7 +1,12 @@
 package pushtest
 
 import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -116,4 +121,96 @@ func (h *Harness[C, P]) SendAtTheSizeLimit(t *testing.T) {
 		ts[i].Receipt = signer.Sign(receipt.Delivery{MessageID: messageID, DeviceID: ts[i].DeviceID}, time.Now().Add(time.Hour))
 	}
 	b.SendAccepted(t, m, ts)
+}
+
+// receiptsReceiver is a stand-in for Herald's POST /v1/receipts: it
+// verifies every token it is sent and counts the deliveries confirmed, by
+// event.
+type receiptsReceiver struct {
+	signer *receipt.Signer
+	mu     sync.Mutex
+	events map[string]map[receipt.Delivery]int
+	bad    []string
+}
+
+func (r *receiptsReceiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	var body struct {
+		Receipts []struct {
+			Token      string `json:"token"`
+			Event      string `json:"event"`
+			DeviceTime string `json:"device_time"`
+		} `json:"receipts"`
+	}
+	if req.Method != http.MethodPost || req.URL.Path != "/v1/receipts" || json.NewDecoder(req.Body).Decode(&body) != nil {
+		http.Error(w, "not a receipts request", http.StatusBadRequest)
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, rc := range body.Receipts {
+		d, err := r.signer.Verify(rc.Token, time.Now())
+		if _, terr := time.Parse(time.RFC3339Nano, rc.DeviceTime); err != nil || terr != nil || (rc.Event != "delivered" && rc.Event != "opened") {
+			r.bad = append(r.bad, fmt.Sprintf("%+v: %v %v", rc, err, terr))
+			continue
+		}
+		if r.events[rc.Event] == nil {
+			r.events[rc.Event] = map[receipt.Delivery]int{}
+		}
+		r.events[rc.Event][d]++
+	}
+	w.WriteHeader(http.StatusAccepted)
+}
+
+// SendDevicesAnswer has fakepush play the devices, half of them sending a
+// delivered receipt and a fifth an opened one too, to a receiver that
+// verifies every token: about those shares of the pushes come back, each
+// once, naming a delivery that was sent. Web Push bodies are decrypted for
+// the devices that answer even when fakepush samples the others out.
+func (h *Harness[C, P]) SendDevicesAnswer(t *testing.T) {
+	signer := NewSigner(t)
+	rcv := &receiptsReceiver{signer: signer, events: map[string]map[receipt.Delivery]int{}}
+	herald := httptest.NewServer(rcv)
+	t.Cleanup(herald.Close)
+	fp := Start(t, func(c *fake.Config) {
+		c.DecryptOneIn = 1000
+		c.Devices = fake.Devices{ReceiptsURL: herald.URL, Delivered: 0.5, Opened: 0.2, DelayMS: [2]int{0, 50}, OpenAfterMS: [2]int{0, 50}}
+	})
+	_, p := h.NewProvider(t, fp, Limits{})
+	b := &Bundle[C, P]{Fakepush: fp, P: p, h: h}
+
+	const n, messageID = 200, 77
+	m := NewContentMessage(t, push.FormatMessageID(messageID), push.Content{Title: "Standup"}, time.Hour)
+	ts := b.Targets(t, n)
+	sent := map[receipt.Delivery]bool{}
+	for i := range ts {
+		ts[i].DeviceID = int64(1000 + i)
+		d := receipt.Delivery{MessageID: messageID, DeviceID: ts[i].DeviceID}
+		ts[i].Receipt = signer.Sign(d, time.Now().Add(time.Hour))
+		sent[d] = true
+	}
+	for _, r := range b.Send(m, ts) {
+		require.True(t, r.Accepted, "%+v", r)
+	}
+
+	require.Eventually(t, func() bool {
+		st := fp.Stats(t).Devices
+		return st.Scheduled > 0 && st.Waiting == 0 && st.Posted+st.Dropped+st.Failed+st.Refused == st.Scheduled
+	}, 15*time.Second, 20*time.Millisecond, "the devices' receipts are all posted")
+	st := fp.Stats(t).Devices
+	require.Equal(t, st.Scheduled, st.Posted, "every receipt posted: %+v", st)
+
+	rcv.mu.Lock()
+	defer rcv.mu.Unlock()
+	require.Empty(t, rcv.bad, "every token verifies, every device time is RFC 3339")
+	delivered, opened := rcv.events["delivered"], rcv.events["opened"]
+	require.InDelta(t, n*0.5, len(delivered), n*0.5*0.35, "about half the devices confirm delivery")
+	require.InDelta(t, n*0.2, len(opened), n*0.2*0.6, "about a fifth open the push")
+	for d, k := range delivered {
+		require.True(t, sent[d], "a delivery that was sent: %+v", d)
+		require.Equal(t, 1, k, "each device confirms once")
+	}
+	for d := range opened {
+		require.Contains(t, delivered, d, "an opened push was delivered first")
+	}
+	require.Equal(t, int64(len(delivered)+len(opened)), st.Posted)
 }

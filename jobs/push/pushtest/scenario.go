@@ -18,7 +18,8 @@ import (
 // Run runs, in parallel, the scenarios every provider must pass alike, each
 // against a fresh fakepush: Accepted, ProviderTrouble (with troubles: what
 // the provider makes of fakepush's failure modes), Timeout,
-// WarmOutlastsARequest, Parked, ManyTargets, Receipts and AtTheSizeLimit.
+// WarmOutlastsARequest, Parked, ManyTargets, Receipts, AtTheSizeLimit and
+// DevicesAnswer.
 func (h *Harness[C, P]) Run(t *testing.T, troubles ...Trouble) {
 	for _, sc := range []struct {
 		name string
@@ -35,6 +36,7 @@ func (h *Harness[C, P]) Run(t *testing.T, troubles ...Trouble) {
 		{"ManyTargets", h.SendManyTargets},
 		{"Receipts", h.SendReceipts},
 		{"AtTheSizeLimit", h.SendAtTheSizeLimit},
+		{"DevicesAnswer", h.SendDevicesAnswer},
 	} {
 		t.Run(sc.name, func(t *testing.T) {
 			t.Parallel()
