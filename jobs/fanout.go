@@ -369,7 +369,10 @@ func (w *FanOutWorker) sendTargets(ctx context.Context, c *running, msg *push.Me
 	for j, i := range slice {
 		targets[j] = c.Targets[i].Target
 	}
-	SignReceipts(w.cfg.Receipts, c.MessageID, c.ExpiresAt, w.cfg.ReceiptWindow, targets)
+	// The tokens of a chunk are good until the receipt window after its
+	// expiry: a push may reach its device until then, and be opened days
+	// later.
+	push.SignReceipts(w.cfg.Receipts, c.MessageID, c.ExpiresAt.Add(w.cfg.ReceiptWindow), targets)
 	out := make([]push.Result, len(slice))
 	// answered[j] is written by the goroutine that got target j's answer
 	// and read here once Send has returned, which waits for them all.

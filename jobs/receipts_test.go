@@ -82,7 +82,7 @@ func TestSignReceiptsDefaultWindow(t *testing.T) {
 
 	expiresAt := time.Now().Add(time.Hour)
 	ts := []push.Target{{DeviceID: 1}, {DeviceID: 1 << 40}, {DeviceID: 3}}
-	SignReceipts(signer, 9, expiresAt, w.cfg.ReceiptWindow, ts)
+	push.SignReceipts(signer, 9, expiresAt.Add(w.cfg.ReceiptWindow), ts)
 	for _, tg := range ts {
 		d, err := signer.Verify(tg.Receipt, expiresAt.Add(DefaultReceiptWindow-time.Second))
 		require.NoError(t, err)
