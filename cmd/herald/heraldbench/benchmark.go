@@ -104,8 +104,17 @@ func (b *Benchmark) Run(ctx context.Context, admin string) (*Result, error) {
 
 	res.Messages, res.Before = b.Config.messages(), b.Config.Before
 	res.StatusEveryMs = ms(b.Config.statusEvery())
+	if err := b.playDevices(ctx); err != nil {
+		return nil, err
+	}
 	if err := b.sendBefore(ctx, pool, res.Devices); err != nil {
 		return nil, err
+	}
+	if b.Config.Receipts && b.Config.Before > 0 {
+		// The earlier rounds' receipts are in before the measurement.
+		if _, _, err := b.waitReceipts(ctx); err != nil {
+			return nil, err
+		}
 	}
 	if err := b.throttle(ctx); err != nil {
 		return nil, err
@@ -146,6 +155,9 @@ func (b *Benchmark) Run(ctx context.Context, admin string) (*Result, error) {
 		return nil, err
 	}
 	res.StatusReads = statusReads.Load()
+	if res.Receipts, err = b.receiptsView(ctx, pool, sent); err != nil {
+		return nil, err
+	}
 	if err := cleanUp(ctx, pool); err != nil {
 		return nil, err
 	}

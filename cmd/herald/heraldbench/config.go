@@ -64,6 +64,10 @@ type Config struct {
 	// in the measured messages, each as its provider answers one device
 	// (--throttled).
 	Throttled float64
+	// Receipts has fakepush play the devices (--receipts): nine in ten
+	// confirm their push to Herald, one in ten opens it, and the result
+	// gains the confirmed deliveries' skew (receipts.go).
+	Receipts bool
 }
 
 // messages is Config.Messages, at least one.
@@ -77,7 +81,7 @@ func (c Config) statusEvery() time.Duration { return cmp.Or(c.StatusEvery, 250*t
 var benchTuning = []string{
 	"HERALD_CHUNK_SIZE", "HERALD_URGENT_WORKERS", "HERALD_BULK_WORKERS", "HERALD_FETCH_POLL_INTERVAL",
 	"HERALD_MAX_IN_FLIGHT_APNS", "HERALD_MAX_IN_FLIGHT_FCM", "HERALD_MAX_IN_FLIGHT_WEBPUSH", "HERALD_RATE_FCM", "HERALD_DB_MAX_CONNS",
-	"GOMAXPROCS", "GOGC", "GOMEMLIMIT",
+	"HERALD_RECEIPTS", "GOMAXPROCS", "GOGC", "GOMEMLIMIT",
 }
 
 // devicesPerUser is the distribution of devices per user: 1 to 5, mean 2.5.
@@ -109,6 +113,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	fs.IntVar(&cfg.History, "history", 0, "settled ledger rows (in messages of 25,000) written with SQL before the measured messages")
 	fs.StringVar(&cfg.Payload, "payload", "plain", "the bulk message's payload: plain (title, body, data), rich (every payload field) or localized (rich, in five languages the users' locales spread over)")
 	fs.BoolVar(&cfg.UrgentWorker, "urgent-worker", false, "run the urgent lane in a worker process of its own (HERALD_LANES=urgent)")
+	fs.BoolVar(&cfg.Receipts, "receipts", false, "fakepush plays the devices: 90% confirm their push to Herald (POST /v1/receipts), 10% open it; the result adds the confirmed skew (HERALD_RECEIPTS=off runs without tokens)")
 	throttled := fs.Float64("throttled", 0, "percent of devices fakepush throttles (429 with Retry-After, once each) in the measured messages")
 	// --help answers on stdout and succeeds; a bad flag fails with the
 	// usage on stderr.
