@@ -109,6 +109,11 @@ func (b *Benchmark) receiptsView(ctx context.Context, pool db.DBTX, s scheduled)
 	if err != nil {
 		return nil, err
 	}
+	// The measured round's receipts: the counters run from fakepush's
+	// start, so the earlier rounds' are taken off.
+	was := b.receiptsBefore
+	st.Scheduled, st.Posted, st.Refused = st.Scheduled-was.Scheduled, st.Posted-was.Posted, st.Refused-was.Refused
+	st.Failed, st.Dropped = st.Failed-was.Failed, st.Dropped-was.Dropped
 	r := &Receipts{Delivered: benchDelivered, Opened: benchOpened, Devices: st, WaitMs: ms(waited)}
 	q := db.On(pool)
 	var skews []float64
