@@ -1,8 +1,10 @@
 // Package push defines what Herald sends, independent of any provider: the
 // message content, its encodings for each channel, and the outcome of a send.
-// The provider packages (apns, fcm, webpush) send these encodings; the API
-// checks their sizes with the same functions before it accepts a message, so
-// that what was accepted is what can be sent.
+// The provider packages (apns, fcm, webpush) send these encodings, each
+// device's with its receipt token spliced in (SignReceipts, WithReceipt);
+// the API checks their sizes with the same functions, room for the token
+// kept, before it accepts a message, so that what was accepted is what can
+// be sent.
 package push
 
 import (
