@@ -35,6 +35,13 @@ const receiptsWait = 60 * time.Second
 // delivery's skew (when Herald had its delivered receipt, after the
 // instant): accepted skew, the device's drawn delay and the receipt's way.
 type Receipts struct {
+	// PostgresCPUPerReceipt is PostgreSQL's CPU while the run waited for
+	// the receipts still to come after the messages settled, per receipt
+	// posted meanwhile: what recording a receipt costs the database, with
+	// nothing else running. Null when none came then or the cluster was
+	// not read.
+	PostgresCPUPerReceipt *float64 `json:"postgres_cpu_us_per_receipt"`
+
 	Delivered       float64          `json:"delivered_share"`
 	Opened          float64          `json:"opened_share"`
 	Devices         fake.DeviceStats `json:"devices"`
@@ -69,52 +76,71 @@ func (b *Benchmark) playDevices(ctx context.Context) error {
 
 // waitReceipts waits, at most receiptsWait, until every receipt the
 // devices drew has been posted (or dropped), and returns fakepush's
-// counts and how long it waited.
-func (b *Benchmark) waitReceipts(ctx context.Context) (fake.DeviceStats, time.Duration, error) {
+// counts at the start and at the end, and how long it waited.
+func (b *Benchmark) waitReceipts(ctx context.Context) (first, last fake.DeviceStats, waited time.Duration, err error) {
 	start := time.Now()
-	for {
+	for i := 0; ; i++ {
 		var st fake.Stats
 		resp, err := b.fakeHTTP.Get(b.fakeURL + "/_stats")
 		if err != nil {
-			return fake.DeviceStats{}, 0, err
+			return first, last, 0, err
 		}
 		err = json.NewDecoder(resp.Body).Decode(&st)
 		resp.Body.Close()
 		if err != nil {
-			return fake.DeviceStats{}, 0, err
+			return first, last, 0, err
 		}
-		d := st.Devices
-		if d.Waiting == 0 && d.Posted+d.Refused+d.Failed+d.Dropped == d.Scheduled {
-			return d, time.Since(start), nil
+		last = st.Devices
+		if i == 0 {
+			first = last
+		}
+		if last.Waiting == 0 && last.Posted+last.Refused+last.Failed+last.Dropped == last.Scheduled {
+			return first, last, time.Since(start), nil
 		}
 		if time.Since(start) > receiptsWait {
-			b.Progress("receipts: %d still waiting after %s; reading what arrived", d.Waiting, receiptsWait)
-			return d, time.Since(start), nil
+			b.Progress("receipts: %d still waiting after %s; reading what arrived", last.Waiting, receiptsWait)
+			return first, last, time.Since(start), nil
 		}
 		select {
 		case <-ctx.Done():
-			return d, time.Since(start), ctx.Err()
+			return first, last, time.Since(start), ctx.Err()
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
 }
 
 // receiptsView waits for the devices' receipts and reads what the measured
-// bulk messages counted of them; nil without --receipts.
-func (b *Benchmark) receiptsView(ctx context.Context, pool db.DBTX, s scheduled) (*Receipts, error) {
+// bulk messages counted of them; nil without --receipts. cluster reads
+// PostgreSQL's CPU, nil when it cannot be read.
+func (b *Benchmark) receiptsView(ctx context.Context, pool db.DBTX, cluster func() (time.Duration, error), s scheduled) (*Receipts, error) {
 	if !b.Config.Receipts {
 		return nil, nil
 	}
-	st, waited, err := b.waitReceipts(ctx)
+	var cpu0 time.Duration
+	if cluster != nil {
+		var err error
+		if cpu0, err = cluster(); err != nil {
+			return nil, err
+		}
+	}
+	first, st, waited, err := b.waitReceipts(ctx)
 	if err != nil {
 		return nil, err
+	}
+	var perReceipt *float64
+	if tail := int(st.Posted - first.Posted); cluster != nil && tail > 0 {
+		cpu1, err := cluster()
+		if err != nil {
+			return nil, err
+		}
+		perReceipt = new(perDevice(cpu1-cpu0, tail))
 	}
 	// The measured round's receipts: the counters run from fakepush's
 	// start, so the earlier rounds' are taken off.
 	was := b.receiptsBefore
 	st.Scheduled, st.Posted, st.Refused = st.Scheduled-was.Scheduled, st.Posted-was.Posted, st.Refused-was.Refused
 	st.Failed, st.Dropped = st.Failed-was.Failed, st.Dropped-was.Dropped
-	r := &Receipts{Delivered: benchDelivered, Opened: benchOpened, Devices: st, WaitMs: ms(waited)}
+	r := &Receipts{Delivered: benchDelivered, Opened: benchOpened, Devices: st, WaitMs: ms(waited), PostgresCPUPerReceipt: perReceipt}
 	q := db.On(pool)
 	var skews []float64
 	for _, id := range s.bulkIDs {
