@@ -249,6 +249,12 @@ func loadConfig(getenv func(string) string) (config, error) {
 	if c.ReceiptWindow, err = durationVar(getenv, "HERALD_RECEIPT_WINDOW", jobs.DefaultReceiptWindow, time.Minute); err != nil {
 		return c, err
 	}
+	// A token names its expiry in 32 bits of seconds, and a receipt for a
+	// message retention has deleted finds nothing to count: a year is
+	// more than any app waits for its pushes to be opened.
+	if c.ReceiptWindow > 365*24*time.Hour {
+		return c, fmt.Errorf("HERALD_RECEIPT_WINDOW: %s is longer than a year", c.ReceiptWindow)
+	}
 	if c.TrustedProxies, err = cidrsVar(getenv, "HERALD_TRUSTED_PROXIES"); err != nil {
 		return c, err
 	}

@@ -95,6 +95,8 @@ func TestLoadConfigReceipts(t *testing.T) {
 
 	_, err = loadConfig(env(map[string]string{"HERALD_RECEIPTS": "maybe"}))
 	require.ErrorContains(t, err, "HERALD_RECEIPTS")
-	_, err = loadConfig(env(map[string]string{"HERALD_RECEIPT_WINDOW": "1s"}))
-	require.ErrorContains(t, err, "HERALD_RECEIPT_WINDOW")
+	for _, v := range []string{"1s", "9000h"} {
+		_, err = loadConfig(env(map[string]string{"HERALD_RECEIPT_WINDOW": v}))
+		require.ErrorContains(t, err, "HERALD_RECEIPT_WINDOW", v)
+	}
 }
