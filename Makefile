@@ -65,7 +65,8 @@ db/test/stop:
 # make run (cmd/run.sh) also starts `herald fakepush` (the local APNs, FCM
 # and Web Push) and points Herald at it, so pushes flow without any real
 # credentials. Its settings: DATABASE_URL, HERALD_ADDR, FAKEPUSH_ADDR,
-# FAKEPUSH_LATENCY, HERALD_LOG_FORMAT and DEV (see the script).
+# FAKEPUSH_LATENCY, FAKEPUSH_DELIVERED, FAKEPUSH_OPENED, HERALD_LOG_FORMAT and
+# DEV (see the script).
 run: build
 	@DEV=$(DEV) cmd/run.sh
 

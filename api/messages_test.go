@@ -249,6 +249,9 @@ func TestCreateMessageRejectsBadInput(t *testing.T) {
 		{"reserved data key", with(func(m map[string]any) {
 			m["payload"] = map[string]any{"title": "t", "data": map[string]any{"herald_message_id": "x"}}
 		}), 400, "invalid_field", "payload.data.herald_message_id"},
+		{"receipt key in data", with(func(m map[string]any) {
+			m["payload"] = map[string]any{"title": "t", "data": map[string]any{"herald_receipt": "x"}}
+		}), 400, "invalid_field", "payload.data.herald_receipt"},
 		{"payload too large", with(func(m map[string]any) { m["payload"] = map[string]any{"title": "t", "body": strings.Repeat("x", 4000)} }), 413, "payload_too_large", "payload"},
 		{"localization key not a locale", with(func(m map[string]any) {
 			m["payload"] = map[string]any{"title": "t", "localizations": map[string]any{"german": map[string]any{"title": "Hallo"}}}

@@ -202,11 +202,7 @@ func (s *Server) loadReceiptKey(ctx context.Context) error {
 	if s.receiptSigner.Load() != nil {
 		return nil
 	}
-	key, err := db.SharedKey(ctx, s.pool, "receipt", receipt.KeySize)
-	if err != nil {
-		return err
-	}
-	signer, err := receipt.NewSigner(key)
+	signer, err := receipt.Shared(ctx, s.pool)
 	if err != nil {
 		return err
 	}

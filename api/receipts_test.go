@@ -22,9 +22,7 @@ import (
 // process shares, which the server read in Refresh.
 func (b *bundle) signer(t testing.TB) *receipt.Signer {
 	t.Helper()
-	key, err := db.SharedKey(context.Background(), b.db.Pool, "receipt", receipt.KeySize)
-	require.NoError(t, err)
-	s, err := receipt.NewSigner(key)
+	s, err := receipt.Shared(context.Background(), b.db.Pool)
 	require.NoError(t, err)
 	return s
 }

@@ -8,6 +8,9 @@
 #   HERALD_ADDR       Herald's listen address            (127.0.0.1:8080)
 #   FAKEPUSH_ADDR     fakepush's listen address          (127.0.0.1:8443)
 #   FAKEPUSH_LATENCY  the round trip fakepush adds       (20ms)
+#   FAKEPUSH_DELIVERED, FAKEPUSH_OPENED
+#                     shares of pushes whose device fakepush plays confirms
+#                     delivery, and opening, to Herald   (0.9, 0.1)
 #   HERALD_LOG_FORMAT Herald's log format                (text)
 #   DEV               where the key, password and fakepush's files live (.dev)
 #
@@ -59,7 +62,10 @@ trap 'exit 130' INT TERM
 # the file it removes is its own instance's.
 say "starting fakepush on $fpaddr"
 rm -f "$dev/fakepush/env"
-bin/herald fakepush --addr "$fpaddr" --tls-dir "$dev/fakepush" --latency "$latency" >"$dev/fakepush.log" 2>&1 &
+# It plays the devices too: their receipts go back to this Herald.
+bin/herald fakepush --addr "$fpaddr" --tls-dir "$dev/fakepush" --latency "$latency" \
+	--receipts-url "http://$addr" --delivered "${FAKEPUSH_DELIVERED:-0.9}" --opened "${FAKEPUSH_OPENED:-0.1}" \
+	>"$dev/fakepush.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 300); do
 	[ -s "$dev/fakepush/env" ] && break

@@ -142,6 +142,24 @@ func (q *Queries) BenchChunkTargets(ctx context.Context, messageID int64) ([]Ben
 	return items, nil
 }
 
+const benchConfirmed = `-- name: BenchConfirmed :one
+SELECT confirmed_count, opened_count FROM messages WHERE id = $1
+`
+
+type BenchConfirmedRow struct {
+	ConfirmedCount int32
+	OpenedCount    int32
+}
+
+// A message's deliveries confirmed by their devices, and opened, as its
+// row counts them.
+func (q *Queries) BenchConfirmed(ctx context.Context, messageID int64) (BenchConfirmedRow, error) {
+	row := q.db.QueryRow(ctx, benchConfirmed, messageID)
+	var i BenchConfirmedRow
+	err := row.Scan(&i.ConfirmedCount, &i.OpenedCount)
+	return i, err
+}
+
 const checkpoint = `-- name: Checkpoint :exec
 CHECKPOINT
 `
@@ -199,6 +217,34 @@ func (q *Queries) ChunkTimings(ctx context.Context, messageID int64) ([]ChunkTim
 			return nil, err
 		}
 		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const confirmedSkews = `-- name: ConfirmedSkews :many
+SELECT skew_ms FROM receipts
+WHERE message_id = $1 AND event = 'delivered'
+ORDER BY 1
+`
+
+// Every delivered receipt's skew in milliseconds (received_at less the
+// delivery's due_at), in order.
+func (q *Queries) ConfirmedSkews(ctx context.Context, messageID int64) ([]float64, error) {
+	rows, err := q.db.Query(ctx, confirmedSkews, messageID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []float64{}
+	for rows.Next() {
+		var skew_ms float64
+		if err := rows.Scan(&skew_ms); err != nil {
+			return nil, err
+		}
+		items = append(items, skew_ms)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err

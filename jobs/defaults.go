@@ -120,6 +120,12 @@ const (
 	// when it was revoked) a dashboard session's row is kept.
 	SessionRetention = 24 * time.Hour
 
+	// DefaultReceiptWindow is how long after its message's expiry a push's
+	// receipt token is still taken (HERALD_RECEIPT_WINDOW): a push reaches
+	// its device by the expiry at the latest, and a week leaves the user
+	// time to open it.
+	DefaultReceiptWindow = 7 * 24 * time.Hour
+
 	// DefaultLifetime is a message's lifetime when no expiry is given (and
 	// each wave's, for a local-time message).
 	DefaultLifetime = time.Hour

@@ -32,8 +32,9 @@
 //   - FanOutWorker (fanout.go) begins a chunk in one round trip
 //     (db.BeginChunk: the pending deliveries whose devices are still their
 //     users', each a Target of target.go), a message's first chunk ahead of
-//     the others (begin_gate.go); it sends through the providers of
-//     jobs/push, tells each answer to its breaker (breaker.go) and hands it
+//     the others (begin_gate.go); it signs each push's receipt token
+//     (push.SignReceipts, FanOutConfig.Receipts), sends through the
+//     providers of jobs/push, tells each answer to its breaker (breaker.go) and hands it
 //     to the process's ledger writer (ledger.go), which writes every
 //     running chunk's answers in one batch and settles the message when
 //     nothing of it is pending. A device the provider throttled waits in

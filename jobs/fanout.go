@@ -17,6 +17,7 @@ import (
 
 	"github.com/heraldpush/herald/db"
 	"github.com/heraldpush/herald/jobs/push"
+	"github.com/heraldpush/herald/jobs/receipt"
 )
 
 // FanOutConfig holds what the chunk worker needs.
@@ -45,6 +46,14 @@ type FanOutConfig struct {
 	// lock, and Takeover may give them to another worker), so the request
 	// is not made and the delivery stays pending for whoever sends it.
 	Alive func() bool
+	// Receipts, when set, signs the receipt token every push carries
+	// (push.ReceiptKey), which the app sends back from the device; nil
+	// sends pushes without one (HERALD_RECEIPTS=off).
+	Receipts *receipt.Signer
+	// ReceiptWindow is how long after its message's expiry a receipt
+	// token stays good, so that an opened receipt can come days after
+	// the push; zero takes DefaultReceiptWindow.
+	ReceiptWindow time.Duration
 }
 
 // FanOutWorker turns a chunk into pushes: it checks expiry, marks the
@@ -68,6 +77,7 @@ type FanOutWorker struct {
 // NewFanOutWorker returns the chunk worker.
 func NewFanOutWorker(cfg FanOutConfig) *FanOutWorker {
 	cfg.Timeout = cmp.Or(cfg.Timeout, DefaultChunkTimeout)
+	cfg.ReceiptWindow = cmp.Or(cfg.ReceiptWindow, DefaultReceiptWindow)
 	w := &FanOutWorker{cfg: cfg, lanes: map[string]Lane{}, messages: newMessageCache(64), begins: map[*pgxpool.Pool]*beginGate{}}
 	for _, l := range cfg.Lanes {
 		if l.Pool == nil {
@@ -363,6 +373,10 @@ func (w *FanOutWorker) sendTargets(ctx context.Context, c *running, msg *push.Me
 	for j, i := range slice {
 		targets[j] = c.Targets[i].Target
 	}
+	// The tokens of a chunk are good until the receipt window after its
+	// expiry: a push may reach its device until then, and be opened days
+	// later.
+	push.SignReceipts(w.cfg.Receipts, c.MessageID, c.ExpiresAt.Add(w.cfg.ReceiptWindow), targets)
 	out := make([]push.Result, len(slice))
 	// answered[j] is written by the goroutine that got target j's answer
 	// and read here once Send has returned, which waits for them all.

@@ -376,7 +376,7 @@ var interruptionLevels = []string{"passive", "active", "time-sensitive", "critic
 // so must be refused.
 func reservedDataKey(p *push.Content, k string) bool {
 	switch k {
-	case push.MessageIDKey, push.APSKey:
+	case push.MessageIDKey, push.ReceiptKey, push.APSKey:
 		return true
 	case push.URLKey:
 		return p.URL != ""

@@ -913,7 +913,7 @@ type Payload struct {
 	// Category APNs aps.category; FCM android.notification.click_action.
 	Category *string `json:"category,omitempty"`
 
-	// Data APNs custom top-level keys; FCM data; Web Push data. Keys herald_message_id and aps are reserved, and url and image when those fields are set; so are the keys FCM refuses or reserves (from, message_type, collapse_key, notification, and any key starting with google or gcm), each refused with 400 naming it.
+	// Data APNs custom top-level keys; FCM data; Web Push data. Keys herald_message_id, herald_receipt and aps are reserved, and url and image when those fields are set; so are the keys FCM refuses or reserves (from, message_type, collapse_key, notification, and any key starting with google or gcm), each refused with 400 naming it.
 	Data *map[string]string `json:"data,omitempty"`
 
 	// Fcm What only FCM has.

@@ -22,7 +22,7 @@ import (
 func TestE2EBench(t *testing.T) {
 	t.Parallel()
 	// Two bulk messages at the instant (--messages 2), after one earlier
-	// round (--before 1).
+	// round (--before 1), with fakepush playing the devices (--receipts).
 	t.Run("one process", func(t *testing.T) { testBench(t, false) })
 	// The urgent lane in a worker of its own (--urgent-worker), with the
 	// rich payload (--payload rich), one bulk message and no earlier one,
@@ -43,6 +43,7 @@ func testBench(t *testing.T, urgentWorker bool) {
 			Messages:  map[bool]int{false: 2, true: 1}[urgentWorker],
 			Before:    map[bool]int{false: 1, true: 0}[urgentWorker],
 			Throttled: map[bool]float64{false: 0, true: 0.2}[urgentWorker],
+			Receipts:  !urgentWorker,
 		},
 		Getenv:    func(k string) string { return map[string]string{"PATH": os.Getenv("PATH")}[k] },
 		Progress:  func(format string, a ...any) { progress.WriteString(strings.TrimSpace(format) + "\n") },
@@ -99,6 +100,24 @@ func testBench(t *testing.T, urgentWorker bool) {
 	}
 	for ch, n := range th.BreakerFailures {
 		require.Zero(t, n, "%s's breaker counted failures", ch)
+	}
+
+	// The devices fakepush played: nine in ten drew a delivered receipt
+	// and one in ten an opened one (the pushes carried their tokens), the
+	// earlier round's counted apart; every one was posted to Herald and
+	// answered once the run waited for them, and what Herald recorded came
+	// after the acceptance it confirms.
+	if r := res.Receipts; !urgentWorker {
+		require.NotNil(t, r)
+		require.Positive(t, r.Devices.Scheduled, "the pushes carried receipt tokens")
+		require.InDelta(t, 1.1*float64(res.Devices), float64(r.Devices.Scheduled), 0.3*float64(res.Devices), "about 90%% delivered and 10%% opened receipts")
+		require.Zero(t, r.Devices.Waiting)
+		require.Equal(t, r.Devices.Scheduled, r.Devices.Posted, "every receipt posted to Herald and taken, none refused or lost: %+v", r.Devices)
+		require.InDelta(t, 0.9*float64(res.Devices), float64(r.ConfirmedCount), 0.2*float64(res.Devices), "about nine in ten deliveries confirmed")
+		require.Positive(t, r.OpenedCount)
+		require.GreaterOrEqual(t, r.ConfirmedSkewMs.P50, res.SkewMs.P50, "a delivery is confirmed after it was accepted")
+	} else {
+		require.Nil(t, r)
 	}
 
 	// Many messages at one instant: each one's first and last device.

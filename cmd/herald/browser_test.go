@@ -21,7 +21,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/heraldpush/herald/api/client"
-	"github.com/heraldpush/herald/db"
 	"github.com/heraldpush/herald/jobs/push"
 	"github.com/heraldpush/herald/jobs/receipt"
 )
@@ -162,9 +161,7 @@ func (b tab) goHash(route string) {
 func (e *e2e) postReceipts(message string, delivered, opened int) {
 	e.t.Helper()
 	ctx := context.Background()
-	key, err := db.SharedKey(ctx, e.db.Pool, "receipt", receipt.KeySize)
-	require.NoError(e.t, err)
-	signer, err := receipt.NewSigner(key)
+	signer, err := receipt.Shared(ctx, e.db.Pool)
 	require.NoError(e.t, err)
 	id, ok := push.ParseMessageID(message)
 	require.True(e.t, ok)

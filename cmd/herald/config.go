@@ -112,6 +112,11 @@ type config struct {
 	// AuditRetention is how long an audit log entry is kept
 	// (HERALD_AUDIT_RETENTION).
 	AuditRetention time.Duration
+	// Receipts signs a receipt token into every push (HERALD_RECEIPTS, on
+	// unless off); ReceiptWindow is how long after its message's expiry a
+	// token is good (HERALD_RECEIPT_WINDOW).
+	Receipts      bool
+	ReceiptWindow time.Duration
 
 	// Limits on what one caller or one schedule may cost; zero takes the
 	// defaults, which api and jobs fill in.
@@ -250,6 +255,22 @@ func loadConfig(getenv func(string) string) (config, error) {
 	}
 	if c.AuditRetention, err = durationVar(getenv, "HERALD_AUDIT_RETENTION", jobs.DefaultAuditRetention, jobs.MinRetention); err != nil {
 		return c, err
+	}
+	switch v := getenv("HERALD_RECEIPTS"); v {
+	case "", "on":
+		c.Receipts = true
+	case "off":
+	default:
+		return c, fmt.Errorf("HERALD_RECEIPTS: %q is neither on nor off", v)
+	}
+	if c.ReceiptWindow, err = durationVar(getenv, "HERALD_RECEIPT_WINDOW", jobs.DefaultReceiptWindow, time.Minute); err != nil {
+		return c, err
+	}
+	// A token names its expiry in 32 bits of seconds, and a receipt for a
+	// message retention has deleted finds nothing to count: a year is
+	// more than any app waits for its pushes to be opened.
+	if c.ReceiptWindow > 365*24*time.Hour {
+		return c, fmt.Errorf("HERALD_RECEIPT_WINDOW: %s is longer than a year", c.ReceiptWindow)
 	}
 	if c.TrustedProxies, err = cidrsVar(getenv, "HERALD_TRUSTED_PROXIES"); err != nil {
 		return c, err

@@ -80,3 +80,23 @@ func TestLoadConfigDeviceRetention(t *testing.T) {
 		require.ErrorContains(t, err, "HERALD_DEVICE_RETENTION", bad)
 	}
 }
+
+func TestLoadConfigReceipts(t *testing.T) {
+	t.Parallel()
+	c, err := loadConfig(env(nil))
+	require.NoError(t, err)
+	require.True(t, c.Receipts, "receipts are on unless turned off")
+	require.Equal(t, 7*24*time.Hour, c.ReceiptWindow)
+
+	c, err = loadConfig(env(map[string]string{"HERALD_RECEIPTS": "off", "HERALD_RECEIPT_WINDOW": "48h"}))
+	require.NoError(t, err)
+	require.False(t, c.Receipts)
+	require.Equal(t, 48*time.Hour, c.ReceiptWindow)
+
+	_, err = loadConfig(env(map[string]string{"HERALD_RECEIPTS": "maybe"}))
+	require.ErrorContains(t, err, "HERALD_RECEIPTS")
+	for _, v := range []string{"1s", "9000h"} {
+		_, err = loadConfig(env(map[string]string{"HERALD_RECEIPT_WINDOW": v}))
+		require.ErrorContains(t, err, "HERALD_RECEIPT_WINDOW", v)
+	}
+}

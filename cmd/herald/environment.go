@@ -109,6 +109,8 @@ var serveEnv = []envVar{
 	{"HERALD_MAX_IN_FLIGHT_WEBPUSH", "Web Push requests in flight per client and push service", webpush.DefaultMaxInFlight, ""},
 	{"HERALD_RATE_FCM", "FCM sends a second per client, in bursts of a minute's worth; -1 for no bound", fcm.DefaultRate, ""},
 	{"HERALD_RATE_WEBPUSH_HOST", "Web Push sends a second per client and push service, in bursts of a minute's worth; -1 for no bound", webpush.DefaultHostRate, ""},
+	{"HERALD_RECEIPTS", "on signs a receipt token into every push (herald_receipt); off sends none", "on", ""},
+	{"HERALD_RECEIPT_WINDOW", "how long after its message's expiry a push's receipt token is good (1m to a year)", jobs.DefaultReceiptWindow, ""},
 	{"HERALD_DB_MAX_CONNS", "the process's PostgreSQL connection pool", jobs.DefaultPoolSize, ""},
 	{"HERALD_SCHEDULE_LEAD", "how long before a schedule run its message is made", jobs.DefaultScheduleLead, ""},
 	{"HERALD_MATERIALIZE_EVERY", "how often schedule runs are looked for", jobs.DefaultMaterializeEvery, ""},

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/heraldpush/herald/jobs/push/fake"
@@ -27,9 +28,26 @@ func runFakepush(ctx context.Context, args []string, getenv func(string) string,
 	details := fs.Int("details", fake.DefaultDetails, "keep the headers and decoded body of the last N pushes for GET /_receipts?detail=1 (-1 keeps none)")
 	topic := fs.String("apns-topic", fake.DefaultAPNsTopic, "the only apns-topic the APNs endpoint accepts")
 	project := fs.String("fcm-project", fake.DefaultFCMProjectID, "the Firebase project id of the written service account")
+	receiptsURL := fs.String("receipts-url", "", "play the devices: post their receipts to this Herald's /v1/receipts (e.g. http://127.0.0.1:8080)")
+	delivered := fs.Float64("delivered", 0.9, "with --receipts-url, the share (0 to 1) of pushes whose device confirms delivery")
+	opened := fs.Float64("opened", 0.1, "with --receipts-url, the share (0 to --delivered) of pushes whose device also confirms they were opened")
+	delay := fs.String("receipt-delay", "50ms,2s", "the range (min,max) a delivered receipt's delay after the push is drawn from")
+	openAfter := fs.String("open-after", "1s,5s", "the range (min,max) an opened receipt's delay after the delivered one is drawn from")
 	synopsis := "herald fakepush [flags]\n\nServes fake APNs, FCM and Web Push over HTTPS and writes DIR/env for Herald to use."
 	if help, err := parseFlags(fs, args, synopsis, nil, stdout); help || err != nil {
 		return err
+	}
+
+	devices := fake.Devices{ReceiptsURL: *receiptsURL}
+	if *receiptsURL != "" {
+		devices.Delivered, devices.Opened = *delivered, *opened
+		var err error
+		if devices.DelayMS, err = msRange("--receipt-delay", *delay); err != nil {
+			return err
+		}
+		if devices.OpenAfterMS, err = msRange("--open-after", *openAfter); err != nil {
+			return err
+		}
 	}
 
 	logger := slog.New(slog.NewTextHandler(stderr, nil))
@@ -43,6 +61,7 @@ func runFakepush(ctx context.Context, args []string, getenv func(string) string,
 		Details:      *details,
 		APNsTopic:    *topic,
 		FCMProjectID: *project,
+		Devices:      devices,
 		Logger:       logger,
 	})
 	if err != nil {
@@ -61,4 +80,15 @@ func runFakepush(ctx context.Context, args []string, getenv func(string) string,
 	}
 	fmt.Fprintln(stdout, "fakepush stopped")
 	return nil
+}
+
+// msRange reads a flag's range of durations, "min,max", in milliseconds.
+func msRange(flag, s string) ([2]int, error) {
+	lo, hi, ok := strings.Cut(s, ",")
+	a, errA := time.ParseDuration(strings.TrimSpace(lo))
+	b, errB := time.ParseDuration(strings.TrimSpace(hi))
+	if !ok || errA != nil || errB != nil || a < 0 || b < a {
+		return [2]int{}, fmt.Errorf("%s %q: want min,max durations such as 50ms,2s", flag, s)
+	}
+	return [2]int{int(a / time.Millisecond), int(b / time.Millisecond)}, nil
 }

@@ -25,7 +25,8 @@ func TestRunFakepush(t *testing.T) {
 	var stdout, stderr syncBuffer
 	done := make(chan error, 1)
 	go func() {
-		done <- runFakepush(ctx, []string{"--addr", "127.0.0.1:0", "--latency", "1ms", "--tls-dir", dir},
+		done <- runFakepush(ctx, []string{"--addr", "127.0.0.1:0", "--latency", "1ms", "--tls-dir", dir,
+			"--receipts-url", "http://127.0.0.1:9", "--delivered", "0.5", "--opened", "0.25", "--receipt-delay", "10ms,20ms"},
 			func(string) string { return "" }, &stdout, &stderr)
 	}()
 
@@ -59,6 +60,14 @@ func TestRunFakepush(t *testing.T) {
 	resp.Body.Close()
 	require.Equal(t, 1, controls[0].LatencyMS, "--latency reached the server")
 
+	var devices fake.Devices
+	resp, err = client.Get(env["APNS_HOST"] + "/_devices")
+	require.NoError(t, err)
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&devices))
+	resp.Body.Close()
+	require.Equal(t, fake.Devices{ReceiptsURL: "http://127.0.0.1:9", Delivered: 0.5, Opened: 0.25,
+		DelayMS: [2]int{10, 20}, OpenAfterMS: [2]int{1000, 5000}}, devices, "the devices' flags reached the server")
+
 	cancel()
 	select {
 	case err := <-done:
@@ -77,6 +86,10 @@ func TestRunFakepushRejectsBadFlags(t *testing.T) {
 	getenv := func(string) string { return "" }
 	err := runFakepush(context.Background(), []string{"--latency", "soon"}, getenv, &stdout, &stderr)
 	require.Error(t, err)
+	err = runFakepush(context.Background(), []string{"--tls-dir", t.TempDir(), "--receipts-url", "http://x", "--receipt-delay", "2s,1s"}, getenv, &stdout, &stderr)
+	require.ErrorContains(t, err, "--receipt-delay")
+	err = runFakepush(context.Background(), []string{"--tls-dir", t.TempDir(), "--receipts-url", "http://x", "--opened", "0.95"}, getenv, &stdout, &stderr)
+	require.ErrorContains(t, err, "opened")
 	err = runFakepush(context.Background(), []string{"--tls-dir", t.TempDir(), "--latency", "-1s"}, getenv, &stdout, &stderr)
 	require.ErrorContains(t, err, "Latency")
 	err = runFakepush(context.Background(), []string{"extra"}, getenv, &stdout, &stderr)

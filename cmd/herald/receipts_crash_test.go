@@ -17,7 +17,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/heraldpush/herald/api/client"
-	"github.com/heraldpush/herald/db"
 	"github.com/heraldpush/herald/db/dbtest"
 	"github.com/heraldpush/herald/jobs/push"
 	"github.com/heraldpush/herald/jobs/receipt"
@@ -59,9 +58,7 @@ func TestReceiptsSurviveACrash(t *testing.T) {
 	require.True(t, ok)
 
 	ctx := context.Background()
-	key, err := db.SharedKey(ctx, tdb.Pool, "receipt", receipt.KeySize)
-	require.NoError(t, err)
-	signer, err := receipt.NewSigner(key)
+	signer, err := receipt.Shared(ctx, tdb.Pool)
 	require.NoError(t, err)
 	rows, err := tdb.Pool.Query(ctx, "SELECT device_id FROM deliveries WHERE message_id = $1 ORDER BY device_id", id)
 	require.NoError(t, err)

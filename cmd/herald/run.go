@@ -21,7 +21,7 @@ Usage:
   herald migrate
   herald keys create --name NAME --scope send|read|admin [--expires-in D] | list | revoke NAME
   herald operators create --name NAME | list | remove NAME
-  herald fakepush [--addr ADDR] [--latency D] [--tls-dir DIR]
+  herald fakepush [--addr ADDR] [--latency D] [--tls-dir DIR] [--receipts-url URL]
   herald bench [--users N] [--latency D] [--mix 45,45,10] [--profile DIR]
   herald soak [--duration 20m] [--retention 3m] [--users N]
   herald version

@@ -24,6 +24,7 @@ import (
 	"github.com/heraldpush/herald/api"
 	"github.com/heraldpush/herald/db"
 	"github.com/heraldpush/herald/jobs"
+	"github.com/heraldpush/herald/jobs/receipt"
 )
 
 // runServe runs the API and the chunk workers (or one of them, by --role)
@@ -262,6 +263,10 @@ func startChunkWorker(ctx context.Context, p *process) (_ *worker, err error) {
 		return nil, err
 	}
 	p.goBackground(func(ctx context.Context) { liveness.Run(ctx, livenessConn) })
+	signer, err := receiptSigner(ctx, p.pool, cfg.Receipts)
+	if err != nil {
+		return nil, err
+	}
 	workers := river.NewWorkers()
 	// Whether some webhook wants the ledger's failures, read before the
 	// first chunk's write and every second after.
@@ -275,6 +280,7 @@ func startChunkWorker(ctx context.Context, p *process) (_ *worker, err error) {
 		Breakers: jobs.NewBreakers(jobs.BreakerConfig{Cooldown: cfg.BreakerCooldown}, cfg.configuredChannels()...),
 		Alive:    liveness.Held,
 		Webhooks: webhookTypes,
+		Receipts: signer, ReceiptWindow: cfg.ReceiptWindow,
 	}, materializer, retainer); err != nil {
 		return nil, err
 	}
@@ -525,4 +531,14 @@ func processID() string {
 	b := make([]byte, 3)
 	_, _ = rand.Read(b)
 	return fmt.Sprintf("%s/%d/%s", host, os.Getpid(), hex.EncodeToString(b))
+}
+
+// receiptSigner is the signer of the receipt tokens this worker puts in its
+// pushes, under the key every process shares, drawn by the first to ask;
+// nil when receipts are off, and the pushes carry none.
+func receiptSigner(ctx context.Context, pool *pgxpool.Pool, on bool) (*receipt.Signer, error) {
+	if !on {
+		return nil, nil
+	}
+	return receipt.Shared(ctx, pool)
 }

@@ -114,3 +114,15 @@ SELECT coalesce(min(extract(epoch FROM accepted_at - due_at) * 1000), -1)::doubl
        coalesce(max(extract(epoch FROM accepted_at - due_at) * 1000), -1)::double precision AS last_ms
 FROM deliveries
 WHERE message_id = @message_id AND status = 'accepted';
+
+-- name: BenchConfirmed :one
+-- A message's deliveries confirmed by their devices, and opened, as its
+-- row counts them.
+SELECT confirmed_count, opened_count FROM messages WHERE id = @message_id;
+
+-- name: ConfirmedSkews :many
+-- Every delivered receipt's skew in milliseconds (received_at less the
+-- delivery's due_at), in order.
+SELECT skew_ms FROM receipts
+WHERE message_id = @message_id AND event = 'delivered'
+ORDER BY 1;

@@ -1,8 +1,10 @@
 // Package push defines what Herald sends, independent of any provider: the
 // message content, its encodings for each channel, and the outcome of a send.
-// The provider packages (apns, fcm, webpush) send these encodings; the API
-// checks their sizes with the same functions before it accepts a message, so
-// that what was accepted is what can be sent.
+// The provider packages (apns, fcm, webpush) send these encodings, each
+// device's with its receipt token spliced in (SignReceipts, WithReceipt);
+// the API checks their sizes with the same functions, room for the token
+// kept, before it accepts a message, so that what was accepted is what can
+// be sent.
 package push
 
 import (
@@ -11,11 +13,26 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"time"
+
+	"github.com/heraldpush/herald/jobs/receipt"
 )
 
 // MessageIDKey is the data key under which every push carries the Herald
 // message id, so that a client can drop a second copy of the same message.
 const MessageIDKey = "herald_message_id"
+
+// ReceiptKey is the key under which a push carries its receipt token
+// (Target.Receipt), for the app to send back with what became of the push
+// (POST /v1/receipts): a top-level key of the APNs payload, a data key of
+// FCM's, a member of the Web Push plaintext.
+const ReceiptKey = "herald_receipt"
+
+// receiptReserve is the room every channel's size check keeps for the
+// receipt token spliced into each device's payload (WithReceipt): the key,
+// a token of the longest length, the quotes, colon and comma. A payload
+// accepted is then never refused by a provider for its token.
+const receiptReserve = len(`"`+ReceiptKey+`":"",`) + receipt.MaxLen
 
 // MaxPayloadBytes is the providers' common payload limit: APNs and FCM take
 // 4096 bytes, and a Web Push record is at most 4096 bytes once encrypted.
@@ -165,8 +182,8 @@ type apnsAPS struct {
 // nothing to show (DataOnly), is content-available alone: a background
 // push, which wakes the app, where an empty alert would show nothing and
 // wake nothing. Anything else always has an alert, so that it is an alert
-// push. An image needs the app's notification service extension to fetch
-// it, which mutable-content asks for.
+// push, and asks for the app's notification service extension
+// (mutable-content).
 func apnsAPSOf(c *Content) apnsAPS {
 	if c.DataOnly() {
 		return apnsAPS{ContentAvailable: 1}
@@ -186,9 +203,12 @@ func apnsAPSOf(c *Content) apnsAPS {
 			aps.Sound = apnsSound{Critical: 1, Name: cmp.Or(c.Sound, "default"), Volume: *v}
 		}
 	}
-	if c.Image != "" {
-		aps.MutableContent = 1
-	}
+	// Every alert asks for the app's notification service extension: it
+	// fetches an image, and it is where an iOS app sends the push's
+	// delivered receipt (herald_receipt), the only code of the app that
+	// runs when a push arrives while the app is not. An app without one
+	// shows the alert as it came.
+	aps.MutableContent = 1
 	return aps
 }
 
@@ -332,7 +352,8 @@ func (e *SizeError) Error() string {
 }
 
 // CheckSize returns a *SizeError when any channel's encoding of c, with the
-// longest message id, would exceed its provider's limit.
+// longest message id and room for the longest receipt token
+// (receiptReserve), would exceed its provider's limit.
 func CheckSize(c Content) error {
 	id := make([]byte, MaxMessageIDLen)
 	for i := range id {
@@ -344,8 +365,8 @@ func CheckSize(c Content) error {
 	if err != nil {
 		return err
 	}
-	if len(apns) > MaxPayloadBytes {
-		return &SizeError{Channel: "apns", Size: len(apns), Limit: MaxPayloadBytes}
+	if n := len(apns) + receiptReserve; n > MaxPayloadBytes {
+		return &SizeError{Channel: "apns", Size: n, Limit: MaxPayloadBytes}
 	}
 	f := fcmPayload{Data: FCMData(c, messageID)}
 	if !c.DataOnly() {
@@ -355,15 +376,69 @@ func CheckSize(c Content) error {
 	if err != nil {
 		return err
 	}
-	if len(fcm) > MaxPayloadBytes {
-		return &SizeError{Channel: "fcm", Size: len(fcm), Limit: MaxPayloadBytes}
+	if n := len(fcm) + receiptReserve; n > MaxPayloadBytes {
+		return &SizeError{Channel: "fcm", Size: n, Limit: MaxPayloadBytes}
 	}
 	web, err := WebPushPayload(c, messageID)
 	if err != nil {
 		return err
 	}
-	if len(web)+webPushOverhead > MaxPayloadBytes {
-		return &SizeError{Channel: "webpush", Size: len(web) + webPushOverhead, Limit: MaxPayloadBytes}
+	if n := len(web) + receiptReserve + webPushOverhead; n > MaxPayloadBytes {
+		return &SizeError{Channel: "webpush", Size: n, Limit: MaxPayloadBytes}
 	}
 	return nil
+}
+
+// WithReceipt appends to dst the JSON object obj (an APNs payload or a Web
+// Push plaintext, encoded once for the message) with token spliced in as its
+// first member, under ReceiptKey: one device's payload, made without
+// decoding or encoding the message again. An empty token appends obj as it
+// is. A token is base64url, which JSON needs no escape for.
+func WithReceipt(dst, obj []byte, token string) []byte {
+	if token == "" || len(obj) < 2 || obj[0] != '{' {
+		return append(dst, obj...)
+	}
+	dst = append(dst, `{"`+ReceiptKey+`":"`...)
+	dst = append(dst, token...)
+	dst = append(dst, '"')
+	if rest := obj[1:]; rest[0] != '}' {
+		dst = append(dst, ',')
+	}
+	return append(dst, obj[1:]...)
+}
+
+// ReceiptLen is how many bytes WithReceipt adds to a non-empty object for
+// token.
+func ReceiptLen(token string) int {
+	if token == "" {
+		return 0
+	}
+	return len(`"`+ReceiptKey+`":"",`) + len(token)
+}
+
+// SignReceipts gives each of targets its receipt token for message
+// messageID, made with signer; a nil signer leaves them without one, and
+// their pushes carry none. A token is good until expires, the same second
+// for every delivery of a chunk (the worker's receipt window after the
+// chunk's expiry), so that a retried delivery carries the token of its
+// first attempt. The tokens are written into one buffer and made strings at
+// once: a few allocations for a slice of targets rather than two a device.
+// The chunk worker and herald bench's blast both sign with it, so that the
+// blast sends what a worker sends.
+func SignReceipts(signer *receipt.Signer, messageID int64, expires time.Time, targets []Target) {
+	if signer == nil || len(targets) == 0 {
+		return
+	}
+	buf := make([]byte, 0, len(targets)*receipt.MaxLen)
+	ends := make([]int32, len(targets))
+	for i := range targets {
+		buf = signer.AppendSign(buf, receipt.Delivery{MessageID: messageID, DeviceID: targets[i].DeviceID}, expires)
+		ends[i] = int32(len(buf))
+	}
+	all := string(buf)
+	start := int32(0)
+	for i := range targets {
+		targets[i].Receipt = all[start:ends[i]]
+		start = ends[i]
+	}
 }

@@ -135,6 +135,10 @@ type Target struct {
 	// Sandbox marks an APNs token from Apple's sandbox environment (a
 	// debug build), which only the sandbox host knows.
 	Sandbox bool
+	// Receipt is the delivery's receipt token (jobs/receipt), which the
+	// push carries under ReceiptKey for the app to send back; empty when
+	// receipts are off, and then the push carries none.
+	Receipt string
 }
 
 // Result is the outcome of one send.

@@ -16,6 +16,7 @@ package receipt
 
 import (
 	"bytes"
+	"context"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
@@ -25,6 +26,8 @@ import (
 	"hash"
 	"sync"
 	"time"
+
+	"github.com/heraldpush/herald/db"
 )
 
 // version is the token format's; a token of another is forged.
@@ -134,4 +137,18 @@ func (s *Signer) Verify(token string, now time.Time) (Delivery, error) {
 		return d, ErrExpired
 	}
 	return d, nil
+}
+
+// keyPurpose names the tokens' key among the keys every process shares
+// (db.SharedKey): the workers sign with it, the API checks with it.
+const keyPurpose = "receipt"
+
+// Shared returns the Signer under the key every process of the deployment
+// shares, drawing the key if no process has.
+func Shared(ctx context.Context, q db.DBTX) (*Signer, error) {
+	key, err := db.SharedKey(ctx, q, keyPurpose, KeySize)
+	if err != nil {
+		return nil, fmt.Errorf("receipt key: %w", err)
+	}
+	return NewSigner(key)
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/heraldpush/herald/api/client"
 	"github.com/heraldpush/herald/db"
 	"github.com/heraldpush/herald/jobs"
+	"github.com/heraldpush/herald/jobs/push/fake"
 )
 
 // Benchmark is one run of the dispatch benchmark: what it runs, and its
@@ -51,6 +52,9 @@ type Benchmark struct {
 	// status is the same client calling the Herald process (API only) that
 	// the messages' status reads go through.
 	status *client.ClientWithResponses
+	// receiptsBefore is what fakepush's devices had sent once the earlier
+	// rounds' receipts were in (--receipts with --before).
+	receiptsBefore fake.DeviceStats
 }
 
 // Providers builds the provider clients a Herald worker of lane would
@@ -104,8 +108,18 @@ func (b *Benchmark) Run(ctx context.Context, admin string) (*Result, error) {
 
 	res.Messages, res.Before = b.Config.messages(), b.Config.Before
 	res.StatusEveryMs = ms(b.Config.statusEvery())
+	if err := b.playDevices(ctx); err != nil {
+		return nil, err
+	}
 	if err := b.sendBefore(ctx, pool, res.Devices); err != nil {
 		return nil, err
+	}
+	if b.Config.Receipts && b.Config.Before > 0 {
+		// The earlier rounds' receipts are in before the measurement, and
+		// counted apart from its own.
+		if _, b.receiptsBefore, _, err = b.waitReceipts(ctx); err != nil {
+			return nil, err
+		}
 	}
 	if err := b.throttle(ctx); err != nil {
 		return nil, err
@@ -166,6 +180,12 @@ func (b *Benchmark) Run(ctx context.Context, admin string) (*Result, error) {
 		return nil, err
 	}
 	if err := cpu.markPostgres(ctx, markCleaned); err != nil {
+		return nil, err
+	}
+	// The receipts still to come are waited for after the messages' life
+	// is measured, so that its parts keep their meaning; PostgreSQL's CPU
+	// over the wait is theirs.
+	if res.Receipts, err = b.receiptsView(ctx, pool, cluster, sent); err != nil {
 		return nil, err
 	}
 

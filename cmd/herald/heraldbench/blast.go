@@ -49,6 +49,14 @@ func (b *Benchmark) blast(ctx context.Context, pool db.DBTX, messageIDs []int64)
 		return 0, 0, err
 	}
 
+	// The pushes carry receipt tokens as the worker's do, signed a slice
+	// at a time, unless the run's Herald sends none.
+	signer, err := b.blastSigner()
+	if err != nil {
+		return 0, 0, err
+	}
+	expires := time.Now().Add(time.Hour + jobs.DefaultReceiptWindow)
+
 	workers := 50 // jobs.RiverConfig's default
 	if n, err := strconv.Atoi(b.Getenv("HERALD_BULK_WORKERS")); err == nil && n > 0 {
 		workers = n
@@ -73,6 +81,7 @@ func (b *Benchmark) blast(ctx context.Context, pool db.DBTX, messageIDs []int64)
 				for channel, targets := range byChannel {
 					p := provs[channel]
 					cw.Go(func() {
+						push.SignReceipts(signer, 1, expires, targets)
 						results := make([]push.Result, len(targets))
 						p.Send(ctx, msg, targets, results, allow, nil)
 						mu.Lock()

@@ -69,6 +69,10 @@ type Config struct {
 	// meets cold caches. PostgreSQL's CPU is not measured then: the
 	// restart ends the processes it is read from.
 	Cold bool
+	// Receipts has fakepush play the devices (--receipts): nine in ten
+	// confirm their push to Herald, one in ten opens it, and the result
+	// gains the confirmed deliveries' skew (receipts.go).
+	Receipts bool
 }
 
 // messages is Config.Messages, at least one.
@@ -82,7 +86,7 @@ func (c Config) statusEvery() time.Duration { return cmp.Or(c.StatusEvery, 250*t
 var benchTuning = []string{
 	"HERALD_CHUNK_SIZE", "HERALD_URGENT_WORKERS", "HERALD_BULK_WORKERS", "HERALD_FETCH_POLL_INTERVAL",
 	"HERALD_MAX_IN_FLIGHT_APNS", "HERALD_MAX_IN_FLIGHT_FCM", "HERALD_MAX_IN_FLIGHT_WEBPUSH", "HERALD_RATE_FCM", "HERALD_DB_MAX_CONNS",
-	"GOMAXPROCS", "GOGC", "GOMEMLIMIT",
+	"HERALD_RECEIPTS", "GOMAXPROCS", "GOGC", "GOMEMLIMIT",
 }
 
 // devicesPerUser is the distribution of devices per user: 1 to 5, mean 2.5.
@@ -115,6 +119,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	fs.StringVar(&cfg.Payload, "payload", "plain", "the bulk message's payload: plain (title, body, data), rich (every payload field) or localized (rich, in five languages the users' locales spread over)")
 	fs.BoolVar(&cfg.UrgentWorker, "urgent-worker", false, "run the urgent lane in a worker process of its own (HERALD_LANES=urgent)")
 	fs.BoolVar(&cfg.Cold, "cold", false, "restart PostgreSQL and drop the page cache (as root) between the scheduling and the instant; PostgreSQL's CPU is then not measured")
+	fs.BoolVar(&cfg.Receipts, "receipts", false, "fakepush plays the devices: 90% confirm their push to Herald (POST /v1/receipts), 10% open it; the result adds the confirmed skew (HERALD_RECEIPTS=off runs without tokens)")
 	throttled := fs.Float64("throttled", 0, "percent of devices fakepush throttles (429 with Retry-After, once each) in the measured messages")
 	// --help answers on stdout and succeeds; a bad flag fails with the
 	// usage on stderr.

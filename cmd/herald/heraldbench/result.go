@@ -112,6 +112,9 @@ type Result struct {
 	// life, per device sent to, by part. Null when the database is not a
 	// process of this host.
 	PostgresShare *postgresShare `json:"postgres_cpu_us_per_device"`
+	// Receipts is what the devices fakepush played sent back, with
+	// --receipts; null without.
+	Receipts *Receipts `json:"receipts"`
 }
 
 // postgresShare is the CPU of every process of the PostgreSQL cluster

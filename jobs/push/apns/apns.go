@@ -152,8 +152,9 @@ func (p *Provider) Close() {
 // comes. Each request is bounded by RequestTimeout; Send returns when all
 // have answered.
 func (p *Provider) Send(ctx context.Context, m *push.Message, targets []push.Target, results []push.Result, allow func() bool, answered func(i int)) {
-	// The notification is the same for every device but its token; each
-	// request gets a copy. The payload was encoded once, with the message.
+	// The notification is the same for every device but its token and
+	// receipt; each request gets a copy. The payload was encoded once,
+	// with the message.
 	n := apns2.Notification{
 		Topic:      p.cfg.Topic,
 		CollapseID: m.ID,
@@ -171,6 +172,11 @@ func (p *Provider) Send(ctx context.Context, m *push.Message, targets []push.Tar
 	p.limiter.Send(ctx, targets, results, allow, answered, rejectToken, func(t push.Target) push.Result {
 		n := n
 		n.DeviceToken = t.Token
+		if t.Receipt != "" {
+			// The device's receipt token is spliced into the payload
+			// encoded once; apns2 sends a []byte payload as it is.
+			n.Payload = push.WithReceipt(make([]byte, 0, len(m.APNs)+push.ReceiptLen(t.Receipt)), m.APNs, t.Receipt)
+		}
 		return p.push(ctx, &n, t.Sandbox)
 	})
 }

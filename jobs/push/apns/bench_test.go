@@ -23,6 +23,14 @@ func BenchmarkPayloads(b *testing.B) {
 	harness().BenchmarkPayloads(b, DefaultMaxInFlight)
 }
 
+// BenchmarkReceipts compares a push's cost without and with its receipt
+// token (pushtest.Harness.BenchmarkReceipts).
+//
+//	go test -run '^$' -bench Receipts -benchtime 40x ./jobs/push/apns/
+func BenchmarkReceipts(b *testing.B) {
+	harness().BenchmarkReceipts(b, DefaultMaxInFlight)
+}
+
 // TestFakepushChild is the benchmark's fakepush; it does nothing unless
 // started by pushtest.StartChild.
 func TestFakepushChild(t *testing.T) { pushtest.ServeChild(t) }

@@ -175,13 +175,15 @@ func (s *Server) handleAPNs(w http.ResponseWriter, r *http.Request) {
 		s.apnsReject(w, http.StatusBadRequest, reasonPayloadEmpty)
 		return
 	}
-	var aps, messageID []byte
+	var aps, messageID, receipt []byte
 	valid := forEachField(body, func(key, value []byte) {
 		switch string(key) {
 		case "aps":
 			aps = value
 		case "herald_message_id":
 			messageID = value
+		case receiptKey:
+			receipt = value
 		}
 	})
 	if !valid || len(aps) == 0 || aps[0] != '{' {
@@ -210,6 +212,7 @@ func (s *Server) handleAPNs(w http.ResponseWriter, r *http.Request) {
 		cnt.duplicates.Add(1)
 	}
 	cnt.accepted.Add(1)
+	s.devices.play(s.devices.draw(), jsonString(receipt), at)
 	if apnsID == "" {
 		apnsID = newUUID()
 	}

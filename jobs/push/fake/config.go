@@ -59,6 +59,11 @@ type Config struct {
 	// benchmark sends. Zero means DefaultDetails; negative keeps none.
 	Details int
 
+	// Devices is how fakepush plays the devices its pushes reach: which
+	// share of them send receipts back to Herald, and when. The zero value
+	// plays none; POST /_devices changes it at run time.
+	Devices Devices
+
 	// APNsTopic is the only apns-topic the APNs endpoint accepts, like an app's
 	// bundle id bound to a team's key.
 	APNsTopic string
@@ -134,6 +139,9 @@ func (c Config) validate() error {
 	}
 	if c.DecryptOneIn < 1 {
 		return fmt.Errorf("fakepush config: DecryptOneIn must be at least 1, got %d", c.DecryptOneIn)
+	}
+	if err := c.Devices.withDefaults().validate(); err != nil {
+		return fmt.Errorf("fakepush config: Devices: %w", err)
 	}
 	if c.MaxConcurrentStreams < 1 {
 		return fmt.Errorf("fakepush config: MaxConcurrentStreams must be at least 1, got %d", c.MaxConcurrentStreams)

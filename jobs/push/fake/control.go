@@ -145,7 +145,7 @@ func (s *Server) Stats() Stats {
 			Early:      c.throttledEarly.Load(),
 		}
 	}
-	st := Stats{APNs: load(APNs), FCM: load(FCM), WebPush: load(WebPush)}
+	st := Stats{APNs: load(APNs), FCM: load(FCM), WebPush: load(WebPush), Devices: s.devices.stats()}
 	st.Process.CPUMicros = (processCPU() - s.cpuBase.Load()) / 1e3
 	st.Process.Requests = st.APNs.Received + st.FCM.Received + st.WebPush.Received
 	st.Process.InFlight = s.handling.Load()
@@ -178,7 +178,45 @@ func (s *Server) Reset() {
 		c.throttledEarly.Store(0)
 	}
 	s.resetBehaviour()
+	s.devices.reset()
+	_ = s.devices.set(s.cfg.Devices) // validated by New
 	s.cpuBase.Store(processCPU())
+}
+
+// SetDevices changes how fakepush plays the devices, as POST /_devices
+// does.
+func (s *Server) SetDevices(d Devices) error { return s.devices.set(d) }
+
+// Devices returns how fakepush plays the devices now, its defaults filled.
+func (s *Server) Devices() Devices { return *s.devices.settings.Load() }
+
+func (s *Server) handleGetDevices(w http.ResponseWriter, _ *http.Request) {
+	s.writeJSON(w, http.StatusOK, s.Devices())
+}
+
+func (s *Server) handleDevices(w http.ResponseWriter, r *http.Request) {
+	var d Devices
+	if s.applyControl(w, r, &d, func() error { return s.SetDevices(d) }) {
+		s.writeJSON(w, http.StatusOK, s.Devices())
+	}
+}
+
+// applyControl decodes a control request's JSON body (at most 1 MiB: a
+// throttle or a sandbox declaration may name many devices) into v and
+// applies it, answering 400 with the reason when either fails. It reports
+// whether both succeeded, leaving the answer to the caller.
+func (s *Server) applyControl(w http.ResponseWriter, r *http.Request, v any, apply func() error) bool {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		s.writeJSON(w, http.StatusBadRequest, controlError("invalid JSON: "+err.Error()))
+		return false
+	}
+	if err := apply(); err != nil {
+		s.writeJSON(w, http.StatusBadRequest, controlError(err.Error()))
+		return false
+	}
+	return true
 }
 
 func (s *Server) handleStats(w http.ResponseWriter, _ *http.Request) {
@@ -214,15 +252,7 @@ func (s *Server) handleGetControl(w http.ResponseWriter, _ *http.Request) {
 
 func (s *Server) handleControl(w http.ResponseWriter, r *http.Request) {
 	var c Control
-	// A throttle may name many devices.
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&c); err != nil {
-		s.writeJSON(w, http.StatusBadRequest, controlError("invalid JSON: "+err.Error()))
-		return
-	}
-	if err := s.SetControl(c); err != nil {
-		s.writeJSON(w, http.StatusBadRequest, controlError(err.Error()))
+	if !s.applyControl(w, r, &c, func() error { return s.SetControl(c) }) {
 		return
 	}
 	ch, _ := parseChannel(c.Channel)

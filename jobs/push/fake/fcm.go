@@ -209,6 +209,8 @@ type fcmSend struct {
 	validateOnly            bool
 	token, topic, condition string
 	messageID, collapseKey  string
+	// receipt is the push's receipt token, from its data.
+	receipt string
 	// message is the raw message object, which points into the request's
 	// buffer.
 	message []byte
@@ -283,6 +285,9 @@ func (s *Server) handleFCMSend(w http.ResponseWriter, r *http.Request) {
 	}
 	if s.rec.add(FCM, target, req.messageID, req.collapseKey, at, d) {
 		cnt.duplicates.Add(1)
+	}
+	if req.token != "" {
+		s.devices.play(s.devices.draw(), req.receipt, at)
 	}
 	// FCM message ids look like "0:1500415314455276%31bd1c9631bd1c96".
 	name := make([]byte, 0, 64+len(project))
@@ -382,7 +387,7 @@ func parseFCMSend(body []byte) (fcmSend, string) {
 	}
 
 	size := 0
-	req.messageID = p.data("message.data", data, &size)
+	req.messageID, req.receipt = p.data("message.data", data, &size)
 	if !isNull(notification) {
 		size += len(notification)
 	}
@@ -399,8 +404,8 @@ func parseFCMSend(body []byte) (fcmSend, string) {
 			p.str("message.android.restricted_package_name", v)
 		case "data":
 			// An Android data map replaces the message's on Android devices.
-			if id := p.data("message.android.data", v, &size); id != "" {
-				req.messageID = id
+			if id, receipt := p.data("message.android.data", v, &size); id != "" {
+				req.messageID, req.receipt = id, receipt
 			}
 		case "notification":
 			androidNotification = v
@@ -518,9 +523,9 @@ func (p *fcmParser) object(field string, v []byte, fn func(k, v []byte)) bool {
 }
 
 // data checks a data map: string values only and no reserved keys, as FCM
-// requires. It adds the map's size to *size and returns its herald_message_id.
-func (p *fcmParser) data(field string, v []byte, size *int) string {
-	id := ""
+// requires. It adds the map's size to *size and returns its
+// herald_message_id and herald_receipt.
+func (p *fcmParser) data(field string, v []byte, size *int) (id, receipt string) {
 	i := 0
 	p.object(field, v, func(k, val []byte) {
 		if len(val) == 0 || val[0] != '"' {
@@ -530,13 +535,16 @@ func (p *fcmParser) data(field string, v []byte, size *int) string {
 		if key == "from" || key == "message_type" || strings.HasPrefix(key, "google") || strings.HasPrefix(key, "gcm") {
 			p.fail("Invalid data payload key: " + key)
 		}
-		if key == "herald_message_id" {
+		switch key {
+		case "herald_message_id":
 			id = jsonString(val)
+		case receiptKey:
+			receipt = jsonString(val)
 		}
 		*size += len(k) + len(val) - 2
 		i++
 	})
-	return id
+	return id, receipt
 }
 
 // androidNotification checks message.android.notification: the fields

@@ -84,6 +84,8 @@ type Stats struct {
 	FCM     ChannelStats `json:"fcm"`
 	WebPush ChannelStats `json:"webpush"`
 	Process ProcessStats `json:"process"`
+	// Devices counts the receipts the devices fakepush plays sent back.
+	Devices DeviceStats `json:"devices"`
 }
 
 // Receipt is one accepted push as GET /_receipts lists it. With detail=1,

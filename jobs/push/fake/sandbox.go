@@ -1,7 +1,6 @@
 package fake
 
 import (
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
@@ -80,17 +79,9 @@ type SandboxTokens struct {
 
 func (s *Server) handleSandboxTokens(w http.ResponseWriter, r *http.Request) {
 	var body SandboxTokens
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&body); err != nil {
-		s.writeJSON(w, http.StatusBadRequest, controlError("invalid JSON: "+err.Error()))
-		return
+	if s.applyControl(w, r, &body, func() error { return s.DeclareSandboxTokens(body.Tokens) }) {
+		w.WriteHeader(http.StatusNoContent)
 	}
-	if err := s.DeclareSandboxTokens(body.Tokens); err != nil {
-		s.writeJSON(w, http.StatusBadRequest, controlError(err.Error()))
-		return
-	}
-	w.WriteHeader(http.StatusNoContent)
 }
 
 // wrongEnvironment reports whether token is not known to the host r came

@@ -51,6 +51,7 @@ type Server struct {
 	closeErr  error
 
 	rec       *recorder
+	devices   *devices
 	counters  [numChannels]counters
 	behaviour [numChannels]atomic.Pointer[behaviour]
 	cpuBase   atomic.Int64 // process CPU nanoseconds at start or last reset
@@ -105,6 +106,7 @@ func New(cfg Config) (*Server, error) {
 		pool:       pool,
 		vapid:      &creds.vapidKey.PublicKey,
 		rec:        newRecorder("", 0),
+		devices:    newDevices(cfg.Devices, cfg.Now),
 		apnsBodies: apnsErrorBodies(),
 		fcmBodies:  newFCMBodies(),
 		jsonType:   []string{"application/json"},
@@ -188,6 +190,7 @@ func (s *Server) Start(ctx context.Context) error {
 			return ctx
 		},
 	}
+	s.devices.start()
 	for _, l := range []net.Listener{ln, sandboxLn} {
 		s.served.Go(func() {
 			if err := s.http.ServeTLS(l, "", ""); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -232,6 +235,8 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("POST /_control", s.handleControl)
 	mux.HandleFunc("GET /_throttled", s.handleThrottled)
 	mux.HandleFunc("POST /_apns/sandbox-tokens", s.handleSandboxTokens)
+	mux.HandleFunc("GET /_devices", s.handleGetDevices)
+	mux.HandleFunc("POST /_devices", s.handleDevices)
 	return s.sandboxServesAPNsOnly(mux)
 }
 
@@ -276,6 +281,7 @@ func (s *Server) Close() error {
 			s.closeErr = s.http.Close()
 		}
 		s.served.Wait()
+		s.devices.close()
 	})
 	return s.closeErr
 }

@@ -249,7 +249,10 @@ func (s *Server) handleWebPush(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	messageID := ""
+	messageID, receipt := "", ""
+	// A device that will answer needs its token, which only decryption
+	// reads: its body is decrypted whatever the sampling says.
+	device := s.devices.draw()
 	var d *detail
 	if s.cfg.Details > 0 {
 		// The headers now; the plaintext once decrypted, if it is.
@@ -260,7 +263,7 @@ func (s *Server) handleWebPush(w http.ResponseWriter, r *http.Request) {
 			s.webPushReject(w, http.StatusBadRequest, 110, "Bad Request", "Content-Encoding must be aes128gcm.")
 			return
 		}
-		if s.decryptSeq.Add(1)%uint64(s.cfg.DecryptOneIn) == 0 {
+		if s.decryptSeq.Add(1)%uint64(s.cfg.DecryptOneIn) == 0 || device.delivered {
 			pbuf := s.bodyBuffers.Get().(*[]byte)
 			plain, err := decryptAES128GCM(body, keys, (*pbuf)[:0])
 			if err != nil {
@@ -268,7 +271,7 @@ func (s *Server) handleWebPush(w http.ResponseWriter, r *http.Request) {
 				s.webPushReject(w, http.StatusBadRequest, 110, "Bad Request", "Could not decrypt the message: "+err.Error())
 				return
 			}
-			messageID = webPushMessageID(plain)
+			messageID, receipt = webPushIDs(plain)
 			if d != nil {
 				d.body = newDetail(nil, plain).body
 			}
@@ -284,6 +287,7 @@ func (s *Server) handleWebPush(w http.ResponseWriter, r *http.Request) {
 	if s.rec.add(WebPush, id, messageID, topic, at, d) {
 		cnt.duplicates.Add(1)
 	}
+	s.devices.play(device, receipt, at)
 	cnt.accepted.Add(1)
 	h := w.Header()
 	h["Location"] = []string{s.baseURL + "/_webpush/messages/" + strconv.FormatUint(s.webPushSeq.Add(1), 36)}
@@ -442,23 +446,27 @@ func decryptAES128GCM(body []byte, keys subscriptionKeys, dst []byte) ([]byte, e
 	return plain[:i], nil
 }
 
-// webPushMessageID reads herald_message_id from a decrypted payload, at the top
-// level or inside "data". A payload that is not JSON carries none.
-func webPushMessageID(plain []byte) string {
-	var top, data []byte
+// webPushIDs reads herald_message_id from a decrypted payload, at the top
+// level or inside "data", and the top level's herald_receipt. A payload
+// that is not JSON carries neither.
+func webPushIDs(plain []byte) (messageID, receipt string) {
+	var top, data, token []byte
 	forEachField(plain, func(key, value []byte) {
 		switch string(key) {
 		case "herald_message_id":
 			top = value
 		case "data":
 			data = value
+		case receiptKey:
+			token = value
 		}
 	})
+	receipt = jsonString(token)
 	if id := jsonString(top); id != "" {
-		return id
+		return id, receipt
 	}
 	if len(data) == 0 || data[0] != '{' {
-		return ""
+		return "", receipt
 	}
 	var nested []byte
 	forEachField(data, func(key, value []byte) {
@@ -466,7 +474,7 @@ func webPushMessageID(plain []byte) string {
 			nested = value
 		}
 	})
-	return jsonString(nested)
+	return jsonString(nested), receipt
 }
 
 func isBase64URL(s string) bool {

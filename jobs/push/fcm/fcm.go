@@ -200,8 +200,25 @@ func (p *Provider) Send(ctx context.Context, m *push.Message, targets []push.Tar
 	p.limiter.Send(ctx, targets, results, allow, answered, rejectToken, func(t push.Target) push.Result {
 		msg := base
 		msg.Token = t.Token
+		if t.Receipt != "" {
+			msg.Data = withReceipt(m.FCMData, t.Receipt)
+		}
 		return p.send(ctx, &msg)
 	})
+}
+
+// withReceipt is data, the message's data map that every device shares,
+// with the device's receipt token added under push.ReceiptKey: a map of its
+// own, sized for it, since the SDK reads the map while it encodes the
+// request and the shared one must not change. Copying a few keys costs
+// little beside the encoding the SDK does for every send anyway.
+func withReceipt(data map[string]string, token string) map[string]string {
+	d := make(map[string]string, len(data)+1)
+	for k, v := range data {
+		d[k] = v
+	}
+	d[push.ReceiptKey] = token
+	return d
 }
 
 // rejectToken refuses an empty token, which the SDK would refuse itself
@@ -234,9 +251,9 @@ func (p *Provider) send(ctx context.Context, msg *messaging.Message) push.Result
 // A message with something to show is a notification message: Android
 // folds a second copy of it on its notification's tag (androidNotification),
 // and it carries no collapse key, which Firebase ignores on notification
-// messages. Its image reaches Apple devices as apns.fcm_options.image, which
-// the app's notification service extension fetches, asked for by
-// mutable-content.
+// messages. To Apple devices it asks for the app's notification service
+// extension (mutable-content), which sends its delivered receipt and
+// fetches its image, given as apns.fcm_options.image.
 //
 // A message with nothing to show (push.Content.DataOnly) is a data message:
 // no notification block, so that Android hands it to the app, and on Apple
@@ -276,9 +293,12 @@ func (p *Provider) message(m *push.Message, now time.Time) messaging.Message {
 	} else {
 		msg.Notification = &messaging.Notification{Title: c.Title, Body: c.Body, ImageURL: c.Image}
 		msg.Android.Notification = androidNotification(m)
+		// As on APNs itself (push.APNsPayload), every alert asks for the
+		// app's notification service extension: it fetches the image and
+		// sends the delivered receipt.
+		msg.APNS.Payload = &messaging.APNSPayload{Aps: &messaging.Aps{MutableContent: true}}
 		if c.Image != "" {
 			msg.APNS.FCMOptions = &messaging.APNSFCMOptions{ImageURL: c.Image}
-			msg.APNS.Payload = &messaging.APNSPayload{Aps: &messaging.Aps{MutableContent: true}}
 		}
 	}
 	// Without an expiry FCM's own default lifetime applies; Herald's

@@ -56,17 +56,48 @@ func (h *Harness[C, P]) BenchmarkPayloads(b *testing.B, inFlight int) {
 	}
 }
 
+// BenchmarkReceipts measures Send as BenchmarkSend does, at one in-flight
+// limit, with receipts off and on: on, every Send's targets are signed
+// first (push.SignReceipts) and each push carries its token, so that what
+// a token costs a push shows apart, signing and splicing included.
+func (h *Harness[C, P]) BenchmarkReceipts(b *testing.B, inFlight int) {
+	fp := StartBenchFakepush(b, h.Channel, 1)
+	m := Message(b, push.FormatMessageID(1), false)
+	signer := NewSigner(b)
+	for _, on := range []bool{false, true} {
+		b.Run(fmt.Sprintf("receipts=%t", on), func(b *testing.B) {
+			ts := h.Targets(b, fp, 500)
+			_, p := h.NewProvider(b, fp, Limits{MaxInFlight: inFlight})
+			require.NoError(b, p.Warm(context.Background()))
+			var sign func([]push.Target)
+			if on {
+				sign = func(ts []push.Target) { push.SignReceipts(signer, 1, time.Now().Add(time.Hour), ts) }
+			}
+			measureSend(b, p, m, ts, sign)
+		})
+	}
+}
+
 // MeasureSend runs b's loop of one Send of m to ts each, failing on any
 // push not accepted, and reports:
 //
 //	sends/s          pushes per second through Send
 //	cli-cpu-us/send  this process's CPU per push; fakepush's runs elsewhere
 func MeasureSend(b *testing.B, p Provider, m *push.Message, ts []push.Target) {
+	measureSend(b, p, m, ts, nil)
+}
+
+// measureSend is MeasureSend with sign, when set, run on the targets
+// before every Send, as the chunk worker signs each slice's receipts.
+func measureSend(b *testing.B, p Provider, m *push.Message, ts []push.Target, sign func([]push.Target)) {
 	results := make([]push.Result, len(ts))
 	cpu0 := fake.ProcessCPU()
 	start := time.Now()
 	b.ResetTimer()
 	for b.Loop() {
+		if sign != nil {
+			sign(ts)
+		}
 		p.Send(context.Background(), m, ts, results, AllowAll, nil)
 		for _, r := range results {
 			if !r.Accepted {

@@ -18,33 +18,31 @@ import (
 // Run runs, in parallel, the scenarios every provider must pass alike, each
 // against a fresh fakepush: Accepted, ProviderTrouble (with troubles: what
 // the provider makes of fakepush's failure modes), Timeout,
-// WarmOutlastsARequest, Parked and ManyTargets.
+// WarmOutlastsARequest, Parked, ManyTargets, Receipts, AtTheSizeLimit and
+// DevicesAnswer.
 func (h *Harness[C, P]) Run(t *testing.T, troubles ...Trouble) {
-	t.Run("Accepted", func(t *testing.T) {
-		t.Parallel()
-		b := h.Setup(t)
-		b.SendAccepted(t, Message(t, "msg_accepted", true), b.Targets(t, 3))
-	})
-	t.Run("ProviderTrouble", func(t *testing.T) {
-		t.Parallel()
-		h.SendInTrouble(t, troubles...)
-	})
-	t.Run("Timeout", func(t *testing.T) {
-		t.Parallel()
-		h.SendTimeout(t)
-	})
-	t.Run("WarmOutlastsARequest", func(t *testing.T) {
-		t.Parallel()
-		h.WarmOutlastsARequest(t)
-	})
-	t.Run("Parked", func(t *testing.T) {
-		t.Parallel()
-		h.SendParked(t)
-	})
-	t.Run("ManyTargets", func(t *testing.T) {
-		t.Parallel()
-		h.SendManyTargets(t)
-	})
+	for _, sc := range []struct {
+		name string
+		run  func(t *testing.T)
+	}{
+		{"Accepted", func(t *testing.T) {
+			b := h.Setup(t)
+			b.SendAccepted(t, Message(t, "msg_accepted", true), b.Targets(t, 3))
+		}},
+		{"ProviderTrouble", func(t *testing.T) { h.SendInTrouble(t, troubles...) }},
+		{"Timeout", h.SendTimeout},
+		{"WarmOutlastsARequest", h.WarmOutlastsARequest},
+		{"Parked", h.SendParked},
+		{"ManyTargets", h.SendManyTargets},
+		{"Receipts", h.SendReceipts},
+		{"AtTheSizeLimit", h.SendAtTheSizeLimit},
+		{"DevicesAnswer", h.SendDevicesAnswer},
+	} {
+		t.Run(sc.name, func(t *testing.T) {
+			t.Parallel()
+			sc.run(t)
+		})
+	}
 }
 
 // Trouble is one of fakepush's failure modes and what a provider makes of

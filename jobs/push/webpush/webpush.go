@@ -129,7 +129,14 @@ func (p *Provider) Send(ctx context.Context, m *push.Message, targets []push.Tar
 	if w := m.Content.WebPush; w != nil && w.Urgency != "" {
 		urgency = webpush.Urgency(w.Urgency)
 	}
-	recordSize := uint32(len(m.WebPush) + recordOverhead)
+	// Every record is sized for the longest receipt token of the call, so
+	// that the options can be shared: the others are padded by the few
+	// bytes their shorter device ids leave.
+	longest := 0
+	for _, t := range targets {
+		longest = max(longest, push.ReceiptLen(t.Receipt))
+	}
+	recordSize := uint32(len(m.WebPush) + longest + recordOverhead)
 	if p.padRecords {
 		recordSize = webpush.MaxRecordSize
 	}
@@ -266,10 +273,11 @@ func proxyAddrs() []string {
 func (p *Provider) send(ctx context.Context, payload []byte, t *push.Target, opts *webpush.Options) push.Result {
 	// webpush-go appends the padding delimiter and padding to the slice it
 	// is given, which would write into the shared payload's spare capacity
-	// from many goroutines. Each send gets its own copy, with exactly the
-	// capacity the padding needs so that appending never reallocates.
-	body := make([]byte, len(payload), max(int(opts.RecordSize)-(recordOverhead-1), len(payload)+1))
-	copy(body, payload)
+	// from many goroutines. Each send gets its own copy, with the device's
+	// receipt token spliced in (push.WithReceipt) and exactly the capacity
+	// the padding needs so that appending never reallocates.
+	n := len(payload) + push.ReceiptLen(t.Receipt)
+	body := push.WithReceipt(make([]byte, 0, max(int(opts.RecordSize)-(recordOverhead-1), n+1)), payload, t.Receipt)
 	sub := &webpush.Subscription{Endpoint: t.Token, Keys: webpush.Keys{Auth: t.Auth, P256dh: t.P256dh}}
 
 	rctx, cancel := context.WithTimeout(ctx, p.cfg.RequestTimeout)
