@@ -9,10 +9,10 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// heraldTables are the tables and functions Herald's migrations create,
-// read from their CREATE TABLE and CREATE FUNCTION statements, so that a
-// migration that adds one needs no list kept beside it; herald_migration is
-// Migrate's own.
+// heraldTables are the tables (and sequences of their own: an identity
+// column's moves with its table) and functions Herald's migrations create,
+// read from their CREATE statements, so that a migration that adds one
+// needs no list kept beside it; herald_migration is Migrate's own.
 func heraldTables() (tables, functions []string, err error) {
 	all, err := Migrations()
 	if err != nil {
@@ -20,7 +20,7 @@ func heraldTables() (tables, functions []string, err error) {
 	}
 	tables = []string{"herald_migration"}
 	for _, m := range all {
-		for _, match := range createTable.FindAllStringSubmatch(m.SQL, -1) {
+		for _, match := range append(createTable.FindAllStringSubmatch(m.SQL, -1), createSequence.FindAllStringSubmatch(m.SQL, -1)...) {
 			if !slices.Contains(tables, match[1]) {
 				tables = append(tables, match[1])
 			}
@@ -36,6 +36,7 @@ func heraldTables() (tables, functions []string, err error) {
 
 var (
 	createTable    = regexp.MustCompile(`(?i)\bCREATE\s+(?:UNLOGGED\s+)?TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?([a-z_][a-z0-9_]*)`)
+	createSequence = regexp.MustCompile(`(?i)\bCREATE\s+SEQUENCE\s+(?:IF\s+NOT\s+EXISTS\s+)?([a-z_][a-z0-9_]*)`)
 	createFunction = regexp.MustCompile(`(?i)\bCREATE\s+(?:OR\s+REPLACE\s+)?FUNCTION\s+([a-z_][a-z0-9_]*)`)
 )
 
@@ -66,9 +67,12 @@ func moveFromPublic(ctx context.Context, conn *pgx.Conn, schema string) ([]strin
 		// functions by identity, not by name, so nothing else changes.
 		rows, err := tx.Query(ctx, `
 			SELECT kind, ident, name FROM (
-				SELECT 1 AS step, 'TABLE' AS kind, quote_ident(c.relname) AS ident, c.relname::text AS name FROM pg_class c
-				WHERE c.relnamespace = 'public'::regnamespace AND c.relkind IN ('r', 'p')
+				SELECT 1 AS step, CASE c.relkind WHEN 'S' THEN 'SEQUENCE' ELSE 'TABLE' END AS kind,
+				       quote_ident(c.relname) AS ident, c.relname::text AS name FROM pg_class c
+				WHERE c.relnamespace = 'public'::regnamespace AND c.relkind IN ('r', 'p', 'S')
 				  AND (c.relname = ANY ($1) OR c.relname LIKE 'river\_%')
+				  AND NOT (c.relkind = 'S' AND EXISTS (SELECT FROM pg_depend d
+				      WHERE d.classid = 'pg_class'::regclass AND d.objid = c.oid AND d.deptype IN ('a', 'i')))
 				UNION ALL
 				SELECT 2, 'FUNCTION', quote_ident(p.proname) || '(' || pg_get_function_identity_arguments(p.oid) || ')', p.proname::text
 				FROM pg_proc p

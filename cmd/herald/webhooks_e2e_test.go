@@ -241,6 +241,15 @@ func TestE2EWebhooks(t *testing.T) {
 	hooks.refuseFirst = true
 	w1 := e.createWebhook(hooks, "/w1", client.WebhookEventTypeDeliveryFailed, client.WebhookEventTypeDeviceEvicted,
 		client.WebhookEventTypeMessageSettled, client.WebhookEventTypeDeliveryConfirmed, client.WebhookEventTypeDeliveryOpened)
+	// Read back, listed and alone, without its secret.
+	listed, err := e.api.ListWebhooksWithResponse(context.Background())
+	answered(t, http.StatusOK, listed, err)
+	require.Len(t, listed.JSON200.Items, 1)
+	require.Equal(t, w1.WebhookID, listed.JSON200.Items[0].WebhookID)
+	got, err := e.api.GetWebhookWithResponse(context.Background(), w1.WebhookID)
+	answered(t, http.StatusOK, got, err)
+	require.Len(t, got.JSON200.Events, 5)
+	require.NotContains(t, string(listed.Body)+string(got.Body), "whsec_")
 
 	dead := e.fcmDevices(users("dead", 7), true)
 	live := e.fcmDevices(users("live", 3), false)
