@@ -86,6 +86,14 @@ func (b *Benchmark) readStatus(ctx context.Context, ids []string, deadline time.
 			for i := 0; i < len(pending); {
 				st, err := b.status.GetMessageWithResponse(ctx, pending[i])
 				reads.Add(1)
+				if err == nil && st.StatusCode() == http.StatusServiceUnavailable && time.Now().Before(deadline) {
+					// The database was away (--cold restarts it, and a
+					// connection finds out on its next use): a caller
+					// reads again after Retry-After, and so does the next
+					// tick.
+					i++
+					continue
+				}
 				if err := answered("read message "+pending[i], http.StatusOK, st, err); err != nil {
 					done <- err
 					return
