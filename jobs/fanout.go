@@ -72,6 +72,8 @@ type FanOutWorker struct {
 	ledgers map[*pgxpool.Pool]*ledger
 	// begins are the pools' gates for beginning chunks (beginGate).
 	begins map[*pgxpool.Pool]*beginGate
+	// urgent lets the process's urgent chunks go ahead of its bulk work.
+	urgent urgentFirst
 }
 
 // NewFanOutWorker returns the chunk worker.
@@ -148,6 +150,16 @@ func (w *FanOutWorker) Work(ctx context.Context, job *river.Job[FanOutArgs]) err
 	// The chunk's lane is looked up once: its connections, its ledger
 	// writer and its providers serve the whole attempt.
 	lane := w.lane(a)
+	// An urgent chunk holds the process's bulk work back until its sends
+	// are answered (urgentFirst); a message's first chunk, small and the
+	// message's own instant, goes on beside it.
+	release := func() {}
+	if lane.Queue == QueueUrgent {
+		release = w.urgent.hold()
+		defer release()
+	} else if a.Chunk != 0 {
+		w.urgent.wait(ctx)
+	}
 	startedAt := w.cfg.Clock.Now()
 	if !startedAt.Before(a.ExpiresAt) {
 		// Past its lifetime nothing is sent: what is pending expires.
@@ -180,6 +192,7 @@ func (w *FanOutWorker) Work(ctx context.Context, job *river.Job[FanOutArgs]) err
 	rec := ledger.open(c, startedAt, make([]push.Result, len(c.Targets)))
 	s := w.send(sendCtx, c, msg, groups, lane.Providers, ledger, rec)
 	s.wait()
+	release()
 	err = w.finish(ctx, c, ledger, rec, s.fenced.Load())
 	if s.fenced.Load() {
 		return w.afterFence(ctx, job, lane.Pool, err)
@@ -408,7 +421,11 @@ func (w *FanOutWorker) sendTargets(ctx context.Context, c *running, msg *push.Me
 	// its answer is written (MaxUnwritten), then asks the breaker.
 	var reserved, made atomic.Int64
 	lead := push.LeadOf(ctx) > 0
+	yields := c.Priority != PriorityUrgent && c.Chunk != 0
 	allow := func() bool {
+		if yields {
+			w.urgent.wait(ctx)
+		}
 		if w.cfg.Alive != nil && !w.cfg.Alive() {
 			s.fenced.Store(true)
 			return false

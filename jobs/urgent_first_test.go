@@ -1,0 +1,128 @@
+package jobs
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/heraldpush/herald/db"
+	"github.com/heraldpush/herald/jobs/push"
+)
+
+// TestUrgentFirstHoldsBulkBack: bulk work waits while an urgent chunk holds
+// the gate and goes on when it lets go; an idle gate never waits; and a
+// hold that is never let go ends by itself after urgentHold, so bulk work
+// is slowed, never stopped.
+func TestUrgentFirstHoldsBulkBack(t *testing.T) {
+	t.Parallel()
+	var u urgentFirst
+	ctx := context.Background()
+
+	waited := func() <-chan struct{} {
+		done := make(chan struct{})
+		go func() {
+			u.wait(ctx)
+			close(done)
+		}()
+		return done
+	}
+	// An idle gate returns at once: it has no hold to wait out.
+	start := time.Now()
+	u.wait(ctx)
+	require.Less(t, time.Since(start), urgentHold, "an idle gate held bulk work back")
+
+	release := u.hold()
+	second := u.hold()
+	done := waited()
+	select {
+	case <-done:
+		t.Fatal("bulk work went on while urgent chunks held the gate")
+	case <-time.After(urgentHold / 5):
+	}
+	release()
+	release() // letting go twice counts once
+	select {
+	case <-done:
+		t.Fatal("bulk work went on while an urgent chunk still held the gate")
+	case <-time.After(urgentHold / 10):
+	}
+	second()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("bulk work still waited once the urgent chunks let go")
+	}
+	require.Zero(t, u.holding.Load())
+
+	// Held and never let go: the hold ends by itself.
+	start = time.Now()
+	_ = u.hold()
+	<-waited()
+	require.GreaterOrEqual(t, time.Since(start), urgentHold/2)
+	require.Eventually(t, func() bool { return u.holding.Load() == 0 }, 10*urgentHold, urgentHold/10)
+
+	// A waiter whose context ends stops waiting.
+	release = u.hold()
+	defer release()
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	u.wait(cctx)
+}
+
+// TestFanOutBulkWaitsForAnUrgentChunk: while an urgent chunk of the process
+// holds the gate, a bulk message's later chunk sends nothing until the hold
+// ends (here by itself, after urgentHold); its first chunk goes on.
+func TestFanOutBulkWaitsForAnUrgentChunk(t *testing.T) {
+	t.Parallel()
+	b := setupFanOut(t)
+	ctx := context.Background()
+	tokens := make([]string, firstChunkSize+1)
+	for i := range tokens {
+		tokens[i] = fmt.Sprintf("fcm-%03d", i)
+	}
+	users := b.devices(tokens...)
+	var msg db.Message
+	require.NoError(t, db.InTx(ctx, b.db.Pool, func(tx pgx.Tx) error {
+		var err error
+		msg, err = NewEnqueuer(b.client, 0).Create(ctx, tx, MessageSpec{
+			Priority: PriorityBulk, DispatchAt: b.clock.Now(), ExpiresAt: b.clock.Now().Add(time.Hour),
+			Audience: Audience{UserIDs: users}, AudienceJSON: []byte(`{}`), Content: push.Content{Title: "t"},
+		})
+		return err
+	}))
+	jobIDs, err := b.q.MessageChunkJobs(ctx, msg.ID)
+	require.NoError(t, err)
+	require.Len(t, jobIDs, 2)
+	chunks := map[int]chunkJob{}
+	for _, id := range jobIDs {
+		c := chunkJob{msg: msg, job: b.job(id)}
+		require.NoError(t, json.Unmarshal(c.job.EncodedArgs, &c.args))
+		chunks[c.args.Chunk] = c
+	}
+
+	// The later chunk waits out the hold, which ends by itself.
+	var sentAt time.Time
+	fcm := &recordingSender{sending: func() { sentAt = time.Now() }}
+	w := b.worker(map[string]Sender{ChannelFCM: fcm}, FanOutConfig{})
+	held := time.Now()
+	_ = w.urgent.hold()
+	b.work(w, chunks[1])
+	require.Len(t, fcm.sent, 1)
+	require.GreaterOrEqual(t, sentAt.Sub(held), urgentHold, "a later chunk sent while an urgent chunk held the gate")
+
+	// The first chunk sends while a hold of a minute is held.
+	var held0 bool
+	fcm = &recordingSender{sending: func() { held0 = w.urgent.holding.Load() > 0 }}
+	w = b.worker(map[string]Sender{ChannelFCM: fcm}, FanOutConfig{})
+	w.urgent.bound = time.Minute
+	release := w.urgent.hold()
+	b.work(w, chunks[0])
+	release()
+	require.Len(t, fcm.sent, firstChunkSize)
+	require.True(t, held0, "the first chunk waited for the urgent chunk")
+}
