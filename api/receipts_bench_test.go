@@ -20,8 +20,8 @@ import (
 )
 
 // BenchmarkReceipts measures POST /v1/receipts as the phones of one
-// 25,000-device message answer it at once: 64 concurrent posters
-// (b.SetParallelism(32) on 2 cores), one receipt a request, each a new
+// 25,000-device message answer it at once: 512 concurrent posters
+// (b.SetParallelism(256) on 2 cores), one receipt a request, each a new
 // delivered or opened receipt until every delivery has both, end to end
 // through the handler, the group commit and a real PostgreSQL. It reports
 // receipts a second, the receipts a write carried, and PostgreSQL's CPU a
@@ -95,7 +95,7 @@ func setupReceiptBench(b *testing.B) *receiptBench {
 	return rb
 }
 
-// run runs post(i) for receipts 0 to b.N-1 from 64 goroutines, and reports
+// run runs post(i) for receipts 0 to b.N-1 from 512 goroutines, and reports
 // receipts a second, receipts a commit and PostgreSQL's CPU a receipt.
 func (rb *receiptBench) run(b *testing.B, post func(i int)) {
 	ctx := context.Background()
@@ -107,7 +107,7 @@ func (rb *receiptBench) run(b *testing.B, post func(i int)) {
 	}
 	var next atomic.Int64
 	cpuBefore, commitsBefore := cpu(), commits()
-	b.SetParallelism(32)
+	b.SetParallelism(256)
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {

@@ -28,11 +28,13 @@
 //     a local-time message's chunks are cut by wave (localtime.go).
 //   - The Promoter and the Waker (promote.go, wake.go) make due chunks
 //     available and wake their lane at the instant, so that a chunk starts
-//     on time rather than at the next poll.
+//     on time rather than at the next poll; ahead of the instant the Waker
+//     has the worker warm its first chunks (warm.go).
 //   - FanOutWorker (fanout.go) begins a chunk in one round trip
 //     (db.BeginChunk: the pending deliveries whose devices are still their
 //     users', each a Target of target.go), a message's first chunk ahead of
-//     the others (begin_gate.go); it signs each push's receipt token
+//     the others (begin_gate.go) and an urgent chunk ahead of the
+//     process's bulk work (urgent_first.go); it signs each push's receipt token
 //     (push.SignReceipts, FanOutConfig.Receipts), sends through the
 //     providers of jobs/push, tells each answer to its breaker (breaker.go) and hands it
 //     to the process's ledger writer (ledger.go), which writes every
