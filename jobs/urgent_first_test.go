@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -106,23 +107,24 @@ func TestFanOutBulkWaitsForAnUrgentChunk(t *testing.T) {
 	}
 
 	// The later chunk waits out the hold, which ends by itself.
-	var sentAt time.Time
-	fcm := &recordingSender{sending: func() { sentAt = time.Now() }}
+	// A Send's hook runs on the sender's goroutine, one per slice.
+	var sentAt atomic.Int64
+	fcm := &recordingSender{sending: func() { sentAt.Store(time.Now().UnixNano()) }}
 	w := b.worker(map[string]Sender{ChannelFCM: fcm}, FanOutConfig{})
 	held := time.Now()
 	_ = w.urgent.hold()
 	b.work(w, chunks[1])
 	require.Len(t, fcm.sent, 1)
-	require.GreaterOrEqual(t, sentAt.Sub(held), urgentHold, "a later chunk sent while an urgent chunk held the gate")
+	require.GreaterOrEqual(t, time.Unix(0, sentAt.Load()).Sub(held), urgentHold, "a later chunk sent while an urgent chunk held the gate")
 
 	// The first chunk sends while a hold of a minute is held.
-	var held0 bool
-	fcm = &recordingSender{sending: func() { held0 = w.urgent.holding.Load() > 0 }}
+	var held0 atomic.Bool
+	fcm = &recordingSender{sending: func() { held0.Store(w.urgent.holding.Load() > 0) }}
 	w = b.worker(map[string]Sender{ChannelFCM: fcm}, FanOutConfig{})
 	w.urgent.bound = time.Minute
 	release := w.urgent.hold()
 	b.work(w, chunks[0])
 	release()
 	require.Len(t, fcm.sent, firstChunkSize)
-	require.True(t, held0, "the first chunk waited for the urgent chunk")
+	require.True(t, held0.Load(), "the first chunk waited for the urgent chunk")
 }
