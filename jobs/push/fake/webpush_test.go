@@ -171,7 +171,12 @@ func TestDecryptRoundTrip(t *testing.T) {
 	require.NoError(t, err)
 	id := sub.Endpoint[strings.LastIndexByte(sub.Endpoint, '/')+1:]
 	require.True(t, b.srv.knownSubscription(id))
-	require.False(t, b.srv.knownSubscription(id[:len(id)-1]+"x"))
+	// Another last character: one id in 64 already ends in x.
+	other := "x"
+	if strings.HasSuffix(id, other) {
+		other = "y"
+	}
+	require.False(t, b.srv.knownSubscription(id[:len(id)-1]+other))
 	keys, err := b.srv.subscriptionKeys(id)
 	require.NoError(t, err)
 	require.Equal(t, sub.Keys.P256dh, base64.RawURLEncoding.EncodeToString(keys.pub), "keys are derived again identically")
