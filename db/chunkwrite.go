@@ -196,22 +196,30 @@ func BeginChunk(ctx context.Context, pool *pgxpool.Pool, c ChunkPendingParams, p
 		b.Queue(useGenericPlans)
 		b.Queue(startMessage, c.MessageID)
 		b.Queue(messageState, c.MessageID).QueryRow(func(row pgx.Row) error { return row.Scan(&out.State) })
-		b.Queue(chunkPending, c.MessageID, c.FirstDevice, c.LastDevice, c.Chunk).Query(func(rows pgx.Rows) error {
-			for rows.Next() {
-				var r ChunkPendingRow
-				if err := rows.Scan(&r.DeviceID, &r.Attempt, &r.Channel, &r.Locale, &r.Token, &r.P256dh, &r.Auth, &r.Environment, &r.Gone, &r.NotBefore); err != nil {
-					return err
-				}
-				out.Pending = append(out.Pending, r)
-			}
-			return rows.Err()
-		})
-		if payloadID != 0 {
-			b.Queue(getPayload, payloadID).QueryRow(func(row pgx.Row) error { return row.Scan(&out.Payload) })
-		}
+		queueChunkRead(b, c, payloadID, &out)
 	})
 	if err != nil {
 		return ChunkStart{}, fmt.Errorf("begin chunk %d of message %d: %w", c.Chunk, c.MessageID, err)
 	}
 	return out, nil
+}
+
+// queueChunkRead queues a chunk's read into out: its pending deliveries
+// with their devices (ChunkPending) and, when payloadID is not zero, the
+// payload. BeginChunk reads a chunk with it, and WarmChunk reads one the
+// same way ahead of its instant.
+func queueChunkRead(b *pgx.Batch, c ChunkPendingParams, payloadID int64, out *ChunkStart) {
+	b.Queue(chunkPending, c.MessageID, c.FirstDevice, c.LastDevice, c.Chunk).Query(func(rows pgx.Rows) error {
+		for rows.Next() {
+			var r ChunkPendingRow
+			if err := rows.Scan(&r.DeviceID, &r.Attempt, &r.Channel, &r.Locale, &r.Token, &r.P256dh, &r.Auth, &r.Environment, &r.Gone, &r.NotBefore); err != nil {
+				return err
+			}
+			out.Pending = append(out.Pending, r)
+		}
+		return rows.Err()
+	})
+	if payloadID != 0 {
+		b.Queue(getPayload, payloadID).QueryRow(func(row pgx.Row) error { return row.Scan(&out.Payload) })
+	}
 }

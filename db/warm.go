@@ -34,28 +34,22 @@ func DueJobArgs(ctx context.Context, q DBTX, kind, queue string, at time.Time, l
 	return out, nil
 }
 
-// WarmChunk reads what BeginChunk will read for c, the same way, and keeps
-// none of it: the pages of the chunk's part of the ledger, of its devices
-// and of their indexes are in PostgreSQL's buffers when the chunk begins,
-// and the connection has the statement prepared. When payloadID is not
-// zero it returns the payload too, so the caller can encode the message
-// ahead as well. It changes nothing.
+// WarmChunk reads what BeginChunk will read for c, the same way
+// (queueChunkRead, on the generic plan), and keeps none of it: the pages of
+// the chunk's part of the ledger, of its devices and of their indexes are
+// in PostgreSQL's buffers when the chunk begins, and the connection has the
+// statement prepared. When payloadID is not zero it returns the payload
+// too, so the caller can encode the message ahead as well. It changes
+// nothing.
 func WarmChunk(ctx context.Context, pool *pgxpool.Pool, c ChunkPendingParams, payloadID int64) (payload []byte, rows int, err error) {
+	var out ChunkStart
 	err = inBatch(ctx, pool, func(b *pgx.Batch) {
-		payload, rows = nil, 0
+		out = ChunkStart{}
 		b.Queue(useGenericPlans)
-		b.Queue(chunkPending, c.MessageID, c.FirstDevice, c.LastDevice, c.Chunk).Query(func(r pgx.Rows) error {
-			for r.Next() {
-				rows++
-			}
-			return r.Err()
-		})
-		if payloadID != 0 {
-			b.Queue(getPayload, payloadID).QueryRow(func(row pgx.Row) error { return row.Scan(&payload) })
-		}
+		queueChunkRead(b, c, payloadID, &out)
 	})
 	if err != nil {
 		return nil, 0, fmt.Errorf("warm chunk %d of message %d: %w", c.Chunk, c.MessageID, err)
 	}
-	return payload, rows, nil
+	return out.Payload, len(out.Pending), nil
 }

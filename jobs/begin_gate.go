@@ -3,6 +3,7 @@ package jobs
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -28,11 +29,62 @@ type beginGate struct {
 	others chan struct{}
 	// firstsWait bounds how long another chunk waits for the first ones.
 	firstsWait time.Duration
-	mu         sync.Mutex
-	// firsts counts the first chunks beginning; clear is closed, and
-	// forgotten, when it falls to zero.
-	firsts int
-	clear  chan struct{}
+	// firsts are the first chunks beginning.
+	firsts holds
+}
+
+// holds counts the holders of a gate that other work waits for while
+// anyone holds it, a bound at most: the first chunks beginning (beginGate),
+// the urgent chunks under way (urgentFirst). An idle gate costs a waiter
+// one atomic load.
+type holds struct {
+	n  atomic.Int64
+	mu sync.Mutex
+	// clear is closed, and forgotten, when n falls to zero.
+	clear chan struct{}
+}
+
+func (h *holds) add() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.n.Add(1) == 1 {
+		h.clear = make(chan struct{})
+	}
+}
+
+func (h *holds) done() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.n.Add(-1) == 0 {
+		close(h.clear)
+		h.clear = nil
+	}
+}
+
+// held reports whether anyone holds the gate.
+func (h *holds) held() bool { return h.n.Load() > 0 }
+
+// wait returns once nobody holds the gate or bound has passed, or with
+// ctx's error when ctx ends first.
+func (h *holds) wait(ctx context.Context, bound time.Duration) error {
+	if !h.held() {
+		return nil
+	}
+	h.mu.Lock()
+	clear := h.clear
+	h.mu.Unlock()
+	if clear == nil {
+		return nil
+	}
+	t := time.NewTimer(bound)
+	defer t.Stop()
+	select {
+	case <-clear:
+	case <-t.C:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return nil
 }
 
 // firstsWait is how long at most a chunk waits for first chunks to begin
@@ -52,35 +104,12 @@ func (g *beginGate) enter(ctx context.Context, first bool) (release func(), err 
 	if g == nil {
 		return func() {}, nil
 	}
-	g.mu.Lock()
 	if first {
-		g.firsts++
-		g.mu.Unlock()
-		return func() {
-			g.mu.Lock()
-			defer g.mu.Unlock()
-			if g.firsts--; g.firsts == 0 && g.clear != nil {
-				close(g.clear)
-				g.clear = nil
-			}
-		}, nil
+		g.firsts.add()
+		return g.firsts.done, nil
 	}
-	if g.firsts > 0 {
-		if g.clear == nil {
-			g.clear = make(chan struct{})
-		}
-		clear := g.clear
-		g.mu.Unlock()
-		wait := time.NewTimer(g.firstsWait)
-		defer wait.Stop()
-		select {
-		case <-clear:
-		case <-wait.C:
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-	} else {
-		g.mu.Unlock()
+	if err := g.firsts.wait(ctx, g.firstsWait); err != nil {
+		return nil, err
 	}
 	select {
 	case g.others <- struct{}{}:

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"sync"
-	"sync/atomic"
 	"time"
 )
 
@@ -28,12 +27,7 @@ import (
 // answered, urgentHold at most, and bulk work waits urgentHold at most, so
 // a stream of urgent messages slows a fan-out but never stops it.
 type urgentFirst struct {
-	// holding counts the urgent chunks holding the gate; read without the
-	// lock on every bulk request, so that an idle gate costs one load.
-	holding atomic.Int64
-	mu      sync.Mutex
-	// clear is closed, and forgotten, when holding falls to zero.
-	clear chan struct{}
+	holds
 	// bound, when set, stands for urgentHold (tests).
 	bound time.Duration
 }
@@ -46,22 +40,9 @@ const urgentHold = 100 * time.Millisecond
 // hold holds the gate for an urgent chunk; release lets go (at most
 // urgentHold after hold, whichever comes first).
 func (u *urgentFirst) hold() (release func()) {
-	u.mu.Lock()
-	if u.holding.Add(1) == 1 {
-		u.clear = make(chan struct{})
-	}
-	u.mu.Unlock()
+	u.add()
 	var once sync.Once
-	letGo := func() {
-		once.Do(func() {
-			u.mu.Lock()
-			defer u.mu.Unlock()
-			if u.holding.Add(-1) == 0 {
-				close(u.clear)
-				u.clear = nil
-			}
-		})
-	}
+	letGo := func() { once.Do(u.done) }
 	t := time.AfterFunc(cmp.Or(u.bound, urgentHold), letGo)
 	return func() {
 		t.Stop()
@@ -72,20 +53,5 @@ func (u *urgentFirst) hold() (release func()) {
 // wait returns once no urgent chunk holds the gate, urgentHold at most, or
 // when ctx ends.
 func (u *urgentFirst) wait(ctx context.Context) {
-	if u.holding.Load() == 0 {
-		return
-	}
-	u.mu.Lock()
-	clear := u.clear
-	u.mu.Unlock()
-	if clear == nil {
-		return
-	}
-	t := time.NewTimer(cmp.Or(u.bound, urgentHold))
-	defer t.Stop()
-	select {
-	case <-clear:
-	case <-t.C:
-	case <-ctx.Done():
-	}
+	_ = u.holds.wait(ctx, cmp.Or(u.bound, urgentHold))
 }

@@ -58,14 +58,14 @@ func TestUrgentFirstHoldsBulkBack(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("bulk work still waited once the urgent chunks let go")
 	}
-	require.Zero(t, u.holding.Load())
+	require.False(t, u.held())
 
 	// Held and never let go: the hold ends by itself.
 	start = time.Now()
 	_ = u.hold()
 	<-waited()
 	require.GreaterOrEqual(t, time.Since(start), urgentHold/2)
-	require.Eventually(t, func() bool { return u.holding.Load() == 0 }, 10*urgentHold, urgentHold/10)
+	require.Eventually(t, func() bool { return !u.held() }, 10*urgentHold, urgentHold/10)
 
 	// A waiter whose context ends stops waiting.
 	release = u.hold()
@@ -119,7 +119,7 @@ func TestFanOutBulkWaitsForAnUrgentChunk(t *testing.T) {
 
 	// The first chunk sends while a hold of a minute is held.
 	var held0 atomic.Bool
-	fcm = &recordingSender{sending: func() { held0.Store(w.urgent.holding.Load() > 0) }}
+	fcm = &recordingSender{sending: func() { held0.Store(w.urgent.held()) }}
 	w = b.worker(map[string]Sender{ChannelFCM: fcm}, FanOutConfig{})
 	w.urgent.bound = time.Minute
 	release := w.urgent.hold()
