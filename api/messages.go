@@ -192,7 +192,8 @@ func validatePayload(p *push.Content) error {
 // createMessage schedules a message: its shape is checked here, and one
 // transaction claims the idempotency key, expands the audience, and stores
 // the message, its payload, its ledger and its chunk jobs (jobs.Enqueuer's
-// Schedule, which checks the message's rules first).
+// Submit, which checks the message's rules first). A message sent now is
+// written in two, its first chunk first, and answered once both are.
 func (s *Server) createMessage(c echo.Context) error {
 	key, err := storedHeader(c, "Idempotency-Key", jobs.MaxIdempotencyKey)
 	if err != nil {
@@ -205,11 +206,7 @@ func (s *Server) createMessage(c echo.Context) error {
 	m := req.msg
 	m.IdempotencyKey = key
 	ctx := c.Request().Context()
-	var receipt jobs.Receipt
-	err = db.InTx(ctx, s.pool, func(tx pgx.Tx) error {
-		receipt, err = s.enqueuer.Schedule(ctx, tx, m, callerScope(ctx))
-		return err
-	})
+	receipt, err := s.enqueuer.Submit(ctx, s.pool, m, callerScope(ctx))
 	if err != nil {
 		return err
 	}

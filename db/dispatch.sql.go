@@ -407,6 +407,7 @@ SET state = CASE WHEN m.accepted_count + m.failed_count = 0 AND m.expired_count 
         ) a
     )
 WHERE m.id = $1 AND m.pending_count = 0 AND m.state IN ('scheduled', 'dispatching')
+  AND m.rest_after IS NULL
 RETURNING m.state, m.priority, m.slo_skew_ms
 `
 
@@ -429,6 +430,8 @@ type SettleMessageRow struct {
 // them all. The row returned is what the settling process observes in the
 // metrics (herald_message_skew_max_seconds): only one transaction's guard
 // passes, so each message is counted once, by the process that settled it.
+// A message whose rest is still to be written (migration 0020) has more to
+// come and does not settle.
 func (q *Queries) SettleMessage(ctx context.Context, messageID int64) (SettleMessageRow, error) {
 	row := q.db.QueryRow(ctx, settleMessage, messageID)
 	var i SettleMessageRow

@@ -98,6 +98,15 @@ type Expansion struct {
 	// locale is Locales[i] ("" for none) get the localization Keys[i].
 	// Users of other locales get the message's own text.
 	Locales, Keys []string
+	// Head, when positive, writes the audience's first Head devices (at
+	// most ChunkSize) alone, as chunk 0 (a message sent now commits its first chunk before the
+	// rest is written: jobs.Enqueuer's Submit); Expanded.More says whether
+	// the audience has more. Not with Zones.
+	Head int
+	// After, when positive, writes only the devices whose ids are above
+	// it, in chunks of ChunkSize numbered from 1: the rest after a Head.
+	// Not with Zones.
+	After int64
 }
 
 // ExpandedChunk is one chunk ExpandAudience cut: the devices due at DueAt
@@ -116,6 +125,9 @@ type Expanded struct {
 	// Chunks are in the order of their numbers, -1 first.
 	Chunks     []ExpandedChunk
 	Recipients int32
+	// More says that a Head expansion left devices of the audience
+	// unwritten.
+	More bool
 }
 
 // ExpandAudience writes the message's ledger from the directory in one
@@ -159,14 +171,34 @@ func expand(ctx context.Context, q DBTX, a Audience, e Expansion) (Expanded, err
 	audience, arg := a.sql(len(e.Zones) > 0 || len(e.Locales) > 0, "$2")
 	param(arg)
 	size := param(e.ChunkSize)
-	first := param(min(cmp.Or(e.FirstChunkSize, e.ChunkSize), e.ChunkSize))
+	firstSize, number := min(cmp.Or(e.FirstChunkSize, e.ChunkSize), e.ChunkSize), "1"
+	head, more := "", "false"
+	recipients := `SELECT user_id FROM ins GROUP BY user_id`
+	switch {
+	case e.Head > 0:
+		// The first Head devices (no more than a chunk), and one more to
+		// tell whether there are more: the audience is not read further.
+		n := min(e.Head, e.ChunkSize)
+		audience = `SELECT * FROM (` + audience + `) a ORDER BY a.id LIMIT ` + param(n+1)
+		firstSize, head = n, ` WHERE n < `+strconv.Itoa(n)
+		more = `(SELECT count(*) FROM chunked) > ` + strconv.Itoa(n)
+	case e.After > 0:
+		// The rest after a head: chunks of ChunkSize from chunk 1.
+		audience = `SELECT * FROM (` + audience + `) a WHERE a.id > ` + param(e.After)
+		firstSize, number = e.ChunkSize, "2"
+		// Its users may have devices in the head too: the statement's
+		// reading of the ledger does not see its own rows, so the union
+		// counts each user once.
+		recipients = `SELECT user_id FROM ins UNION SELECT user_id FROM deliveries WHERE message_id = ` + message + `::bigint`
+	}
+	first := param(firstSize)
 	// Within a due instant, the first chunk is the first FirstChunkSize
 	// devices, and each next one the next ChunkSize (cut is -1 for the
 	// first). One due instant: that is the chunk's number. Several (a
 	// local-time message): chunks are numbered across the waves in the
 	// order of their instants.
 	cut := `CASE WHEN n < ` + first + ` THEN -1 ELSE (n - ` + first + `) / ` + size + ` END`
-	chunk := `(` + cut + ` + 1)::integer`
+	chunk := `(` + cut + ` + ` + number + `)::integer`
 	var due, passed, waves string
 	if len(e.Zones) == 0 {
 		due, passed = param(e.DispatchAt)+`::timestamptz`, `false`
@@ -193,7 +225,7 @@ func expand(ctx context.Context, q DBTX, a Audience, e Expansion) (Expanded, err
 			FROM placed p
 		),
 		chunked AS (
-			SELECT n.id, n.user_id, n.channel, n.due_at, n.passed, n.locale,
+			SELECT n.id, n.user_id, n.channel, n.due_at, n.passed, n.locale, n.n,
 			       CASE WHEN n.passed THEN -1 ELSE `+chunk+` END AS chunk
 			FROM numbered n
 		),
@@ -201,11 +233,12 @@ func expand(ctx context.Context, q DBTX, a Audience, e Expansion) (Expanded, err
 			INSERT INTO deliveries (message_id, device_id, user_id, channel, chunk, due_at, status, locale)
 			SELECT `+message+`::bigint, id, user_id, channel, chunk, due_at,
 			       CASE WHEN passed THEN 'expired' ELSE 'pending' END, locale
-			FROM chunked
+			FROM chunked`+head+`
 			RETURNING chunk, due_at, device_id, user_id
 		)
 		SELECT chunk, due_at, count(*)::integer, min(device_id), max(device_id),
-		       (SELECT count(*) FROM (SELECT user_id FROM ins GROUP BY user_id) u)::integer
+		       (SELECT count(*) FROM (`+recipients+`) u)::integer,
+		       `+more+`
 		FROM ins
 		GROUP BY chunk, due_at
 		ORDER BY chunk`, args...)
@@ -216,7 +249,7 @@ func expand(ctx context.Context, q DBTX, a Audience, e Expansion) (Expanded, err
 	var out Expanded
 	for rows.Next() {
 		var c ExpandedChunk
-		if err := rows.Scan(&c.Chunk, &c.DueAt, &c.Devices, &c.FirstDevice, &c.LastDevice, &out.Recipients); err != nil {
+		if err := rows.Scan(&c.Chunk, &c.DueAt, &c.Devices, &c.FirstDevice, &c.LastDevice, &out.Recipients, &out.More); err != nil {
 			return Expanded{}, err
 		}
 		out.Chunks = append(out.Chunks, c)

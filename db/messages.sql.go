@@ -18,7 +18,7 @@ SET state = 'cancelled',
     cancelled_count = cancelled_count + pending_count,
     pending_count = 0
 WHERE id = $1 AND state = 'scheduled'
-RETURNING id, state, priority, dispatch_at, expires_at, payload_id, audience, local_time, recipient_count, device_count, chunk_count, pending_count, accepted_count, failed_count, expired_count, cancelled_count, schedule_id, schedule_run_at, started_at, settled_at, cancelled_at, skew_p50_ms, skew_p95_ms, skew_p99_ms, skew_max_ms, created_at, skew_histogram, slo_skew_ms, confirmed_count, opened_count, confirmed_histogram
+RETURNING id, state, priority, dispatch_at, expires_at, payload_id, audience, local_time, recipient_count, device_count, chunk_count, pending_count, accepted_count, failed_count, expired_count, cancelled_count, schedule_id, schedule_run_at, started_at, settled_at, cancelled_at, skew_p50_ms, skew_p95_ms, skew_p99_ms, skew_max_ms, created_at, skew_histogram, slo_skew_ms, confirmed_count, opened_count, confirmed_histogram, rest_after
 `
 
 // Cancels a message that has not started. The guard on state is what
@@ -59,6 +59,7 @@ func (q *Queries) CancelMessage(ctx context.Context, id int64) (Message, error) 
 		&i.ConfirmedCount,
 		&i.OpenedCount,
 		&i.ConfirmedHistogram,
+		&i.RestAfter,
 	)
 	return i, err
 }
@@ -137,6 +138,47 @@ func (q *Queries) DatabaseNow(ctx context.Context) (time.Time, error) {
 	return now, err
 }
 
+const finishMessageRest = `-- name: FinishMessageRest :one
+WITH finished AS (
+    UPDATE messages m
+    SET rest_after = NULL, recipient_count = $1::integer,
+        device_count = m.device_count + $2::integer, pending_count = m.pending_count + $2::integer,
+        chunk_count = m.chunk_count + $3::integer
+    WHERE m.id = $4
+    RETURNING m.id, m.state, m.priority, m.dispatch_at, m.expires_at, m.payload_id, m.audience, m.local_time, m.recipient_count, m.device_count, m.chunk_count, m.pending_count, m.accepted_count, m.failed_count, m.expired_count, m.cancelled_count, m.schedule_id, m.schedule_run_at, m.started_at, m.settled_at, m.cancelled_at, m.skew_p50_ms, m.skew_p95_ms, m.skew_p99_ms, m.skew_max_ms, m.created_at, m.skew_histogram, m.slo_skew_ms, m.confirmed_count, m.opened_count, m.confirmed_histogram, m.rest_after
+), keys AS (
+    UPDATE idempotency_keys k
+    SET response = k.response || jsonb_build_object(
+            'recipient_count', f.recipient_count, 'device_count', f.device_count, 'chunk_count', f.chunk_count)
+    FROM finished f
+    WHERE k.message_id = f.id AND k.response IS NOT NULL
+)
+SELECT pending_count FROM finished
+`
+
+type FinishMessageRestParams struct {
+	RecipientCount int32
+	Devices        int32
+	Chunks         int32
+	ID             int64
+}
+
+// Adds what the rest of a message's audience wrote to its counts and says
+// the whole audience is in the ledger. recipient_count is given whole (the
+// rest's users may have devices in the first chunk too). The receipt an
+// idempotent retry replays gets the final counts.
+func (q *Queries) FinishMessageRest(ctx context.Context, arg FinishMessageRestParams) (int32, error) {
+	row := q.db.QueryRow(ctx, finishMessageRest,
+		arg.RecipientCount,
+		arg.Devices,
+		arg.Chunks,
+		arg.ID,
+	)
+	var pending_count int32
+	err := row.Scan(&pending_count)
+	return pending_count, err
+}
+
 const getIdempotencyKey = `-- name: GetIdempotencyKey :one
 SELECT request_hash, response FROM idempotency_keys WHERE scope = $1 AND key = $2
 `
@@ -159,7 +201,7 @@ func (q *Queries) GetIdempotencyKey(ctx context.Context, arg GetIdempotencyKeyPa
 }
 
 const getMessage = `-- name: GetMessage :one
-SELECT id, state, priority, dispatch_at, expires_at, payload_id, audience, local_time, recipient_count, device_count, chunk_count, pending_count, accepted_count, failed_count, expired_count, cancelled_count, schedule_id, schedule_run_at, started_at, settled_at, cancelled_at, skew_p50_ms, skew_p95_ms, skew_p99_ms, skew_max_ms, created_at, skew_histogram, slo_skew_ms, confirmed_count, opened_count, confirmed_histogram FROM messages WHERE id = $1
+SELECT id, state, priority, dispatch_at, expires_at, payload_id, audience, local_time, recipient_count, device_count, chunk_count, pending_count, accepted_count, failed_count, expired_count, cancelled_count, schedule_id, schedule_run_at, started_at, settled_at, cancelled_at, skew_p50_ms, skew_p95_ms, skew_p99_ms, skew_max_ms, created_at, skew_histogram, slo_skew_ms, confirmed_count, opened_count, confirmed_histogram, rest_after FROM messages WHERE id = $1
 `
 
 func (q *Queries) GetMessage(ctx context.Context, id int64) (Message, error) {
@@ -197,6 +239,7 @@ func (q *Queries) GetMessage(ctx context.Context, id int64) (Message, error) {
 		&i.ConfirmedCount,
 		&i.OpenedCount,
 		&i.ConfirmedHistogram,
+		&i.RestAfter,
 	)
 	return i, err
 }
@@ -252,7 +295,7 @@ INSERT INTO messages (
     $8, $9, $10, $11, $12,
     $13, $14, $15
 )
-RETURNING id, state, priority, dispatch_at, expires_at, payload_id, audience, local_time, recipient_count, device_count, chunk_count, pending_count, accepted_count, failed_count, expired_count, cancelled_count, schedule_id, schedule_run_at, started_at, settled_at, cancelled_at, skew_p50_ms, skew_p95_ms, skew_p99_ms, skew_max_ms, created_at, skew_histogram, slo_skew_ms, confirmed_count, opened_count, confirmed_histogram
+RETURNING id, state, priority, dispatch_at, expires_at, payload_id, audience, local_time, recipient_count, device_count, chunk_count, pending_count, accepted_count, failed_count, expired_count, cancelled_count, schedule_id, schedule_run_at, started_at, settled_at, cancelled_at, skew_p50_ms, skew_p95_ms, skew_p99_ms, skew_max_ms, created_at, skew_histogram, slo_skew_ms, confirmed_count, opened_count, confirmed_histogram, rest_after
 `
 
 type InsertMessageParams struct {
@@ -326,6 +369,7 @@ func (q *Queries) InsertMessage(ctx context.Context, arg InsertMessageParams) (M
 		&i.ConfirmedCount,
 		&i.OpenedCount,
 		&i.ConfirmedHistogram,
+		&i.RestAfter,
 	)
 	return i, err
 }
@@ -450,7 +494,7 @@ func (q *Queries) ListDeliveries(ctx context.Context, arg ListDeliveriesParams) 
 }
 
 const listMessages = `-- name: ListMessages :many
-SELECT id, state, priority, dispatch_at, expires_at, payload_id, audience, local_time, recipient_count, device_count, chunk_count, pending_count, accepted_count, failed_count, expired_count, cancelled_count, schedule_id, schedule_run_at, started_at, settled_at, cancelled_at, skew_p50_ms, skew_p95_ms, skew_p99_ms, skew_max_ms, created_at, skew_histogram, slo_skew_ms, confirmed_count, opened_count, confirmed_histogram
+SELECT id, state, priority, dispatch_at, expires_at, payload_id, audience, local_time, recipient_count, device_count, chunk_count, pending_count, accepted_count, failed_count, expired_count, cancelled_count, schedule_id, schedule_run_at, started_at, settled_at, cancelled_at, skew_p50_ms, skew_p95_ms, skew_p99_ms, skew_max_ms, created_at, skew_histogram, slo_skew_ms, confirmed_count, opened_count, confirmed_histogram, rest_after
 FROM messages
 WHERE id < $1
   AND ($2::text IS NULL OR state = $2::text)
@@ -513,6 +557,7 @@ func (q *Queries) ListMessages(ctx context.Context, arg ListMessagesParams) ([]M
 			&i.ConfirmedCount,
 			&i.OpenedCount,
 			&i.ConfirmedHistogram,
+			&i.RestAfter,
 		); err != nil {
 			return nil, err
 		}
@@ -522,6 +567,21 @@ func (q *Queries) ListMessages(ctx context.Context, arg ListMessagesParams) ([]M
 		return nil, err
 	}
 	return items, nil
+}
+
+const lockMessageRest = `-- name: LockMessageRest :exec
+SELECT pg_advisory_xact_lock(hashtext('herald:message-rest'), mod($1::bigint, 2147483647)::integer)
+`
+
+// Taken by whatever writes the rest of a message's audience, and held until
+// its transaction ends: the request that made the message takes it before
+// the message commits, so that a cancel, a retry or the reconciler waits
+// for the rest rather than racing it. Keyed by the message's id, folded
+// into the second key of the two-key form (which is apart from every
+// one-key lock).
+func (q *Queries) LockMessageRest(ctx context.Context, id int64) error {
+	_, err := q.db.Exec(ctx, lockMessageRest, id)
+	return err
 }
 
 const messageChunkJobs = `-- name: MessageChunkJobs :many
@@ -546,6 +606,19 @@ func (q *Queries) MessageChunkJobs(ctx context.Context, messageID int64) ([]int6
 		return nil, err
 	}
 	return items, nil
+}
+
+const messageRestAfter = `-- name: MessageRestAfter :one
+SELECT rest_after FROM messages WHERE id = $1
+`
+
+// Whether the rest of a message's audience is still to be written
+// (migration 0020): the device id it starts after, NULL when it is not.
+func (q *Queries) MessageRestAfter(ctx context.Context, id int64) (*int64, error) {
+	row := q.db.QueryRow(ctx, messageRestAfter, id)
+	var rest_after *int64
+	err := row.Scan(&rest_after)
+	return rest_after, err
 }
 
 const messageWaves = `-- name: MessageWaves :many
@@ -619,9 +692,9 @@ const setMessageAudience = `-- name: SetMessageAudience :one
 UPDATE messages
 SET state = $1, settled_at = $2,
     recipient_count = $3, device_count = $4, chunk_count = $5,
-    pending_count = $6, expired_count = $7
-WHERE id = $8
-RETURNING id, state, priority, dispatch_at, expires_at, payload_id, audience, local_time, recipient_count, device_count, chunk_count, pending_count, accepted_count, failed_count, expired_count, cancelled_count, schedule_id, schedule_run_at, started_at, settled_at, cancelled_at, skew_p50_ms, skew_p95_ms, skew_p99_ms, skew_max_ms, created_at, skew_histogram, slo_skew_ms, confirmed_count, opened_count, confirmed_histogram
+    pending_count = $6, expired_count = $7, rest_after = $8
+WHERE id = $9
+RETURNING id, state, priority, dispatch_at, expires_at, payload_id, audience, local_time, recipient_count, device_count, chunk_count, pending_count, accepted_count, failed_count, expired_count, cancelled_count, schedule_id, schedule_run_at, started_at, settled_at, cancelled_at, skew_p50_ms, skew_p95_ms, skew_p99_ms, skew_max_ms, created_at, skew_histogram, slo_skew_ms, confirmed_count, opened_count, confirmed_histogram, rest_after
 `
 
 type SetMessageAudienceParams struct {
@@ -632,6 +705,7 @@ type SetMessageAudienceParams struct {
 	ChunkCount     int32
 	PendingCount   int32
 	ExpiredCount   int32
+	RestAfter      *int64
 	ID             int64
 }
 
@@ -646,6 +720,7 @@ func (q *Queries) SetMessageAudience(ctx context.Context, arg SetMessageAudience
 		arg.ChunkCount,
 		arg.PendingCount,
 		arg.ExpiredCount,
+		arg.RestAfter,
 		arg.ID,
 	)
 	var i Message
@@ -681,8 +756,38 @@ func (q *Queries) SetMessageAudience(ctx context.Context, arg SetMessageAudience
 		&i.ConfirmedCount,
 		&i.OpenedCount,
 		&i.ConfirmedHistogram,
+		&i.RestAfter,
 	)
 	return i, err
+}
+
+const staleMessageRests = `-- name: StaleMessageRests :many
+SELECT id FROM messages
+WHERE rest_after IS NOT NULL AND created_at < $1
+ORDER BY created_at
+LIMIT 100
+`
+
+// Messages whose rest has been waiting longer than it takes to write: the
+// request that made them died before writing it.
+func (q *Queries) StaleMessageRests(ctx context.Context, before time.Time) ([]int64, error) {
+	rows, err := q.db.Query(ctx, staleMessageRests, before)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []int64{}
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		items = append(items, id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const startMessage = `-- name: StartMessage :exec
@@ -698,6 +803,17 @@ WHERE id = $1 AND state = 'scheduled'
 func (q *Queries) StartMessage(ctx context.Context, id int64) error {
 	_, err := q.db.Exec(ctx, startMessage, id)
 	return err
+}
+
+const tryLockMessageRest = `-- name: TryLockMessageRest :one
+SELECT pg_try_advisory_xact_lock(hashtext('herald:message-rest'), mod($1::bigint, 2147483647)::integer) AS locked
+`
+
+func (q *Queries) TryLockMessageRest(ctx context.Context, id int64) (bool, error) {
+	row := q.db.QueryRow(ctx, tryLockMessageRest, id)
+	var locked bool
+	err := row.Scan(&locked)
+	return locked, err
 }
 
 const unsettledMessagesByState = `-- name: UnsettledMessagesByState :many

@@ -114,6 +114,7 @@ type Message struct {
 	ConfirmedCount     int32
 	OpenedCount        int32
 	ConfirmedHistogram []int32
+	RestAfter          *int64
 }
 
 type MessageChunk struct {

@@ -3,6 +3,8 @@ package jobs
 import (
 	"encoding/json"
 	"fmt"
+
+	"github.com/heraldpush/herald/db"
 )
 
 // MaxAudienceUsers caps an explicit list of users.
@@ -23,6 +25,20 @@ func (a Audience) MarshalJSON() ([]byte, error) {
 	return json.Marshal(map[string]any{"type": "users", "ids": a.UserIDs})
 }
 
+// UnmarshalJSON reads an audience as MarshalJSON writes it: how a stored
+// message or schedule keeps it.
+func (a *Audience) UnmarshalJSON(raw []byte) error {
+	var v struct {
+		ID  string   `json:"id"`
+		IDs []string `json:"ids"`
+	}
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return fmt.Errorf("decode audience: %w", err)
+	}
+	*a = Audience{SegmentID: v.ID, UserIDs: v.IDs}
+	return nil
+}
+
 // CheckAudience checks an audience: a segment's id, or 1 to
 // MaxAudienceUsers user ids.
 func CheckAudience(a Audience) error {
@@ -41,4 +57,14 @@ func CheckAudience(a Audience) error {
 		}
 	}
 	return nil
+}
+
+// storedAudience is the audience of a stored message, as its audience
+// column keeps it.
+func storedAudience(raw json.RawMessage) (db.Audience, error) {
+	var a Audience
+	if err := json.Unmarshal(raw, &a); err != nil {
+		return db.Audience{}, err
+	}
+	return db.Audience(a), nil
 }

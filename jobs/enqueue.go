@@ -46,6 +46,7 @@ type MessageSpec struct {
 type jobClient interface {
 	InsertManyTx(ctx context.Context, tx pgx.Tx, params []river.InsertManyParams) ([]*rivertype.JobInsertResult, error)
 	JobCancelTx(ctx context.Context, tx pgx.Tx, jobID int64) (*rivertype.JobRow, error)
+	JobDeleteTx(ctx context.Context, tx pgx.Tx, jobID int64) (*rivertype.JobRow, error)
 }
 
 // Enqueuer schedules messages and cancels them before they start:
@@ -80,29 +81,41 @@ const jobBatch = 1000
 // ten. Nothing is visible until the caller commits, and nothing is kept if
 // it rolls back.
 func (e *Enqueuer) Create(ctx context.Context, tx pgx.Tx, m MessageSpec) (db.Message, error) {
+	msg, _, err := e.create(ctx, tx, m, false)
+	return msg, err
+}
+
+// create is Create; with head, a message without local time has its first
+// chunk written alone, and when its audience has more devices it is
+// returned with its backstop job, for the caller to commit tx and write
+// the rest (rest.go).
+func (e *Enqueuer) create(ctx context.Context, tx pgx.Tx, m MessageSpec, head bool) (db.Message, *restJob, error) {
 	q := db.On(tx)
 	// A device erased meanwhile is either cancelled with this message's
 	// ledger committed, or not read at all (db.EraseDevices).
 	if err := q.LockDirectoryShared(ctx); err != nil {
-		return db.Message{}, fmt.Errorf("lock directory: %w", err)
+		return db.Message{}, nil, fmt.Errorf("lock directory: %w", err)
 	}
 	audience := db.Audience{SegmentID: m.Audience.SegmentID, UserIDs: m.Audience.UserIDs}
 	if audience.SegmentID != "" {
 		exists, err := q.SegmentExists(ctx, audience.SegmentID)
 		if err != nil {
-			return db.Message{}, fmt.Errorf("find segment: %w", err)
+			return db.Message{}, nil, fmt.Errorf("find segment: %w", err)
 		}
 		if !exists {
-			return db.Message{}, ErrUnknownSegment
+			return db.Message{}, nil, ErrUnknownSegment
 		}
 	}
 	plan := db.Expansion{ChunkSize: e.chunkSize, FirstChunkSize: firstChunkSize, DispatchAt: m.DispatchAt}
+	if head && m.LocalTime == nil {
+		plan.Head = firstChunkSize
+	}
 	// Each chunk lives as long after its due instant as the message does
 	// after dispatch_at, or a local-time wave's lifetime.
 	lifetime := m.ExpiresAt.Sub(m.DispatchAt)
 	var localJSON []byte
 	if err := planExpansion(ctx, tx, m, audience, &plan); err != nil {
-		return db.Message{}, err
+		return db.Message{}, nil, err
 	}
 	if lt := m.LocalTime; lt != nil {
 		lifetime = lt.Lifetime
@@ -114,7 +127,7 @@ func (e *Enqueuer) Create(ctx context.Context, tx pgx.Tx, m MessageSpec) (db.Mes
 	}
 	payloadID, err := storePayload(ctx, q, m)
 	if err != nil {
-		return db.Message{}, err
+		return db.Message{}, nil, err
 	}
 	msg, err := q.InsertMessage(ctx, db.InsertMessageParams{
 		State: StateScheduled, Priority: m.Priority, DispatchAt: m.DispatchAt, ExpiresAt: m.ExpiresAt,
@@ -122,14 +135,27 @@ func (e *Enqueuer) Create(ctx context.Context, tx pgx.Tx, m MessageSpec) (db.Mes
 		ScheduleID: m.ScheduleID, ScheduleRunAt: m.ScheduleRunAt,
 	})
 	if err != nil {
-		return db.Message{}, fmt.Errorf("store message: %w", err)
+		return db.Message{}, nil, fmt.Errorf("store message: %w", err)
 	}
 	plan.MessageID = msg.ID
 	expanded, err := db.ExpandAudience(ctx, tx, audience, plan)
 	if err != nil {
-		return db.Message{}, err
+		return db.Message{}, nil, err
 	}
 	counts := db.SetMessageAudienceParams{ID: msg.ID, State: StateScheduled, RecipientCount: expanded.Recipients}
+	var rest *restJob
+	if expanded.More {
+		// The rest is written after tx commits, or by the backstop job
+		// should that never happen.
+		counts.RestAfter = &expanded.Chunks[len(expanded.Chunks)-1].LastDevice
+		backstop, err := e.client.InsertManyTx(ctx, tx, []river.InsertManyParams{{
+			Args: RestArgs{MessageID: msg.ID}, InsertOpts: &river.InsertOpts{ScheduledAt: time.Now().Add(restBackstop)},
+		}})
+		if err != nil {
+			return db.Message{}, nil, fmt.Errorf("enqueue the rest's backstop: %w", err)
+		}
+		rest = &restJob{messageID: msg.ID, backstopID: backstop[0].Job.ID}
+	}
 	var chunks []db.ExpandedChunk
 	for _, c := range expanded.Chunks {
 		counts.DeviceCount += c.Devices
@@ -146,7 +172,7 @@ func (e *Enqueuer) Create(ctx context.Context, tx pgx.Tx, m MessageSpec) (db.Mes
 		// expired if every recipient's time had passed.
 		now, err := q.DatabaseNow(ctx)
 		if err != nil {
-			return db.Message{}, fmt.Errorf("read clock: %w", err)
+			return db.Message{}, nil, fmt.Errorf("read clock: %w", err)
 		}
 		counts.State, counts.SettledAt = StateDispatched, &now
 		if counts.ExpiredCount > 0 {
@@ -155,13 +181,105 @@ func (e *Enqueuer) Create(ctx context.Context, tx pgx.Tx, m MessageSpec) (db.Mes
 	}
 	for start := 0; start < len(chunks); start += jobBatch {
 		if err := e.enqueue(ctx, tx, msg, payloadID, lifetime, chunks[start:min(start+jobBatch, len(chunks))]); err != nil {
-			return db.Message{}, err
+			return db.Message{}, nil, err
 		}
 	}
 	if msg, err = q.SetMessageAudience(ctx, counts); err != nil {
-		return db.Message{}, fmt.Errorf("count the audience: %w", err)
+		return db.Message{}, nil, fmt.Errorf("count the audience: %w", err)
 	}
-	return msg, nil
+	return msg, rest, nil
+}
+
+// sendNowWithin is how soon a message must be due to be written in two
+// transactions: one due later has its ledger written before it is due.
+const sendNowWithin = time.Second
+
+// restBackstop is when the backstop job writes a rest that the request
+// did not (it died between its two transactions).
+const restBackstop = 5 * time.Second
+
+// RestKind is the River kind of the backstop job.
+const RestKind = "message_rest"
+
+// RestArgs is the backstop job of a message written in two transactions:
+// it writes the rest of its audience if its request did not.
+type RestArgs struct {
+	MessageID int64 `json:"message_id"`
+}
+
+// Kind implements river.JobArgs.
+func (RestArgs) Kind() string { return RestKind }
+
+// restJob is a message whose rest is to be written, and its backstop job.
+type restJob struct {
+	messageID, backstopID int64
+}
+
+// writeRest writes the rest of message id's audience into the ledger in
+// tx, if it is still to be written, and returns the message. It takes the
+// message's rest lock (held until tx ends), so that of two writers the
+// second finds the rest written. It locks the message's row only at its
+// end, to add the rest to its counts: its first chunk's ledger writes
+// never wait for the rest's.
+func (e *Enqueuer) writeRest(ctx context.Context, tx pgx.Tx, id int64) (db.Message, error) {
+	q := db.On(tx)
+	after, err := q.MessageRestAfter(ctx, id)
+	if err != nil {
+		return db.Message{}, err
+	}
+	if after != nil {
+		if err := q.LockMessageRest(ctx, id); err != nil {
+			return db.Message{}, fmt.Errorf("wait for the rest of message %d: %w", id, err)
+		}
+	}
+	msg, err := q.GetMessage(ctx, id)
+	if err != nil || msg.RestAfter == nil {
+		return msg, err
+	}
+	// As in Create: a device erased meanwhile was erased before this
+	// reads the directory, or is cancelled with what this commits.
+	if err := q.LockDirectoryShared(ctx); err != nil {
+		return db.Message{}, fmt.Errorf("lock directory: %w", err)
+	}
+	audience, err := storedAudience(msg.Audience)
+	if err != nil {
+		return db.Message{}, fmt.Errorf("message %d: %w", id, err)
+	}
+	plan := db.Expansion{MessageID: id, ChunkSize: e.chunkSize, DispatchAt: msg.DispatchAt, After: *msg.RestAfter}
+	if err := planExpansion(ctx, tx, MessageSpec{PayloadID: msg.PayloadID}, audience, &plan); err != nil {
+		return db.Message{}, err
+	}
+	expanded, err := db.ExpandAudience(ctx, tx, audience, plan)
+	if err != nil {
+		return db.Message{}, err
+	}
+	finish := db.FinishMessageRestParams{ID: id, RecipientCount: msg.RecipientCount, Chunks: int32(len(expanded.Chunks))}
+	for _, c := range expanded.Chunks {
+		finish.Devices += c.Devices
+	}
+	if len(expanded.Chunks) > 0 {
+		finish.RecipientCount = expanded.Recipients
+	}
+	lifetime := msg.ExpiresAt.Sub(msg.DispatchAt)
+	for start := 0; start < len(expanded.Chunks); start += jobBatch {
+		if err := e.enqueue(ctx, tx, msg, msg.PayloadID, lifetime, expanded.Chunks[start:min(start+jobBatch, len(expanded.Chunks))]); err != nil {
+			return db.Message{}, err
+		}
+	}
+	pending, err := q.FinishMessageRest(ctx, finish)
+	if err != nil {
+		return db.Message{}, fmt.Errorf("count the rest: %w", err)
+	}
+	if pending == 0 {
+		// The rest was empty and the first chunk has settled: no chunk is
+		// left to settle the message. (The settle is not in this
+		// process's SLO metrics: it is the rare race of a rest whose every
+		// device went in the instant it took the first chunk to settle.)
+		if _, err := q.SettleMessage(ctx, id); err != nil && !errors.Is(err, db.ErrNotFound) {
+			return db.Message{}, fmt.Errorf("settle message: %w", err)
+		}
+	}
+	return q.GetMessage(ctx, id)
 }
 
 // enqueue inserts the jobs of chunks and records which job carries each.
@@ -252,6 +370,14 @@ func planExpansion(ctx context.Context, tx pgx.Tx, m MessageSpec, audience db.Au
 // chunk resolve one way.
 func (e *Enqueuer) Cancel(ctx context.Context, tx pgx.Tx, id int64) (bool, error) {
 	q := db.On(tx)
+	// A message sent now whose rest is being written: the cancel waits
+	// for it, or writes it, and cancels the whole audience.
+	if _, err := e.writeRest(ctx, tx, id); err != nil {
+		if errors.Is(err, db.ErrNotFound) {
+			return false, nil
+		}
+		return false, err
+	}
 	if _, err := q.CancelMessage(ctx, id); err != nil {
 		if errors.Is(err, db.ErrNotFound) {
 			return false, nil

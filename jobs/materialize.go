@@ -174,16 +174,13 @@ func (m *Materializer) materialize(ctx context.Context, tx pgx.Tx, enq *Enqueuer
 		return fmt.Errorf("find run: %w", err)
 	}
 	if !exists {
-		var audience struct {
-			ID  string   `json:"id"`
-			IDs []string `json:"ids"`
-		}
+		var audience Audience
 		if err := json.Unmarshal(s.Audience, &audience); err != nil {
-			return fmt.Errorf("decode audience: %w", err)
+			return err
 		}
 		msg := MessageSpec{
 			Priority: s.Priority, DispatchAt: runAt, ExpiresAt: runAt.Add(ttl),
-			Audience: Audience{SegmentID: audience.ID, UserIDs: audience.IDs}, AudienceJSON: s.Audience,
+			Audience: audience, AudienceJSON: s.Audience,
 			PayloadID: s.PayloadID, ScheduleID: &s.ID, ScheduleRunAt: &runAt,
 		}
 		// The run's last delivery can be made until its span has passed.

@@ -64,8 +64,16 @@ func NewReceipt(m db.Message) Receipt {
 // the API and by Scheduler.Schedule alike. A key that was used before with
 // the same message answers that message's receipt and schedules nothing.
 func (e *Enqueuer) Schedule(ctx context.Context, tx pgx.Tx, m Message, scope string) (Receipt, error) {
+	receipt, _, err := e.schedule(ctx, tx, m, scope, false)
+	return receipt, err
+}
+
+// schedule is Schedule; with split, a message due now may be written in
+// two transactions (rest.go), and is then returned with its rest, for the
+// caller to commit tx and write it.
+func (e *Enqueuer) schedule(ctx context.Context, tx pgx.Tx, m Message, scope string, split bool) (Receipt, *restJob, error) {
 	if err := m.check(); err != nil {
-		return Receipt{}, err
+		return Receipt{}, nil, err
 	}
 	q := db.On(tx)
 	if m.IdempotencyKey != "" {
@@ -75,44 +83,55 @@ func (e *Enqueuer) Schedule(ctx context.Context, tx pgx.Tx, m Message, scope str
 		canon.DispatchAt, canon.ExpiresAt = m.DispatchAt.UTC(), m.ExpiresAt.UTC()
 		prior, err := ClaimIdempotencyKey(ctx, q, scope, m.IdempotencyKey, canon)
 		if err != nil {
-			return Receipt{}, err
+			return Receipt{}, nil, err
 		}
 		if prior != nil {
 			var r Receipt
 			if err := json.Unmarshal(prior, &r); err != nil {
-				return Receipt{}, fmt.Errorf("read idempotency key's receipt: %w", err)
+				return Receipt{}, nil, fmt.Errorf("read idempotency key's receipt: %w", err)
 			}
-			return r, nil
+			if id, ok := push.ParseMessageID(r.MessageID); ok {
+				// The first request may not have written its message's
+				// rest yet: the receipt counts the whole audience.
+				msg, err := e.writeRest(ctx, tx, id)
+				if err != nil && !errors.Is(err, db.ErrNotFound) {
+					return Receipt{}, nil, err
+				}
+				if err == nil {
+					r.RecipientCount, r.DeviceCount, r.ChunkCount = msg.RecipientCount, msg.DeviceCount, msg.ChunkCount
+				}
+			}
+			return r, nil, nil
 		}
 	}
 	now, err := q.DatabaseNow(ctx)
 	if err != nil {
-		return Receipt{}, fmt.Errorf("read clock: %w", err)
+		return Receipt{}, nil, fmt.Errorf("read clock: %w", err)
 	}
 	spec, err := m.spec(now)
 	if err != nil {
-		return Receipt{}, err
+		return Receipt{}, nil, err
 	}
-	msg, err := e.Create(ctx, tx, spec)
+	msg, rest, err := e.create(ctx, tx, spec, split && !spec.DispatchAt.After(now.Add(sendNowWithin)))
 	if errors.Is(err, ErrUnknownSegment) {
-		return Receipt{}, &InvalidError{Field: "audience.id", Message: fmt.Sprintf("segment %q does not exist", m.Audience.SegmentID), Err: err}
+		return Receipt{}, nil, &InvalidError{Field: "audience.id", Message: fmt.Sprintf("segment %q does not exist", m.Audience.SegmentID), Err: err}
 	}
 	if err != nil {
-		return Receipt{}, fmt.Errorf("schedule message: %w", err)
+		return Receipt{}, nil, fmt.Errorf("schedule message: %w", err)
 	}
 	receipt := NewReceipt(msg)
 	if m.IdempotencyKey != "" {
 		body, err := json.Marshal(receipt)
 		if err != nil {
-			return Receipt{}, fmt.Errorf("encode receipt: %w", err)
+			return Receipt{}, nil, fmt.Errorf("encode receipt: %w", err)
 		}
 		if err := q.CompleteIdempotencyKey(ctx, db.CompleteIdempotencyKeyParams{
 			Scope: scope, Key: m.IdempotencyKey, MessageID: &msg.ID, Response: body,
 		}); err != nil {
-			return Receipt{}, fmt.Errorf("record idempotency key: %w", err)
+			return Receipt{}, nil, fmt.Errorf("record idempotency key: %w", err)
 		}
 	}
-	return receipt, nil
+	return receipt, rest, nil
 }
 
 // check applies the rules that need no clock, filling in the priority's

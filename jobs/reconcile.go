@@ -158,7 +158,8 @@ func (r *Reconciler) settle(ctx context.Context, id int64) (int, error) {
 // ReconcileWorker runs the Reconciler as River's periodic job.
 type ReconcileWorker struct {
 	river.WorkerDefaults[ReconcileArgs]
-	r *Reconciler
+	r         *Reconciler
+	chunkSize int
 }
 
 // Work settles the stuck messages, after removing the completed runs of
@@ -167,6 +168,30 @@ func (w *ReconcileWorker) Work(ctx context.Context, _ *river.Job[ReconcileArgs])
 	if err := db.DeleteCompletedRuns(ctx, w.r.cfg.Pool, ReconcileKind); err != nil {
 		return err
 	}
+	if err := w.r.completeRests(ctx, NewEnqueuer(river.ClientFromContext[pgx.Tx](ctx), w.chunkSize)); err != nil {
+		return err
+	}
 	_, err := w.r.Run(ctx)
 	return err
+}
+
+// staleRest is how long a message's rest may wait before the reconciler
+// writes it: far longer than its request or its backstop job take.
+const staleRest = time.Minute
+
+// completeRests writes the rests that neither their request nor their
+// backstop job wrote (an operator deleted the job in River UI, or it ran
+// out of attempts), so that no message stays unsettled for want of them.
+func (r *Reconciler) completeRests(ctx context.Context, e *Enqueuer) error {
+	ids, err := db.On(r.cfg.Pool).StaleMessageRests(ctx, time.Now().Add(-staleRest))
+	if err != nil {
+		return fmt.Errorf("find stale rests: %w", err)
+	}
+	for _, id := range ids {
+		if err := completeRest(ctx, r.cfg.Pool, e, id); err != nil {
+			return fmt.Errorf("write the rest of message %d: %w", id, err)
+		}
+		r.cfg.Logger.WarnContext(ctx, "wrote the rest of a message sent now that its request and backstop did not", "message_id", id)
+	}
+	return nil
 }

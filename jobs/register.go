@@ -19,7 +19,8 @@ func Register(workers *river.Workers, fanOut FanOutConfig, materializer *Materia
 	}
 	river.AddWorker(workers, w)
 	river.AddWorker(workers, &MaterializeWorker{m: materializer})
-	river.AddWorker(workers, &ReconcileWorker{r: reconciler})
+	river.AddWorker(workers, &ReconcileWorker{r: reconciler, chunkSize: materializer.cfg.ChunkSize})
+	river.AddWorker(workers, &RestWorker{pool: fanOut.Pool, chunkSize: materializer.cfg.ChunkSize})
 	river.AddWorker(workers, NewRetainWorker(retainer))
 	return w, nil
 }

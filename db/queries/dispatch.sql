@@ -182,6 +182,8 @@ WHERE message_id = @message_id AND chunk = @chunk;
 -- them all. The row returned is what the settling process observes in the
 -- metrics (herald_message_skew_max_seconds): only one transaction's guard
 -- passes, so each message is counted once, by the process that settled it.
+-- A message whose rest is still to be written (migration 0020) has more to
+-- come and does not settle.
 UPDATE messages m
 SET state = CASE WHEN m.accepted_count + m.failed_count = 0 AND m.expired_count > 0 THEN 'expired' ELSE 'dispatched' END,
     settled_at = clock_timestamp(),
@@ -203,6 +205,7 @@ SET state = CASE WHEN m.accepted_count + m.failed_count = 0 AND m.expired_count 
         ) a
     )
 WHERE m.id = @message_id AND m.pending_count = 0 AND m.state IN ('scheduled', 'dispatching')
+  AND m.rest_after IS NULL
 RETURNING m.state, m.priority, m.slo_skew_ms;
 
 -- name: LockMessage :one

@@ -36,9 +36,55 @@ RETURNING *;
 UPDATE messages
 SET state = @state, settled_at = @settled_at,
     recipient_count = @recipient_count, device_count = @device_count, chunk_count = @chunk_count,
-    pending_count = @pending_count, expired_count = @expired_count
+    pending_count = @pending_count, expired_count = @expired_count, rest_after = sqlc.narg('rest_after')
 WHERE id = @id
 RETURNING *;
+
+-- name: MessageRestAfter :one
+-- Whether the rest of a message's audience is still to be written
+-- (migration 0020): the device id it starts after, NULL when it is not.
+SELECT rest_after FROM messages WHERE id = @id;
+
+-- name: LockMessageRest :exec
+-- Taken by whatever writes the rest of a message's audience, and held until
+-- its transaction ends: the request that made the message takes it before
+-- the message commits, so that a cancel, a retry or the reconciler waits
+-- for the rest rather than racing it. Keyed by the message's id, folded
+-- into the second key of the two-key form (which is apart from every
+-- one-key lock).
+SELECT pg_advisory_xact_lock(hashtext('herald:message-rest'), mod(@id::bigint, 2147483647)::integer);
+
+-- name: TryLockMessageRest :one
+SELECT pg_try_advisory_xact_lock(hashtext('herald:message-rest'), mod(@id::bigint, 2147483647)::integer) AS locked;
+
+-- name: FinishMessageRest :one
+-- Adds what the rest of a message's audience wrote to its counts and says
+-- the whole audience is in the ledger. recipient_count is given whole (the
+-- rest's users may have devices in the first chunk too). The receipt an
+-- idempotent retry replays gets the final counts.
+WITH finished AS (
+    UPDATE messages m
+    SET rest_after = NULL, recipient_count = @recipient_count::integer,
+        device_count = m.device_count + @devices::integer, pending_count = m.pending_count + @devices::integer,
+        chunk_count = m.chunk_count + @chunks::integer
+    WHERE m.id = @id
+    RETURNING m.*
+), keys AS (
+    UPDATE idempotency_keys k
+    SET response = k.response || jsonb_build_object(
+            'recipient_count', f.recipient_count, 'device_count', f.device_count, 'chunk_count', f.chunk_count)
+    FROM finished f
+    WHERE k.message_id = f.id AND k.response IS NOT NULL
+)
+SELECT pending_count FROM finished;
+
+-- name: StaleMessageRests :many
+-- Messages whose rest has been waiting longer than it takes to write: the
+-- request that made them died before writing it.
+SELECT id FROM messages
+WHERE rest_after IS NOT NULL AND created_at < @before
+ORDER BY created_at
+LIMIT 100;
 
 -- name: InsertMessageChunks :exec
 INSERT INTO message_chunks (message_id, chunk, job_id, due_at, device_count)

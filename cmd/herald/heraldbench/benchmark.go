@@ -111,7 +111,7 @@ func (b *Benchmark) Run(ctx context.Context, admin string) (*Result, error) {
 	if err := b.playDevices(ctx); err != nil {
 		return nil, err
 	}
-	if err := b.sendBefore(ctx, pool, res.Devices); err != nil {
+	if err := b.sendBefore(ctx, pool, res.Devices, res); err != nil {
 		return nil, err
 	}
 	if b.Config.Receipts && b.Config.Before > 0 {

@@ -13,6 +13,7 @@ import (
 	"github.com/heraldpush/herald/api/client"
 	"github.com/heraldpush/herald/db"
 	"github.com/heraldpush/herald/jobs"
+	"github.com/heraldpush/herald/jobs/push/fake"
 )
 
 // A message's life, as the bench counts PostgreSQL's CPU for it, runs from
@@ -150,7 +151,12 @@ func cleanUp(ctx context.Context, pool db.DBTX) error {
 // Herald, due at once, and waits for each round to settle (reading their
 // status as for the measured ones) and be cleaned up, so that the measured
 // messages meet a ledger in the state earlier messages leave it in.
-func (b *Benchmark) sendBefore(ctx context.Context, pool db.DBTX, devices int) error {
+//
+// The earlier rounds are messages sent now: each round's first message
+// gives the figures of a send-now (Result.Now), from its request's start
+// to its answer and to its first push at fakepush, by the same host's
+// clock.
+func (b *Benchmark) sendBefore(ctx context.Context, pool db.DBTX, devices int, res *Result) error {
 	for round := range b.Config.Before {
 		start := time.Now()
 		var ids []string
@@ -159,11 +165,22 @@ func (b *Benchmark) sendBefore(ctx context.Context, pool db.DBTX, devices int) e
 			if err != nil {
 				return fmt.Errorf("earlier message: %w", err)
 			}
+			if i == 0 {
+				res.Now.AnsweredMs = append(res.Now.AnsweredMs, ms(time.Since(start)))
+			}
 			ids = append(ids, m.MessageID)
 		}
 		var reads atomic.Int64
 		if err := <-b.readStatus(ctx, ids, settleDeadline(time.Now(), devices), &reads); err != nil {
 			return fmt.Errorf("earlier message: %w", err)
+		}
+		receipts, _, err := b.receipts(ids[0])
+		if err != nil {
+			return err
+		}
+		if len(receipts) > 0 {
+			first := slices.MinFunc(receipts, func(a, b fake.Receipt) int { return a.ReceivedAt.Compare(b.ReceivedAt) })
+			res.Now.FirstPushMs = append(res.Now.FirstPushMs, ms(first.ReceivedAt.Sub(start)))
 		}
 		if err := cleanUp(ctx, pool); err != nil {
 			return err

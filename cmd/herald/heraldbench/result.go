@@ -115,6 +115,13 @@ type Result struct {
 	// Receipts is what the devices fakepush played sent back, with
 	// --receipts; null without.
 	Receipts *Receipts `json:"receipts"`
+	// Now is a message sent now, from each earlier round (--before): how
+	// long after its request started the answer came (answered_ms) and its
+	// first push reached fakepush (first_push_ms).
+	Now struct {
+		AnsweredMs  []float64 `json:"answered_ms"`
+		FirstPushMs []float64 `json:"first_push_ms"`
+	} `json:"now"`
 }
 
 // postgresShare is the CPU of every process of the PostgreSQL cluster
