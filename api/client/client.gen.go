@@ -1828,12 +1828,16 @@ type ClientInterface interface {
 
 	// CreateMessageWithBody Schedule a message; the audience is expanded to devices before the answer.
 	//
+	// The answer comes once the whole audience is in the ledger and counts all of it. A message due within a second has its first chunk (50 devices) committed first, so its first pushes may go before the answer while the rest of the audience is written.
+	//
 	// Takes any type of body and a specified content type.
 	//
 	// Corresponds with POST /v1/messages (the `CreateMessage` operationId).
 	CreateMessageWithBody(ctx context.Context, params *CreateMessageParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// CreateMessage Schedule a message; the audience is expanded to devices before the answer.
+	//
+	// The answer comes once the whole audience is in the ledger and counts all of it. A message due within a second has its first chunk (50 devices) committed first, so its first pushes may go before the answer while the rest of the audience is written.
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -2344,6 +2348,8 @@ func (c *Client) ListMessages(ctx context.Context, params *ListMessagesParams, r
 
 // CreateMessageWithBody Schedule a message; the audience is expanded to devices before the answer.
 //
+// The answer comes once the whole audience is in the ledger and counts all of it. A message due within a second has its first chunk (50 devices) committed first, so its first pushes may go before the answer while the rest of the audience is written.
+//
 // Takes any type of body and a specified content type.
 //
 // Corresponds with POST /v1/messages (the `CreateMessage` operationId).
@@ -2360,6 +2366,8 @@ func (c *Client) CreateMessageWithBody(ctx context.Context, params *CreateMessag
 }
 
 // CreateMessage Schedule a message; the audience is expanded to devices before the answer.
+//
+// The answer comes once the whole audience is in the ledger and counts all of it. A message due within a second has its first chunk (50 devices) committed first, so its first pushes may go before the answer while the rest of the audience is written.
 //
 // Takes a body of the `application/json` content type.
 //
@@ -4857,12 +4865,16 @@ type ClientWithResponsesInterface interface {
 
 	// CreateMessageWithBodyWithResponse Schedule a message; the audience is expanded to devices before the answer.
 	//
+	// The answer comes once the whole audience is in the ledger and counts all of it. A message due within a second has its first chunk (50 devices) committed first, so its first pushes may go before the answer while the rest of the audience is written.
+	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/messages (the `CreateMessage` operationId).
 	CreateMessageWithBodyWithResponse(ctx context.Context, params *CreateMessageParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateMessageResponse, error)
 
 	// CreateMessageWithResponse Schedule a message; the audience is expanded to devices before the answer.
+	//
+	// The answer comes once the whole audience is in the ledger and counts all of it. A message due within a second has its first chunk (50 devices) committed first, so its first pushes may go before the answer while the rest of the audience is written.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -8736,6 +8748,8 @@ func (c *ClientWithResponses) ListMessagesWithResponse(ctx context.Context, para
 
 // CreateMessageWithBodyWithResponse Schedule a message; the audience is expanded to devices before the answer.
 //
+// The answer comes once the whole audience is in the ledger and counts all of it. A message due within a second has its first chunk (50 devices) committed first, so its first pushes may go before the answer while the rest of the audience is written.
+//
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/messages (the `CreateMessage` operationId).
@@ -8748,6 +8762,8 @@ func (c *ClientWithResponses) CreateMessageWithBodyWithResponse(ctx context.Cont
 }
 
 // CreateMessageWithResponse Schedule a message; the audience is expanded to devices before the answer.
+//
+// The answer comes once the whole audience is in the ledger and counts all of it. A message due within a second has its first chunk (50 devices) committed first, so its first pushes may go before the answer while the rest of the audience is written.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
