@@ -3,6 +3,7 @@ package db_test
 import (
 	"context"
 	"math"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -373,4 +374,56 @@ func TestWriteChunksOfManyMessages(t *testing.T) {
 	_, err = tdb.Pool.Exec(ctx, "SELECT pg_stat_force_next_flush()")
 	require.NoError(t, err)
 	require.Equal(t, before, deadlocks())
+}
+
+// TestSettleStoresExactPercentiles checks the skew percentiles a message
+// keeps once settled: percentile_cont's, over its accepted deliveries
+// alone, to a tenth of a millisecond, as computed here by interpolating
+// between the nearest ranks.
+func TestSettleStoresExactPercentiles(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tdb := dbtest.New(t)
+	due := time.Now().Add(-time.Hour).Truncate(time.Second)
+	const accepted = 37
+	var id int64
+	require.NoError(t, tdb.Pool.QueryRow(ctx, `
+		WITH p AS (INSERT INTO payloads (content) VALUES ('{}') RETURNING id)
+		INSERT INTO messages (state, priority, dispatch_at, expires_at, payload_id, audience, device_count, chunk_count, pending_count)
+		SELECT 'dispatching', 'bulk', $1, $1::timestamptz + interval '1 minute', p.id, '{}', $2, 1, $2 FROM p
+		RETURNING id`, due, accepted+1).Scan(&id))
+	w := db.ChunkWrite{MessageID: id, Settle: true}
+	var skews []float64
+	for i := range accepted + 1 {
+		_, err := tdb.Pool.Exec(ctx, `
+			INSERT INTO deliveries (message_id, device_id, user_id, channel, chunk, due_at)
+			VALUES ($1, $2, 'u', 'fcm', 0, $3)`, id, i+1, due)
+		require.NoError(t, err)
+		// Out of order, 7.3 ms apart; one refusal, latest of all.
+		after := time.Duration((i*17)%accepted) * 7300 * time.Microsecond
+		if i == accepted {
+			w.Results.Add(id, int64(i+1), "failed", "unregistered", due.Add(2*time.Second).UnixMicro(), 0)
+			continue
+		}
+		skews = append(skews, float64(after.Microseconds())/1000)
+		w.Results.Add(id, int64(i+1), "accepted", "", due.Add(after).UnixMicro(), due.Add(after).UnixMicro())
+	}
+	_, err := db.WriteChunks(ctx, tdb.Pool, []db.ChunkWrite{w})
+	require.NoError(t, err)
+	slices.Sort(skews)
+	percentile := func(p float64) float64 {
+		pos := p * float64(len(skews)-1)
+		lo := int(math.Floor(pos))
+		v := skews[lo]
+		if lo+1 < len(skews) {
+			v += (pos - float64(lo)) * (skews[lo+1] - skews[lo])
+		}
+		return math.Round(v*10) / 10
+	}
+	var p50, p95, p99, maxSkew, slo float64
+	require.NoError(t, tdb.Pool.QueryRow(ctx, `
+		SELECT skew_p50_ms, skew_p95_ms, skew_p99_ms, skew_max_ms, slo_skew_ms FROM messages WHERE id = $1`, id).
+		Scan(&p50, &p95, &p99, &maxSkew, &slo))
+	require.Equal(t, []float64{percentile(0.5), percentile(0.95), percentile(0.99), skews[len(skews)-1], 2000},
+		[]float64{p50, p95, p99, maxSkew, slo})
 }

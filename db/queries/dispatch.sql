@@ -188,21 +188,26 @@ UPDATE messages m
 SET state = CASE WHEN m.accepted_count + m.failed_count = 0 AND m.expired_count > 0 THEN 'expired' ELSE 'dispatched' END,
     settled_at = clock_timestamp(),
     (skew_p50_ms, skew_p95_ms, skew_p99_ms, skew_max_ms, slo_skew_ms) = (
-        SELECT round((percentile_cont(0.5) WITHIN GROUP (ORDER BY a.s) FILTER (WHERE a.status = 'accepted'))::numeric, 1)::double precision,
-               round((percentile_cont(0.95) WITHIN GROUP (ORDER BY a.s) FILTER (WHERE a.status = 'accepted'))::numeric, 1)::double precision,
-               round((percentile_cont(0.99) WITHIN GROUP (ORDER BY a.s) FILTER (WHERE a.status = 'accepted'))::numeric, 1)::double precision,
-               round((max(a.s) FILTER (WHERE a.status = 'accepted'))::numeric, 1)::double precision,
-               round(max(a.s)::numeric, 1)::double precision
+        SELECT round(g.p[1]::numeric, 1)::double precision, round(g.p[2]::numeric, 1)::double precision,
+               round(g.p[3]::numeric, 1)::double precision, round(g.accepted_max::numeric, 1)::double precision,
+               round(g.all_max::numeric, 1)::double precision
         FROM (
-            SELECT d.status,
-                   CASE d.status
-                       WHEN 'accepted' THEN extract(epoch FROM d.accepted_at - d.due_at) * 1000
-                       WHEN 'failed' THEN extract(epoch FROM coalesce(d.attempted_at, clock_timestamp()) - d.due_at) * 1000
-                       ELSE greatest(extract(epoch FROM clock_timestamp() - d.due_at) * 1000, 1001)
-                   END AS s
-            FROM deliveries d
-            WHERE d.message_id = m.id AND d.status IN ('accepted', 'failed', 'expired') AND d.chunk >= 0
-        ) a
+            -- One sort for the three percentiles, of doubles: date_part,
+            -- not extract, whose numeric made this a third of the cost.
+            SELECT percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY a.s) FILTER (WHERE a.status = 'accepted') AS p,
+                   max(a.s) FILTER (WHERE a.status = 'accepted') AS accepted_max,
+                   max(a.s) AS all_max
+            FROM (
+                SELECT d.status,
+                       CASE d.status
+                           WHEN 'accepted' THEN date_part('epoch', d.accepted_at - d.due_at) * 1000
+                           WHEN 'failed' THEN date_part('epoch', coalesce(d.attempted_at, clock_timestamp()) - d.due_at) * 1000
+                           ELSE greatest(date_part('epoch', clock_timestamp() - d.due_at) * 1000, 1001)
+                       END AS s
+                FROM deliveries d
+                WHERE d.message_id = m.id AND d.status IN ('accepted', 'failed', 'expired') AND d.chunk >= 0
+            ) a
+        ) g
     )
 WHERE m.id = @message_id AND m.pending_count = 0 AND m.state IN ('scheduled', 'dispatching')
   AND m.rest_after IS NULL
