@@ -38,7 +38,8 @@ func DueJobArgs(ctx context.Context, q DBTX, kind, queue string, at time.Time, l
 // (queueChunkRead, on the generic plan), and keeps none of it: the pages of
 // the chunk's part of the ledger, of its devices and of their indexes are
 // in PostgreSQL's buffers when the chunk begins, and the connection has the
-// statement prepared. When payloadID is not zero it returns the payload
+// statements prepared (the message's state read too, which BeginChunk
+// reads after it marks the message dispatching). When payloadID is not zero it returns the payload
 // too, so the caller can encode the message ahead as well. It changes
 // nothing.
 func WarmChunk(ctx context.Context, pool *pgxpool.Pool, c ChunkPendingParams, payloadID int64) (payload []byte, rows int, err error) {
@@ -46,6 +47,7 @@ func WarmChunk(ctx context.Context, pool *pgxpool.Pool, c ChunkPendingParams, pa
 	err = inBatch(ctx, pool, func(b *pgx.Batch) {
 		out = ChunkStart{}
 		b.Queue(useGenericPlans)
+		b.Queue(messageState, c.MessageID)
 		queueChunkRead(b, c, payloadID, &out)
 	})
 	if err != nil {

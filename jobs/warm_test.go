@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/heraldpush/herald/db"
@@ -123,4 +124,42 @@ func TestWakerWarmsEachInstantBeforeIt(t *testing.T) {
 	require.True(t, c.at.Equal(at), "warmed %s, due %s", c.at, at)
 	require.True(t, c.when.Before(at), "warmed at %s, due %s", c.when, at)
 	require.WithinDuration(t, at.Add(-clock.Offset()), c.deadline, time.Millisecond, "the warm-up ends at the instant")
+}
+
+// TestWarmOpensTheConnectionsOfAnInstant: the warm-up reads the instant's
+// chunks side by side, so that the lane's pool has open, primed connections
+// for the chunks that begin together (a pool opens connections only as
+// they are wanted, and one opened at the instant is a backend started when
+// the machine is busiest), leaving warmSpare of them to the rest.
+func TestWarmOpensTheConnectionsOfAnInstant(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tdb := dbtest.New(t)
+	q := db.On(tdb.Pool)
+	users := registerUsers(t, q, "wc", 30)
+	client, err := NewRiverClient(tdb.Pool, RiverConfig{Logger: discard})
+	require.NoError(t, err)
+	enq := NewEnqueuer(client, firstChunkSize)
+	now, err := q.DatabaseNow(ctx)
+	require.NoError(t, err)
+	at := now.Add(time.Minute).Truncate(time.Millisecond)
+	for range 12 {
+		scheduleAt(t, tdb.Pool, enq, PriorityBulk, users, at)
+	}
+	_, err = db.PromoteDueJobs(ctx, tdb.Pool, []string{QueueBulk}, 2*time.Minute, 100)
+	require.NoError(t, err)
+
+	cfg := tdb.Pool.Config()
+	cfg.MaxConns, cfg.MinConns = 8, 0
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer pool.Close()
+	w := NewFanOutWorker(FanOutConfig{Pool: pool, Logger: discard, Clock: NewClock(pool, discard),
+		Lanes: []Lane{{Queue: QueueBulk, Workers: 12}}})
+	require.NoError(t, w.Warm(ctx, QueueBulk, at))
+	// Six reads start together, each on a connection of its own unless
+	// one came back first: one read takes less than opening a connection.
+	opened := pool.Stat().TotalConns()
+	require.GreaterOrEqual(t, opened, int32(4), "the warm-up opened the connections its twelve chunks begin on")
+	require.LessOrEqual(t, opened, int32(8-warmSpare), "and left warmSpare to the rest")
 }
