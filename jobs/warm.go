@@ -23,8 +23,8 @@ import (
 // the first read of each chunk's devices could go to disk.
 //
 // The reads run side by side, on as many of the lane's connections as
-// they need (all but warmSpare of them): the pool opens the connections the
-// instant's chunks will begin on, and each has the chunk read prepared and
+// begin together at the instant (warmConns): the pool opens the connections
+// the instant's chunks will begin on, and each has the chunk read prepared and
 // its backend's caches filled. A pool opens connections only as they are
 // wanted, so at an instant with twenty messages due the first chunks found
 // nine connections open; the others waited for connections to be made
@@ -50,7 +50,7 @@ func (w *FanOutWorker) Warm(ctx context.Context, queue string, at time.Time) err
 		}
 	}
 	g, ctx := errgroup.WithContext(ctx)
-	g.SetLimit(max(1, int(lane.Pool.Config().MaxConns)-warmSpare))
+	g.SetLimit(warmConns(int(lane.Pool.Config().MaxConns), chunks))
 	for _, a := range chunks {
 		g.Go(func() error { return w.warmChunk(ctx, lane.Pool, a) })
 	}
@@ -60,6 +60,25 @@ func (w *FanOutWorker) Warm(ctx context.Context, queue string, at time.Time) err
 // warmSpare is how many of a lane's connections its warm-up leaves to the
 // rest of the process (the ledger writer, River's fetches, the API).
 const warmSpare = 2
+
+// warmConns is how many connections of a pool of maxConns the warm-up of
+// chunks reads on: as many as begin together at the instant, every first
+// chunk and as many others as the begin gate lets through (a quarter of
+// the pool), all but warmSpare at most. No more: a connection opened and
+// primed for a chunk that will not begin at the instant costs PostgreSQL a
+// backend's start and a plan of each statement for nothing (reading one
+// message's fifty chunks on eighteen connections took PostgreSQL's CPU over
+// the wait before its instant from 14-20 to 30 µs a device, in herald
+// bench's runs).
+func warmConns(maxConns int, chunks []FanOutArgs) int {
+	n := maxConns / 4
+	for _, a := range chunks {
+		if a.Chunk == 0 {
+			n++
+		}
+	}
+	return max(1, min(n, maxConns-warmSpare))
+}
 
 // warmChunk reads chunk a as its beginning will, and encodes its message
 // into the cache if it is not there.

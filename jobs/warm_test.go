@@ -3,6 +3,7 @@ package jobs
 import (
 	"context"
 	"encoding/json"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -157,9 +158,15 @@ func TestWarmOpensTheConnectionsOfAnInstant(t *testing.T) {
 	w := NewFanOutWorker(FanOutConfig{Pool: pool, Logger: discard, Clock: NewClock(pool, discard),
 		Lanes: []Lane{{Queue: QueueBulk, Workers: 12}}})
 	require.NoError(t, w.Warm(ctx, QueueBulk, at))
-	// Six reads start together, each on a connection of its own unless
-	// one came back first: one read takes less than opening a connection.
+	// Twelve first chunks begin together: six reads start together, each
+	// on a connection of its own unless one came back first (one read
+	// takes less than opening a connection).
 	opened := pool.Stat().TotalConns()
 	require.GreaterOrEqual(t, opened, int32(4), "the warm-up opened the connections its twelve chunks begin on")
 	require.LessOrEqual(t, opened, int32(8-warmSpare), "and left warmSpare to the rest")
+	// One message's chunks begin its first and a quarter of the pool's
+	// connections' worth of others: the warm-up opens no more.
+	one := []FanOutArgs{{Chunk: 0}, {Chunk: 1}, {Chunk: 2}, {Chunk: 3}, {Chunk: 4}}
+	require.Equal(t, 20/4+1, warmConns(20, one))
+	require.Equal(t, 20-warmSpare, warmConns(20, slices.Repeat([]FanOutArgs{{Chunk: 0}}, 30)))
 }
