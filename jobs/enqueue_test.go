@@ -44,6 +44,28 @@ func registerUsers(t testing.TB, q *db.Queries, prefix string, n int) []string {
 	return users
 }
 
+// chunkSizes are the sizes of a message's chunks in the ledger, in chunk
+// order, checking that they are ranges of devices in order.
+func chunkSizes(t *testing.T, pool *pgxpool.Pool, id int64) []int {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `
+		SELECT count(*), min(device_id), max(device_id) FROM deliveries
+		WHERE message_id = $1 GROUP BY chunk ORDER BY chunk`, id)
+	require.NoError(t, err)
+	defer rows.Close()
+	var sizes []int
+	var last int64
+	for rows.Next() {
+		var n int
+		var first, end int64
+		require.NoError(t, rows.Scan(&n, &first, &end))
+		require.Greater(t, first, last, "chunks are ranges of devices, in order")
+		sizes, last = append(sizes, n), end
+	}
+	require.NoError(t, rows.Err())
+	return sizes
+}
+
 // startRecorder is a chunk worker that only records when each chunk
 // started, by the database's clock (River sets attempted_at with now() in
 // its fetch), against the instant it was scheduled for.
@@ -357,20 +379,6 @@ func TestFirstChunkIsSmall(t *testing.T) {
 		})
 		return err
 	}))
-	rows, err := tdb.Pool.Query(ctx, `
-		SELECT count(*), min(device_id), max(device_id) FROM deliveries
-		WHERE message_id = $1 GROUP BY chunk ORDER BY chunk`, msg.ID)
-	require.NoError(t, err)
-	var sizes []int
-	var last int64
-	for rows.Next() {
-		var n int
-		var first, end int64
-		require.NoError(t, rows.Scan(&n, &first, &end))
-		require.Greater(t, first, last, "chunks are ranges of devices, in order")
-		sizes, last = append(sizes, n), end
-	}
-	require.NoError(t, rows.Err())
-	require.Equal(t, []int{firstChunkSize, firstChunkSize + 20, 10}, sizes)
+	require.Equal(t, []int{firstChunkSize, firstChunkSize + 20, 10}, chunkSizes(t, tdb.Pool, msg.ID))
 	require.EqualValues(t, 3, msg.ChunkCount)
 }

@@ -59,28 +59,6 @@ func restPopulation(t *testing.T, q *db.Queries, n int) []string {
 	return users
 }
 
-// chunkSizes are the sizes of a message's chunks in the ledger, in chunk
-// order, checking that they are ranges of devices in order.
-func chunkSizes(t *testing.T, pool *pgxpool.Pool, id int64) []int {
-	t.Helper()
-	rows, err := pool.Query(context.Background(), `
-		SELECT count(*), min(device_id), max(device_id) FROM deliveries
-		WHERE message_id = $1 GROUP BY chunk ORDER BY chunk`, id)
-	require.NoError(t, err)
-	defer rows.Close()
-	var sizes []int
-	var last int64
-	for rows.Next() {
-		var n int
-		var first, end int64
-		require.NoError(t, rows.Scan(&n, &first, &end))
-		require.Greater(t, first, last, "chunks are ranges of devices, in order")
-		sizes, last = append(sizes, n), end
-	}
-	require.NoError(t, rows.Err())
-	return sizes
-}
-
 func nowMessage(users []string) Message {
 	return Message{Priority: PriorityBulk, Audience: Audience{UserIDs: users}, Payload: push.Content{Title: "now"}}
 }
