@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/heraldpush/herald/api/client"
+	"github.com/heraldpush/herald/jobs"
 	"github.com/heraldpush/herald/jobs/push"
 )
 
@@ -382,11 +383,25 @@ func TestE2EWebhookBatches(t *testing.T) {
 		require.Equal(t, 1, seen[id], id)
 	}
 	calls := hooks.snapshot()
+	var first, last time.Time
 	for _, c := range calls {
 		require.LessOrEqual(t, len(c.batch.Events), 1000)
+		for _, ev := range c.batch.Events {
+			if first.IsZero() || ev.At.Before(first) {
+				first = ev.At
+			}
+			if ev.At.After(last) {
+				last = ev.At
+			}
+		}
 	}
-	t.Logf("%d failures in %d calls", n, len(calls))
-	require.LessOrEqual(t, len(calls), n/1000+5, "one call per thousand events, and a few more")
+	// Each dispatcher pass (one a second) while the failures were coming
+	// may cut the message's events once more: on a loaded machine the
+	// provider's timeouts park chunks, and their failures come over tens
+	// of seconds.
+	passes := int(last.Sub(first)/jobs.DefaultWebhookDispatchEvery) + 1
+	t.Logf("%d failures in %d calls, over %s", n, len(calls), last.Sub(first))
+	require.LessOrEqual(t, len(calls), n/1000+passes+5, "one call per thousand events, and one more a pass at most")
 }
 
 // TestE2EWebhookReceiverHangs: a receiver that never answers delays no
