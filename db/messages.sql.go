@@ -608,19 +608,6 @@ func (q *Queries) MessageChunkJobs(ctx context.Context, messageID int64) ([]int6
 	return items, nil
 }
 
-const messageRestAfter = `-- name: MessageRestAfter :one
-SELECT rest_after FROM messages WHERE id = $1
-`
-
-// Whether the rest of a message's audience is still to be written
-// (migration 0020): the device id it starts after, NULL when it is not.
-func (q *Queries) MessageRestAfter(ctx context.Context, id int64) (*int64, error) {
-	row := q.db.QueryRow(ctx, messageRestAfter, id)
-	var rest_after *int64
-	err := row.Scan(&rest_after)
-	return rest_after, err
-}
-
 const messageWaves = `-- name: MessageWaves :many
 SELECT due_at,
        count(*)::integer AS devices,

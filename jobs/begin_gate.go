@@ -98,6 +98,15 @@ func newBeginGate(others int, wait time.Duration) *beginGate {
 	return &beginGate{others: make(chan struct{}, max(others, 1)), firstsWait: wait}
 }
 
+// othersAtOnce is how many chunks that are not a message's first begin at
+// once (none without a gate: every chunk begins then, and none waits).
+func (g *beginGate) othersAtOnce() int {
+	if g == nil {
+		return 0
+	}
+	return cap(g.others)
+}
+
 // enter waits until a chunk may begin (first: a message's first chunk) and
 // returns what to call once it has. A nil gate lets every chunk begin.
 func (g *beginGate) enter(ctx context.Context, first bool) (release func(), err error) {

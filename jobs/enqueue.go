@@ -223,17 +223,16 @@ type restJob struct {
 // never wait for the rest's.
 func (e *Enqueuer) writeRest(ctx context.Context, tx pgx.Tx, id int64) (db.Message, error) {
 	q := db.On(tx)
-	after, err := q.MessageRestAfter(ctx, id)
-	if err != nil {
-		return db.Message{}, err
-	}
-	if after != nil {
-		if err := q.LockMessageRest(ctx, id); err != nil {
-			return db.Message{}, fmt.Errorf("wait for the rest of message %d: %w", id, err)
-		}
-	}
 	msg, err := q.GetMessage(ctx, id)
 	if err != nil || msg.RestAfter == nil {
+		return msg, err
+	}
+	// Still to be written: under the lock, another writer has written it
+	// or none is writing it.
+	if err := q.LockMessageRest(ctx, id); err != nil {
+		return db.Message{}, fmt.Errorf("wait for the rest of message %d: %w", id, err)
+	}
+	if msg, err = q.GetMessage(ctx, id); err != nil || msg.RestAfter == nil {
 		return msg, err
 	}
 	// As in Create: a device erased meanwhile was erased before this

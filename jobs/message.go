@@ -55,8 +55,14 @@ func NewReceipt(m db.Message) Receipt {
 	return Receipt{
 		MessageID: push.FormatMessageID(m.ID), State: m.State,
 		DispatchAt: m.DispatchAt.UTC(), ExpiresAt: m.ExpiresAt.UTC(), Priority: m.Priority,
-		RecipientCount: m.RecipientCount, DeviceCount: m.DeviceCount, ChunkCount: m.ChunkCount,
-	}
+	}.counted(m)
+}
+
+// counted is r with the audience's counts of m, the message it names: a
+// message sent now has them whole only once its rest is written.
+func (r Receipt) counted(m db.Message) Receipt {
+	r.RecipientCount, r.DeviceCount, r.ChunkCount = m.RecipientCount, m.DeviceCount, m.ChunkCount
+	return r
 }
 
 // Schedule checks m and schedules it in tx, idempotently within scope (the
@@ -98,7 +104,7 @@ func (e *Enqueuer) schedule(ctx context.Context, tx pgx.Tx, m Message, scope str
 					return Receipt{}, nil, err
 				}
 				if err == nil {
-					r.RecipientCount, r.DeviceCount, r.ChunkCount = msg.RecipientCount, msg.DeviceCount, msg.ChunkCount
+					r = r.counted(msg)
 				}
 			}
 			return r, nil, nil

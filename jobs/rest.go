@@ -59,8 +59,7 @@ func (e *Enqueuer) Submit(ctx context.Context, pool *pgxpool.Pool, m Message, sc
 	if err != nil {
 		return Receipt{}, err
 	}
-	receipt.RecipientCount, receipt.DeviceCount, receipt.ChunkCount = msg.RecipientCount, msg.DeviceCount, msg.ChunkCount
-	return receipt, nil
+	return receipt.counted(msg), nil
 }
 
 // finishRest writes rest's message's rest in a transaction of its own,

@@ -50,7 +50,7 @@ func (w *FanOutWorker) Warm(ctx context.Context, queue string, at time.Time) err
 		}
 	}
 	g, ctx := errgroup.WithContext(ctx)
-	g.SetLimit(warmConns(int(lane.Pool.Config().MaxConns), chunks))
+	g.SetLimit(warmConns(int(lane.Pool.Config().MaxConns), w.begins[lane.Pool].othersAtOnce(), chunks))
 	for _, a := range chunks {
 		g.Go(func() error { return w.warmChunk(ctx, lane.Pool, a) })
 	}
@@ -63,15 +63,15 @@ const warmSpare = 2
 
 // warmConns is how many connections of a pool of maxConns the warm-up of
 // chunks reads on: as many as begin together at the instant, every first
-// chunk and as many others as the begin gate lets through (a quarter of
-// the pool), all but warmSpare at most. No more: a connection opened and
+// chunk and as many others as the begin gate lets through at once
+// (others), all but warmSpare at most. No more: a connection opened and
 // primed for a chunk that will not begin at the instant costs PostgreSQL a
 // backend's start and a plan of each statement for nothing (reading one
 // message's fifty chunks on eighteen connections took PostgreSQL's CPU over
 // the wait before its instant from 14-20 to 30 µs a device, in herald
 // bench's runs).
-func warmConns(maxConns int, chunks []FanOutArgs) int {
-	n := maxConns / 4
+func warmConns(maxConns, others int, chunks []FanOutArgs) int {
+	n := others
 	for _, a := range chunks {
 		if a.Chunk == 0 {
 			n++

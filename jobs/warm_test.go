@@ -167,6 +167,6 @@ func TestWarmOpensTheConnectionsOfAnInstant(t *testing.T) {
 	// One message's chunks begin its first and a quarter of the pool's
 	// connections' worth of others: the warm-up opens no more.
 	one := []FanOutArgs{{Chunk: 0}, {Chunk: 1}, {Chunk: 2}, {Chunk: 3}, {Chunk: 4}}
-	require.Equal(t, 20/4+1, warmConns(20, one))
-	require.Equal(t, 20-warmSpare, warmConns(20, slices.Repeat([]FanOutArgs{{Chunk: 0}}, 30)))
+	require.Equal(t, 20/4+1, warmConns(20, newBeginGate(20/4, firstsWait).othersAtOnce(), one))
+	require.Equal(t, 20-warmSpare, warmConns(20, 20/4, slices.Repeat([]FanOutArgs{{Chunk: 0}}, 30)))
 }

@@ -40,11 +40,6 @@ SET state = @state, settled_at = @settled_at,
 WHERE id = @id
 RETURNING *;
 
--- name: MessageRestAfter :one
--- Whether the rest of a message's audience is still to be written
--- (migration 0020): the device id it starts after, NULL when it is not.
-SELECT rest_after FROM messages WHERE id = @id;
-
 -- name: LockMessageRest :exec
 -- Taken by whatever writes the rest of a message's audience, and held until
 -- its transaction ends: the request that made the message takes it before
