@@ -58,9 +58,18 @@ func Open(ctx context.Context, url string, cfg PoolConfig) (*pgxpool.Pool, error
 	// 20-23 with them kept (herald bench --ahead 45s). They were closed
 	// after five minutes idle, so every instant after a quiet spell paid
 	// it. The pool's size bounds what is kept.
-	pc.MaxConnLifetime = time.Hour
-	pc.MaxConnLifetimeJitter = 10 * time.Minute
-	pc.MaxConnIdleTime = pc.MaxConnLifetime + pc.MaxConnLifetimeJitter
+	// The connection string's pool_max_conn_lifetime,
+	// pool_max_conn_lifetime_jitter and pool_max_conn_idle_time, where it
+	// gives them, are kept.
+	if !strings.Contains(url, "pool_max_conn_lifetime") {
+		pc.MaxConnLifetime = time.Hour
+	}
+	if !strings.Contains(url, "pool_max_conn_lifetime_jitter") {
+		pc.MaxConnLifetimeJitter = 10 * time.Minute
+	}
+	if !strings.Contains(url, "pool_max_conn_idle_time") {
+		pc.MaxConnIdleTime = pc.MaxConnLifetime + pc.MaxConnLifetimeJitter
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
 		return nil, fmt.Errorf("open database pool: %w", err)

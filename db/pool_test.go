@@ -2,7 +2,9 @@ package db_test
 
 import (
 	"context"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -26,4 +28,23 @@ func TestPoolKeepsIdleConnections(t *testing.T) {
 	require.Positive(t, cfg.MaxConnLifetimeJitter, "and not all at once")
 	require.GreaterOrEqual(t, cfg.MaxConnIdleTime, cfg.MaxConnLifetime+cfg.MaxConnLifetimeJitter,
 		"an idle connection lives as long as any other")
+}
+
+// TestPoolKeepsTheURLsLifetimes: a connection string that says how long
+// connections live or may stay idle is followed.
+func TestPoolKeepsTheURLsLifetimes(t *testing.T) {
+	t.Parallel()
+	tdb := dbtest.New(t)
+	sep := "?"
+	if strings.Contains(tdb.URL, "?") {
+		sep = "&"
+	}
+	url := tdb.URL + sep + "pool_max_conn_lifetime=20m&pool_max_conn_lifetime_jitter=1m&pool_max_conn_idle_time=2m"
+	pool, err := db.Open(context.Background(), url, db.PoolConfig{MaxConns: 2})
+	require.NoError(t, err)
+	defer pool.Close()
+	cfg := pool.Config()
+	require.Equal(t, 20*time.Minute, cfg.MaxConnLifetime)
+	require.Equal(t, time.Minute, cfg.MaxConnLifetimeJitter)
+	require.Equal(t, 2*time.Minute, cfg.MaxConnIdleTime)
 }
