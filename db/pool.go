@@ -48,8 +48,8 @@ func Open(ctx context.Context, url string, cfg PoolConfig) (*pgxpool.Pool, error
 		pc.MaxConns = cfg.MaxConns
 	}
 	pc.MinConns = min(cfg.MinConns, pc.MaxConns)
-	// A connection is kept while it lives, idle or not, and replaced after
-	// about an hour (the jitter spreads the replacements). Reminders fall
+	// A connection is kept while it lives, idle or not: pgxpool replaces it
+	// after an hour, and the jitter spreads the replacements. Reminders fall
 	// due minutes apart, and a connection opened for an instant costs
 	// PostgreSQL a backend's start, its catalog caches and a plan of every
 	// statement it runs, at the instant, when the machine is busiest: with
@@ -57,13 +57,9 @@ func Open(ctx context.Context, url string, cfg PoolConfig) (*pgxpool.Pool, error
 	// before cost PostgreSQL 22-33 µs a device over its fan-out against
 	// 20-23 with them kept (herald bench --ahead 45s). They were closed
 	// after five minutes idle, so every instant after a quiet spell paid
-	// it. The pool's size bounds what is kept.
-	// The connection string's pool_max_conn_lifetime,
-	// pool_max_conn_lifetime_jitter and pool_max_conn_idle_time, where it
-	// gives them, are kept.
-	if !strings.Contains(url, "pool_max_conn_lifetime") {
-		pc.MaxConnLifetime = time.Hour
-	}
+	// it. The pool's size bounds what is kept. A connection string that
+	// gives pool_max_conn_lifetime_jitter or pool_max_conn_idle_time (or
+	// pool_max_conn_lifetime, which pgxpool reads itself) is followed.
 	if !strings.Contains(url, "pool_max_conn_lifetime_jitter") {
 		pc.MaxConnLifetimeJitter = 10 * time.Minute
 	}
