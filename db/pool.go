@@ -52,12 +52,12 @@ func Open(ctx context.Context, url string, cfg PoolConfig) (*pgxpool.Pool, error
 	// after an hour, and the jitter spreads the replacements. Reminders fall
 	// due minutes apart, and a connection opened for an instant costs
 	// PostgreSQL a backend's start, its catalog caches and a plan of every
-	// statement it runs, at the instant, when the machine is busiest: with
-	// connections closed after 15 s idle, a message due 45 s after the one
-	// before cost PostgreSQL 22-33 µs a device over its fan-out against
-	// 20-23 with them kept (herald bench --ahead 45s). They were closed
-	// after five minutes idle, so every instant after a quiet spell paid
-	// it. The pool's size bounds what is kept. A connection string that
+	// statement it runs, at the instant, when the machine is busiest. They
+	// were closed after five minutes idle, so an instant after a quiet
+	// spell opened the connections it needed beyond those the process's
+	// loops kept in use (one to four in herald bench's runs; the cost was
+	// within the runs' spread: docs/performance.md). The pool's size bounds
+	// what is kept. A connection string that
 	// gives pool_max_conn_lifetime_jitter or pool_max_conn_idle_time (or
 	// pool_max_conn_lifetime, which pgxpool reads itself) is followed.
 	if !strings.Contains(url, "pool_max_conn_lifetime_jitter") {
