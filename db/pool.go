@@ -54,12 +54,13 @@ func Open(ctx context.Context, url string, cfg PoolConfig) (*pgxpool.Pool, error
 	// PostgreSQL a backend's start, its catalog caches and a plan of every
 	// statement it runs, at the instant, when the machine is busiest. They
 	// were closed after five minutes idle, so an instant after a quiet
-	// spell opened the connections it needed beyond those the process's
-	// loops kept in use (one to four in herald bench's runs; the cost was
-	// within the runs' spread: docs/performance.md). The pool's size bounds
-	// what is kept. A connection string that
-	// gives pool_max_conn_lifetime_jitter or pool_max_conn_idle_time (or
-	// pool_max_conn_lifetime, which pgxpool reads itself) is followed.
+	// spell opened those it needed beyond the few the process's loops kept
+	// in use (one to four in herald bench's runs, a cost within the runs'
+	// spread: docs/performance.md). The pool's size bounds what is kept.
+	//
+	// A connection string's pool_max_conn_lifetime_jitter and
+	// pool_max_conn_idle_time are followed (pgxpool reads them, and
+	// pool_max_conn_lifetime, itself); only their absence takes these.
 	if !strings.Contains(url, "pool_max_conn_lifetime_jitter") {
 		pc.MaxConnLifetimeJitter = 10 * time.Minute
 	}

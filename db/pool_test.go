@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/heraldpush/herald/db"
@@ -19,11 +20,7 @@ import (
 // PostgreSQL paid at the instant (see Open).
 func TestPoolKeepsIdleConnections(t *testing.T) {
 	t.Parallel()
-	tdb := dbtest.New(t)
-	pool, err := db.Open(context.Background(), tdb.URL, db.PoolConfig{MaxConns: 2})
-	require.NoError(t, err)
-	defer pool.Close()
-	cfg := pool.Config()
+	cfg := openedConfig(t, dbtest.New(t).URL)
 	require.Positive(t, cfg.MaxConnLifetime, "connections are replaced after a while")
 	require.Positive(t, cfg.MaxConnLifetimeJitter, "and not all at once")
 	require.GreaterOrEqual(t, cfg.MaxConnIdleTime, cfg.MaxConnLifetime+cfg.MaxConnLifetimeJitter,
@@ -34,17 +31,22 @@ func TestPoolKeepsIdleConnections(t *testing.T) {
 // connections live or may stay idle is followed.
 func TestPoolKeepsTheURLsLifetimes(t *testing.T) {
 	t.Parallel()
-	tdb := dbtest.New(t)
+	url := dbtest.New(t).URL
 	sep := "?"
-	if strings.Contains(tdb.URL, "?") {
+	if strings.Contains(url, "?") {
 		sep = "&"
 	}
-	url := tdb.URL + sep + "pool_max_conn_lifetime=20m&pool_max_conn_lifetime_jitter=1m&pool_max_conn_idle_time=2m"
-	pool, err := db.Open(context.Background(), url, db.PoolConfig{MaxConns: 2})
-	require.NoError(t, err)
-	defer pool.Close()
-	cfg := pool.Config()
+	cfg := openedConfig(t, url+sep+"pool_max_conn_lifetime=20m&pool_max_conn_lifetime_jitter=1m&pool_max_conn_idle_time=2m")
 	require.Equal(t, 20*time.Minute, cfg.MaxConnLifetime)
 	require.Equal(t, time.Minute, cfg.MaxConnLifetimeJitter)
 	require.Equal(t, 2*time.Minute, cfg.MaxConnIdleTime)
+}
+
+// openedConfig is the configuration of a pool db.Open opens on url.
+func openedConfig(t *testing.T, url string) *pgxpool.Config {
+	t.Helper()
+	pool, err := db.Open(context.Background(), url, db.PoolConfig{MaxConns: 2})
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool.Config()
 }
