@@ -129,6 +129,16 @@ func (w *FanOutWorker) ledger(pool *pgxpool.Pool) *ledger {
 	return l
 }
 
+// Due is told by the Waker that chunks of queue fall due now: at the urgent
+// lane's instants, the process's bulk work is held back from now until an
+// urgent chunk starts (urgentFirst.expect), when the process serves that
+// lane.
+func (w *FanOutWorker) Due(queue string) {
+	if _, ok := w.lanes[queue]; ok && queue == QueueUrgent {
+		w.urgent.expect()
+	}
+}
+
 // sendBudget is how long a chunk attempt may spend sending: its timeout less
 // a reserve for recording the results (a quarter of the timeout, at most 5 s).
 func (w *FanOutWorker) sendBudget() time.Duration {

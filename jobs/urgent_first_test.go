@@ -75,6 +75,69 @@ func TestUrgentFirstHoldsBulkBack(t *testing.T) {
 	u.wait(cctx)
 }
 
+// TestUrgentFirstHeldFromTheInstant: the gate is held from an urgent
+// instant (expect) until the urgent chunk that starts then lets go, not
+// only from its start; an instant's hold stands for the earlier ones'; and
+// an instant whose chunk never starts here holds bulk work back urgentHold
+// at most.
+func TestUrgentFirstHeldFromTheInstant(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	u := urgentFirst{bound: time.Minute}
+	u.expect()
+	require.True(t, u.held(), "the gate was not held from the urgent instant")
+	done := make(chan struct{})
+	go func() {
+		u.wait(ctx)
+		close(done)
+	}()
+	release := u.hold() // the urgent chunk starts
+	select {
+	case <-done:
+		t.Fatal("bulk work went on between the urgent instant and its chunk's answers")
+	case <-time.After(50 * time.Millisecond):
+	}
+	release()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("bulk work still waited once the urgent chunk let go")
+	}
+	require.False(t, u.held(), "the instant's hold outlived the chunk that took over from it")
+
+	u.expect()
+	u.expect()
+	require.EqualValues(t, 1, u.n.Load(), "each urgent instant added a hold of its own")
+	u.hold()()
+	require.False(t, u.held())
+
+	// No urgent chunk starts here (another process took it): the hold ends
+	// by itself.
+	v := urgentFirst{bound: 50 * time.Millisecond}
+	v.expect()
+	require.Eventually(t, func() bool { return !v.held() }, 5*time.Second, 10*time.Millisecond)
+}
+
+// TestFanOutDueHoldsBulkBackAtUrgentInstants: told that the urgent lane's
+// chunks fall due, a worker serving that lane holds its bulk work back; told
+// of the bulk lane's, or serving no urgent lane, it does not.
+func TestFanOutDueHoldsBulkBackAtUrgentInstants(t *testing.T) {
+	t.Parallel()
+	b := setupFanOut(t)
+	w := b.worker(nil, FanOutConfig{})
+	w.Due(QueueBulk)
+	require.False(t, w.urgent.held(), "a bulk instant held bulk work back")
+	w.Due(QueueUrgent)
+	require.True(t, w.urgent.held(), "an urgent instant did not hold bulk work back")
+	w.urgent.hold()()
+	require.False(t, w.urgent.held())
+
+	bulkOnly := NewFanOutWorker(FanOutConfig{Pool: b.db.Pool, Logger: discard, Clock: b.clock,
+		Lanes: []Lane{{Queue: QueueBulk}}})
+	bulkOnly.Due(QueueUrgent)
+	require.False(t, bulkOnly.urgent.held(), "a process serving no urgent lane held its bulk work back")
+}
+
 // TestFanOutBulkWaitsForAnUrgentChunk: while an urgent chunk of the process
 // holds the gate, a bulk message's later chunk sends nothing until the hold
 // ends (here by itself, after urgentHold); its first chunk goes on.

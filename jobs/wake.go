@@ -46,6 +46,9 @@ type WakerConfig struct {
 	// when it first sees it, one call at a time, with a context that ends at
 	// the instant: a warm-up that has not finished by then is of no use.
 	Warm func(ctx context.Context, queue string, at time.Time) error
+	// Due, when set, is told of each lane's instant as it comes, just
+	// before the lane is woken (FanOutWorker.Due).
+	Due func(queue string)
 }
 
 // NewWaker returns the Waker of cfg, its defaults filled, or an error
@@ -122,6 +125,9 @@ func (w *Waker) Run(ctx context.Context) {
 				mu.Lock()
 				delete(armed, d)
 				mu.Unlock()
+				if c.Due != nil {
+					c.Due(d.Queue)
+				}
 				nctx, cancel := context.WithTimeout(ctx, time.Second)
 				defer cancel()
 				if err := c.Lanes[d.Queue](nctx); err != nil {

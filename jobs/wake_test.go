@@ -2,6 +2,7 @@ package jobs
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -26,8 +27,15 @@ func TestWakerStartsChunksAtTheirInstant(t *testing.T) {
 	rec, client := startRecorderClient(t, ctx, tdb.Pool, RiverConfig{FetchPollInterval: time.Minute})
 	clock := NewClock(tdb.Pool, discard)
 	require.NoError(t, clock.Measure(ctx))
+	var mu sync.Mutex
+	told := map[string][]time.Time{}
 	waker, err := NewWaker(&WakerConfig{
 		Pool: tdb.Pool, Clock: clock, Logger: discard, Every: 200 * time.Millisecond,
+		Due: func(queue string) {
+			mu.Lock()
+			defer mu.Unlock()
+			told[queue] = append(told[queue], clock.Now())
+		},
 		Lanes: map[string]func(context.Context) error{
 			QueueUrgent: RiverNotify(tdb.Pool, QueueUrgent),
 			QueueBulk:   RiverNotify(tdb.Pool, QueueBulk),
@@ -44,4 +52,13 @@ func TestWakerStartsChunksAtTheirInstant(t *testing.T) {
 	// Were the lanes not woken, the chunks would wait up to a minute.
 	rec.requireOnTime(t, urgent, time.Second, "the urgent chunk")
 	rec.requireOnTime(t, bulk, 2500*time.Millisecond, "the bulk chunk")
+
+	// Due was told of each lane's instant as it came (the database's clock,
+	// as the Clock reads it, a few milliseconds off at most).
+	mu.Lock()
+	defer mu.Unlock()
+	for queue, at := range map[string]time.Time{QueueUrgent: now.Add(time.Second), QueueBulk: now.Add(2500 * time.Millisecond)} {
+		require.NotEmpty(t, told[queue], "Due was not told of the %s lane's instant", queue)
+		require.False(t, told[queue][0].Before(at.Add(-50*time.Millisecond)), "Due told of the %s lane's instant before it came", queue)
+	}
 }

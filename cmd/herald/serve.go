@@ -307,7 +307,7 @@ func startChunkWorker(ctx context.Context, p *process) (_ *worker, err error) {
 		return nil, err
 	}
 	waker, err := jobs.NewWaker(&jobs.WakerConfig{Pool: p.pool, Clock: clock, Logger: logger, Lanes: w.clients.Wakers(), Metrics: metrics,
-		Warm: w.fanOut.Warm})
+		Warm: w.fanOut.Warm, Due: w.fanOut.Due})
 	if err != nil {
 		return nil, err
 	}
