@@ -31,11 +31,11 @@ import (
 // start (expect): the way from the instant to the start is itself work
 // that waits for the processors (the lane's wake, River's fetch, their
 // backends in PostgreSQL), and a bulk message due at the same instant
-// filled them first. In sixteen runs of herald bench with the gate taken
-// only at the start, the urgent chunk started 93 ms after its instant in
-// one (River fetched it after 150 bulk chunks), and the urgent push was
-// answered 77-157 ms late in three; held from the instant, in sixteen
-// runs interleaved with those, 36 and 72 ms at most.
+// filled them first. In twenty-four runs of herald bench with the gate
+// taken only at the start, the urgent chunk started 93 ms after its
+// instant in one (River fetched it after 150 bulk chunks), and the
+// largest urgent skew was 157 ms; held from the instant, in twenty-four
+// runs interleaved with those, 36 and 72 ms (docs/performance.md).
 type urgentFirst struct {
 	holds
 	// bound, when set, stands for urgentHold and urgentPickup (tests).
@@ -54,8 +54,8 @@ const urgentHold = 100 * time.Millisecond
 
 // urgentPickup bounds how long an urgent instant holds bulk work back
 // before an urgent chunk starts (expect): several times the 10-20 ms an
-// urgent chunk takes to start after its instant on a busy process (35 ms
-// at most in sixteen runs of herald bench with the gate held from the
+// urgent chunk takes to start after its instant on a busy process (36 ms
+// at most in twenty-four runs of herald bench with the gate held from the
 // instant), and a bound on what a process whose bulk work waited for an
 // urgent chunk another process took loses.
 const urgentPickup = 50 * time.Millisecond
