@@ -78,8 +78,8 @@ func TestUrgentFirstHoldsBulkBack(t *testing.T) {
 // TestUrgentFirstHeldFromTheInstant: the gate is held from an urgent
 // instant (expect) until the urgent chunk that starts then lets go, not
 // only from its start; an instant's hold stands for the earlier ones'; and
-// an instant whose chunk never starts here holds bulk work back urgentHold
-// at most.
+// an instant whose chunk never starts here holds bulk work back
+// urgentPickup at most.
 func TestUrgentFirstHeldFromTheInstant(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
