@@ -60,8 +60,9 @@ const urgentHold = 100 * time.Millisecond
 // urgent chunk another process took loses.
 const urgentPickup = 50 * time.Millisecond
 
-// hold holds the gate for an urgent chunk; release lets go (at most
-// urgentHold after hold, whichever comes first).
+// hold holds the gate for an urgent chunk, taking over from the hold of
+// its instant (expect); release lets go (at most urgentHold after hold,
+// whichever comes first).
 func (u *urgentFirst) hold() (release func()) {
 	release = u.take(cmp.Or(u.bound, urgentHold))
 	u.expectUntil(nil)
