@@ -23,6 +23,13 @@ const auditTargetKey = "audit_target"
 // setAuditTarget names the resource a call made, for the audit log.
 func setAuditTarget(c echo.Context, id string) { c.Set(auditTargetKey, id) }
 
+// auditAppKey is where a handler leaves the app (or apps, comma-separated)
+// its call acted on, for the audit log.
+const auditAppKey = "herald.audit_app"
+
+// setAuditApp names the app a call acted on in its audit entry.
+func setAuditApp(c echo.Context, app string) { c.Set(auditAppKey, app) }
+
 // auditWriteTimeout bounds writing one entry, which goes on after the caller
 // has gone: a call that changed something is recorded even if its caller
 // hung up.
@@ -70,6 +77,10 @@ func (s *Server) recordAudit(c echo.Context) {
 		entry.Operator = &who.operator
 	} else {
 		entry.KeyName = &who.key
+	}
+	if app, ok := c.Get(auditAppKey).(string); ok && app != "" {
+		app = auditText(app)
+		entry.App = &app
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request().Context()), auditWriteTimeout)
 	defer cancel()
@@ -147,6 +158,9 @@ type auditEntry struct {
 	TargetID  *string   `json:"target_id"`
 	Status    int32     `json:"status"`
 	RequestID string    `json:"request_id"`
+	// App is the app (or apps, comma-separated) the call acted on, when
+	// it acted on one.
+	App *string `json:"app,omitempty"`
 }
 
 type auditPage struct {
@@ -191,7 +205,7 @@ func (s *Server) listAudit(c echo.Context) error {
 	for _, r := range rows {
 		out.Items = append(out.Items, auditEntry{
 			At: r.At.UTC(), KeyName: r.KeyName, Operator: r.Operator, Method: r.Method, Route: r.Route,
-			TargetID: r.TargetID, Status: r.Status, RequestID: r.RequestID,
+			TargetID: r.TargetID, Status: r.Status, RequestID: r.RequestID, App: r.App,
 		})
 	}
 	return c.JSON(http.StatusOK, out)

@@ -27,10 +27,13 @@ import (
 // read the audit log. Every /v1 route names the scope it needs in routes.go.
 type Scope string
 
-// The scopes, from least to most.
+// The scopes: read, send and admin each include the one before; apps
+// manages apps and their credentials (docs/apps.md) and includes read, and
+// admin includes it too.
 const (
 	ScopeRead  Scope = "read"
 	ScopeSend  Scope = "send"
+	ScopeApps  Scope = "apps"
 	ScopeAdmin Scope = "admin"
 )
 
@@ -38,14 +41,22 @@ var scopes = []Scope{ScopeRead, ScopeSend, ScopeAdmin}
 
 // ParseScope reads a scope's name.
 func ParseScope(s string) (Scope, error) {
-	if !slices.Contains(scopes, Scope(s)) {
-		return "", fmt.Errorf("scope %q is not one of read, send, admin", s)
+	if !slices.Contains(scopes, Scope(s)) && Scope(s) != ScopeApps {
+		return "", fmt.Errorf("scope %q is not one of read, send, apps, admin", s)
 	}
 	return Scope(s), nil
 }
 
 // allows reports whether a key of scope s may make a call that needs need.
 func (s Scope) allows(need Scope) bool {
+	switch {
+	case s == ScopeAdmin || s == need:
+		return true
+	case need == ScopeApps:
+		return false
+	case s == ScopeApps:
+		return need == ScopeRead
+	}
 	return slices.Index(scopes, s) >= slices.Index(scopes, need)
 }
 
@@ -73,6 +84,8 @@ type apiKey struct {
 	caller string
 	// stored is false for HERALD_API_KEYS's keys.
 	stored bool
+	// apps are the ids of the apps the key may act for; nil for all.
+	apps []int32
 }
 
 // keyring holds the keys a process accepts: HERALD_API_KEYS's, with scope
@@ -121,7 +134,7 @@ func (k *keyring) refresh(ctx context.Context) error {
 	}
 	keys := slices.Clone(k.bootstrap)
 	for _, r := range rows {
-		key := apiKey{name: r.Name, scope: Scope(r.Scope), caller: "key:" + r.Name, stored: true}
+		key := apiKey{name: r.Name, scope: Scope(r.Scope), caller: "key:" + r.Name, stored: true, apps: r.AppIds}
 		copy(key.digest[:], r.Digest)
 		if r.ExpiresAt != nil {
 			key.expires = *r.ExpiresAt
@@ -219,7 +232,12 @@ type caller struct {
 	// scopeName keeps the caller's idempotency keys and rate apart from
 	// other callers'.
 	scopeName string
+	// apps are the ids of the apps the caller may act for; nil for all.
+	apps []int32
 }
+
+// mayActFor reports whether the caller may act for app id.
+func (c caller) mayActFor(id int32) bool { return c.apps == nil || slices.Contains(c.apps, id) }
 
 type callerKey struct{}
 
@@ -262,7 +280,7 @@ func (s *Server) requireAPIKey(next echo.HandlerFunc) echo.HandlerFunc {
 			s.keys.markUsed(key.name)
 		}
 		req := c.Request()
-		c.SetRequest(req.WithContext(withCaller(req.Context(), caller{key: key.name, scope: key.scope, scopeName: key.caller})))
+		c.SetRequest(req.WithContext(withCaller(req.Context(), caller{key: key.name, scope: key.scope, scopeName: key.caller, apps: key.apps})))
 		return next(c)
 	}
 }

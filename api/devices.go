@@ -6,8 +6,10 @@ import (
 	"crypto/ecdh"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -15,6 +17,7 @@ import (
 
 	"github.com/heraldpush/herald/db"
 	"github.com/heraldpush/herald/jobs"
+	"github.com/heraldpush/herald/jobs/apps"
 	"github.com/heraldpush/herald/jobs/push"
 )
 
@@ -39,6 +42,13 @@ type deviceRequest struct {
 	// new token registered under it replaces the installation's old one in
 	// place (db.Registering).
 	InstallationID string `json:"installation_id"`
+	// App is the name of the device's app (docs/apps.md); the default app
+	// when empty, or the key's one app for a key limited to one.
+	App string `json:"app"`
+	// ApplicationServerKey is the VAPID public key a Web Push
+	// subscription was made with, optional: which of the app's keys to
+	// sign its pushes with while a rotation keeps the old one.
+	ApplicationServerKey string `json:"application_server_key"`
 
 	// egress is the policy a Web Push endpoint must pass, set by the
 	// handler before decoding.
@@ -81,6 +91,14 @@ func (r *deviceRequest) check(prefix string) error {
 		if err := checkID(prefix+"installation_id", r.InstallationID); err != nil {
 			return err
 		}
+	}
+	if r.App != "" {
+		if err := apps.CheckName(r.App); err != nil {
+			return invalid(prefix+"app", "app %q is not an app's name", r.App)
+		}
+	}
+	if r.ApplicationServerKey != "" && r.Channel != jobs.ChannelWebPush {
+		return invalid(prefix+"application_server_key", "application_server_key is only for channel webpush")
 	}
 	r.norm = device{UserID: r.UserID, Channel: r.Channel, Environment: environmentProduction, InstallationID: r.InstallationID}
 	switch r.Environment {
@@ -145,6 +163,11 @@ type deviceResponse struct {
 	Channel     string `json:"channel"`
 	Environment string `json:"environment"`
 	Status      string `json:"status"`
+	App         string `json:"app"`
+	// VAPIDPublicKey, for Web Push, is the app's key a page subscribes
+	// with: when it is not the one the subscription was made with, the
+	// page should subscribe again with it (a rotation).
+	VAPIDPublicKey string `json:"vapid_public_key,omitempty"`
 }
 
 func (s *Server) registerDevice(c echo.Context) error {
@@ -152,8 +175,17 @@ func (s *Server) registerDevice(c echo.Context) error {
 	if err := decode(c, smallBodyLimit, &req); err != nil {
 		return err
 	}
-	d := req.norm
-	rows, err := s.register(c.Request().Context(), []device{d}, []device{d}, "")
+	ctx := c.Request().Context()
+	names, err := s.appIDs(ctx)
+	if err != nil {
+		return err
+	}
+	d, app, err := s.deviceApp(ctx, req, "", names)
+	if err != nil {
+		return err
+	}
+	setAuditApp(c, app)
+	rows, err := s.register(ctx, []device{d}, []device{d}, "")
 	if err != nil {
 		return err
 	}
@@ -163,10 +195,68 @@ func (s *Server) registerDevice(c echo.Context) error {
 		status = http.StatusCreated
 	}
 	setAuditTarget(c, formatDeviceID(row.ID))
-	return c.JSON(status, deviceResponse{
+	resp := deviceResponse{
 		DeviceID: formatDeviceID(row.ID), UserID: row.UserID, Channel: row.Channel,
-		Environment: row.Environment, Status: row.Status,
-	})
+		Environment: row.Environment, Status: row.Status, App: app,
+	}
+	if row.Channel == jobs.ChannelWebPush && s.cfg.Apps != nil {
+		resp.VAPIDPublicKey, _, _ = s.cfg.Apps.WebPushKey(d.AppID)
+	}
+	return c.JSON(status, resp)
+}
+
+// appIDs are the apps' ids by name, read for a registration.
+func (s *Server) appIDs(ctx context.Context) (map[string]int32, error) {
+	rows, err := db.On(s.pool).ListApps(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("read apps: %w", err)
+	}
+	out := make(map[string]int32, len(rows))
+	for _, r := range rows {
+		out[r.Name] = r.ID
+	}
+	return out, nil
+}
+
+// deviceApp is the registration of req with its app: the app it names (or
+// the default app, or the key's one app), which must exist and be one the
+// caller may act for, and for Web Push the credential whose VAPID key the
+// subscription was made with. prefix names the batch element in errors.
+func (s *Server) deviceApp(ctx context.Context, req deviceRequest, prefix string, ids map[string]int32) (device, string, error) {
+	d := req.norm
+	who := callerOf(ctx)
+	name := req.App
+	if name == "" {
+		name = apps.DefaultName
+		if len(who.apps) == 1 {
+			for n, id := range ids {
+				if id == who.apps[0] {
+					name = n
+				}
+			}
+		}
+	}
+	id, ok := ids[name]
+	if !ok {
+		return device{}, "", invalid(prefix+"app", "no app is named %q (GET /v1/apps lists them)", name)
+	}
+	if !who.mayActFor(id) {
+		return device{}, "", &Error{Status: http.StatusForbidden, Code: "forbidden", Field: prefix + "app",
+			Message: fmt.Sprintf("key %q may not register devices of app %q", who.key, name)}
+	}
+	d.AppID = id
+	if d.Channel == jobs.ChannelWebPush && s.cfg.Apps != nil {
+		if req.ApplicationServerKey != "" {
+			cred, ok := s.cfg.Apps.WebPushCredential(id, strings.TrimRight(req.ApplicationServerKey, "="))
+			if !ok {
+				return device{}, "", invalid(prefix+"application_server_key", "application_server_key is not a VAPID key of app %q: subscribe with the key GET /v1/apps/%s gives", name, name)
+			}
+			d.CredentialID = cred
+		} else {
+			_, d.CredentialID, _ = s.cfg.Apps.WebPushKey(id)
+		}
+	}
+	return d, name, nil
 }
 
 type deviceBatchResponse struct {
@@ -181,7 +271,13 @@ func (s *Server) registerDevices(c echo.Context) error {
 	// Decoded as it arrives, a device at a time: only the normalised
 	// registrations are kept.
 	var inOrder []device
-	err := decodeArray(c, batchBodyLimit, "devices", maxBatchDevices, func(i int, raw json.RawMessage) error {
+	ctx := c.Request().Context()
+	ids, err := s.appIDs(ctx)
+	if err != nil {
+		return err
+	}
+	named := map[string]bool{}
+	err = decodeArray(c, batchBodyLimit, "devices", maxBatchDevices, func(i int, raw json.RawMessage) error {
 		r := deviceRequest{egress: s.cfg.WebPushEgress}
 		path := fmt.Sprintf("devices[%d]", i)
 		if err := decodeElement(raw, &r, path); err != nil {
@@ -190,7 +286,12 @@ func (s *Server) registerDevices(c echo.Context) error {
 		if err := r.check(path + "."); err != nil {
 			return err
 		}
-		inOrder = append(inOrder, r.norm)
+		d, app, err := s.deviceApp(ctx, r, path+".", ids)
+		if err != nil {
+			return err
+		}
+		named[app] = true
+		inOrder = append(inOrder, d)
 		return nil
 	})
 	if err != nil {
@@ -204,7 +305,8 @@ func (s *Server) registerDevices(c echo.Context) error {
 	for _, d := range byKey {
 		devices = append(devices, d)
 	}
-	rows, err := s.register(c.Request().Context(), inOrder, devices, "devices")
+	setAuditApp(c, strings.Join(slices.Sorted(maps.Keys(named)), ","))
+	rows, err := s.register(ctx, inOrder, devices, "devices")
 	if err != nil {
 		return err
 	}
@@ -330,6 +432,8 @@ type deviceListItem struct {
 	Token       string `json:"token,omitempty"`
 	Endpoint    string `json:"endpoint,omitempty"`
 	Status      string `json:"status"`
+	// App is the name of the device's app.
+	App string `json:"app"`
 	// InstallationID is the app's id of its installation, when a
 	// registration gave one.
 	InstallationID *string    `json:"installation_id"`
@@ -358,7 +462,8 @@ func (s *Server) listUserDevices(c echo.Context) error {
 		return err
 	}
 	params := db.ListUserDevicesParams{UserID: userID, AfterID: pg.afterOr(0), PageSize: pg.fetch()}
-	var rows []db.Device
+	var rows []db.ListUserDevicesRow
+	names := map[int32]string{}
 	err = db.InTx(ctx, s.pool, func(tx pgx.Tx) error {
 		q := db.On(tx)
 		exists, err := q.UserExists(ctx, userID)
@@ -371,16 +476,20 @@ func (s *Server) listUserDevices(c echo.Context) error {
 		if rows, err = q.ListUserDevices(ctx, params); err != nil {
 			return fmt.Errorf("list devices: %w", err)
 		}
-		return nil
+		all, err := q.ListApps(ctx)
+		for _, a := range all {
+			names[a.ID] = a.Name
+		}
+		return err
 	})
 	if err != nil {
 		return err
 	}
-	rows, next := paginate(pg, rows, func(d db.Device) int64 { return d.ID })
+	rows, next := paginate(pg, rows, func(d db.ListUserDevicesRow) int64 { return d.ID })
 	resp := deviceListResponse{UserID: userID, Items: make([]deviceListItem, 0, len(rows)), NextCursor: next}
 	for _, d := range rows {
 		item := deviceListItem{
-			DeviceID: formatDeviceID(d.ID), Channel: d.Channel, Environment: d.Environment, Status: d.Status,
+			DeviceID: formatDeviceID(d.ID), Channel: d.Channel, Environment: d.Environment, Status: d.Status, App: names[d.AppID],
 			EvictedReason: d.EvictedReason, EvictedAt: utcPtr(d.EvictedAt), InstallationID: d.InstallationID,
 			CreatedAt: d.CreatedAt.UTC(), UpdatedAt: d.UpdatedAt.UTC(),
 		}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/heraldpush/herald/db"
 	"github.com/heraldpush/herald/jobs"
+	"github.com/heraldpush/herald/jobs/apps"
 	"github.com/heraldpush/herald/jobs/push"
 )
 
@@ -101,6 +102,21 @@ func toAPIError(err error) *Error {
 				Extra: map[string]any{"channel": sizeErr.Channel}}
 		}
 		return invalid(invalidErr.Field, "%s", invalidErr.Message)
+	}
+	var appErr *apps.InvalidError
+	if errors.As(err, &appErr) {
+		return invalid(appErr.Field, "%s", appErr.Problem)
+	}
+	switch {
+	case errors.Is(err, apps.ErrNotFound):
+		return &Error{Status: http.StatusNotFound, Code: "not_found", Message: err.Error()}
+	case errors.Is(err, apps.ErrOldRelease):
+		return &Error{Status: http.StatusConflict, Code: "upgrade_in_progress", Message: err.Error() +
+			": it would send the new app's devices with the environment's credentials"}
+	case errors.Is(err, apps.ErrTooMany):
+		return &Error{Status: http.StatusConflict, Code: "too_many_apps", Message: err.Error()}
+	case errors.Is(err, apps.ErrNoSealKey):
+		return &Error{Status: http.StatusConflict, Code: "no_secret_key", Message: err.Error()}
 	}
 	var httpErr *echo.HTTPError
 	if errors.As(err, &httpErr) {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/heraldpush/herald/db"
 	"github.com/heraldpush/herald/jobs"
+	"github.com/heraldpush/herald/jobs/apps"
 )
 
 // keyName is what a stored key may be called: letters, digits and . _ -,
@@ -39,6 +40,30 @@ type Key struct {
 	ExpiresAt  *time.Time `json:"expires_at"`
 	LastUsedAt *time.Time `json:"last_used_at"`
 	RevokedAt  *time.Time `json:"revoked_at"`
+	// Apps are the apps the key may act for; none: every app.
+	Apps []string `json:"apps,omitempty"`
+}
+
+// keyApps names a key's apps.
+func keyApps(ids []int32, names map[int32]string) []string {
+	var out []string
+	for _, id := range ids {
+		out = append(out, names[id])
+	}
+	return out
+}
+
+// appNames are the apps' names by id.
+func appNames(ctx context.Context, dbtx db.DBTX) (map[int32]string, error) {
+	rows, err := db.On(dbtx).ListApps(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("read apps: %w", err)
+	}
+	out := make(map[int32]string, len(rows))
+	for _, r := range rows {
+		out[r.ID] = r.Name
+	}
+	return out, nil
 }
 
 func keyOf(r db.ApiKey) Key {
@@ -59,6 +84,9 @@ type NewKey struct {
 	Scope Scope  `json:"scope"`
 	// ExpiresAt is when the key stops working; nil: never.
 	ExpiresAt *time.Time `json:"expires_at"`
+	// Apps limits the key to acting for these apps (registering their
+	// devices, sending to them, managing them); none: every app.
+	Apps []string `json:"apps"`
 }
 
 func (k *NewKey) validate() error {
@@ -93,8 +121,15 @@ func CreateKey(ctx context.Context, dbtx db.DBTX, k NewKey) (Key, string, error)
 	_, _ = rand.Read(raw) // crypto/rand.Read never fails (Go 1.24+).
 	secret := secretPrefix + base64.RawURLEncoding.EncodeToString(raw)
 	digest := sha256.Sum256([]byte(secret))
+	ids, err := apps.Resolve(ctx, dbtx, "apps", k.Apps)
+	if err != nil {
+		return Key{}, "", err
+	}
+	if len(k.Apps) > 0 && k.Scope == ScopeAdmin {
+		return Key{}, "", invalid("apps", "an admin key acts for every app; limit a key of scope read, send or apps")
+	}
 	row, err := db.On(dbtx).InsertAPIKey(ctx, db.InsertAPIKeyParams{
-		Name: k.Name, Scope: string(k.Scope), Digest: digest[:], ExpiresAt: k.ExpiresAt,
+		Name: k.Name, Scope: string(k.Scope), Digest: digest[:], ExpiresAt: k.ExpiresAt, AppIds: ids,
 	})
 	if errors.Is(err, db.ErrConflict) {
 		return Key{}, "", &Error{Status: http.StatusConflict, Code: "conflict", Field: "name",
@@ -103,13 +138,25 @@ func CreateKey(ctx context.Context, dbtx db.DBTX, k NewKey) (Key, string, error)
 	if err != nil {
 		return Key{}, "", fmt.Errorf("create key: %w", err)
 	}
-	return keyOf(row), secret, nil
+	key := keyOf(row)
+	if len(ids) > 0 {
+		names, err := appNames(ctx, dbtx)
+		if err != nil {
+			return Key{}, "", err
+		}
+		key.Apps = keyApps(ids, names)
+	}
+	return key, secret, nil
 }
 
 // ListKeys returns every stored key, revoked ones included, oldest first.
 // HERALD_API_KEYS's keys are not stored, so not listed.
 func ListKeys(ctx context.Context, dbtx db.DBTX) ([]Key, error) {
 	q := db.On(dbtx)
+	names, err := appNames(ctx, dbtx)
+	if err != nil {
+		return nil, err
+	}
 	var out []Key
 	var after int64
 	for {
@@ -118,7 +165,9 @@ func ListKeys(ctx context.Context, dbtx db.DBTX) ([]Key, error) {
 			return nil, fmt.Errorf("list keys: %w", err)
 		}
 		for _, r := range rows {
-			out = append(out, keyOf(r))
+			k := keyOf(r)
+			k.Apps = keyApps(r.AppIds, names)
+			out = append(out, k)
 			after = r.ID
 		}
 		if len(rows) < maxPageSize {

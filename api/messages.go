@@ -7,6 +7,9 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -97,6 +100,9 @@ type audienceRequest struct {
 	Type string   `json:"type"`
 	ID   string   `json:"id,omitempty"`
 	IDs  []string `json:"ids,omitempty"`
+	// Apps, when set, are the apps whose devices the audience holds
+	// (docs/apps.md); none: every app's.
+	Apps []string `json:"apps,omitempty"`
 }
 
 // parseInstant reads an RFC 3339 timestamp that must say its offset (or Z):
@@ -159,12 +165,12 @@ func (a *audienceRequest) audience() (jobs.Audience, error) {
 		if a.ID == "" {
 			return jobs.Audience{}, invalid("audience.id", "audience.id is required")
 		}
-		return jobs.Audience{SegmentID: a.ID}, nil
+		return jobs.Audience{SegmentID: a.ID, Apps: a.Apps}, nil
 	case "users":
 		if a.ID != "" {
 			return jobs.Audience{}, invalid("audience.id", "a users audience takes ids, not id")
 		}
-		return jobs.Audience{UserIDs: a.IDs}, nil
+		return jobs.Audience{UserIDs: a.IDs, Apps: a.Apps}, nil
 	case "":
 		return jobs.Audience{}, invalid("audience.type", "audience.type is required: segment or users")
 	default:
@@ -206,12 +212,46 @@ func (s *Server) createMessage(c echo.Context) error {
 	m := req.msg
 	m.IdempotencyKey = key
 	ctx := c.Request().Context()
+	if m.Audience.Apps, err = s.callerApps(ctx, m.Audience.Apps); err != nil {
+		return err
+	}
+	setAuditApp(c, strings.Join(m.Audience.Apps, ","))
 	receipt, err := s.enqueuer.Submit(ctx, s.pool, m, callerScope(ctx))
 	if err != nil {
 		return err
 	}
 	c.Response().Header().Set(echo.HeaderLocation, "/v1/messages/"+receipt.MessageID)
 	return c.JSON(http.StatusAccepted, receipt)
+}
+
+// callerApps are the apps a message of the caller's is for: named, they
+// must be among those its key may act for; unnamed, a key limited to some
+// apps sends to those, and any other key to every app (none named).
+func (s *Server) callerApps(ctx context.Context, named []string) ([]string, error) {
+	who := callerOf(ctx)
+	if who.apps == nil {
+		return named, nil
+	}
+	ids, err := s.appIDs(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if len(named) == 0 {
+		for name, id := range ids {
+			if who.mayActFor(id) {
+				named = append(named, name)
+			}
+		}
+		slices.Sort(named)
+		return named, nil
+	}
+	for i, name := range named {
+		if id, ok := ids[name]; ok && !who.mayActFor(id) {
+			return nil, &Error{Status: http.StatusForbidden, Code: "forbidden", Field: fmt.Sprintf("apps[%d]", i),
+				Message: fmt.Sprintf("key %q may not send to app %q", who.key, name)}
+		}
+	}
+	return named, nil
 }
 
 type deliveryCounts struct {
@@ -268,6 +308,8 @@ type messageStatus struct {
 	Receipts receiptCounts `json:"receipts"`
 	// Payload is what the message sends, as it was stored.
 	Payload json.RawMessage `json:"payload"`
+	// Apps are the apps the message is for; none: every app.
+	Apps []string `json:"apps,omitempty"`
 }
 
 // receiptCounts is what a message's receipts say: how many deliveries the
@@ -337,6 +379,10 @@ func newMessageStatus(m db.Message, payload json.RawMessage, early int32) messag
 	if m.ScheduleID != nil {
 		id := formatScheduleID(*m.ScheduleID)
 		st.ScheduleID = &id
+	}
+	var audience jobs.Audience
+	if json.Unmarshal(m.Audience, &audience) == nil {
+		st.Apps = audience.Apps
 	}
 	if m.SkewMaxMs != nil {
 		st.SkewMs = &skewSummary{P50: *m.SkewP50Ms, P95: *m.SkewP95Ms, P99: *m.SkewP99Ms, Max: *m.SkewMaxMs}
@@ -468,8 +514,10 @@ func (s *Server) cancelMessage(c echo.Context) error {
 var deliveryStatuses = map[string]bool{"pending": true, "accepted": true, "failed": true, "expired": true, "cancelled": true}
 
 type deliveryItem struct {
-	UserID      string     `json:"user_id"`
-	DeviceID    string     `json:"device_id"`
+	UserID   string `json:"user_id"`
+	DeviceID string `json:"device_id"`
+	// App is the device's app; null when the device was deleted since.
+	App         *string    `json:"app"`
 	Channel     string     `json:"channel"`
 	Status      string     `json:"status"`
 	Reason      *string    `json:"reason"`
@@ -508,9 +556,27 @@ func (s *Server) listDeliveries(c echo.Context) error {
 	if confirmed != "" && confirmed != "true" && confirmed != "false" {
 		return invalid("confirmed", "confirmed %q is not true or false", confirmed)
 	}
+	names, err := appNames(ctx, s.pool)
+	if err != nil {
+		return err
+	}
+	var appID *int32
+	if app := c.QueryParam("app"); app != "" {
+		for id, name := range names {
+			if name == app {
+				appID = &id
+			}
+		}
+		if appID == nil {
+			return invalid("app", "no app is named %q", app)
+		}
+	}
 	filter := "deliveries:" + c.Param("message_id") + ":" + status
 	if confirmed != "" {
 		filter += ":confirmed=" + confirmed
+	}
+	if appID != nil {
+		filter += ":app=" + strconv.Itoa(int(*appID))
 	}
 	pg, err := readPage(c, filter)
 	if err != nil {
@@ -524,6 +590,7 @@ func (s *Server) listDeliveries(c echo.Context) error {
 		want := confirmed == "true"
 		params.Confirmed = &want
 	}
+	params.AppID = appID
 	rows, err := q.ListDeliveries(ctx, params)
 	if err != nil {
 		return fmt.Errorf("list deliveries: %w", err)
@@ -536,6 +603,9 @@ func (s *Server) listDeliveries(c echo.Context) error {
 			Reason: r.Reason, AttemptedAt: utcPtr(r.AttemptedAt), AcceptedAt: utcPtr(r.AcceptedAt),
 			ConfirmedAt: utcPtr(r.ConfirmedAt), ConfirmedDeviceAt: utcPtr(r.ConfirmedDeviceAt),
 			OpenedAt: utcPtr(r.OpenedAt), OpenedDeviceAt: utcPtr(r.OpenedDeviceAt),
+		}
+		if name, ok := names[r.AppID]; ok {
+			item.App = &name
 		}
 		if r.ConfirmedSkewMs != nil {
 			skew := round1(*r.ConfirmedSkewMs)
@@ -616,3 +686,67 @@ func (s *Server) listMessages(c echo.Context) error {
 
 // round1 rounds milliseconds to a tenth, the precision skew is reported in.
 func round1(f float64) float64 { return math.Round(f*10) / 10 }
+
+// appCounts is one app's part of a message's deliveries.
+type appCounts struct {
+	// App is the devices' app; null for deliveries whose device was
+	// deleted since.
+	App        *string        `json:"app"`
+	Deliveries deliveryCounts `json:"deliveries"`
+}
+
+type appCountsList struct {
+	Items []appCounts `json:"items"`
+}
+
+// messageApps counts a message's deliveries app by app: its counters as
+// GET /v1/messages/{id} gives them, cut by each device's app. Read from
+// the ledger, so it costs a read of the message's deliveries.
+func (s *Server) messageApps(c echo.Context) error {
+	ctx := c.Request().Context()
+	q := db.On(s.pool)
+	m, err := readMessage(c, q)
+	if err != nil {
+		return err
+	}
+	rows, err := q.MessageAppCounts(ctx, m.ID)
+	if err != nil {
+		return fmt.Errorf("count deliveries by app: %w", err)
+	}
+	names, err := appNames(ctx, s.pool)
+	if err != nil {
+		return err
+	}
+	byApp := map[int32]*appCounts{}
+	out := appCountsList{Items: []appCounts{}}
+	var order []int32
+	for _, r := range rows {
+		a := byApp[r.AppID]
+		if a == nil {
+			a = &appCounts{}
+			if name, ok := names[r.AppID]; ok {
+				a.App = &name
+			}
+			byApp[r.AppID] = a
+			order = append(order, r.AppID)
+		}
+		n := int32(r.Deliveries)
+		a.Deliveries.Total += n
+		switch r.Status {
+		case "accepted":
+			a.Deliveries.Accepted += n
+		case "failed":
+			a.Deliveries.Failed += n
+		case "expired":
+			a.Deliveries.Expired += n
+		case "cancelled":
+			a.Deliveries.Cancelled += n
+		default:
+			a.Deliveries.Pending += n
+		}
+	}
+	for _, id := range order {
+		out.Items = append(out.Items, *byApp[id])
+	}
+	return c.JSON(http.StatusOK, out)
+}

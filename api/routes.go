@@ -60,6 +60,7 @@ func (s *Server) routes() {
 	v1.GET("/messages/:message_id", s.getMessage, read)
 	v1.DELETE("/messages/:message_id", s.cancelMessage, send)
 	v1.GET("/messages/:message_id/deliveries", s.listDeliveries, read)
+	v1.GET("/messages/:message_id/apps", s.messageApps, read)
 
 	// Recurring reminders.
 	v1.POST("/schedules", s.createSchedule, send)
@@ -70,6 +71,18 @@ func (s *Server) routes() {
 
 	// Operations.
 	v1.GET("/providers", s.listProviders, read)
+
+	// Apps and their credentials (apps.go): managing them needs scope
+	// apps (or admin); their private parts are never answered.
+	if s.cfg.AppStore != nil {
+		manage := needs(ScopeApps)
+		v1.GET("/apps", s.listApps, read)
+		v1.POST("/apps", s.createApp, manage)
+		v1.GET("/apps/:app", s.getApp, read)
+		v1.PATCH("/apps/:app", s.patchApp, manage)
+		v1.POST("/apps/:app/credentials", s.putCredential, manage)
+		v1.DELETE("/apps/:app/credentials/:channel", s.retireCredentials, manage)
+	}
 
 	// Who may call, and what they did.
 	v1.POST("/keys", s.createKey, admin)
@@ -109,6 +122,7 @@ func (s *Server) dashboardRoutes() {
 	ui.GET("/messages/:message_id", s.getMessage)
 	ui.DELETE("/messages/:message_id", s.cancelMessage)
 	ui.GET("/messages/:message_id/deliveries", s.listDeliveries)
+	ui.GET("/messages/:message_id/apps", s.messageApps)
 	ui.GET("/messages/:message_id/breakdown", s.messageBreakdown)
 	ui.GET("/slo", s.sloShare)
 	ui.GET("/schedules", s.listSchedules)

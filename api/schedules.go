@@ -8,6 +8,7 @@ import (
 	"math"
 	"net/http"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/heraldpush/herald/db"
 	"github.com/heraldpush/herald/jobs"
+	"github.com/heraldpush/herald/jobs/apps"
 	"github.com/heraldpush/herald/jobs/push"
 )
 
@@ -301,6 +303,10 @@ func (s *Server) createSchedule(c echo.Context) error {
 		return invalid("cron", "cron %q: %v", req.Cron, err)
 	}
 	ctx := c.Request().Context()
+	if req.Audience.Apps, err = s.callerApps(ctx, req.Audience.Apps); err != nil {
+		return err
+	}
+	setAuditApp(c, strings.Join(req.Audience.Apps, ","))
 	audience, err := json.Marshal(req.Audience)
 	if err != nil {
 		return fmt.Errorf("encode audience: %w", err)
@@ -334,6 +340,9 @@ func (s *Server) createSchedule(c echo.Context) error {
 			if !exists {
 				return 0, nil, invalid("audience.id", "segment %q does not exist", req.Audience.ID)
 			}
+		}
+		if _, err := apps.Resolve(ctx, tx, "audience.apps", req.Audience.Apps); err != nil {
+			return 0, nil, err
 		}
 		if err := s.roomForSchedule(ctx, q); err != nil {
 			return 0, nil, err

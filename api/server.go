@@ -24,6 +24,7 @@ import (
 	"github.com/riverqueue/river/rivertype"
 
 	"github.com/heraldpush/herald/jobs"
+	"github.com/heraldpush/herald/jobs/apps"
 	"github.com/heraldpush/herald/jobs/push"
 	"github.com/heraldpush/herald/jobs/receipt"
 	"github.com/heraldpush/herald/jobs/webhook"
@@ -44,6 +45,12 @@ type Config struct {
 	ChunkSize int
 	// Configured says which channels this process has credentials for.
 	Configured map[string]bool
+	// Apps is the process's view of the apps and their credentials
+	// (jobs/apps), for the Web Push keys a registration answers with;
+	// AppStore changes them (the /v1/apps routes). Nil: one app, the
+	// default, and no /v1/apps.
+	Apps     *apps.Registry
+	AppStore *apps.Store
 	// Metrics serves GET /metrics (Prometheus); nil serves none.
 	Metrics http.Handler
 	// Registerer takes the HTTP metrics (requests by route and status, and

@@ -23,6 +23,7 @@ import (
 	"github.com/heraldpush/herald/db"
 	"github.com/heraldpush/herald/db/dbtest"
 	"github.com/heraldpush/herald/jobs"
+	"github.com/heraldpush/herald/jobs/apps"
 	"github.com/heraldpush/herald/jobs/push"
 )
 
@@ -62,6 +63,15 @@ func setupWith(t testing.TB, tdb *dbtest.DB, cfg Config) *bundle {
 	}
 	if cfg.Metrics == nil {
 		cfg.Metrics = promhttp.HandlerFor(prometheus.NewRegistry(), promhttp.HandlerOpts{})
+	}
+	if cfg.AppStore == nil {
+		// Credentials sealed with a key of the test's own, as
+		// HERALD_SECRET_KEY gives a process one.
+		sealer, err := apps.NewSealer(bytes.Repeat([]byte{7}, apps.SealKeySize))
+		require.NoError(t, err)
+		cfg.Apps = apps.NewRegistry(apps.RegistryConfig{Pool: tdb.Pool, Sealer: sealer, Logger: discard})
+		require.NoError(t, cfg.Apps.Refresh(context.Background()))
+		cfg.AppStore = &apps.Store{Pool: tdb.Pool, Sealer: sealer}
 	}
 	srv, err := NewServer(cfg)
 	require.NoError(t, err)

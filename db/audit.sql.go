@@ -36,8 +36,8 @@ func (q *Queries) DeleteAuditEntries(ctx context.Context, arg DeleteAuditEntries
 }
 
 const insertAuditEntry = `-- name: InsertAuditEntry :exec
-INSERT INTO audit_log (key_name, operator, method, route, target_id, status, request_id)
-VALUES ($1, $2, $3, $4, $5, $6, $7)
+INSERT INTO audit_log (key_name, operator, method, route, target_id, status, request_id, app)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
 `
 
 type InsertAuditEntryParams struct {
@@ -48,6 +48,7 @@ type InsertAuditEntryParams struct {
 	TargetID  *string
 	Status    int32
 	RequestID string
+	App       *string
 }
 
 func (q *Queries) InsertAuditEntry(ctx context.Context, arg InsertAuditEntryParams) error {
@@ -59,12 +60,13 @@ func (q *Queries) InsertAuditEntry(ctx context.Context, arg InsertAuditEntryPara
 		arg.TargetID,
 		arg.Status,
 		arg.RequestID,
+		arg.App,
 	)
 	return err
 }
 
 const listAuditEntries = `-- name: ListAuditEntries :many
-SELECT id, at, key_name, operator, method, route, target_id, status, request_id FROM audit_log
+SELECT id, at, key_name, operator, method, route, target_id, status, request_id, app FROM audit_log
 WHERE id < $1
   AND ($2::text IS NULL OR key_name = $2::text)
   AND ($3::text IS NULL OR operator = $3::text)
@@ -105,6 +107,7 @@ func (q *Queries) ListAuditEntries(ctx context.Context, arg ListAuditEntriesPara
 			&i.TargetID,
 			&i.Status,
 			&i.RequestID,
+			&i.App,
 		); err != nil {
 			return nil, err
 		}

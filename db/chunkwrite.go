@@ -212,7 +212,7 @@ func queueChunkRead(b *pgx.Batch, c ChunkPendingParams, payloadID int64, out *Ch
 	b.Queue(chunkPending, c.MessageID, c.FirstDevice, c.LastDevice, c.Chunk).Query(func(rows pgx.Rows) error {
 		for rows.Next() {
 			var r ChunkPendingRow
-			if err := rows.Scan(&r.DeviceID, &r.Attempt, &r.Channel, &r.Locale, &r.Token, &r.P256dh, &r.Auth, &r.Environment, &r.Gone, &r.NotBefore); err != nil {
+			if err := rows.Scan(&r.DeviceID, &r.Attempt, &r.Channel, &r.Locale, &r.Token, &r.P256dh, &r.Auth, &r.Environment, &r.Gone, &r.NotBefore, &r.AppID, &r.CredentialID); err != nil {
 				return err
 			}
 			out.Pending = append(out.Pending, r)

@@ -251,8 +251,8 @@ func TestBeginChunk(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "dispatching", begun.State)
 	require.Len(t, begun.Pending, 2, "device 3 is in the range but in another chunk")
-	require.Equal(t, db.ChunkPendingRow{DeviceID: d1, Channel: "apns", Locale: new("de"), Token: "tok-a", Environment: "sandbox"}, begun.Pending[0])
-	require.Equal(t, db.ChunkPendingRow{DeviceID: d2, Channel: "webpush", Token: "https://push.example/b", P256dh: new("K"), Auth: new("A"), Environment: "production"}, begun.Pending[1])
+	require.Equal(t, db.ChunkPendingRow{DeviceID: d1, Channel: "apns", Locale: new("de"), Token: "tok-a", Environment: "sandbox", AppID: 1}, begun.Pending[0])
+	require.Equal(t, db.ChunkPendingRow{DeviceID: d2, Channel: "webpush", Token: "https://push.example/b", P256dh: new("K"), Auth: new("A"), Environment: "production", AppID: 1}, begun.Pending[1])
 	require.JSONEq(t, `{"title":"hi"}`, string(begun.Payload))
 	var started bool
 	require.NoError(t, tdb.Pool.QueryRow(ctx, "SELECT started_at IS NOT NULL FROM messages WHERE id = $1", id).Scan(&started))

@@ -7,6 +7,7 @@ package db
 
 import (
 	"context"
+	"time"
 )
 
 const activeDeviceCounts = `-- name: ActiveDeviceCounts :many
@@ -133,9 +134,25 @@ FROM devices
 WHERE id = $1
 `
 
-func (q *Queries) GetDevice(ctx context.Context, id int64) (Device, error) {
+type GetDeviceRow struct {
+	ID             int64
+	UserID         string
+	Channel        string
+	Token          string
+	P256dh         *string
+	Auth           *string
+	Status         string
+	EvictedReason  *string
+	EvictedAt      *time.Time
+	CreatedAt      time.Time
+	UpdatedAt      time.Time
+	Environment    string
+	InstallationID *string
+}
+
+func (q *Queries) GetDevice(ctx context.Context, id int64) (GetDeviceRow, error) {
 	row := q.db.QueryRow(ctx, getDevice, id)
-	var i Device
+	var i GetDeviceRow
 	err := row.Scan(
 		&i.ID,
 		&i.UserID,
@@ -155,7 +172,7 @@ func (q *Queries) GetDevice(ctx context.Context, id int64) (Device, error) {
 }
 
 const listUserDevices = `-- name: ListUserDevices :many
-SELECT id, user_id, channel, token, p256dh, auth, status, evicted_reason, evicted_at, created_at, updated_at, environment, installation_id
+SELECT id, user_id, channel, token, p256dh, auth, status, evicted_reason, evicted_at, created_at, updated_at, environment, installation_id, app_id
 FROM devices
 WHERE user_id = $1 AND id > $2
 ORDER BY id
@@ -168,17 +185,34 @@ type ListUserDevicesParams struct {
 	PageSize int32
 }
 
+type ListUserDevicesRow struct {
+	ID             int64
+	UserID         string
+	Channel        string
+	Token          string
+	P256dh         *string
+	Auth           *string
+	Status         string
+	EvictedReason  *string
+	EvictedAt      *time.Time
+	CreatedAt      time.Time
+	UpdatedAt      time.Time
+	Environment    string
+	InstallationID *string
+	AppID          int32
+}
+
 // A page of a user's devices: those after after_id, in id order (keyset
 // pagination on devices_user_id_idx).
-func (q *Queries) ListUserDevices(ctx context.Context, arg ListUserDevicesParams) ([]Device, error) {
+func (q *Queries) ListUserDevices(ctx context.Context, arg ListUserDevicesParams) ([]ListUserDevicesRow, error) {
 	rows, err := q.db.Query(ctx, listUserDevices, arg.UserID, arg.AfterID, arg.PageSize)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	items := []Device{}
+	items := []ListUserDevicesRow{}
 	for rows.Next() {
-		var i Device
+		var i ListUserDevicesRow
 		if err := rows.Scan(
 			&i.ID,
 			&i.UserID,
@@ -193,6 +227,7 @@ func (q *Queries) ListUserDevices(ctx context.Context, arg ListUserDevicesParams
 			&i.UpdatedAt,
 			&i.Environment,
 			&i.InstallationID,
+			&i.AppID,
 		); err != nil {
 			return nil, err
 		}
@@ -205,7 +240,7 @@ func (q *Queries) ListUserDevices(ctx context.Context, arg ListUserDevicesParams
 }
 
 const lockRegistered = `-- name: LockRegistered :many
-SELECT v.id, v.user_id, v.channel, v.token, v.installation_id, v.status
+SELECT v.id, v.user_id, v.channel, v.token, v.installation_id, v.status, v.app_id
 FROM devices v
 WHERE (v.channel, v.token) IN (SELECT unnest($1::text[]), unnest($2::text[]))
    OR (v.channel, v.installation_id) IN (SELECT unnest($3::text[]), unnest($4::text[]))
@@ -227,6 +262,7 @@ type LockRegisteredRow struct {
 	Token          string
 	InstallationID *string
 	Status         string
+	AppID          int32
 }
 
 // Locks the devices a registration touches, in the order of their ids, and
@@ -256,6 +292,7 @@ func (q *Queries) LockRegistered(ctx context.Context, arg LockRegisteredParams) 
 			&i.Token,
 			&i.InstallationID,
 			&i.Status,
+			&i.AppID,
 		); err != nil {
 			return nil, err
 		}
@@ -280,9 +317,10 @@ func (q *Queries) LockUsers(ctx context.Context, ids []string) error {
 }
 
 const registerDevices = `-- name: RegisterDevices :many
-INSERT INTO devices (user_id, channel, token, p256dh, auth, environment, installation_id)
+INSERT INTO devices (user_id, channel, token, p256dh, auth, environment, installation_id, app_id, credential_id)
 SELECT d.user_id, d.channel, d.token, NULLIF(d.p256dh, ''), NULLIF(d.auth, ''),
-       COALESCE(d.environment, 'production'), NULLIF(d.installation_id, '')
+       COALESCE(d.environment, 'production'), NULLIF(d.installation_id, ''),
+       COALESCE(d.app_id, 1), NULLIF(d.credential_id, 0)
 FROM (
     -- Set-returning functions side by side in a select list advance in step.
     SELECT unnest($1::text[]) AS user_id,
@@ -291,7 +329,9 @@ FROM (
            unnest($4::text[]) AS p256dh,
            unnest($5::text[]) AS auth,
            unnest($6::text[]) AS environment,
-           unnest($7::text[]) AS installation_id
+           unnest($7::text[]) AS installation_id,
+           unnest($8::integer[]) AS app_id,
+           unnest($9::bigint[]) AS credential_id
 ) d
 ON CONFLICT (channel, token) DO UPDATE
 SET user_id = excluded.user_id,
@@ -299,11 +339,13 @@ SET user_id = excluded.user_id,
     auth = excluded.auth,
     environment = excluded.environment,
     installation_id = COALESCE(excluded.installation_id, devices.installation_id),
+    app_id = excluded.app_id,
+    credential_id = excluded.credential_id,
     status = 'active',
     evicted_reason = NULL,
     evicted_at = NULL,
     updated_at = now()
-RETURNING id, user_id, channel, environment, status, (xmax = 0)::boolean AS created
+RETURNING id, user_id, channel, environment, status, app_id, (xmax = 0)::boolean AS created
 `
 
 type RegisterDevicesParams struct {
@@ -314,6 +356,8 @@ type RegisterDevicesParams struct {
 	Auths           []string
 	Environments    []string
 	InstallationIds []string
+	AppIds          []int32
+	CredentialIds   []int64
 }
 
 type RegisterDevicesRow struct {
@@ -322,6 +366,7 @@ type RegisterDevicesRow struct {
 	Channel     string
 	Environment string
 	Status      string
+	AppID       int32
 	Created     bool
 }
 
@@ -329,7 +374,9 @@ type RegisterDevicesRow struct {
 // and reactivates them: one statement for one device or a whole batch. The
 // arrays are parallel; an empty p256dh, auth or installation id stands for
 // NULL (a registration without an installation id keeps the one the device
-// has), and a missing environment (a shorter array) for production.
+// has), and a missing environment (a shorter array) for production, a
+// missing app for the default app (1), a missing or zero credential for
+// none (migration 0021). A token registered under another app moves to it.
 // Callers pass each (channel, token) once, in sorted order, so that
 // concurrent batches lock rows in one order.
 func (q *Queries) RegisterDevices(ctx context.Context, arg RegisterDevicesParams) ([]RegisterDevicesRow, error) {
@@ -341,6 +388,8 @@ func (q *Queries) RegisterDevices(ctx context.Context, arg RegisterDevicesParams
 		arg.Auths,
 		arg.Environments,
 		arg.InstallationIds,
+		arg.AppIds,
+		arg.CredentialIds,
 	)
 	if err != nil {
 		return nil, err
@@ -355,6 +404,7 @@ func (q *Queries) RegisterDevices(ctx context.Context, arg RegisterDevicesParams
 			&i.Channel,
 			&i.Environment,
 			&i.Status,
+			&i.AppID,
 			&i.Created,
 		); err != nil {
 			return nil, err

@@ -18,7 +18,8 @@ SELECT d.device_id, d.attempt, d.channel, d.locale,
              WHEN v.user_id <> d.user_id THEN 'device_moved'
              WHEN v.status <> 'active' THEN 'device_evicted'
              ELSE '' END)::text AS gone,
-       d.not_before
+       d.not_before,
+       coalesce(v.app_id, 1)::integer AS app_id, coalesce(v.credential_id, 0)::bigint AS credential_id
 FROM deliveries d
 LEFT JOIN devices v ON v.id = d.device_id
 WHERE d.message_id = $1
@@ -36,16 +37,18 @@ type ChunkPendingParams struct {
 }
 
 type ChunkPendingRow struct {
-	DeviceID    int64
-	Attempt     int16
-	Channel     string
-	Locale      *string
-	Token       string
-	P256dh      *string
-	Auth        *string
-	Environment string
-	Gone        string
-	NotBefore   *time.Time
+	DeviceID     int64
+	Attempt      int16
+	Channel      string
+	Locale       *string
+	Token        string
+	P256dh       *string
+	Auth         *string
+	Environment  string
+	Gone         string
+	NotBefore    *time.Time
+	AppID        int32
+	CredentialID int64
 }
 
 // A chunk's deliveries that are still pending, with what their provider
@@ -61,7 +64,8 @@ type ChunkPendingRow struct {
 // scheduled (migration 0012). Such a row carries no token.
 //
 // NotBefore is when a throttled delivery may be sent again (migration
-// 0016), NULL when it may be sent now.
+// 0016), NULL when it may be sent now. AppID and CredentialID are the
+// device's app and Web Push credential (migration 0021; 0 for none).
 func (q *Queries) ChunkPending(ctx context.Context, arg ChunkPendingParams) ([]ChunkPendingRow, error) {
 	rows, err := q.db.Query(ctx, chunkPending,
 		arg.MessageID,
@@ -87,6 +91,8 @@ func (q *Queries) ChunkPending(ctx context.Context, arg ChunkPendingParams) ([]C
 			&i.Environment,
 			&i.Gone,
 			&i.NotBefore,
+			&i.AppID,
+			&i.CredentialID,
 		); err != nil {
 			return nil, err
 		}

@@ -5,14 +5,51 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 )
 
 // Audience names who a message goes to: a segment's members, or a list of
-// users.
+// users; and of their devices, those of every app or of the apps named.
 type Audience struct {
 	SegmentID string
 	UserIDs   []string
+	// Apps are app names (migration 0021), each of an app's name's shape
+	// ([a-z0-9._-], which needs no quoting); none means every app.
+	Apps []string
+}
+
+// appsFilter is the condition on the devices d of a's apps: none when a
+// names no app. The names are of an app name's shape, checked here again,
+// so that they can be written into the statement, which keeps its one
+// parameter.
+func (a Audience) appsFilter() string {
+	if len(a.Apps) == 0 {
+		return ""
+	}
+	names := make([]string, 0, len(a.Apps))
+	for _, n := range a.Apps {
+		if !appNameShape(n) {
+			// Matches no app: a message for an app that cannot exist.
+			n = "-"
+		}
+		names = append(names, "'"+n+"'")
+	}
+	return " AND d.app_id IN (SELECT id FROM apps WHERE name IN (" + strings.Join(names, ", ") + "))"
+}
+
+// appNameShape reports whether n is of an app name's shape.
+func appNameShape(n string) bool {
+	if n == "" || len(n) > 63 {
+		return false
+	}
+	for i := 0; i < len(n); i++ {
+		c := n[i]
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || i > 0 && (c == '.' || c == '_' || c == '-')) {
+			return false
+		}
+	}
+	return true
 }
 
 // audienceSQL selects the active devices of a's users: id, user_id,
@@ -28,14 +65,14 @@ func (a Audience) sql(withUser bool, param string) (query string, arg any) {
 	if a.SegmentID != "" {
 		return `SELECT d.id, d.user_id, d.channel, ` + user + `
 			FROM segment_members m
-			JOIN devices d ON d.user_id = m.user_id AND d.status = 'active'
+			JOIN devices d ON d.user_id = m.user_id AND d.status = 'active'` + a.appsFilter() + `
 			` + join + `
 			WHERE m.segment_id = ` + param, a.SegmentID
 	}
 	return `SELECT d.id, d.user_id, d.channel, ` + user + `
 		FROM devices d
 		` + join + `
-		WHERE d.user_id = ANY (` + param + `::text[]) AND d.status = 'active'`, a.UserIDs
+		WHERE d.user_id = ANY (` + param + `::text[]) AND d.status = 'active'` + a.appsFilter(), a.UserIDs
 }
 
 // AudienceKeys are the distinct time zones and locales of an audience's

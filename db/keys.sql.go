@@ -11,9 +11,9 @@ import (
 )
 
 const insertAPIKey = `-- name: InsertAPIKey :one
-INSERT INTO api_keys (name, scope, digest, expires_at)
-VALUES ($1, $2, $3, $4)
-RETURNING id, name, scope, digest, created_at, expires_at, revoked_at, last_used_at
+INSERT INTO api_keys (name, scope, digest, expires_at, app_ids)
+VALUES ($1, $2, $3, $4, $5)
+RETURNING id, name, scope, digest, created_at, expires_at, revoked_at, last_used_at, app_ids
 `
 
 type InsertAPIKeyParams struct {
@@ -21,14 +21,17 @@ type InsertAPIKeyParams struct {
 	Scope     string
 	Digest    []byte
 	ExpiresAt *time.Time
+	AppIds    []int32
 }
 
+// app_ids NULL: the key acts for every app (migration 0021).
 func (q *Queries) InsertAPIKey(ctx context.Context, arg InsertAPIKeyParams) (ApiKey, error) {
 	row := q.db.QueryRow(ctx, insertAPIKey,
 		arg.Name,
 		arg.Scope,
 		arg.Digest,
 		arg.ExpiresAt,
+		arg.AppIds,
 	)
 	var i ApiKey
 	err := row.Scan(
@@ -40,12 +43,13 @@ func (q *Queries) InsertAPIKey(ctx context.Context, arg InsertAPIKeyParams) (Api
 		&i.ExpiresAt,
 		&i.RevokedAt,
 		&i.LastUsedAt,
+		&i.AppIds,
 	)
 	return i, err
 }
 
 const listAPIKeys = `-- name: ListAPIKeys :many
-SELECT id, name, scope, digest, created_at, expires_at, revoked_at, last_used_at FROM api_keys
+SELECT id, name, scope, digest, created_at, expires_at, revoked_at, last_used_at, app_ids FROM api_keys
 WHERE id > $1
 ORDER BY id
 LIMIT $2
@@ -75,6 +79,7 @@ func (q *Queries) ListAPIKeys(ctx context.Context, arg ListAPIKeysParams) ([]Api
 			&i.ExpiresAt,
 			&i.RevokedAt,
 			&i.LastUsedAt,
+			&i.AppIds,
 		); err != nil {
 			return nil, err
 		}
@@ -87,7 +92,7 @@ func (q *Queries) ListAPIKeys(ctx context.Context, arg ListAPIKeysParams) ([]Api
 }
 
 const liveAPIKeys = `-- name: LiveAPIKeys :many
-SELECT name, scope, digest, expires_at
+SELECT name, scope, digest, expires_at, app_ids
 FROM api_keys
 WHERE revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())
 ORDER BY id
@@ -98,6 +103,7 @@ type LiveAPIKeysRow struct {
 	Scope     string
 	Digest    []byte
 	ExpiresAt *time.Time
+	AppIds    []int32
 }
 
 // The keys a process accepts: not revoked and not expired. Every process
@@ -116,6 +122,7 @@ func (q *Queries) LiveAPIKeys(ctx context.Context) ([]LiveAPIKeysRow, error) {
 			&i.Scope,
 			&i.Digest,
 			&i.ExpiresAt,
+			&i.AppIds,
 		); err != nil {
 			return nil, err
 		}
@@ -130,7 +137,7 @@ func (q *Queries) LiveAPIKeys(ctx context.Context) ([]LiveAPIKeysRow, error) {
 const revokeAPIKey = `-- name: RevokeAPIKey :one
 UPDATE api_keys SET revoked_at = coalesce(revoked_at, now())
 WHERE name = $1
-RETURNING id, name, scope, digest, created_at, expires_at, revoked_at, last_used_at
+RETURNING id, name, scope, digest, created_at, expires_at, revoked_at, last_used_at, app_ids
 `
 
 // Revokes a key; a key revoked already keeps its first revocation.
@@ -146,6 +153,7 @@ func (q *Queries) RevokeAPIKey(ctx context.Context, name string) (ApiKey, error)
 		&i.ExpiresAt,
 		&i.RevokedAt,
 		&i.LastUsedAt,
+		&i.AppIds,
 	)
 	return i, err
 }

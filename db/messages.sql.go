@@ -413,16 +413,19 @@ func (q *Queries) InsertPayload(ctx context.Context, content []byte) (int64, err
 const listDeliveries = `-- name: ListDeliveries :many
 SELECT d.device_id, d.user_id, d.channel, d.status, d.reason, d.attempted_at, d.accepted_at, d.due_at,
        rd.received_at AS confirmed_at, rd.device_at AS confirmed_device_at, rd.skew_ms AS confirmed_skew_ms,
-       ro.received_at AS opened_at, ro.device_at AS opened_device_at
+       ro.received_at AS opened_at, ro.device_at AS opened_device_at,
+       coalesce(v.app_id, 0)::integer AS app_id
 FROM deliveries d
 LEFT JOIN receipts rd ON rd.message_id = d.message_id AND rd.device_id = d.device_id AND rd.event = 'delivered'
 LEFT JOIN receipts ro ON ro.message_id = d.message_id AND ro.device_id = d.device_id AND ro.event = 'opened'
+LEFT JOIN devices v ON v.id = d.device_id
 WHERE d.message_id = $1
   AND d.device_id > $2
   AND ($3::text IS NULL OR d.status = $3::text)
   AND ($4::boolean IS NULL OR (rd.message_id IS NOT NULL) = $4::boolean)
+  AND ($5::integer IS NULL OR v.app_id = $5::integer)
 ORDER BY d.device_id
-LIMIT $5
+LIMIT $6
 `
 
 type ListDeliveriesParams struct {
@@ -430,6 +433,7 @@ type ListDeliveriesParams struct {
 	AfterDeviceID int64
 	Status        *string
 	Confirmed     *bool
+	AppID         *int32
 	PageSize      int32
 }
 
@@ -447,18 +451,21 @@ type ListDeliveriesRow struct {
 	ConfirmedSkewMs   *float64
 	OpenedAt          *time.Time
 	OpenedDeviceAt    *time.Time
+	AppID             int32
 }
 
 // One page of a message's deliveries in device order, after a cursor, of
 // one status or of all, and of those confirmed by a delivered receipt or
-// not (migration 0017), with their receipts' times. Each delivery finds
-// its receipts through their primary key.
+// not (migration 0017), with their receipts' times, and of one app or all
+// (migration 0021: the device's app, 0 when the device is gone). Each
+// delivery finds its receipts and its device through their primary keys.
 func (q *Queries) ListDeliveries(ctx context.Context, arg ListDeliveriesParams) ([]ListDeliveriesRow, error) {
 	rows, err := q.db.Query(ctx, listDeliveries,
 		arg.MessageID,
 		arg.AfterDeviceID,
 		arg.Status,
 		arg.Confirmed,
+		arg.AppID,
 		arg.PageSize,
 	)
 	if err != nil {
@@ -482,6 +489,7 @@ func (q *Queries) ListDeliveries(ctx context.Context, arg ListDeliveriesParams) 
 			&i.ConfirmedSkewMs,
 			&i.OpenedAt,
 			&i.OpenedDeviceAt,
+			&i.AppID,
 		); err != nil {
 			return nil, err
 		}

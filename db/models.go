@@ -17,6 +17,50 @@ type ApiKey struct {
 	ExpiresAt  *time.Time
 	RevokedAt  *time.Time
 	LastUsedAt *time.Time
+	AppIds     []int32
+}
+
+type App struct {
+	ID         int32
+	Name       string
+	DisabledAt *time.Time
+	CreatedAt  time.Time
+	UpdatedAt  time.Time
+}
+
+type AppCredential struct {
+	ID        int64
+	AppID     int32
+	Channel   string
+	Version   int32
+	State     string
+	Public    []byte
+	Sealed    []byte
+	SealKey   string
+	CreatedAt time.Time
+	RetiredAt *time.Time
+}
+
+type AppProviderStatus struct {
+	ProcessID     string
+	AppID         int32
+	Channel       string
+	Configured    bool
+	State         string
+	LastError     *string
+	LastErrorAt   *time.Time
+	Sends         int64
+	Failures      int64
+	Refused       int64
+	LastRefused   *string
+	LastRefusedAt *time.Time
+	UpdatedAt     time.Time
+}
+
+type AppsChanged struct {
+	One     bool
+	Version int64
+	At      time.Time
 }
 
 type AuditLog struct {
@@ -29,6 +73,7 @@ type AuditLog struct {
 	TargetID  *string
 	Status    int32
 	RequestID string
+	App       *string
 }
 
 type DashboardSession struct {
@@ -70,6 +115,8 @@ type Device struct {
 	UpdatedAt      time.Time
 	Environment    string
 	InstallationID *string
+	AppID          int32
+	CredentialID   *int64
 }
 
 type IdempotencyKey struct {

@@ -11,6 +11,11 @@ import (
 // environment and, optionally, the app's installation id.
 type Registration struct {
 	UserID, Channel, Token, P256dh, Auth, Environment, InstallationID string
+	// AppID is the device's app (0 for the default app); CredentialID, for
+	// Web Push, the credential whose VAPID key the subscription was made
+	// with (0 for the environment's key).
+	AppID        int32
+	CredentialID int64
 }
 
 // Key is a device's identity at its provider: its channel and token.
@@ -124,6 +129,8 @@ func (r *Registering) Write(ctx context.Context) ([]RegisterDevicesRow, error) {
 		p.Auths = append(p.Auths, g.Auth)
 		p.Environments = append(p.Environments, g.Environment)
 		p.InstallationIds = append(p.InstallationIds, g.InstallationID)
+		p.AppIds = append(p.AppIds, max(g.AppID, 1))
+		p.CredentialIds = append(p.CredentialIds, g.CredentialID)
 	}
 	if len(replaced) > 0 {
 		slices.Sort(replaced)

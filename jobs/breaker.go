@@ -1,9 +1,13 @@
 package jobs
 
 import (
+	"fmt"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
+	"github.com/heraldpush/herald/jobs/apps"
 	"github.com/heraldpush/herald/jobs/push"
 )
 
@@ -166,6 +170,11 @@ type BreakerStatus struct {
 	// Sends counts attempted sends, Failures the transient failures among
 	// them, since the process started.
 	Sends, Failures int64
+	// Refused counts the pushes refused for the app's credentials
+	// (push.ReasonCredentialsRefused), with the last such answer.
+	Refused       int64
+	LastRefused   string
+	LastRefusedAt time.Time
 }
 
 // Status returns the breaker's state and its last transient error.
@@ -188,8 +197,13 @@ const maxHostBreakers = 1000
 // APNs's sandbox host, another service than its production host, has a
 // breaker of its own, so that an outage of Apple's sandbox parks only the
 // debug builds' pushes.
+//
+// Each app has breakers of its own (App): a provider that refuses one
+// app's credentials, or an outage seen through one app's client, parks
+// only that app's sends.
 type Breakers struct {
 	cfg      BreakerConfig
+	names    []string
 	channels map[string]*Breaker
 	// apnsSandbox is the APNs sandbox host's breaker; nil without APNs.
 	apnsSandbox *Breaker
@@ -200,11 +214,26 @@ type Breakers struct {
 	// forgotten holds the counts of host breakers dropped to stay within
 	// maxHostBreakers, so that the channel's totals never go back.
 	forgotten struct{ sends, failures int64 }
+	// refused counts, by channel, the pushes a provider refused for the
+	// app's credentials, with the last such answer.
+	refused map[string]*refusals
+
+	appsMu sync.Mutex
+	// apps are the other apps' breakers, made on first use; this set is
+	// the default app's.
+	apps map[int32]*Breakers
+}
+
+// refusals are a channel's pushes refused for the app's credentials.
+type refusals struct {
+	n    int64
+	last string
+	at   time.Time
 }
 
 // NewBreakers returns closed breakers for channels (those with a provider).
 func NewBreakers(cfg BreakerConfig, channels ...string) *Breakers {
-	b := &Breakers{cfg: cfg, channels: map[string]*Breaker{}, hosts: map[string]*Breaker{}}
+	b := &Breakers{cfg: cfg, names: channels, channels: map[string]*Breaker{}, hosts: map[string]*Breaker{}, refused: map[string]*refusals{}}
 	for _, ch := range channels {
 		b.channels[ch] = NewBreaker(cfg)
 	}
@@ -214,9 +243,58 @@ func NewBreakers(cfg BreakerConfig, channels ...string) *Breakers {
 	return b
 }
 
-// ForTarget is For a chunk's target, which for an APNs sandbox token is the
-// sandbox host's breaker.
+// App is the breakers of app id, made on first use; the default app's are
+// b itself.
+func (b *Breakers) App(id int32) *Breakers {
+	if id == apps.DefaultID || id == 0 {
+		return b
+	}
+	b.appsMu.Lock()
+	defer b.appsMu.Unlock()
+	if b.apps == nil {
+		b.apps = map[int32]*Breakers{}
+	}
+	a := b.apps[id]
+	if a == nil {
+		a = NewBreakers(b.cfg, b.names...)
+		b.apps[id] = a
+	}
+	return a
+}
+
+// AppIDs are the apps that have breakers: the default app and every app
+// that has sent here.
+func (b *Breakers) AppIDs() []int32 {
+	b.appsMu.Lock()
+	defer b.appsMu.Unlock()
+	ids := []int32{apps.DefaultID}
+	for id := range b.apps {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// Refused records that channel's provider refused a push for the app's
+// credentials, with its answer.
+func (b *Breakers) Refused(channel, detail string, at time.Time) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	r := b.refused[channel]
+	if r == nil {
+		r = &refusals{}
+		b.refused[channel] = r
+	}
+	r.n++
+	r.last, r.at = detail, at
+}
+
+// ForTarget is For a chunk's target, in the breakers of its app, which for
+// an APNs sandbox token is the sandbox host's breaker.
 func (b *Breakers) ForTarget(t Target) *Breaker {
+	if t.App != apps.DefaultID && t.App != 0 {
+		return b.App(t.App).ForTarget(Target{Target: t.Target, Channel: t.Channel})
+	}
 	if t.Sandbox && t.Channel == ChannelAPNs && b.apnsSandbox != nil {
 		return b.apnsSandbox
 	}
@@ -274,10 +352,39 @@ func WorseState(a, b string) string {
 	return a
 }
 
-// Status is the channel's health as one breaker's would read: for Web Push,
-// the worst of its hosts' states, their summed counts, and the latest error
-// with the host it came from. ok is false for a channel without a provider.
+// Status is the channel's health over every app, as one breaker's would
+// read: the worst state, the summed counts and the latest error, with the
+// app it came from when not the default app's. ok is false for a channel
+// without a provider.
 func (b *Breakers) Status(channel string) (st BreakerStatus, ok bool) {
+	st, ok = b.AppStatus(channel)
+	if !ok {
+		return st, false
+	}
+	b.appsMu.Lock()
+	others := maps.Clone(b.apps)
+	b.appsMu.Unlock()
+	for id, a := range others {
+		as, _ := a.AppStatus(channel)
+		st.Sends += as.Sends
+		st.Failures += as.Failures
+		st.Refused += as.Refused
+		st.State = WorseState(st.State, as.State)
+		if as.LastError != "" && as.LastErrorAt.After(st.LastErrorAt) {
+			st.LastError, st.LastErrorAt = fmt.Sprintf("app %d: %s", id, as.LastError), as.LastErrorAt
+		}
+		if as.LastRefused != "" && as.LastRefusedAt.After(st.LastRefusedAt) {
+			st.LastRefused, st.LastRefusedAt = fmt.Sprintf("app %d: %s", id, as.LastRefused), as.LastRefusedAt
+		}
+	}
+	return st, true
+}
+
+// AppStatus is the channel's health in this app's breakers alone: for Web
+// Push, the worst of its hosts' states, their summed counts, and the latest
+// error with the host it came from. ok is false for a channel without a
+// provider.
+func (b *Breakers) AppStatus(channel string) (st BreakerStatus, ok bool) {
 	own, ok := b.channels[channel]
 	if !ok {
 		return BreakerStatus{}, false
@@ -292,11 +399,14 @@ func (b *Breakers) Status(channel string) (st BreakerStatus, ok bool) {
 			st.LastError, st.LastErrorAt = "sandbox: "+sb.LastError, sb.LastErrorAt
 		}
 	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if r := b.refused[channel]; r != nil {
+		st.Refused, st.LastRefused, st.LastRefusedAt = r.n, r.last, r.at
+	}
 	if channel != ChannelWebPush {
 		return st, true
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
 	st.Sends += b.forgotten.sends
 	st.Failures += b.forgotten.failures
 	for host, h := range b.hosts {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"github.com/riverqueue/river"
 
 	"github.com/heraldpush/herald/db"
+	"github.com/heraldpush/herald/jobs/apps"
 	"github.com/heraldpush/herald/jobs/push"
 	"github.com/heraldpush/herald/jobs/receipt"
 )
@@ -93,7 +95,7 @@ func NewFanOutWorker(cfg FanOutConfig) *FanOutWorker {
 	if w.cfg.Breakers == nil {
 		var channels []string
 		for _, ch := range Channels {
-			if slices.ContainsFunc(cfg.Lanes, func(l Lane) bool { return l.Providers[ch] != nil }) {
+			if slices.ContainsFunc(cfg.Lanes, func(l Lane) bool { return l.Providers[ch] != nil || l.Apps != nil }) {
 				channels = append(channels, ch)
 			}
 		}
@@ -200,7 +202,7 @@ func (w *FanOutWorker) Work(ctx context.Context, job *river.Job[FanOutArgs]) err
 	sendCtx, cancel := context.WithTimeout(ctx, w.sendBudget())
 	defer cancel()
 	rec := ledger.open(c, startedAt, make([]push.Result, len(c.Targets)))
-	s := w.send(sendCtx, c, msg, groups, lane.Providers, ledger, rec)
+	s := w.send(sendCtx, c, msg, groups, lane, ledger, rec)
 	s.wait()
 	release()
 	err = w.finish(ctx, c, ledger, rec, s.fenced.Load())
@@ -287,6 +289,10 @@ type sendGroup struct {
 	channel string
 	breaker *Breaker
 	locale  string
+	// app is the targets' app, whose client sends them; credential, for
+	// Web Push, the credential their subscriptions were made with.
+	app        int32
+	credential int64
 }
 
 // group sorts the chunk's targets (their indexes in c.Targets) by the
@@ -299,7 +305,10 @@ func (w *FanOutWorker) group(c *running, now time.Time) map[sendGroup][]int {
 		if t.Gone != push.ReasonNone || t.NotBefore.After(now) {
 			continue
 		}
-		g := sendGroup{t.Channel, w.cfg.Breakers.ForTarget(t), t.Locale}
+		g := sendGroup{channel: t.Channel, breaker: w.cfg.Breakers.ForTarget(t), locale: t.Locale, app: max(t.App, apps.DefaultID)}
+		if t.Channel == ChannelWebPush {
+			g.credential = t.Credential
+		}
 		groups[g] = append(groups[g], i)
 	}
 	return groups
@@ -331,17 +340,21 @@ func (s *sends) wait() {
 // concurrency. A channel's targets go to its provider in slices, all at
 // once. A provider serves concurrent calls in the order they came
 // (push.Limiter), so slices finish one after another rather than all at the
-// end. providers are the chunk's lane's, by channel.
-func (w *FanOutWorker) send(ctx context.Context, c *running, msg *encodedMessage, groups map[sendGroup][]int, providers map[string]Sender, ledger *ledger, rec *chunkRecord) *sends {
+// end. The clients are the chunk's lane's, by app and channel.
+func (w *FanOutWorker) send(ctx context.Context, c *running, msg *encodedMessage, groups map[sendGroup][]int, lane Lane, ledger *ledger, rec *chunkRecord) *sends {
 	s := &sends{ledger: ledger, rec: rec, done: make(chan struct{}, len(c.Targets)+len(groups))}
 	s.gone(c)
 	for g, idx := range groups {
-		provider, ok := providers[g.channel]
-		if !ok {
-			s.disabled(g.channel, idx)
+		// Each slice takes the client it sends through when it starts
+		// and gives it back once its sends are answered: a rotation
+		// meanwhile leaves the slice on the credential it began with.
+		provider, release, why := w.sender(lane, g)
+		if provider == nil {
+			s.disabled(why, idx)
 			continue
 		}
-		m := msg.localized(g.locale)
+		release()
+		m := msg.variant(w.appName(lane, g.app), g.locale)
 		if c.Chunk == 0 {
 			// A message's first devices go out before the chunks that
 			// were already being sent: they take the next request slots
@@ -351,15 +364,41 @@ func (w *FanOutWorker) send(ctx context.Context, c *running, msg *encodedMessage
 			lead := idx[:min(firstChunkLead, len(idx))]
 			idx = idx[len(lead):]
 			s.inFlight++
-			go w.sendTargets(push.WithLead(ctx, len(lead)), c, m, provider, g, lead, s)
+			go w.sendTargets(push.WithLead(ctx, len(lead)), c, m, lane, g, lead, s)
 		}
 		for start := 0; start < len(idx); start += sendSlice {
 			slice := idx[start:min(start+sendSlice, len(idx))]
 			s.inFlight++
-			go w.sendTargets(ctx, c, m, provider, g, slice, s)
+			go w.sendTargets(ctx, c, m, lane, g, slice, s)
 		}
 	}
 	return s
+}
+
+// sender is the client a group's targets go through on lane, with release
+// to call once its sends are answered; nil, with why, when the group's app
+// has none for its channel.
+func (w *FanOutWorker) sender(lane Lane, g sendGroup) (s Sender, release func(), why string) {
+	if lane.Apps != nil {
+		return lane.Apps.Lookup(lane.Queue, g.app, g.channel, g.credential)
+	}
+	if p, ok := lane.Providers[g.channel]; ok && g.app == apps.DefaultID {
+		return p, func() {}, ""
+	}
+	return nil, nil, g.channel + " is not configured"
+}
+
+// appName is app's name, for its payload's overrides and the metrics.
+func (w *FanOutWorker) appName(lane Lane, app int32) string {
+	if lane.Apps != nil {
+		if name := lane.Apps.Name(app); name != "" {
+			return name
+		}
+	}
+	if app == apps.DefaultID {
+		return apps.DefaultName
+	}
+	return strconv.Itoa(int(app))
 }
 
 // gone cancels, unsent, the deliveries of the chunk's devices that are no
@@ -378,11 +417,12 @@ func (s *sends) gone(c *running) {
 	}
 }
 
-// disabled fails the targets at idx of a channel without a provider.
-func (s *sends) disabled(channel string, idx []int) {
+// disabled fails the targets at idx of an app's channel without a
+// client, saying why.
+func (s *sends) disabled(why string, idx []int) {
 	now := time.Now()
 	for _, i := range idx {
-		s.rec.results[i] = push.Result{At: now, Reason: push.ReasonChannelDisabled, Detail: channel + " is not configured"}
+		s.rec.results[i] = push.Result{At: now, Reason: push.ReasonChannelDisabled, Detail: why}
 	}
 	s.ledger.add(s.rec, false, idx...)
 }
@@ -391,7 +431,17 @@ func (s *sends) disabled(channel string, idx []int) {
 // answer over as it comes: to the group's breaker and to the ledger
 // writer. What the provider settled without an answer (refused locally,
 // parked, not sent) is handed over when the slice is back.
-func (w *FanOutWorker) sendTargets(ctx context.Context, c *running, msg *push.Message, provider Sender, g sendGroup, slice []int, s *sends) {
+func (w *FanOutWorker) sendTargets(ctx context.Context, c *running, msg *push.Message, lane Lane, g sendGroup, slice []int, s *sends) {
+	provider, releaseProvider, why := w.sender(lane, g)
+	if provider == nil {
+		// Its client went between the group's look and the slice's
+		// (the app was disabled, its credential retired).
+		s.disabled(why, slice)
+		s.done <- struct{}{}
+		return
+	}
+	defer releaseProvider()
+	app := w.appName(lane, g.app)
 	targets := make([]push.Target, len(slice))
 	for j, i := range slice {
 		targets[j] = c.Targets[i].Target
@@ -406,9 +456,16 @@ func (w *FanOutWorker) sendTargets(ctx context.Context, c *running, msg *push.Me
 	answered := make([]bool, len(slice))
 	hand := func(j int) {
 		r := out[j]
-		w.cfg.Metrics.requested(g.channel, r)
+		w.cfg.Metrics.requested(app, g.channel, r)
 		switch {
 		case r.At.IsZero():
+		case r.Reason == push.ReasonCredentialsRefused:
+			// The provider is up and refuses this app's credentials:
+			// not its outage, but what the app's health and an alert
+			// must show.
+			g.breaker.Success()
+			w.cfg.Breakers.App(g.app).Refused(g.channel, r.Detail, r.At)
+			w.cfg.Metrics.refused(app, g.channel)
 		case r.Reason.Transient() && errors.Is(ctx.Err(), context.Canceled):
 			// The chunk was stopped (a shutdown): the request was cut
 			// short here, not failed by the provider.

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/heraldpush/herald/jobs/apps"
 	"github.com/heraldpush/herald/jobs/push"
 )
 
@@ -48,8 +49,14 @@ type Lane struct {
 	Pool *pgxpool.Pool
 	// Providers are the lane's provider clients by channel, with their own
 	// connections and in-flight limits; a channel without one is disabled,
-	// and its deliveries fail with channel_disabled.
+	// and its deliveries fail with channel_disabled. They send the default
+	// app's devices when Apps is nil.
 	Providers map[string]Sender
+	// Apps, when set, is where every device's client comes from, by its
+	// app and channel (jobs/apps): the clients of each app's credentials,
+	// this lane's own, and the environment's for the default app. Providers
+	// is then not used.
+	Apps *apps.Registry
 }
 
 // LaneQueues are the lanes' queues, urgent first.

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/heraldpush/herald/db"
+	"github.com/heraldpush/herald/jobs/apps"
 	"github.com/heraldpush/herald/jobs/push"
 )
 
@@ -108,6 +109,14 @@ func (e *Enqueuer) schedule(ctx context.Context, tx pgx.Tx, m Message, scope str
 				}
 			}
 			return r, nil, nil
+		}
+	}
+	if len(m.Audience.Apps) > 0 {
+		var bad *apps.InvalidError
+		if _, err := apps.Resolve(ctx, tx, "apps", m.Audience.Apps); errors.As(err, &bad) {
+			return Receipt{}, nil, &InvalidError{Field: bad.Field, Message: bad.Problem, Err: err}
+		} else if err != nil {
+			return Receipt{}, nil, fmt.Errorf("read apps: %w", err)
 		}
 	}
 	now, err := q.DatabaseNow(ctx)

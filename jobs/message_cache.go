@@ -75,11 +75,15 @@ func (c *messageCache) build(a FanOutArgs, raw []byte) (*encodedMessage, error) 
 type encodedMessage struct {
 	own  *push.Message
 	byID map[string]*push.Message // by localization key
+	// apps are the variants of the apps whose overrides the payload has
+	// (push.Content.Apps), by app name and then localization key ("" for
+	// the message's own text).
+	apps map[string]map[string]*push.Message
 }
 
 // encode encodes a's message, content, in each of its variants: the same
 // push.NewMessage for each, on a copy of content with the localization's
-// text.
+// text, and with each app's overrides.
 func encode(a FanOutArgs, content push.Content) (*encodedMessage, error) {
 	id, urgent := push.FormatMessageID(a.MessageID), a.Priority == PriorityUrgent
 	own, err := push.NewMessage(id, urgent, content.Localized(""), a.ExpiresAt)
@@ -92,6 +96,22 @@ func encode(a FanOutArgs, content push.Content) (*encodedMessage, error) {
 			return nil, fmt.Errorf("encode payload %d, localization %q: %w", a.PayloadID, key, err)
 		}
 	}
+	for app := range content.Apps {
+		c := content.ForApp(app)
+		byKey := make(map[string]*push.Message, len(content.Localizations)+1)
+		if byKey[""], err = push.NewMessage(id, urgent, c.Localized(""), a.ExpiresAt); err != nil {
+			return nil, fmt.Errorf("encode payload %d for app %q: %w", a.PayloadID, app, err)
+		}
+		for key := range content.Localizations {
+			if byKey[key], err = push.NewMessage(id, urgent, c.Localized(key), a.ExpiresAt); err != nil {
+				return nil, fmt.Errorf("encode payload %d for app %q, localization %q: %w", a.PayloadID, app, key, err)
+			}
+		}
+		if m.apps == nil {
+			m.apps = map[string]map[string]*push.Message{}
+		}
+		m.apps[app] = byKey
+	}
 	return m, nil
 }
 
@@ -103,4 +123,16 @@ func (m *encodedMessage) localized(key string) *push.Message {
 		return l
 	}
 	return m.own
+}
+
+// variant is the push for a device of app in localization key: the app's
+// overrides where the payload has some for it, else localized's.
+func (m *encodedMessage) variant(app, key string) *push.Message {
+	if byKey, ok := m.apps[app]; ok {
+		if l, ok := byKey[key]; ok {
+			return l
+		}
+		return byKey[""]
+	}
+	return m.localized(key)
 }

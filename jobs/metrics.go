@@ -6,6 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/heraldpush/herald/jobs/apps"
 	"github.com/heraldpush/herald/jobs/push"
 )
 
@@ -34,6 +35,9 @@ type Metrics struct {
 	takenOver prometheus.Counter
 	// webhookCalls counts webhook batches' attempts by outcome.
 	webhookCalls *prometheus.CounterVec
+	// credentialsRefused counts the pushes a provider refused for their
+	// app's credentials, by app and channel.
+	credentialsRefused *prometheus.CounterVec
 }
 
 // SLOSkew is Herald's promise: every device of a message reached within a
@@ -62,9 +66,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"priority"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "herald_provider_request_seconds",
-			Help:    "Duration of provider requests, by channel and outcome.",
+			Help:    "Duration of provider requests, by app, channel and outcome.",
 			Buckets: prometheus.ExponentialBuckets(0.005, 2, 12),
-		}, []string{"channel", "outcome"}),
+		}, []string{"app", "channel", "outcome"}),
 		chunksInFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "herald_chunks_in_flight",
 			Help: "Chunk jobs being worked in this process, by lane.",
@@ -102,9 +106,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "herald_webhook_calls_total",
 			Help: "Webhook batch calls by outcome: delivered (2xx), retried (any other answer, or none), given_up (a day after the first attempt), dropped (the webhook was deleted).",
 		}, []string{"outcome"}),
+		credentialsRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "herald_credentials_refused_total",
+			Help: "Pushes a provider refused for their app's credentials (APNs InvalidProviderToken or TopicDisallowed, FCM UNAUTHENTICATED or PERMISSION_DENIED, a Web Push 401), by app and channel.",
+		}, []string{"app", "channel"}),
 	}
 	reg.MustRegister(m.deliveries, m.skew, m.latency, m.chunksInFlight, m.wakes, m.reconciledMessages, m.reconciledExpired,
-		m.messageSkew, m.overSLO, m.tries, m.takenOver, m.webhookCalls)
+		m.messageSkew, m.overSLO, m.tries, m.takenOver, m.webhookCalls, m.credentialsRefused)
 	for _, outcome := range []string{"delivered", "retried", "given_up", "dropped"} {
 		m.webhookCalls.WithLabelValues(outcome)
 	}
@@ -223,7 +231,7 @@ func (m *Metrics) count(priority string, ds []settledDelivery) {
 }
 
 // requested observes one provider request's duration.
-func (m *Metrics) requested(channel string, r push.Result) {
+func (m *Metrics) requested(app, channel string, r push.Result) {
 	if m == nil || r.Latency == 0 {
 		return
 	}
@@ -234,33 +242,64 @@ func (m *Metrics) requested(channel string, r push.Result) {
 	case !r.Accepted:
 		outcome = string(r.Reason)
 	}
-	m.latency.WithLabelValues(channel, outcome).Observe(r.Latency.Seconds())
+	m.latency.WithLabelValues(app, channel, outcome).Observe(r.Latency.Seconds())
+}
+
+// refused counts a push refused for its app's credentials.
+func (m *Metrics) refused(app, channel string) {
+	if m != nil {
+		m.credentialsRefused.WithLabelValues(app, channel).Inc()
+	}
 }
 
 // RegisterProcessMetrics adds what a worker process reports about itself:
-// each breaker's state (1 for the current one) and the database clock
-// offset, both read when scraped.
-func RegisterProcessMetrics(reg prometheus.Registerer, breakers *Breakers, clock *Clock) {
-	states := []string{BreakerClosed, BreakerHalfOpen, BreakerOpen}
-	for _, channel := range Channels {
-		if !breakers.Configured(channel) {
-			continue
-		}
-		for _, state := range states {
-			reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-				Name:        "herald_breaker_state",
-				Help:        "1 when the provider's circuit breaker is in this state.",
-				ConstLabels: prometheus.Labels{"channel": channel, "state": state},
-			}, func() float64 {
-				if st, _ := breakers.Status(channel); st.State == state {
-					return 1
-				}
-				return 0
-			}))
-		}
-	}
+// each app's breakers' state (1 for the current one, by app and channel;
+// names gives an app's name, nil for the default app alone) and the
+// database clock offset, both read when scraped.
+func RegisterProcessMetrics(reg prometheus.Registerer, breakers *Breakers, clock *Clock, names func(int32) string) {
+	reg.MustRegister(&breakerStates{breakers: breakers, names: names})
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "herald_database_clock_offset_seconds",
 		Help: "The database's clock minus this host's, as last measured; dispatch times are judged by the database's.",
 	}, func() float64 { return clock.Offset().Seconds() }))
+}
+
+// breakerStateDesc is herald_breaker_state: a series per app, channel and
+// state, the apps being those that have sent here (and the default app).
+var breakerStateDesc = prometheus.NewDesc("herald_breaker_state",
+	"1 when the app's provider circuit breaker is in this state.", []string{"app", "channel", "state"}, nil)
+
+// breakerStates collects herald_breaker_state when scraped.
+type breakerStates struct {
+	breakers *Breakers
+	names    func(int32) string
+}
+
+func (b *breakerStates) Describe(ch chan<- *prometheus.Desc) { ch <- breakerStateDesc }
+
+func (b *breakerStates) Collect(ch chan<- prometheus.Metric) {
+	states := []string{BreakerClosed, BreakerHalfOpen, BreakerOpen}
+	for _, id := range b.breakers.AppIDs() {
+		name := apps.DefaultName
+		if b.names != nil {
+			name = b.names(id)
+		}
+		if name == "" {
+			continue
+		}
+		set := b.breakers.App(id)
+		for _, channel := range Channels {
+			st, ok := set.AppStatus(channel)
+			if !ok {
+				continue
+			}
+			for _, state := range states {
+				v := 0.0
+				if st.State == state {
+					v = 1
+				}
+				ch <- prometheus.MustNewConstMetric(breakerStateDesc, prometheus.GaugeValue, v, name, channel, state)
+			}
+		}
+	}
 }

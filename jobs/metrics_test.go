@@ -24,14 +24,15 @@ func TestAlertRulesUseRealMetrics(t *testing.T) {
 	tdb := dbtest.New(t)
 	reg := prometheus.NewRegistry()
 	m := NewMetrics(reg)
-	RegisterProcessMetrics(reg, NewBreakers(BreakerConfig{}, ChannelAPNs), NewClock(tdb.Pool, discard))
+	RegisterProcessMetrics(reg, NewBreakers(BreakerConfig{}, ChannelAPNs), NewClock(tdb.Pool, discard), nil)
 	gauges := NewDatabaseGauges(reg, tdb.Pool, discard)
 	gauges.refresh(context.Background(), time.Second)
 	NewPoolMetrics(reg).Add("main", tdb.Pool)
 	// Make every vector show at least one series.
 	m.count(PriorityBulk, []settledDelivery{{channel: "apns", status: "accepted", skew: time.Millisecond}})
 	m.chunkStarted(PriorityBulk)()
-	m.latency.WithLabelValues("apns", "accepted").Observe(0.02)
+	m.latency.WithLabelValues("default", "apns", "accepted").Observe(0.02)
+	m.refused("default", "apns")
 	m.reconciledDeliveries("apns", 1)
 	skew := 3000.0
 	m.settled(PriorityBulk, &skew)

@@ -3,12 +3,15 @@ package jobs
 import (
 	"cmp"
 	"context"
+	"errors"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/heraldpush/herald/db"
+	"github.com/heraldpush/herald/jobs/apps"
 )
 
 // StatusReporter publishes this process's breaker states to the database
@@ -27,6 +30,9 @@ type StatusReporterConfig struct {
 	// Breakers are the worker's; a channel without one is not configured
 	// here.
 	Breakers *Breakers
+	// Apps, when set, says which apps have credentials for which channel
+	// here; each app's health is reported beside the channels' totals.
+	Apps *apps.Registry
 	// Interval is the time between reports (DefaultStatusEvery when zero).
 	Interval time.Duration
 }
@@ -74,7 +80,7 @@ func (r *StatusReporter) Run(ctx context.Context) {
 		for _, channel := range Channels {
 			p := db.UpsertProviderStatusParams{ProcessID: c.ProcessID, Channel: channel, State: BreakerClosed}
 			if st, ok := c.Breakers.Status(channel); ok {
-				p.Configured, p.State, p.Sends, p.Failures = true, st.State, st.Sends, st.Failures
+				p.Configured, p.State, p.Sends, p.Failures = r.configured(channel), st.State, st.Sends, st.Failures
 				if st.LastError != "" {
 					p.LastError, p.LastErrorAt = &st.LastError, &st.LastErrorAt
 				}
@@ -83,9 +89,13 @@ func (r *StatusReporter) Run(ctx context.Context) {
 				c.Logger.WarnContext(ctx, "report provider status", "error", err)
 			}
 		}
+		r.reportApps(ctx, q)
 		if n%1800 == 0 {
 			if err := q.DeleteStaleProviderStatus(ctx); err != nil && ctx.Err() == nil {
 				c.Logger.WarnContext(ctx, "delete stale provider status", "error", err)
+			}
+			if err := q.DeleteStaleAppProviderStatus(ctx); err != nil && ctx.Err() == nil {
+				c.Logger.WarnContext(ctx, "delete stale app provider status", "error", err)
 			}
 		}
 		select {
@@ -94,4 +104,59 @@ func (r *StatusReporter) Run(ctx context.Context) {
 		case <-t.C:
 		}
 	}
+}
+
+// reportApps writes each app's health on each channel: the default app
+// and every app that has credentials here or has sent.
+func (r *StatusReporter) reportApps(ctx context.Context, q *db.Queries) {
+	c := r.cfg
+	ids := c.Breakers.AppIDs()
+	if c.Apps != nil {
+		for id := range c.Apps.Names() {
+			if !slices.Contains(ids, id) {
+				ids = append(ids, id)
+			}
+		}
+	}
+	for _, id := range ids {
+		set := c.Breakers.App(id)
+		for _, channel := range Channels {
+			p := db.UpsertAppProviderStatusParams{ProcessID: c.ProcessID, AppID: id, Channel: channel, State: BreakerClosed}
+			st, ok := set.AppStatus(channel)
+			if c.Apps != nil {
+				p.Configured = c.Apps.Configured(id, channel)
+			} else {
+				p.Configured = ok && id == apps.DefaultID
+			}
+			if ok {
+				p.State, p.Sends, p.Failures, p.Refused = st.State, st.Sends, st.Failures, st.Refused
+				if st.LastError != "" {
+					p.LastError, p.LastErrorAt = &st.LastError, &st.LastErrorAt
+				}
+				if st.LastRefused != "" {
+					p.LastRefused, p.LastRefusedAt = &st.LastRefused, &st.LastRefusedAt
+				}
+			}
+			if err := q.UpsertAppProviderStatus(ctx, p); err != nil && ctx.Err() == nil && !errors.Is(err, db.ErrNotFound) {
+				// An app deleted meanwhile (none is) or the database away.
+				c.Logger.WarnContext(ctx, "report app provider status", "app", id, "error", err)
+				return
+			}
+		}
+	}
+}
+
+// configured reports whether some app has credentials for channel here
+// (the breakers say so without an app registry).
+func (r *StatusReporter) configured(channel string) bool {
+	c := r.cfg
+	if c.Apps == nil {
+		return true
+	}
+	for id := range c.Apps.Names() {
+		if c.Apps.Configured(id, channel) {
+			return true
+		}
+	}
+	return false
 }

@@ -24,6 +24,11 @@ type Target struct {
 	// NotBefore, when set, is the instant (in the database's frame) before
 	// which the delivery must not be sent: its device was throttled.
 	NotBefore time.Time
+	// App is the device's app (jobs/apps), whose credentials it is sent
+	// with; Credential, for a Web Push device, the credential whose VAPID
+	// key it subscribed with (0 for none recorded).
+	App        int32
+	Credential int64
 }
 
 // targetOf is the target of a pending delivery the chunk read.
@@ -34,6 +39,7 @@ func targetOf(r db.ChunkPendingRow) Target {
 	if r.NotBefore != nil {
 		t.NotBefore = *r.NotBefore
 	}
+	t.App, t.Credential = r.AppID, r.CredentialID
 	return t
 }
 

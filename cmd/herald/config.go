@@ -14,6 +14,7 @@ import (
 	"github.com/heraldpush/herald/api"
 	"github.com/heraldpush/herald/db"
 	"github.com/heraldpush/herald/jobs"
+	"github.com/heraldpush/herald/jobs/apps"
 	"github.com/heraldpush/herald/jobs/push"
 	"github.com/heraldpush/herald/jobs/webhook"
 )
@@ -63,6 +64,10 @@ type config struct {
 	// CertFile is SSL_CERT_FILE: a CA bundle trusted besides the system's
 	// (how a test or `make run` trusts fakepush).
 	CertFile string
+	// Sealer seals and opens apps' stored credentials with
+	// HERALD_SECRET_KEY's keys (docs/apps.md); without one, credentials
+	// cannot be stored, only the environment's used.
+	Sealer *apps.Sealer
 
 	// Tuning, with the defaults of jobs/defaults.go (see docs/operations.md, "Sizing").
 	ChunkSize                  int
@@ -190,6 +195,9 @@ func loadConfig(getenv func(string) string) (config, error) {
 	}
 	if err := db.CheckSchema(c.DBSchema); err != nil {
 		return c, fmt.Errorf("HERALD_DB_SCHEMA: %w", err)
+	}
+	if c.Sealer, err = apps.ParseSealKeys(getenv("HERALD_SECRET_KEY")); err != nil {
+		return c, err
 	}
 	if c.WebPushEgress, err = push.NewEgressPolicy(strings.Split(getenv("HERALD_WEBPUSH_HOSTS"), ",")); err != nil {
 		return c, fmt.Errorf("HERALD_WEBPUSH_HOSTS: %w", err)
@@ -465,6 +473,15 @@ func (c config) laneWorkers(queue string) int {
 }
 
 // configuredChannels are the channels with credentials.
+// envWebPush is the environment's VAPID key (its public half and
+// subject), the default app's; nil without one.
+func (c config) envWebPush() *apps.WebPush {
+	if !c.WebPush.enabled() {
+		return nil
+	}
+	return &apps.WebPush{PublicKey: c.WebPush.PublicKey, Subject: c.WebPush.Subject}
+}
+
 func (c config) configuredChannels() []string {
 	var channels []string
 	for _, ch := range jobs.Channels {

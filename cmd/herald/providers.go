@@ -9,6 +9,7 @@ import (
 
 	"github.com/heraldpush/herald/db"
 	"github.com/heraldpush/herald/jobs"
+	"github.com/heraldpush/herald/jobs/apps"
 	"github.com/heraldpush/herald/jobs/push/apns"
 	"github.com/heraldpush/herald/jobs/push/fcm"
 	"github.com/heraldpush/herald/jobs/push/webpush"
@@ -19,6 +20,9 @@ import (
 type lanes struct {
 	lanes   []jobs.Lane
 	closers []func()
+	// env are each lane's clients of the environment's credentials (the
+	// default app's), by lane and channel.
+	env map[string]map[string]apps.Provider
 }
 
 // buildLanes makes each lane the process serves (HERALD_LANES), each with
@@ -30,7 +34,7 @@ func buildLanes(ctx context.Context, cfg config, logger *slog.Logger) (*lanes, e
 	if err != nil {
 		return nil, err
 	}
-	l := &lanes{}
+	l := &lanes{env: map[string]map[string]apps.Provider{}}
 	for _, queue := range cfg.Lanes {
 		lane := jobs.Lane{Queue: queue, Workers: cfg.laneWorkers(queue)}
 		p, err := buildProviders(ctx, cfg, roots, logger, queue)
@@ -39,6 +43,7 @@ func buildLanes(ctx context.Context, cfg config, logger *slog.Logger) (*lanes, e
 			return nil, err
 		}
 		lane.Providers, l.closers = p.byChannel, append(l.closers, p.close)
+		l.env[queue] = p.clients
 		if queue == jobs.QueueUrgent {
 			if lane.Pool, err = db.Open(ctx, cfg.DatabaseURL, db.PoolConfig{MaxConns: cfg.urgentPoolSize(), MinConns: 2, Schema: cfg.DBSchema}); err != nil {
 				l.close()
@@ -63,7 +68,10 @@ func (l *lanes) close() {
 // with what must be closed at shutdown.
 type providers struct {
 	byChannel map[string]jobs.Sender
-	closers   []func()
+	// clients are the same clients, as the app registry takes the
+	// default app's from the environment.
+	clients map[string]apps.Provider
+	closers []func()
 }
 
 func (p *providers) close() {
@@ -117,12 +125,12 @@ type warmer interface {
 // warms its connections, so that the first push of the first message pays
 // no handshake. Each lane gets its own set (see jobs.Lane).
 func buildProviders(ctx context.Context, cfg config, roots *x509.CertPool, logger *slog.Logger, lane string) (*providers, error) {
-	p := &providers{byChannel: map[string]jobs.Sender{}}
+	p := &providers{byChannel: map[string]jobs.Sender{}, clients: map[string]apps.Provider{}}
 	add := func(channel string, w warmer, err error) error {
 		if err != nil {
 			return fmt.Errorf("%s: %w", channel, err)
 		}
-		p.byChannel[channel], p.closers = w, append(p.closers, w.Close)
+		p.byChannel[channel], p.clients[channel], p.closers = w, w, append(p.closers, w.Close)
 		if err := w.Warm(ctx); err != nil {
 			logger.WarnContext(ctx, "provider connections could not be warmed; they will open on first use",
 				"channel", channel, "lane", lane, "error", err)
@@ -157,4 +165,44 @@ func buildProviders(ctx context.Context, cfg config, roots *x509.CertPool, logge
 		return nil, err
 	}
 	return p, nil
+}
+
+// credentialClients builds the clients of apps' stored credentials (the
+// app registry's Builder), each with this process's settings, as
+// buildProviders builds the environment's: the same hosts, trusted CAs,
+// in-flight limits and rates.
+func credentialClients(cfg config, roots *x509.CertPool) apps.Builder {
+	return func(ctx context.Context, lane string, c *apps.Credential) (apps.Provider, error) {
+		switch {
+		case c.APNs != nil:
+			p, err := apns.New(apns.Config{
+				Key: []byte(c.APNs.Key), KeyID: c.APNs.KeyID, TeamID: c.APNs.TeamID, Topic: c.APNs.Topic,
+				Host: cfg.APNs.Host, SandboxHost: cfg.APNs.SandboxHost, RootCAs: roots, MaxInFlight: cfg.MaxInFlight[jobs.ChannelAPNs],
+			})
+			if err != nil {
+				return nil, err
+			}
+			return p, nil
+		case c.FCM != nil:
+			p, err := fcm.New(ctx, fcm.Config{
+				Credentials: []byte(c.FCM.ServiceAccount), Endpoint: cfg.FCM.Endpoint, RootCAs: roots,
+				MaxInFlight: cfg.MaxInFlight[jobs.ChannelFCM], Rate: float64(cfg.FCMRate),
+			})
+			if err != nil {
+				return nil, err
+			}
+			return p, nil
+		case c.WebPush != nil:
+			p, err := webpush.New(webpush.Config{
+				VAPIDPublicKey: c.WebPush.PublicKey, VAPIDPrivateKey: c.WebPush.PrivateKey, Subject: c.WebPush.Subject,
+				RootCAs: roots, MaxInFlight: cfg.MaxInFlight[jobs.ChannelWebPush],
+				HostRate: float64(cfg.WebPushHostRate), Egress: cfg.WebPushEgress,
+			})
+			if err != nil {
+				return nil, err
+			}
+			return p, nil
+		}
+		return nil, fmt.Errorf("credential of app %s has no %s part", c.App, c.Channel)
+	}
 }

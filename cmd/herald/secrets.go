@@ -11,7 +11,7 @@ import (
 // the environment of a process is visible to more than its files are (in
 // /proc to the same user, in crash reports, in `docker inspect`). APNS_KEY_FILE
 // and FCM_CREDENTIALS_FILE are files already.
-var secretVars = []string{"DATABASE_URL", "HERALD_API_KEYS", "HERALD_ADMIN_PASSWORD", "VAPID_PRIVATE_KEY"}
+var secretVars = []string{"DATABASE_URL", "HERALD_API_KEYS", "HERALD_ADMIN_PASSWORD", "VAPID_PRIVATE_KEY", "HERALD_SECRET_KEY"}
 
 // maxSecretFile bounds what a NAME_FILE may hold: a secret is a line, a
 // list of API keys a few lines; more is a wrong path.

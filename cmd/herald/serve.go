@@ -24,6 +24,7 @@ import (
 	"github.com/heraldpush/herald/api"
 	"github.com/heraldpush/herald/db"
 	"github.com/heraldpush/herald/jobs"
+	"github.com/heraldpush/herald/jobs/apps"
 	"github.com/heraldpush/herald/jobs/receipt"
 )
 
@@ -113,6 +114,9 @@ type process struct {
 	registry *prometheus.Registry
 	// pools exports the statistics of the process's connection pools.
 	pools *jobs.PoolMetrics
+	// apps is the process's view of the apps and their credentials, with
+	// the lanes' clients in a worker.
+	apps *apps.Registry
 	// Background loops run until stopBackground and are waited for at
 	// shutdown.
 	bgCtx          context.Context
@@ -234,6 +238,23 @@ func startChunkWorker(ctx context.Context, p *process) (_ *worker, err error) {
 			w.lanes.close()
 		}
 	}()
+	// The apps' clients: each stored credential's, and the environment's
+	// for the default app, read before the first chunk is.
+	roots, err := rootCAs(cfg.CertFile)
+	if err != nil {
+		return nil, err
+	}
+	p.apps = apps.NewRegistry(apps.RegistryConfig{
+		Pool: p.pool, Sealer: cfg.Sealer, Logger: logger, Lanes: cfg.Lanes,
+		Build: credentialClients(cfg, roots), Env: w.lanes.env, EnvWebPush: cfg.envWebPush(),
+	})
+	if err := p.apps.Refresh(ctx); err != nil {
+		return nil, fmt.Errorf("read apps: %w", err)
+	}
+	p.goBackground(p.apps.Run)
+	for i := range w.lanes.lanes {
+		w.lanes.lanes[i].Apps = p.apps
+	}
 	clock := jobs.NewClock(p.pool, logger)
 	if err := clock.Measure(ctx); err != nil {
 		return nil, fmt.Errorf("measure the database clock: %w", err)
@@ -277,7 +298,9 @@ func startChunkWorker(ctx context.Context, p *process) (_ *worker, err error) {
 	p.goBackground(webhookTypes.Run)
 	if w.fanOut, err = jobs.Register(workers, jobs.FanOutConfig{
 		Pool: p.pool, Lanes: w.lanes.lanes, Logger: logger, Clock: clock, Timeout: cfg.ChunkTimeout, Metrics: metrics,
-		Breakers: jobs.NewBreakers(jobs.BreakerConfig{Cooldown: cfg.BreakerCooldown}, cfg.configuredChannels()...),
+		// Every channel has breakers: an app's credentials may give any
+		// of them a client.
+		Breakers: jobs.NewBreakers(jobs.BreakerConfig{Cooldown: cfg.BreakerCooldown}, jobs.Channels...),
 		Alive:    liveness.Held,
 		Webhooks: webhookTypes,
 		Receipts: signer, ReceiptWindow: cfg.ReceiptWindow,
@@ -301,7 +324,7 @@ func startChunkWorker(ctx context.Context, p *process) (_ *worker, err error) {
 		return nil, err
 	}
 	status, err := jobs.NewStatusReporter(&jobs.StatusReporterConfig{
-		Pool: p.pool, Logger: logger, ProcessID: processID(), Breakers: w.fanOut.Breakers(),
+		Pool: p.pool, Logger: logger, ProcessID: processID(), Breakers: w.fanOut.Breakers(), Apps: p.apps,
 	})
 	if err != nil {
 		return nil, err
@@ -326,7 +349,7 @@ func startChunkWorker(ctx context.Context, p *process) (_ *worker, err error) {
 	if err != nil {
 		return nil, err
 	}
-	jobs.RegisterProcessMetrics(p.registry, w.fanOut.Breakers(), clock)
+	jobs.RegisterProcessMetrics(p.registry, w.fanOut.Breakers(), clock, p.apps.Name)
 	registerPacingMetrics(p.registry, w.lanes.lanes)
 	for _, l := range w.lanes.lanes {
 		if l.Pool != nil && l.Pool != p.pool {
@@ -376,6 +399,14 @@ func (p *process) handler(ctx context.Context, w *worker) (http.Handler, error) 
 	for _, ch := range jobs.Channels {
 		configured[ch] = cfg.enabled(ch)
 	}
+	if p.apps == nil {
+		// An API process: the apps and their public keys, no clients.
+		p.apps = apps.NewRegistry(apps.RegistryConfig{Pool: p.pool, Sealer: cfg.Sealer, Logger: p.logger, EnvWebPush: cfg.envWebPush()})
+		if err := p.apps.Refresh(ctx); err != nil {
+			return nil, fmt.Errorf("read apps: %w", err)
+		}
+		p.goBackground(p.apps.Run)
+	}
 	// /metrics is on the public port unless the admin listener has it.
 	var metrics http.Handler
 	if p.adminLn == nil {
@@ -390,6 +421,8 @@ func (p *process) handler(ctx context.Context, w *worker) (http.Handler, error) 
 		River:      riverClient,
 		ChunkSize:  cfg.ChunkSize,
 		Configured: configured,
+		Apps:       p.apps,
+		AppStore:   &apps.Store{Pool: p.pool, Sealer: cfg.Sealer, EnvChannels: cfg.configuredChannels()},
 		WorkerOnly: p.role == "worker",
 		Ready: func(ctx context.Context) error {
 			if err := p.pool.Ping(ctx); err != nil {

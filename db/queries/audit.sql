@@ -1,6 +1,6 @@
 -- name: InsertAuditEntry :exec
-INSERT INTO audit_log (key_name, operator, method, route, target_id, status, request_id)
-VALUES (@key_name, @operator, @method, @route, @target_id, @status, @request_id);
+INSERT INTO audit_log (key_name, operator, method, route, target_id, status, request_id, app)
+VALUES (@key_name, @operator, @method, @route, @target_id, @status, @request_id, @app);
 
 -- name: ListAuditEntries :many
 -- A page of the audit log, newest first, before before_id, of one key or

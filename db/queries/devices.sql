@@ -5,7 +5,7 @@
 -- parallel. Taken before the registration writes, so that it knows which
 -- devices change owner (their former owner's pending deliveries are
 -- cancelled) and which installation gets a new token.
-SELECT v.id, v.user_id, v.channel, v.token, v.installation_id, v.status
+SELECT v.id, v.user_id, v.channel, v.token, v.installation_id, v.status, v.app_id
 FROM devices v
 WHERE (v.channel, v.token) IN (SELECT unnest(@channels::text[]), unnest(@tokens::text[]))
    OR (v.channel, v.installation_id) IN (SELECT unnest(@installation_channels::text[]), unnest(@installation_ids::text[]))
@@ -27,12 +27,15 @@ WHERE v.id = r.id;
 -- and reactivates them: one statement for one device or a whole batch. The
 -- arrays are parallel; an empty p256dh, auth or installation id stands for
 -- NULL (a registration without an installation id keeps the one the device
--- has), and a missing environment (a shorter array) for production.
+-- has), and a missing environment (a shorter array) for production, a
+-- missing app for the default app (1), a missing or zero credential for
+-- none (migration 0021). A token registered under another app moves to it.
 -- Callers pass each (channel, token) once, in sorted order, so that
 -- concurrent batches lock rows in one order.
-INSERT INTO devices (user_id, channel, token, p256dh, auth, environment, installation_id)
+INSERT INTO devices (user_id, channel, token, p256dh, auth, environment, installation_id, app_id, credential_id)
 SELECT d.user_id, d.channel, d.token, NULLIF(d.p256dh, ''), NULLIF(d.auth, ''),
-       COALESCE(d.environment, 'production'), NULLIF(d.installation_id, '')
+       COALESCE(d.environment, 'production'), NULLIF(d.installation_id, ''),
+       COALESCE(d.app_id, 1), NULLIF(d.credential_id, 0)
 FROM (
     -- Set-returning functions side by side in a select list advance in step.
     SELECT unnest(@user_ids::text[]) AS user_id,
@@ -41,7 +44,9 @@ FROM (
            unnest(@p256dhs::text[]) AS p256dh,
            unnest(@auths::text[]) AS auth,
            unnest(@environments::text[]) AS environment,
-           unnest(@installation_ids::text[]) AS installation_id
+           unnest(@installation_ids::text[]) AS installation_id,
+           unnest(@app_ids::integer[]) AS app_id,
+           unnest(@credential_ids::bigint[]) AS credential_id
 ) d
 ON CONFLICT (channel, token) DO UPDATE
 SET user_id = excluded.user_id,
@@ -49,16 +54,18 @@ SET user_id = excluded.user_id,
     auth = excluded.auth,
     environment = excluded.environment,
     installation_id = COALESCE(excluded.installation_id, devices.installation_id),
+    app_id = excluded.app_id,
+    credential_id = excluded.credential_id,
     status = 'active',
     evicted_reason = NULL,
     evicted_at = NULL,
     updated_at = now()
-RETURNING id, user_id, channel, environment, status, (xmax = 0)::boolean AS created;
+RETURNING id, user_id, channel, environment, status, app_id, (xmax = 0)::boolean AS created;
 
 -- name: ListUserDevices :many
 -- A page of a user's devices: those after after_id, in id order (keyset
 -- pagination on devices_user_id_idx).
-SELECT id, user_id, channel, token, p256dh, auth, status, evicted_reason, evicted_at, created_at, updated_at, environment, installation_id
+SELECT id, user_id, channel, token, p256dh, auth, status, evicted_reason, evicted_at, created_at, updated_at, environment, installation_id, app_id
 FROM devices
 WHERE user_id = @user_id AND id > @after_id
 ORDER BY id

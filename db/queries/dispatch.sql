@@ -12,7 +12,8 @@
 -- scheduled (migration 0012). Such a row carries no token.
 --
 -- NotBefore is when a throttled delivery may be sent again (migration
--- 0016), NULL when it may be sent now.
+-- 0016), NULL when it may be sent now. AppID and CredentialID are the
+-- device's app and Web Push credential (migration 0021; 0 for none).
 SELECT d.device_id, d.attempt, d.channel, d.locale,
        coalesce(v.token, '')::text AS token, v.p256dh, v.auth,
        coalesce(v.environment, 'production')::text AS environment,
@@ -20,7 +21,8 @@ SELECT d.device_id, d.attempt, d.channel, d.locale,
              WHEN v.user_id <> d.user_id THEN 'device_moved'
              WHEN v.status <> 'active' THEN 'device_evicted'
              ELSE '' END)::text AS gone,
-       d.not_before
+       d.not_before,
+       coalesce(v.app_id, 1)::integer AS app_id, coalesce(v.credential_id, 0)::bigint AS credential_id
 FROM deliveries d
 LEFT JOIN devices v ON v.id = d.device_id
 WHERE d.message_id = @message_id

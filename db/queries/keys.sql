@@ -1,12 +1,13 @@
 -- name: InsertAPIKey :one
-INSERT INTO api_keys (name, scope, digest, expires_at)
-VALUES (@name, @scope, @digest, @expires_at)
+-- app_ids NULL: the key acts for every app (migration 0021).
+INSERT INTO api_keys (name, scope, digest, expires_at, app_ids)
+VALUES (@name, @scope, @digest, @expires_at, @app_ids)
 RETURNING *;
 
 -- name: LiveAPIKeys :many
 -- The keys a process accepts: not revoked and not expired. Every process
 -- reads them about once a second; the table holds a row per key ever made.
-SELECT name, scope, digest, expires_at
+SELECT name, scope, digest, expires_at, app_ids
 FROM api_keys
 WHERE revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())
 ORDER BY id;

@@ -112,18 +112,22 @@ SELECT job_id FROM message_chunks WHERE message_id = @message_id ORDER BY chunk;
 -- name: ListDeliveries :many
 -- One page of a message's deliveries in device order, after a cursor, of
 -- one status or of all, and of those confirmed by a delivered receipt or
--- not (migration 0017), with their receipts' times. Each delivery finds
--- its receipts through their primary key.
+-- not (migration 0017), with their receipts' times, and of one app or all
+-- (migration 0021: the device's app, 0 when the device is gone). Each
+-- delivery finds its receipts and its device through their primary keys.
 SELECT d.device_id, d.user_id, d.channel, d.status, d.reason, d.attempted_at, d.accepted_at, d.due_at,
        rd.received_at AS confirmed_at, rd.device_at AS confirmed_device_at, rd.skew_ms AS confirmed_skew_ms,
-       ro.received_at AS opened_at, ro.device_at AS opened_device_at
+       ro.received_at AS opened_at, ro.device_at AS opened_device_at,
+       coalesce(v.app_id, 0)::integer AS app_id
 FROM deliveries d
 LEFT JOIN receipts rd ON rd.message_id = d.message_id AND rd.device_id = d.device_id AND rd.event = 'delivered'
 LEFT JOIN receipts ro ON ro.message_id = d.message_id AND ro.device_id = d.device_id AND ro.event = 'opened'
+LEFT JOIN devices v ON v.id = d.device_id
 WHERE d.message_id = @message_id
   AND d.device_id > @after_device_id
   AND (sqlc.narg('status')::text IS NULL OR d.status = sqlc.narg('status')::text)
   AND (sqlc.narg('confirmed')::boolean IS NULL OR (rd.message_id IS NOT NULL) = sqlc.narg('confirmed')::boolean)
+  AND (sqlc.narg('app_id')::integer IS NULL OR v.app_id = sqlc.narg('app_id')::integer)
 ORDER BY d.device_id
 LIMIT @page_size;
 

@@ -85,6 +85,53 @@ type Content struct {
 	// canonical case ("de", "pt-BR"); a device gets the one its user's
 	// locale picks (PickLocalization), fixed when the message is scheduled.
 	Localizations map[string]Text `json:"localizations,omitempty"`
+
+	// Apps are what differs for the devices of some apps, by app name:
+	// where two apps name the same thing differently (a notification
+	// category, an Android channel).
+	Apps map[string]AppOverride `json:"apps,omitempty"`
+}
+
+// AppOverride replaces, for the devices of one app, the fields that are
+// the app's own names: each set field replaces the message's.
+type AppOverride struct {
+	// Category is the APNs category (UNNotificationCategory) the app
+	// declares.
+	Category string `json:"category,omitempty"`
+	// ThreadID groups the app's notifications (APNs thread-id).
+	ThreadID string `json:"thread_id,omitempty"`
+	// AndroidChannelID is the app's Android notification channel.
+	AndroidChannelID string `json:"android_channel_id,omitempty"`
+	// Sound is a sound the app ships.
+	Sound string `json:"sound,omitempty"`
+}
+
+// ForApp is c for the devices of app: its override applied, and no other
+// app's.
+func (c Content) ForApp(app string) Content {
+	o, ok := c.Apps[app]
+	c.Apps = nil
+	if !ok {
+		return c
+	}
+	if o.Category != "" {
+		c.Category = o.Category
+	}
+	if o.ThreadID != "" {
+		c.ThreadID = o.ThreadID
+	}
+	if o.Sound != "" {
+		c.Sound = o.Sound
+	}
+	if o.AndroidChannelID != "" {
+		f := FCMOptions{}
+		if c.FCM != nil {
+			f = *c.FCM
+		}
+		f.AndroidChannelID = o.AndroidChannelID
+		c.FCM = &f
+	}
+	return c
 }
 
 // DataOnly reports whether c goes through FCM as a data message, with no

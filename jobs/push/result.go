@@ -29,6 +29,18 @@ const (
 	// cause is the device's environment, which a registration with the
 	// right one fixes; the device is not evicted.
 	ReasonWrongEnvironment Reason = "wrong_environment"
+	// ReasonCredentialsRefused is the provider refusing the credentials
+	// of the device's app: APNs InvalidProviderToken or TopicDisallowed,
+	// FCM UNAUTHENTICATED or PERMISSION_DENIED, a Web Push 401. Every
+	// device of the app fails so until its credentials are replaced; the
+	// device is not evicted, and an alert names the app.
+	ReasonCredentialsRefused Reason = "credentials_refused"
+	// ReasonWrongApp is a token of another app than the device's: APNs
+	// DeviceTokenNotForTopic, FCM SENDER_ID_MISMATCH, a Web Push 403 (the
+	// subscription was made with another application server key). A
+	// registration under the right app fixes it; the device is not
+	// evicted.
+	ReasonWrongApp Reason = "wrong_app"
 )
 
 // The reasons a delivery is cancelled unsent because of its device: found

@@ -6,6 +6,7 @@ package apns
 
 import (
 	"context"
+	"crypto/ecdsa"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -61,8 +62,13 @@ func New(cfg Config) (*Provider, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	key, err := token.AuthKeyFromFile(cfg.KeyFile)
-	if err != nil {
+	var key *ecdsa.PrivateKey
+	var err error
+	if len(cfg.Key) > 0 {
+		if key, err = token.AuthKeyFromBytes(cfg.Key); err != nil {
+			return nil, fmt.Errorf("apns config: Key: %w", err)
+		}
+	} else if key, err = token.AuthKeyFromFile(cfg.KeyFile); err != nil {
 		return nil, fmt.Errorf("apns config: KeyFile (APNS_KEY_FILE) %s: %w", cfg.KeyFile, err)
 	}
 	// One provider token serves every connection: Apple refuses tokens

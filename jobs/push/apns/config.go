@@ -39,6 +39,9 @@ const maxStreamsPerConnection = 1000
 type Config struct {
 	// KeyFile is the path of the .p8 signing key (APNS_KEY_FILE).
 	KeyFile string
+	// Key is the .p8 signing key's PEM text, in place of KeyFile: an
+	// app's stored credential (jobs/apps).
+	Key []byte
 	// KeyID is the key's id (APNS_KEY_ID).
 	KeyID string
 	// TeamID is the developer team id (APNS_TEAM_ID).
@@ -87,8 +90,10 @@ func (c Config) withDefaults() Config {
 // its environment variable where it has one.
 func (c Config) validate() error {
 	var errs []error
+	if c.KeyFile == "" && len(c.Key) == 0 {
+		errs = append(errs, errors.New("apns config: KeyFile (APNS_KEY_FILE) is required"))
+	}
 	required := []struct{ name, value string }{
-		{"KeyFile (APNS_KEY_FILE)", c.KeyFile},
 		{"KeyID (APNS_KEY_ID)", c.KeyID},
 		{"TeamID (APNS_TEAM_ID)", c.TeamID},
 		{"Topic (APNS_TOPIC)", c.Topic},

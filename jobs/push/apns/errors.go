@@ -21,11 +21,13 @@ import (
 // checked before they are sent, so the device's registered environment is
 // the likely fault, and a registration with the right one fixes it. Failures of our own request or
 // credentials (403 token problems, a bad topic, priority or collapse id) are
-// internal: evicting a device for them would punish it for Herald's
-// misconfiguration. ExpiredProviderToken is internal once a new token has
-// been tried (Provider.push sends once more with one). DeviceTokenNotForTopic is one of those too: a token of
-// another app is rare, and a wrong APNS_TOPIC says it for every device at
-// once, which must not evict them all.
+// internal, or credentials_refused when Apple refuses the app's key or its
+// topic (InvalidProviderToken, TopicDisallowed): evicting a device for them
+// would punish it for Herald's misconfiguration. ExpiredProviderToken is
+// internal once a new token has been tried (Provider.push sends once more
+// with one). DeviceTokenNotForTopic is wrong_app: a token of another app
+// than the device's, or a wrong topic, which says it for every device at
+// once and must not evict them all.
 func reasonFor(status int, reason string) push.Reason {
 	switch reason {
 	case apns2.ReasonUnregistered, apns2.ReasonExpiredToken:
@@ -36,6 +38,11 @@ func reasonFor(status int, reason string) push.Reason {
 		return push.ReasonWrongEnvironment
 	case apns2.ReasonMissingDeviceToken:
 		return push.ReasonBadToken
+	case apns2.ReasonInvalidProviderToken, apns2.ReasonTopicDisallowed:
+		// The app's key, or its topic under that key's team.
+		return push.ReasonCredentialsRefused
+	case apns2.ReasonDeviceTokenNotForTopic:
+		return push.ReasonWrongApp
 	case apns2.ReasonPayloadTooLarge, apns2.ReasonPayloadEmpty, "BadPayload":
 		return push.ReasonPayloadRejected
 	case apns2.ReasonTooManyRequests, apns2.ReasonTooManyProviderTokenUpdates:

@@ -34,6 +34,9 @@ type Config struct {
 	// (FCM_CREDENTIALS_FILE). Its project_id names the Firebase project and
 	// its token_uri is where access tokens come from.
 	CredentialsFile string
+	// Credentials is the service account's JSON, in place of
+	// CredentialsFile: an app's stored credential (jobs/apps).
+	Credentials []byte
 	// Endpoint is the FCM v1 base URL, ending in /v1 (FCM_ENDPOINT).
 	// Default DefaultEndpoint.
 	Endpoint string
@@ -76,7 +79,7 @@ func (c Config) withDefaults() Config {
 // its environment variable where it has one.
 func (c Config) validate() error {
 	var errs []error
-	if c.CredentialsFile == "" {
+	if c.CredentialsFile == "" && len(c.Credentials) == 0 {
 		errs = append(errs, errors.New("fcm config: CredentialsFile (FCM_CREDENTIALS_FILE) is required"))
 	}
 	if u, err := url.Parse(c.Endpoint); err != nil || u.Scheme != "https" || u.Host == "" || !strings.HasSuffix(u.Path, "/v1") {

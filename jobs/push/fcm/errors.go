@@ -124,13 +124,14 @@ type googleError struct {
 // UNREGISTERED is the dead token. An INVALID_ARGUMENT about the registration
 // token is bad_token: it will never deliver, so the device is evicted.
 // SENDER_ID_MISMATCH (the token belongs to another Firebase project) is
-// internal: a wrong credentials file says it for every device at once, which
-// must not evict them all.
+// wrong_app: a token of another app, or a wrong credentials file, which says
+// it for every device at once and must not evict them all.
 // Any other INVALID_ARGUMENT is about the message: payload_rejected.
 // QUOTA_EXCEEDED and 429 are rate_limited; UNAVAILABLE, INTERNAL and 5xx are
-// provider_unavailable. Authentication and permission failures (401, 403,
-// THIRD_PARTY_AUTH_ERROR for the APNs key held by Firebase) are Herald's
-// configuration: internal, never an eviction.
+// provider_unavailable. Authentication and permission failures (401, 403)
+// refuse the app's service account: credentials_refused, never an
+// eviction; THIRD_PARTY_AUTH_ERROR (the APNs key held by Firebase) is
+// internal.
 func reasonFor(status int, body []byte) (push.Reason, string) {
 	var ge googleError
 	_ = json.Unmarshal(body, &ge) // a body that is not Google's leaves the status to decide
@@ -155,7 +156,7 @@ func reasonFor(status int, body []byte) (push.Reason, string) {
 	case "UNREGISTERED":
 		return push.ReasonUnregistered, detail
 	case "SENDER_ID_MISMATCH":
-		return push.ReasonInternal, detail
+		return push.ReasonWrongApp, detail
 	case "QUOTA_EXCEEDED":
 		return push.ReasonRateLimited, detail
 	case "UNAVAILABLE", "INTERNAL":
@@ -175,6 +176,9 @@ func reasonFor(status int, body []byte) (push.Reason, string) {
 		return push.ReasonRateLimited, detail
 	case status >= 500:
 		return push.ReasonProviderUnavailable, detail
+	case status == http.StatusUnauthorized || status == http.StatusForbidden ||
+		ge.Error.Status == "UNAUTHENTICATED" || ge.Error.Status == "PERMISSION_DENIED":
+		return push.ReasonCredentialsRefused, detail
 	}
 	return push.ReasonInternal, detail
 }

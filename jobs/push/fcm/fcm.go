@@ -61,9 +61,12 @@ func New(ctx context.Context, cfg Config) (*Provider, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	data, err := os.ReadFile(cfg.CredentialsFile)
-	if err != nil {
-		return nil, fmt.Errorf("fcm config: CredentialsFile (FCM_CREDENTIALS_FILE): %w", err)
+	data := cfg.Credentials
+	if len(data) == 0 {
+		var err error
+		if data, err = os.ReadFile(cfg.CredentialsFile); err != nil {
+			return nil, fmt.Errorf("fcm config: CredentialsFile (FCM_CREDENTIALS_FILE): %w", err)
+		}
 	}
 
 	// Access tokens come from the file's token_uri over a client of their

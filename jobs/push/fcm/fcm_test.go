@@ -149,7 +149,7 @@ func TestSendCredentialsRefused(t *testing.T) {
 		require.NoError(t, os.WriteFile(c.CredentialsFile, data, 0o600))
 	})
 	results := b.Send(pushtest.Message(t, "msg_6", true), b.Targets(t, 1))
-	require.Equal(t, push.ReasonInternal, results[0].Reason)
+	require.Equal(t, push.ReasonCredentialsRefused, results[0].Reason)
 	require.Contains(t, results[0].Detail, "401 UNAUTHENTICATED: fetch access token")
 	require.Contains(t, results[0].Detail, "account not found")
 	require.ErrorContains(t, b.P.Warm(context.Background()), "fcm: warm: fetch access token")
@@ -227,7 +227,7 @@ func TestReasonFor(t *testing.T) {
 	}{
 		{404, body(404, "NOT_FOUND", "UNREGISTERED", "Requested entity was not found."), push.ReasonUnregistered,
 			"404 NOT_FOUND UNREGISTERED: Requested entity was not found."},
-		{403, body(403, "PERMISSION_DENIED", "SENDER_ID_MISMATCH", "SenderId mismatch"), push.ReasonInternal,
+		{403, body(403, "PERMISSION_DENIED", "SENDER_ID_MISMATCH", "SenderId mismatch"), push.ReasonWrongApp,
 			"403 PERMISSION_DENIED SENDER_ID_MISMATCH: SenderId mismatch"},
 		{400, body(400, "INVALID_ARGUMENT", "INVALID_ARGUMENT", "The registration token is not a valid FCM registration token"), push.ReasonBadToken,
 			"400 INVALID_ARGUMENT: The registration token is not a valid FCM registration token"},
@@ -246,9 +246,9 @@ func TestReasonFor(t *testing.T) {
 		{502, "<html>Bad Gateway</html>", push.ReasonProviderUnavailable, "502"},
 		{401, body(401, "UNAUTHENTICATED", "THIRD_PARTY_AUTH_ERROR", "Auth error from APNS or Web Push Service"), push.ReasonInternal,
 			"401 UNAUTHENTICATED THIRD_PARTY_AUTH_ERROR: Auth error from APNS or Web Push Service"},
-		{401, body(401, "UNAUTHENTICATED", "", "Request had invalid authentication credentials."), push.ReasonInternal,
+		{401, body(401, "UNAUTHENTICATED", "", "Request had invalid authentication credentials."), push.ReasonCredentialsRefused,
 			"401 UNAUTHENTICATED: Request had invalid authentication credentials."},
-		{403, body(403, "PERMISSION_DENIED", "", "Permission 'cloudmessaging.messages.create' denied"), push.ReasonInternal,
+		{403, body(403, "PERMISSION_DENIED", "", "Permission 'cloudmessaging.messages.create' denied"), push.ReasonCredentialsRefused,
 			"403 PERMISSION_DENIED: Permission 'cloudmessaging.messages.create' denied"},
 		{404, body(404, "NOT_FOUND", "", "Requested entity was not found."), push.ReasonInternal,
 			"404 NOT_FOUND: Requested entity was not found."},

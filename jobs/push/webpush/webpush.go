@@ -375,14 +375,20 @@ func errorDetail(err error) string {
 
 // reasonFor maps a push service's answer other than 2xx. 404 and 410 are the
 // subscription gone (RFC 8030 section 7.3). 400 and 413 refuse the message
-// itself. 401 and 403 refuse Herald's VAPID credentials, which is Herald's
-// configuration and never the device's fault.
+// itself. 401 refuses the app's VAPID credentials (credentials_refused);
+// 403 says the subscription was made with another application server key
+// (RFC 8292, section 4.2): another app's, or a key rotated away (wrong_app).
+// Neither is the device's fault, and neither evicts it.
 func reasonFor(status int) push.Reason {
 	switch status {
 	case http.StatusNotFound, http.StatusGone:
 		return push.ReasonUnregistered
 	case http.StatusBadRequest, http.StatusRequestEntityTooLarge:
 		return push.ReasonPayloadRejected
+	case http.StatusUnauthorized:
+		return push.ReasonCredentialsRefused
+	case http.StatusForbidden:
+		return push.ReasonWrongApp
 	}
 	return push.StatusReason(status)
 }

@@ -234,8 +234,8 @@ func TestReasonFor(t *testing.T) {
 		500: push.ReasonProviderUnavailable,
 		502: push.ReasonProviderUnavailable,
 		503: push.ReasonProviderUnavailable,
-		401: push.ReasonInternal,
-		403: push.ReasonInternal,
+		401: push.ReasonCredentialsRefused,
+		403: push.ReasonWrongApp,
 		405: push.ReasonInternal,
 		301: push.ReasonInternal,
 	} {
