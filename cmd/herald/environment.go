@@ -92,6 +92,8 @@ var serveEnv = []envVar{
 	{"VAPID_PRIVATE_KEY_FILE", "a file holding VAPID_PRIVATE_KEY instead", nil, "none"},
 	{"VAPID_PUBLIC_KEY", "Web Push VAPID public key", nil, ""},
 	{"VAPID_SUBJECT", "Web Push contact (mailto: or https:)", nil, ""},
+	{"HERALD_SECRET_KEY", "the key apps' stored credentials are sealed with: 32 bytes in base64; several comma-separated, the first seals and all open (docs/apps.md)", nil, "credentials cannot be stored"},
+	{"HERALD_SECRET_KEY_FILE", "a file holding HERALD_SECRET_KEY instead", nil, "none"},
 	{"SSL_CERT_FILE", "a CA bundle trusted besides the system's", nil, "system roots"},
 	{"HERALD_WEBPUSH_HOSTS", "push services Web Push endpoints may name besides the browsers' own", nil, "none"},
 	{"HERALD_WEBHOOK_HOSTS", "hosts webhooks may post to inside your network (trusted: any address, http allowed)", nil, "none: public https hosts only"},

@@ -22,7 +22,7 @@ var adminEnv = envOf("DATABASE_URL", "DATABASE_URL_FILE", "HERALD_DB_SCHEMA")
 // runKeys manages the API keys stored in the database: every process takes
 // a change within about a second, without a restart.
 func runKeys(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	const usage = "herald keys create --name NAME --scope send|read|admin [--expires-in DURATION] | list | revoke NAME"
+	const usage = "herald keys create --name NAME --scope send|read|apps|admin [--apps A,B] [--expires-in DURATION] | list | revoke NAME"
 	sub, rest := subcommand(args)
 	switch sub {
 	case "create":
@@ -41,9 +41,10 @@ func runKeys(ctx context.Context, args []string, getenv func(string) string, std
 func createKey(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("keys create", stderr)
 	name := fs.String("name", "", "the key's name, unique among all keys ever made (letters, digits and . _ -)")
-	scope := fs.String("scope", "", "what the key may do: read (GET only), send (what an application does) or admin (also erase, keys, audit)")
+	scope := fs.String("scope", "", "what the key may do: read (GET only), send (what an application does), apps (manage apps and their credentials) or admin (also erase, keys, audit)")
 	expiresIn := fs.Duration("expires-in", 0, "how long the key works, as 720h; 0: until revoked")
-	if help, err := parseFlags(fs, args, "herald keys create --name NAME --scope send|read|admin [--expires-in DURATION]\n\nMakes an API key and prints its secret, once, on stdout: only its digest is stored.", adminEnv, stdout); help || err != nil {
+	appList := fs.String("apps", "", "the apps the key may act for, comma-separated (docs/apps.md); empty: every app")
+	if help, err := parseFlags(fs, args, "herald keys create --name NAME --scope send|read|apps|admin [--apps A,B] [--expires-in DURATION]\n\nMakes an API key and prints its secret, once, on stdout: only its digest is stored.", adminEnv, stdout); help || err != nil {
 		return err
 	}
 	if *expiresIn < 0 {
@@ -51,6 +52,11 @@ func createKey(ctx context.Context, args []string, getenv func(string) string, s
 	}
 	return withAdminPool(ctx, getenv, func(pool *pgxpool.Pool) error {
 		k := api.NewKey{Name: *name, Scope: api.Scope(*scope)}
+		for _, a := range strings.Split(*appList, ",") {
+			if a = strings.TrimSpace(a); a != "" {
+				k.Apps = append(k.Apps, a)
+			}
+		}
 		if *expiresIn > 0 {
 			at := time.Now().Add(*expiresIn).Truncate(time.Second)
 			k.ExpiresAt = &at
@@ -118,11 +124,16 @@ func subcommand(args []string) (string, []string) {
 // parseNamed parses args, which name one thing (a key, an operator) before
 // or after any flags.
 func parseNamed(fs *flag.FlagSet, args []string, synopsis string, stdout io.Writer) (string, bool, error) {
+	return parseNamedIn(fs, args, synopsis, adminEnv, stdout)
+}
+
+// parseNamedIn is parseNamed for a command that reads env.
+func parseNamedIn(fs *flag.FlagSet, args []string, synopsis string, env []envVar, stdout io.Writer) (string, bool, error) {
 	var name string
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		name, args = args[0], args[1:]
 	}
-	if help, err := parseFlags(fs, args, synopsis, adminEnv, stdout); help || err != nil {
+	if help, err := parseFlags(fs, args, synopsis, env, stdout); help || err != nil {
 		return "", help, err
 	}
 	if name == "" {

@@ -2,6 +2,7 @@ package apps
 
 import (
 	"crypto/ecdh"
+	"crypto/elliptic"
 	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
@@ -116,6 +117,9 @@ func (c *APNs) Check() error {
 	key, err := token.AuthKeyFromBytes([]byte(c.Key))
 	if err != nil {
 		return invalid("apns.key", "must be the .p8 file's text (-----BEGIN PRIVATE KEY-----...), a P-256 key: %v", err)
+	}
+	if key.Curve != elliptic.P256() {
+		return invalid("apns.key", "must be a P-256 key, as Apple makes them; this one is %s", key.Curve.Params().Name)
 	}
 	tok := &token.Token{AuthKey: key, KeyID: c.KeyID, TeamID: c.TeamID}
 	if _, err := tok.Generate(); err != nil {
