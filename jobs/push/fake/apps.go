@@ -296,6 +296,12 @@ func (s *Server) loadApps() error {
 		if err != nil {
 			return err
 		}
+		if a.teamID == "" {
+			// The team is the first key's, as when the app was made.
+			if _, a.teamID, err = appleIDs(keys[APNs][0].ec); err != nil {
+				return err
+			}
+		}
 		set.put(a, keys)
 	}
 	s.apps.set.Store(set)

@@ -605,6 +605,16 @@ func TestAppsSurviveRestart(t *testing.T) {
 	b1.getJSON(t, "/_apps", &apps1)
 	require.NoError(t, b1.srv.Close())
 
+	// A keys.json without its team still knows it: the first key's.
+	keysPath := filepath.Join(dir, "apps", "late", "keys.json")
+	var m map[string]any
+	require.NoError(t, json.Unmarshal(mustRead(t, keysPath), &m))
+	require.Equal(t, late.APNs.TeamID, m["team_id"])
+	delete(m, "team_id")
+	data, err := json.Marshal(m)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(keysPath, data, 0o600))
+
 	b2 := start(Config{}) // brand-b and late come from the directory
 	var apps2 []App
 	b2.getJSON(t, "/_apps", &apps2)
