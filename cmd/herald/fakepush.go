@@ -28,6 +28,7 @@ func runFakepush(ctx context.Context, args []string, getenv func(string) string,
 	details := fs.Int("details", fake.DefaultDetails, "keep the headers and decoded body of the last N pushes for GET /_receipts?detail=1 (-1 keeps none)")
 	topic := fs.String("apns-topic", fake.DefaultAPNsTopic, "the only apns-topic the APNs endpoint accepts")
 	project := fs.String("fcm-project", fake.DefaultFCMProjectID, "the Firebase project id of the written service account")
+	apps := fs.String("apps", "", "more apps beside the default one, as NAME,NAME,...: each gets its own APNs key and team (topic com.heraldpush.NAME), Firebase project herald-fake-NAME and VAPID keys, in DIR/apps/NAME/app.json")
 	receiptsURL := fs.String("receipts-url", "", "play the devices: post their receipts to this Herald's /v1/receipts (e.g. http://127.0.0.1:8080)")
 	delivered := fs.Float64("delivered", 0.9, "with --receipts-url, the share (0 to 1) of pushes whose device confirms delivery")
 	opened := fs.Float64("opened", 0.1, "with --receipts-url, the share (0 to --delivered) of pushes whose device also confirms they were opened")
@@ -50,6 +51,13 @@ func runFakepush(ctx context.Context, args []string, getenv func(string) string,
 		}
 	}
 
+	var appNames []string
+	for name := range strings.SplitSeq(*apps, ",") {
+		if name = strings.TrimSpace(name); name != "" {
+			appNames = append(appNames, name)
+		}
+	}
+
 	logger := slog.New(slog.NewTextHandler(stderr, nil))
 	srv, err := fake.New(fake.Config{
 		Addr:         *addr,
@@ -61,6 +69,7 @@ func runFakepush(ctx context.Context, args []string, getenv func(string) string,
 		Details:      *details,
 		APNsTopic:    *topic,
 		FCMProjectID: *project,
+		Apps:         appNames,
 		Devices:      devices,
 		Logger:       logger,
 	})

@@ -114,15 +114,23 @@ func (s *Server) handleAPNs(w http.ResponseWriter, r *http.Request) {
 	}
 	defer s.putBuffer(ad.buf)
 	at, cnt, body, tooLarge := ad.at, ad.cnt, ad.body, ad.tooLarge
+	// The device token is the path's, so its app is known from the start.
+	set := s.apps.load()
+	token := r.PathValue("token")
+	tally := appTally{app: s.tokenApp(set, APNs, token)}
+	defer countApp(APNs, &tally)
 
 	if repeatedAPNsHeader(r.Header) {
 		s.apnsReject(w, http.StatusBadRequest, reasonDuplicateHeaders)
 		return
 	}
-	if status, reason := s.checkProviderToken(r, headerValue(r.Header, "Authorization")); status != 0 {
+	key, status, reason := s.checkProviderToken(r, set, headerValue(r.Header, "Authorization"))
+	if status != 0 {
 		s.apnsReject(w, status, reason)
 		return
 	}
+	// Apple binds a key to its team's apps: the topic must be the bundle id
+	// of the key's app.
 	topic := headerValue(r.Header, "Apns-Topic")
 	suffix, knownType := apnsTopicSuffix(pushType)
 	switch {
@@ -132,7 +140,7 @@ func (s *Server) handleAPNs(w http.ResponseWriter, r *http.Request) {
 	case topic == "":
 		s.apnsReject(w, http.StatusBadRequest, reasonMissingTopic)
 		return
-	case topic != s.cfg.APNsTopic+suffix:
+	case topic != key.app.topic+suffix:
 		s.apnsReject(w, http.StatusBadRequest, reasonTopicDisallowed)
 		return
 	}
@@ -156,7 +164,6 @@ func (s *Server) handleAPNs(w http.ResponseWriter, r *http.Request) {
 		s.apnsReject(w, http.StatusBadRequest, reasonBadCollapseID)
 		return
 	}
-	token := r.PathValue("token")
 	if !isHex(token) {
 		s.apnsReject(w, http.StatusBadRequest, reasonBadDeviceToken)
 		return
@@ -165,6 +172,12 @@ func (s *Server) handleAPNs(w http.ResponseWriter, r *http.Request) {
 	if s.wrongEnvironment(r, token) {
 		// Apple's answer to a token of the other environment.
 		s.apnsReject(w, http.StatusBadRequest, reasonBadDeviceToken)
+		return
+	}
+	if tally.app != key.app {
+		// The token is another app's: Apple's answer to a topic the
+		// device token was not issued for.
+		s.apnsReject(w, http.StatusBadRequest, reasonDeviceTokenNotForTopic)
 		return
 	}
 	if tooLarge {
@@ -208,10 +221,11 @@ func (s *Server) handleAPNs(w http.ResponseWriter, r *http.Request) {
 	if s.cfg.Details > 0 {
 		d = newDetail(r.Header, body)
 	}
-	if s.rec.addAPNs(sandbox, token, jsonString(messageID), collapseID, at, d) {
+	if s.rec.record(APNs, sandbox, signer{app: key.app.name, key: key.id}, token, jsonString(messageID), collapseID, at, d) {
 		cnt.duplicates.Add(1)
 	}
 	cnt.accepted.Add(1)
+	tally.accepted = true
 	s.devices.play(s.devices.draw(), jsonString(receipt), at)
 	if apnsID == "" {
 		apnsID = newUUID()
@@ -261,66 +275,92 @@ func repeatedAPNsHeader(h http.Header) bool {
 // apnsConnKey marks, in a connection's context, its *apnsConn.
 type apnsConnKey struct{}
 
-// apnsConn is what fakepush knows of one connection's provider tokens: the
-// last one it accepted and when that one was issued.
+// apnsConn is what fakepush knows of one connection's provider tokens: for
+// each key that signed one, the last one it accepted and when that one was
+// issued.
 type apnsConn struct {
 	mu     sync.Mutex
-	bearer string
-	iat    int64
+	tokens []connToken // one a key; a connection rarely sees more than one
 }
 
-// update takes token, issued at iat, as the connection's, and reports
-// false when that replaces another token issued less than
-// apnsTokenRefresh before it: Apple's TooManyProviderTokenUpdates.
-func (c *apnsConn) update(token string, iat int64) bool {
+type connToken struct {
+	kid, bearer string
+	iat         int64
+}
+
+// update takes token, signed by the key kid and issued at iat, as the
+// connection's for that key, and reports false when that replaces another
+// token of the key issued less than apnsTokenRefresh before it: Apple's
+// TooManyProviderTokenUpdates. Tokens of different keys (different apps
+// sharing a connection) are each their own.
+func (c *apnsConn) update(kid, token string, iat int64) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.bearer == token {
+	for i := range c.tokens {
+		t := &c.tokens[i]
+		if t.kid != kid {
+			continue
+		}
+		if t.bearer == token {
+			return true
+		}
+		if iat-t.iat < apnsTokenRefresh {
+			return false
+		}
+		t.bearer, t.iat = token, iat
 		return true
 	}
-	if c.bearer != "" && iat-c.iat < apnsTokenRefresh {
-		return false
-	}
-	c.bearer, c.iat = token, iat
+	c.tokens = append(c.tokens, connToken{kid: kid, bearer: token, iat: iat})
 	return true
 }
 
 // checkProviderToken verifies an APNs provider token ("bearer <JWT>") the way
-// Apple does: ES256, signed by the key fakepush issued, kid naming that key, iss
-// naming the team, iat within the last hour, and no newer token on r's
-// connection within 20 minutes of the one before it.
-func (s *Server) checkProviderToken(r *http.Request, authz string) (status int, reason string) {
+// Apple does: ES256, signed by the key its kid names among every app's keys
+// (not revoked), iss naming that key's team, iat within the last hour, and no
+// newer token of that key on r's connection within 20 minutes of the one
+// before it. It returns the key.
+func (s *Server) checkProviderToken(r *http.Request, set *appSet, authz string) (key *appKey, status int, reason string) {
 	if authz == "" {
-		return http.StatusForbidden, reasonMissingProviderToken
+		return nil, http.StatusForbidden, reasonMissingProviderToken
 	}
 	scheme, token, ok := strings.Cut(authz, " ")
 	if !ok || !strings.EqualFold(scheme, "bearer") || token == "" {
-		return http.StatusForbidden, reasonInvalidProviderToken
+		return nil, http.StatusForbidden, reasonInvalidProviderToken
 	}
-	iat, ok := s.apnsTokens.get(token)
-	if !ok {
+	c, ok := s.apnsTokens.get(token)
+	if ok {
+		key = set.byID[APNs][c.kid]
+	} else {
 		j, err := parseJWS(token)
-		if err != nil || j.header.Kid != s.creds.apnsKeyID || !j.verifyES256(&s.creds.apnsKey.PublicKey) {
-			return http.StatusForbidden, reasonInvalidProviderToken
+		if err != nil {
+			return nil, http.StatusForbidden, reasonInvalidProviderToken
+		}
+		key = set.byID[APNs][j.header.Kid]
+		if key == nil || key.revoked || !j.verifyES256(&key.ec.PublicKey) {
+			return nil, http.StatusForbidden, reasonInvalidProviderToken
 		}
 		claims, err := j.decodeClaims()
-		if err != nil || claims.Iss != s.creds.apnsTeamID || claims.Iat <= 0 {
-			return http.StatusForbidden, reasonInvalidProviderToken
+		if err != nil || claims.Iss != key.app.teamID || claims.Iat <= 0 {
+			return nil, http.StatusForbidden, reasonInvalidProviderToken
 		}
-		iat = int64(claims.Iat)
-		s.apnsTokens.put(token, iat)
+		c = cachedToken{iat: int64(claims.Iat), kid: key.id}
+		s.apnsTokens.put(token, c)
+	}
+	if key == nil || key.revoked {
+		// Revoked since the token was first verified.
+		return nil, http.StatusForbidden, reasonInvalidProviderToken
 	}
 	now := s.cfg.Now().Unix()
 	switch {
-	case iat > now+apnsClockSkew:
-		return http.StatusForbidden, reasonInvalidProviderToken
-	case now-iat > apnsTokenLifetime:
-		return http.StatusForbidden, reasonExpiredProviderToken
+	case c.iat > now+apnsClockSkew:
+		return nil, http.StatusForbidden, reasonInvalidProviderToken
+	case now-c.iat > apnsTokenLifetime:
+		return nil, http.StatusForbidden, reasonExpiredProviderToken
 	}
-	if c, ok := r.Context().Value(apnsConnKey{}).(*apnsConn); ok && !c.update(token, iat) {
-		return http.StatusTooManyRequests, reasonTooManyTokenUpdates
+	if conn, ok := r.Context().Value(apnsConnKey{}).(*apnsConn); ok && !conn.update(key.id, token, c.iat) {
+		return nil, http.StatusTooManyRequests, reasonTooManyTokenUpdates
 	}
-	return 0, ""
+	return key, 0, ""
 }
 
 func (s *Server) apnsReject(w http.ResponseWriter, status int, reason string) {

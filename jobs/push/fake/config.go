@@ -64,12 +64,20 @@ type Config struct {
 	// plays none; POST /_devices changes it at run time.
 	Devices Devices
 
-	// APNsTopic is the only apns-topic the APNs endpoint accepts, like an app's
-	// bundle id bound to a team's key.
+	// APNsTopic is the only apns-topic the APNs endpoint accepts with the
+	// default app's keys, like an app's bundle id bound to a team's key.
 	APNsTopic string
 
 	// FCMProjectID is the Firebase project of the service account fakepush writes.
 	FCMProjectID string
+
+	// APNsTopic and FCMProjectID are the default app's, the one whose
+	// credentials go to DIR/env. Apps names more apps, each with its own
+	// APNs key and team, topic com.heraldpush.NAME, Firebase project
+	// herald-fake-NAME and its service account, and VAPID key pair, kept
+	// under TLSDir/apps/NAME. Apps made before, in TLSDir or through POST
+	// /_apps, are there whether named here or not.
+	Apps []string
 
 	// VAPIDSubject is the contact written to VAPID_SUBJECT.
 	VAPIDSubject string
@@ -145,6 +153,11 @@ func (c Config) validate() error {
 	}
 	if c.MaxConcurrentStreams < 1 {
 		return fmt.Errorf("fakepush config: MaxConcurrentStreams must be at least 1, got %d", c.MaxConcurrentStreams)
+	}
+	for _, name := range c.Apps {
+		if err := checkAppName(name); err != nil {
+			return fmt.Errorf("fakepush config: Apps: %w", err)
+		}
 	}
 	for _, r := range c.FCMProjectID {
 		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-') {

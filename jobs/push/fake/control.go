@@ -2,6 +2,7 @@ package fake
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -146,6 +147,22 @@ func (s *Server) Stats() Stats {
 		}
 	}
 	st := Stats{APNs: load(APNs), FCM: load(FCM), WebPush: load(WebPush), Devices: s.devices.stats()}
+	for _, a := range s.apps.load().apps {
+		var per [numChannels]AppChannelStats
+		some := false
+		for ch := range numChannels {
+			c := &a.counts[ch]
+			per[ch] = AppChannelStats{Received: c.received.Load(), Accepted: c.accepted.Load(), Rejected: c.rejected.Load()}
+			some = some || per[ch] != AppChannelStats{}
+		}
+		if !some {
+			continue
+		}
+		if st.Apps == nil {
+			st.Apps = make(map[string]AppStats)
+		}
+		st.Apps[a.name] = AppStats{APNs: per[APNs], FCM: per[FCM], WebPush: per[WebPush]}
+	}
 	st.Process.CPUMicros = (processCPU() - s.cpuBase.Load()) / 1e3
 	st.Process.Requests = st.APNs.Received + st.FCM.Received + st.WebPush.Received
 	st.Process.InFlight = s.handling.Load()
@@ -163,10 +180,20 @@ func (s *Server) Receipts(messageID string) []Receipt { return s.rec.receipts(me
 func (s *Server) DetailedReceipts(messageID string) []Receipt { return s.rec.receipts(messageID, true) }
 
 // Reset forgets every recorded push, counter and declared sandbox token, and puts every channel back to
-// mode ok with the configured latency: the state of a fresh start, minus the keys.
+// mode ok with the configured latency: the state of a fresh start, minus the keys. The apps, their keys
+// and revocations and the tokens declared theirs are the providers' configuration, not traffic: Reset
+// keeps them.
 func (s *Server) Reset() {
 	s.rec.reset()
 	s.sandbox.reset()
+	for _, a := range s.apps.load().apps {
+		for ch := range numChannels {
+			c := &a.counts[ch]
+			c.received.Store(0)
+			c.accepted.Store(0)
+			c.rejected.Store(0)
+		}
+	}
 	for ch := range numChannels {
 		c := &s.counters[ch]
 		c.received.Store(0)
@@ -213,10 +240,19 @@ func (s *Server) applyControl(w http.ResponseWriter, r *http.Request, v any, app
 		return false
 	}
 	if err := apply(); err != nil {
-		s.writeJSON(w, http.StatusBadRequest, controlError(err.Error()))
+		s.writeJSON(w, controlStatus(err), controlError(err.Error()))
 		return false
 	}
 	return true
+}
+
+// controlStatus is the status of a control request that err refused: 404
+// for an app fakepush does not know, else 400.
+func controlStatus(err error) int {
+	if errors.Is(err, errNoApp) {
+		return http.StatusNotFound
+	}
+	return http.StatusBadRequest
 }
 
 func (s *Server) handleStats(w http.ResponseWriter, _ *http.Request) {

@@ -66,15 +66,9 @@ func loadOrCreateCredentials(dir string) (*credentials, error) {
 	if c.apnsKey, err = loadOrCreateECKey(filepath.Join(dir, fileAPNsKey)); err != nil {
 		return nil, err
 	}
-	// Apple's key and team ids are ten upper-case alphanumerics. Deriving them from
-	// the key keeps them stable without storing them anywhere.
-	pub, err := x509.MarshalPKIXPublicKey(&c.apnsKey.PublicKey)
-	if err != nil {
-		return nil, fmt.Errorf("encode APNs public key: %w", err)
+	if c.apnsKeyID, c.apnsTeamID, err = appleIDs(c.apnsKey); err != nil {
+		return nil, err
 	}
-	sum := sha256.Sum256(pub)
-	ids := base32.StdEncoding.EncodeToString(sum[:])
-	c.apnsKeyID, c.apnsTeamID = ids[:10], ids[10:20]
 
 	if c.fcmKey, c.fcmKeyID, err = loadOrCreateServiceAccountKey(filepath.Join(dir, fileFCMAccount)); err != nil {
 		return nil, err
@@ -112,15 +106,43 @@ func loadOrCreateECKey(path string) (*ecdsa.PrivateKey, error) {
 	if err != nil {
 		return nil, fmt.Errorf("generate key for %s: %w", path, err)
 	}
-	der, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		return nil, fmt.Errorf("encode key for %s: %w", path, err)
-	}
-	// PKCS#8 "PRIVATE KEY" is the exact format of an Apple .p8 download.
-	if err := writeFileAtomic(path, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600); err != nil {
+	if err := writeKeyFile(path, key); err != nil {
 		return nil, err
 	}
 	return key, nil
+}
+
+// appleIDs derives an APNs key's id and a team id from the key. Apple's key and
+// team ids are ten upper-case alphanumerics; deriving them from the key keeps
+// them stable without storing them anywhere.
+func appleIDs(key *ecdsa.PrivateKey) (keyID, teamID string, err error) {
+	pub, err := x509.MarshalPKIXPublicKey(&key.PublicKey)
+	if err != nil {
+		return "", "", fmt.Errorf("encode APNs public key: %w", err)
+	}
+	sum := sha256.Sum256(pub)
+	ids := base32.StdEncoding.EncodeToString(sum[:])
+	return ids[:10], ids[10:20], nil
+}
+
+// keyPEM encodes a private key as PKCS#8 "PRIVATE KEY" PEM, the exact format
+// of an Apple .p8 download and of a Google service account's private_key.
+func keyPEM(key any) ([]byte, error) {
+	der, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		return nil, err
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), nil
+}
+
+// writeKeyFile writes key to path as keyPEM encodes it, readable by its owner
+// only.
+func writeKeyFile(path string, key any) error {
+	data, err := keyPEM(key)
+	if err != nil {
+		return fmt.Errorf("encode key for %s: %w", path, err)
+	}
+	return writeFileAtomic(path, data, 0o600)
 }
 
 // serviceAccount is the JSON shape Google hands out for a service-account key.
@@ -164,6 +186,12 @@ func loadOrCreateServiceAccountKey(path string) (*rsa.PrivateKey, string, error)
 	if !errors.Is(err, fs.ErrNotExist) {
 		return nil, "", fmt.Errorf("read %s: %w", path, err)
 	}
+	return newServiceAccountKey()
+}
+
+// newServiceAccountKey makes a service-account key as Google does: RSA 2048
+// and a private_key_id of 40 hex digits.
+func newServiceAccountKey() (*rsa.PrivateKey, string, error) {
 	key, err := rsa.GenerateKey(rand.Reader, 2048)
 	if err != nil {
 		return nil, "", fmt.Errorf("generate service-account key: %w", err)
@@ -198,23 +226,37 @@ func loadOrCreateSecret(path string) ([]byte, error) {
 }
 
 // clientEmail is the service account's identity, checked as the JWT issuer.
-func (c *credentials) clientEmail(project string) string {
+func (c *credentials) clientEmail(project string) string { return clientEmail(project) }
+
+// clientEmail is the email of the service account fakepush makes for a
+// project: one per project, so it names the project's app.
+func clientEmail(project string) string {
 	return "firebase-adminsdk-fake@" + project + ".iam.gserviceaccount.com"
 }
 
 // writeServiceAccount writes the service-account JSON whose token_uri points at
 // this server's /token.
 func (c *credentials) writeServiceAccount(path, project, tokenURI string) error {
-	der, err := x509.MarshalPKCS8PrivateKey(c.fcmKey)
+	data, err := encodeServiceAccount(c.fcmKey, c.fcmKeyID, project, tokenURI)
 	if err != nil {
-		return fmt.Errorf("encode service-account key: %w", err)
+		return err
+	}
+	return writeFileAtomic(path, data, 0o600)
+}
+
+// encodeServiceAccount renders the service-account file of key for project,
+// its token_uri pointing at tokenURI, as Google's console hands it out.
+func encodeServiceAccount(key *rsa.PrivateKey, keyID, project, tokenURI string) ([]byte, error) {
+	private, err := keyPEM(key)
+	if err != nil {
+		return nil, fmt.Errorf("encode service-account key: %w", err)
 	}
 	sa := serviceAccount{
 		Type:           "service_account",
 		ProjectID:      project,
-		PrivateKeyID:   c.fcmKeyID,
-		PrivateKey:     string(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der})),
-		ClientEmail:    c.clientEmail(project),
+		PrivateKeyID:   keyID,
+		PrivateKey:     string(private),
+		ClientEmail:    clientEmail(project),
 		ClientID:       "100000000000000000000",
 		AuthURI:        "https://accounts.google.com/o/oauth2/auth",
 		TokenURI:       tokenURI,
@@ -222,9 +264,9 @@ func (c *credentials) writeServiceAccount(path, project, tokenURI string) error 
 	}
 	data, err := json.MarshalIndent(sa, "", "  ")
 	if err != nil {
-		return fmt.Errorf("encode service account: %w", err)
+		return nil, fmt.Errorf("encode service account: %w", err)
 	}
-	return writeFileAtomic(path, append(data, '\n'), 0o600)
+	return append(data, '\n'), nil
 }
 
 // encodeEnvFile renders env as KEY=value lines a shell can source. The closing

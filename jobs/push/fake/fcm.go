@@ -30,6 +30,9 @@ const (
 // fcmBodies are the FCM error bodies that do not vary, rendered once.
 type fcmBodies struct {
 	unauthenticated, unregistered, unavailable, quotaExceeded []byte
+	// senderMismatch is FCM's answer to a registration token of another
+	// project than the one sent through.
+	senderMismatch []byte
 	// deviceQuota is QUOTA_EXCEEDED for one device's message rate, which
 	// its QuotaFailure detail names.
 	deviceQuota []byte
@@ -39,10 +42,11 @@ func newFCMBodies() fcmBodies {
 	return fcmBodies{
 		unauthenticated: fcmErrorBody(http.StatusUnauthorized, "UNAUTHENTICATED", "",
 			"Request had invalid authentication credentials. Expected OAuth 2 access token, login cookie or other valid authentication credential. See https://developers.google.com/identity/sign-in/web/devconsole-project."),
-		unregistered:  fcmErrorBody(http.StatusNotFound, "NOT_FOUND", "UNREGISTERED", "Requested entity was not found."),
-		unavailable:   fcmErrorBody(http.StatusServiceUnavailable, "UNAVAILABLE", "UNAVAILABLE", "The service is currently unavailable."),
-		quotaExceeded: fcmErrorBody(http.StatusTooManyRequests, "RESOURCE_EXHAUSTED", "QUOTA_EXCEEDED", "Quota exceeded for quota metric 'Send requests' and limit 'Send requests per minute'."),
-		deviceQuota:   fcmDeviceQuotaBody(),
+		unregistered:   fcmErrorBody(http.StatusNotFound, "NOT_FOUND", "UNREGISTERED", "Requested entity was not found."),
+		unavailable:    fcmErrorBody(http.StatusServiceUnavailable, "UNAVAILABLE", "UNAVAILABLE", "The service is currently unavailable."),
+		quotaExceeded:  fcmErrorBody(http.StatusTooManyRequests, "RESOURCE_EXHAUSTED", "QUOTA_EXCEEDED", "Quota exceeded for quota metric 'Send requests' and limit 'Send requests per minute'."),
+		deviceQuota:    fcmDeviceQuotaBody(),
+		senderMismatch: fcmErrorBody(http.StatusForbidden, "PERMISSION_DENIED", "SENDER_ID_MISMATCH", "SenderId mismatch"),
 	}
 }
 
@@ -108,12 +112,8 @@ func (s *Server) handleToken(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	j, err := parseJWS(form.Get("assertion"))
-	if err != nil || !j.verifyRS256(&s.creds.fcmKey.PublicKey) {
+	if err != nil {
 		s.oauthError(w, "invalid_grant", "Invalid JWT Signature.")
-		return
-	}
-	if j.header.Kid != "" && j.header.Kid != s.creds.fcmKeyID {
-		s.oauthError(w, "invalid_grant", "Invalid grant: account not found")
 		return
 	}
 	claims, err := j.decodeClaims()
@@ -121,11 +121,38 @@ func (s *Server) handleToken(w http.ResponseWriter, r *http.Request) {
 		s.oauthError(w, "invalid_grant", "Invalid JWT.")
 		return
 	}
-	now := s.cfg.Now().Unix()
-	switch {
-	case claims.Iss != s.creds.clientEmail(s.cfg.FCMProjectID):
+	// The issuer names the service account, that is the app; kid, when
+	// the client sends it (Google's libraries do), names one of its keys.
+	set := s.apps.load()
+	owner := set.emails[claims.Iss]
+	if owner == nil {
 		s.oauthError(w, "invalid_grant", "Invalid grant: account not found")
 		return
+	}
+	var key *appKey
+	verified := false
+	for _, k := range set.keys[owner][FCM] {
+		if j.header.Kid != "" {
+			if k.id == j.header.Kid {
+				key = k
+				break
+			}
+		} else if j.verifyRS256(&k.rsa.PublicKey) {
+			key, verified = k, true
+			break
+		}
+	}
+	if key == nil && j.header.Kid != "" {
+		s.oauthError(w, "invalid_grant", "Invalid grant: account not found")
+		return
+	}
+	// A deleted key's assertions are answered as a forged one's.
+	if key == nil || key.revoked || !verified && !j.verifyRS256(&key.rsa.PublicKey) {
+		s.oauthError(w, "invalid_grant", "Invalid JWT Signature.")
+		return
+	}
+	now := s.cfg.Now().Unix()
+	switch {
 	case claims.Aud != s.baseURL+"/token":
 		s.oauthError(w, "invalid_grant", "Invalid JWT: Failed audience check. The right audience is "+s.baseURL+"/token")
 		return
@@ -136,7 +163,7 @@ func (s *Server) handleToken(w http.ResponseWriter, r *http.Request) {
 		s.oauthError(w, "invalid_scope", "Invalid OAuth scope or ID token audience provided.")
 		return
 	}
-	token, err := s.mintAccessToken(now + fcmTokenLifetime)
+	token, err := s.mintAccessToken(now+fcmTokenLifetime, key)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return
@@ -161,16 +188,26 @@ func (s *Server) oauthError(w http.ResponseWriter, code, desc string) {
 	s.writeJSON(w, http.StatusBadRequest, map[string]string{"error": code, "error_description": desc})
 }
 
-// mintAccessToken returns a self-validating access token: its expiry and a nonce,
-// MACed with the directory's secret. Validation needs no stored state, so tokens
-// stay valid across a fakepush restart, as Google's do across Google's.
-func (s *Server) mintAccessToken(exp int64) (string, error) {
-	var raw [16]byte
+// maxAccessKeyID bounds the key id an access token carries; fakepush's are 40
+// characters.
+const maxAccessKeyID = 128
+
+// mintAccessToken returns a self-validating access token: its expiry, a nonce
+// and the id of the service-account key it was granted to (which names the
+// app, and so the project), MACed with the directory's secret. Validation
+// needs no stored state, so tokens stay valid across a fakepush restart, as
+// Google's do across Google's.
+func (s *Server) mintAccessToken(exp int64, key *appKey) (string, error) {
+	if len(key.id) > maxAccessKeyID {
+		return "", fmt.Errorf("mint access token: key id %q is too long", key.id)
+	}
+	raw := make([]byte, 16, 16+len(key.id))
 	binary.BigEndian.PutUint64(raw[:8], uint64(exp))
 	if _, err := rand.Read(raw[8:]); err != nil {
 		return "", fmt.Errorf("mint access token: %w", err)
 	}
-	return accessTokenPrefix + b64(raw[:]) + "." + b64(s.accessTokenMAC(raw[:])), nil
+	raw = append(raw, key.id...)
+	return accessTokenPrefix + b64(raw) + "." + b64(s.accessTokenMAC(raw)), nil
 }
 
 func (s *Server) accessTokenMAC(raw []byte) []byte {
@@ -180,28 +217,52 @@ func (s *Server) accessTokenMAC(raw []byte) []byte {
 	return m.Sum(nil)[:16]
 }
 
-// checkAccessToken validates "Bearer <token>" as minted by mintAccessToken.
+// checkAccessToken reports whether "Bearer <token>" is an access token
+// mintAccessToken made, unexpired, of a key not revoked.
 func (s *Server) checkAccessToken(authz string) bool {
+	return s.accessKey(s.apps.load(), authz) != nil
+}
+
+// accessKey validates "Bearer <token>" as minted by mintAccessToken and
+// returns the service-account key it was granted to, or nil: a token forged,
+// expired, or of a key since revoked. A token of 16 bytes, as fakepush minted
+// them before it had apps, is the default app's first key's.
+func (s *Server) accessKey(set *appSet, authz string) *appKey {
 	scheme, token, ok := strings.Cut(authz, " ")
 	if !ok || !strings.EqualFold(scheme, "bearer") || !strings.HasPrefix(token, accessTokenPrefix) {
-		return false
+		return nil
 	}
 	payload, mac, ok := strings.Cut(token[len(accessTokenPrefix):], ".")
-	if !ok {
-		return false
-	}
-	var raw [16]byte
+	enc := base64.RawURLEncoding
+	var raw [16 + maxAccessKeyID]byte
 	var sum [16]byte
-	if n, err := base64.RawURLEncoding.Decode(raw[:], []byte(payload)); err != nil || n != len(raw) {
-		return false
+	// Decode writes DecodedLen bytes whatever it returns: the lengths are
+	// checked first.
+	if !ok || enc.DecodedLen(len(payload)) > len(raw) || enc.DecodedLen(len(mac)) != len(sum) {
+		return nil
 	}
-	if n, err := base64.RawURLEncoding.Decode(sum[:], []byte(mac)); err != nil || n != len(sum) {
-		return false
+	n, err := enc.Decode(raw[:], []byte(payload))
+	if err != nil || n < 16 {
+		return nil
 	}
-	if !hmac.Equal(sum[:], s.accessTokenMAC(raw[:])) {
-		return false
+	if m, err := enc.Decode(sum[:], []byte(mac)); err != nil || m != len(sum) {
+		return nil
 	}
-	return int64(binary.BigEndian.Uint64(raw[:8])) > s.cfg.Now().Unix()
+	if !hmac.Equal(sum[:], s.accessTokenMAC(raw[:n])) {
+		return nil
+	}
+	if int64(binary.BigEndian.Uint64(raw[:8])) <= s.cfg.Now().Unix() {
+		return nil
+	}
+	id := s.creds.fcmKeyID
+	if n > 16 {
+		id = string(raw[16:n])
+	}
+	key := set.byID[FCM][id]
+	if key == nil || key.revoked {
+		return nil
+	}
+	return key
 }
 
 // fcmSend is what fakepush keeps of a messages:send body once validated.
@@ -230,13 +291,20 @@ func (s *Server) handleFCMSend(w http.ResponseWriter, r *http.Request) {
 	}
 	defer s.putBuffer(ad.buf)
 	at, cnt, body, tooLarge := ad.at, ad.cnt, ad.body, ad.tooLarge
+	set := s.apps.load()
+	var tally appTally
+	defer countApp(FCM, &tally)
 
-	if !s.checkAccessToken(r.Header.Get("Authorization")) {
+	key := s.accessKey(set, r.Header.Get("Authorization"))
+	if key == nil {
 		s.fcmReject(w, http.StatusUnauthorized, s.fcmBodies.unauthenticated)
 		return
 	}
+	tally.app = key.app
+	// An access token is granted to a service account, which is of one
+	// project: sending through another one is not permitted.
 	project := r.PathValue("project")
-	if project != s.cfg.FCMProjectID {
+	if project != key.app.project {
 		s.fcmReject(w, http.StatusForbidden, fcmErrorBody(http.StatusForbidden, "PERMISSION_DENIED", "",
 			"Permission 'cloudmessaging.messages.create' denied on resource '//cloudresourcemanager.googleapis.com/projects/"+project+"' (or it may not exist)."))
 		return
@@ -250,6 +318,14 @@ func (s *Server) handleFCMSend(w http.ResponseWriter, r *http.Request) {
 		s.fcmInvalid(w, problem)
 		return
 	}
+	if req.token != "" {
+		tally.app = s.tokenApp(set, FCM, req.token)
+		if tally.app != key.app {
+			// The token was registered with another app's sender id.
+			s.fcmReject(w, http.StatusForbidden, s.fcmBodies.senderMismatch)
+			return
+		}
+	}
 	if strings.HasPrefix(req.token, "dead") {
 		s.fcmReject(w, http.StatusNotFound, s.fcmBodies.unregistered)
 		return
@@ -260,6 +336,7 @@ func (s *Server) handleFCMSend(w http.ResponseWriter, r *http.Request) {
 		// how a sender opens its connections (Herald's FCM Warm), so it is
 		// counted as a warm-up, not as a push, and not recorded.
 		cnt.warmup()
+		tally.warmup = true
 		w.Header()["Content-Type"] = s.jsonType
 		w.WriteHeader(http.StatusOK)
 		_, _ = w.Write(append(append([]byte(`{"name":"projects/`), project...), `/messages/fake_message_id"}`...))
@@ -283,7 +360,7 @@ func (s *Server) handleFCMSend(w http.ResponseWriter, r *http.Request) {
 	if s.cfg.Details > 0 {
 		d = newDetail(r.Header, req.message)
 	}
-	if s.rec.add(FCM, target, req.messageID, req.collapseKey, at, d) {
+	if s.rec.record(FCM, false, signer{app: tally.app.name, key: key.id}, target, req.messageID, req.collapseKey, at, d) {
 		cnt.duplicates.Add(1)
 	}
 	if req.token != "" {
@@ -299,6 +376,7 @@ func (s *Server) handleFCMSend(w http.ResponseWriter, r *http.Request) {
 	name = strconv.AppendUint(name, s.fcmSeq.Add(1), 16)
 	name = append(name, `"}`...)
 	cnt.accepted.Add(1)
+	tally.accepted = true
 	w.Header()["Content-Type"] = s.jsonType
 	w.WriteHeader(http.StatusOK)
 	_, _ = w.Write(name)

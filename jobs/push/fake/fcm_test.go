@@ -37,7 +37,8 @@ func TestFCMAccepts(t *testing.T) {
 
 	receipts := b.srv.Receipts("msg_1")
 	require.Len(t, receipts, 1)
-	require.Equal(t, Receipt{Channel: "fcm", Token: fcmToken, CollapseKey: "msg_1", ReceivedAt: receipts[0].ReceivedAt}, receipts[0])
+	require.Equal(t, Receipt{Channel: "fcm", Token: fcmToken, App: DefaultApp, KeyID: b.srv.creds.fcmKeyID,
+		CollapseKey: "msg_1", ReceivedAt: receipts[0].ReceivedAt}, receipts[0])
 
 	// A dry run is validated and answered, not delivered.
 	name, err = client.SendDryRun(context.Background(), &messaging.Message{Token: fcmToken, Data: map[string]string{"herald_message_id": "msg_2"}})

@@ -86,6 +86,30 @@ type Stats struct {
 	Process ProcessStats `json:"process"`
 	// Devices counts the receipts the devices fakepush plays sent back.
 	Devices DeviceStats `json:"devices"`
+	// Apps counts, per app, the push requests fakepush took for it (see
+	// AppStats). An app that had none since start or the last reset is left
+	// out.
+	Apps map[string]AppStats `json:"apps,omitempty"`
+}
+
+// AppStats counts one app's push requests per channel. A request is the
+// app of its device (the APNs or FCM token's, the Web Push subscription
+// key's), or, until fakepush has read the device, of its credentials. One
+// answered before either was known (by a /_control mode, or with
+// credentials of no app) counts in its channel's totals only, as does a
+// warm-up.
+type AppStats struct {
+	APNs    AppChannelStats `json:"apns"`
+	FCM     AppChannelStats `json:"fcm"`
+	WebPush AppChannelStats `json:"webpush"`
+}
+
+// AppChannelStats counts one app's push requests on one channel: each
+// received one was accepted or rejected.
+type AppChannelStats struct {
+	Received int64 `json:"received"`
+	Accepted int64 `json:"accepted"`
+	Rejected int64 `json:"rejected"`
 }
 
 // Receipt is one accepted push as GET /_receipts lists it. With detail=1,
@@ -98,12 +122,24 @@ type Receipt struct {
 	Channel string `json:"channel"`
 	// Environment is the APNs host a push came to: production or sandbox;
 	// empty on other channels.
-	Environment string            `json:"environment,omitempty"`
-	Token       string            `json:"token"`
+	Environment string `json:"environment,omitempty"`
+	Token       string `json:"token"`
+	// App is the app fakepush took the push for: its device token's (for a
+	// Web Push subscription, the app of the key it was made with).
+	App string `json:"app,omitempty"`
+	// KeyID names the key the push was authorized by: the APNs provider
+	// token's kid, the private_key_id of the service-account key behind the
+	// FCM access token, or the first 16 characters of the VAPID k= key.
+	KeyID       string            `json:"key_id,omitempty"`
 	CollapseKey string            `json:"collapse_key,omitempty"`
 	ReceivedAt  time.Time         `json:"received_at"`
 	Headers     map[string]string `json:"headers,omitempty"`
 	Body        json.RawMessage   `json:"body,omitempty"`
+}
+
+// signer is the app and key a push came with, which its receipt names.
+type signer struct {
+	app, key string
 }
 
 // detail is what a detailed receipt adds, kept for the most recent pushes.
@@ -168,6 +204,16 @@ type recorder struct {
 	// strIdx interns message ids and collapse keys; index 0 is the empty string.
 	strIdx map[string]uint32
 	strs   []stringEntry
+	// signerIdx interns the (app, key) pairs, which are few; index 0 is
+	// none.
+	signerIdx map[signer]uint32
+	signers   []signer
+	// tailIdx interns what a receipt has beside its time and token, its
+	// collapse key and signer, keyed collapse<<32|signer: those pairs are
+	// few too (a collapse key is most often its message's id), and
+	// interning them keeps a receipt at 16 bytes.
+	tailIdx map[uint64]uint32
+	tails   []receiptTail
 	// seen holds token<<32|message for every accepted push with a message id.
 	seen pairSet
 
@@ -206,9 +252,14 @@ type stringEntry struct {
 }
 
 type compactReceipt struct {
-	at       int64
-	token    uint32
-	collapse uint32
+	at    int64
+	token uint32
+	tail  uint32 // index in recorder.tails
+}
+
+// receiptTail is a receipt's collapse key and signer, by index.
+type receiptTail struct {
+	collapse, signer uint32
 }
 
 // newRecorder keeps the details of the last details pushes.
@@ -231,29 +282,31 @@ func (r *recorder) resetLocked() {
 	r.tokens = r.tokens[:0:0]
 	r.strIdx = map[string]uint32{"": 0}
 	r.strs = []stringEntry{{}}
+	r.signerIdx = map[signer]uint32{{}: 0}
+	r.signers = []signer{{}}
+	r.tailIdx = map[uint64]uint32{0: 0}
+	r.tails = []receiptTail{{}}
 	r.seen = newPairSet()
 	clear(r.details)
 	r.next = 0
 }
 
-// add records an accepted push and reports whether it is a duplicate. at is Unix
-// nanoseconds. The strings may point into request buffers: they are copied only
-// when first seen. d, when not nil, is the push's detail.
+// add records an accepted push, of no app, and reports whether it is a
+// duplicate; see record.
 func (r *recorder) add(ch Channel, token, messageID, collapseKey string, at int64, d *detail) bool {
-	return r.record(ch, false, token, messageID, collapseKey, at, d)
-}
-
-// addAPNs is add for an APNs push, which came to the production host or
-// the sandbox one.
-func (r *recorder) addAPNs(sandbox bool, token, messageID, collapseKey string, at int64, d *detail) bool {
-	return r.record(APNs, sandbox, token, messageID, collapseKey, at, d)
+	return r.record(ch, false, signer{}, token, messageID, collapseKey, at, d)
 }
 
 // sandboxKey prefixes a sandbox token's key, so that a token's pushes to the
 // two hosts are told apart; hex tokens never start with it.
 const sandboxKey = "sandbox:"
 
-func (r *recorder) record(ch Channel, sandbox bool, token, messageID, collapseKey string, at int64, d *detail) bool {
+// record records an accepted push and reports whether it is a duplicate. at
+// is Unix nanoseconds; sandbox says an APNs push came to the sandbox host; sg
+// is the app and key it came with. The strings may point into request
+// buffers: they are copied only when first seen. d, when not nil, is the
+// push's detail.
+func (r *recorder) record(ch Channel, sandbox bool, sg signer, token, messageID, collapseKey string, at int64, d *detail) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 
@@ -277,7 +330,21 @@ func (r *recorder) record(ch Channel, sandbox bool, token, messageID, collapseKe
 	if collapseKey != messageID {
 		c = r.internLocked(collapseKey)
 	}
-	r.strs[m].receipts = append(r.strs[m].receipts, compactReceipt{at: at, token: t, collapse: c})
+	g, ok := r.signerIdx[sg]
+	if !ok {
+		g = uint32(len(r.signers))
+		sg = signer{app: strings.Clone(sg.app), key: strings.Clone(sg.key)}
+		r.signerIdx[sg] = g
+		r.signers = append(r.signers, sg)
+	}
+	tk := uint64(c)<<32 | uint64(g)
+	tail, ok := r.tailIdx[tk]
+	if !ok {
+		tail = uint32(len(r.tails))
+		r.tailIdx[tk] = tail
+		r.tails = append(r.tails, receiptTail{collapse: c, signer: g})
+	}
+	r.strs[m].receipts = append(r.strs[m].receipts, compactReceipt{at: at, token: t, tail: tail})
 	if d != nil && len(r.details) > 0 {
 		r.details[r.next] = detailEntry{message: m, token: t, at: at, detail: *d}
 		r.next = (r.next + 1) % len(r.details)
@@ -327,11 +394,15 @@ func (r *recorder) receipts(messageID string, withDetail bool) []Receipt {
 	out := make([]Receipt, len(list))
 	for i, cr := range list {
 		tok := r.tokens[cr.token]
+		tail := r.tails[cr.tail]
+		sg := r.signers[tail.signer]
 		out[i] = Receipt{
 			Channel:     tok.channel.String(),
 			Environment: tok.environment(),
 			Token:       tok.name,
-			CollapseKey: r.strs[cr.collapse].s,
+			App:         sg.app,
+			KeyID:       sg.key,
+			CollapseKey: r.strs[tail.collapse].s,
 			ReceivedAt:  time.Unix(0, cr.at).UTC(),
 		}
 		if e, ok := details[key{cr.token, cr.at}]; ok {

@@ -20,9 +20,9 @@ func onSandbox(r *http.Request) bool {
 
 // sandboxTokens are the APNs tokens declared to be of the sandbox
 // environment (lower-case hex). Apple's two environments each know only
-// their own apps' tokens; fakepush has no apps, so a test declares which
-// tokens a debug build would have, and every other token is a production
-// one.
+// their own apps' tokens; fakepush has no builds of its apps, so a test
+// declares which tokens a debug build would have, and every other token is
+// a production one.
 type sandboxTokens struct {
 	mu sync.RWMutex
 	m  map[string]struct{}

@@ -11,7 +11,6 @@ package fake
 
 import (
 	"context"
-	"crypto/ecdsa"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -35,20 +34,27 @@ type Server struct {
 	cfg   Config
 	dir   string // absolute Config.TLSDir
 	ca    *certAuthority
-	creds *credentials
+	creds *credentials // the default app's first keys
 	pool  *x509.CertPool
-	vapid *ecdsa.PublicKey
+
+	// apps are the apps fakepush plays and their keys; bindings say which
+	// app each declared device token belongs to.
+	apps     appRegistry
+	bindings tokenBindings
 
 	// Set by Start and read-only afterwards.
 	baseURL    string
 	sandboxURL string
-	env        map[string]string
 	http       *http.Server
 	served     sync.WaitGroup // done when both listeners' Serve return
 	started    atomic.Bool
 
 	closeOnce sync.Once
 	closeErr  error
+
+	// env is what DIR/env holds, rewritten when the default app's keys change.
+	envMu sync.Mutex
+	env   map[string]string
 
 	rec       *recorder
 	devices   *devices
@@ -104,19 +110,21 @@ func New(cfg Config) (*Server, error) {
 		ca:         ca,
 		creds:      creds,
 		pool:       pool,
-		vapid:      &creds.vapidKey.PublicKey,
 		rec:        newRecorder("", 0),
 		devices:    newDevices(cfg.Devices, cfg.Now),
 		apnsBodies: apnsErrorBodies(),
 		fcmBodies:  newFCMBodies(),
 		jsonType:   []string{"application/json"},
 	}
-	s.apnsTokens.m = make(map[string]int64)
-	s.subKeys.m = make(map[string]subscriptionKeys)
+	s.apnsTokens.m = make(map[string]cachedToken)
+	s.subKeys.m = make(map[string]cachedSubscription)
 	s.sandbox.m = make(map[string]struct{})
 	s.bodyBuffers.New = func() any {
 		b := make([]byte, 0, 8<<10)
 		return &b
+	}
+	if err := s.loadApps(); err != nil {
+		return nil, fmt.Errorf("fakepush: %w", err)
 	}
 	s.resetBehaviour()
 	s.cpuBase.Store(processCPU())
@@ -237,27 +245,55 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("POST /_apns/sandbox-tokens", s.handleSandboxTokens)
 	mux.HandleFunc("GET /_devices", s.handleGetDevices)
 	mux.HandleFunc("POST /_devices", s.handleDevices)
+
+	// The apps, their keys and their devices' tokens (apps.go).
+	mux.HandleFunc("GET /_apps", s.handleApps)
+	mux.HandleFunc("POST /_apps", s.handleAddApp)
+	mux.HandleFunc("GET /_apps/{name}", s.handleApp)
+	mux.HandleFunc("POST /_apps/{name}/tokens", s.handleAppTokens)
+	mux.HandleFunc("POST /_apps/{name}/rotate", s.handleRotateApp)
+	mux.HandleFunc("POST /_apps/{name}/revoke", s.handleRevokeApp)
 	return s.sandboxServesAPNsOnly(mux)
 }
 
 // writeClientFiles writes what a client needs beside the keys New wrote: the
-// service account (its token_uri depends on the bound port) and DIR/env.
+// service accounts (their token_uri depends on the bound port), each app's
+// app.json and DIR/env.
 func (s *Server) writeClientFiles() error {
+	s.apps.mu.Lock()
+	defer s.apps.mu.Unlock()
+	// The default app's first service-account key lives in this file, so it
+	// is written whether or not that key is still the one in use.
 	saPath := filepath.Join(s.dir, fileFCMAccount)
 	if err := s.creds.writeServiceAccount(saPath, s.cfg.FCMProjectID, s.baseURL+"/token"); err != nil {
 		return err
 	}
-	s.env = map[string]string{
-		EnvAPNsKeyFile:        filepath.Join(s.dir, fileAPNsKey),
-		EnvAPNsKeyID:          s.creds.apnsKeyID,
-		EnvAPNsTeamID:         s.creds.apnsTeamID,
-		EnvAPNsTopic:          s.cfg.APNsTopic,
+	s.apps.written = true
+	set := s.apps.load()
+	for _, a := range set.sorted() {
+		if err := s.writeAppFiles(set, a); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// writeEnv writes DIR/env from the default app's keys in use in set. The
+// caller holds s.apps.mu.
+func (s *Server) writeEnv(set *appSet) error {
+	def := set.def
+	apns, vapid := set.current(def, APNs), set.current(def, WebPush)
+	env := map[string]string{
+		EnvAPNsKeyFile:        apns.file,
+		EnvAPNsKeyID:          apns.id,
+		EnvAPNsTeamID:         def.teamID,
+		EnvAPNsTopic:          def.topic,
 		EnvAPNsHost:           s.baseURL,
 		EnvAPNsSandboxHost:    s.sandboxURL,
-		EnvFCMCredentialsFile: saPath,
+		EnvFCMCredentialsFile: s.credentialsFile(set, def),
 		EnvFCMEndpoint:        s.baseURL + "/v1",
-		EnvVAPIDPublicKey:     b64(s.creds.vapidPublic),
-		EnvVAPIDPrivateKey:    b64(s.creds.vapidPrivate),
+		EnvVAPIDPublicKey:     b64(vapid.public),
+		EnvVAPIDPrivateKey:    b64(vapid.private),
 		EnvVAPIDSubject:       s.cfg.VAPIDSubject,
 		EnvSSLCertFile:        filepath.Join(s.dir, fileCACert),
 		// fakepush's Web Push endpoints are on its own address, which
@@ -265,7 +301,13 @@ func (s *Server) writeClientFiles() error {
 		// push service) unless the operator admits it: this does.
 		EnvWebPushHosts: strings.TrimPrefix(s.baseURL, "https://"),
 	}
-	return writeFileAtomic(s.EnvFile(), encodeEnvFile(s.env), 0o600)
+	if err := writeFileAtomic(s.EnvFile(), encodeEnvFile(env), 0o600); err != nil {
+		return err
+	}
+	s.envMu.Lock()
+	s.env = env
+	s.envMu.Unlock()
+	return nil
 }
 
 // Close stops the server, letting in-flight requests finish for a few seconds.
@@ -307,8 +349,13 @@ func (s *Server) Dir() string { return s.dir }
 func (s *Server) EnvFile() string { return filepath.Join(s.dir, fileEnv) }
 
 // Env returns the variables written to DIR/env: all a Herald process needs to use
-// this server. It is known once Start has returned.
-func (s *Server) Env() map[string]string { return maps.Clone(s.env) }
+// this server. It is known once Start has returned, and names the default app's
+// new keys once they are rotated.
+func (s *Server) Env() map[string]string {
+	s.envMu.Lock()
+	defer s.envMu.Unlock()
+	return maps.Clone(s.env)
+}
 
 // HTTPClient returns a client that trusts fakepush's CA and speaks HTTP/2, for
 // tests and for the control endpoints.
@@ -360,20 +407,27 @@ func (s *Server) putBuffer(buf *[]byte) {
 // tokenCache remembers provider tokens whose signature has been verified, keyed
 // by the whole token, so that a client reusing its token (apns2 does so for 50
 // minutes) costs a map lookup instead of an ECDSA verification per push. Expiry
-// is still checked on every use from the stored issue time.
+// and the key's revocation are still checked on every use.
 type tokenCache struct {
 	mu sync.RWMutex
-	m  map[string]int64 // token -> iat, Unix seconds
+	m  map[string]cachedToken
 }
 
-func (c *tokenCache) get(token string) (int64, bool) {
+// cachedToken is what a verified provider token said: when it was issued
+// (Unix seconds) and which key signed it.
+type cachedToken struct {
+	iat int64
+	kid string
+}
+
+func (c *tokenCache) get(token string) (cachedToken, bool) {
 	c.mu.RLock()
-	iat, ok := c.m[token]
+	t, ok := c.m[token]
 	c.mu.RUnlock()
-	return iat, ok
+	return t, ok
 }
 
-func (c *tokenCache) put(token string, iat int64) {
+func (c *tokenCache) put(token string, t cachedToken) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	// Real clients hold one token per key; a bound keeps a misbehaving one (a new
@@ -381,7 +435,7 @@ func (c *tokenCache) put(token string, iat int64) {
 	if len(c.m) >= 1024 {
 		clear(c.m)
 	}
-	c.m[token] = iat
+	c.m[token] = t
 }
 
 // admission is what a provider endpoint has once admit let its request in.

@@ -103,9 +103,15 @@ func (b *bundle) apnsClientWithBearer(t testing.TB, bearer string) *apns2.Client
 // transport through the oauth2.HTTPClient context value.
 func (b *bundle) fcmClient(t testing.TB, project string) *messaging.Client {
 	t.Helper()
-	ctx := context.WithValue(context.Background(), oauth2.HTTPClient, b.client)
 	data, err := os.ReadFile(b.env[EnvFCMCredentialsFile])
 	require.NoError(t, err)
+	return b.fcmClientFrom(t, data, project)
+}
+
+// fcmClientFrom is fcmClient with the service-account file data.
+func (b *bundle) fcmClientFrom(t testing.TB, data []byte, project string) *messaging.Client {
+	t.Helper()
+	ctx := context.WithValue(context.Background(), oauth2.HTTPClient, b.client)
 	creds, err := google.CredentialsFromJSONWithType(ctx, data, google.ServiceAccount, "https://www.googleapis.com/auth/firebase.messaging")
 	require.NoError(t, err)
 	if project == "" {

@@ -31,7 +31,11 @@ const (
 	subscriptionNonce   = 12 // bytes, 16 base64url characters
 	subscriptionTag     = 9  // bytes, 12 base64url characters
 	subscriptionIDChars = 16 + 12
-	deadPrefix          = "dead"
+	// boundIDChars is the length of the id of a subscription made with
+	// another key than the default app's first: the nonce, the key's id (16
+	// characters) and the tag, which covers both.
+	boundIDChars = 16 + vapidKeyIDChars + 12
+	deadPrefix   = "dead"
 )
 
 // Subscription is a PushSubscription as a browser's toJSON() renders it, the
@@ -58,14 +62,49 @@ type subscriptionKeys struct {
 }
 
 // MintSubscription creates a subscription as a browser would on
-// pushManager.subscribe() with fakepush's VAPID key. A dead subscription has an
-// id starting with "dead", so that pushes to it answer 410 Gone.
+// pushManager.subscribe() with the default app's VAPID key in use. A dead
+// subscription has an id starting with "dead", so that pushes to it answer 410
+// Gone.
 //
 // Subscriptions are stateless: the id carries a MAC, and the keys are derived
 // from the id and the directory's secret. Minting a million costs no memory, and
 // they stay valid across restarts like the rest of the credentials.
 func (s *Server) MintSubscription(dead bool) (Subscription, error) {
-	id, err := s.newSubscriptionID(dead)
+	set := s.apps.load()
+	return s.mintSubscription(set.current(set.def, WebPush), dead)
+}
+
+// MintAppSubscription is MintSubscription with the application server key
+// applicationServerKey (base64url, as pushManager.subscribe takes it): one of
+// the apps' VAPID public keys, to which the subscription is bound. Empty means
+// the default app's key in use.
+func (s *Server) MintAppSubscription(applicationServerKey string, dead bool) (Subscription, error) {
+	set := s.apps.load()
+	key := set.current(set.def, WebPush)
+	if applicationServerKey != "" {
+		if key = vapidKeyOf(set, applicationServerKey); key == nil {
+			return Subscription{}, fmt.Errorf("application_server_key %q is no app's VAPID public key", applicationServerKey)
+		}
+	}
+	return s.mintSubscription(key, dead)
+}
+
+// vapidKeyOf finds the VAPID key whose public key is k, base64url with or
+// without padding.
+func vapidKeyOf(set *appSet, k string) *appKey {
+	pub, err := base64.RawURLEncoding.DecodeString(strings.TrimRight(k, "="))
+	if err != nil || len(pub) != 65 {
+		return nil
+	}
+	key := set.byID[WebPush][b64(pub)[:vapidKeyIDChars]]
+	if key == nil || !bytes.Equal(key.public, pub) {
+		return nil
+	}
+	return key
+}
+
+func (s *Server) mintSubscription(key *appKey, dead bool) (Subscription, error) {
+	id, err := s.newSubscriptionID(key, dead)
 	if err != nil {
 		return Subscription{}, err
 	}
@@ -79,7 +118,11 @@ func (s *Server) MintSubscription(dead bool) (Subscription, error) {
 	}, nil
 }
 
-func (s *Server) newSubscriptionID(dead bool) (string, error) {
+// newSubscriptionID makes the id of a subscription bound to key. One made with
+// the default app's first key is a nonce and its tag, as before fakepush had
+// apps; any other carries the key's id between them, under the tag.
+func (s *Server) newSubscriptionID(key *appKey, dead bool) (string, error) {
+	legacy := key.id == s.legacyVAPIDID()
 	for {
 		var nonce [subscriptionNonce]byte
 		if _, err := rand.Read(nonce[:]); err != nil {
@@ -89,6 +132,9 @@ func (s *Server) newSubscriptionID(dead bool) (string, error) {
 		if strings.HasPrefix(body, deadPrefix) {
 			continue // a live id must never look dead
 		}
+		if !legacy {
+			body += key.id
+		}
 		id := body + b64(s.subscriptionMAC(body))
 		if dead {
 			id = deadPrefix + id
@@ -96,6 +142,9 @@ func (s *Server) newSubscriptionID(dead bool) (string, error) {
 		return id, nil
 	}
 }
+
+// legacyVAPIDID is the id of the default app's first VAPID key.
+func (s *Server) legacyVAPIDID() string { return b64(s.creds.vapidPublic)[:vapidKeyIDChars] }
 
 func (s *Server) subscriptionMAC(body string) []byte {
 	m := hmac.New(sha256.New, s.creds.secret)
@@ -105,47 +154,73 @@ func (s *Server) subscriptionMAC(body string) []byte {
 }
 
 // knownSubscription reports whether id was minted by a fakepush with this
-// directory's secret.
+// directory's secret, with a key it knows.
 func (s *Server) knownSubscription(id string) bool {
-	body := strings.TrimPrefix(id, deadPrefix)
-	if len(body) != subscriptionIDChars {
-		return false
-	}
-	var tag [subscriptionTag]byte
-	n, err := base64.RawURLEncoding.Decode(tag[:], []byte(body[16:]))
-	return err == nil && n == len(tag) && hmac.Equal(tag[:], s.subscriptionMAC(body[:16]))
+	return s.subscriptionKey(s.apps.load(), id) != nil
 }
 
-// subscription returns the keys of a subscription id and whether fakepush minted
-// it. Deriving keys costs a P-256 scalar multiplication, so recently used ones
-// are cached; the cache is cleared when full, which bounds it at a few MB.
-func (s *Server) subscription(id string) (subscriptionKeys, bool, error) {
+// subscriptionKey checks id's tag and returns the VAPID key the subscription
+// is bound to, or nil when fakepush did not mint id.
+func (s *Server) subscriptionKey(set *appSet, id string) *appKey {
+	body := strings.TrimPrefix(id, deadPrefix)
+	var kid string
+	switch len(body) {
+	case subscriptionIDChars:
+		kid = s.legacyVAPIDID()
+	case boundIDChars:
+		kid = body[16 : 16+vapidKeyIDChars]
+	default:
+		return nil
+	}
+	signed := body[:len(body)-12]
+	var tag [subscriptionTag]byte
+	n, err := base64.RawURLEncoding.Decode(tag[:], []byte(body[len(signed):]))
+	if err != nil || n != len(tag) || !hmac.Equal(tag[:], s.subscriptionMAC(signed)) {
+		return nil
+	}
+	return set.byID[WebPush][kid]
+}
+
+// subscription returns the keys of a subscription id and the VAPID key it is
+// bound to, nil when fakepush did not mint it. Deriving keys costs a P-256
+// scalar multiplication, so recently used ones are cached; the cache is
+// cleared when full, which bounds it at a few MB.
+func (s *Server) subscription(set *appSet, id string) (subscriptionKeys, *appKey, error) {
 	s.subKeys.mu.RLock()
-	keys, ok := s.subKeys.m[id]
+	c, ok := s.subKeys.m[id]
 	s.subKeys.mu.RUnlock()
 	if ok {
-		return keys, true, nil
+		// The key as it is now: it may have been revoked since.
+		return c.keys, set.byID[WebPush][c.kid], nil
 	}
-	if !s.knownSubscription(id) {
-		return subscriptionKeys{}, false, nil
+	vapid := s.subscriptionKey(set, id)
+	if vapid == nil {
+		return subscriptionKeys{}, nil, nil
 	}
 	keys, err := s.subscriptionKeys(id)
 	if err != nil {
-		return subscriptionKeys{}, true, err
+		return subscriptionKeys{}, vapid, err
 	}
 	s.subKeys.mu.Lock()
 	if len(s.subKeys.m) >= 16384 {
 		clear(s.subKeys.m)
 	}
-	s.subKeys.m[strings.Clone(id)] = keys
+	s.subKeys.m[strings.Clone(id)] = cachedSubscription{keys: keys, kid: vapid.id}
 	s.subKeys.mu.Unlock()
-	return keys, true, nil
+	return keys, vapid, nil
 }
 
 // subscriptionCache maps subscription ids to their derived keys.
 type subscriptionCache struct {
 	mu sync.RWMutex
-	m  map[string]subscriptionKeys
+	m  map[string]cachedSubscription
+}
+
+// cachedSubscription is a subscription's keys and the id of the VAPID key it
+// is bound to.
+type cachedSubscription struct {
+	keys subscriptionKeys
+	kid  string
 }
 
 func (s *Server) subscriptionKeys(id string) (subscriptionKeys, error) {
@@ -169,6 +244,9 @@ func (s *Server) subscriptionKeys(id string) (subscriptionKeys, error) {
 func (s *Server) handleMintSubscription(w http.ResponseWriter, r *http.Request) {
 	var opts struct {
 		Dead bool `json:"dead"`
+		// ApplicationServerKey is the VAPID public key the subscription is
+		// made with, as pushManager.subscribe gets it.
+		ApplicationServerKey string `json:"application_server_key"`
 	}
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4<<10))
 	dec.DisallowUnknownFields()
@@ -177,7 +255,15 @@ func (s *Server) handleMintSubscription(w http.ResponseWriter, r *http.Request) 
 		s.writeJSON(w, http.StatusBadRequest, controlError("invalid JSON: "+err.Error()))
 		return
 	}
-	sub, err := s.MintSubscription(opts.Dead)
+	set := s.apps.load()
+	key := set.current(set.def, WebPush)
+	if opts.ApplicationServerKey != "" {
+		if key = vapidKeyOf(set, opts.ApplicationServerKey); key == nil {
+			s.writeJSON(w, http.StatusBadRequest, controlError("application_server_key is no app's VAPID public key (GET /_apps lists them)"))
+			return
+		}
+	}
+	sub, err := s.mintSubscription(key, opts.Dead)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return
@@ -200,22 +286,31 @@ func (s *Server) handleWebPush(w http.ResponseWriter, r *http.Request) {
 	}
 	defer s.putBuffer(ad.buf)
 	at, cnt, body, tooLarge := ad.at, ad.cnt, ad.body, ad.tooLarge
+	set := s.apps.load()
+	var tally appTally
+	defer countApp(WebPush, &tally)
 
 	id := r.PathValue("id")
 	if strings.HasPrefix(id, deadPrefix) {
+		if k := s.subscriptionKey(set, id); k != nil {
+			tally.app = k.app
+		}
 		s.webPushReject(w, http.StatusGone, 103, "Gone", "Subscription has expired or been unsubscribed.")
 		return
 	}
-	keys, known, err := s.subscription(id)
+	keys, vapid, err := s.subscription(set, id)
+	if vapid != nil {
+		tally.app = vapid.app
+	}
 	if err != nil {
 		s.webPushReject(w, http.StatusInternalServerError, 999, "Internal Server Error", err.Error())
 		return
 	}
-	if !known {
+	if vapid == nil {
 		s.webPushReject(w, http.StatusNotFound, 102, "Not Found", "Unknown subscription.")
 		return
 	}
-	if status, msg := s.checkVAPID(r.Header.Get("Authorization"), "https://"+r.Host); status != 0 {
+	if status, msg := s.checkVAPID(r.Header.Get("Authorization"), "https://"+r.Host, vapid); status != 0 {
 		s.webPushReject(w, status, 109, http.StatusText(status), msg)
 		return
 	}
@@ -284,11 +379,12 @@ func (s *Server) handleWebPush(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 
-	if s.rec.add(WebPush, id, messageID, topic, at, d) {
+	if s.rec.record(WebPush, false, signer{app: vapid.app.name, key: vapid.id}, id, messageID, topic, at, d) {
 		cnt.duplicates.Add(1)
 	}
 	s.devices.play(device, receipt, at)
 	cnt.accepted.Add(1)
+	tally.accepted = true
 	h := w.Header()
 	h["Location"] = []string{s.baseURL + "/_webpush/messages/" + strconv.FormatUint(s.webPushSeq.Add(1), 36)}
 	h["Ttl"] = []string{ttl}
@@ -297,8 +393,9 @@ func (s *Server) handleWebPush(w http.ResponseWriter, r *http.Request) {
 
 // checkVAPID verifies an RFC 8292 "vapid t=<JWT>, k=<key>" header: an ES256 JWT
 // signed by k for this push service's origin, expiring within a day, with a
-// contact. A valid token from another key than the subscription's gets 403.
-func (s *Server) checkVAPID(authz, origin string) (status int, msg string) {
+// contact. A valid token from another key than bound, the subscription's, gets
+// 403, and so does one from bound once it is revoked.
+func (s *Server) checkVAPID(authz, origin string, bound *appKey) (status int, msg string) {
 	scheme, params, ok := strings.Cut(authz, " ")
 	if !ok || !strings.EqualFold(scheme, "vapid") {
 		return http.StatusUnauthorized, "Missing or malformed VAPID Authorization header."
@@ -320,9 +417,9 @@ func (s *Server) checkVAPID(authz, origin string) (status int, msg string) {
 	if err != nil {
 		return http.StatusUnauthorized, "VAPID k= is not base64url."
 	}
-	bound := bytes.Equal(key, s.creds.vapidPublic)
-	pub := s.vapid
-	if !bound {
+	isBound := bytes.Equal(key, bound.public)
+	pub := &bound.ec.PublicKey
+	if !isBound {
 		if pub, err = ecdsa.ParseUncompressedPublicKey(elliptic.P256(), key); err != nil {
 			return http.StatusUnauthorized, "VAPID k= is not a P-256 public key."
 		}
@@ -345,8 +442,10 @@ func (s *Server) checkVAPID(authz, origin string) (status int, msg string) {
 		return http.StatusUnauthorized, "VAPID exp is more than 24 hours ahead."
 	case !strings.HasPrefix(claims.Sub, "mailto:") && !strings.HasPrefix(claims.Sub, "https:"):
 		return http.StatusUnauthorized, "VAPID sub must be a mailto: or https: contact."
-	case !bound:
+	case !isBound:
 		return http.StatusForbidden, "VAPID key is not the subscription's application server key."
+	case bound.revoked:
+		return http.StatusForbidden, "VAPID key has been revoked."
 	}
 	return 0, ""
 }
