@@ -1,11 +1,16 @@
 package api
 
 import (
+	"context"
+	"fmt"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/heraldpush/herald/db"
+	"github.com/heraldpush/herald/jobs"
 	"github.com/heraldpush/herald/jobs/apps"
 )
 
@@ -15,13 +20,75 @@ import (
 type appView struct {
 	apps.App
 	VAPIDPublicKey *string `json:"vapid_public_key"`
+	// Health is what the worker processes report of the app's channels
+	// (the last 10 s): how many have a client for it, their breakers, and
+	// the pushes the provider refused for the app's credentials.
+	Health map[string]*appHealth `json:"health"`
 }
 
-func (s *Server) appView(a apps.App) appView {
-	v := appView{App: a}
+// appHealth is one channel of an app as the workers see it.
+type appHealth struct {
+	// Workers counts the workers that reported a client for the channel:
+	// after a rotation, every worker once it uses the new credential.
+	Workers     int        `json:"workers"`
+	State       string     `json:"state"`
+	Sends       int64      `json:"sends"`
+	Failures    int64      `json:"failures"`
+	LastError   *string    `json:"last_error"`
+	LastErrorAt *time.Time `json:"last_error_at"`
+	// Refused counts the pushes the provider refused for the app's
+	// credentials (reason credentials_refused) since the workers started.
+	Refused       int64      `json:"refused"`
+	LastRefused   *string    `json:"last_refused"`
+	LastRefusedAt *time.Time `json:"last_refused_at"`
+}
+
+// health reads what the workers report of every app's channels.
+func (s *Server) health(ctx context.Context) (map[int32]map[string]*appHealth, error) {
+	rows, err := db.On(s.pool).FreshAppProviderStatus(ctx, providerStatusMaxAge.Seconds())
+	if err != nil {
+		return nil, fmt.Errorf("read app provider status: %w", err)
+	}
+	out := map[int32]map[string]*appHealth{}
+	for _, r := range rows {
+		byChannel := out[r.AppID]
+		if byChannel == nil {
+			byChannel = map[string]*appHealth{}
+			out[r.AppID] = byChannel
+		}
+		h := byChannel[r.Channel]
+		if h == nil {
+			h = &appHealth{State: jobs.BreakerClosed}
+			byChannel[r.Channel] = h
+		}
+		if r.Configured {
+			h.Workers++
+		}
+		h.Sends += r.Sends
+		h.Failures += r.Failures
+		h.Refused += r.Refused
+		h.State = jobs.WorseState(h.State, r.State)
+		if r.LastErrorAt != nil && (h.LastErrorAt == nil || r.LastErrorAt.After(*h.LastErrorAt)) {
+			h.LastError, h.LastErrorAt = scrubbed(r.LastError), utcPtr(r.LastErrorAt)
+		}
+		if r.LastRefusedAt != nil && (h.LastRefusedAt == nil || r.LastRefusedAt.After(*h.LastRefusedAt)) {
+			h.LastRefused, h.LastRefusedAt = scrubbed(r.LastRefused), utcPtr(r.LastRefusedAt)
+		}
+	}
+	return out, nil
+}
+
+func (s *Server) appView(a apps.App, health map[int32]map[string]*appHealth) appView {
+	v := appView{App: a, Health: map[string]*appHealth{}}
 	if s.cfg.Apps != nil {
 		if k, _, ok := s.cfg.Apps.WebPushKey(a.ID); ok {
 			v.VAPIDPublicKey = &k
+		}
+	}
+	for _, ch := range apps.Channels {
+		v.Health[ch] = &appHealth{State: jobs.BreakerClosed}
+		if h := health[a.ID][ch]; h != nil {
+			v.Health[ch] = h
 		}
 	}
 	return v
@@ -37,11 +104,15 @@ func (s *Server) listApps(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	health, err := s.health(c.Request().Context())
+	if err != nil {
+		return err
+	}
 	who := callerOf(c.Request().Context())
 	out := appList{Items: make([]appView, 0, len(all))}
 	for _, a := range all {
 		if who.mayActFor(a.ID) {
-			out.Items = append(out.Items, s.appView(a))
+			out.Items = append(out.Items, s.appView(a, health))
 		}
 	}
 	return c.JSON(http.StatusOK, out)
@@ -70,7 +141,11 @@ func (s *Server) getApp(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, s.appView(a))
+	health, err := s.health(c.Request().Context())
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, s.appView(a, health))
 }
 
 type createAppRequest struct {
@@ -104,7 +179,7 @@ func (s *Server) createApp(c echo.Context) error {
 	if created {
 		status = http.StatusCreated
 	}
-	return c.JSON(status, s.appView(a))
+	return c.JSON(status, s.appView(a, nil))
 }
 
 type patchAppRequest struct {
@@ -134,7 +209,7 @@ func (s *Server) patchApp(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, s.appView(a))
+	return c.JSON(http.StatusOK, s.appView(a, nil))
 }
 
 type credentialRequest struct {

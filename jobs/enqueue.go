@@ -96,7 +96,7 @@ func (e *Enqueuer) create(ctx context.Context, tx pgx.Tx, m MessageSpec, head bo
 	if err := q.LockDirectoryShared(ctx); err != nil {
 		return db.Message{}, nil, fmt.Errorf("lock directory: %w", err)
 	}
-	audience := db.Audience{SegmentID: m.Audience.SegmentID, UserIDs: m.Audience.UserIDs}
+	audience := db.Audience(m.Audience)
 	if audience.SegmentID != "" {
 		exists, err := q.SegmentExists(ctx, audience.SegmentID)
 		if err != nil {

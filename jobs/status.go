@@ -77,6 +77,10 @@ func (r *StatusReporter) Run(ctx context.Context) {
 	defer t.Stop()
 	q := db.On(c.Pool)
 	for n := 0; ; n++ {
+		// Each app's rows first: a process whose provider_status rows
+		// have no app rows beside them is of a release without apps
+		// (db.ProcessesWithoutApps), which this one must never look like.
+		r.reportApps(ctx, q)
 		for _, channel := range Channels {
 			p := db.UpsertProviderStatusParams{ProcessID: c.ProcessID, Channel: channel, State: BreakerClosed}
 			if st, ok := c.Breakers.Status(channel); ok {
@@ -89,7 +93,6 @@ func (r *StatusReporter) Run(ctx context.Context) {
 				c.Logger.WarnContext(ctx, "report provider status", "error", err)
 			}
 		}
-		r.reportApps(ctx, q)
 		if n%1800 == 0 {
 			if err := q.DeleteStaleProviderStatus(ctx); err != nil && ctx.Err() == nil {
 				c.Logger.WarnContext(ctx, "delete stale provider status", "error", err)
