@@ -17,6 +17,63 @@ import (
 	"github.com/oapi-codegen/runtime"
 )
 
+// Defines values for AppChannelSource.
+const (
+	AppChannelSourceEnvironment AppChannelSource = "environment"
+	AppChannelSourceNone        AppChannelSource = "none"
+	AppChannelSourceStored      AppChannelSource = "stored"
+)
+
+// Valid indicates whether the value is a known member of the AppChannelSource enum.
+func (e AppChannelSource) Valid() bool {
+	switch e {
+	case AppChannelSourceEnvironment:
+		return true
+	case AppChannelSourceNone:
+		return true
+	case AppChannelSourceStored:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for AppCredentialState.
+const (
+	AppCredentialStateActive   AppCredentialState = "active"
+	AppCredentialStateRetired  AppCredentialState = "retired"
+	AppCredentialStateRetiring AppCredentialState = "retiring"
+)
+
+// Valid indicates whether the value is a known member of the AppCredentialState enum.
+func (e AppCredentialState) Valid() bool {
+	switch e {
+	case AppCredentialStateActive:
+		return true
+	case AppCredentialStateRetired:
+		return true
+	case AppCredentialStateRetiring:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for AppForbiddenDetailCode.
+const (
+	AppForbiddenDetailCodeForbidden AppForbiddenDetailCode = "forbidden"
+)
+
+// Valid indicates whether the value is a known member of the AppForbiddenDetailCode enum.
+func (e AppForbiddenDetailCode) Valid() bool {
+	switch e {
+	case AppForbiddenDetailCodeForbidden:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for AudienceType.
 const (
 	AudienceTypeSegment AudienceType = "segment"
@@ -71,6 +128,27 @@ func (e Channel) Valid() bool {
 	case ChannelFCM:
 		return true
 	case ChannelWebPush:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for ChannelCredentialState.
+const (
+	ChannelCredentialStateActive   ChannelCredentialState = "active"
+	ChannelCredentialStateRetired  ChannelCredentialState = "retired"
+	ChannelCredentialStateRetiring ChannelCredentialState = "retiring"
+)
+
+// Valid indicates whether the value is a known member of the ChannelCredentialState enum.
+func (e ChannelCredentialState) Valid() bool {
+	switch e {
+	case ChannelCredentialStateActive:
+		return true
+	case ChannelCredentialStateRetired:
+		return true
+	case ChannelCredentialStateRetiring:
 		return true
 	default:
 		return false
@@ -300,6 +378,7 @@ func (e Priority) Valid() bool {
 const (
 	ReasonBadToken            Reason = "bad_token"
 	ReasonChannelDisabled     Reason = "channel_disabled"
+	ReasonCredentialsRefused  Reason = "credentials_refused"
 	ReasonDeviceDeleted       Reason = "device_deleted"
 	ReasonDeviceEvicted       Reason = "device_evicted"
 	ReasonDeviceMoved         Reason = "device_moved"
@@ -310,6 +389,7 @@ const (
 	ReasonProviderUnavailable Reason = "provider_unavailable"
 	ReasonRateLimited         Reason = "rate_limited"
 	ReasonUnregistered        Reason = "unregistered"
+	ReasonWrongApp            Reason = "wrong_app"
 	ReasonWrongEnvironment    Reason = "wrong_environment"
 )
 
@@ -319,6 +399,8 @@ func (e Reason) Valid() bool {
 	case ReasonBadToken:
 		return true
 	case ReasonChannelDisabled:
+		return true
+	case ReasonCredentialsRefused:
 		return true
 	case ReasonDeviceDeleted:
 		return true
@@ -339,6 +421,8 @@ func (e Reason) Valid() bool {
 	case ReasonRateLimited:
 		return true
 	case ReasonUnregistered:
+		return true
+	case ReasonWrongApp:
 		return true
 	case ReasonWrongEnvironment:
 		return true
@@ -377,6 +461,7 @@ func (e ReceiptResultResult) Valid() bool {
 // Defines values for Scope.
 const (
 	ScopeAdmin Scope = "admin"
+	ScopeApps  Scope = "apps"
 	ScopeRead  Scope = "read"
 	ScopeSend  Scope = "send"
 )
@@ -385,6 +470,8 @@ const (
 func (e Scope) Valid() bool {
 	switch e {
 	case ScopeAdmin:
+		return true
+	case ScopeApps:
 		return true
 	case ScopeRead:
 		return true
@@ -446,6 +533,23 @@ func (e WebhookEventType) Valid() bool {
 	}
 }
 
+// APNsCredential Token-based APNs: a .p8 signing key, its key id and team id, and the app's bundle id. One key serves both of Apple's environments; a device's environment picks the host.
+type APNsCredential struct {
+	// Key The .p8 file's text (-----BEGIN PRIVATE KEY-----...), a P-256 key that must sign a provider token. Sealed; never answered.
+	Key string `json:"key"`
+
+	// KeyID The key's ten-character id in Apple's developer account.
+	KeyID string `json:"key_id"`
+
+	// TeamID The team's ten-character id.
+	TeamID string `json:"team_id"`
+
+	// Topic The app's bundle id, without a push type's suffix (.voip, .complication), which Herald adds itself.
+	//
+	// Example: com.example.app
+	Topic string `json:"topic"`
+}
+
 // APNsOptions What only APNs has.
 type APNsOptions struct {
 	// CriticalSoundVolume Needs interruption_level critical. APNs aps.sound {critical 1, name, volume}.
@@ -455,8 +559,149 @@ type APNsOptions struct {
 	TargetContentID *string `json:"target_content_id,omitempty"`
 }
 
+// App defines model for App.
+type App struct {
+	// Channels apns, fcm and webpush, in that order.
+	Channels  []AppChannel `json:"channels"`
+	CreatedAt time.Time    `json:"created_at"`
+
+	// Disabled A disabled app's devices are sent nothing: their deliveries fail channel_disabled.
+	Disabled bool `json:"disabled"`
+
+	// DisabledAt When it was disabled; absent while it is enabled.
+	DisabledAt *time.Time `json:"disabled_at,omitempty"`
+
+	// Health By channel (apns, fcm, webpush): what the worker processes reported of the app's channel in the last 10 seconds. Zero, closed and null in the answers of POST and PATCH.
+	Health *map[string]AppHealth `json:"health,omitempty"`
+
+	// Name Example: ios-main
+	Name string `json:"name"`
+
+	// VapidPublicKey The VAPID public key the app's pages subscribe with (pushManager.subscribe's applicationServerKey), base64url: its active Web Push credential's, or for the default app without one the environment's VAPID_PUBLIC_KEY; null when it has none.
+	VapidPublicKey *string `json:"vapid_public_key"`
+}
+
+// AppChannel defines model for AppChannel.
+type AppChannel struct {
+	Channel Channel `json:"channel"`
+
+	// Credentials The channel's stored credentials, live and retired, newest first.
+	Credentials []AppCredential `json:"credentials"`
+
+	// Source Where the channel's sends take their credential from: stored (an active credential of this API), environment (the default app's APNS_*, FCM_* or VAPID_* in the process that answered) or none, when the app's deliveries on it fail channel_disabled.
+	Source AppChannelSource `json:"source"`
+}
+
+// AppChannelSource Where the channel's sends take their credential from: stored (an active credential of this API), environment (the default app's APNS_*, FCM_* or VAPID_* in the process that answered) or none, when the app's deliveries on it fail channel_disabled.
+type AppChannelSource string
+
+// AppCounts defines model for AppCounts.
+type AppCounts struct {
+	// App The devices' app; null for the deliveries whose device was deleted since.
+	App        *string        `json:"app"`
+	Deliveries DeliveryCounts `json:"deliveries"`
+}
+
+// AppCredential defines model for AppCredential.
+type AppCredential struct {
+	CreatedAt time.Time `json:"created_at"`
+
+	// Public What may be shown of a credential, never its secret: APNs key_id, team_id and topic; FCM the service account's project_id, client_email and private_key_id; Web Push public_key and subject.
+	Public CredentialPublic `json:"public"`
+
+	// RetiredAt When it was retired; absent while it is live.
+	RetiredAt *time.Time `json:"retired_at,omitempty"`
+
+	// State active: what the channel's new sends use (one at most); retiring: a Web Push credential a rotation replaced, still signing for the subscriptions made with its key; retired: used for nothing.
+	State AppCredentialState `json:"state"`
+
+	// Subscriptions A live Web Push credential's: the active devices whose subscription was made with its key.
+	Subscriptions *int `json:"subscriptions,omitempty"`
+
+	// Version 1 for the channel's first credential, one more for each after it.
+	Version int `json:"version"`
+}
+
+// AppCredentialState active: what the channel's new sends use (one at most); retiring: a Web Push credential a rotation replaced, still signing for the subscriptions made with its key; retired: used for nothing.
+type AppCredentialState string
+
+// AppForbiddenBody defines model for AppForbiddenBody.
+type AppForbiddenBody struct {
+	Error AppForbiddenDetail `json:"error"`
+}
+
+// AppForbiddenDetail defines model for AppForbiddenDetail.
+type AppForbiddenDetail struct {
+	Code AppForbiddenDetailCode `json:"code"`
+
+	// Field A refusal for the key's apps: the field naming the app (app, devices[3].app, apps[0]).
+	Field *string `json:"field,omitempty"`
+
+	// Message For people: names the scope needed and the key's, or the key and the app.
+	Message string `json:"message"`
+
+	// ScopeNeeded What a key may do. read only reads (GET); send also does what an application does
+	// (messages, schedules, devices, users, segments: create, update, cancel, delete a device);
+	// apps reads and manages apps and their credentials (/v1/apps), and nothing of send; admin
+	// does all of these, and also erases users and segments, manages keys and reads the audit
+	// log.
+	ScopeNeeded *Scope `json:"scope_needed,omitempty"`
+}
+
+// AppForbiddenDetailCode defines model for AppForbiddenDetail.Code.
+type AppForbiddenDetailCode string
+
+// AppHealth defines model for AppHealth.
+type AppHealth struct {
+	Failures int `json:"failures"`
+
+	// LastError The latest transient failure, as in GET /v1/providers.
+	LastError   *string    `json:"last_error"`
+	LastErrorAt *time.Time `json:"last_error_at"`
+
+	// LastRefused The provider's latest such answer, as it said it.
+	LastRefused   *string    `json:"last_refused"`
+	LastRefusedAt *time.Time `json:"last_refused_at"`
+
+	// Refused Pushes the provider refused for the app's credentials (reason credentials_refused) since the workers started.
+	Refused int          `json:"refused"`
+	Sends   int          `json:"sends"`
+	State   BreakerState `json:"state"`
+
+	// Workers The workers that have a client for the app's channel: after a rotation, every worker once it uses the new credential.
+	Workers int `json:"workers"`
+}
+
+// AppList defines model for AppList.
+type AppList struct {
+	Items []App `json:"items"`
+}
+
+// AppOverride The fields of a payload that are an app's own names.
+type AppOverride struct {
+	// AndroidChannelID Replaces payload.fcm.android_channel_id: FCM android.notification.channel_id.
+	AndroidChannelID *string `json:"android_channel_id,omitempty"`
+
+	// Category Replaces payload.category: APNs aps.category; FCM android.notification.click_action.
+	Category *string `json:"category,omitempty"`
+
+	// Sound Replaces payload.sound: a sound the app ships. APNs aps.sound; FCM android.notification.sound.
+	Sound *string `json:"sound,omitempty"`
+
+	// ThreadID Replaces payload.thread_id: APNs aps.thread-id.
+	ThreadID *string `json:"thread_id,omitempty"`
+}
+
+// AppPatch defines model for AppPatch.
+type AppPatch struct {
+	Disabled bool `json:"disabled"`
+}
+
 // Audience defines model for Audience.
 type Audience struct {
+	// Apps Only the devices of these apps, by name (400 for a name that is no app's). Absent or empty: every app's, or for a key limited to some apps, those apps'; a key limited to some apps may name only those (403 forbidden).
+	Apps *[]string `json:"apps,omitempty"`
+
 	// ID The segment, for type segment.
 	ID *string `json:"id,omitempty"`
 
@@ -470,7 +715,9 @@ type AudienceType string
 
 // AuditEntry defines model for AuditEntry.
 type AuditEntry struct {
-	At time.Time `json:"at"`
+	// App The app the call acted on (several comma-separated: a batch's, a message's audience.apps), when it acted on one; absent otherwise.
+	App *string   `json:"app,omitempty"`
+	At  time.Time `json:"at"`
 
 	// KeyName The API key's name (bootstrap:<fingerprint> for HERALD_API_KEYS's); null for the dashboard.
 	KeyName *string `json:"key_name"`
@@ -500,8 +747,34 @@ type BreakerState string
 // Channel defines model for Channel.
 type Channel string
 
+// ChannelCredential defines model for ChannelCredential.
+type ChannelCredential struct {
+	Channel   Channel   `json:"channel"`
+	CreatedAt time.Time `json:"created_at"`
+
+	// Public What may be shown of a credential, never its secret: APNs key_id, team_id and topic; FCM the service account's project_id, client_email and private_key_id; Web Push public_key and subject.
+	Public CredentialPublic `json:"public"`
+
+	// RetiredAt When it was retired; absent while it is live.
+	RetiredAt *time.Time `json:"retired_at,omitempty"`
+
+	// State active: what the channel's new sends use (one at most); retiring: a Web Push credential a rotation replaced, still signing for the subscriptions made with its key; retired: used for nothing.
+	State ChannelCredentialState `json:"state"`
+
+	// Subscriptions A live Web Push credential's: the active devices whose subscription was made with its key.
+	Subscriptions *int `json:"subscriptions,omitempty"`
+
+	// Version 1 for the channel's first credential, one more for each after it.
+	Version int `json:"version"`
+}
+
+// ChannelCredentialState active: what the channel's new sends use (one at most); retiring: a Web Push credential a rotation replaced, still signing for the subscriptions made with its key; retired: used for nothing.
+type ChannelCredentialState string
+
 // CreatedKey defines model for CreatedKey.
 type CreatedKey struct {
+	// Apps The apps the key is limited to; absent: every app.
+	Apps      *[]string  `json:"apps,omitempty"`
 	CreatedAt time.Time  `json:"created_at"`
 	ExpiresAt *time.Time `json:"expires_at"`
 
@@ -510,10 +783,11 @@ type CreatedKey struct {
 	Name       string     `json:"name"`
 	RevokedAt  *time.Time `json:"revoked_at"`
 
-	// Scope What a key may do, each scope all that the one before it may: read only reads (GET);
-	// send does what an application does (messages, schedules, devices, users, segments:
-	// create, update, cancel, delete a device); admin also erases users and segments, manages
-	// keys and reads the audit log.
+	// Scope What a key may do. read only reads (GET); send also does what an application does
+	// (messages, schedules, devices, users, segments: create, update, cancel, delete a device);
+	// apps reads and manages apps and their credentials (/v1/apps), and nothing of send; admin
+	// does all of these, and also erases users and segments, manages keys and reads the audit
+	// log.
 	Scope Scope `json:"scope"`
 
 	// Secret The bearer token. Shown here once: Herald keeps only its SHA-256.
@@ -535,9 +809,24 @@ type CreatedWebhook struct {
 	WebhookID string `json:"webhook_id"`
 }
 
+// CredentialPublic What may be shown of a credential, never its secret: APNs key_id, team_id and topic; FCM the service account's project_id, client_email and private_key_id; Web Push public_key and subject.
+type CredentialPublic struct {
+	ClientEmail  *string `json:"client_email,omitempty"`
+	KeyID        *string `json:"key_id,omitempty"`
+	PrivateKeyID *string `json:"private_key_id,omitempty"`
+	ProjectID    *string `json:"project_id,omitempty"`
+	PublicKey    *string `json:"public_key,omitempty"`
+	Subject      *string `json:"subject,omitempty"`
+	TeamID       *string `json:"team_id,omitempty"`
+	Topic        *string `json:"topic,omitempty"`
+}
+
 // Delivery defines model for Delivery.
 type Delivery struct {
-	AcceptedAt  *time.Time `json:"accepted_at"`
+	AcceptedAt *time.Time `json:"accepted_at"`
+
+	// App The device's app, as it is now; null when the device was deleted since.
+	App         *string    `json:"app"`
 	AttemptedAt *time.Time `json:"attempted_at"`
 	Channel     Channel    `json:"channel"`
 
@@ -555,7 +844,7 @@ type Delivery struct {
 	OpenedAt       *time.Time `json:"opened_at,omitempty"`
 	OpenedDeviceAt *time.Time `json:"opened_device_at,omitempty"`
 
-	// Reason Why a delivery failed, expired or was cancelled. A delivery is cancelled without being sent because of its device with device_moved (its token was registered for another user since the message was scheduled), device_deleted (the device or its user was deleted), device_evicted (a provider called its token dead since) or device_replaced (the token was taken over by another device of the same installation); one cancelled with no reason was cancelled with its message.
+	// Reason Why a delivery failed, expired or was cancelled. A delivery is cancelled without being sent because of its device with device_moved (its token was registered for another user since the message was scheduled), device_deleted (the device or its user was deleted), device_evicted (a provider called its token dead since) or device_replaced (the token was taken over by another device of the same installation); one cancelled with no reason was cancelled with its message. credentials_refused is the provider refusing the credentials of the device's app (APNs InvalidProviderToken or TopicDisallowed, FCM 401 UNAUTHENTICATED or 403 PERMISSION_DENIED, a Web Push 401), and wrong_app a token of another app than the device's (APNs DeviceTokenNotForTopic, FCM SENDER_ID_MISMATCH, a Web Push 403: the subscription was made with another VAPID key); neither evicts the device (docs/providers.md).
 	Reason *Reason        `json:"reason"`
 	SkewMs *float64       `json:"skew_ms"`
 	Status DeliveryStatus `json:"status"`
@@ -583,6 +872,8 @@ type DeliveryStatus string
 
 // Device defines model for Device.
 type Device struct {
+	// App The device's app.
+	App      string  `json:"app"`
 	Channel  Channel `json:"channel"`
 	DeviceID string  `json:"device_id"`
 
@@ -590,6 +881,9 @@ type Device struct {
 	Environment Environment  `json:"environment"`
 	Status      DeviceStatus `json:"status"`
 	UserID      string       `json:"user_id"`
+
+	// VapidPublicKey Web Push, when the app has a VAPID key: the key its pages subscribe with now (base64url). When it is not the one the subscription was made with, the page should subscribe again with it and register the new subscription: the app's key was rotated.
+	VapidPublicKey *string `json:"vapid_public_key,omitempty"`
 }
 
 // DeviceBatch defines model for DeviceBatch.
@@ -605,7 +899,12 @@ type DeviceBatchResult struct {
 
 // DeviceRegistration defines model for DeviceRegistration.
 type DeviceRegistration struct {
-	Channel Channel `json:"channel"`
+	// App The name of the device's app (docs/apps.md). Absent: the default app, or the one app of a key limited to one. A name that is no app's is a 400 naming app; an app the key is not limited to, a 403 forbidden naming app. A token registered under another app than its device's moves the device to it.
+	App *string `json:"app,omitempty"`
+
+	// ApplicationServerKey Channel webpush only (else 400): the VAPID public key the subscription was made with (its applicationServerKey, base64url). The subscription's pushes are signed with that key while the app keeps it, a rotation's old key included; one that is none of the app's live keys is a 400 naming it. Absent: the app's current key (the answer's vapid_public_key).
+	ApplicationServerKey *string `json:"application_server_key,omitempty"`
+	Channel              Channel `json:"channel"`
 
 	// Environment An APNs token's environment: sandbox for an app built for debugging (channel apns only).
 	Environment *DeviceRegistrationEnvironment `json:"environment,omitempty"`
@@ -648,6 +947,12 @@ type ErrorDetail struct {
 	AdditionalProperties map[string]interface{} `json:"-"`
 }
 
+// FCMCredential A Firebase service account allowed to send with FCM.
+type FCMCredential struct {
+	// ServiceAccount The service account's JSON key file, as a string holding its text (not a JSON object): type service_account, with project_id, client_email, private_key_id, private_key and, if any, an https token_uri. Sealed; never answered: its project_id, client_email and private_key_id are shown.
+	ServiceAccount string `json:"service_account"`
+}
+
 // FCMOptions What only FCM has.
 type FCMOptions struct {
 	// AndroidChannelID FCM android.notification.channel_id.
@@ -681,10 +986,11 @@ type ForbiddenDetail struct {
 	// Message For people: names the scope needed and the key's.
 	Message string `json:"message"`
 
-	// ScopeNeeded What a key may do, each scope all that the one before it may: read only reads (GET);
-	// send does what an application does (messages, schedules, devices, users, segments:
-	// create, update, cancel, delete a device); admin also erases users and segments, manages
-	// keys and reads the audit log.
+	// ScopeNeeded What a key may do. read only reads (GET); send also does what an application does
+	// (messages, schedules, devices, users, segments: create, update, cancel, delete a device);
+	// apps reads and manages apps and their credentials (/v1/apps), and nothing of send; admin
+	// does all of these, and also erases users and segments, manages keys and reads the audit
+	// log.
 	ScopeNeeded Scope `json:"scope_needed"`
 }
 
@@ -701,6 +1007,8 @@ type IfPassed string
 
 // Key defines model for Key.
 type Key struct {
+	// Apps The apps the key is limited to; absent: every app.
+	Apps      *[]string  `json:"apps,omitempty"`
 	CreatedAt time.Time  `json:"created_at"`
 	ExpiresAt *time.Time `json:"expires_at"`
 
@@ -709,10 +1017,11 @@ type Key struct {
 	Name       string     `json:"name"`
 	RevokedAt  *time.Time `json:"revoked_at"`
 
-	// Scope What a key may do, each scope all that the one before it may: read only reads (GET);
-	// send does what an application does (messages, schedules, devices, users, segments:
-	// create, update, cancel, delete a device); admin also erases users and segments, manages
-	// keys and reads the audit log.
+	// Scope What a key may do. read only reads (GET); send also does what an application does
+	// (messages, schedules, devices, users, segments: create, update, cancel, delete a device);
+	// apps reads and manages apps and their credentials (/v1/apps), and nothing of send; admin
+	// does all of these, and also erases users and segments, manages keys and reads the audit
+	// log.
 	Scope Scope `json:"scope"`
 }
 
@@ -748,6 +1057,11 @@ type MembersChange struct {
 	SegmentID   string `json:"segment_id"`
 }
 
+// MessageAppList defines model for MessageAppList.
+type MessageAppList struct {
+	Items []AppCounts `json:"items"`
+}
+
 // MessageHead defines model for MessageHead.
 type MessageHead struct {
 	// ChunkCount The message's chunk jobs. The first chunk of each due instant holds at most 50 devices, so that it begins quickly; the others at most HERALD_CHUNK_SIZE (500).
@@ -774,6 +1088,9 @@ type MessageState string
 
 // MessageStatus defines model for MessageStatus.
 type MessageStatus struct {
+	// Apps The apps the message is for (its audience.apps, or a limited key's apps); absent: every app. GET /v1/messages/{message_id}/apps counts its deliveries app by app.
+	Apps *[]string `json:"apps,omitempty"`
+
 	// ChunkCount The message's chunk jobs. The first chunk of each due instant holds at most 50 devices, so that it begins quickly; the others at most HERALD_CHUNK_SIZE (500).
 	ChunkCount  int            `json:"chunk_count"`
 	CreatedAt   time.Time      `json:"created_at"`
@@ -807,18 +1124,42 @@ type MessageStatus struct {
 	Waves *[]Wave `json:"waves,omitempty"`
 }
 
+// NewApp defines model for NewApp.
+type NewApp struct {
+	// Name 1 to 63 lower-case letters, digits, '.', '_' and '-', starting with a letter or digit; unique, and never changed.
+	//
+	// Example: ios-main
+	Name string `json:"name"`
+}
+
+// NewCredential Exactly one of apns, fcm and webpush, the channel the credential is for (else 400 naming credentials). Each is checked before anything is stored, and a 400 names the field that is wrong (apns.key, fcm.service_account, webpush.private_key, ...).
+type NewCredential struct {
+	// Apns Token-based APNs: a .p8 signing key, its key id and team id, and the app's bundle id. One key serves both of Apple's environments; a device's environment picks the host.
+	Apns *APNsCredential `json:"apns,omitempty"`
+
+	// Fcm A Firebase service account allowed to send with FCM.
+	Fcm *FCMCredential `json:"fcm,omitempty"`
+
+	// Webpush A VAPID key pair (RFC 8292) and its contact.
+	Webpush *WebPushCredential `json:"webpush,omitempty"`
+}
+
 // NewKey defines model for NewKey.
 type NewKey struct {
+	// Apps Limits the key to acting for these apps, by name (400 naming apps for a name that is no app's): it registers devices of these apps only, its messages and schedules go to their devices only, and it manages these apps only and makes none. What it reads is not limited, but for /v1/apps. Absent or empty: every app. An admin key cannot be limited (400).
+	Apps *[]string `json:"apps,omitempty"`
+
 	// ExpiresAt When the key stops working (401 after it); in the future. Null or absent: never.
 	ExpiresAt *time.Time `json:"expires_at,omitempty"`
 
 	// Name Unique among all keys ever made; shown in the audit log and the request log.
 	Name string `json:"name"`
 
-	// Scope What a key may do, each scope all that the one before it may: read only reads (GET);
-	// send does what an application does (messages, schedules, devices, users, segments:
-	// create, update, cancel, delete a device); admin also erases users and segments, manages
-	// keys and reads the audit log.
+	// Scope What a key may do. read only reads (GET); send also does what an application does
+	// (messages, schedules, devices, users, segments: create, update, cancel, delete a device);
+	// apps reads and manages apps and their credentials (/v1/apps), and nothing of send; admin
+	// does all of these, and also erases users and segments, manages keys and reads the audit
+	// log.
 	Scope Scope `json:"scope"`
 }
 
@@ -904,6 +1245,11 @@ type Payload struct {
 	// Apns What only APNs has.
 	Apns *APNsOptions `json:"apns,omitempty"`
 
+	// Apps What differs for the devices of some apps, by app name: where two apps name the same thing differently. Each field set replaces the message's own for that app's devices (with each localization); an app not named gets the message as it is.
+	//
+	// Example: {"android-lite":{"android_channel_id":"reminders"},"ios-main":{"category":"REMINDER","sound":"chime.caf"}}
+	Apps *map[string]AppOverride `json:"apps,omitempty"`
+
 	// Badge APNs aps.badge; FCM android.notification.notification_count; Web Push app_badge. 0 clears.
 	Badge *int `json:"badge,omitempty"`
 
@@ -983,7 +1329,7 @@ type ProviderStatus struct {
 // Providers Per channel (apns, fcm, webpush).
 type Providers map[string]ProviderStatus
 
-// Reason Why a delivery failed, expired or was cancelled. A delivery is cancelled without being sent because of its device with device_moved (its token was registered for another user since the message was scheduled), device_deleted (the device or its user was deleted), device_evicted (a provider called its token dead since) or device_replaced (the token was taken over by another device of the same installation); one cancelled with no reason was cancelled with its message.
+// Reason Why a delivery failed, expired or was cancelled. A delivery is cancelled without being sent because of its device with device_moved (its token was registered for another user since the message was scheduled), device_deleted (the device or its user was deleted), device_evicted (a provider called its token dead since) or device_replaced (the token was taken over by another device of the same installation); one cancelled with no reason was cancelled with its message. credentials_refused is the provider refusing the credentials of the device's app (APNs InvalidProviderToken or TopicDisallowed, FCM 401 UNAUTHENTICATED or 403 PERMISSION_DENIED, a Web Push 401), and wrong_app a token of another app than the device's (APNs DeviceTokenNotForTopic, FCM SENDER_ID_MISMATCH, a Web Push 403: the subscription was made with another VAPID key); neither evicts the device (docs/providers.md).
 type Reason string
 
 // ReceiptBatch defines model for ReceiptBatch.
@@ -1035,6 +1381,11 @@ type ReceiptResults struct {
 	Results []ReceiptResult `json:"results"`
 }
 
+// RetiredCredentials defines model for RetiredCredentials.
+type RetiredCredentials struct {
+	Retired []ChannelCredential `json:"retired"`
+}
+
 // Schedule defines model for Schedule.
 type Schedule struct {
 	Audience         Audience   `json:"audience"`
@@ -1074,10 +1425,11 @@ type SchedulePatch struct {
 	Paused bool `json:"paused"`
 }
 
-// Scope What a key may do, each scope all that the one before it may: read only reads (GET);
-// send does what an application does (messages, schedules, devices, users, segments:
-// create, update, cancel, delete a device); admin also erases users and segments, manages
-// keys and reads the audit log.
+// Scope What a key may do. read only reads (GET); send also does what an application does
+// (messages, schedules, devices, users, segments: create, update, cancel, delete a device);
+// apps reads and manages apps and their credentials (/v1/apps), and nothing of send; admin
+// does all of these, and also erases users and segments, manages keys and reads the audit
+// log.
 type Scope string
 
 // Segment defines model for Segment.
@@ -1143,6 +1495,8 @@ type UserDetail struct {
 
 // UserDevice defines model for UserDevice.
 type UserDevice struct {
+	// App The device's app.
+	App       string    `json:"app"`
 	Channel   Channel   `json:"channel"`
 	CreatedAt time.Time `json:"created_at"`
 	DeviceID  string    `json:"device_id"`
@@ -1194,6 +1548,20 @@ type Wave struct {
 type WebPushAction struct {
 	Action string `json:"action"`
 	Title  string `json:"title"`
+}
+
+// WebPushCredential A VAPID key pair (RFC 8292) and its contact.
+type WebPushCredential struct {
+	// PrivateKey The 32-byte private scalar in base64url, public_key's other half. Sealed; never answered.
+	PrivateKey string `json:"private_key"`
+
+	// PublicKey The uncompressed P-256 point (65 bytes) in base64url: what the app's pages pass to pushManager.subscribe as applicationServerKey.
+	PublicKey string `json:"public_key"`
+
+	// Subject A contact the push services can write to: a mailto: or https: URL, or an e-mail address.
+	//
+	// Example: mailto:push@example.com
+	Subject string `json:"subject"`
 }
 
 // WebPushKeys The user agent's public key and authentication secret, both unpadded base64url.
@@ -1257,6 +1625,9 @@ type WebhookList struct {
 	Items []Webhook `json:"items"`
 }
 
+// AppName Example: ios-main
+type AppName = string
+
 // Cursor defines model for Cursor.
 type Cursor = string
 
@@ -1287,6 +1658,9 @@ type Error = ErrorBody
 // Forbidden defines model for Forbidden.
 type Forbidden = ForbiddenBody
 
+// ForbiddenForApp defines model for ForbiddenForApp.
+type ForbiddenForApp = AppForbiddenBody
+
 // RateLimited defines model for RateLimited.
 type RateLimited = ErrorBody
 
@@ -1304,6 +1678,12 @@ type Unavailable = ErrorBody
 
 // SegmentMembers defines model for SegmentMembers.
 type SegmentMembers = MemberIDs
+
+// RevokeAppCredentialsParams defines parameters for RevokeAppCredentials.
+type RevokeAppCredentialsParams struct {
+	// Version Only this version; absent: every live one.
+	Version *int `form:"version,omitempty" json:"version,omitempty"`
+}
 
 // ListAuditParams defines parameters for ListAudit.
 type ListAuditParams struct {
@@ -1351,8 +1731,11 @@ type ListMessageDeliveriesParams struct {
 	Status *DeliveryStatus `form:"status,omitempty" json:"status,omitempty"`
 
 	// Confirmed Only the deliveries with (true) or without (false) a delivered receipt. status=accepted&confirmed=false lists the message's unconfirmed deliveries (receipts.unconfirmed).
-	Confirmed *bool  `form:"confirmed,omitempty" json:"confirmed,omitempty"`
-	Limit     *Limit `form:"limit,omitempty" json:"limit,omitempty"`
+	Confirmed *bool `form:"confirmed,omitempty" json:"confirmed,omitempty"`
+
+	// App Only the deliveries to the devices that are this app's now, by name; a name that is no app's is a 400 naming app. A delivery whose device was deleted since belongs to no app.
+	App   *string `form:"app,omitempty" json:"app,omitempty"`
+	Limit *Limit  `form:"limit,omitempty" json:"limit,omitempty"`
 
 	// Cursor The previous page's next_cursor, as it came: opaque. Anything else (edited, forged, from another listing or other filters) is a 400 invalid_cursor naming cursor.
 	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
@@ -1399,6 +1782,15 @@ type ListUserDevicesParams struct {
 	// Cursor The previous page's next_cursor, as it came: opaque. Anything else (edited, forged, from another listing or other filters) is a 400 invalid_cursor naming cursor.
 	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
 }
+
+// CreateAppJSONRequestBody defines body for CreateApp for application/json ContentType.
+type CreateAppJSONRequestBody = NewApp
+
+// UpdateAppJSONRequestBody defines body for UpdateApp for application/json ContentType.
+type UpdateAppJSONRequestBody = AppPatch
+
+// CreateAppCredentialJSONRequestBody defines body for CreateAppCredential for application/json ContentType.
+type CreateAppCredentialJSONRequestBody = NewCredential
 
 // RegisterDeviceJSONRequestBody defines body for RegisterDevice for application/json ContentType.
 type RegisterDeviceJSONRequestBody = DeviceRegistration
@@ -1733,6 +2125,111 @@ type ClientInterface interface {
 	// Corresponds with GET /readyz (the `GetReadiness` operationId).
 	GetReadiness(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// ListApps The apps, oldest first, with their channels and what may be shown of their credentials; never a secret.
+	//
+	// An app is a name with provider credentials of its own per channel (docs/apps.md); the app
+	// `default` always exists, and its channels without stored credentials use the
+	// environment's (APNS_*, FCM_*, VAPID_*). A key limited to some apps (Key.apps) sees those
+	// alone.
+	//
+	// Corresponds with GET /v1/apps (the `ListApps` operationId).
+	ListApps(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreateAppWithBody Make an app (201), or answer the one of that name (200).
+	//
+	// The app has no credentials yet: its devices' deliveries fail `channel_disabled` until
+	// some are stored (POST /v1/apps/{app}/credentials). A key limited to some apps cannot
+	// make one (403 `forbidden`).
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /v1/apps (the `CreateApp` operationId).
+	CreateAppWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreateApp Make an app (201), or answer the one of that name (200).
+	//
+	// The app has no credentials yet: its devices' deliveries fail `channel_disabled` until
+	// some are stored (POST /v1/apps/{app}/credentials). A key limited to some apps cannot
+	// make one (403 `forbidden`).
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /v1/apps (the `CreateApp` operationId).
+	CreateApp(ctx context.Context, body CreateAppJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetApp One app, its channels and what may be shown of their credentials; never a secret.
+	//
+	// Corresponds with GET /v1/apps/{app} (the `GetApp` operationId).
+	GetApp(ctx context.Context, app AppName, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// UpdateAppWithBody Disable an app (its devices are sent nothing) or enable it again.
+	//
+	// A disabled app's deliveries fail `channel_disabled` from then on, on every process within
+	// a second or two; its devices, credentials and keys stay. The default app
+	// cannot be disabled (400 naming disabled): retire its credentials instead.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with PATCH /v1/apps/{app} (the `UpdateApp` operationId).
+	UpdateAppWithBody(ctx context.Context, app AppName, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// UpdateApp Disable an app (its devices are sent nothing) or enable it again.
+	//
+	// A disabled app's deliveries fail `channel_disabled` from then on, on every process within
+	// a second or two; its devices, credentials and keys stay. The default app
+	// cannot be disabled (400 naming disabled): retire its credentials instead.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with PATCH /v1/apps/{app} (the `UpdateApp` operationId).
+	UpdateApp(ctx context.Context, app AppName, body UpdateAppJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreateAppCredentialWithBody Store a new credential for one of the app's channels and make it the one its sends use.
+	//
+	// The credential is checked (400 naming the field), its secret part (the .p8 key, the
+	// service account, the VAPID private key) sealed with HERALD_SECRET_KEY (AES-256-GCM, bound
+	// to the app, channel and version) and stored as the channel's next version, `active`.
+	// Every process's new sends use it within a second or two; sends already under way finish
+	// with the credential they began with. The one before it is retired at once for APNs and
+	// FCM; for Web Push it stays `retiring`, still signing the pushes of the subscriptions made
+	// with its key. For the default app a stored credential takes precedence over the
+	// environment's on its channel. Without HERALD_SECRET_KEY nothing is stored (409
+	// `no_secret_key`). The secret is never answered, logged or shown again.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /v1/apps/{app}/credentials (the `CreateAppCredential` operationId).
+	CreateAppCredentialWithBody(ctx context.Context, app AppName, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreateAppCredential Store a new credential for one of the app's channels and make it the one its sends use.
+	//
+	// The credential is checked (400 naming the field), its secret part (the .p8 key, the
+	// service account, the VAPID private key) sealed with HERALD_SECRET_KEY (AES-256-GCM, bound
+	// to the app, channel and version) and stored as the channel's next version, `active`.
+	// Every process's new sends use it within a second or two; sends already under way finish
+	// with the credential they began with. The one before it is retired at once for APNs and
+	// FCM; for Web Push it stays `retiring`, still signing the pushes of the subscriptions made
+	// with its key. For the default app a stored credential takes precedence over the
+	// environment's on its channel. Without HERALD_SECRET_KEY nothing is stored (409
+	// `no_secret_key`). The secret is never answered, logged or shown again.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /v1/apps/{app}/credentials (the `CreateAppCredential` operationId).
+	CreateAppCredential(ctx context.Context, app AppName, body CreateAppCredentialJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// RevokeAppCredentials Retire the app's credentials of a channel, the one of `version` or every live one.
+	//
+	// A retired credential is used for nothing, on every process within a second or two. An
+	// app's channel left without a live credential fails its deliveries `channel_disabled`;
+	// the default app's falls back on the environment's credentials where the process has
+	// some. Retiring a `retiring` Web Push credential leaves its subscriptions' pushes to the
+	// active key, which their push services refuse (`wrong_app`) until they subscribe again.
+	// Nothing live to retire answers an empty `retired`.
+	//
+	// Corresponds with DELETE /v1/apps/{app}/credentials/{channel} (the `RevokeAppCredentials` operationId).
+	RevokeAppCredentials(ctx context.Context, app AppName, channel Channel, params *RevokeAppCredentialsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// ListAudit The audit log, newest first.
 	//
 	// Every state-changing call (POST, PUT, PATCH, DELETE) of /v1, and of the dashboard, with
@@ -1746,7 +2243,7 @@ type ClientInterface interface {
 
 	// RegisterDeviceWithBody Register a device, or move an existing (channel, token) to this user and reactivate it.
 	//
-	// A token registered for another user than its device's moves the device, and the former owner's pending deliveries to it are cancelled (reason device_moved) in the same transaction: a phone that changed hands gets nothing of its former owner's. A registration naming an installation_id that already has a device under another token gives that device the new token in place (the same device_id, answered 200; its pending deliveries go to the new token); a device that held the new token is then deleted and its pending deliveries cancelled as device_replaced.
+	// A token registered for another user than its device's moves the device, and the former owner's pending deliveries to it are cancelled (reason device_moved) in the same transaction: a phone that changed hands gets nothing of its former owner's. A registration naming an installation_id that already has a device under another token gives that device the new token in place (the same device_id, answered 200; its pending deliveries go to the new token); a device that held the new token is then deleted and its pending deliveries cancelled as device_replaced. The device belongs to the app its `app` names (the default app when absent, or the one app of a key limited to one; docs/apps.md). Tokens are unique per channel across apps: a token registered under another app than its device's moves the device to that app, since a provider's token names one installation of one app.
 	//
 	// Takes any type of body and a specified content type.
 	//
@@ -1755,7 +2252,7 @@ type ClientInterface interface {
 
 	// RegisterDevice Register a device, or move an existing (channel, token) to this user and reactivate it.
 	//
-	// A token registered for another user than its device's moves the device, and the former owner's pending deliveries to it are cancelled (reason device_moved) in the same transaction: a phone that changed hands gets nothing of its former owner's. A registration naming an installation_id that already has a device under another token gives that device the new token in place (the same device_id, answered 200; its pending deliveries go to the new token); a device that held the new token is then deleted and its pending deliveries cancelled as device_replaced.
+	// A token registered for another user than its device's moves the device, and the former owner's pending deliveries to it are cancelled (reason device_moved) in the same transaction: a phone that changed hands gets nothing of its former owner's. A registration naming an installation_id that already has a device under another token gives that device the new token in place (the same device_id, answered 200; its pending deliveries go to the new token); a device that held the new token is then deleted and its pending deliveries cancelled as device_replaced. The device belongs to the app its `app` names (the default app when absent, or the one app of a key limited to one; docs/apps.md). Tokens are unique per channel across apps: a token registered under another app than its device's moves the device to that app, since a provider's token names one installation of one app.
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -1764,7 +2261,7 @@ type ClientInterface interface {
 
 	// RegisterDevicesWithBody Register up to 10,000 devices at once, all or nothing.
 	//
-	// Each registration as POST /v1/devices makes it (moves cancel the former owner's pending deliveries; an installation_id replaces its device's token in place). One installation_id with two tokens in one batch is refused with 400.
+	// Each registration as POST /v1/devices makes it (moves cancel the former owner's pending deliveries; an installation_id replaces its device's token in place; `app` names the device's app). One installation_id with two tokens in one batch is refused with 400.
 	//
 	// Takes any type of body and a specified content type.
 	//
@@ -1773,7 +2270,7 @@ type ClientInterface interface {
 
 	// RegisterDevices Register up to 10,000 devices at once, all or nothing.
 	//
-	// Each registration as POST /v1/devices makes it (moves cancel the former owner's pending deliveries; an installation_id replaces its device's token in place). One installation_id with two tokens in one batch is refused with 400.
+	// Each registration as POST /v1/devices makes it (moves cancel the former owner's pending deliveries; an installation_id replaces its device's token in place; `app` names the device's app). One installation_id with two tokens in one batch is refused with 400.
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -1828,7 +2325,7 @@ type ClientInterface interface {
 
 	// CreateMessageWithBody Schedule a message; the audience is expanded to devices before the answer.
 	//
-	// The answer comes once the whole audience is in the ledger and counts all of it. A message due within a second has its first chunk (50 devices) committed first, so its first pushes may go before the answer while the rest of the audience is written.
+	// The answer comes once the whole audience is in the ledger and counts all of it. A message due within a second has its first chunk (50 devices) committed first, so its first pushes may go before the answer while the rest of the audience is written. The message goes to the devices of every app of its users, or of the apps `audience.apps` names; a key limited to some apps sends to those alone.
 	//
 	// Takes any type of body and a specified content type.
 	//
@@ -1837,7 +2334,7 @@ type ClientInterface interface {
 
 	// CreateMessage Schedule a message; the audience is expanded to devices before the answer.
 	//
-	// The answer comes once the whole audience is in the ledger and counts all of it. A message due within a second has its first chunk (50 devices) committed first, so its first pushes may go before the answer while the rest of the audience is written.
+	// The answer comes once the whole audience is in the ledger and counts all of it. A message due within a second has its first chunk (50 devices) committed first, so its first pushes may go before the answer while the rest of the audience is written. The message goes to the devices of every app of its users, or of the apps `audience.apps` names; a key limited to some apps sends to those alone.
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -1854,12 +2351,26 @@ type ClientInterface interface {
 	// Corresponds with GET /v1/messages/{message_id} (the `GetMessage` operationId).
 	GetMessage(ctx context.Context, messageID MessageID, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// ListMessageApps A message's delivery counters app by app.
+	//
+	// The counters of GET /v1/messages/{message_id} cut by each device's app as it is now, one
+	// item per app that has deliveries in the message, in the order the apps were made; the
+	// deliveries whose device was deleted since come first, under `app` null. Read from the
+	// ledger, so it costs a read of the message's deliveries.
+	//
+	// Corresponds with GET /v1/messages/{message_id}/apps (the `ListMessageApps` operationId).
+	ListMessageApps(ctx context.Context, messageID MessageID, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// ListMessageDeliveries A message's per-device ledger, in device order.
 	//
 	// Corresponds with GET /v1/messages/{message_id}/deliveries (the `ListMessageDeliveries` operationId).
 	ListMessageDeliveries(ctx context.Context, messageID MessageID, params *ListMessageDeliveriesParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// GetProviders Per channel, whether it is configured and what the workers' circuit breakers say.
+	//
+	// Over every app: a channel is configured when some app has credentials for it, its state
+	// is the worst of the apps' breakers, and its counts are summed. Each app has breakers of
+	// its own (docs/apps.md).
 	//
 	// Corresponds with GET /v1/providers (the `GetProviders` operationId).
 	GetProviders(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -2143,6 +2654,201 @@ func (c *Client) GetReadiness(ctx context.Context, reqEditors ...RequestEditorFn
 	return c.Client.Do(req)
 }
 
+// ListApps The apps, oldest first, with their channels and what may be shown of their credentials; never a secret.
+//
+// An app is a name with provider credentials of its own per channel (docs/apps.md); the app
+// `default` always exists, and its channels without stored credentials use the
+// environment's (APNS_*, FCM_*, VAPID_*). A key limited to some apps (Key.apps) sees those
+// alone.
+//
+// Corresponds with GET /v1/apps (the `ListApps` operationId).
+func (c *Client) ListApps(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListAppsRequest(c.Server)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreateAppWithBody Make an app (201), or answer the one of that name (200).
+//
+// The app has no credentials yet: its devices' deliveries fail `channel_disabled` until
+// some are stored (POST /v1/apps/{app}/credentials). A key limited to some apps cannot
+// make one (403 `forbidden`).
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /v1/apps (the `CreateApp` operationId).
+func (c *Client) CreateAppWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateAppRequestWithBody(c.Server, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreateApp Make an app (201), or answer the one of that name (200).
+//
+// The app has no credentials yet: its devices' deliveries fail `channel_disabled` until
+// some are stored (POST /v1/apps/{app}/credentials). A key limited to some apps cannot
+// make one (403 `forbidden`).
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /v1/apps (the `CreateApp` operationId).
+func (c *Client) CreateApp(ctx context.Context, body CreateAppJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateAppRequest(c.Server, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetApp One app, its channels and what may be shown of their credentials; never a secret.
+//
+// Corresponds with GET /v1/apps/{app} (the `GetApp` operationId).
+func (c *Client) GetApp(ctx context.Context, app AppName, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetAppRequest(c.Server, app)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// UpdateAppWithBody Disable an app (its devices are sent nothing) or enable it again.
+//
+// A disabled app's deliveries fail `channel_disabled` from then on, on every process within
+// a second or two; its devices, credentials and keys stay. The default app
+// cannot be disabled (400 naming disabled): retire its credentials instead.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with PATCH /v1/apps/{app} (the `UpdateApp` operationId).
+func (c *Client) UpdateAppWithBody(ctx context.Context, app AppName, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewUpdateAppRequestWithBody(c.Server, app, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// UpdateApp Disable an app (its devices are sent nothing) or enable it again.
+//
+// A disabled app's deliveries fail `channel_disabled` from then on, on every process within
+// a second or two; its devices, credentials and keys stay. The default app
+// cannot be disabled (400 naming disabled): retire its credentials instead.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with PATCH /v1/apps/{app} (the `UpdateApp` operationId).
+func (c *Client) UpdateApp(ctx context.Context, app AppName, body UpdateAppJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewUpdateAppRequest(c.Server, app, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreateAppCredentialWithBody Store a new credential for one of the app's channels and make it the one its sends use.
+//
+// The credential is checked (400 naming the field), its secret part (the .p8 key, the
+// service account, the VAPID private key) sealed with HERALD_SECRET_KEY (AES-256-GCM, bound
+// to the app, channel and version) and stored as the channel's next version, `active`.
+// Every process's new sends use it within a second or two; sends already under way finish
+// with the credential they began with. The one before it is retired at once for APNs and
+// FCM; for Web Push it stays `retiring`, still signing the pushes of the subscriptions made
+// with its key. For the default app a stored credential takes precedence over the
+// environment's on its channel. Without HERALD_SECRET_KEY nothing is stored (409
+// `no_secret_key`). The secret is never answered, logged or shown again.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /v1/apps/{app}/credentials (the `CreateAppCredential` operationId).
+func (c *Client) CreateAppCredentialWithBody(ctx context.Context, app AppName, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateAppCredentialRequestWithBody(c.Server, app, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreateAppCredential Store a new credential for one of the app's channels and make it the one its sends use.
+//
+// The credential is checked (400 naming the field), its secret part (the .p8 key, the
+// service account, the VAPID private key) sealed with HERALD_SECRET_KEY (AES-256-GCM, bound
+// to the app, channel and version) and stored as the channel's next version, `active`.
+// Every process's new sends use it within a second or two; sends already under way finish
+// with the credential they began with. The one before it is retired at once for APNs and
+// FCM; for Web Push it stays `retiring`, still signing the pushes of the subscriptions made
+// with its key. For the default app a stored credential takes precedence over the
+// environment's on its channel. Without HERALD_SECRET_KEY nothing is stored (409
+// `no_secret_key`). The secret is never answered, logged or shown again.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /v1/apps/{app}/credentials (the `CreateAppCredential` operationId).
+func (c *Client) CreateAppCredential(ctx context.Context, app AppName, body CreateAppCredentialJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateAppCredentialRequest(c.Server, app, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// RevokeAppCredentials Retire the app's credentials of a channel, the one of `version` or every live one.
+//
+// A retired credential is used for nothing, on every process within a second or two. An
+// app's channel left without a live credential fails its deliveries `channel_disabled`;
+// the default app's falls back on the environment's credentials where the process has
+// some. Retiring a `retiring` Web Push credential leaves its subscriptions' pushes to the
+// active key, which their push services refuse (`wrong_app`) until they subscribe again.
+// Nothing live to retire answers an empty `retired`.
+//
+// Corresponds with DELETE /v1/apps/{app}/credentials/{channel} (the `RevokeAppCredentials` operationId).
+func (c *Client) RevokeAppCredentials(ctx context.Context, app AppName, channel Channel, params *RevokeAppCredentialsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewRevokeAppCredentialsRequest(c.Server, app, channel, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 // ListAudit The audit log, newest first.
 //
 // Every state-changing call (POST, PUT, PATCH, DELETE) of /v1, and of the dashboard, with
@@ -2166,7 +2872,7 @@ func (c *Client) ListAudit(ctx context.Context, params *ListAuditParams, reqEdit
 
 // RegisterDeviceWithBody Register a device, or move an existing (channel, token) to this user and reactivate it.
 //
-// A token registered for another user than its device's moves the device, and the former owner's pending deliveries to it are cancelled (reason device_moved) in the same transaction: a phone that changed hands gets nothing of its former owner's. A registration naming an installation_id that already has a device under another token gives that device the new token in place (the same device_id, answered 200; its pending deliveries go to the new token); a device that held the new token is then deleted and its pending deliveries cancelled as device_replaced.
+// A token registered for another user than its device's moves the device, and the former owner's pending deliveries to it are cancelled (reason device_moved) in the same transaction: a phone that changed hands gets nothing of its former owner's. A registration naming an installation_id that already has a device under another token gives that device the new token in place (the same device_id, answered 200; its pending deliveries go to the new token); a device that held the new token is then deleted and its pending deliveries cancelled as device_replaced. The device belongs to the app its `app` names (the default app when absent, or the one app of a key limited to one; docs/apps.md). Tokens are unique per channel across apps: a token registered under another app than its device's moves the device to that app, since a provider's token names one installation of one app.
 //
 // Takes any type of body and a specified content type.
 //
@@ -2185,7 +2891,7 @@ func (c *Client) RegisterDeviceWithBody(ctx context.Context, contentType string,
 
 // RegisterDevice Register a device, or move an existing (channel, token) to this user and reactivate it.
 //
-// A token registered for another user than its device's moves the device, and the former owner's pending deliveries to it are cancelled (reason device_moved) in the same transaction: a phone that changed hands gets nothing of its former owner's. A registration naming an installation_id that already has a device under another token gives that device the new token in place (the same device_id, answered 200; its pending deliveries go to the new token); a device that held the new token is then deleted and its pending deliveries cancelled as device_replaced.
+// A token registered for another user than its device's moves the device, and the former owner's pending deliveries to it are cancelled (reason device_moved) in the same transaction: a phone that changed hands gets nothing of its former owner's. A registration naming an installation_id that already has a device under another token gives that device the new token in place (the same device_id, answered 200; its pending deliveries go to the new token); a device that held the new token is then deleted and its pending deliveries cancelled as device_replaced. The device belongs to the app its `app` names (the default app when absent, or the one app of a key limited to one; docs/apps.md). Tokens are unique per channel across apps: a token registered under another app than its device's moves the device to that app, since a provider's token names one installation of one app.
 //
 // Takes a body of the `application/json` content type.
 //
@@ -2204,7 +2910,7 @@ func (c *Client) RegisterDevice(ctx context.Context, body RegisterDeviceJSONRequ
 
 // RegisterDevicesWithBody Register up to 10,000 devices at once, all or nothing.
 //
-// Each registration as POST /v1/devices makes it (moves cancel the former owner's pending deliveries; an installation_id replaces its device's token in place). One installation_id with two tokens in one batch is refused with 400.
+// Each registration as POST /v1/devices makes it (moves cancel the former owner's pending deliveries; an installation_id replaces its device's token in place; `app` names the device's app). One installation_id with two tokens in one batch is refused with 400.
 //
 // Takes any type of body and a specified content type.
 //
@@ -2223,7 +2929,7 @@ func (c *Client) RegisterDevicesWithBody(ctx context.Context, contentType string
 
 // RegisterDevices Register up to 10,000 devices at once, all or nothing.
 //
-// Each registration as POST /v1/devices makes it (moves cancel the former owner's pending deliveries; an installation_id replaces its device's token in place). One installation_id with two tokens in one batch is refused with 400.
+// Each registration as POST /v1/devices makes it (moves cancel the former owner's pending deliveries; an installation_id replaces its device's token in place; `app` names the device's app). One installation_id with two tokens in one batch is refused with 400.
 //
 // Takes a body of the `application/json` content type.
 //
@@ -2348,7 +3054,7 @@ func (c *Client) ListMessages(ctx context.Context, params *ListMessagesParams, r
 
 // CreateMessageWithBody Schedule a message; the audience is expanded to devices before the answer.
 //
-// The answer comes once the whole audience is in the ledger and counts all of it. A message due within a second has its first chunk (50 devices) committed first, so its first pushes may go before the answer while the rest of the audience is written.
+// The answer comes once the whole audience is in the ledger and counts all of it. A message due within a second has its first chunk (50 devices) committed first, so its first pushes may go before the answer while the rest of the audience is written. The message goes to the devices of every app of its users, or of the apps `audience.apps` names; a key limited to some apps sends to those alone.
 //
 // Takes any type of body and a specified content type.
 //
@@ -2367,7 +3073,7 @@ func (c *Client) CreateMessageWithBody(ctx context.Context, params *CreateMessag
 
 // CreateMessage Schedule a message; the audience is expanded to devices before the answer.
 //
-// The answer comes once the whole audience is in the ledger and counts all of it. A message due within a second has its first chunk (50 devices) committed first, so its first pushes may go before the answer while the rest of the audience is written.
+// The answer comes once the whole audience is in the ledger and counts all of it. A message due within a second has its first chunk (50 devices) committed first, so its first pushes may go before the answer while the rest of the audience is written. The message goes to the devices of every app of its users, or of the apps `audience.apps` names; a key limited to some apps sends to those alone.
 //
 // Takes a body of the `application/json` content type.
 //
@@ -2414,6 +3120,26 @@ func (c *Client) GetMessage(ctx context.Context, messageID MessageID, reqEditors
 	return c.Client.Do(req)
 }
 
+// ListMessageApps A message's delivery counters app by app.
+//
+// The counters of GET /v1/messages/{message_id} cut by each device's app as it is now, one
+// item per app that has deliveries in the message, in the order the apps were made; the
+// deliveries whose device was deleted since come first, under `app` null. Read from the
+// ledger, so it costs a read of the message's deliveries.
+//
+// Corresponds with GET /v1/messages/{message_id}/apps (the `ListMessageApps` operationId).
+func (c *Client) ListMessageApps(ctx context.Context, messageID MessageID, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListMessageAppsRequest(c.Server, messageID)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 // ListMessageDeliveries A message's per-device ledger, in device order.
 //
 // Corresponds with GET /v1/messages/{message_id}/deliveries (the `ListMessageDeliveries` operationId).
@@ -2430,6 +3156,10 @@ func (c *Client) ListMessageDeliveries(ctx context.Context, messageID MessageID,
 }
 
 // GetProviders Per channel, whether it is configured and what the workers' circuit breakers say.
+//
+// Over every app: a channel is configured when some app has credentials for it, its state
+// is the worst of the apps' breakers, and its counts are summed. Each app has breakers of
+// its own (docs/apps.md).
 //
 // Corresponds with GET /v1/providers (the `GetProviders` operationId).
 func (c *Client) GetProviders(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -3060,6 +3790,269 @@ func NewGetReadinessRequest(server string) (*http.Request, error) {
 	return req, nil
 }
 
+// NewListAppsRequest constructs an http.Request for the ListApps method
+func NewListAppsRequest(server string) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/apps")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewCreateAppRequest calls the generic CreateApp builder with application/json body
+func NewCreateAppRequest(server string, body CreateAppJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewCreateAppRequestWithBody(server, "application/json", bodyReader)
+}
+
+// NewCreateAppRequestWithBody constructs an http.Request for the CreateApp method, with any body, and a specified content type
+func NewCreateAppRequestWithBody(server string, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/apps")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
+// NewGetAppRequest constructs an http.Request for the GetApp method
+func NewGetAppRequest(server string, app AppName) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "app", app, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/apps/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewUpdateAppRequest calls the generic UpdateApp builder with application/json body
+func NewUpdateAppRequest(server string, app AppName, body UpdateAppJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewUpdateAppRequestWithBody(server, app, "application/json", bodyReader)
+}
+
+// NewUpdateAppRequestWithBody constructs an http.Request for the UpdateApp method, with any body, and a specified content type
+func NewUpdateAppRequestWithBody(server string, app AppName, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "app", app, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/apps/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPatch, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
+// NewCreateAppCredentialRequest calls the generic CreateAppCredential builder with application/json body
+func NewCreateAppCredentialRequest(server string, app AppName, body CreateAppCredentialJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewCreateAppCredentialRequestWithBody(server, app, "application/json", bodyReader)
+}
+
+// NewCreateAppCredentialRequestWithBody constructs an http.Request for the CreateAppCredential method, with any body, and a specified content type
+func NewCreateAppCredentialRequestWithBody(server string, app AppName, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "app", app, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/apps/%s/credentials", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
+// NewRevokeAppCredentialsRequest constructs an http.Request for the RevokeAppCredentials method
+func NewRevokeAppCredentialsRequest(server string, app AppName, channel Channel, params *RevokeAppCredentialsParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "app", app, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam1 string
+
+	pathParam1, err = runtime.StyleParamWithOptions("simple", false, "channel", channel, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/apps/%s/credentials/%s", pathParam0, pathParam1)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.Version != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "version", *params.Version, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodDelete, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
 // NewListAuditRequest constructs an http.Request for the ListAudit method
 func NewListAuditRequest(server string, params *ListAuditParams) (*http.Request, error) {
 	var err error
@@ -3617,6 +4610,40 @@ func NewGetMessageRequest(server string, messageID MessageID) (*http.Request, er
 	return req, nil
 }
 
+// NewListMessageAppsRequest constructs an http.Request for the ListMessageApps method
+func NewListMessageAppsRequest(server string, messageID MessageID) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "message_id", messageID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/messages/%s/apps", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
 // NewListMessageDeliveriesRequest constructs an http.Request for the ListMessageDeliveries method
 func NewListMessageDeliveriesRequest(server string, messageID MessageID, params *ListMessageDeliveriesParams) (*http.Request, error) {
 	var err error
@@ -3667,6 +4694,18 @@ func NewListMessageDeliveriesRequest(server string, messageID MessageID, params 
 		if params.Confirmed != nil {
 
 			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "confirmed", *params.Confirmed, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "boolean", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.App != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "app", *params.App, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			} else {
 				for _, qp := range strings.Split(queryFrag, "&") {
@@ -4760,6 +5799,117 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with GET /readyz (the `GetReadiness` operationId).
 	GetReadinessWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetReadinessResponse, error)
 
+	// ListAppsWithResponse The apps, oldest first, with their channels and what may be shown of their credentials; never a secret.
+	//
+	// An app is a name with provider credentials of its own per channel (docs/apps.md); the app
+	// `default` always exists, and its channels without stored credentials use the
+	// environment's (APNS_*, FCM_*, VAPID_*). A key limited to some apps (Key.apps) sees those
+	// alone.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/apps (the `ListApps` operationId).
+	ListAppsWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*ListAppsResponse, error)
+
+	// CreateAppWithBodyWithResponse Make an app (201), or answer the one of that name (200).
+	//
+	// The app has no credentials yet: its devices' deliveries fail `channel_disabled` until
+	// some are stored (POST /v1/apps/{app}/credentials). A key limited to some apps cannot
+	// make one (403 `forbidden`).
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/apps (the `CreateApp` operationId).
+	CreateAppWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateAppResponse, error)
+
+	// CreateAppWithResponse Make an app (201), or answer the one of that name (200).
+	//
+	// The app has no credentials yet: its devices' deliveries fail `channel_disabled` until
+	// some are stored (POST /v1/apps/{app}/credentials). A key limited to some apps cannot
+	// make one (403 `forbidden`).
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/apps (the `CreateApp` operationId).
+	CreateAppWithResponse(ctx context.Context, body CreateAppJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateAppResponse, error)
+
+	// GetAppWithResponse One app, its channels and what may be shown of their credentials; never a secret.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/apps/{app} (the `GetApp` operationId).
+	GetAppWithResponse(ctx context.Context, app AppName, reqEditors ...RequestEditorFn) (*GetAppResponse, error)
+
+	// UpdateAppWithBodyWithResponse Disable an app (its devices are sent nothing) or enable it again.
+	//
+	// A disabled app's deliveries fail `channel_disabled` from then on, on every process within
+	// a second or two; its devices, credentials and keys stay. The default app
+	// cannot be disabled (400 naming disabled): retire its credentials instead.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PATCH /v1/apps/{app} (the `UpdateApp` operationId).
+	UpdateAppWithBodyWithResponse(ctx context.Context, app AppName, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*UpdateAppResponse, error)
+
+	// UpdateAppWithResponse Disable an app (its devices are sent nothing) or enable it again.
+	//
+	// A disabled app's deliveries fail `channel_disabled` from then on, on every process within
+	// a second or two; its devices, credentials and keys stay. The default app
+	// cannot be disabled (400 naming disabled): retire its credentials instead.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PATCH /v1/apps/{app} (the `UpdateApp` operationId).
+	UpdateAppWithResponse(ctx context.Context, app AppName, body UpdateAppJSONRequestBody, reqEditors ...RequestEditorFn) (*UpdateAppResponse, error)
+
+	// CreateAppCredentialWithBodyWithResponse Store a new credential for one of the app's channels and make it the one its sends use.
+	//
+	// The credential is checked (400 naming the field), its secret part (the .p8 key, the
+	// service account, the VAPID private key) sealed with HERALD_SECRET_KEY (AES-256-GCM, bound
+	// to the app, channel and version) and stored as the channel's next version, `active`.
+	// Every process's new sends use it within a second or two; sends already under way finish
+	// with the credential they began with. The one before it is retired at once for APNs and
+	// FCM; for Web Push it stays `retiring`, still signing the pushes of the subscriptions made
+	// with its key. For the default app a stored credential takes precedence over the
+	// environment's on its channel. Without HERALD_SECRET_KEY nothing is stored (409
+	// `no_secret_key`). The secret is never answered, logged or shown again.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/apps/{app}/credentials (the `CreateAppCredential` operationId).
+	CreateAppCredentialWithBodyWithResponse(ctx context.Context, app AppName, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateAppCredentialResponse, error)
+
+	// CreateAppCredentialWithResponse Store a new credential for one of the app's channels and make it the one its sends use.
+	//
+	// The credential is checked (400 naming the field), its secret part (the .p8 key, the
+	// service account, the VAPID private key) sealed with HERALD_SECRET_KEY (AES-256-GCM, bound
+	// to the app, channel and version) and stored as the channel's next version, `active`.
+	// Every process's new sends use it within a second or two; sends already under way finish
+	// with the credential they began with. The one before it is retired at once for APNs and
+	// FCM; for Web Push it stays `retiring`, still signing the pushes of the subscriptions made
+	// with its key. For the default app a stored credential takes precedence over the
+	// environment's on its channel. Without HERALD_SECRET_KEY nothing is stored (409
+	// `no_secret_key`). The secret is never answered, logged or shown again.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/apps/{app}/credentials (the `CreateAppCredential` operationId).
+	CreateAppCredentialWithResponse(ctx context.Context, app AppName, body CreateAppCredentialJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateAppCredentialResponse, error)
+
+	// RevokeAppCredentialsWithResponse Retire the app's credentials of a channel, the one of `version` or every live one.
+	//
+	// A retired credential is used for nothing, on every process within a second or two. An
+	// app's channel left without a live credential fails its deliveries `channel_disabled`;
+	// the default app's falls back on the environment's credentials where the process has
+	// some. Retiring a `retiring` Web Push credential leaves its subscriptions' pushes to the
+	// active key, which their push services refuse (`wrong_app`) until they subscribe again.
+	// Nothing live to retire answers an empty `retired`.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with DELETE /v1/apps/{app}/credentials/{channel} (the `RevokeAppCredentials` operationId).
+	RevokeAppCredentialsWithResponse(ctx context.Context, app AppName, channel Channel, params *RevokeAppCredentialsParams, reqEditors ...RequestEditorFn) (*RevokeAppCredentialsResponse, error)
+
 	// ListAuditWithResponse The audit log, newest first.
 	//
 	// Every state-changing call (POST, PUT, PATCH, DELETE) of /v1, and of the dashboard, with
@@ -4775,7 +5925,7 @@ type ClientWithResponsesInterface interface {
 
 	// RegisterDeviceWithBodyWithResponse Register a device, or move an existing (channel, token) to this user and reactivate it.
 	//
-	// A token registered for another user than its device's moves the device, and the former owner's pending deliveries to it are cancelled (reason device_moved) in the same transaction: a phone that changed hands gets nothing of its former owner's. A registration naming an installation_id that already has a device under another token gives that device the new token in place (the same device_id, answered 200; its pending deliveries go to the new token); a device that held the new token is then deleted and its pending deliveries cancelled as device_replaced.
+	// A token registered for another user than its device's moves the device, and the former owner's pending deliveries to it are cancelled (reason device_moved) in the same transaction: a phone that changed hands gets nothing of its former owner's. A registration naming an installation_id that already has a device under another token gives that device the new token in place (the same device_id, answered 200; its pending deliveries go to the new token); a device that held the new token is then deleted and its pending deliveries cancelled as device_replaced. The device belongs to the app its `app` names (the default app when absent, or the one app of a key limited to one; docs/apps.md). Tokens are unique per channel across apps: a token registered under another app than its device's moves the device to that app, since a provider's token names one installation of one app.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -4784,7 +5934,7 @@ type ClientWithResponsesInterface interface {
 
 	// RegisterDeviceWithResponse Register a device, or move an existing (channel, token) to this user and reactivate it.
 	//
-	// A token registered for another user than its device's moves the device, and the former owner's pending deliveries to it are cancelled (reason device_moved) in the same transaction: a phone that changed hands gets nothing of its former owner's. A registration naming an installation_id that already has a device under another token gives that device the new token in place (the same device_id, answered 200; its pending deliveries go to the new token); a device that held the new token is then deleted and its pending deliveries cancelled as device_replaced.
+	// A token registered for another user than its device's moves the device, and the former owner's pending deliveries to it are cancelled (reason device_moved) in the same transaction: a phone that changed hands gets nothing of its former owner's. A registration naming an installation_id that already has a device under another token gives that device the new token in place (the same device_id, answered 200; its pending deliveries go to the new token); a device that held the new token is then deleted and its pending deliveries cancelled as device_replaced. The device belongs to the app its `app` names (the default app when absent, or the one app of a key limited to one; docs/apps.md). Tokens are unique per channel across apps: a token registered under another app than its device's moves the device to that app, since a provider's token names one installation of one app.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -4793,7 +5943,7 @@ type ClientWithResponsesInterface interface {
 
 	// RegisterDevicesWithBodyWithResponse Register up to 10,000 devices at once, all or nothing.
 	//
-	// Each registration as POST /v1/devices makes it (moves cancel the former owner's pending deliveries; an installation_id replaces its device's token in place). One installation_id with two tokens in one batch is refused with 400.
+	// Each registration as POST /v1/devices makes it (moves cancel the former owner's pending deliveries; an installation_id replaces its device's token in place; `app` names the device's app). One installation_id with two tokens in one batch is refused with 400.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -4802,7 +5952,7 @@ type ClientWithResponsesInterface interface {
 
 	// RegisterDevicesWithResponse Register up to 10,000 devices at once, all or nothing.
 	//
-	// Each registration as POST /v1/devices makes it (moves cancel the former owner's pending deliveries; an installation_id replaces its device's token in place). One installation_id with two tokens in one batch is refused with 400.
+	// Each registration as POST /v1/devices makes it (moves cancel the former owner's pending deliveries; an installation_id replaces its device's token in place; `app` names the device's app). One installation_id with two tokens in one batch is refused with 400.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -4865,7 +6015,7 @@ type ClientWithResponsesInterface interface {
 
 	// CreateMessageWithBodyWithResponse Schedule a message; the audience is expanded to devices before the answer.
 	//
-	// The answer comes once the whole audience is in the ledger and counts all of it. A message due within a second has its first chunk (50 devices) committed first, so its first pushes may go before the answer while the rest of the audience is written.
+	// The answer comes once the whole audience is in the ledger and counts all of it. A message due within a second has its first chunk (50 devices) committed first, so its first pushes may go before the answer while the rest of the audience is written. The message goes to the devices of every app of its users, or of the apps `audience.apps` names; a key limited to some apps sends to those alone.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -4874,7 +6024,7 @@ type ClientWithResponsesInterface interface {
 
 	// CreateMessageWithResponse Schedule a message; the audience is expanded to devices before the answer.
 	//
-	// The answer comes once the whole audience is in the ledger and counts all of it. A message due within a second has its first chunk (50 devices) committed first, so its first pushes may go before the answer while the rest of the audience is written.
+	// The answer comes once the whole audience is in the ledger and counts all of it. A message due within a second has its first chunk (50 devices) committed first, so its first pushes may go before the answer while the rest of the audience is written. The message goes to the devices of every app of its users, or of the apps `audience.apps` names; a key limited to some apps sends to those alone.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -4895,6 +6045,18 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with GET /v1/messages/{message_id} (the `GetMessage` operationId).
 	GetMessageWithResponse(ctx context.Context, messageID MessageID, reqEditors ...RequestEditorFn) (*GetMessageResponse, error)
 
+	// ListMessageAppsWithResponse A message's delivery counters app by app.
+	//
+	// The counters of GET /v1/messages/{message_id} cut by each device's app as it is now, one
+	// item per app that has deliveries in the message, in the order the apps were made; the
+	// deliveries whose device was deleted since come first, under `app` null. Read from the
+	// ledger, so it costs a read of the message's deliveries.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/messages/{message_id}/apps (the `ListMessageApps` operationId).
+	ListMessageAppsWithResponse(ctx context.Context, messageID MessageID, reqEditors ...RequestEditorFn) (*ListMessageAppsResponse, error)
+
 	// ListMessageDeliveriesWithResponse A message's per-device ledger, in device order.
 	//
 	// Returns a wrapper object for the known response body format(s).
@@ -4903,6 +6065,10 @@ type ClientWithResponsesInterface interface {
 	ListMessageDeliveriesWithResponse(ctx context.Context, messageID MessageID, params *ListMessageDeliveriesParams, reqEditors ...RequestEditorFn) (*ListMessageDeliveriesResponse, error)
 
 	// GetProvidersWithResponse Per channel, whether it is configured and what the workers' circuit breakers say.
+	//
+	// Over every app: a channel is configured when some app has credentials for it, its state
+	// is the worst of the apps' breakers, and its counts are summed. Each app has breakers of
+	// its own (docs/apps.md).
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -5311,6 +6477,630 @@ func (r GetReadinessResponse) ContentType() string {
 	return ""
 }
 
+// ListAppsResponse429Headers the declared response headers of an HTTP 429 response for ListApps
+type ListAppsResponse429Headers struct {
+	RetryAfter int
+}
+
+// ListAppsResponse503Headers the declared response headers of an HTTP 503 response for ListApps
+type ListAppsResponse503Headers struct {
+	RetryAfter int
+}
+
+type ListAppsResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *AppList
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Error
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *RateLimited
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Unavailable
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *ListAppsResponse429Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *ListAppsResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ListAppsResponse) GetJSON200() *AppList {
+	return r.JSON200
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r ListAppsResponse) GetJSON401() *Error {
+	return r.JSON401
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r ListAppsResponse) GetJSON429() *RateLimited {
+	return r.JSON429
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r ListAppsResponse) GetJSON503() *Unavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r ListAppsResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ListAppsResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ListAppsResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ListAppsResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// CreateAppResponse429Headers the declared response headers of an HTTP 429 response for CreateApp
+type CreateAppResponse429Headers struct {
+	RetryAfter int
+}
+
+// CreateAppResponse503Headers the declared response headers of an HTTP 503 response for CreateApp
+type CreateAppResponse503Headers struct {
+	RetryAfter int
+}
+
+type CreateAppResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *App
+	// JSON201 the response for an HTTP 201 `application/json` response
+	JSON201 *App
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *Error
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Error
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *ForbiddenForApp
+	// JSON408 the response for an HTTP 408 `application/json` response
+	JSON408 *Error
+	// JSON409 the response for an HTTP 409 `application/json` response
+	JSON409 *ErrorBody
+	// JSON413 the response for an HTTP 413 `application/json` response
+	JSON413 *Error
+	// JSON415 the response for an HTTP 415 `application/json` response
+	JSON415 *Error
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *RateLimited
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Unavailable
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *CreateAppResponse429Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *CreateAppResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r CreateAppResponse) GetJSON200() *App {
+	return r.JSON200
+}
+
+// GetJSON201 returns the response for an HTTP 201 `application/json` response
+func (r CreateAppResponse) GetJSON201() *App {
+	return r.JSON201
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r CreateAppResponse) GetJSON400() *Error {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r CreateAppResponse) GetJSON401() *Error {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r CreateAppResponse) GetJSON403() *ForbiddenForApp {
+	return r.JSON403
+}
+
+// GetJSON408 returns the response for an HTTP 408 `application/json` response
+func (r CreateAppResponse) GetJSON408() *Error {
+	return r.JSON408
+}
+
+// GetJSON409 returns the response for an HTTP 409 `application/json` response
+func (r CreateAppResponse) GetJSON409() *ErrorBody {
+	return r.JSON409
+}
+
+// GetJSON413 returns the response for an HTTP 413 `application/json` response
+func (r CreateAppResponse) GetJSON413() *Error {
+	return r.JSON413
+}
+
+// GetJSON415 returns the response for an HTTP 415 `application/json` response
+func (r CreateAppResponse) GetJSON415() *Error {
+	return r.JSON415
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r CreateAppResponse) GetJSON429() *RateLimited {
+	return r.JSON429
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r CreateAppResponse) GetJSON503() *Unavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r CreateAppResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r CreateAppResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r CreateAppResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r CreateAppResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// GetAppResponse429Headers the declared response headers of an HTTP 429 response for GetApp
+type GetAppResponse429Headers struct {
+	RetryAfter int
+}
+
+// GetAppResponse503Headers the declared response headers of an HTTP 503 response for GetApp
+type GetAppResponse503Headers struct {
+	RetryAfter int
+}
+
+type GetAppResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *App
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Error
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *Error
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *RateLimited
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Unavailable
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *GetAppResponse429Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *GetAppResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetAppResponse) GetJSON200() *App {
+	return r.JSON200
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r GetAppResponse) GetJSON401() *Error {
+	return r.JSON401
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r GetAppResponse) GetJSON404() *Error {
+	return r.JSON404
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r GetAppResponse) GetJSON429() *RateLimited {
+	return r.JSON429
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r GetAppResponse) GetJSON503() *Unavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r GetAppResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetAppResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetAppResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetAppResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// UpdateAppResponse429Headers the declared response headers of an HTTP 429 response for UpdateApp
+type UpdateAppResponse429Headers struct {
+	RetryAfter int
+}
+
+// UpdateAppResponse503Headers the declared response headers of an HTTP 503 response for UpdateApp
+type UpdateAppResponse503Headers struct {
+	RetryAfter int
+}
+
+type UpdateAppResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *App
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *Error
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Error
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *Error
+	// JSON408 the response for an HTTP 408 `application/json` response
+	JSON408 *Error
+	// JSON413 the response for an HTTP 413 `application/json` response
+	JSON413 *Error
+	// JSON415 the response for an HTTP 415 `application/json` response
+	JSON415 *Error
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *RateLimited
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Unavailable
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *UpdateAppResponse429Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *UpdateAppResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r UpdateAppResponse) GetJSON200() *App {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r UpdateAppResponse) GetJSON400() *Error {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r UpdateAppResponse) GetJSON401() *Error {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r UpdateAppResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r UpdateAppResponse) GetJSON404() *Error {
+	return r.JSON404
+}
+
+// GetJSON408 returns the response for an HTTP 408 `application/json` response
+func (r UpdateAppResponse) GetJSON408() *Error {
+	return r.JSON408
+}
+
+// GetJSON413 returns the response for an HTTP 413 `application/json` response
+func (r UpdateAppResponse) GetJSON413() *Error {
+	return r.JSON413
+}
+
+// GetJSON415 returns the response for an HTTP 415 `application/json` response
+func (r UpdateAppResponse) GetJSON415() *Error {
+	return r.JSON415
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r UpdateAppResponse) GetJSON429() *RateLimited {
+	return r.JSON429
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r UpdateAppResponse) GetJSON503() *Unavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r UpdateAppResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r UpdateAppResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r UpdateAppResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r UpdateAppResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// CreateAppCredentialResponse429Headers the declared response headers of an HTTP 429 response for CreateAppCredential
+type CreateAppCredentialResponse429Headers struct {
+	RetryAfter int
+}
+
+// CreateAppCredentialResponse503Headers the declared response headers of an HTTP 503 response for CreateAppCredential
+type CreateAppCredentialResponse503Headers struct {
+	RetryAfter int
+}
+
+type CreateAppCredentialResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON201 the response for an HTTP 201 `application/json` response
+	JSON201 *ChannelCredential
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *Error
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Error
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *Error
+	// JSON408 the response for an HTTP 408 `application/json` response
+	JSON408 *Error
+	// JSON409 the response for an HTTP 409 `application/json` response
+	JSON409 *ErrorBody
+	// JSON413 the response for an HTTP 413 `application/json` response
+	JSON413 *Error
+	// JSON415 the response for an HTTP 415 `application/json` response
+	JSON415 *Error
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *RateLimited
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Unavailable
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *CreateAppCredentialResponse429Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *CreateAppCredentialResponse503Headers
+}
+
+// GetJSON201 returns the response for an HTTP 201 `application/json` response
+func (r CreateAppCredentialResponse) GetJSON201() *ChannelCredential {
+	return r.JSON201
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r CreateAppCredentialResponse) GetJSON400() *Error {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r CreateAppCredentialResponse) GetJSON401() *Error {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r CreateAppCredentialResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r CreateAppCredentialResponse) GetJSON404() *Error {
+	return r.JSON404
+}
+
+// GetJSON408 returns the response for an HTTP 408 `application/json` response
+func (r CreateAppCredentialResponse) GetJSON408() *Error {
+	return r.JSON408
+}
+
+// GetJSON409 returns the response for an HTTP 409 `application/json` response
+func (r CreateAppCredentialResponse) GetJSON409() *ErrorBody {
+	return r.JSON409
+}
+
+// GetJSON413 returns the response for an HTTP 413 `application/json` response
+func (r CreateAppCredentialResponse) GetJSON413() *Error {
+	return r.JSON413
+}
+
+// GetJSON415 returns the response for an HTTP 415 `application/json` response
+func (r CreateAppCredentialResponse) GetJSON415() *Error {
+	return r.JSON415
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r CreateAppCredentialResponse) GetJSON429() *RateLimited {
+	return r.JSON429
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r CreateAppCredentialResponse) GetJSON503() *Unavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r CreateAppCredentialResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r CreateAppCredentialResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r CreateAppCredentialResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r CreateAppCredentialResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// RevokeAppCredentialsResponse429Headers the declared response headers of an HTTP 429 response for RevokeAppCredentials
+type RevokeAppCredentialsResponse429Headers struct {
+	RetryAfter int
+}
+
+// RevokeAppCredentialsResponse503Headers the declared response headers of an HTTP 503 response for RevokeAppCredentials
+type RevokeAppCredentialsResponse503Headers struct {
+	RetryAfter int
+}
+
+type RevokeAppCredentialsResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *RetiredCredentials
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *Error
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Error
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *Error
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *RateLimited
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Unavailable
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *RevokeAppCredentialsResponse429Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *RevokeAppCredentialsResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r RevokeAppCredentialsResponse) GetJSON200() *RetiredCredentials {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r RevokeAppCredentialsResponse) GetJSON400() *Error {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r RevokeAppCredentialsResponse) GetJSON401() *Error {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r RevokeAppCredentialsResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r RevokeAppCredentialsResponse) GetJSON404() *Error {
+	return r.JSON404
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r RevokeAppCredentialsResponse) GetJSON429() *RateLimited {
+	return r.JSON429
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r RevokeAppCredentialsResponse) GetJSON503() *Unavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r RevokeAppCredentialsResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r RevokeAppCredentialsResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r RevokeAppCredentialsResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r RevokeAppCredentialsResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 // ListAuditResponse429Headers the declared response headers of an HTTP 429 response for ListAudit
 type ListAuditResponse429Headers struct {
 	RetryAfter int
@@ -5423,7 +7213,7 @@ type RegisterDeviceResponse struct {
 	// JSON401 the response for an HTTP 401 `application/json` response
 	JSON401 *Error
 	// JSON403 the response for an HTTP 403 `application/json` response
-	JSON403 *Forbidden
+	JSON403 *ForbiddenForApp
 	// JSON408 the response for an HTTP 408 `application/json` response
 	JSON408 *Error
 	// JSON409 the response for an HTTP 409 `application/json` response
@@ -5463,7 +7253,7 @@ func (r RegisterDeviceResponse) GetJSON401() *Error {
 }
 
 // GetJSON403 returns the response for an HTTP 403 `application/json` response
-func (r RegisterDeviceResponse) GetJSON403() *Forbidden {
+func (r RegisterDeviceResponse) GetJSON403() *ForbiddenForApp {
 	return r.JSON403
 }
 
@@ -5546,7 +7336,7 @@ type RegisterDevicesResponse struct {
 	// JSON401 the response for an HTTP 401 `application/json` response
 	JSON401 *Error
 	// JSON403 the response for an HTTP 403 `application/json` response
-	JSON403 *Forbidden
+	JSON403 *ForbiddenForApp
 	// JSON408 the response for an HTTP 408 `application/json` response
 	JSON408 *Error
 	// JSON409 the response for an HTTP 409 `application/json` response
@@ -5579,7 +7369,7 @@ func (r RegisterDevicesResponse) GetJSON401() *Error {
 }
 
 // GetJSON403 returns the response for an HTTP 403 `application/json` response
-func (r RegisterDevicesResponse) GetJSON403() *Forbidden {
+func (r RegisterDevicesResponse) GetJSON403() *ForbiddenForApp {
 	return r.JSON403
 }
 
@@ -6126,7 +7916,7 @@ type CreateMessageResponse struct {
 	// JSON401 the response for an HTTP 401 `application/json` response
 	JSON401 *Error
 	// JSON403 the response for an HTTP 403 `application/json` response
-	JSON403 *Forbidden
+	JSON403 *ForbiddenForApp
 	// JSON408 the response for an HTTP 408 `application/json` response
 	JSON408 *Error
 	// JSON409 the response for an HTTP 409 `application/json` response
@@ -6163,7 +7953,7 @@ func (r CreateMessageResponse) GetJSON401() *Error {
 }
 
 // GetJSON403 returns the response for an HTTP 403 `application/json` response
-func (r CreateMessageResponse) GetJSON403() *Forbidden {
+func (r CreateMessageResponse) GetJSON403() *ForbiddenForApp {
 	return r.JSON403
 }
 
@@ -6393,6 +8183,89 @@ func (r GetMessageResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r GetMessageResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// ListMessageAppsResponse429Headers the declared response headers of an HTTP 429 response for ListMessageApps
+type ListMessageAppsResponse429Headers struct {
+	RetryAfter int
+}
+
+// ListMessageAppsResponse503Headers the declared response headers of an HTTP 503 response for ListMessageApps
+type ListMessageAppsResponse503Headers struct {
+	RetryAfter int
+}
+
+type ListMessageAppsResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *MessageAppList
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Error
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *Error
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *RateLimited
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Unavailable
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *ListMessageAppsResponse429Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *ListMessageAppsResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ListMessageAppsResponse) GetJSON200() *MessageAppList {
+	return r.JSON200
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r ListMessageAppsResponse) GetJSON401() *Error {
+	return r.JSON401
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r ListMessageAppsResponse) GetJSON404() *Error {
+	return r.JSON404
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r ListMessageAppsResponse) GetJSON429() *RateLimited {
+	return r.JSON429
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r ListMessageAppsResponse) GetJSON503() *Unavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r ListMessageAppsResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ListMessageAppsResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ListMessageAppsResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ListMessageAppsResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -6777,7 +8650,7 @@ type CreateScheduleResponse struct {
 	// JSON401 the response for an HTTP 401 `application/json` response
 	JSON401 *Error
 	// JSON403 the response for an HTTP 403 `application/json` response
-	JSON403 *Forbidden
+	JSON403 *ForbiddenForApp
 	// JSON408 the response for an HTTP 408 `application/json` response
 	JSON408 *Error
 	// JSON409 the response for an HTTP 409 `application/json` response
@@ -6817,7 +8690,7 @@ func (r CreateScheduleResponse) GetJSON401() *Error {
 }
 
 // GetJSON403 returns the response for an HTTP 403 `application/json` response
-func (r CreateScheduleResponse) GetJSON403() *Forbidden {
+func (r CreateScheduleResponse) GetJSON403() *ForbiddenForApp {
 	return r.JSON403
 }
 
@@ -8577,6 +10450,171 @@ func (c *ClientWithResponses) GetReadinessWithResponse(ctx context.Context, reqE
 	return ParseGetReadinessResponse(rsp)
 }
 
+// ListAppsWithResponse The apps, oldest first, with their channels and what may be shown of their credentials; never a secret.
+//
+// An app is a name with provider credentials of its own per channel (docs/apps.md); the app
+// `default` always exists, and its channels without stored credentials use the
+// environment's (APNS_*, FCM_*, VAPID_*). A key limited to some apps (Key.apps) sees those
+// alone.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/apps (the `ListApps` operationId).
+func (c *ClientWithResponses) ListAppsWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*ListAppsResponse, error) {
+	rsp, err := c.ListApps(ctx, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListAppsResponse(rsp)
+}
+
+// CreateAppWithBodyWithResponse Make an app (201), or answer the one of that name (200).
+//
+// The app has no credentials yet: its devices' deliveries fail `channel_disabled` until
+// some are stored (POST /v1/apps/{app}/credentials). A key limited to some apps cannot
+// make one (403 `forbidden`).
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/apps (the `CreateApp` operationId).
+func (c *ClientWithResponses) CreateAppWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateAppResponse, error) {
+	rsp, err := c.CreateAppWithBody(ctx, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreateAppResponse(rsp)
+}
+
+// CreateAppWithResponse Make an app (201), or answer the one of that name (200).
+//
+// The app has no credentials yet: its devices' deliveries fail `channel_disabled` until
+// some are stored (POST /v1/apps/{app}/credentials). A key limited to some apps cannot
+// make one (403 `forbidden`).
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/apps (the `CreateApp` operationId).
+func (c *ClientWithResponses) CreateAppWithResponse(ctx context.Context, body CreateAppJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateAppResponse, error) {
+	rsp, err := c.CreateApp(ctx, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreateAppResponse(rsp)
+}
+
+// GetAppWithResponse One app, its channels and what may be shown of their credentials; never a secret.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/apps/{app} (the `GetApp` operationId).
+func (c *ClientWithResponses) GetAppWithResponse(ctx context.Context, app AppName, reqEditors ...RequestEditorFn) (*GetAppResponse, error) {
+	rsp, err := c.GetApp(ctx, app, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetAppResponse(rsp)
+}
+
+// UpdateAppWithBodyWithResponse Disable an app (its devices are sent nothing) or enable it again.
+//
+// A disabled app's deliveries fail `channel_disabled` from then on, on every process within
+// a second or two; its devices, credentials and keys stay. The default app
+// cannot be disabled (400 naming disabled): retire its credentials instead.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PATCH /v1/apps/{app} (the `UpdateApp` operationId).
+func (c *ClientWithResponses) UpdateAppWithBodyWithResponse(ctx context.Context, app AppName, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*UpdateAppResponse, error) {
+	rsp, err := c.UpdateAppWithBody(ctx, app, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseUpdateAppResponse(rsp)
+}
+
+// UpdateAppWithResponse Disable an app (its devices are sent nothing) or enable it again.
+//
+// A disabled app's deliveries fail `channel_disabled` from then on, on every process within
+// a second or two; its devices, credentials and keys stay. The default app
+// cannot be disabled (400 naming disabled): retire its credentials instead.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PATCH /v1/apps/{app} (the `UpdateApp` operationId).
+func (c *ClientWithResponses) UpdateAppWithResponse(ctx context.Context, app AppName, body UpdateAppJSONRequestBody, reqEditors ...RequestEditorFn) (*UpdateAppResponse, error) {
+	rsp, err := c.UpdateApp(ctx, app, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseUpdateAppResponse(rsp)
+}
+
+// CreateAppCredentialWithBodyWithResponse Store a new credential for one of the app's channels and make it the one its sends use.
+//
+// The credential is checked (400 naming the field), its secret part (the .p8 key, the
+// service account, the VAPID private key) sealed with HERALD_SECRET_KEY (AES-256-GCM, bound
+// to the app, channel and version) and stored as the channel's next version, `active`.
+// Every process's new sends use it within a second or two; sends already under way finish
+// with the credential they began with. The one before it is retired at once for APNs and
+// FCM; for Web Push it stays `retiring`, still signing the pushes of the subscriptions made
+// with its key. For the default app a stored credential takes precedence over the
+// environment's on its channel. Without HERALD_SECRET_KEY nothing is stored (409
+// `no_secret_key`). The secret is never answered, logged or shown again.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/apps/{app}/credentials (the `CreateAppCredential` operationId).
+func (c *ClientWithResponses) CreateAppCredentialWithBodyWithResponse(ctx context.Context, app AppName, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateAppCredentialResponse, error) {
+	rsp, err := c.CreateAppCredentialWithBody(ctx, app, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreateAppCredentialResponse(rsp)
+}
+
+// CreateAppCredentialWithResponse Store a new credential for one of the app's channels and make it the one its sends use.
+//
+// The credential is checked (400 naming the field), its secret part (the .p8 key, the
+// service account, the VAPID private key) sealed with HERALD_SECRET_KEY (AES-256-GCM, bound
+// to the app, channel and version) and stored as the channel's next version, `active`.
+// Every process's new sends use it within a second or two; sends already under way finish
+// with the credential they began with. The one before it is retired at once for APNs and
+// FCM; for Web Push it stays `retiring`, still signing the pushes of the subscriptions made
+// with its key. For the default app a stored credential takes precedence over the
+// environment's on its channel. Without HERALD_SECRET_KEY nothing is stored (409
+// `no_secret_key`). The secret is never answered, logged or shown again.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/apps/{app}/credentials (the `CreateAppCredential` operationId).
+func (c *ClientWithResponses) CreateAppCredentialWithResponse(ctx context.Context, app AppName, body CreateAppCredentialJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateAppCredentialResponse, error) {
+	rsp, err := c.CreateAppCredential(ctx, app, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreateAppCredentialResponse(rsp)
+}
+
+// RevokeAppCredentialsWithResponse Retire the app's credentials of a channel, the one of `version` or every live one.
+//
+// A retired credential is used for nothing, on every process within a second or two. An
+// app's channel left without a live credential fails its deliveries `channel_disabled`;
+// the default app's falls back on the environment's credentials where the process has
+// some. Retiring a `retiring` Web Push credential leaves its subscriptions' pushes to the
+// active key, which their push services refuse (`wrong_app`) until they subscribe again.
+// Nothing live to retire answers an empty `retired`.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with DELETE /v1/apps/{app}/credentials/{channel} (the `RevokeAppCredentials` operationId).
+func (c *ClientWithResponses) RevokeAppCredentialsWithResponse(ctx context.Context, app AppName, channel Channel, params *RevokeAppCredentialsParams, reqEditors ...RequestEditorFn) (*RevokeAppCredentialsResponse, error) {
+	rsp, err := c.RevokeAppCredentials(ctx, app, channel, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseRevokeAppCredentialsResponse(rsp)
+}
+
 // ListAuditWithResponse The audit log, newest first.
 //
 // Every state-changing call (POST, PUT, PATCH, DELETE) of /v1, and of the dashboard, with
@@ -8598,7 +10636,7 @@ func (c *ClientWithResponses) ListAuditWithResponse(ctx context.Context, params 
 
 // RegisterDeviceWithBodyWithResponse Register a device, or move an existing (channel, token) to this user and reactivate it.
 //
-// A token registered for another user than its device's moves the device, and the former owner's pending deliveries to it are cancelled (reason device_moved) in the same transaction: a phone that changed hands gets nothing of its former owner's. A registration naming an installation_id that already has a device under another token gives that device the new token in place (the same device_id, answered 200; its pending deliveries go to the new token); a device that held the new token is then deleted and its pending deliveries cancelled as device_replaced.
+// A token registered for another user than its device's moves the device, and the former owner's pending deliveries to it are cancelled (reason device_moved) in the same transaction: a phone that changed hands gets nothing of its former owner's. A registration naming an installation_id that already has a device under another token gives that device the new token in place (the same device_id, answered 200; its pending deliveries go to the new token); a device that held the new token is then deleted and its pending deliveries cancelled as device_replaced. The device belongs to the app its `app` names (the default app when absent, or the one app of a key limited to one; docs/apps.md). Tokens are unique per channel across apps: a token registered under another app than its device's moves the device to that app, since a provider's token names one installation of one app.
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
@@ -8613,7 +10651,7 @@ func (c *ClientWithResponses) RegisterDeviceWithBodyWithResponse(ctx context.Con
 
 // RegisterDeviceWithResponse Register a device, or move an existing (channel, token) to this user and reactivate it.
 //
-// A token registered for another user than its device's moves the device, and the former owner's pending deliveries to it are cancelled (reason device_moved) in the same transaction: a phone that changed hands gets nothing of its former owner's. A registration naming an installation_id that already has a device under another token gives that device the new token in place (the same device_id, answered 200; its pending deliveries go to the new token); a device that held the new token is then deleted and its pending deliveries cancelled as device_replaced.
+// A token registered for another user than its device's moves the device, and the former owner's pending deliveries to it are cancelled (reason device_moved) in the same transaction: a phone that changed hands gets nothing of its former owner's. A registration naming an installation_id that already has a device under another token gives that device the new token in place (the same device_id, answered 200; its pending deliveries go to the new token); a device that held the new token is then deleted and its pending deliveries cancelled as device_replaced. The device belongs to the app its `app` names (the default app when absent, or the one app of a key limited to one; docs/apps.md). Tokens are unique per channel across apps: a token registered under another app than its device's moves the device to that app, since a provider's token names one installation of one app.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
@@ -8628,7 +10666,7 @@ func (c *ClientWithResponses) RegisterDeviceWithResponse(ctx context.Context, bo
 
 // RegisterDevicesWithBodyWithResponse Register up to 10,000 devices at once, all or nothing.
 //
-// Each registration as POST /v1/devices makes it (moves cancel the former owner's pending deliveries; an installation_id replaces its device's token in place). One installation_id with two tokens in one batch is refused with 400.
+// Each registration as POST /v1/devices makes it (moves cancel the former owner's pending deliveries; an installation_id replaces its device's token in place; `app` names the device's app). One installation_id with two tokens in one batch is refused with 400.
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
@@ -8643,7 +10681,7 @@ func (c *ClientWithResponses) RegisterDevicesWithBodyWithResponse(ctx context.Co
 
 // RegisterDevicesWithResponse Register up to 10,000 devices at once, all or nothing.
 //
-// Each registration as POST /v1/devices makes it (moves cancel the former owner's pending deliveries; an installation_id replaces its device's token in place). One installation_id with two tokens in one batch is refused with 400.
+// Each registration as POST /v1/devices makes it (moves cancel the former owner's pending deliveries; an installation_id replaces its device's token in place; `app` names the device's app). One installation_id with two tokens in one batch is refused with 400.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
@@ -8748,7 +10786,7 @@ func (c *ClientWithResponses) ListMessagesWithResponse(ctx context.Context, para
 
 // CreateMessageWithBodyWithResponse Schedule a message; the audience is expanded to devices before the answer.
 //
-// The answer comes once the whole audience is in the ledger and counts all of it. A message due within a second has its first chunk (50 devices) committed first, so its first pushes may go before the answer while the rest of the audience is written.
+// The answer comes once the whole audience is in the ledger and counts all of it. A message due within a second has its first chunk (50 devices) committed first, so its first pushes may go before the answer while the rest of the audience is written. The message goes to the devices of every app of its users, or of the apps `audience.apps` names; a key limited to some apps sends to those alone.
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
@@ -8763,7 +10801,7 @@ func (c *ClientWithResponses) CreateMessageWithBodyWithResponse(ctx context.Cont
 
 // CreateMessageWithResponse Schedule a message; the audience is expanded to devices before the answer.
 //
-// The answer comes once the whole audience is in the ledger and counts all of it. A message due within a second has its first chunk (50 devices) committed first, so its first pushes may go before the answer while the rest of the audience is written.
+// The answer comes once the whole audience is in the ledger and counts all of it. A message due within a second has its first chunk (50 devices) committed first, so its first pushes may go before the answer while the rest of the audience is written. The message goes to the devices of every app of its users, or of the apps `audience.apps` names; a key limited to some apps sends to those alone.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
@@ -8802,6 +10840,24 @@ func (c *ClientWithResponses) GetMessageWithResponse(ctx context.Context, messag
 	return ParseGetMessageResponse(rsp)
 }
 
+// ListMessageAppsWithResponse A message's delivery counters app by app.
+//
+// The counters of GET /v1/messages/{message_id} cut by each device's app as it is now, one
+// item per app that has deliveries in the message, in the order the apps were made; the
+// deliveries whose device was deleted since come first, under `app` null. Read from the
+// ledger, so it costs a read of the message's deliveries.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/messages/{message_id}/apps (the `ListMessageApps` operationId).
+func (c *ClientWithResponses) ListMessageAppsWithResponse(ctx context.Context, messageID MessageID, reqEditors ...RequestEditorFn) (*ListMessageAppsResponse, error) {
+	rsp, err := c.ListMessageApps(ctx, messageID, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListMessageAppsResponse(rsp)
+}
+
 // ListMessageDeliveriesWithResponse A message's per-device ledger, in device order.
 //
 // Returns a wrapper object for the known response body format(s).
@@ -8816,6 +10872,10 @@ func (c *ClientWithResponses) ListMessageDeliveriesWithResponse(ctx context.Cont
 }
 
 // GetProvidersWithResponse Per channel, whether it is configured and what the workers' circuit breakers say.
+//
+// Over every app: a channel is configured when some app has credentials for it, its state
+// is the worst of the apps' breakers, and its counts are summed. Each app has breakers of
+// its own (docs/apps.md).
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -9337,6 +11397,594 @@ func ParseGetReadinessResponse(rsp *http.Response) (*GetReadinessResponse, error
 	return response, nil
 }
 
+// ParseListAppsResponse parses an HTTP response from a ListAppsWithResponse call
+func ParseListAppsResponse(rsp *http.Response) (*ListAppsResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ListAppsResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest AppList
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 429:
+		var headers ListAppsResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 503:
+		var headers ListAppsResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseCreateAppResponse parses an HTTP response from a CreateAppWithResponse call
+func ParseCreateAppResponse(rsp *http.Response) (*CreateAppResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &CreateAppResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest App
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 201:
+		var dest App
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON201 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest ForbiddenForApp
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON408 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 415:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON415 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 429:
+		var headers CreateAppResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 503:
+		var headers CreateAppResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseGetAppResponse parses an HTTP response from a GetAppWithResponse call
+func ParseGetAppResponse(rsp *http.Response) (*GetAppResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetAppResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest App
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 429:
+		var headers GetAppResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 503:
+		var headers GetAppResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseUpdateAppResponse parses an HTTP response from a UpdateAppWithResponse call
+func ParseUpdateAppResponse(rsp *http.Response) (*UpdateAppResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &UpdateAppResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest App
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON408 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 415:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON415 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 429:
+		var headers UpdateAppResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 503:
+		var headers UpdateAppResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseCreateAppCredentialResponse parses an HTTP response from a CreateAppCredentialWithResponse call
+func ParseCreateAppCredentialResponse(rsp *http.Response) (*CreateAppCredentialResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &CreateAppCredentialResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 201:
+		var dest ChannelCredential
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON201 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON408 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest ErrorBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 415:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON415 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 429:
+		var headers CreateAppCredentialResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 503:
+		var headers CreateAppCredentialResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseRevokeAppCredentialsResponse parses an HTTP response from a RevokeAppCredentialsWithResponse call
+func ParseRevokeAppCredentialsResponse(rsp *http.Response) (*RevokeAppCredentialsResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &RevokeAppCredentialsResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest RetiredCredentials
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 429:
+		var headers RevokeAppCredentialsResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 503:
+		var headers RevokeAppCredentialsResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
 // ParseListAuditResponse parses an HTTP response from a ListAuditWithResponse call
 func ParseListAuditResponse(rsp *http.Response) (*ListAuditResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -9464,7 +12112,7 @@ func ParseRegisterDeviceResponse(rsp *http.Response) (*RegisterDeviceResponse, e
 		response.JSON401 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
-		var dest Forbidden
+		var dest ForbiddenForApp
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
 		}
@@ -9576,7 +12224,7 @@ func ParseRegisterDevicesResponse(rsp *http.Response) (*RegisterDevicesResponse,
 		response.JSON401 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
-		var dest Forbidden
+		var dest ForbiddenForApp
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
 		}
@@ -10121,7 +12769,7 @@ func ParseCreateMessageResponse(rsp *http.Response) (*CreateMessageResponse, err
 		response.JSON401 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
-		var dest Forbidden
+		var dest ForbiddenForApp
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
 		}
@@ -10358,6 +13006,83 @@ func ParseGetMessageResponse(rsp *http.Response) (*GetMessageResponse, error) {
 		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers GetMessageResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseListMessageAppsResponse parses an HTTP response from a ListMessageAppsWithResponse call
+func ParseListMessageAppsResponse(rsp *http.Response) (*ListMessageAppsResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ListMessageAppsResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest MessageAppList
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 429:
+		var headers ListMessageAppsResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 503:
+		var headers ListMessageAppsResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
@@ -10736,7 +13461,7 @@ func ParseCreateScheduleResponse(rsp *http.Response) (*CreateScheduleResponse, e
 		response.JSON401 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
-		var dest Forbidden
+		var dest ForbiddenForApp
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
 		}
