@@ -348,12 +348,12 @@ func (w *FanOutWorker) send(ctx context.Context, c *running, msg *encodedMessage
 		// Each slice takes the client it sends through when it starts
 		// and gives it back once its sends are answered: a rotation
 		// meanwhile leaves the slice on the credential it began with.
-		provider, release, why := w.sender(lane, g)
+		provider, lease, why := w.sender(lane, g)
 		if provider == nil {
 			s.disabled(why, idx)
 			continue
 		}
-		release()
+		lease.Release()
 		m := msg.variant(w.appName(lane, g.app), g.locale)
 		if c.Chunk == 0 {
 			// A message's first devices go out before the chunks that
@@ -375,15 +375,15 @@ func (w *FanOutWorker) send(ctx context.Context, c *running, msg *encodedMessage
 	return s
 }
 
-// sender is the client a group's targets go through on lane, with release
-// to call once its sends are answered; nil, with why, when the group's app
-// has none for its channel.
-func (w *FanOutWorker) sender(lane Lane, g sendGroup) (s Sender, release func(), why string) {
+// sender is the client a group's targets go through on lane, with the
+// lease to release once its sends are answered; nil, with why, when the
+// group's app has none for its channel.
+func (w *FanOutWorker) sender(lane Lane, g sendGroup) (s Sender, lease *apps.Lease, why string) {
 	if lane.Apps != nil {
 		return lane.Apps.Lookup(lane.Queue, g.app, g.channel, g.credential)
 	}
 	if p, ok := lane.Providers[g.channel]; ok && g.app == apps.DefaultID {
-		return p, func() {}, ""
+		return p, nil, ""
 	}
 	return nil, nil, g.channel + " is not configured"
 }
@@ -432,15 +432,6 @@ func (s *sends) disabled(why string, idx []int) {
 // writer. What the provider settled without an answer (refused locally,
 // parked, not sent) is handed over when the slice is back.
 func (w *FanOutWorker) sendTargets(ctx context.Context, c *running, msg *push.Message, lane Lane, g sendGroup, slice []int, s *sends) {
-	provider, releaseProvider, why := w.sender(lane, g)
-	if provider == nil {
-		// Its client went between the group's look and the slice's
-		// (the app was disabled, its credential retired).
-		s.disabled(why, slice)
-		s.done <- struct{}{}
-		return
-	}
-	defer releaseProvider()
 	app := w.appName(lane, g.app)
 	targets := make([]push.Target, len(slice))
 	for j, i := range slice {
@@ -507,7 +498,7 @@ func (w *FanOutWorker) sendTargets(ctx context.Context, c *running, msg *push.Me
 		reserved.Add(1)
 		return true
 	}
-	provider.Send(ctx, msg, targets, out, allow, func(j int) {
+	w.sendRotating(ctx, msg, lane, g, targets, out, allow, func(j int) {
 		hand(j)
 		answered[j] = true
 		made.Add(1)
@@ -525,6 +516,72 @@ func (w *FanOutWorker) sendTargets(ctx context.Context, c *running, msg *push.Me
 	}
 	s.ledger.add(s.rec, false, rest...)
 	s.done <- struct{}{}
+}
+
+// maxClientChanges bounds how many times one slice moves to a newer client
+// of its app's credential: rotations seconds apart are one or two.
+const maxClientChanges = 3
+
+// sendRotating sends targets through the group's client, filling out[j]
+// and calling answered(j) as each answer comes. Should a rotation replace
+// the client while the slice is sent, the requests already made finish
+// with the credential they began with, and those not made yet go through
+// the new client: a slice of a large fan-out waits for its turn at the
+// provider, and it must not send with a credential retired meanwhile.
+// Without a client, what is left fails channel_disabled, saying why.
+func (w *FanOutWorker) sendRotating(ctx context.Context, msg *push.Message, lane Lane, g sendGroup,
+	targets []push.Target, out []push.Result, allow func() bool, answered func(j int)) {
+	idx := make([]int, len(targets))
+	for j := range idx {
+		idx[j] = j
+	}
+	for change := 0; len(idx) > 0; change++ {
+		provider, lease, why := w.sender(lane, g)
+		if provider == nil {
+			// Its client went between the group's look and the
+			// slice's (the app was disabled, its credential retired).
+			now := time.Now()
+			for _, j := range idx {
+				out[j] = push.Result{At: now, Reason: push.ReasonChannelDisabled, Detail: why}
+			}
+			return
+		}
+		sub, subOut := targets, out
+		if change > 0 {
+			sub, subOut = make([]push.Target, len(idx)), make([]push.Result, len(idx))
+			for k, j := range idx {
+				sub[k] = targets[j]
+			}
+		}
+		var moved atomic.Bool
+		provider.Send(ctx, msg, sub, subOut, func() bool {
+			if change < maxClientChanges && lease.Retired() {
+				moved.Store(true)
+				return false
+			}
+			return allow()
+		}, func(k int) {
+			out[idx[k]] = subOut[k]
+			answered(idx[k])
+		})
+		lease.Release()
+		var next []int
+		for k, j := range idx {
+			if change > 0 {
+				out[j] = subOut[k]
+			}
+			if moved.Load() && out[j].At.IsZero() && ctx.Err() == nil {
+				next = append(next, j)
+			}
+		}
+		if !moved.Load() {
+			return
+		}
+		for _, j := range next {
+			out[j] = push.Result{}
+		}
+		idx = next
+	}
 }
 
 // firstChunkSize is the most devices a message's first chunk holds (and

@@ -301,13 +301,28 @@ func (r *Registry) build(ctx context.Context, fresh []*live) {
 	wg.Wait()
 }
 
+// Lease is a send's hold on the client it took: the client is not closed
+// until every lease on it is released. A nil Lease holds nothing.
+type Lease struct{ c *client }
+
+// Release gives the client back, once the sends that took it are answered.
+func (l *Lease) Release() {
+	if l != nil && l.c != nil {
+		l.c.release()
+	}
+}
+
+// Retired reports whether a rotation (or a retirement) replaced the client
+// since it was taken: the requests not yet made should take the new one.
+func (l *Lease) Retired() bool { return l != nil && l.c != nil && l.c.retired.Load() }
+
 // Lookup is what a send to a device of app on channel goes through on
-// lane: its client, and release to call once the send is answered, so
+// lane: its client, and a lease to release once the send is answered, so
 // that a client a rotation replaced meanwhile is closed only then.
 // credential is the device's own (a Web Push subscription's; 0 for none).
 // Without a client, why says what is missing and the sends fail with
 // channel_disabled.
-func (r *Registry) Lookup(lane string, app int32, channel string, credential int64) (s Sender, release func(), why string) {
+func (r *Registry) Lookup(lane string, app int32, channel string, credential int64) (s Sender, lease *Lease, why string) {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	st, ok := r.apps[app]
@@ -325,7 +340,7 @@ func (r *Registry) Lookup(lane string, app int32, channel string, credential int
 		return nil, nil, fmt.Sprintf("%s credential of app %s cannot be used: %v", channel, st.name, c.err)
 	}
 	c.refs.Add(1)
-	return c.p, c.release, ""
+	return c.p, &Lease{c: c}, ""
 }
 
 // pick is the client of a send, under the read lock: a Web Push
