@@ -10,6 +10,7 @@ import (
 	"strings"
 	"unicode"
 
+	"github.com/heraldpush/herald/jobs/apps"
 	"github.com/heraldpush/herald/jobs/push"
 )
 
@@ -131,7 +132,39 @@ func checkPayloadFields(p *push.Content) error {
 	if err := checkFCM(p.FCM); err != nil {
 		return err
 	}
+	if err := checkAppOverrides(p); err != nil {
+		return err
+	}
 	return checkWebPush(p.WebPush)
+}
+
+// checkAppOverrides holds payload.apps to app names and the same rules as
+// the fields they replace.
+func checkAppOverrides(p *push.Content) error {
+	if len(p.Apps) > apps.MaxApps {
+		return invalid("payload.apps", "payload.apps names at most %d apps, not %d", apps.MaxApps, len(p.Apps))
+	}
+	for name, o := range p.Apps {
+		if apps.CheckName(name) != nil {
+			return invalid("payload.apps", "payload.apps: %q is not an app's name", name)
+		}
+		at := "payload.apps." + name + "."
+		for field, v := range map[string]string{"category": o.Category, "thread_id": o.ThreadID, "android_channel_id": o.AndroidChannelID, "sound": o.Sound} {
+			if err := checkName(at+field, v); err != nil {
+				return err
+			}
+			if err := CheckText(at+field, v); err != nil {
+				return err
+			}
+		}
+		if strings.ContainsAny(o.Sound, "/\\") {
+			return invalid(at+"sound", `%ssound must be "default" or the file name of a sound the app ships`, at)
+		}
+		if o.AndroidChannelID != "" && p.Silent {
+			return invalid(at+"android_channel_id", "a silent message shows nothing: it has no Android channel")
+		}
+	}
+	return nil
 }
 
 func checkAPNs(p *push.Content) error {
@@ -352,6 +385,14 @@ func checkLocalizations(p *push.Content) error {
 // checkSizes is push.CheckSize for c's own text and every localization of it,
 // the push.SizeError naming the localization that is too large.
 func checkSizes(c push.Content) error {
+	// Each app's overrides make an encoding of their own, whose size is
+	// checked as the message's is.
+	for app := range c.Apps {
+		if err := checkSizes(c.ForApp(app)); err != nil {
+			return err
+		}
+	}
+	c.Apps = nil
 	if err := push.CheckSize(c.Localized("")); err != nil {
 		return err
 	}

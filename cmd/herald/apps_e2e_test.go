@@ -163,6 +163,36 @@ func TestAppsSendWithTheirOwnCredentials(t *testing.T) {
 	}
 	require.Equal(t, map[string][2]int{"default": {1, 1}, "brand-b": {2, 2}}, counts)
 
+	// Overrides for brand-b's devices: its own category and thread.
+	var over client.MessageHead
+	require.NoError(t, json.Unmarshal(e.callOK(http.StatusAccepted, http.MethodPost, "/v1/messages", map[string]any{
+		"audience": map[string]any{"type": "users", "ids": []string{"ann"}},
+		"payload": map[string]any{"title": "reply", "category": "REPLY", "thread_id": "chat",
+			"apps": map[string]any{"brand-b": map[string]string{"category": "B_REPLY", "thread_id": "b-chat"}}},
+	}), &over))
+	require.Equal(t, client.MessageStateDispatched, e.settle(over.MessageID, 30*time.Second).State)
+	shown := map[string]string{}
+	for _, r := range e.fake.DetailedReceipts(over.MessageID) {
+		if r.Channel != "apns" {
+			continue
+		}
+		var body struct {
+			APS struct {
+				Category string `json:"category"`
+				Thread   string `json:"thread-id"`
+			} `json:"aps"`
+		}
+		require.NoError(t, json.Unmarshal(r.Body, &body))
+		shown[r.Token] = body.APS.Category + "/" + body.APS.Thread
+	}
+	require.Equal(t, map[string]string{phoneA: "REPLY/chat", phoneB: "B_REPLY/b-chat"}, shown)
+	status, out := e.call(http.MethodPost, "/v1/messages", map[string]any{
+		"audience": map[string]any{"type": "users", "ids": []string{"ann"}},
+		"payload":  map[string]any{"title": "x", "apps": map[string]any{"Brand B": map[string]string{"category": "X"}}},
+	})
+	require.Equal(t, http.StatusBadRequest, status, "%s", out)
+	require.Contains(t, string(out), "payload.apps")
+
 	// A message for brand-b alone.
 	var only client.MessageHead
 	require.NoError(t, json.Unmarshal(e.callOK(http.StatusAccepted, http.MethodPost, "/v1/messages", map[string]any{
@@ -175,7 +205,7 @@ func TestAppsSendWithTheirOwnCredentials(t *testing.T) {
 		tokens = append(tokens, r.Token)
 	}
 	require.ElementsMatch(t, []string{phoneB, sub.Endpoint}, tokens)
-	status, out := e.call(http.MethodPost, "/v1/messages", map[string]any{
+	status, out = e.call(http.MethodPost, "/v1/messages", map[string]any{
 		"audience": map[string]any{"type": "users", "ids": []string{"ann"}, "apps": []string{"brand-c"}},
 		"payload":  map[string]string{"title": "nobody"},
 	})
