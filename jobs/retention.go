@@ -146,6 +146,9 @@ type Removed struct {
 	// WebhookEvents are the events of webhook batches given up, kept
 	// WebhookEventRetention for a retry from River UI.
 	WebhookEvents int64
+	// Credentials are the Web Push credentials a rotation had kept for
+	// the subscriptions made with their key, retired once none was left.
+	Credentials int64
 }
 
 // Run deletes what settled before now minus the retention, the devices
@@ -201,6 +204,13 @@ func (r *Retainer) Run(ctx context.Context) (Removed, error) {
 	if err != nil {
 		return removed, err
 	}
+	// A VAPID key a rotation kept is retired once every subscription made
+	// with it has subscribed again (or gone).
+	creds, err := q.RetireUnusedWebPushCredentials(ctx)
+	if err != nil {
+		return removed, fmt.Errorf("retire unused Web Push credentials: %w", err)
+	}
+	removed.Credentials = int64(len(creds))
 	webhookCutoff := now.Add(-min(WebhookEventRetention, c.Retention))
 	return removed, c.batches(deadline, &removed.WebhookEvents, func() (int64, error) {
 		return deleted("webhook events")(q.DeleteOldWebhookEvents(ctx, db.DeleteOldWebhookEventsParams{Before: webhookCutoff, Batch: int32(c.BatchRows)}))

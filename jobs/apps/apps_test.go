@@ -278,8 +278,25 @@ func TestRegistryRotatesWithoutDroppingSends(t *testing.T) {
 	sub, subLease, _ := reg.Lookup("bulk", brand.ID, "webpush", cred1)
 	require.Same(t, b.get("brand-b/webpush/v1/bulk"), sub)
 	subLease.Release()
-	_, err = store.Retire(ctx, "brand-b", "webpush", 1)
+	// Retention retires a kept key only once no subscription is left
+	// that was made with it.
+	_, err = tdb.Pool.Exec(ctx, "INSERT INTO users (id) VALUES ('ann')")
 	require.NoError(t, err)
+	device, err := db.On(tdb.Pool).RegisterDevices(ctx, db.RegisterDevicesParams{
+		UserIds: []string{"ann"}, Channels: []string{"webpush"}, Tokens: []string{"https://push.example/ann"},
+		P256dhs: []string{"K"}, Auths: []string{"A"}, Environments: []string{"production"}, InstallationIds: []string{""},
+		AppIds: []int32{brand.ID}, CredentialIds: []int64{cred1},
+	})
+	require.NoError(t, err)
+	retired, err := db.On(tdb.Pool).RetireUnusedWebPushCredentials(ctx)
+	require.NoError(t, err)
+	require.Empty(t, retired, "a subscription still uses v1's key")
+	_, err = db.On(tdb.Pool).DeleteDevices(ctx, []int64{device[0].ID})
+	require.NoError(t, err)
+	retired, err = db.On(tdb.Pool).RetireUnusedWebPushCredentials(ctx)
+	require.NoError(t, err)
+	require.Len(t, retired, 1)
+	require.Equal(t, cred1, retired[0].ID)
 	require.NoError(t, reg.Refresh(ctx))
 	sub, subLease, _ = reg.Lookup("bulk", brand.ID, "webpush", cred1)
 	require.Same(t, b.get("brand-b/webpush/v2/bulk"), sub, "a retired key's subscriptions go with the active one")
