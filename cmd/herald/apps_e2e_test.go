@@ -93,9 +93,12 @@ func (e *e2e) awaitApp(name, channel string, workers int) {
 
 // registerIn registers a device of user in app with a token (APNs) or a
 // subscription (Web Push), and returns the answer.
-func (e *e2e) registerIn(app, user, channel, token string, sub *fake.Subscription, applicationServerKey string) map[string]any {
+func (e *e2e) registerIn(app, user, channel, token string, sub *fake.Subscription, applicationServerKey string, installation ...string) map[string]any {
 	e.t.Helper()
 	body := map[string]any{"user_id": user, "channel": channel, "app": app}
+	if len(installation) > 0 {
+		body["installation_id"] = installation[0]
+	}
 	if sub != nil {
 		body["subscription"] = map[string]any{"endpoint": sub.Endpoint, "keys": map[string]string{"p256dh": sub.Keys.P256dh, "auth": sub.Keys.Auth}}
 		if applicationServerKey != "" {
@@ -333,4 +336,61 @@ func dumpDatabase(t *testing.T, url string) string {
 	}
 	require.Contains(t, b.String(), `"app_id"`, "the dump holds the credentials' rows")
 	return b.String()
+}
+
+// TestAppVAPIDRotationKeepsOldSubscriptions rotates brand-v's VAPID key: a
+// browser subscribed with the old key is still sent, signed with that key
+// (a push service refuses any other), while a registration answers the new
+// key, a subscription made with it is signed with it, and the old browser,
+// subscribing again with the new key, is sent with the new one.
+func TestAppVAPIDRotationKeepsOldSubscriptions(t *testing.T) {
+	t.Parallel()
+	e := startE2E(t, map[string]string{"HERALD_SECRET_KEY": testSecretKey})
+	old := e.addApp("brand-v")
+	oldSub, err := e.fake.MintAppSubscription(old.WebPush.PublicKey, false)
+	require.NoError(t, err)
+	e.registerIn("brand-v", "vic", "webpush", "", &oldSub, old.WebPush.PublicKey, "vics-browser")
+
+	rotated, err := e.fake.RotateAppKey("brand-v", "webpush")
+	require.NoError(t, err)
+	e.callOK(http.StatusCreated, http.MethodPost, "/v1/apps/brand-v/credentials", map[string]any{"webpush": map[string]string{
+		"public_key": rotated.WebPush.PublicKey, "private_key": rotated.WebPush.PrivateKey, "subject": rotated.WebPush.Subject,
+	}})
+	var app appHealth
+	require.Eventually(t, func() bool {
+		require.NoError(t, json.Unmarshal(e.callOK(http.StatusOK, http.MethodGet, "/v1/apps/brand-v", nil), &app))
+		return app.VAPIDPublicKey == rotated.WebPush.PublicKey
+	}, 10*time.Second, 100*time.Millisecond)
+	newSub, err := e.fake.MintAppSubscription(rotated.WebPush.PublicKey, false)
+	require.NoError(t, err)
+	answer := e.registerIn("brand-v", "wes", "webpush", "", &newSub, "")
+	require.Equal(t, rotated.WebPush.PublicKey, answer["vapid_public_key"])
+	// Every worker has the new credential once the API shows its key:
+	// the one process here reads the apps for both.
+
+	keyOf := func(id string) map[string]string {
+		out := map[string]string{}
+		for _, r := range e.fake.Receipts(id) {
+			out[r.Token] = r.KeyID
+		}
+		return out
+	}
+	id := e.send(client.NewMessage{Audience: toUsers("vic", "wes"), Payload: titled("after the rotation")}).MessageID
+	require.Equal(t, client.MessageStateDispatched, e.settle(id, 30*time.Second).State)
+	require.Empty(t, e.deliveries(id, client.DeliveryStatusFailed))
+	require.Equal(t, map[string]string{oldSub.Endpoint: old.WebPush.KeyID, newSub.Endpoint: rotated.WebPush.KeyID}, keyOf(id))
+
+	// The old browser's pushsubscriptionchange: a new subscription, made
+	// with the key the answer gave, registered under its installation, so
+	// that it replaces the old one.
+	again, err := e.fake.MintAppSubscription(rotated.WebPush.PublicKey, false)
+	require.NoError(t, err)
+	var reg map[string]any
+	require.NoError(t, json.Unmarshal(e.callOK(http.StatusOK, http.MethodPost, "/v1/devices", map[string]any{
+		"user_id": "vic", "channel": "webpush", "app": "brand-v", "installation_id": "vics-browser", "application_server_key": rotated.WebPush.PublicKey,
+		"subscription": map[string]any{"endpoint": again.Endpoint, "keys": map[string]string{"p256dh": again.Keys.P256dh, "auth": again.Keys.Auth}},
+	}), &reg))
+	id = e.send(client.NewMessage{Audience: toUsers("vic"), Payload: titled("subscribed again")}).MessageID
+	require.Equal(t, client.MessageStateDispatched, e.settle(id, 30*time.Second).State)
+	require.Equal(t, map[string]string{again.Endpoint: rotated.WebPush.KeyID}, keyOf(id))
 }
