@@ -612,7 +612,7 @@ type AppCredential struct {
 	// RetiredAt When it was retired; absent while it is live.
 	RetiredAt *time.Time `json:"retired_at,omitempty"`
 
-	// State active: what the channel's new sends use (one at most); retiring: a Web Push credential a rotation replaced, still signing for the subscriptions made with its key; retired: used for nothing.
+	// State active: what the channel's new sends use (one at most); retiring: a Web Push credential a rotation replaced, still signing for the subscriptions made with its key, and retired by retention once no active device subscribed with it is left; retired: used for nothing.
 	State AppCredentialState `json:"state"`
 
 	// Subscriptions A live Web Push credential's: the active devices whose subscription was made with its key.
@@ -622,7 +622,7 @@ type AppCredential struct {
 	Version int `json:"version"`
 }
 
-// AppCredentialState active: what the channel's new sends use (one at most); retiring: a Web Push credential a rotation replaced, still signing for the subscriptions made with its key; retired: used for nothing.
+// AppCredentialState active: what the channel's new sends use (one at most); retiring: a Web Push credential a rotation replaced, still signing for the subscriptions made with its key, and retired by retention once no active device subscribed with it is left; retired: used for nothing.
 type AppCredentialState string
 
 // AppForbiddenBody defines model for AppForbiddenBody.
@@ -679,13 +679,13 @@ type AppList struct {
 
 // AppOverride The fields of a payload that are an app's own names.
 type AppOverride struct {
-	// AndroidChannelID Replaces payload.fcm.android_channel_id: FCM android.notification.channel_id.
+	// AndroidChannelID Replaces payload.fcm.android_channel_id: FCM android.notification.channel_id. Not on a silent payload.
 	AndroidChannelID *string `json:"android_channel_id,omitempty"`
 
 	// Category Replaces payload.category: APNs aps.category; FCM android.notification.click_action.
 	Category *string `json:"category,omitempty"`
 
-	// Sound Replaces payload.sound: a sound the app ships. APNs aps.sound; FCM android.notification.sound.
+	// Sound Replaces payload.sound: "default" or the file name of a sound the app ships. APNs aps.sound; FCM android.notification.sound.
 	Sound *string `json:"sound,omitempty"`
 
 	// ThreadID Replaces payload.thread_id: APNs aps.thread-id.
@@ -758,7 +758,7 @@ type ChannelCredential struct {
 	// RetiredAt When it was retired; absent while it is live.
 	RetiredAt *time.Time `json:"retired_at,omitempty"`
 
-	// State active: what the channel's new sends use (one at most); retiring: a Web Push credential a rotation replaced, still signing for the subscriptions made with its key; retired: used for nothing.
+	// State active: what the channel's new sends use (one at most); retiring: a Web Push credential a rotation replaced, still signing for the subscriptions made with its key, and retired by retention once no active device subscribed with it is left; retired: used for nothing.
 	State ChannelCredentialState `json:"state"`
 
 	// Subscriptions A live Web Push credential's: the active devices whose subscription was made with its key.
@@ -768,7 +768,7 @@ type ChannelCredential struct {
 	Version int `json:"version"`
 }
 
-// ChannelCredentialState active: what the channel's new sends use (one at most); retiring: a Web Push credential a rotation replaced, still signing for the subscriptions made with its key; retired: used for nothing.
+// ChannelCredentialState active: what the channel's new sends use (one at most); retiring: a Web Push credential a rotation replaced, still signing for the subscriptions made with its key, and retired by retention once no active device subscribed with it is left; retired: used for nothing.
 type ChannelCredentialState string
 
 // CreatedKey defines model for CreatedKey.
@@ -1245,7 +1245,7 @@ type Payload struct {
 	// Apns What only APNs has.
 	Apns *APNsOptions `json:"apns,omitempty"`
 
-	// Apps What differs for the devices of some apps, by app name: where two apps name the same thing differently. Each field set replaces the message's own for that app's devices (with each localization); an app not named gets the message as it is.
+	// Apps What differs for the devices of some apps, by app name (an app's name's shape, else 400 naming payload.apps): where two apps name the same thing differently. Each field set replaces the message's own for that app's devices (with each localization), held to that field's rules (400 naming payload.apps.NAME.FIELD), and each app's encoding must fit every channel as the message's must (413); an app not named gets the message as it is.
 	//
 	// Example: {"android-lite":{"android_channel_id":"reminders"},"ios-main":{"category":"REMINDER","sound":"chime.caf"}}
 	Apps *map[string]AppOverride `json:"apps,omitempty"`
@@ -2192,9 +2192,11 @@ type ClientInterface interface {
 	// Every process's new sends use it within a second or two; sends already under way finish
 	// with the credential they began with. The one before it is retired at once for APNs and
 	// FCM; for Web Push it stays `retiring`, still signing the pushes of the subscriptions made
-	// with its key. For the default app a stored credential takes precedence over the
-	// environment's on its channel. Without HERALD_SECRET_KEY nothing is stored (409
-	// `no_secret_key`). The secret is never answered, logged or shown again.
+	// with its key, until none of them is left (retention then retires it, within a minute) or
+	// it is retired with DELETE /v1/apps/{app}/credentials/webpush. For the default app a
+	// stored credential takes precedence over the environment's on its channel. Without
+	// HERALD_SECRET_KEY nothing is stored (409 `no_secret_key`). The secret is never answered,
+	// logged or shown again.
 	//
 	// Takes any type of body and a specified content type.
 	//
@@ -2209,9 +2211,11 @@ type ClientInterface interface {
 	// Every process's new sends use it within a second or two; sends already under way finish
 	// with the credential they began with. The one before it is retired at once for APNs and
 	// FCM; for Web Push it stays `retiring`, still signing the pushes of the subscriptions made
-	// with its key. For the default app a stored credential takes precedence over the
-	// environment's on its channel. Without HERALD_SECRET_KEY nothing is stored (409
-	// `no_secret_key`). The secret is never answered, logged or shown again.
+	// with its key, until none of them is left (retention then retires it, within a minute) or
+	// it is retired with DELETE /v1/apps/{app}/credentials/webpush. For the default app a
+	// stored credential takes precedence over the environment's on its channel. Without
+	// HERALD_SECRET_KEY nothing is stored (409 `no_secret_key`). The secret is never answered,
+	// logged or shown again.
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -2781,9 +2785,11 @@ func (c *Client) UpdateApp(ctx context.Context, app AppName, body UpdateAppJSONR
 // Every process's new sends use it within a second or two; sends already under way finish
 // with the credential they began with. The one before it is retired at once for APNs and
 // FCM; for Web Push it stays `retiring`, still signing the pushes of the subscriptions made
-// with its key. For the default app a stored credential takes precedence over the
-// environment's on its channel. Without HERALD_SECRET_KEY nothing is stored (409
-// `no_secret_key`). The secret is never answered, logged or shown again.
+// with its key, until none of them is left (retention then retires it, within a minute) or
+// it is retired with DELETE /v1/apps/{app}/credentials/webpush. For the default app a
+// stored credential takes precedence over the environment's on its channel. Without
+// HERALD_SECRET_KEY nothing is stored (409 `no_secret_key`). The secret is never answered,
+// logged or shown again.
 //
 // Takes any type of body and a specified content type.
 //
@@ -2808,9 +2814,11 @@ func (c *Client) CreateAppCredentialWithBody(ctx context.Context, app AppName, c
 // Every process's new sends use it within a second or two; sends already under way finish
 // with the credential they began with. The one before it is retired at once for APNs and
 // FCM; for Web Push it stays `retiring`, still signing the pushes of the subscriptions made
-// with its key. For the default app a stored credential takes precedence over the
-// environment's on its channel. Without HERALD_SECRET_KEY nothing is stored (409
-// `no_secret_key`). The secret is never answered, logged or shown again.
+// with its key, until none of them is left (retention then retires it, within a minute) or
+// it is retired with DELETE /v1/apps/{app}/credentials/webpush. For the default app a
+// stored credential takes precedence over the environment's on its channel. Without
+// HERALD_SECRET_KEY nothing is stored (409 `no_secret_key`). The secret is never answered,
+// logged or shown again.
 //
 // Takes a body of the `application/json` content type.
 //
@@ -5870,9 +5878,11 @@ type ClientWithResponsesInterface interface {
 	// Every process's new sends use it within a second or two; sends already under way finish
 	// with the credential they began with. The one before it is retired at once for APNs and
 	// FCM; for Web Push it stays `retiring`, still signing the pushes of the subscriptions made
-	// with its key. For the default app a stored credential takes precedence over the
-	// environment's on its channel. Without HERALD_SECRET_KEY nothing is stored (409
-	// `no_secret_key`). The secret is never answered, logged or shown again.
+	// with its key, until none of them is left (retention then retires it, within a minute) or
+	// it is retired with DELETE /v1/apps/{app}/credentials/webpush. For the default app a
+	// stored credential takes precedence over the environment's on its channel. Without
+	// HERALD_SECRET_KEY nothing is stored (409 `no_secret_key`). The secret is never answered,
+	// logged or shown again.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -5887,9 +5897,11 @@ type ClientWithResponsesInterface interface {
 	// Every process's new sends use it within a second or two; sends already under way finish
 	// with the credential they began with. The one before it is retired at once for APNs and
 	// FCM; for Web Push it stays `retiring`, still signing the pushes of the subscriptions made
-	// with its key. For the default app a stored credential takes precedence over the
-	// environment's on its channel. Without HERALD_SECRET_KEY nothing is stored (409
-	// `no_secret_key`). The secret is never answered, logged or shown again.
+	// with its key, until none of them is left (retention then retires it, within a minute) or
+	// it is retired with DELETE /v1/apps/{app}/credentials/webpush. For the default app a
+	// stored credential takes precedence over the environment's on its channel. Without
+	// HERALD_SECRET_KEY nothing is stored (409 `no_secret_key`). The secret is never answered,
+	// logged or shown again.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -10557,9 +10569,11 @@ func (c *ClientWithResponses) UpdateAppWithResponse(ctx context.Context, app App
 // Every process's new sends use it within a second or two; sends already under way finish
 // with the credential they began with. The one before it is retired at once for APNs and
 // FCM; for Web Push it stays `retiring`, still signing the pushes of the subscriptions made
-// with its key. For the default app a stored credential takes precedence over the
-// environment's on its channel. Without HERALD_SECRET_KEY nothing is stored (409
-// `no_secret_key`). The secret is never answered, logged or shown again.
+// with its key, until none of them is left (retention then retires it, within a minute) or
+// it is retired with DELETE /v1/apps/{app}/credentials/webpush. For the default app a
+// stored credential takes precedence over the environment's on its channel. Without
+// HERALD_SECRET_KEY nothing is stored (409 `no_secret_key`). The secret is never answered,
+// logged or shown again.
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
@@ -10580,9 +10594,11 @@ func (c *ClientWithResponses) CreateAppCredentialWithBodyWithResponse(ctx contex
 // Every process's new sends use it within a second or two; sends already under way finish
 // with the credential they began with. The one before it is retired at once for APNs and
 // FCM; for Web Push it stays `retiring`, still signing the pushes of the subscriptions made
-// with its key. For the default app a stored credential takes precedence over the
-// environment's on its channel. Without HERALD_SECRET_KEY nothing is stored (409
-// `no_secret_key`). The secret is never answered, logged or shown again.
+// with its key, until none of them is left (retention then retires it, within a minute) or
+// it is retired with DELETE /v1/apps/{app}/credentials/webpush. For the default app a
+// stored credential takes precedence over the environment's on its channel. Without
+// HERALD_SECRET_KEY nothing is stored (409 `no_secret_key`). The secret is never answered,
+// logged or shown again.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
