@@ -114,6 +114,7 @@ func TestDashboardRefusesWithoutSession(t *testing.T) {
 			{http.MethodGet, "/ui/api/session"},
 			{http.MethodGet, "/ui/api/messages"},
 			{http.MethodGet, "/ui/api/providers"},
+			{http.MethodGet, "/ui/api/apps"},
 			{http.MethodPost, "/ui/api/messages"},
 			{http.MethodDelete, "/ui/api/messages/msg_1"},
 			{http.MethodGet, "/riverui/api/jobs?state=available"},

@@ -129,6 +129,9 @@ func (s *Server) dashboardRoutes() {
 	ui.GET("/schedules/:schedule_id", s.getSchedule)
 	ui.PATCH("/schedules/:schedule_id", s.patchSchedule)
 	ui.GET("/providers", s.listProviders)
+	if s.cfg.AppStore != nil {
+		ui.GET("/apps", s.listApps)
+	}
 
 	// River UI serves its pages and its API (/riverui/api/...) itself. Its
 	// front end cannot send Herald's CSRF token, so its state-changing calls

@@ -341,6 +341,17 @@ func TestE2EBrowserDashboard(t *testing.T) {
 	b.do(visible(`tr[data-channel="webpush"] .badge`))
 	b.screenshot("dashboard-providers")
 
+	// The apps: the default app's channels, their credentials from the
+	// environment, and the worker that has a client for each.
+	b.goHash("#/apps")
+	b.do(visible(`tr[data-app="default"][data-channel="apns"] .badge`))
+	require.Eventually(t, func() bool {
+		return evaluate[string](b, `document.querySelector('tr[data-app="default"][data-channel="apns"]').innerText`) != "" &&
+			evaluate[bool](b, `document.querySelector('tr[data-app="default"][data-channel="apns"] td:nth-child(5)').innerText === '1'`)
+	}, 20*time.Second, 200*time.Millisecond, "the apps page shows the worker with the default app's APNs client")
+	require.Contains(t, evaluate[string](b, `document.querySelector('tr[data-app="default"][data-channel="apns"]').innerText`), "environment")
+	b.screenshot("dashboard-apps")
+
 	// River UI lists the fan_out jobs, behind the same session.
 	b.do(chromedp.Navigate(e.base + "/riverui/jobs?state=completed"))
 	listed, err := chromedp.Run(b.ctx, chromedp.Poll[bool](`document.body.innerText.includes('fan_out')`,

@@ -431,6 +431,38 @@
     });
   }
 
+  // ---- Apps: each app's channels, where their credentials come from, and
+  // how the workers find them (a provider refusing an app's credentials
+  // shows here, naming the app).
+
+  function appsPage() {
+    replace('view', h('h1', {}, 'Apps'), h('div', { class: 'panel' },
+      h('table', { id: 'apps' }, h('thead', {}, h('tr', {},
+        h('th', {}, 'App'), h('th', {}, 'Channel'), h('th', {}, 'Credential'), h('th', {}, 'Circuit'),
+        h('th', { class: 'num' }, 'Workers'), h('th', { class: 'num' }, 'Sends'), h('th', { class: 'num' }, 'Refused'),
+        h('th', {}, 'Last refusal or error'))), h('tbody', { id: 'apps-body' })),
+      h('p', { class: 'muted' }, 'Credentials are managed with POST /v1/apps/{app}/credentials or herald apps; their private parts are never shown. "Refused" counts the pushes a provider refused for the app\'s credentials.')));
+    poll(2000, async () => {
+      const all = await api('GET', '/apps');
+      const rows = [];
+      for (const a of all.items) {
+        for (const c of a.channels) {
+          const hl = a.health[c.channel] || {};
+          const active = c.credentials.find((x) => x.state === 'active');
+          const source = a.disabled ? 'app disabled' : active ? `stored v${active.version}` : c.source;
+          const last = hl.last_refused || hl.last_error;
+          const lastAt = hl.last_refused ? hl.last_refused_at : hl.last_error_at;
+          rows.push(h('tr', { 'data-app': a.name, 'data-channel': c.channel, class: hl.refused > 0 ? 'refused' : '' },
+            h('td', {}, a.name), h('td', {}, c.channel), h('td', {}, source), h('td', {}, badge(hl.state || 'closed')),
+            h('td', { class: 'num' }, hl.workers || 0), h('td', { class: 'num' }, fmtNum(hl.sends || 0)),
+            h('td', { class: 'num' }, fmtNum(hl.refused || 0)),
+            h('td', {}, last ? [last, h('div', { class: 'muted' }, fmtTime(lastAt))] : '—')));
+        }
+      }
+      replace('apps-body', rows);
+    });
+  }
+
   // ---- Send a test message.
 
   function sendPage() {
@@ -478,6 +510,7 @@
     if (parts[0] === 'messages' && parts[1]) return messagePage(decodeURIComponent(parts[1]));
     if (parts[0] === 'schedules') return schedulesPage();
     if (parts[0] === 'providers') return providersPage();
+    if (parts[0] === 'apps') return appsPage();
     if (parts[0] === 'send') return sendPage();
     return messagesPage(params);
   }
