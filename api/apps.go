@@ -28,8 +28,8 @@ type appView struct {
 
 // appHealth is one channel of an app as the workers see it.
 type appHealth struct {
-	// Workers counts the workers that reported a client for the channel:
-	// after a rotation, every worker once it uses the new credential.
+	// Workers counts the workers that reported a client for the channel
+	// (of any of the app's credentials).
 	Workers     int        `json:"workers"`
 	State       string     `json:"state"`
 	Sends       int64      `json:"sends"`

@@ -247,7 +247,7 @@ func (s *Server) callerApps(ctx context.Context, named []string) ([]string, erro
 	}
 	for i, name := range named {
 		if id, ok := ids[name]; ok && !who.mayActFor(id) {
-			return nil, &Error{Status: http.StatusForbidden, Code: "forbidden", Field: fmt.Sprintf("apps[%d]", i),
+			return nil, &Error{Status: http.StatusForbidden, Code: "forbidden", Field: fmt.Sprintf("audience.apps[%d]", i),
 				Message: fmt.Sprintf("key %q may not send to app %q", who.key, name)}
 		}
 	}

@@ -54,11 +54,11 @@ func (a *Audience) UnmarshalJSON(raw []byte) error {
 // they exist is the database's to say).
 func CheckAudience(a Audience) error {
 	if len(a.Apps) > apps.MaxApps {
-		return invalid("apps", "a message is for at most %d apps, not %d", apps.MaxApps, len(a.Apps))
+		return invalid("audience.apps", "an audience is of at most %d apps, not %d", apps.MaxApps, len(a.Apps))
 	}
 	for i, name := range a.Apps {
 		if apps.CheckName(name) != nil {
-			return invalid(fmt.Sprintf("apps[%d]", i), "%q is not an app's name", name)
+			return invalid(fmt.Sprintf("audience.apps[%d]", i), "%q is not an app's name", name)
 		}
 	}
 	return checkWho(a)

@@ -222,6 +222,16 @@ type Breakers struct {
 	// apps are the other apps' breakers, made on first use; this set is
 	// the default app's.
 	apps map[int32]*Breakers
+	// appNames gives an app's name, for the errors Status tells of it.
+	appNames func(int32) string
+}
+
+// SetNames makes Status name the app an error came from with names (the
+// app registry's); without it, by the app's id.
+func (b *Breakers) SetNames(names func(int32) string) {
+	b.appsMu.Lock()
+	defer b.appsMu.Unlock()
+	b.appNames = names
 }
 
 // refusals are a channel's pushes refused for the app's credentials.
@@ -362,8 +372,16 @@ func (b *Breakers) Status(channel string) (st BreakerStatus, ok bool) {
 		return st, false
 	}
 	b.appsMu.Lock()
-	others := maps.Clone(b.apps)
+	others, names := maps.Clone(b.apps), b.appNames
 	b.appsMu.Unlock()
+	name := func(id int32) string {
+		if names != nil {
+			if n := names(id); n != "" {
+				return n
+			}
+		}
+		return fmt.Sprint(id)
+	}
 	for id, a := range others {
 		as, _ := a.AppStatus(channel)
 		st.Sends += as.Sends
@@ -371,10 +389,10 @@ func (b *Breakers) Status(channel string) (st BreakerStatus, ok bool) {
 		st.Refused += as.Refused
 		st.State = WorseState(st.State, as.State)
 		if as.LastError != "" && as.LastErrorAt.After(st.LastErrorAt) {
-			st.LastError, st.LastErrorAt = fmt.Sprintf("app %d: %s", id, as.LastError), as.LastErrorAt
+			st.LastError, st.LastErrorAt = "app "+name(id)+": "+as.LastError, as.LastErrorAt
 		}
 		if as.LastRefused != "" && as.LastRefusedAt.After(st.LastRefusedAt) {
-			st.LastRefused, st.LastRefusedAt = fmt.Sprintf("app %d: %s", id, as.LastRefused), as.LastRefusedAt
+			st.LastRefused, st.LastRefusedAt = "app "+name(id)+": "+as.LastRefused, as.LastRefusedAt
 		}
 	}
 	return st, true

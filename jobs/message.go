@@ -113,7 +113,7 @@ func (e *Enqueuer) schedule(ctx context.Context, tx pgx.Tx, m Message, scope str
 	}
 	if len(m.Audience.Apps) > 0 {
 		var bad *apps.InvalidError
-		if _, err := apps.Resolve(ctx, tx, "apps", m.Audience.Apps); errors.As(err, &bad) {
+		if _, err := apps.Resolve(ctx, tx, "audience.apps", m.Audience.Apps); errors.As(err, &bad) {
 			return Receipt{}, nil, &InvalidError{Field: bad.Field, Message: bad.Problem, Err: err}
 		} else if err != nil {
 			return Receipt{}, nil, fmt.Errorf("read apps: %w", err)

@@ -64,6 +64,9 @@ func CheckPayload(p *push.Content) error {
 		if sizeErr.Locale != "" {
 			field = "payload.localizations." + sizeErr.Locale
 		}
+		if sizeErr.App != "" {
+			field = "payload.apps." + sizeErr.App
+		}
 		return &InvalidError{Field: field, Message: sizeErr.Error(), Err: sizeErr}
 	} else if err != nil {
 		return invalid("payload", "payload cannot be encoded: %v", err)
@@ -162,6 +165,9 @@ func checkAppOverrides(p *push.Content) error {
 		}
 		if o.AndroidChannelID != "" && p.Silent {
 			return invalid(at+"android_channel_id", "a silent message shows nothing: it has no Android channel")
+		}
+		if o.Sound != "" && p.Silent {
+			return invalid(at+"sound", "a silent message plays nothing: it has no sound")
 		}
 	}
 	return nil
@@ -388,7 +394,12 @@ func checkSizes(c push.Content) error {
 	// Each app's overrides make an encoding of their own, whose size is
 	// checked as the message's is.
 	for app := range c.Apps {
-		if err := checkSizes(c.ForApp(app)); err != nil {
+		err := checkSizes(c.ForApp(app))
+		var size *push.SizeError
+		if errors.As(err, &size) {
+			size.App = app
+		}
+		if err != nil {
 			return err
 		}
 	}

@@ -634,7 +634,7 @@ type AppForbiddenBody struct {
 type AppForbiddenDetail struct {
 	Code AppForbiddenDetailCode `json:"code"`
 
-	// Field A refusal for the key's apps: the field naming the app (app, devices[3].app, apps[0]).
+	// Field A refusal for the key's apps: the field naming the app (app, devices[3].app, audience.apps[0]).
 	Field *string `json:"field,omitempty"`
 
 	// Message For people: names the scope needed and the key's, or the key and the app.

@@ -350,6 +350,7 @@ func startChunkWorker(ctx context.Context, p *process) (_ *worker, err error) {
 		return nil, err
 	}
 	jobs.RegisterProcessMetrics(p.registry, w.fanOut.Breakers(), clock, p.apps.Name)
+	w.fanOut.Breakers().SetNames(p.apps.Name)
 	registerPacingMetrics(p.registry, w.lanes.lanes)
 	for _, l := range w.lanes.lanes {
 		if l.Pool != nil && l.Pool != p.pool {

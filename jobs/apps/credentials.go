@@ -176,7 +176,7 @@ func (c *FCM) Check() error {
 func (c *WebPush) Check() error {
 	pub, err := base64.RawURLEncoding.DecodeString(strings.TrimRight(c.PublicKey, "="))
 	if err != nil || len(pub) != 65 || pub[0] != 4 {
-		return invalid("webpush.public_key", "must be an uncompressed P-256 point (65 bytes) in base64url, as `herald vapid generate` prints it")
+		return invalid("webpush.public_key", "must be an uncompressed P-256 point (65 bytes) in base64url (docs/apps.md shows how to make a pair)")
 	}
 	priv, err := base64.RawURLEncoding.DecodeString(strings.TrimRight(c.PrivateKey, "="))
 	if err != nil || len(priv) != 32 {
@@ -192,6 +192,10 @@ func (c *WebPush) Check() error {
 	if err := checkSubject(c.Subject); err != nil {
 		return err
 	}
+	// Kept unpadded, as a page passes the key to pushManager.subscribe and
+	// a registration names it back (application_server_key).
+	c.PublicKey = strings.TrimRight(c.PublicKey, "=")
+	c.PrivateKey = strings.TrimRight(c.PrivateKey, "=")
 	return nil
 }
 

@@ -173,16 +173,18 @@ func (s *Store) Create(ctx context.Context, name string) (app App, created bool,
 	}
 	err = db.InTx(ctx, s.Pool, func(tx pgx.Tx) error {
 		q := db.On(tx)
-		old, err := q.ProcessesWithoutApps(ctx)
-		if err != nil {
-			return err
-		}
-		if len(old) > 0 {
-			return fmt.Errorf("%w (%s): finish the upgrade of every worker first", ErrOldRelease, strings.Join(old, ", "))
-		}
 		all, err := q.ListApps(ctx)
 		if err != nil {
 			return err
+		}
+		if !slices.ContainsFunc(all, func(a db.App) bool { return a.Name == name }) {
+			old, err := q.ProcessesWithoutApps(ctx)
+			if err != nil {
+				return err
+			}
+			if len(old) > 0 {
+				return fmt.Errorf("%w (%s): finish the upgrade of every worker first", ErrOldRelease, strings.Join(old, ", "))
+			}
 		}
 		if len(all) >= MaxApps && !slices.ContainsFunc(all, func(a db.App) bool { return a.Name == name }) {
 			return ErrTooMany

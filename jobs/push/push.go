@@ -387,6 +387,9 @@ type SizeError struct {
 	// Locale is the localization whose encoding is over; empty for the
 	// message's own text.
 	Locale string
+	// App is the app whose overrides (Content.Apps) made the encoding
+	// over; empty for the message's own.
+	App string
 	Size   int
 	Limit  int
 }
