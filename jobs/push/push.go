@@ -389,9 +389,9 @@ type SizeError struct {
 	Locale string
 	// App is the app whose overrides (Content.Apps) made the encoding
 	// over; empty for the message's own.
-	App string
-	Size   int
-	Limit  int
+	App   string
+	Size  int
+	Limit int
 }
 
 func (e *SizeError) Error() string {
