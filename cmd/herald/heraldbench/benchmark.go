@@ -40,6 +40,9 @@ type Benchmark struct {
 	fakeEnv  map[string]string
 	fakeURL  string
 	fakeHTTP *http.Client
+	// fakeApps are the apps beside the default one (--apps), as fakepush
+	// made them.
+	fakeApps []fake.App
 	herald   *exec.Cmd
 	base     string
 	// heralds are the Herald processes of the run that send: herald, and
@@ -77,7 +80,7 @@ func (b *Benchmark) Cleanup() {
 // Run runs the benchmark on a fresh database on the server of admin (a
 // connection string) and returns its figures. Call Cleanup afterwards.
 func (b *Benchmark) Run(ctx context.Context, admin string) (*Result, error) {
-	res := &Result{Users: b.Config.Users, LatencyMs: float64(b.Config.Latency.Microseconds()) / 1000, Machine: machine(),
+	res := &Result{Users: b.Config.Users, Apps: max(1, b.Config.Apps), LatencyMs: float64(b.Config.Latency.Microseconds()) / 1000, Machine: machine(),
 		UrgentWorker: b.Config.UrgentWorker, Payload: cmp.Or(b.Config.Payload, "plain")}
 	dbURL, err := b.start(ctx, admin, res)
 	if err != nil {
@@ -256,6 +259,9 @@ func (b *Benchmark) start(ctx context.Context, admin string, res *Result) (strin
 		if v := b.Getenv(k); v != "" {
 			res.Tuning[k] = v
 		}
+	}
+	if err := b.storeApps(ctx); err != nil {
+		return "", err
 	}
 	start := time.Now()
 	if res.Devices, err = b.populate(ctx); err != nil {

@@ -73,6 +73,10 @@ type Config struct {
 	// confirm their push to Herald, one in ten opens it, and the result
 	// gains the confirmed deliveries' skew (receipts.go).
 	Receipts bool
+	// Apps is how many apps the users' devices are spread over (--apps):
+	// the default app and Apps-1 more, each with credentials of its own at
+	// fakepush, stored in Herald (apps.go); 0 means one.
+	Apps int
 }
 
 // messages is Config.Messages, at least one.
@@ -119,6 +123,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	fs.StringVar(&cfg.Payload, "payload", "plain", "the bulk message's payload: plain (title, body, data), rich (every payload field) or localized (rich, in five languages the users' locales spread over)")
 	fs.BoolVar(&cfg.UrgentWorker, "urgent-worker", false, "run the urgent lane in a worker process of its own (HERALD_LANES=urgent)")
 	fs.BoolVar(&cfg.Cold, "cold", false, "restart PostgreSQL and drop the page cache (as root) between the scheduling and the instant; PostgreSQL's CPU is then not measured")
+	fs.IntVar(&cfg.Apps, "apps", 1, "apps the devices are spread over, user by user: the default app and N-1 more, each with its own APNs key and topic, FCM project and VAPID pair")
 	fs.BoolVar(&cfg.Receipts, "receipts", false, "fakepush plays the devices: 90% confirm their push to Herald (POST /v1/receipts), 10% open it; the result adds the confirmed skew (HERALD_RECEIPTS=off runs without tokens)")
 	throttled := fs.Float64("throttled", 0, "percent of devices fakepush throttles (429 with Retry-After, once each) in the measured messages")
 	// --help answers on stdout and succeeds; a bad flag fails with the

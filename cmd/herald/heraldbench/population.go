@@ -41,6 +41,7 @@ func (b *Benchmark) populate(ctx context.Context) (int, error) {
 	for u := range b.Config.Users * b.Config.messages() {
 		user := "u" + strconv.Itoa(u)
 		users = append(users, user)
+		first := len(devices)
 		for d := range pick(devicesPerUser) + 1 {
 			switch pick(b.Config.Mix[:]) {
 			case 0:
@@ -52,6 +53,14 @@ func (b *Benchmark) populate(ctx context.Context) (int, error) {
 				webpush++
 			}
 		}
+		if a := b.appOf(u); a != nil {
+			for i := first; i < len(devices); i++ {
+				devices[i].App = &a.Name
+			}
+		}
+	}
+	if err := b.declareAppTokens(devices); err != nil {
+		return 0, err
 	}
 	b.Progress("population: %d users, %d devices (%d Web Push subscriptions to mint)", len(users), len(devices), webpush)
 	start := time.Now()
@@ -103,7 +112,15 @@ func (b *Benchmark) mintSubscriptions(ctx context.Context, devices []client.Devi
 	for range 8 {
 		wg.Go(func() {
 			for d := range work {
-				resp, err := b.fakeHTTP.Post(b.fakeURL+"/_webpush/subscriptions", "application/json", strings.NewReader("{}"))
+				// A subscription made with its app's VAPID key, as the
+				// app's page would.
+				body := "{}"
+				for _, a := range b.fakeApps {
+					if d.App != nil && *d.App == a.Name {
+						body = `{"application_server_key":"` + a.WebPush.PublicKey + `"}`
+					}
+				}
+				resp, err := b.fakeHTTP.Post(b.fakeURL+"/_webpush/subscriptions", "application/json", strings.NewReader(body))
 				var sub fake.Subscription
 				if err == nil {
 					err = json.NewDecoder(resp.Body).Decode(&sub)

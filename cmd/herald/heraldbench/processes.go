@@ -2,6 +2,7 @@ package heraldbench
 
 import (
 	"bufio"
+	"encoding/json"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -53,8 +54,12 @@ func (b *Benchmark) startFakepush(ctx context.Context) error {
 		return err
 	}
 	b.cleanups = append(b.cleanups, func() { os.RemoveAll(dir) })
-	_, lines, err := b.self(ctx, os.Environ(), "fakepush", "--addr", "127.0.0.1:0", "--tls-dir", dir,
-		"--latency", b.Config.Latency.String(), "--decrypt-one-in", strconv.Itoa(b.Config.DecryptOneIn))
+	args := []string{"fakepush", "--addr", "127.0.0.1:0", "--tls-dir", dir,
+		"--latency", b.Config.Latency.String(), "--decrypt-one-in", strconv.Itoa(b.Config.DecryptOneIn)}
+	if names := b.extraApps(); len(names) > 0 {
+		args = append(args, "--apps", strings.Join(names, ","))
+	}
+	_, lines, err := b.self(ctx, os.Environ(), args...)
 	if err != nil {
 		return fmt.Errorf("start fakepush: %w", err)
 	}
@@ -77,13 +82,25 @@ func (b *Benchmark) startFakepush(ctx context.Context) error {
 	tr.TLSClientConfig = &tls.Config{RootCAs: pool}
 	tr.MaxIdleConnsPerHost = 16
 	b.fakeHTTP = &http.Client{Transport: tr, Timeout: 30 * time.Second}
+	for _, name := range b.extraApps() {
+		raw, err := os.ReadFile(filepath.Join(dir, "apps", name, "app.json"))
+		if err != nil {
+			return fmt.Errorf("fakepush's app %s: %w", name, err)
+		}
+		var a fake.App
+		if err := json.Unmarshal(raw, &a); err != nil {
+			return fmt.Errorf("fakepush's app %s: %w", name, err)
+		}
+		b.fakeApps = append(b.fakeApps, a)
+	}
 	b.Progress("fakepush at %s, %s round trip", b.fakeURL, b.Config.Latency)
 	return nil
 }
 
 func (b *Benchmark) startHerald(ctx context.Context, dbURL string) error {
 	b.apiKey = "bench-key-" + strconv.FormatInt(time.Now().UnixNano(), 36)
-	env := []string{"PATH=" + b.Getenv("PATH"), "DATABASE_URL=" + dbURL, "HERALD_API_KEYS=" + b.apiKey, "HERALD_LOG_LEVEL=warn"}
+	env := []string{"PATH=" + b.Getenv("PATH"), "DATABASE_URL=" + dbURL, "HERALD_API_KEYS=" + b.apiKey, "HERALD_LOG_LEVEL=warn",
+		"HERALD_SECRET_KEY=" + randomSealKey()}
 	for k, v := range b.fakeEnv {
 		env = append(env, k+"="+v)
 	}

@@ -16,6 +16,8 @@ type Result struct {
 	Machine    string  `json:"machine"`
 	Users      int     `json:"users"`
 	Devices    int     `json:"devices"`
+	// Apps is how many apps the devices were spread over (--apps).
+	Apps int `json:"apps"`
 	LatencyMs  float64 `json:"latency_ms"`
 	Accepted   int     `json:"accepted"`
 	Duplicates int64   `json:"duplicates"`
