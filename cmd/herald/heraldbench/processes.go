@@ -2,10 +2,10 @@ package heraldbench
 
 import (
 	"bufio"
-	"encoding/json"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"

@@ -13,11 +13,11 @@ import (
 
 // Result is the JSON line `herald bench` ends with.
 type Result struct {
-	Machine    string  `json:"machine"`
-	Users      int     `json:"users"`
-	Devices    int     `json:"devices"`
+	Machine string `json:"machine"`
+	Users   int    `json:"users"`
+	Devices int    `json:"devices"`
 	// Apps is how many apps the devices were spread over (--apps).
-	Apps int `json:"apps"`
+	Apps       int     `json:"apps"`
 	LatencyMs  float64 `json:"latency_ms"`
 	Accepted   int     `json:"accepted"`
 	Duplicates int64   `json:"duplicates"`
