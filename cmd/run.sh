@@ -37,6 +37,8 @@ secret() { # a random secret, made once and kept
 }
 secret "$dev/api-key" 24
 secret "$dev/admin-password" 12
+# The key apps' stored credentials are sealed with (docs/apps.md).
+secret "$dev/secret-key" 32
 key=$(cat "$dev/api-key")
 pass=$(cat "$dev/admin-password")
 
@@ -86,7 +88,7 @@ set +a
 # then answering /readyz: whatever else may answer on the address is not it.
 say "starting Herald on $addr"
 : >"$dev/herald.out"
-DATABASE_URL=$url HERALD_ADDR=$addr HERALD_API_KEYS=$key HERALD_ADMIN_PASSWORD=$pass \
+DATABASE_URL=$url HERALD_ADDR=$addr HERALD_API_KEYS=$key HERALD_ADMIN_PASSWORD=$pass HERALD_SECRET_KEY=$(cat "$dev/secret-key") \
 	HERALD_LOG_FORMAT=${HERALD_LOG_FORMAT:-text} bin/herald serve >"$dev/herald.out" &
 pids+=($!)
 ready=
