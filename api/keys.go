@@ -44,14 +44,6 @@ type Key struct {
 	Apps []string `json:"apps,omitempty"`
 }
 
-// keyApps names a key's apps.
-func keyApps(ids []int32, names map[int32]string) []string {
-	var out []string
-	for _, id := range ids {
-		out = append(out, names[id])
-	}
-	return out
-}
 
 // appNames are the apps' names by id.
 func appNames(ctx context.Context, dbtx db.DBTX) (map[int32]string, error) {
@@ -66,7 +58,8 @@ func appNames(ctx context.Context, dbtx db.DBTX) (map[int32]string, error) {
 	return out, nil
 }
 
-func keyOf(r db.ApiKey) Key {
+// keyOf is a key as it is listed, its apps named by names.
+func keyOf(r db.ApiKey, names map[int32]string) Key {
 	utc := func(t *time.Time) *time.Time {
 		if t == nil {
 			return nil
@@ -74,8 +67,21 @@ func keyOf(r db.ApiKey) Key {
 		u := t.UTC()
 		return &u
 	}
-	return Key{Name: r.Name, Scope: Scope(r.Scope), CreatedAt: r.CreatedAt.UTC(),
+	k := Key{Name: r.Name, Scope: Scope(r.Scope), CreatedAt: r.CreatedAt.UTC(),
 		ExpiresAt: utc(r.ExpiresAt), LastUsedAt: utc(r.LastUsedAt), RevokedAt: utc(r.RevokedAt)}
+	for _, id := range r.AppIds {
+		k.Apps = append(k.Apps, names[id])
+	}
+	return k
+}
+
+// keyOfRow is keyOf, reading the apps' names when the key has some.
+func keyOfRow(ctx context.Context, dbtx db.DBTX, r db.ApiKey) (Key, error) {
+	if len(r.AppIds) == 0 {
+		return keyOf(r, nil), nil
+	}
+	names, err := appNames(ctx, dbtx)
+	return keyOf(r, names), err
 }
 
 // NewKey is a key to make: POST /v1/keys's body, and `herald keys create`.
@@ -138,15 +144,8 @@ func CreateKey(ctx context.Context, dbtx db.DBTX, k NewKey) (Key, string, error)
 	if err != nil {
 		return Key{}, "", fmt.Errorf("create key: %w", err)
 	}
-	key := keyOf(row)
-	if len(ids) > 0 {
-		names, err := appNames(ctx, dbtx)
-		if err != nil {
-			return Key{}, "", err
-		}
-		key.Apps = keyApps(ids, names)
-	}
-	return key, secret, nil
+	key, err := keyOfRow(ctx, dbtx, row)
+	return key, secret, err
 }
 
 // ListKeys returns every stored key, revoked ones included, oldest first.
@@ -165,9 +164,7 @@ func ListKeys(ctx context.Context, dbtx db.DBTX) ([]Key, error) {
 			return nil, fmt.Errorf("list keys: %w", err)
 		}
 		for _, r := range rows {
-			k := keyOf(r)
-			k.Apps = keyApps(r.AppIds, names)
-			out = append(out, k)
+			out = append(out, keyOf(r, names))
 			after = r.ID
 		}
 		if len(rows) < maxPageSize {
@@ -193,7 +190,7 @@ func RevokeKey(ctx context.Context, dbtx db.DBTX, name string) (Key, error) {
 	if err != nil {
 		return Key{}, fmt.Errorf("revoke key: %w", err)
 	}
-	return keyOf(row), nil
+	return keyOfRow(ctx, dbtx, row)
 }
 
 // createdKey is a key as POST /v1/keys answers it: with its secret, once.
@@ -252,10 +249,14 @@ func (s *Server) listKeys(c echo.Context) error {
 	if err != nil {
 		return fmt.Errorf("list keys: %w", err)
 	}
+	names, err := appNames(c.Request().Context(), s.pool)
+	if err != nil {
+		return err
+	}
 	rows, next := paginate(page, rows, func(r db.ApiKey) int64 { return r.ID })
 	out := keyPage{Items: make([]Key, 0, len(rows)), NextCursor: next}
 	for _, r := range rows {
-		out.Items = append(out.Items, keyOf(r))
+		out.Items = append(out.Items, keyOf(r, names))
 	}
 	return c.JSON(http.StatusOK, out)
 }

@@ -1,11 +1,14 @@
 package jobs
 
-// The channels Herald sends through.
+import "github.com/heraldpush/herald/jobs/apps"
+
+// The channels Herald sends through, named once, where an app's
+// credentials are kept (jobs/apps).
 const (
-	ChannelAPNs    = "apns"
-	ChannelFCM     = "fcm"
-	ChannelWebPush = "webpush"
+	ChannelAPNs    = apps.ChannelAPNs
+	ChannelFCM     = apps.ChannelFCM
+	ChannelWebPush = apps.ChannelWebPush
 )
 
 // Channels Herald sends through, in the order status is reported.
-var Channels = []string{ChannelAPNs, ChannelFCM, ChannelWebPush}
+var Channels = apps.Channels

@@ -115,6 +115,11 @@ func (s *Store) List(ctx context.Context, q db.DBTX) ([]App, error) {
 // Get returns the app named name, or ErrNotFound.
 func (s *Store) Get(ctx context.Context, q db.DBTX, name string) (App, error) {
 	r, err := db.On(q).GetApp(ctx, name)
+	return s.found(ctx, q, r, err)
+}
+
+// found is the app of a row read, with its channels, or ErrNotFound.
+func (s *Store) found(ctx context.Context, q db.DBTX, r db.App, err error) (App, error) {
 	if errors.Is(err, db.ErrNotFound) {
 		return App{}, ErrNotFound
 	}
@@ -207,14 +212,7 @@ func (s *Store) SetDisabled(ctx context.Context, q db.DBTX, name string, disable
 		return App{}, invalid("disabled", "the default app cannot be disabled; retire its credentials instead")
 	}
 	r, err := db.On(q).SetAppDisabled(ctx, db.SetAppDisabledParams{Name: name, Disabled: disabled})
-	if errors.Is(err, db.ErrNotFound) {
-		return App{}, ErrNotFound
-	}
-	if err != nil {
-		return App{}, err
-	}
-	a := appOf(r)
-	return a, s.fill(ctx, q, &a)
+	return s.found(ctx, q, r, err)
 }
 
 // channelLockKey names the advisory lock of an app's channel.

@@ -1040,6 +1040,30 @@ func (s *Server) handleApp(w http.ResponseWriter, r *http.Request) {
 	s.writeJSON(w, http.StatusOK, a)
 }
 
+// handleAppCredential answers an app's credential in use on one channel as
+// the body Herald's POST /v1/apps/{app}/credentials takes, so that a
+// script hands it on without taking a JSON document apart.
+func (s *Server) handleAppCredential(w http.ResponseWriter, r *http.Request) {
+	a, err := s.App(r.PathValue("name"))
+	if err != nil {
+		s.writeJSON(w, controlStatus(err), controlError(err.Error()))
+		return
+	}
+	var body any
+	switch r.PathValue("channel") {
+	case "apns":
+		body = map[string]any{"apns": map[string]string{"key_id": a.APNs.KeyID, "team_id": a.APNs.TeamID, "topic": a.APNs.Topic, "key": a.APNs.KeyPEM}}
+	case "fcm":
+		body = map[string]any{"fcm": map[string]string{"service_account": a.FCM.ServiceAccountJSON}}
+	case "webpush":
+		body = map[string]any{"webpush": map[string]string{"public_key": a.WebPush.PublicKey, "private_key": a.WebPush.PrivateKey, "subject": a.WebPush.Subject}}
+	default:
+		s.writeJSON(w, http.StatusBadRequest, controlError("channel: one of apns, fcm and webpush"))
+		return
+	}
+	s.writeJSON(w, http.StatusOK, body)
+}
+
 func (s *Server) handleAppTokens(w http.ResponseWriter, r *http.Request) {
 	var body AppTokens
 	if s.applyControl(w, r, &body, func() error { return s.DeclareAppTokens(r.PathValue("name"), body) }) {

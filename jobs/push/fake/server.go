@@ -250,6 +250,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("GET /_apps", s.handleApps)
 	mux.HandleFunc("POST /_apps", s.handleAddApp)
 	mux.HandleFunc("GET /_apps/{name}", s.handleApp)
+	mux.HandleFunc("GET /_apps/{name}/credentials/{channel}", s.handleAppCredential)
 	mux.HandleFunc("POST /_apps/{name}/tokens", s.handleAppTokens)
 	mux.HandleFunc("POST /_apps/{name}/rotate", s.handleRotateApp)
 	mux.HandleFunc("POST /_apps/{name}/revoke", s.handleRevokeApp)
