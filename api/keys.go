@@ -44,7 +44,6 @@ type Key struct {
 	Apps []string `json:"apps,omitempty"`
 }
 
-
 // appNames are the apps' names by id.
 func appNames(ctx context.Context, dbtx db.DBTX) (map[int32]string, error) {
 	rows, err := db.On(dbtx).ListApps(ctx)
