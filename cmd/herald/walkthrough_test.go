@@ -78,7 +78,7 @@ func TestAPIWalkthrough(t *testing.T) {
 	if _, err := exec.LookPath("bash"); err != nil {
 		t.Skip("bash is not installed")
 	}
-	e := startE2E(t, nil)
+	e := startE2E(t, map[string]string{"HERALD_SECRET_KEY": testSecretKey})
 	dir := t.TempDir()
 	require.NoError(t, os.MkdirAll(filepath.Join(dir, ".dev"), 0o700))
 	require.NoError(t, os.WriteFile(filepath.Join(dir, ".dev", "api-key"), []byte(testAPIKey+"\n"), 0o600))
@@ -100,9 +100,9 @@ func requireWalkthroughDelivered(t *testing.T, e *e2e) {
 				sent = append(sent, m)
 			}
 		}
-		// The quick start's one and the API walkthrough's two at once;
-		// one for later, cancelled; one for tomorrow.
-		return len(sent) == 3
+		// The quick start's one, the API walkthrough's two at once and
+		// its two to the apps; one for later, cancelled; one for tomorrow.
+		return len(sent) == 5
 	}, 30*time.Second, 50*time.Millisecond, "the walkthrough's messages did not settle")
 	for _, m := range sent {
 		require.Equal(t, m.Deliveries.Total, m.Deliveries.Accepted, "message %s: %+v", m.MessageID, m.Deliveries)
