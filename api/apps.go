@@ -216,7 +216,7 @@ type credentialRequest struct {
 	apps.Input
 }
 
-func (r *credentialRequest) validate() error { return r.Input.Check() }
+func (r *credentialRequest) validate() error { return r.Check() }
 
 // putCredential stores a new credential for one of the app's channels and
 // makes it the one its sends use, on every process within a second or

@@ -151,20 +151,20 @@ func TestAppsSendWithTheirOwnCredentials(t *testing.T) {
 	}, got)
 
 	// Counted app by app.
-	var byApp struct {
-		Items []struct {
-			App        *string `json:"app"`
-			Deliveries struct {
-				Total, Accepted int
-			} `json:"deliveries"`
-		} `json:"items"`
-	}
-	require.NoError(t, json.Unmarshal(e.callOK(http.StatusOK, http.MethodGet, "/v1/messages/"+id+"/apps", nil), &byApp))
+	byApp, err := e.api.ListMessageAppsWithResponse(t.Context(), id)
+	answered(t, http.StatusOK, byApp, err)
 	counts := map[string][2]int{}
-	for _, it := range byApp.Items {
-		counts[*it.App] = [2]int{it.Deliveries.Total, it.Deliveries.Accepted}
+	for _, it := range byApp.JSON200.Items {
+		counts[*it.App] = [2]int{int(it.Deliveries.Total), int(it.Deliveries.Accepted)}
 	}
 	require.Equal(t, map[string][2]int{"default": {1, 1}, "brand-b": {2, 2}}, counts)
+	listed, err := e.api.ListAppsWithResponse(t.Context())
+	answered(t, http.StatusOK, listed, err)
+	var names []string
+	for _, a := range listed.JSON200.Items {
+		names = append(names, a.Name)
+	}
+	require.Equal(t, []string{"default", "brand-b"}, names)
 
 	// Overrides for brand-b's devices: its own category and thread.
 	var over client.MessageHead
@@ -230,6 +230,35 @@ func TestAppsSendWithTheirOwnCredentials(t *testing.T) {
 	id = e.send(client.NewMessage{Audience: toUsers("bob"), Payload: titled("sorted")}).MessageID
 	require.Equal(t, client.MessageStateDispatched, e.settle(id, 30*time.Second).State)
 	require.Empty(t, e.deliveries(id, client.DeliveryStatusFailed))
+
+	// brand-b disabled: its devices are sent nothing, and say why; the
+	// default app's go on. Enabled again with its APNs credential
+	// retired, its iPhone has no client and says so.
+	disabled, err := e.api.UpdateAppWithResponse(t.Context(), "brand-b", client.AppPatch{Disabled: true})
+	answered(t, http.StatusOK, disabled, err)
+	require.Eventually(t, func() bool {
+		id := e.send(client.NewMessage{Audience: toUsers("ann"), Payload: titled("who gets it")}).MessageID
+		e.settle(id, 30*time.Second)
+		failed := e.appDeliveries(id, "failed")
+		for _, d := range failed {
+			require.Equal(t, "brand-b", *d.App)
+			require.Equal(t, "channel_disabled", *d.Reason)
+		}
+		receipts := e.fake.Receipts(id)
+		return len(failed) == 2 && len(receipts) == 1 && receipts[0].App == "default"
+	}, 20*time.Second, 500*time.Millisecond, "a disabled app's devices are sent nothing")
+	enabled, err := e.api.UpdateAppWithResponse(t.Context(), "brand-b", client.AppPatch{Disabled: false})
+	answered(t, http.StatusOK, enabled, err)
+	retired, err := e.api.RevokeAppCredentialsWithResponse(t.Context(), "brand-b", client.ChannelAPNs, nil)
+	answered(t, http.StatusOK, retired, err)
+	require.Len(t, retired.JSON200.Retired, 1)
+	require.Eventually(t, func() bool {
+		id := e.send(client.NewMessage{Audience: toUsers("ann"), Payload: titled("no key")}).MessageID
+		e.settle(id, 30*time.Second)
+		failed := e.appDeliveries(id, "failed")
+		return len(failed) == 1 && *failed[0].App == "brand-b" && *failed[0].Reason == "channel_disabled" &&
+			len(e.fake.Receipts(id)) == 2 // the default app's iPhone and brand-b's browser
+	}, 20*time.Second, 500*time.Millisecond, "brand-b's iPhone, without an APNs credential, is not refused by itself")
 }
 
 // TestAppSecretsAreNeverShown stores an app's credentials and sends with

@@ -69,7 +69,7 @@ func TestKeysCommandRoundTrip(t *testing.T) {
 		want string
 	}{
 		{[]string{"keys", "create", "--name", "billing", "--scope", "read"}, `a key named "billing" exists already`},
-		{[]string{"keys", "create", "--name", "x", "--scope", "root"}, `scope "root" is not one of read, send, admin`},
+		{[]string{"keys", "create", "--name", "x", "--scope", "root"}, `scope "root" is not one of read, send, apps, admin`},
 		{[]string{"keys", "create", "--scope", "read"}, "name is required"},
 		{[]string{"keys", "create", "--name", "x", "--scope", "read", "--expires-in", "-1h"}, "positive duration"},
 		{[]string{"keys", "revoke"}, "give the name"},

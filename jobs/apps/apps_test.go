@@ -14,6 +14,7 @@ import (
 	"encoding/pem"
 	"io"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -193,7 +194,7 @@ type built struct {
 func (b *built) build(_ context.Context, lane string, c *apps.Credential) (apps.Provider, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	version := string(rune('0' + c.Version))
+	version := strconv.Itoa(int(c.Version))
 	r := &recorder{name: c.App + "/" + c.Channel + "/v" + version + "/" + lane}
 	b.clients[r.name] = r
 	return r, nil
