@@ -155,7 +155,7 @@ func TestAppsSendWithTheirOwnCredentials(t *testing.T) {
 	answered(t, http.StatusOK, byApp, err)
 	counts := map[string][2]int{}
 	for _, it := range byApp.JSON200.Items {
-		counts[*it.App] = [2]int{int(it.Deliveries.Total), int(it.Deliveries.Accepted)}
+		counts[*it.App] = [2]int{it.Deliveries.Total, it.Deliveries.Accepted}
 	}
 	require.Equal(t, map[string][2]int{"default": {1, 1}, "brand-b": {2, 2}}, counts)
 	listed, err := e.api.ListAppsWithResponse(t.Context())
