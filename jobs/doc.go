@@ -52,6 +52,11 @@
 //     will; the Retainer (retention.go) deletes history past the retention;
 //     the StatusReporter (status.go) publishes the breakers' states.
 //
+// Every device belongs to an app (jobs/apps): its credentials, stored
+// sealed, and the registry each process keeps of them, whose provider
+// clients a chunk sends each device's group through (Lane.Apps), the
+// breakers of its app (Breakers.App).
+//
 // state.go holds the states and the lock order every transaction keeps;
 // channel.go the channels; metrics.go, gauges.go and poolmetrics.go what a
 // process exports. Nothing here imports api; cmd/herald wires it all.
