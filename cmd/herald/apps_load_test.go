@@ -173,6 +173,8 @@ func TestE2EAppRevokedKeyFailsOnlyItsApp(t *testing.T) {
 	require.EqualValues(t, 2_000, heraldbench.MetricSum(families, "herald_credentials_refused_total", map[string]string{"app": "brand-a", "channel": "apns"}))
 	require.Zero(t, heraldbench.MetricSum(families, "herald_credentials_refused_total", map[string]string{"app": "brand-b"}))
 	require.EqualValues(t, 1, heraldbench.MetricSum(families, "herald_breaker_state", map[string]string{"app": "brand-b", "channel": "apns", "state": "closed"}))
+	require.Positive(t, heraldbench.MetricSum(families, "herald_provider_in_flight_limit", map[string]string{"app": "brand-b", "channel": "apns", "lane": "bulk", "credential": "1"}),
+		"each app's clients show their pacing")
 	require.EqualValues(t, 1, heraldbench.MetricSum(families, "herald_breaker_state", map[string]string{"app": "brand-a", "channel": "apns", "state": "closed"}),
 		"refused credentials are the app's to fix, not an outage to back off from")
 }

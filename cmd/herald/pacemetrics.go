@@ -1,9 +1,12 @@
 package main
 
 import (
+	"strconv"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/heraldpush/herald/jobs"
+	"github.com/heraldpush/herald/jobs/apps"
 	"github.com/heraldpush/herald/jobs/push/webpush"
 )
 
@@ -35,7 +38,9 @@ type pacingMetrics struct {
 }
 
 func registerPacingMetrics(reg prometheus.Registerer, lanes []jobs.Lane) {
-	labels := []string{"channel", "lane", "host"}
+	// credential is "env" for the environment's clients (the default
+	// app's), else the stored credential's version.
+	labels := []string{"channel", "lane", "host", "app", "credential"}
 	reg.MustRegister(&pacingMetrics{
 		lanes: lanes,
 		inFlight: prometheus.NewDesc("herald_provider_in_flight_limit",
@@ -53,24 +58,35 @@ func (m *pacingMetrics) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (m *pacingMetrics) Collect(ch chan<- prometheus.Metric) {
-	gauge := func(d *prometheus.Desc, v float64, channel, lane, host string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, channel, lane, host)
-	}
 	for _, l := range m.lanes {
 		for channel, s := range l.Providers {
-			if p, ok := s.(hostPacer); ok {
-				for _, h := range p.Pacing() {
-					gauge(m.inFlight, float64(h.InFlightLimit), channel, l.Queue, h.Host)
-					gauge(m.rate, h.Rate, channel, l.Queue, h.Host)
-				}
-				continue
-			}
-			if p, ok := s.(inFlightLimiter); ok {
-				gauge(m.inFlight, float64(p.InFlightLimit()), channel, l.Queue, "")
-			}
-			if p, ok := s.(rateLimiter); ok {
-				gauge(m.rate, p.Rate(), channel, l.Queue, "")
-			}
+			m.collect(ch, s, channel, l.Queue, apps.DefaultName, "env")
 		}
+		if l.Apps == nil {
+			continue
+		}
+		for _, c := range l.Apps.Clients(l.Queue) {
+			m.collect(ch, c.Sender, c.Channel, l.Queue, c.App, strconv.Itoa(int(c.Version)))
+		}
+	}
+}
+
+// collect reports one client's pacing.
+func (m *pacingMetrics) collect(ch chan<- prometheus.Metric, s apps.Sender, channel, lane, app, credential string) {
+	gauge := func(d *prometheus.Desc, v float64, host string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, channel, lane, host, app, credential)
+	}
+	if p, ok := s.(hostPacer); ok {
+		for _, h := range p.Pacing() {
+			gauge(m.inFlight, float64(h.InFlightLimit), h.Host)
+			gauge(m.rate, h.Rate, h.Host)
+		}
+		return
+	}
+	if p, ok := s.(inFlightLimiter); ok {
+		gauge(m.inFlight, float64(p.InFlightLimit()), "")
+	}
+	if p, ok := s.(rateLimiter); ok {
+		gauge(m.rate, p.Rate(), "")
 	}
 }

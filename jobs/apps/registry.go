@@ -367,6 +367,28 @@ func (r *Registry) pick(lane string, app int32, channel string, credential int64
 	return nil
 }
 
+// LaneClient is one of a lane's clients of a stored credential.
+type LaneClient struct {
+	App, Channel string
+	Version      int32
+	Sender       Sender
+}
+
+// Clients are lane's clients of the stored credentials, live ones (active
+// or retiring) that could be built, for the metrics of their pacing; the
+// environment's are the caller's own.
+func (r *Registry) Clients(lane string) []LaneClient {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	var out []LaneClient
+	for _, l := range r.live {
+		if c := l.clients[lane]; c != nil && c.p != nil {
+			out = append(out, LaneClient{App: l.cred.App, Channel: l.cred.Channel, Version: l.cred.Version, Sender: c.p})
+		}
+	}
+	return out
+}
+
 // Name is the name of app id ("" when unknown).
 func (r *Registry) Name(id int32) string {
 	r.mu.RLock()
