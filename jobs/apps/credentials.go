@@ -176,7 +176,7 @@ func (c *FCM) Check() error {
 func (c *WebPush) Check() error {
 	pub, err := base64.RawURLEncoding.DecodeString(strings.TrimRight(c.PublicKey, "="))
 	if err != nil || len(pub) != 65 || pub[0] != 4 {
-		return invalid("webpush.public_key", "must be an uncompressed P-256 point (65 bytes) in base64url (docs/apps.md shows how to make a pair)")
+		return invalid("webpush.public_key", "must be an uncompressed P-256 point (65 bytes) in base64url (herald vapid generate makes a pair)")
 	}
 	priv, err := base64.RawURLEncoding.DecodeString(strings.TrimRight(c.PrivateKey, "="))
 	if err != nil || len(priv) != 32 {
