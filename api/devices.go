@@ -176,11 +176,11 @@ func (s *Server) registerDevice(c echo.Context) error {
 		return err
 	}
 	ctx := c.Request().Context()
-	names, err := s.appIDs(ctx)
+	ix, err := apps.ReadIndex(ctx, s.pool)
 	if err != nil {
 		return err
 	}
-	d, app, err := s.deviceApp(ctx, req, "", names)
+	d, app, err := s.deviceApp(ctx, req, "", ix)
 	if err != nil {
 		return err
 	}
@@ -205,38 +205,21 @@ func (s *Server) registerDevice(c echo.Context) error {
 	return c.JSON(status, resp)
 }
 
-// appIDs are the apps' ids by name, read for a registration.
-func (s *Server) appIDs(ctx context.Context) (map[string]int32, error) {
-	rows, err := db.On(s.pool).ListApps(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("read apps: %w", err)
-	}
-	out := make(map[string]int32, len(rows))
-	for _, r := range rows {
-		out[r.Name] = r.ID
-	}
-	return out, nil
-}
-
 // deviceApp is the registration of req with its app: the app it names (or
 // the default app, or the key's one app), which must exist and be one the
 // caller may act for, and for Web Push the credential whose VAPID key the
 // subscription was made with. prefix names the batch element in errors.
-func (s *Server) deviceApp(ctx context.Context, req deviceRequest, prefix string, ids map[string]int32) (device, string, error) {
+func (s *Server) deviceApp(ctx context.Context, req deviceRequest, prefix string, ix apps.Index) (device, string, error) {
 	d := req.norm
 	who := callerOf(ctx)
 	name := req.App
 	if name == "" {
 		name = apps.DefaultName
 		if len(who.apps) == 1 {
-			for n, id := range ids {
-				if id == who.apps[0] {
-					name = n
-				}
-			}
+			name = ix.ByID[who.apps[0]]
 		}
 	}
-	id, ok := ids[name]
+	id, ok := ix.ByName[name]
 	if !ok {
 		return device{}, "", invalid(prefix+"app", "no app is named %q (GET /v1/apps lists them)", name)
 	}
@@ -272,7 +255,7 @@ func (s *Server) registerDevices(c echo.Context) error {
 	// registrations are kept.
 	var inOrder []device
 	ctx := c.Request().Context()
-	ids, err := s.appIDs(ctx)
+	ix, err := apps.ReadIndex(ctx, s.pool)
 	if err != nil {
 		return err
 	}
@@ -286,7 +269,7 @@ func (s *Server) registerDevices(c echo.Context) error {
 		if err := r.check(path + "."); err != nil {
 			return err
 		}
-		d, app, err := s.deviceApp(ctx, r, path+".", ids)
+		d, app, err := s.deviceApp(ctx, r, path+".", ix)
 		if err != nil {
 			return err
 		}

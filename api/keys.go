@@ -46,15 +46,8 @@ type Key struct {
 
 // appNames are the apps' names by id.
 func appNames(ctx context.Context, dbtx db.DBTX) (map[int32]string, error) {
-	rows, err := db.On(dbtx).ListApps(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("read apps: %w", err)
-	}
-	out := make(map[int32]string, len(rows))
-	for _, r := range rows {
-		out[r.ID] = r.Name
-	}
-	return out, nil
+	ix, err := apps.ReadIndex(ctx, dbtx)
+	return ix.ByID, err
 }
 
 // keyOf is a key as it is listed, its apps named by names.

@@ -17,6 +17,7 @@ import (
 
 	"github.com/heraldpush/herald/db"
 	"github.com/heraldpush/herald/jobs"
+	"github.com/heraldpush/herald/jobs/apps"
 	"github.com/heraldpush/herald/jobs/push"
 )
 
@@ -232,12 +233,12 @@ func (s *Server) callerApps(ctx context.Context, named []string) ([]string, erro
 	if who.apps == nil {
 		return named, nil
 	}
-	ids, err := s.appIDs(ctx)
+	ix, err := apps.ReadIndex(ctx, s.pool)
 	if err != nil {
 		return nil, err
 	}
 	if len(named) == 0 {
-		for name, id := range ids {
+		for name, id := range ix.ByName {
 			if who.mayActFor(id) {
 				named = append(named, name)
 			}
@@ -246,7 +247,7 @@ func (s *Server) callerApps(ctx context.Context, named []string) ([]string, erro
 		return named, nil
 	}
 	for i, name := range named {
-		if id, ok := ids[name]; ok && !who.mayActFor(id) {
+		if id, ok := ix.ByName[name]; ok && !who.mayActFor(id) {
 			return nil, &Error{Status: http.StatusForbidden, Code: "forbidden", Field: fmt.Sprintf("audience.apps[%d]", i),
 				Message: fmt.Sprintf("key %q may not send to app %q", who.key, name)}
 		}
@@ -556,20 +557,18 @@ func (s *Server) listDeliveries(c echo.Context) error {
 	if confirmed != "" && confirmed != "true" && confirmed != "false" {
 		return invalid("confirmed", "confirmed %q is not true or false", confirmed)
 	}
-	names, err := appNames(ctx, s.pool)
+	ix, err := apps.ReadIndex(ctx, s.pool)
 	if err != nil {
 		return err
 	}
+	names := ix.ByID
 	var appID *int32
 	if app := c.QueryParam("app"); app != "" {
-		for id, name := range names {
-			if name == app {
-				appID = &id
-			}
-		}
-		if appID == nil {
+		id, ok := ix.ByName[app]
+		if !ok {
 			return invalid("app", "no app is named %q", app)
 		}
+		appID = &id
 	}
 	filter := "deliveries:" + c.Param("message_id") + ":" + status
 	if confirmed != "" {
@@ -713,10 +712,11 @@ func (s *Server) messageApps(c echo.Context) error {
 	if err != nil {
 		return fmt.Errorf("count deliveries by app: %w", err)
 	}
-	names, err := appNames(ctx, s.pool)
+	ix, err := apps.ReadIndex(ctx, s.pool)
 	if err != nil {
 		return err
 	}
+	names := ix.ByID
 	byApp := map[int32]*appCounts{}
 	out := appCountsList{Items: []appCounts{}}
 	var order []int32

@@ -354,7 +354,8 @@ func (w *FanOutWorker) send(ctx context.Context, c *running, msg *encodedMessage
 			continue
 		}
 		lease.Release()
-		m := msg.variant(w.appName(lane, g.app), g.locale)
+		app := w.appName(lane, g.app)
+		m := msg.variant(app, g.locale)
 		if c.Chunk == 0 {
 			// A message's first devices go out before the chunks that
 			// were already being sent: they take the next request slots
@@ -364,12 +365,12 @@ func (w *FanOutWorker) send(ctx context.Context, c *running, msg *encodedMessage
 			lead := idx[:min(firstChunkLead, len(idx))]
 			idx = idx[len(lead):]
 			s.inFlight++
-			go w.sendTargets(push.WithLead(ctx, len(lead)), c, m, lane, g, lead, s)
+			go w.sendTargets(push.WithLead(ctx, len(lead)), c, m, lane, g, app, lead, s)
 		}
 		for start := 0; start < len(idx); start += sendSlice {
 			slice := idx[start:min(start+sendSlice, len(idx))]
 			s.inFlight++
-			go w.sendTargets(ctx, c, m, lane, g, slice, s)
+			go w.sendTargets(ctx, c, m, lane, g, app, slice, s)
 		}
 	}
 	return s
@@ -427,12 +428,11 @@ func (s *sends) disabled(why string, idx []int) {
 	s.ledger.add(s.rec, false, idx...)
 }
 
-// sendTargets sends the targets at slice through provider and hands each
-// answer over as it comes: to the group's breaker and to the ledger
-// writer. What the provider settled without an answer (refused locally,
+// sendTargets sends the targets at slice through the group's client (app
+// is the group's app's name, for the metrics) and hands each answer over
+// as it comes: to the group's breaker and to the ledger writer. What the provider settled without an answer (refused locally,
 // parked, not sent) is handed over when the slice is back.
-func (w *FanOutWorker) sendTargets(ctx context.Context, c *running, msg *push.Message, lane Lane, g sendGroup, slice []int, s *sends) {
-	app := w.appName(lane, g.app)
+func (w *FanOutWorker) sendTargets(ctx context.Context, c *running, msg *push.Message, lane Lane, g sendGroup, app string, slice []int, s *sends) {
 	targets := make([]push.Target, len(slice))
 	for j, i := range slice {
 		targets[j] = c.Targets[i].Target

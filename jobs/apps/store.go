@@ -215,6 +215,15 @@ func (s *Store) SetDisabled(ctx context.Context, q db.DBTX, name string, disable
 	return s.found(ctx, q, r, err)
 }
 
+// appRow reads the app named name, or ErrNotFound.
+func appRow(ctx context.Context, q *db.Queries, name string) (db.App, error) {
+	app, err := q.GetApp(ctx, name)
+	if errors.Is(err, db.ErrNotFound) {
+		return db.App{}, ErrNotFound
+	}
+	return app, err
+}
+
 // channelLockKey names the advisory lock of an app's channel.
 func channelLockKey(appID int32, channel string) string {
 	return fmt.Sprintf("%d/%s", appID, channel)
@@ -240,10 +249,7 @@ func (s *Store) Rotate(ctx context.Context, name string, in Input) (CredentialIn
 	var out CredentialInfo
 	err = db.InTx(ctx, s.Pool, func(tx pgx.Tx) error {
 		q := db.On(tx)
-		app, err := q.GetApp(ctx, name)
-		if errors.Is(err, db.ErrNotFound) {
-			return ErrNotFound
-		}
+		app, err := appRow(ctx, q, name)
 		if err != nil {
 			return err
 		}
@@ -282,10 +288,7 @@ func (s *Store) Retire(ctx context.Context, name, channel string, version int32)
 	var out []CredentialInfo
 	err := db.InTx(ctx, s.Pool, func(tx pgx.Tx) error {
 		q := db.On(tx)
-		app, err := q.GetApp(ctx, name)
-		if errors.Is(err, db.ErrNotFound) {
-			return ErrNotFound
-		}
+		app, err := appRow(ctx, q, name)
 		if err != nil {
 			return err
 		}
@@ -338,23 +341,38 @@ func (s *Store) Reseal(ctx context.Context) (int, error) {
 	return n, err
 }
 
+// Index is the apps' names and ids both ways, as read at once.
+type Index struct {
+	ByName map[string]int32
+	ByID   map[int32]string
+}
+
+// ReadIndex reads the apps' names and ids.
+func ReadIndex(ctx context.Context, q db.DBTX) (Index, error) {
+	rows, err := db.On(q).ListApps(ctx)
+	if err != nil {
+		return Index{}, fmt.Errorf("read apps: %w", err)
+	}
+	ix := Index{ByName: make(map[string]int32, len(rows)), ByID: make(map[int32]string, len(rows))}
+	for _, r := range rows {
+		ix.ByName[r.Name], ix.ByID[r.ID] = r.ID, r.Name
+	}
+	return ix, nil
+}
+
 // Resolve maps app names to their ids, in order, each once; an unknown
 // name is an *InvalidError naming field.
 func Resolve(ctx context.Context, q db.DBTX, field string, names []string) ([]int32, error) {
 	if len(names) == 0 {
 		return nil, nil
 	}
-	rows, err := db.On(q).ListApps(ctx)
+	ix, err := ReadIndex(ctx, q)
 	if err != nil {
 		return nil, err
 	}
-	byName := make(map[string]int32, len(rows))
-	for _, r := range rows {
-		byName[r.Name] = r.ID
-	}
 	var ids []int32
 	for _, n := range names {
-		id, ok := byName[n]
+		id, ok := ix.ByName[n]
 		if !ok {
 			return nil, invalid(field, "no app is named %q", n)
 		}
