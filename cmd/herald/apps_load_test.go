@@ -47,8 +47,12 @@ func (e *e2e) appFleet(n int, apps ...string) ([]string, map[string][]string) {
 // key's id, and brand-b's all carry its own. The old key, revoked at the
 // provider afterwards, is used for nothing: the next message to brand-a is
 // accepted whole.
+//
+// Not parallel: it runs before the tier's parallel tests are let go, so
+// that their load (which took a worker's liveness lock from it) is not
+// what it measures. One run under that load had one delivery failed,
+// reason not known then: the assertion now names it.
 func TestE2EAppKeyRotationUnderLoad(t *testing.T) {
-	t.Parallel()
 	e := startE2E(t, map[string]string{"HERALD_SECRET_KEY": testSecretKey})
 	a, b := e.addApp("brand-a"), e.addApp("brand-b")
 	users, _ := e.appFleet(10_000, "brand-a")
@@ -66,7 +70,7 @@ func TestE2EAppKeyRotationUnderLoad(t *testing.T) {
 		"key_id": rotated.APNs.KeyID, "team_id": rotated.APNs.TeamID, "topic": rotated.APNs.Topic, "key": rotated.APNs.KeyPEM,
 	}})
 	require.Equal(t, client.MessageStateDispatched, e.settle(id, 2*time.Minute).State)
-	require.Empty(t, e.deliveries(id, client.DeliveryStatusFailed))
+	require.Empty(t, e.appDeliveries(id, "failed"))
 
 	// Every device reached, and a second push only where a first got no
 	// answer (on a loaded machine a request times out and is sent again,
@@ -182,10 +186,11 @@ func TestE2EAppRevokedKeyFailsOnlyItsApp(t *testing.T) {
 // appDelivery is a delivery as GET /v1/messages/{id}/deliveries lists it,
 // with its app.
 type appDelivery struct {
-	App    *string  `json:"app"`
-	Status string   `json:"status"`
-	Reason *string  `json:"reason"`
-	SkewMs *float64 `json:"skew_ms"`
+	DeviceID string   `json:"device_id"`
+	App      *string  `json:"app"`
+	Status   string   `json:"status"`
+	Reason   *string  `json:"reason"`
+	SkewMs   *float64 `json:"skew_ms"`
 }
 
 // appDeliveries lists a message's deliveries of status ("" for all).
