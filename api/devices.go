@@ -497,6 +497,11 @@ func (s *Server) deleteDevice(c echo.Context) error {
 		return notFound("device", raw)
 	}
 	err := db.InTx(ctx, s.pool, func(tx pgx.Tx) error {
+		// Its deliveries are cancelled first, while the device is there to
+		// say whose they were (db.EraseDevices).
+		if err := db.EraseDevices(ctx, tx, []int64{id}); err != nil {
+			return err
+		}
 		n, err := db.On(tx).DeleteDevice(ctx, id)
 		if err != nil {
 			return fmt.Errorf("delete device: %w", err)
@@ -504,7 +509,7 @@ func (s *Server) deleteDevice(c echo.Context) error {
 		if n == 0 {
 			return notFound("device", raw)
 		}
-		return db.EraseDevices(ctx, tx, []int64{id})
+		return nil
 	})
 	if err != nil {
 		return err

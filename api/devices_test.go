@@ -386,7 +386,7 @@ func TestDeleteDevice(t *testing.T) {
 	require.Equal(t, 1, pending)
 	require.Equal(t, 1, cancelled)
 	var st string
-	require.NoError(t, b.db.Pool.QueryRow(ctx, "SELECT status FROM deliveries WHERE device_id = $1", id).Scan(&st))
+	require.NoError(t, b.db.Pool.QueryRow(ctx, "SELECT status FROM ledger WHERE device_id = $1", id).Scan(&st))
 	require.Equal(t, "cancelled", st)
 
 	requireError(t, b.call(t, request{method: http.MethodDelete, path: "/v1/devices/" + deviceID}), http.StatusNotFound, "not_found", "")

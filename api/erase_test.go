@@ -19,7 +19,7 @@ func chunkArgs(t *testing.T, b *bundle) string {
 	t.Helper()
 	var args string
 	require.NoError(t, b.db.Pool.QueryRow(context.Background(),
-		`SELECT coalesce(string_agg(args::text, ' '), '') FROM river_job WHERE kind = 'fan_out'`).Scan(&args))
+		`SELECT coalesce(string_agg(args::text, ' '), '') FROM river_job WHERE kind LIKE 'fan_out%'`).Scan(&args))
 	return args
 }
 
@@ -246,9 +246,16 @@ func TestDeleteUserOfManyDevicesInManyChunks(t *testing.T) {
 	rec := srv.call(t, request{method: http.MethodDelete, path: "/v1/users/u07"})
 	require.Equal(t, http.StatusNoContent, rec.Code, rec.Body.String())
 
-	rows, err := b.db.Pool.Query(ctx, `SELECT args FROM river_job WHERE kind = 'fan_out'`)
+	rows, err := b.db.Pool.Query(ctx, `SELECT kind, args FROM river_job WHERE kind LIKE 'fan_out%'`)
 	require.NoError(t, err)
-	all, err := pgx.CollectRows(rows, pgx.RowTo[jobs.FanOutArgs])
+	all, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (jobs.FanOutArgs, error) {
+		var kind string
+		var raw []byte
+		if err := r.Scan(&kind, &raw); err != nil {
+			return jobs.FanOutArgs{}, err
+		}
+		return jobs.ChunkArgs(kind, raw)
+	})
 	require.NoError(t, err)
 	require.Len(t, all, 14)
 	seen := map[string]int{}

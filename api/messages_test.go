@@ -68,17 +68,20 @@ type jobRow struct {
 func (b *bundle) chunkJobs(t testing.TB, messageID string) []jobRow {
 	t.Helper()
 	rows, err := b.db.Pool.Query(context.Background(), `
-		SELECT j.state, j.queue, j.scheduled_at, j.args
+		SELECT j.state, j.queue, j.scheduled_at, j.kind, j.args
 		FROM river_job j JOIN message_chunks c ON c.job_id = j.id
 		WHERE c.message_id = $1 ORDER BY c.chunk`, strings.TrimPrefix(messageID, "msg_"))
 	require.NoError(t, err)
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (jobRow, error) {
 		var j jobRow
 		var raw []byte
-		if err := r.Scan(&j.State, &j.Queue, &j.ScheduledAt, &raw); err != nil {
+		var kind string
+		if err := r.Scan(&j.State, &j.Queue, &j.ScheduledAt, &kind, &raw); err != nil {
 			return j, err
 		}
-		return j, json.Unmarshal(raw, &j.Args)
+		var err error
+		j.Args, err = jobs.ChunkArgs(kind, raw)
+		return j, err
 	})
 	require.NoError(t, err)
 	return out
@@ -139,8 +142,8 @@ func TestCreateMessageToUsers(t *testing.T) {
 // its worker does.
 func chunkTargets(t *testing.T, q db.DBTX, a jobs.FanOutArgs) []db.ChunkPendingRow {
 	t.Helper()
-	targets, err := db.On(q).ChunkPending(context.Background(), db.ChunkPendingParams{
-		MessageID: a.MessageID, FirstDevice: a.FirstDevice, LastDevice: a.LastDevice, Chunk: int32(a.Chunk)})
+	targets, err := db.ReadChunkPending(context.Background(), q, db.Chunk{ChunkPendingParams: db.ChunkPendingParams{
+		MessageID: a.MessageID, FirstDevice: a.FirstDevice, LastDevice: a.LastDevice, Chunk: int32(a.Chunk)}, Snapshot: a.Snapshot})
 	require.NoError(t, err)
 	return targets
 }
@@ -179,7 +182,7 @@ func TestCreateMessageToSegmentInChunks(t *testing.T) {
 	require.Len(t, seen, 40)
 	var ledger int
 	require.NoError(t, tdb.Pool.QueryRow(context.Background(),
-		"SELECT count(*) FROM deliveries WHERE message_id = $1 AND status = 'pending'",
+		"SELECT count(*) FROM ledger WHERE message_id = $1 AND status = 'pending'",
 		strings.TrimPrefix(resp["message_id"].(string), "msg_")).Scan(&ledger))
 	require.Equal(t, 40, ledger)
 }
@@ -355,7 +358,7 @@ func TestIdempotencyKeyConcurrentRetries(t *testing.T) {
 	var messages, ledger, chunks int
 	ctx := context.Background()
 	require.NoError(t, b.db.Pool.QueryRow(ctx, "SELECT count(*) FROM messages").Scan(&messages))
-	require.NoError(t, b.db.Pool.QueryRow(ctx, "SELECT count(*) FROM deliveries").Scan(&ledger))
+	require.NoError(t, b.db.Pool.QueryRow(ctx, "SELECT count(*) FROM ledger").Scan(&ledger))
 	require.NoError(t, b.db.Pool.QueryRow(ctx, "SELECT count(*) FROM river_job").Scan(&chunks))
 	require.Equal(t, 1, messages)
 	require.Equal(t, 100, ledger)
@@ -401,8 +404,10 @@ func TestCreateMessageRollsBackOnFailure(t *testing.T) {
 
 // ledgerRow is a delivery as a test writes its result.
 type ledgerRow struct {
-	ID    int64
-	DueAt time.Time
+	ID              int64
+	DueAt           time.Time
+	UserID, Channel string
+	Chunk           int32
 }
 
 // startedMessage schedules a message to users users of prefix, one device
@@ -417,7 +422,7 @@ func startedMessage(t *testing.T, b *bundle, prefix string, users int) (id strin
 	n, _ = parsePrefixed(id)
 	ctx := context.Background()
 	require.NoError(t, db.On(b.db.Pool).StartMessage(ctx, n))
-	rows, err := b.db.Pool.Query(ctx, "SELECT device_id, due_at FROM deliveries WHERE message_id = $1 ORDER BY device_id", n)
+	rows, err := b.db.Pool.Query(ctx, "SELECT device_id, due_at, user_id, channel, chunk FROM ledger WHERE message_id = $1 ORDER BY device_id", n)
 	require.NoError(t, err)
 	ledger, err = pgx.CollectRows(rows, pgx.RowToStructByPos[ledgerRow])
 	require.NoError(t, err)
@@ -432,7 +437,8 @@ func addResult(r *db.RecordResultsParams, message int64, d ledgerRow, status, re
 	if status == "accepted" {
 		accepted = at.UnixMicro()
 	}
-	r.Add(message, d.ID, status, reason, at.UnixMicro(), accepted)
+	r.Add(db.DeliveryKey{MessageID: message, DeviceID: d.ID, UserID: d.UserID, Channel: d.Channel, Chunk: d.Chunk, DueUs: d.DueAt.UnixMicro()},
+		status, reason, at.UnixMicro(), accepted)
 }
 
 func TestGetMessageCountsAndSkew(t *testing.T) {
@@ -661,7 +667,7 @@ func TestCancelRacesFirstChunk(t *testing.T) {
 			defer wg.Done()
 			// The chunk worker's own first step.
 			var begun db.ChunkStart
-			begun, err = db.BeginChunk(ctx, b.db.Pool, db.ChunkPendingParams{MessageID: n, LastDevice: math.MaxInt64}, 0)
+			begun, err = db.BeginChunk(ctx, b.db.Pool, db.Chunk{ChunkPendingParams: db.ChunkPendingParams{MessageID: n, LastDevice: math.MaxInt64}}, 0)
 			started = begun.State == "dispatching"
 		}()
 		wg.Wait()

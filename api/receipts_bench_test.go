@@ -80,7 +80,7 @@ func setupReceiptBench(b *testing.B) *receiptBench {
 	require.NoError(b, err)
 	_, err = bb.db.Pool.Exec(ctx, "ANALYZE")
 	require.NoError(b, err)
-	rows, err := bb.db.Pool.Query(ctx, "SELECT device_id FROM deliveries WHERE message_id = $1 ORDER BY device_id", n)
+	rows, err := bb.db.Pool.Query(ctx, "SELECT device_id FROM ledger WHERE message_id = $1 ORDER BY device_id", n)
 	require.NoError(b, err)
 	devices, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	require.NoError(b, err)

@@ -95,7 +95,7 @@ func (q *Queries) BackendPIDs(ctx context.Context, applicationName string) ([]in
 
 const benchChunkTargets = `-- name: BenchChunkTargets :many
 SELECT d.chunk, d.device_id, d.channel, v.token, v.p256dh, v.auth, v.environment
-FROM deliveries d
+FROM ledger d
 JOIN devices v ON v.id = d.device_id
 WHERE d.message_id = $1 AND d.chunk >= 0
 ORDER BY d.chunk, d.device_id
@@ -264,6 +264,19 @@ func (q *Queries) DataDirectory(ctx context.Context) (string, error) {
 	return column_1, err
 }
 
+const databaseSize = `-- name: DatabaseSize :one
+SELECT pg_database_size(current_database())::bigint
+`
+
+// The bench database's size on disk, in bytes: what scheduling made it
+// grow by before the instant.
+func (q *Queries) DatabaseSize(ctx context.Context) (int64, error) {
+	row := q.db.QueryRow(ctx, databaseSize)
+	var column_1 int64
+	err := row.Scan(&column_1)
+	return column_1, err
+}
+
 const insertHistoryDeliveries = `-- name: InsertHistoryDeliveries :execrows
 INSERT INTO deliveries (message_id, device_id, user_id, channel, chunk, due_at, status, attempt, attempted_at, accepted_at)
 SELECT p.message_id, d, 'u' || d, 'apns', (d - 1) / 500, p.at, 'accepted', 1, p.at, p.at + interval '50 milliseconds'
@@ -417,7 +430,7 @@ func (q *Queries) VacuumAnalyze(ctx context.Context) error {
 }
 
 const vacuumMessageTables = `-- name: VacuumMessageTables :exec
-VACUUM (ANALYZE) deliveries, message_chunks, messages, payloads, river_job
+VACUUM (ANALYZE) deliveries, chunk_devices, message_chunks, messages, payloads, river_job
 `
 
 // What autovacuum does, sooner or later, after a message settled: the

@@ -32,21 +32,37 @@ type ChunkWrite struct {
 	FailureEvents bool
 }
 
+// DeliveryKey names one delivery of a ledger write and what its row holds
+// besides its result, written when the write is its first (a snapshot's
+// device: migration 0022): its user and channel as the chunk read them,
+// its chunk and when it was due (microseconds since the epoch, in the
+// database's frame).
+type DeliveryKey struct {
+	MessageID, DeviceID int64
+	UserID, Channel     string
+	Chunk               int32
+	DueUs               int64
+}
+
 // Add appends one delivery's result.
-func (p *RecordResultsParams) Add(messageID, deviceID int64, status, reason string, attemptedUs, acceptedUs int64) {
-	p.add(messageID, deviceID, status, reason, attemptedUs, acceptedUs, 0)
+func (p *RecordResultsParams) Add(d DeliveryKey, status, reason string, attemptedUs, acceptedUs int64) {
+	p.add(d, status, reason, attemptedUs, acceptedUs, 0)
 }
 
 // AddThrottled appends the result of a delivery that stays pending because
 // the provider throttled its device: it may not be sent again before
 // notBeforeUs.
-func (p *RecordResultsParams) AddThrottled(messageID, deviceID int64, reason string, attemptedUs, notBeforeUs int64) {
-	p.add(messageID, deviceID, "pending", reason, attemptedUs, 0, notBeforeUs)
+func (p *RecordResultsParams) AddThrottled(d DeliveryKey, reason string, attemptedUs, notBeforeUs int64) {
+	p.add(d, "pending", reason, attemptedUs, 0, notBeforeUs)
 }
 
-func (p *RecordResultsParams) add(messageID, deviceID int64, status, reason string, attemptedUs, acceptedUs, notBeforeUs int64) {
-	p.MessageIds = append(p.MessageIds, messageID)
-	p.DeviceIds = append(p.DeviceIds, deviceID)
+func (p *RecordResultsParams) add(d DeliveryKey, status, reason string, attemptedUs, acceptedUs, notBeforeUs int64) {
+	p.MessageIds = append(p.MessageIds, d.MessageID)
+	p.DeviceIds = append(p.DeviceIds, d.DeviceID)
+	p.UserIds = append(p.UserIds, d.UserID)
+	p.Channels = append(p.Channels, d.Channel)
+	p.Chunks = append(p.Chunks, d.Chunk)
+	p.DueUs = append(p.DueUs, d.DueUs)
 	p.Statuses = append(p.Statuses, status)
 	p.Reasons = append(p.Reasons, reason)
 	p.AttemptedUs = append(p.AttemptedUs, attemptedUs)
@@ -54,10 +70,46 @@ func (p *RecordResultsParams) add(messageID, deviceID int64, status, reason stri
 	p.NotBeforeUs = append(p.NotBeforeUs, notBeforeUs)
 }
 
+// Len is how many results p holds.
+func (p *RecordResultsParams) Len() int { return len(p.DeviceIds) }
+
+// row appends src's row i.
+func (p *RecordResultsParams) row(src *RecordResultsParams, i int) {
+	p.add(DeliveryKey{src.MessageIds[i], src.DeviceIds[i], src.UserIds[i], src.Channels[i], src.Chunks[i], src.DueUs[i]},
+		src.Statuses[i], src.Reasons[i], src.AttemptedUs[i], src.AcceptedUs[i], src.NotBeforeUs[i])
+}
+
+// once is p with each delivery once, its last result kept: an INSERT ... ON
+// CONFLICT DO UPDATE must not meet a row twice. Two results of one
+// delivery in one write are rare (a chunk retried in the process while its
+// answers were still unwritten), so p is returned as it is when it has
+// none.
+func (p RecordResultsParams) once() RecordResultsParams {
+	type key struct{ message, device int64 }
+	last := make(map[key]int, len(p.DeviceIds))
+	for i := range p.DeviceIds {
+		last[key{p.MessageIds[i], p.DeviceIds[i]}] = i
+	}
+	if len(last) == len(p.DeviceIds) {
+		return p
+	}
+	out := RecordResultsParams{WantFailed: p.WantFailed}
+	for i := range p.DeviceIds {
+		if last[key{p.MessageIds[i], p.DeviceIds[i]}] == i {
+			out.row(&p, i)
+		}
+	}
+	return out
+}
+
 // Append appends src's rows.
 func (p *RecordResultsParams) Append(src RecordResultsParams) {
 	p.MessageIds = append(p.MessageIds, src.MessageIds...)
 	p.DeviceIds = append(p.DeviceIds, src.DeviceIds...)
+	p.UserIds = append(p.UserIds, src.UserIds...)
+	p.Channels = append(p.Channels, src.Channels...)
+	p.Chunks = append(p.Chunks, src.Chunks...)
+	p.DueUs = append(p.DueUs, src.DueUs...)
 	p.Statuses = append(p.Statuses, src.Statuses...)
 	p.Reasons = append(p.Reasons, src.Reasons...)
 	p.AttemptedUs = append(p.AttemptedUs, src.AttemptedUs...)
@@ -107,6 +159,7 @@ func WriteChunks(ctx context.Context, pool *pgxpool.Pool, ws []ChunkWrite) ([]Ch
 		results.Append(w.Results)
 		results.WantFailed = results.WantFailed || w.FailureEvents
 	}
+	results = results.once()
 	slices.SortFunc(order, func(i, j int) int { return cmp.Compare(ws[i].MessageID, ws[j].MessageID) })
 	out := make([]ChunkWritten, len(ws))
 	err := inBatch(ctx, pool, func(b *pgx.Batch) {
@@ -120,8 +173,9 @@ func WriteChunks(ctx context.Context, pool *pgxpool.Pool, ws []ChunkWrite) ([]Ch
 			}
 		}
 		if len(results.DeviceIds) > 0 {
-			b.Queue(recordResults, results.MessageIds, results.DeviceIds, results.Statuses,
-				results.Reasons, results.AttemptedUs, results.AcceptedUs, results.NotBeforeUs, results.WantFailed).Query(func(rows pgx.Rows) error {
+			b.Queue(recordResults, results.MessageIds, results.DeviceIds, results.UserIds, results.Channels,
+				results.Chunks, results.DueUs, results.Statuses, results.Reasons, results.AttemptedUs,
+				results.AcceptedUs, results.NotBeforeUs, results.WantFailed).Query(func(rows pgx.Rows) error {
 				for rows.Next() {
 					var r RecordResultsRow
 					if err := rows.Scan(&r.MessageID, &r.PendingCount, &r.Accepted, &r.Failed, &r.Expired); err != nil {
@@ -182,14 +236,23 @@ type ChunkStart struct {
 	Payload []byte
 }
 
+// Chunk names what a chunk reads of the ledger: a range of its message's
+// pending rows (a chunk scheduled with rows), or its snapshot (migration
+// 0022: ChunkSnapshotPending), which needs only the message and the chunk.
+type Chunk struct {
+	ChunkPendingParams
+	Snapshot bool
+}
+
 // BeginChunk starts a chunk in one round trip, pipelined like WriteChunks:
 // it marks the message dispatching if it is still scheduled (only the
 // first chunk changes the row), reads the state that resulted, the chunk's
-// pending deliveries with their devices' tokens (ChunkPending, on the
-// generic plan: UseGenericPlans) and, when payloadID is not zero, the
-// payload. Before, these were four round trips at the instant every chunk
-// of a message starts, when the database is busiest.
-func BeginChunk(ctx context.Context, pool *pgxpool.Pool, c ChunkPendingParams, payloadID int64) (ChunkStart, error) {
+// pending deliveries with their devices' tokens (ChunkPending or
+// ChunkSnapshotPending, on the generic plan: UseGenericPlans) and, when
+// payloadID is not zero, the payload. Before, these were four round trips
+// at the instant every chunk of a message starts, when the database is
+// busiest.
+func BeginChunk(ctx context.Context, pool *pgxpool.Pool, c Chunk, payloadID int64) (ChunkStart, error) {
 	var out ChunkStart
 	err := inBatch(ctx, pool, func(b *pgx.Batch) {
 		out = ChunkStart{}
@@ -204,20 +267,55 @@ func BeginChunk(ctx context.Context, pool *pgxpool.Pool, c ChunkPendingParams, p
 	return out, nil
 }
 
-// queueChunkRead queues a chunk's read into out: its pending deliveries
-// with their devices (ChunkPending) and, when payloadID is not zero, the
-// payload. BeginChunk reads a chunk with it, and WarmChunk reads one the
-// same way ahead of its instant.
-func queueChunkRead(b *pgx.Batch, c ChunkPendingParams, payloadID int64, out *ChunkStart) {
-	b.Queue(chunkPending, c.MessageID, c.FirstDevice, c.LastDevice, c.Chunk).Query(func(rows pgx.Rows) error {
-		for rows.Next() {
-			var r ChunkPendingRow
-			if err := rows.Scan(&r.DeviceID, &r.Attempt, &r.Channel, &r.Locale, &r.Token, &r.P256dh, &r.Auth, &r.Environment, &r.Gone, &r.NotBefore, &r.AppID, &r.CredentialID); err != nil {
-				return err
-			}
-			out.Pending = append(out.Pending, r)
+// ReadChunkPending reads a chunk's pending deliveries as BeginChunk does,
+// in the caller's transaction.
+func ReadChunkPending(ctx context.Context, q DBTX, c Chunk) ([]ChunkPendingRow, error) {
+	return On(q).ChunkPendingOf(ctx, c)
+}
+
+// ChunkPendingOf is ReadChunkPending on q's connection.
+func (q *Queries) ChunkPendingOf(ctx context.Context, c Chunk) ([]ChunkPendingRow, error) {
+	query, args := chunkRead(c)
+	rows, err := q.db.Query(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	return scanChunkPending(rows)
+}
+
+// chunkRead is the statement that reads c's pending deliveries.
+func chunkRead(c Chunk) (string, []any) {
+	if c.Snapshot {
+		return chunkSnapshotPending, []any{c.MessageID, c.FirstDevice, c.LastDevice, c.Chunk}
+	}
+	return chunkPending, []any{c.MessageID, c.FirstDevice, c.LastDevice, c.Chunk}
+}
+
+// scanChunkPending reads ChunkPending's rows, or ChunkSnapshotPending's,
+// which have the same columns.
+func scanChunkPending(rows pgx.Rows) ([]ChunkPendingRow, error) {
+	defer rows.Close()
+	var out []ChunkPendingRow
+	for rows.Next() {
+		var r ChunkPendingRow
+		if err := rows.Scan(&r.DeviceID, &r.Attempt, &r.Channel, &r.Locale, &r.Token, &r.P256dh, &r.Auth, &r.Environment, &r.Gone, &r.NotBefore, &r.AppID, &r.CredentialID, &r.UserID); err != nil {
+			return nil, err
 		}
-		return rows.Err()
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// queueChunkRead queues a chunk's read into out: its pending deliveries
+// with their devices and, when payloadID is not zero, the payload.
+// BeginChunk reads a chunk with it, and WarmChunk reads one the same way
+// ahead of its instant.
+func queueChunkRead(b *pgx.Batch, c Chunk, payloadID int64, out *ChunkStart) {
+	query, args := chunkRead(c)
+	b.Queue(query, args...).Query(func(rows pgx.Rows) error {
+		pending, err := scanChunkPending(rows)
+		out.Pending = pending
+		return err
 	})
 	if payloadID != 0 {
 		b.Queue(getPayload, payloadID).QueryRow(func(row pgx.Row) error { return row.Scan(&out.Payload) })

@@ -46,7 +46,7 @@ func TestWriteChunk(t *testing.T) {
 			Settle:    true,
 		}
 		for _, d := range devices {
-			w.Results.Add(id, d, status, "", at.UnixMicro(), at.UnixMicro())
+			w.Results.Add(db.DeliveryKey{MessageID: id, DeviceID: d, UserID: "test", Channel: "apns"}, status, "", at.UnixMicro(), at.UnixMicro())
 		}
 		out, err := db.WriteChunks(ctx, tdb.Pool, []db.ChunkWrite{w})
 		if err != nil {
@@ -155,11 +155,11 @@ func TestSettleGradesTheSLO(t *testing.T) {
 				at := due.Add(d.after).UnixMicro()
 				switch d.status {
 				case "accepted":
-					w.Results.Add(id, int64(i+1), d.status, "", at, at)
+					w.Results.Add(db.DeliveryKey{MessageID: id, DeviceID: int64(i + 1), UserID: "test", Channel: "apns"}, d.status, "", at, at)
 				case "failed":
-					w.Results.Add(id, int64(i+1), d.status, "unregistered", at, 0)
+					w.Results.Add(db.DeliveryKey{MessageID: id, DeviceID: int64(i + 1), UserID: "test", Channel: "apns"}, d.status, "unregistered", at, 0)
 				default:
-					w.Results.Add(id, int64(i+1), d.status, "", 0, 0)
+					w.Results.Add(db.DeliveryKey{MessageID: id, DeviceID: int64(i + 1), UserID: "test", Channel: "apns"}, d.status, "", 0, 0)
 				}
 			}
 			out, err := db.WriteChunks(ctx, tdb.Pool, []db.ChunkWrite{w})
@@ -223,8 +223,8 @@ func TestBeginChunk(t *testing.T) {
 		             ('b', 'fcm', 'tok-b', NULL, NULL, 'production')
 		      RETURNING id)
 		SELECT min(id), min(id) + 1, max(id) FROM d`).Scan(&d1, &d2, &d3))
-	chunkOf := func(message, first, last int64) db.ChunkPendingParams {
-		return db.ChunkPendingParams{MessageID: message, FirstDevice: first, LastDevice: last, Chunk: 0}
+	chunkOf := func(message, first, last int64) db.Chunk {
+		return db.Chunk{ChunkPendingParams: db.ChunkPendingParams{MessageID: message, FirstDevice: first, LastDevice: last, Chunk: 0}}
 	}
 	newMessage := func(state string) (id, payload int64) {
 		require.NoError(t, tdb.Pool.QueryRow(ctx, `
@@ -251,8 +251,8 @@ func TestBeginChunk(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "dispatching", begun.State)
 	require.Len(t, begun.Pending, 2, "device 3 is in the range but in another chunk")
-	require.Equal(t, db.ChunkPendingRow{DeviceID: d1, Channel: "apns", Locale: new("de"), Token: "tok-a", Environment: "sandbox", AppID: 1}, begun.Pending[0])
-	require.Equal(t, db.ChunkPendingRow{DeviceID: d2, Channel: "webpush", Token: "https://push.example/b", P256dh: new("K"), Auth: new("A"), Environment: "production", AppID: 1}, begun.Pending[1])
+	require.Equal(t, db.ChunkPendingRow{DeviceID: d1, Channel: "apns", Locale: new("de"), Token: "tok-a", Environment: "sandbox", AppID: 1, UserID: "a"}, begun.Pending[0])
+	require.Equal(t, db.ChunkPendingRow{DeviceID: d2, Channel: "webpush", Token: "https://push.example/b", P256dh: new("K"), Auth: new("A"), Environment: "production", AppID: 1, UserID: "b"}, begun.Pending[1])
 	require.JSONEq(t, `{"title":"hi"}`, string(begun.Payload))
 	var started bool
 	require.NoError(t, tdb.Pool.QueryRow(ctx, "SELECT started_at IS NOT NULL FROM messages WHERE id = $1", id).Scan(&started))
@@ -300,11 +300,11 @@ func TestWriteChunksOfManyMessages(t *testing.T) {
 	// Message 0 (one device): accepted at 5 ms, the last of it. Message 1:
 	// only a chunk's close, with its two devices still pending.
 	w2 := db.ChunkWrite{MessageID: ids[2]}
-	w2.Results.Add(ids[2], 21, "accepted", "", at(50), at(50))
-	w2.Results.Add(ids[2], 22, "accepted", "", at(500), at(500))
-	w2.Results.Add(ids[2], 23, "failed", "unregistered", at(60), 0)
+	w2.Results.Add(db.DeliveryKey{MessageID: ids[2], DeviceID: 21, UserID: "test", Channel: "apns"}, "accepted", "", at(50), at(50))
+	w2.Results.Add(db.DeliveryKey{MessageID: ids[2], DeviceID: 22, UserID: "test", Channel: "apns"}, "accepted", "", at(500), at(500))
+	w2.Results.Add(db.DeliveryKey{MessageID: ids[2], DeviceID: 23, UserID: "test", Channel: "apns"}, "failed", "unregistered", at(60), 0)
 	w0 := db.ChunkWrite{MessageID: ids[0], Settle: true}
-	w0.Results.Add(ids[0], 1, "accepted", "", at(5), at(5))
+	w0.Results.Add(db.DeliveryKey{MessageID: ids[0], DeviceID: 1, UserID: "test", Channel: "apns"}, "accepted", "", at(5), at(5))
 	w1 := db.ChunkWrite{MessageID: ids[1], Settle: true}
 	out, err := db.WriteChunks(ctx, tdb.Pool, []db.ChunkWrite{w2, w0, w1})
 	require.NoError(t, err)
@@ -353,7 +353,7 @@ func TestWriteChunksOfManyMessages(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				a := db.ChunkWrite{MessageID: ids[1], Settle: true}
-				a.Results.Add(ids[1], device, "accepted", "", at(100), at(100))
+				a.Results.Add(db.DeliveryKey{MessageID: ids[1], DeviceID: device, UserID: "test", Channel: "apns"}, "accepted", "", at(100), at(100))
 				b := db.ChunkWrite{MessageID: ids[2], Settle: true}
 				ws := []db.ChunkWrite{a, b}
 				if device == 12 {
@@ -402,11 +402,11 @@ func TestSettleStoresExactPercentiles(t *testing.T) {
 		// Out of order, 7.3 ms apart; one refusal, latest of all.
 		after := time.Duration((i*17)%accepted) * 7300 * time.Microsecond
 		if i == accepted {
-			w.Results.Add(id, int64(i+1), "failed", "unregistered", due.Add(2*time.Second).UnixMicro(), 0)
+			w.Results.Add(db.DeliveryKey{MessageID: id, DeviceID: int64(i + 1), UserID: "test", Channel: "apns"}, "failed", "unregistered", due.Add(2*time.Second).UnixMicro(), 0)
 			continue
 		}
 		skews = append(skews, float64(after.Microseconds())/1000)
-		w.Results.Add(id, int64(i+1), "accepted", "", due.Add(after).UnixMicro(), due.Add(after).UnixMicro())
+		w.Results.Add(db.DeliveryKey{MessageID: id, DeviceID: int64(i + 1), UserID: "test", Channel: "apns"}, "accepted", "", due.Add(after).UnixMicro(), due.Add(after).UnixMicro())
 	}
 	_, err := db.WriteChunks(ctx, tdb.Pool, []db.ChunkWrite{w})
 	require.NoError(t, err)

@@ -19,7 +19,8 @@ SELECT d.device_id, d.attempt, d.channel, d.locale,
              WHEN v.status <> 'active' THEN 'device_evicted'
              ELSE '' END)::text AS gone,
        d.not_before,
-       coalesce(v.app_id, 1)::integer AS app_id, coalesce(v.credential_id, 0)::bigint AS credential_id
+       coalesce(v.app_id, 1)::integer AS app_id, coalesce(v.credential_id, 0)::bigint AS credential_id,
+       d.user_id
 FROM deliveries d
 LEFT JOIN devices v ON v.id = d.device_id
 WHERE d.message_id = $1
@@ -49,6 +50,7 @@ type ChunkPendingRow struct {
 	NotBefore    *time.Time
 	AppID        int32
 	CredentialID int64
+	UserID       string
 }
 
 // A chunk's deliveries that are still pending, with what their provider
@@ -66,6 +68,11 @@ type ChunkPendingRow struct {
 // NotBefore is when a throttled delivery may be sent again (migration
 // 0016), NULL when it may be sent now. AppID and CredentialID are the
 // device's app and Web Push credential (migration 0021; 0 for none).
+// UserID is the delivery's user, as ChunkSnapshotPending gives it.
+//
+// This reads a chunk scheduled with pending ledger rows (by a release
+// before migration 0022, or while one was alive); ChunkSnapshotPending
+// reads one scheduled with a snapshot of its devices.
 func (q *Queries) ChunkPending(ctx context.Context, arg ChunkPendingParams) ([]ChunkPendingRow, error) {
 	rows, err := q.db.Query(ctx, chunkPending,
 		arg.MessageID,
@@ -93,6 +100,105 @@ func (q *Queries) ChunkPending(ctx context.Context, arg ChunkPendingParams) ([]C
 			&i.NotBefore,
 			&i.AppID,
 			&i.CredentialID,
+			&i.UserID,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const chunkSnapshotPending = `-- name: ChunkSnapshotPending :many
+SELECT s.device_id::bigint AS device_id, coalesce(d.attempt, 0)::smallint AS attempt, v.channel, c.locales[s.n]::text AS locale,
+       v.token, v.p256dh, v.auth, v.environment,
+       (CASE WHEN v.status <> 'active' THEN 'device_evicted' ELSE '' END)::text AS gone,
+       d.not_before,
+       v.app_id, coalesce(v.credential_id, 0)::bigint AS credential_id,
+       v.user_id
+FROM chunk_devices c
+CROSS JOIN LATERAL unnest(c.devices) WITH ORDINALITY AS s(device_id, n)
+JOIN devices v ON v.id = s.device_id
+LEFT JOIN (
+    SELECT w.device_id, w.status, w.attempt, w.not_before
+    FROM deliveries w
+    WHERE w.message_id = $1 AND w.device_id BETWEEN $2 AND $3
+    OFFSET 0
+) d ON d.device_id = s.device_id
+WHERE c.message_id = $1 AND c.chunk = $4
+  AND coalesce(d.status, 'pending') = 'pending'
+ORDER BY s.device_id
+`
+
+type ChunkSnapshotPendingParams struct {
+	MessageID   int64
+	FirstDevice int64
+	LastDevice  int64
+	Chunk       int32
+}
+
+type ChunkSnapshotPendingRow struct {
+	DeviceID     int64
+	Attempt      int16
+	Channel      string
+	Locale       string
+	Token        string
+	P256dh       *string
+	Auth         *string
+	Environment  string
+	Gone         string
+	NotBefore    *time.Time
+	AppID        int32
+	CredentialID int64
+	UserID       string
+}
+
+// A chunk's pending deliveries, read from its snapshot (migration 0022):
+// the devices it owns that have no settled ledger row, which is all of them
+// but on a retry. The columns are ChunkPending's. A snapshot device's row
+// is written once, by its result; one that exists and is pending is a
+// throttled delivery (not_before) or one parked behind an open breaker.
+//
+// A device that was moved to another user, deleted or replaced had its
+// delivery cancelled when it happened (CancelPendingForDevices, which waits
+// for messages being made), so its cancelled row is here and it is not
+// read; one evicted since is read, gone. Its user is the device's, which
+// no move has changed since the snapshot. Each device finds its row and
+// its device through their primary keys.
+// The rows already written in the chunk's range, read in one walk of the
+// primary key (none on a chunk's first attempt) rather than looked up
+// device by device.
+func (q *Queries) ChunkSnapshotPending(ctx context.Context, arg ChunkSnapshotPendingParams) ([]ChunkSnapshotPendingRow, error) {
+	rows, err := q.db.Query(ctx, chunkSnapshotPending,
+		arg.MessageID,
+		arg.FirstDevice,
+		arg.LastDevice,
+		arg.Chunk,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []ChunkSnapshotPendingRow{}
+	for rows.Next() {
+		var i ChunkSnapshotPendingRow
+		if err := rows.Scan(
+			&i.DeviceID,
+			&i.Attempt,
+			&i.Channel,
+			&i.Locale,
+			&i.Token,
+			&i.P256dh,
+			&i.Auth,
+			&i.Environment,
+			&i.Gone,
+			&i.NotBefore,
+			&i.AppID,
+			&i.CredentialID,
+			&i.UserID,
 		); err != nil {
 			return nil, err
 		}
@@ -240,43 +346,50 @@ const recordResults = `-- name: RecordResults :many
 WITH input AS (
     SELECT unnest($1::bigint[]) AS message_id,
            unnest($2::bigint[]) AS device_id,
-           unnest($3::text[]) AS status,
-           unnest($4::text[]) AS reason,
-           unnest($5::bigint[]) AS attempted_us,
-           unnest($6::bigint[]) AS accepted_us,
-           unnest($7::bigint[]) AS not_before_us
+           unnest($3::text[]) AS user_id,
+           unnest($4::text[]) AS channel,
+           unnest($5::integer[]) AS chunk,
+           unnest($6::bigint[]) AS due_us,
+           unnest($7::text[]) AS status,
+           unnest($8::text[]) AS reason,
+           unnest($9::bigint[]) AS attempted_us,
+           unnest($10::bigint[]) AS accepted_us,
+           unnest($11::bigint[]) AS not_before_us
 ), updated AS (
-    UPDATE deliveries d
-    SET status = i.status,
-        -- An accepted delivery has no reason; one that expires keeps the
-        -- last transient reason that held it back.
-        reason = CASE WHEN i.status = 'accepted' THEN NULL
-                      WHEN i.reason = '' THEN d.reason
-                      ELSE i.reason END,
-        attempt = d.attempt + CASE WHEN i.attempted_us = 0 THEN 0 ELSE 1 END,
-        -- The epoch plus so many microseconds: exact, and a fifth of the
-        -- cost of to_timestamp(us / 1e6), whose division is numeric.
-        attempted_at = CASE WHEN i.attempted_us = 0 THEN d.attempted_at
-                            ELSE to_timestamp(0) + i.attempted_us * interval '1 microsecond' END,
-        accepted_at = CASE WHEN i.accepted_us = 0 THEN NULL
-                           ELSE to_timestamp(0) + i.accepted_us * interval '1 microsecond' END,
-        not_before = CASE WHEN i.not_before_us = 0 THEN NULL
-                          ELSE to_timestamp(0) + i.not_before_us * interval '1 microsecond' END
+    -- The epoch plus so many microseconds: exact, and a fifth of the
+    -- cost of to_timestamp(us / 1e6), whose division is numeric.
+    INSERT INTO deliveries AS d (message_id, device_id, user_id, channel, chunk, due_at, status, reason,
+                                 attempt, attempted_at, accepted_at, not_before)
+    SELECT i.message_id, i.device_id, i.user_id, i.channel, i.chunk,
+           to_timestamp(0) + i.due_us * interval '1 microsecond',
+           i.status,
+           -- An accepted delivery has no reason.
+           CASE WHEN i.status = 'accepted' OR i.reason = '' THEN NULL ELSE i.reason END,
+           CASE WHEN i.attempted_us = 0 THEN 0 ELSE 1 END,
+           CASE WHEN i.attempted_us = 0 THEN NULL
+                ELSE to_timestamp(0) + i.attempted_us * interval '1 microsecond' END,
+           CASE WHEN i.accepted_us = 0 THEN NULL
+                ELSE to_timestamp(0) + i.accepted_us * interval '1 microsecond' END,
+           CASE WHEN i.not_before_us = 0 THEN NULL
+                ELSE to_timestamp(0) + i.not_before_us * interval '1 microsecond' END
     FROM input i
     -- Written for the plan (TestLedgerPlansUseThePrimaryKey): each input
-    -- row finds its delivery through the primary key on both its columns,
-    -- a lookup per row, on any statistics. The earlier form looked the
-    -- chunk up by device_id = ANY and then joined it with the input; on the
-    -- statistics of a ledger analyzed while messages were being sent, the
-    -- planner expected two rows and joined by a nested loop comparing every
-    -- row with every row: 15 ms a write of 145 rows, some 100 us of
-    -- PostgreSQL CPU a device with twenty messages in flight. Pending is
-    -- spelled as not settled, on an expression without statistics
-    -- (status || ''), so that the plan follows neither a partial index on
-    -- the status nor a ledger's history, where pending looked so rare that
-    -- the planner expected one row.
-    WHERE d.message_id = i.message_id AND d.device_id = i.device_id
-      AND (d.status || '') NOT IN ('accepted', 'failed', 'expired', 'cancelled')
+    -- row finds its delivery, if it has one, through the primary key on
+    -- both its columns, a lookup per row, on any statistics.
+    ON CONFLICT (message_id, device_id) DO UPDATE
+    SET status = excluded.status,
+        -- One that expires keeps the last transient reason that held it
+        -- back.
+        reason = CASE WHEN excluded.status = 'accepted' THEN NULL
+                      ELSE coalesce(excluded.reason, d.reason) END,
+        attempt = d.attempt + excluded.attempt,
+        attempted_at = coalesce(excluded.attempted_at, d.attempted_at),
+        accepted_at = excluded.accepted_at,
+        not_before = excluded.not_before
+    -- Pending is spelled as not settled, on an expression without
+    -- statistics (status || ''), so that the plan follows neither a
+    -- partial index on the status nor a ledger's history.
+    WHERE (d.status || '') NOT IN ('accepted', 'failed', 'expired', 'cancelled')
     -- date_part, not extract: the skew is a double, as ln below needs it to be
     -- cheap (extract's numeric made ln cost microseconds a row).
     RETURNING d.message_id, d.device_id, d.user_id, d.status, d.reason, d.attempted_at,
@@ -292,7 +405,7 @@ WITH input AS (
            coalesce(u.attempted_at, clock_timestamp())
     FROM updated u
     JOIN webhooks w ON 'delivery.failed' = ANY (w.events)
-    WHERE $8::boolean AND u.status = 'failed'
+    WHERE $12::boolean AND u.status = 'failed'
 ), tallies AS (
     -- The rows each write settled, by message and status, the accepted
     -- ones by the bucket of their skew in the message's histogram
@@ -330,6 +443,10 @@ RETURNING m.id AS message_id, m.pending_count, c.accepted, c.failed, c.expired
 type RecordResultsParams struct {
 	MessageIds  []int64
 	DeviceIds   []int64
+	UserIds     []string
+	Channels    []string
+	Chunks      []int32
+	DueUs       []int64
 	Statuses    []string
 	Reasons     []string
 	AttemptedUs []int64
@@ -348,18 +465,27 @@ type RecordResultsRow struct {
 
 // Writes the results of a ledger write, for one message or many, in one
 // statement, and moves each message's counters by exactly the rows that
-// changed: only pending rows are updated, so a result written twice (a
-// retried chunk, a concurrent cancel) counts once. A row may stay pending
-// (parked behind an open breaker, or throttled until its not_before) with
-// its attempt and last reason recorded. Times are microseconds since the epoch in the database's frame;
-// 0 stands for none. A message none of whose rows changed is not returned,
-// and its row is left alone. The caller locks the messages first, in the
-// order of their ids (LockMessages): this statement's own order of them is
-// the plan's.
+// changed. A delivery of a snapshot chunk (migration 0022) has no row
+// until this writes it, whole, once: its user, channel, chunk and due time
+// come with its result. One that has a row (scheduled by an earlier
+// release, or left pending by an earlier write) has it settled, and only a
+// pending row is changed, so a result written twice (a retried chunk, a
+// concurrent cancel) counts once. A row may stay pending (parked behind an
+// open breaker, or throttled until its not_before) with its attempt and
+// last reason recorded. Times are microseconds since the epoch in the
+// database's frame; 0 stands for none. A message none of whose rows changed
+// is not returned, and its row is left alone. The caller locks the messages
+// first, in the order of their ids (LockMessages): this statement's own
+// order of them is the plan's. The input holds a delivery once
+// (db.WriteChunks keeps the last result of each).
 func (q *Queries) RecordResults(ctx context.Context, arg RecordResultsParams) ([]RecordResultsRow, error) {
 	rows, err := q.db.Query(ctx, recordResults,
 		arg.MessageIds,
 		arg.DeviceIds,
+		arg.UserIds,
+		arg.Channels,
+		arg.Chunks,
+		arg.DueUs,
 		arg.Statuses,
 		arg.Reasons,
 		arg.AttemptedUs,
@@ -398,22 +524,28 @@ SET state = CASE WHEN m.accepted_count + m.failed_count = 0 AND m.expired_count 
     (skew_p50_ms, skew_p95_ms, skew_p99_ms, skew_max_ms, slo_skew_ms) = (
         SELECT round(g.p[1]::numeric, 1)::double precision, round(g.p[2]::numeric, 1)::double precision,
                round(g.p[3]::numeric, 1)::double precision, round(g.accepted_max::numeric, 1)::double precision,
-               round(g.all_max::numeric, 1)::double precision
+               -- Deliveries the reconciler expired without a row (a
+               -- snapshot's devices never sent: migration 0022) are the
+               -- message's expired count that no row holds.
+               round((CASE WHEN m.expired_count > g.expired_rows
+                           THEN greatest(coalesce(g.all_max, 0), 1001, date_part('epoch', clock_timestamp() - m.dispatch_at) * 1000)
+                           ELSE g.all_max END)::numeric, 1)::double precision
         FROM (
             -- One sort for the three percentiles, of doubles: date_part,
             -- not extract, whose numeric made this a third of the cost.
-            SELECT percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY a.s) FILTER (WHERE a.status = 'accepted') AS p,
-                   max(a.s) FILTER (WHERE a.status = 'accepted') AS accepted_max,
-                   max(a.s) AS all_max
+            SELECT percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY a.s) FILTER (WHERE a.status = 'accepted' AND a.due) AS p,
+                   max(a.s) FILTER (WHERE a.status = 'accepted' AND a.due) AS accepted_max,
+                   max(a.s) FILTER (WHERE a.due) AS all_max,
+                   count(*) FILTER (WHERE a.status = 'expired') AS expired_rows
             FROM (
-                SELECT d.status,
+                SELECT d.status, d.chunk >= 0 AS due,
                        CASE d.status
                            WHEN 'accepted' THEN date_part('epoch', d.accepted_at - d.due_at) * 1000
                            WHEN 'failed' THEN date_part('epoch', coalesce(d.attempted_at, clock_timestamp()) - d.due_at) * 1000
                            ELSE greatest(date_part('epoch', clock_timestamp() - d.due_at) * 1000, 1001)
                        END AS s
                 FROM deliveries d
-                WHERE d.message_id = m.id AND d.status IN ('accepted', 'failed', 'expired') AND d.chunk >= 0
+                WHERE d.message_id = m.id AND d.status IN ('accepted', 'failed', 'expired')
             ) a
         ) g
     )

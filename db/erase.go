@@ -6,7 +6,8 @@ import (
 )
 
 // EraseDevices sends nothing more to the given devices, in the caller's
-// transaction, which then deletes them: it waits for messages being made
+// transaction, which then deletes them (after: a delivery of a chunk's
+// snapshot is cancelled with its device's user and channel, read here): it waits for messages being made
 // from the directory to commit (LockDirectoryExclusive), cancels the
 // devices' pending deliveries as device_deleted, moving their messages'
 // counters. The ledger

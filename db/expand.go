@@ -144,6 +144,11 @@ type Expansion struct {
 	// it, in chunks of ChunkSize numbered from 1: the rest after a Head.
 	// Not with Zones.
 	After int64
+	// Snapshot writes the devices due in each chunk as one row of
+	// chunk_devices (migration 0022) instead of a pending ledger row each:
+	// the ledger row of a delivery is then written once, with its result.
+	// Deliveries expired at once are written as rows either way.
+	Snapshot bool
 }
 
 // ExpandedChunk is one chunk ExpandAudience cut: the devices due at DueAt
@@ -210,7 +215,7 @@ func expand(ctx context.Context, q DBTX, a Audience, e Expansion) (Expanded, err
 	size := param(e.ChunkSize)
 	firstSize, number := min(cmp.Or(e.FirstChunkSize, e.ChunkSize), e.ChunkSize), "1"
 	head, more := "", "false"
-	recipients := `SELECT user_id FROM ins GROUP BY user_id`
+	recipients := `SELECT user_id FROM kept GROUP BY user_id`
 	switch {
 	case e.Head > 0:
 		// The first Head devices (no more than a chunk), and one more to
@@ -223,10 +228,12 @@ func expand(ctx context.Context, q DBTX, a Audience, e Expansion) (Expanded, err
 		// The rest after a head: chunks of ChunkSize from chunk 1.
 		audience = `SELECT * FROM (` + audience + `) a WHERE a.id > ` + param(e.After)
 		firstSize, number = e.ChunkSize, "2"
-		// Its users may have devices in the head too: the statement's
-		// reading of the ledger does not see its own rows, so the union
-		// counts each user once.
-		recipients = `SELECT user_id FROM ins UNION SELECT user_id FROM deliveries WHERE message_id = ` + message + `::bigint`
+		// Its users may have devices in the head too, in its ledger rows
+		// or its snapshot: the union counts each user once.
+		recipients = `SELECT user_id FROM kept
+			UNION SELECT user_id FROM deliveries WHERE message_id = ` + message + `::bigint
+			UNION SELECT v.user_id FROM chunk_devices c CROSS JOIN unnest(c.devices) AS s(id)
+			      JOIN devices v ON v.id = s.id WHERE c.message_id = ` + message + `::bigint`
 	}
 	first := param(firstSize)
 	// Within a due instant, the first chunk is the first FirstChunkSize
@@ -251,6 +258,50 @@ func expand(ctx context.Context, q DBTX, a Audience, e Expansion) (Expanded, err
 			LEFT JOIN unnest(`+param(e.Locales)+`::text[], `+param(e.Keys)+`::text[]) AS l(locale, key)
 			       ON l.locale = coalesce(a.locale, '')`
 	}
+	write := `
+		ins AS (
+			INSERT INTO deliveries (message_id, device_id, user_id, channel, chunk, due_at, status, locale)
+			SELECT ` + message + `::bigint, id, user_id, channel, chunk, due_at,
+			       CASE WHEN passed THEN 'expired' ELSE 'pending' END, locale
+			FROM kept
+			RETURNING chunk, due_at, device_id
+		),
+		written AS (
+			SELECT chunk, due_at, count(*)::integer AS n, min(device_id) AS first, max(device_id) AS last
+			FROM ins
+			GROUP BY chunk, due_at
+		)`
+	if e.Snapshot {
+		// What is due goes into its chunk's snapshot, one row a chunk;
+		// only what expired at once is a ledger row.
+		locales := `NULL::text[]`
+		if len(e.Locales) > 0 {
+			locales = `array_agg(locale ORDER BY id)`
+		}
+		write = `
+		ins AS (
+			INSERT INTO deliveries (message_id, device_id, user_id, channel, chunk, due_at, status, locale)
+			SELECT ` + message + `::bigint, id, user_id, channel, chunk, due_at, 'expired', locale
+			FROM kept
+			WHERE passed
+			RETURNING chunk, due_at, device_id
+		),
+		snap AS (
+			INSERT INTO chunk_devices (message_id, chunk, due_at, first_device, last_device, devices, locales)
+			SELECT ` + message + `::bigint, chunk, due_at, min(id), max(id), array_agg(id ORDER BY id), ` + locales + `
+			FROM kept
+			WHERE NOT passed
+			GROUP BY chunk, due_at
+			RETURNING chunk, due_at, cardinality(devices) AS n, first_device AS first, last_device AS last
+		),
+		written AS (
+			SELECT chunk, due_at, count(*)::integer AS n, min(device_id) AS first, max(device_id) AS last
+			FROM ins
+			GROUP BY chunk, due_at
+			UNION ALL
+			SELECT chunk, due_at, n, first, last FROM snap
+		)`
+	}
 	rows, err := q.Query(ctx, `
 		WITH audience AS (`+audience+`),
 		placed AS (
@@ -266,18 +317,13 @@ func expand(ctx context.Context, q DBTX, a Audience, e Expansion) (Expanded, err
 			       CASE WHEN n.passed THEN -1 ELSE `+chunk+` END AS chunk
 			FROM numbered n
 		),
-		ins AS (
-			INSERT INTO deliveries (message_id, device_id, user_id, channel, chunk, due_at, status, locale)
-			SELECT `+message+`::bigint, id, user_id, channel, chunk, due_at,
-			       CASE WHEN passed THEN 'expired' ELSE 'pending' END, locale
-			FROM chunked`+head+`
-			RETURNING chunk, due_at, device_id, user_id
-		)
-		SELECT chunk, due_at, count(*)::integer, min(device_id), max(device_id),
+		kept AS (
+			SELECT * FROM chunked`+head+`
+		),`+write+`
+		SELECT chunk, due_at, n, first, last,
 		       (SELECT count(*) FROM (`+recipients+`) u)::integer,
 		       `+more+`
-		FROM ins
-		GROUP BY chunk, due_at
+		FROM written
 		ORDER BY chunk`, args...)
 	if err != nil {
 		return Expanded{}, fmt.Errorf("write the ledger: %w", err)

@@ -20,37 +20,45 @@ import (
 	"github.com/heraldpush/herald/db/dbtest"
 )
 
-// TestLedgerResultsAreHOT writes a scheduled ledger's results as the
-// fan-out does and checks that every row's update was HOT: no index names
-// the status, and the page has room for the settled version beside the
-// pending one. An update that is not HOT adds an entry to the primary key
-// for every delivery and leaves VACUUM the old one to find (see
-// BenchmarkLedgerLife).
-func TestLedgerResultsAreHOT(t *testing.T) {
+// TestLedgerWritesEachDeviceOnce schedules a message with its chunks'
+// snapshots and writes its results as the fan-out does: every delivery's
+// ledger row is written once, by its result (an insert), and none is ever
+// updated; scheduling wrote no ledger row at all. (A message scheduled
+// with rows, by an earlier release, wrote each twice: a pending row, then
+// its update; see BenchmarkLedgerLife.)
+func TestLedgerWritesEachDeviceOnce(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	tdb := dbtest.New(t)
 	const devices = 2000
 	lifePopulation(t, tdb.Pool, devices)
-	id, _ := scheduleLifeMessage(t, tdb.Pool, devices)
+	id, _ := scheduleLifeMessage(t, tdb.Pool, devices, true)
+	var rows int
+	require.NoError(t, tdb.Pool.QueryRow(ctx, "SELECT count(*) FROM deliveries WHERE message_id = $1", id).Scan(&rows))
+	require.Zero(t, rows, "scheduling wrote ledger rows")
 	require.NoError(t, pgx.BeginFunc(ctx, tdb.Pool, func(tx pgx.Tx) error {
 		at := time.Now().UnixMicro()
-		for first := 1; first <= devices; first += lifeChunkSize {
+		for c := 0; c < devices/lifeChunkSize; c++ {
+			pending, err := db.ReadChunkPending(ctx, tx, db.Chunk{Snapshot: true, ChunkPendingParams: db.ChunkPendingParams{
+				MessageID: id, Chunk: int32(c), FirstDevice: int64(c*lifeChunkSize + 1), LastDevice: int64((c + 1) * lifeChunkSize)}})
+			require.NoError(t, err)
+			require.Len(t, pending, lifeChunkSize)
 			var r db.RecordResultsParams
-			for d := first; d < first+lifeChunkSize; d++ {
-				r.Add(id, int64(d), []string{"accepted", "failed"}[d%2], []string{"", "unregistered"}[d%2], at, []int64{at, 0}[d%2])
+			for i, p := range pending {
+				r.Add(db.DeliveryKey{MessageID: id, DeviceID: p.DeviceID, UserID: p.UserID, Channel: p.Channel, Chunk: int32(c), DueUs: at},
+					[]string{"accepted", "failed"}[i%2], []string{"", "unregistered"}[i%2], at, []int64{at, 0}[i%2])
 			}
 			if _, err := db.On(tx).RecordResults(ctx, r); err != nil {
 				return err
 			}
 		}
 		// This transaction's own counts, which need no statistics flush.
-		var updated, hot int64
+		var inserted, updated int64
 		require.NoError(t, tx.QueryRow(ctx, `
-			SELECT pg_stat_get_xact_tuples_updated('deliveries'::regclass),
-			       pg_stat_get_xact_tuples_hot_updated('deliveries'::regclass)`).Scan(&updated, &hot))
-		require.EqualValues(t, devices, updated)
-		require.EqualValues(t, devices, hot, "HOT updates of %d", updated)
+			SELECT pg_stat_get_xact_tuples_inserted('deliveries'::regclass),
+			       pg_stat_get_xact_tuples_updated('deliveries'::regclass)`).Scan(&inserted, &updated))
+		require.EqualValues(t, devices, inserted)
+		require.Zero(t, updated)
 		return nil
 	}))
 }
@@ -81,16 +89,24 @@ const (
 // The CPU is that of every process of the PostgreSQL cluster (its
 // postmaster and every child, running or ended), so the cluster must be
 // local and quiet: run it alone on the test cluster.
+//
+// Each runs for both ways of writing the ledger (migration 0022): a
+// pending row a device at scheduling, settled by its result (rows), and a
+// snapshot of each chunk's devices at scheduling, each device's row
+// written once, by its result (snapshot).
 func BenchmarkLedgerLife(b *testing.B) {
-	for _, history := range []int{0, 2_000_000} {
-		b.Run(fmt.Sprintf("history=%d", history), func(b *testing.B) { benchmarkLedgerLife(b, history) })
+	for _, snapshot := range []bool{false, true} {
+		for _, history := range []int{0, 2_000_000} {
+			b.Run(fmt.Sprintf("ledger=%s/history=%d", map[bool]string{false: "rows", true: "snapshot"}[snapshot], history),
+				func(b *testing.B) { benchmarkLedgerLife(b, snapshot, history) })
+		}
 	}
 }
 
 // benchmarkLedgerLife is BenchmarkLedgerLife on a ledger that first holds
 // history settled deliveries, in messages of lifeDevices, written with SQL
 // and vacuumed.
-func benchmarkLedgerLife(b *testing.B, history int) {
+func benchmarkLedgerLife(b *testing.B, snapshot bool, history int) {
 	ctx := context.Background()
 	tdb := dbtest.New(b)
 	cpu := clusterCPU(b, tdb.Pool)
@@ -106,7 +122,7 @@ func benchmarkLedgerLife(b *testing.B, history int) {
 	}
 	// The benchmark runs the cleanup itself, after each message, so that
 	// its cost lands on the message that left it.
-	for _, table := range []string{"deliveries", "messages", "message_chunks", "payloads"} {
+	for _, table := range []string{"deliveries", "chunk_devices", "messages", "message_chunks", "payloads"} {
 		_, err := tdb.Pool.Exec(ctx, "ALTER TABLE "+table+" SET (autovacuum_enabled = false)")
 		require.NoError(b, err)
 	}
@@ -116,11 +132,11 @@ func benchmarkLedgerLife(b *testing.B, history int) {
 	for range b.N {
 		var p phases
 		t0 := cpu()
-		id, payload := scheduleLifeMessage(b, tdb.Pool, lifeDevices)
+		id, payload := scheduleLifeMessage(b, tdb.Pool, lifeDevices, snapshot)
 		t1 := cpu()
-		p.begin, p.write = fanOutLifeMessage(b, tdb.Pool, cpu, id, payload, lifeDevices)
+		p.begin, p.write = fanOutLifeMessage(b, tdb.Pool, cpu, id, payload, lifeDevices, snapshot)
 		t2 := cpu()
-		_, err := tdb.Pool.Exec(ctx, "VACUUM deliveries, messages, message_chunks, payloads")
+		_, err := tdb.Pool.Exec(ctx, "VACUUM deliveries, chunk_devices, messages, message_chunks, payloads")
 		require.NoError(b, err)
 		t3 := cpu()
 		p.schedule, p.cleanup = t1-t0, t3-t2
@@ -175,8 +191,9 @@ func lifePopulation(tb testing.TB, pool *pgxpool.Pool, devices int) {
 // scheduleLifeMessage schedules a message to segment "life" of devices
 // devices (lifePopulation) as scheduling does, in one transaction, but for
 // River's jobs: the payload, the message, the ledger expanded in the
-// database (db.ExpandAudience) and the chunks.
-func scheduleLifeMessage(tb testing.TB, pool *pgxpool.Pool, devices int) (id, payload int64) {
+// database (db.ExpandAudience: pending rows, or with snapshot the chunks'
+// snapshots) and the chunks.
+func scheduleLifeMessage(tb testing.TB, pool *pgxpool.Pool, devices int, snapshot bool) (id, payload int64) {
 	ctx := context.Background()
 	now := time.Now()
 	chunks := (devices + lifeChunkSize - 1) / lifeChunkSize
@@ -196,7 +213,7 @@ func scheduleLifeMessage(tb testing.TB, pool *pgxpool.Pool, devices int) (id, pa
 		}
 		id = msg.ID
 		expanded, err := db.ExpandAudience(ctx, tx, db.Audience{SegmentID: "life"},
-			db.Expansion{MessageID: id, ChunkSize: lifeChunkSize, DispatchAt: now})
+			db.Expansion{MessageID: id, ChunkSize: lifeChunkSize, DispatchAt: now, Snapshot: snapshot})
 		if err != nil {
 			return err
 		}
@@ -218,7 +235,7 @@ func scheduleLifeMessage(tb testing.TB, pool *pgxpool.Pool, devices int) (id, pa
 // chunks to a write, as the fan-out's workers and ledger writer do; each
 // write asks to settle. It returns the cluster's CPU in the chunks' starts
 // and in the writes.
-func fanOutLifeMessage(b testing.TB, pool *pgxpool.Pool, cpu func() time.Duration, id, payload int64, devices int) (begin, write time.Duration) {
+func fanOutLifeMessage(b testing.TB, pool *pgxpool.Pool, cpu func() time.Duration, id, payload int64, devices int, snapshot bool) (begin, write time.Duration) {
 	ctx := context.Background()
 	chunks := (devices + lifeChunkSize - 1) / lifeChunkSize
 	for first := 0; first < chunks; first += lifeChunksPerSave {
@@ -233,7 +250,7 @@ func fanOutLifeMessage(b testing.TB, pool *pgxpool.Pool, cpu func() time.Duratio
 				withPayload = payload
 			}
 			start := time.Now()
-			begun, err := db.BeginChunk(ctx, pool, chunk, withPayload)
+			begun, err := db.BeginChunk(ctx, pool, db.Chunk{ChunkPendingParams: chunk, Snapshot: snapshot}, withPayload)
 			require.NoError(b, err)
 			require.Equal(b, "dispatching", begun.State)
 			require.Len(b, begun.Pending, int(chunk.LastDevice-chunk.FirstDevice+1))
@@ -242,7 +259,8 @@ func fanOutLifeMessage(b testing.TB, pool *pgxpool.Pool, cpu func() time.Duratio
 				MessageID: id, Chunk: int32(c), StartedAt: &start, FirstAcceptedAt: &at, LastAcceptedAt: &at, FinishedAt: &at,
 			})
 			for _, p := range begun.Pending {
-				w.Results.Add(id, p.DeviceID, "accepted", "", at.UnixMicro(), at.UnixMicro())
+				w.Results.Add(db.DeliveryKey{MessageID: id, DeviceID: p.DeviceID, UserID: p.UserID, Channel: p.Channel,
+					Chunk: int32(c), DueUs: start.UnixMicro()}, "accepted", "", at.UnixMicro(), at.UnixMicro())
 			}
 		}
 		t1 := cpu()

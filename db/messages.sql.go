@@ -285,6 +285,19 @@ func (q *Queries) GetPayloads(ctx context.Context, ids []int64) ([]GetPayloadsRo
 	return items, nil
 }
 
+const hasSnapshot = `-- name: HasSnapshot :one
+SELECT EXISTS (SELECT 1 FROM chunk_devices WHERE message_id = $1)::boolean
+`
+
+// Whether a message was scheduled with chunks' snapshots (migration 0022):
+// the rest of a message sent now is written as its first chunk was.
+func (q *Queries) HasSnapshot(ctx context.Context, messageID int64) (bool, error) {
+	row := q.db.QueryRow(ctx, hasSnapshot, messageID)
+	var column_1 bool
+	err := row.Scan(&column_1)
+	return column_1, err
+}
+
 const insertMessage = `-- name: InsertMessage :one
 INSERT INTO messages (
     state, priority, dispatch_at, expires_at, payload_id, audience, local_time,
@@ -454,11 +467,13 @@ type ListDeliveriesRow struct {
 	AppID             int32
 }
 
-// One page of a message's deliveries in device order, after a cursor, of
+// One page of a message's ledger rows in device order, after a cursor, of
 // one status or of all, and of those confirmed by a delivered receipt or
 // not (migration 0017), with their receipts' times, and of one app or all
 // (migration 0021: the device's app, 0 when the device is gone). Each
 // delivery finds its receipts and its device through their primary keys.
+// The deliveries of chunks' snapshots that have no row yet are listed by
+// ListSnapshotDeliveries; db.ListDeliveries merges the two.
 func (q *Queries) ListDeliveries(ctx context.Context, arg ListDeliveriesParams) ([]ListDeliveriesRow, error) {
 	rows, err := q.db.Query(ctx, listDeliveries,
 		arg.MessageID,
@@ -577,6 +592,105 @@ func (q *Queries) ListMessages(ctx context.Context, arg ListMessagesParams) ([]M
 	return items, nil
 }
 
+const listSnapshotDeliveries = `-- name: ListSnapshotDeliveries :many
+SELECT s.device_id::bigint AS device_id, coalesce(v.user_id, '')::text AS user_id, coalesce(v.channel, '')::text AS channel,
+       (CASE WHEN m.state IN ('scheduled', 'dispatching') THEN 'pending'
+             WHEN m.state = 'cancelled' THEN 'cancelled'
+             ELSE 'expired' END)::text AS status,
+       c.due_at,
+       rd.received_at AS confirmed_at, rd.device_at AS confirmed_device_at, rd.skew_ms AS confirmed_skew_ms,
+       ro.received_at AS opened_at, ro.device_at AS opened_device_at,
+       coalesce(v.app_id, 0)::integer AS app_id
+FROM chunk_devices c
+CROSS JOIN LATERAL unnest(c.devices) WITH ORDINALITY AS s(device_id, n)
+JOIN messages m ON m.id = c.message_id
+LEFT JOIN receipts rd ON rd.message_id = m.id AND rd.device_id = s.device_id AND rd.event = 'delivered'
+LEFT JOIN receipts ro ON ro.message_id = m.id AND ro.device_id = s.device_id AND ro.event = 'opened'
+LEFT JOIN devices v ON v.id = s.device_id
+WHERE m.id = $1
+  AND c.chunk = ANY ($2::integer[])
+  AND s.device_id > $3::bigint
+  AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.message_id = m.id AND d.device_id = s.device_id)
+  AND ($4::text IS NULL
+       OR $4::text = (CASE WHEN m.state IN ('scheduled', 'dispatching') THEN 'pending'
+                                            WHEN m.state = 'cancelled' THEN 'cancelled'
+                                            ELSE 'expired' END))
+  AND ($5::boolean IS NULL OR (rd.message_id IS NOT NULL) = $5::boolean)
+  AND ($6::integer IS NULL OR v.app_id = $6::integer)
+ORDER BY s.device_id
+LIMIT $7
+`
+
+type ListSnapshotDeliveriesParams struct {
+	MessageID     int64
+	Chunks        []int32
+	AfterDeviceID int64
+	Status        *string
+	Confirmed     *bool
+	AppID         *int32
+	PageSize      int32
+}
+
+type ListSnapshotDeliveriesRow struct {
+	DeviceID          int64
+	UserID            string
+	Channel           string
+	Status            string
+	DueAt             time.Time
+	ConfirmedAt       *time.Time
+	ConfirmedDeviceAt *time.Time
+	ConfirmedSkewMs   *float64
+	OpenedAt          *time.Time
+	OpenedDeviceAt    *time.Time
+	AppID             int32
+}
+
+// The deliveries of the given chunks' snapshots that have no ledger row
+// (migration 0022), after a cursor, as ListDeliveries lists a row: such a
+// delivery is pending while its message is, cancelled with it, or expired
+// with it when the reconciler settled it; its user and channel are its
+// device's, which no move has changed (” for a device deleted since).
+// An early receipt may be there before the row is.
+func (q *Queries) ListSnapshotDeliveries(ctx context.Context, arg ListSnapshotDeliveriesParams) ([]ListSnapshotDeliveriesRow, error) {
+	rows, err := q.db.Query(ctx, listSnapshotDeliveries,
+		arg.MessageID,
+		arg.Chunks,
+		arg.AfterDeviceID,
+		arg.Status,
+		arg.Confirmed,
+		arg.AppID,
+		arg.PageSize,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []ListSnapshotDeliveriesRow{}
+	for rows.Next() {
+		var i ListSnapshotDeliveriesRow
+		if err := rows.Scan(
+			&i.DeviceID,
+			&i.UserID,
+			&i.Channel,
+			&i.Status,
+			&i.DueAt,
+			&i.ConfirmedAt,
+			&i.ConfirmedDeviceAt,
+			&i.ConfirmedSkewMs,
+			&i.OpenedAt,
+			&i.OpenedDeviceAt,
+			&i.AppID,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const lockMessageRest = `-- name: LockMessageRest :exec
 SELECT pg_advisory_xact_lock(hashtext('herald:message-rest'), mod($1::bigint, 2147483647)::integer)
 `
@@ -617,17 +731,36 @@ func (q *Queries) MessageChunkJobs(ctx context.Context, messageID int64) ([]int6
 }
 
 const messageWaves = `-- name: MessageWaves :many
-SELECT due_at,
-       count(*)::integer AS devices,
-       count(*) FILTER (WHERE status = 'accepted')::integer AS accepted,
-       count(*) FILTER (WHERE status = 'failed')::integer AS failed,
-       count(*) FILTER (WHERE status = 'expired')::integer AS expired,
-       count(*) FILTER (WHERE status = 'cancelled')::integer AS cancelled,
-       count(*) FILTER (WHERE status = 'pending')::integer AS pending
-FROM deliveries
-WHERE message_id = $1 AND chunk >= 0
-GROUP BY due_at
-ORDER BY due_at
+WITH waves AS (
+    SELECT due_at, sum(device_count)::integer AS devices
+    FROM message_chunks
+    WHERE message_id = $1
+    GROUP BY due_at
+), settled AS (
+    SELECT due_at,
+           count(*) FILTER (WHERE status = 'accepted')::integer AS accepted,
+           count(*) FILTER (WHERE status = 'failed')::integer AS failed,
+           count(*) FILTER (WHERE status = 'expired')::integer AS expired,
+           count(*) FILTER (WHERE status = 'cancelled')::integer AS cancelled
+    FROM deliveries
+    WHERE message_id = $1 AND chunk >= 0 AND status <> 'pending'
+    GROUP BY due_at
+), counted AS (
+    SELECT w.due_at, w.devices,
+           coalesce(s.accepted, 0) AS accepted, coalesce(s.failed, 0) AS failed,
+           coalesce(s.expired, 0) AS expired, coalesce(s.cancelled, 0) AS cancelled,
+           w.devices - coalesce(s.accepted + s.failed + s.expired + s.cancelled, 0) AS unsettled
+    FROM waves w
+    LEFT JOIN settled s ON s.due_at = w.due_at
+)
+SELECT c.due_at, c.devices::integer AS devices, c.accepted::integer AS accepted, c.failed::integer AS failed,
+       (c.expired + CASE WHEN m.state IN ('dispatched', 'expired') THEN c.unsettled ELSE 0 END)::integer AS expired,
+       (c.cancelled + CASE WHEN m.state = 'cancelled' THEN c.unsettled ELSE 0 END)::integer AS cancelled,
+       (CASE WHEN m.state IN ('scheduled', 'dispatching') THEN c.unsettled ELSE 0 END)::integer AS pending
+FROM counted c
+CROSS JOIN messages m
+WHERE m.id = $1
+ORDER BY c.due_at
 `
 
 type MessageWavesRow struct {
@@ -640,10 +773,13 @@ type MessageWavesRow struct {
 	Pending   int32
 }
 
-// A local-time message's waves and how far each has got, from the ledger:
-// the deliveries sent at one instant (chunk >= 0; those whose time had
-// passed and were skipped are chunk -1 and belong to no wave). It walks the
-// message's part of the primary key, as a page of its deliveries does.
+// A local-time message's waves and how far each has got: the deliveries
+// sent at one instant (its chunks; those whose time had passed and were
+// skipped are chunk -1 and belong to no wave). A wave's devices are its
+// chunks'; what has settled is its ledger rows, found through the message's
+// part of the primary key, and the rest is pending, as ListDeliveries has
+// it: a snapshot's device without a row (migration 0022) is pending while
+// its message is, and then cancelled or expired with it.
 func (q *Queries) MessageWaves(ctx context.Context, messageID int64) ([]MessageWavesRow, error) {
 	rows, err := q.db.Query(ctx, messageWaves, messageID)
 	if err != nil {
@@ -754,6 +890,47 @@ func (q *Queries) SetMessageAudience(ctx context.Context, arg SetMessageAudience
 		&i.RestAfter,
 	)
 	return i, err
+}
+
+const snapshotChunksAfter = `-- name: SnapshotChunksAfter :many
+SELECT chunk, first_device, last_device
+FROM chunk_devices
+WHERE message_id = $1 AND last_device > $2
+ORDER BY first_device, chunk
+`
+
+type SnapshotChunksAfterParams struct {
+	MessageID     int64
+	AfterDeviceID int64
+}
+
+type SnapshotChunksAfterRow struct {
+	Chunk       int32
+	FirstDevice int64
+	LastDevice  int64
+}
+
+// The chunks of a message's snapshot (migration 0022) that hold devices
+// after a cursor, in the order of their first device: where
+// ListSnapshotDeliveries looks, a few chunks at a time.
+func (q *Queries) SnapshotChunksAfter(ctx context.Context, arg SnapshotChunksAfterParams) ([]SnapshotChunksAfterRow, error) {
+	rows, err := q.db.Query(ctx, snapshotChunksAfter, arg.MessageID, arg.AfterDeviceID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []SnapshotChunksAfterRow{}
+	for rows.Next() {
+		var i SnapshotChunksAfterRow
+		if err := rows.Scan(&i.Chunk, &i.FirstDevice, &i.LastDevice); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const staleMessageRests = `-- name: StaleMessageRests :many

@@ -76,6 +76,16 @@ type AuditLog struct {
 	App       *string
 }
 
+type ChunkDevice struct {
+	MessageID   int64
+	Chunk       int32
+	DueAt       time.Time
+	FirstDevice int64
+	LastDevice  int64
+	Devices     []int64
+	Locales     []string
+}
+
 type DashboardSession struct {
 	Digest     []byte
 	Operator   string
@@ -127,6 +137,22 @@ type IdempotencyKey struct {
 	Response    []byte
 	CreatedAt   time.Time
 	ScheduleID  *int64
+}
+
+type Ledger struct {
+	MessageID   int64
+	DeviceID    int64
+	UserID      string
+	Channel     string
+	Chunk       int32
+	DueAt       time.Time
+	Status      string
+	Reason      *string
+	Attempt     int16
+	AttemptedAt *time.Time
+	AcceptedAt  *time.Time
+	Locale      *string
+	NotBefore   *time.Time
 }
 
 type Message struct {
@@ -188,6 +214,12 @@ type Payload struct {
 	ID        int64
 	Content   []byte
 	CreatedAt time.Time
+}
+
+type ProcessFeature struct {
+	ProcessID string
+	Features  []string
+	UpdatedAt time.Time
 }
 
 type ProviderStatus struct {

@@ -10,7 +10,8 @@ import (
 )
 
 // heraldTables are the tables (and sequences of their own: an identity
-// column's moves with its table) and functions Herald's migrations create,
+// column's moves with its table), views and functions Herald's migrations
+// create,
 // read from their CREATE statements, so that a migration that adds one
 // needs no list kept beside it; herald_migration is Migrate's own.
 func heraldTables() (tables, functions []string, err error) {
@@ -20,7 +21,8 @@ func heraldTables() (tables, functions []string, err error) {
 	}
 	tables = []string{"herald_migration"}
 	for _, m := range all {
-		for _, match := range append(createTable.FindAllStringSubmatch(m.SQL, -1), createSequence.FindAllStringSubmatch(m.SQL, -1)...) {
+		for _, match := range slices.Concat(createTable.FindAllStringSubmatch(m.SQL, -1), createSequence.FindAllStringSubmatch(m.SQL, -1),
+			createView.FindAllStringSubmatch(m.SQL, -1)) {
 			if !slices.Contains(tables, match[1]) {
 				tables = append(tables, match[1])
 			}
@@ -38,6 +40,7 @@ var (
 	createTable    = regexp.MustCompile(`(?i)\bCREATE\s+(?:UNLOGGED\s+)?TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?([a-z_][a-z0-9_]*)`)
 	createSequence = regexp.MustCompile(`(?i)\bCREATE\s+SEQUENCE\s+(?:IF\s+NOT\s+EXISTS\s+)?([a-z_][a-z0-9_]*)`)
 	createFunction = regexp.MustCompile(`(?i)\bCREATE\s+(?:OR\s+REPLACE\s+)?FUNCTION\s+([a-z_][a-z0-9_]*)`)
+	createView     = regexp.MustCompile(`(?i)\bCREATE\s+(?:OR\s+REPLACE\s+)?VIEW\s+([a-z_][a-z0-9_]*)`)
 )
 
 // moveFromPublic moves an installation made before Herald had a schema of
@@ -67,9 +70,9 @@ func moveFromPublic(ctx context.Context, conn *pgx.Conn, schema string) ([]strin
 		// functions by identity, not by name, so nothing else changes.
 		rows, err := tx.Query(ctx, `
 			SELECT kind, ident, name FROM (
-				SELECT 1 AS step, CASE c.relkind WHEN 'S' THEN 'SEQUENCE' ELSE 'TABLE' END AS kind,
+				SELECT 1 AS step, CASE c.relkind WHEN 'S' THEN 'SEQUENCE' WHEN 'v' THEN 'VIEW' ELSE 'TABLE' END AS kind,
 				       quote_ident(c.relname) AS ident, c.relname::text AS name FROM pg_class c
-				WHERE c.relnamespace = 'public'::regnamespace AND c.relkind IN ('r', 'p', 'S')
+				WHERE c.relnamespace = 'public'::regnamespace AND c.relkind IN ('r', 'p', 'S', 'v')
 				  AND (c.relname = ANY ($1) OR c.relname LIKE 'river\_%')
 				  AND NOT (c.relkind = 'S' AND EXISTS (SELECT FROM pg_depend d
 				      WHERE d.classid = 'pg_class'::regclass AND d.objid = c.oid AND d.deptype IN ('a', 'i')))

@@ -36,14 +36,14 @@ func BenchmarkLedgerFailureEvents(b *testing.B) {
 			}
 			var total time.Duration
 			for range b.N {
-				id, _ := scheduleLifeMessage(b, tdb.Pool, lifeDevices)
+				id, _ := scheduleLifeMessage(b, tdb.Pool, lifeDevices, false)
 				chunks := (lifeDevices + lifeChunkSize - 1) / lifeChunkSize
 				for first := 0; first < chunks; first += lifeChunksPerSave {
 					w := db.ChunkWrite{MessageID: id, Settle: true, FailureEvents: mode != "none"}
 					for c := first; c < min(first+lifeChunksPerSave, chunks); c++ {
 						at := time.Now()
 						for d := c*lifeChunkSize + 1; d <= min((c+1)*lifeChunkSize, lifeDevices); d++ {
-							w.Results.Add(id, int64(d), "failed", "unregistered", at.UnixMicro(), 0)
+							w.Results.Add(db.DeliveryKey{MessageID: id, DeviceID: int64(d), UserID: "test", Channel: "apns"}, "failed", "unregistered", at.UnixMicro(), 0)
 						}
 					}
 					t0 := cpu()

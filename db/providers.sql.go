@@ -10,6 +10,15 @@ import (
 	"time"
 )
 
+const deleteStaleProcessFeatures = `-- name: DeleteStaleProcessFeatures :exec
+DELETE FROM process_features WHERE updated_at < clock_timestamp() - interval '1 hour'
+`
+
+func (q *Queries) DeleteStaleProcessFeatures(ctx context.Context) error {
+	_, err := q.db.Exec(ctx, deleteStaleProcessFeatures)
+	return err
+}
+
 const deleteStaleProviderStatus = `-- name: DeleteStaleProviderStatus :exec
 DELETE FROM provider_status WHERE updated_at < clock_timestamp() - interval '1 hour'
 `
@@ -55,6 +64,56 @@ func (q *Queries) FreshProviderStatus(ctx context.Context, maxAgeSeconds float64
 		return nil, err
 	}
 	return items, nil
+}
+
+const processesWithoutFeature = `-- name: ProcessesWithoutFeature :many
+SELECT DISTINCT p.process_id
+FROM provider_status p
+WHERE p.updated_at > clock_timestamp() - interval '30 seconds'
+  AND NOT EXISTS (SELECT 1 FROM process_features f
+                  WHERE f.process_id = p.process_id AND $1::text = ANY (f.features))
+ORDER BY p.process_id
+`
+
+// Processes that reported their providers in the last half minute without
+// naming the feature: of a release without it, or of one before features
+// were reported.
+func (q *Queries) ProcessesWithoutFeature(ctx context.Context, feature string) ([]string, error) {
+	rows, err := q.db.Query(ctx, processesWithoutFeature, feature)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []string{}
+	for rows.Next() {
+		var process_id string
+		if err := rows.Scan(&process_id); err != nil {
+			return nil, err
+		}
+		items = append(items, process_id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const upsertProcessFeatures = `-- name: UpsertProcessFeatures :exec
+INSERT INTO process_features (process_id, features, updated_at)
+VALUES ($1, $2::text[], clock_timestamp())
+ON CONFLICT (process_id) DO UPDATE SET features = excluded.features, updated_at = excluded.updated_at
+`
+
+type UpsertProcessFeaturesParams struct {
+	ProcessID string
+	Features  []string
+}
+
+// What this process's release can do (migration 0022), reported before its
+// provider status so that it is never taken for an earlier release.
+func (q *Queries) UpsertProcessFeatures(ctx context.Context, arg UpsertProcessFeaturesParams) error {
+	_, err := q.db.Exec(ctx, upsertProcessFeatures, arg.ProcessID, arg.Features)
+	return err
 }
 
 const upsertProviderStatus = `-- name: UpsertProviderStatus :exec

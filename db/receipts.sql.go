@@ -51,8 +51,8 @@ func (q *Queries) DeleteReceiptRows(ctx context.Context, arg DeleteReceiptRowsPa
 const earlyUnaccepted = `-- name: EarlyUnaccepted :many
 SELECT r.message_id, count(*)::integer AS receipts
 FROM receipts r
-JOIN deliveries d ON d.message_id = r.message_id AND d.device_id = r.device_id
-WHERE r.message_id = ANY ($1::bigint[]) AND r.early AND d.status <> 'accepted'
+LEFT JOIN deliveries d ON d.message_id = r.message_id AND d.device_id = r.device_id
+WHERE r.message_id = ANY ($1::bigint[]) AND r.early AND coalesce(d.status, 'pending') <> 'accepted'
 GROUP BY r.message_id
 `
 
@@ -64,7 +64,8 @@ type EarlyUnacceptedRow struct {
 // How many of each message's delivered receipts came for a delivery the
 // ledger does not have as accepted (migration 0019): those confirmed_count
 // holds that the unconfirmed count must not subtract. Messages with none
-// are left out.
+// are left out. A delivery of a snapshot without a row yet (migration
+// 0022) is not accepted.
 func (q *Queries) EarlyUnaccepted(ctx context.Context, messageIds []int64) ([]EarlyUnacceptedRow, error) {
 	rows, err := q.db.Query(ctx, earlyUnaccepted, messageIds)
 	if err != nil {
@@ -93,12 +94,20 @@ WITH input AS (
            unnest($4::bigint[]) AS device_at_us
 ), found AS (
     -- Each input row finds its delivery through the ledger's primary key
-    -- and its device through the directory's.
-    SELECT i.message_id, i.device_id, i.event, i.device_at_us, d.due_at,
-           d.status <> 'accepted' AS early
+    -- and its device through the directory's; a delivery without a row
+    -- yet, through its message's chunks whose range holds the device.
+    SELECT i.message_id, i.device_id, i.event, i.device_at_us, coalesce(d.due_at, c.due_at) AS due_at,
+           coalesce(d.status, 'pending') <> 'accepted' AS early
     FROM input i
-    JOIN deliveries d ON d.message_id = i.message_id AND d.device_id = i.device_id
+    LEFT JOIN deliveries d ON d.message_id = i.message_id AND d.device_id = i.device_id
+    LEFT JOIN LATERAL (
+        SELECT c.due_at FROM chunk_devices c
+        WHERE d.device_id IS NULL AND c.message_id = i.message_id
+          AND i.device_id BETWEEN c.first_device AND c.last_device AND i.device_id = ANY (c.devices)
+        LIMIT 1
+    ) c ON true
     JOIN devices v ON v.id = i.device_id
+    WHERE d.device_id IS NOT NULL OR c.due_at IS NOT NULL
 ), inserted AS (
     INSERT INTO receipts (message_id, device_id, event, received_at, device_at, skew_ms, early)
     SELECT f.message_id, f.device_id, f.event, statement_timestamp(),
@@ -161,8 +170,10 @@ type RecordReceiptsRow struct {
 // moves each message's counters by exactly the rows it inserted: a receipt
 // already kept (a replay, from this write or an earlier one) inserts
 // nothing and counts nothing. A receipt is kept only for a delivery the
-// ledger has and a device the directory has: one whose device was erased,
-// or whose ledger row retention deleted, is returned as not found. The
+// ledger has (a row, or a device of a chunk's snapshot whose result is not
+// written yet: migration 0022) and a device the directory has: one whose
+// device was erased, or whose ledger retention deleted, is returned as not
+// found. The
 // caller takes the directory lock shared and locks the messages first, in
 // the order of their ids (WriteReceipts). received_at is the database's
 // clock, Herald's one authoritative clock; device_at_us is microseconds

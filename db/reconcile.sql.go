@@ -11,17 +11,26 @@ import (
 
 const expireStuckDeliveries = `-- name: ExpireStuckDeliveries :many
 WITH expired AS (
-    UPDATE deliveries
+    UPDATE deliveries d
     SET status = 'expired'
-    WHERE message_id = $1 AND status = 'pending'
-    RETURNING channel
+    WHERE d.message_id = $1 AND d.status = 'pending'
+    RETURNING d.channel
+), unsent AS (
+    SELECT coalesce(v.channel, '')::text AS channel
+    FROM chunk_devices c
+    CROSS JOIN LATERAL unnest(c.devices) WITH ORDINALITY AS s(device_id, n)
+    LEFT JOIN devices v ON v.id = s.device_id
+    WHERE c.message_id = $1::bigint
+      AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.message_id = c.message_id AND d.device_id = s.device_id)
+), every AS (
+    SELECT channel FROM expired UNION ALL SELECT channel FROM unsent
 ), moved AS (
     UPDATE messages
-    SET pending_count = pending_count - (SELECT count(*) FROM expired),
-        expired_count = expired_count + (SELECT count(*) FROM expired)
+    SET pending_count = pending_count - (SELECT count(*) FROM every),
+        expired_count = expired_count + (SELECT count(*) FROM every)
     WHERE id = $1
 )
-SELECT channel, count(*)::integer AS expired FROM expired GROUP BY channel
+SELECT channel, count(*)::integer AS expired FROM every GROUP BY channel
 `
 
 type ExpireStuckDeliveriesRow struct {
@@ -30,7 +39,11 @@ type ExpireStuckDeliveriesRow struct {
 }
 
 // Expires what a stuck message still has pending and moves its counters,
-// after LockMessage; returns how many expired per channel.
+// after LockMessage; returns how many expired per channel. Its pending
+// ledger rows are settled; the devices of its chunks' snapshots that have
+// no row (migration 0022) are left without one: a settled message's
+// snapshot devices without a row are expired (ListDeliveries), and what
+// they are counted here (” for a device deleted since).
 func (q *Queries) ExpireStuckDeliveries(ctx context.Context, messageID int64) ([]ExpireStuckDeliveriesRow, error) {
 	rows, err := q.db.Query(ctx, expireStuckDeliveries, messageID)
 	if err != nil {

@@ -1,6 +1,7 @@
 package db
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -106,6 +107,9 @@ func (r *Registering) installation(reg Registration) (LockRegisteredRow, bool) {
 func (r *Registering) Write(ctx context.Context) ([]RegisterDevicesRow, error) {
 	var retoken RetokenDevicesParams
 	var replaced, moved []int64
+	// The users the moved devices leave, parallel to moved: a snapshot's
+	// delivery to one of them is cancelled with its user's name.
+	var formerOwners []string
 	p := RegisterDevicesParams{}
 	for _, g := range r.regs {
 		if inst, ok := r.installation(g); ok {
@@ -117,10 +121,10 @@ func (r *Registering) Write(ctx context.Context) ([]RegisterDevicesRow, error) {
 			retoken.P256dhs = append(retoken.P256dhs, g.P256dh)
 			retoken.Auths = append(retoken.Auths, g.Auth)
 			if inst.UserID != g.UserID {
-				moved = append(moved, inst.ID)
+				moved, formerOwners = append(moved, inst.ID), append(formerOwners, inst.UserID)
 			}
 		} else if held, ok := r.byKey[Key{g.Channel, g.Token}]; ok && held.UserID != g.UserID {
-			moved = append(moved, held.ID)
+			moved, formerOwners = append(moved, held.ID), append(formerOwners, held.UserID)
 		}
 		p.UserIds = append(p.UserIds, g.UserID)
 		p.Channels = append(p.Channels, g.Channel)
@@ -131,6 +135,14 @@ func (r *Registering) Write(ctx context.Context) ([]RegisterDevicesRow, error) {
 		p.InstallationIds = append(p.InstallationIds, g.InstallationID)
 		p.AppIds = append(p.AppIds, max(g.AppID, 1))
 		p.CredentialIds = append(p.CredentialIds, g.CredentialID)
+	}
+	if len(replaced) > 0 || len(moved) > 0 {
+		// A snapshot being written now may have read these devices as
+		// they were: it commits before their deliveries are cancelled
+		// (CancelPendingForDevices).
+		if err := r.q.LockDirectoryExclusive(ctx); err != nil {
+			return nil, fmt.Errorf("wait for messages being made: %w", err)
+		}
 	}
 	if len(replaced) > 0 {
 		slices.Sort(replaced)
@@ -151,8 +163,16 @@ func (r *Registering) Write(ctx context.Context) ([]RegisterDevicesRow, error) {
 		return nil, fmt.Errorf("register devices: %w", err)
 	}
 	if len(moved) > 0 {
-		slices.Sort(moved)
-		err := r.q.CancelPendingForDevices(ctx, CancelPendingForDevicesParams{DeviceIds: moved, Reason: ReasonDeviceMoved, OnlyMoved: true})
+		order := make([]int, len(moved))
+		for i := range order {
+			order[i] = i
+		}
+		slices.SortFunc(order, func(i, j int) int { return cmp.Compare(moved[i], moved[j]) })
+		p := CancelPendingForDevicesParams{Reason: ReasonDeviceMoved, OnlyMoved: true}
+		for _, i := range order {
+			p.DeviceIds, p.FormerUserIds = append(p.DeviceIds, moved[i]), append(p.FormerUserIds, formerOwners[i])
+		}
+		err := r.q.CancelPendingForDevices(ctx, p)
 		if err != nil {
 			return nil, fmt.Errorf("cancel moved devices' deliveries: %w", err)
 		}

@@ -143,7 +143,14 @@ func StrandedChunks(ctx context.Context, q DBTX) (int64, error) {
 		FROM idle
 		WHERE EXISTS (
 			SELECT 1 FROM deliveries d
-			WHERE d.message_id = idle.message_id AND d.chunk = idle.chunk AND d.status = 'pending')`).Scan(&n)
+			WHERE d.message_id = idle.message_id AND d.chunk = idle.chunk AND d.status = 'pending')
+		   -- A chunk's snapshot (migration 0022) holds a device without a
+		   -- settled row.
+		   OR EXISTS (
+			SELECT 1 FROM chunk_devices c CROSS JOIN LATERAL unnest(c.devices) AS s(id)
+			WHERE c.message_id = idle.message_id AND c.chunk = idle.chunk
+			  AND NOT EXISTS (SELECT 1 FROM deliveries d
+			                  WHERE d.message_id = c.message_id AND d.device_id = s.id AND d.status <> 'pending'))`).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("count stranded chunks: %w", err)
 	}
@@ -184,11 +191,11 @@ type AbandonedChunk struct {
 // advisory locks when the session ends, which it notices at once for a
 // process killed on the database's machine or another's (the socket
 // closes), so a dead worker's chunks show here within moments.
-func AbandonedChunks(ctx context.Context, q DBTX, kind string) ([]AbandonedChunk, error) {
+func AbandonedChunks(ctx context.Context, q DBTX, kinds []string) ([]AbandonedChunk, error) {
 	rows, err := q.Query(ctx, `
 		SELECT j.id, j.attempted_by[cardinality(j.attempted_by)], j.queue
 		FROM river_job j
-		WHERE j.state = 'running' AND j.kind = $1
+		WHERE j.state = 'running' AND j.kind = ANY ($1::text[])
 		  AND j.attempted_by[cardinality(j.attempted_by)] ~ '^herald-[0-9]{1,10}-'
 		  AND NOT EXISTS (
 			SELECT 1 FROM pg_locks l
@@ -196,7 +203,7 @@ func AbandonedChunks(ctx context.Context, q DBTX, kind string) ([]AbandonedChunk
 			  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
 			  AND l.classid = $2::bigint::oid AND l.objsubid = 2
 			  AND l.objid = split_part(j.attempted_by[cardinality(j.attempted_by)], '-', 2)::bigint::oid)`,
-		kind, int64(LivenessLockSpace))
+		kinds, int64(LivenessLockSpace))
 	if err != nil {
 		return nil, fmt.Errorf("list abandoned chunks: %w", err)
 	}

@@ -152,7 +152,7 @@ func TestAbandonedChunksFollowTheLivenessLock(t *testing.T) {
 	require.NoError(t, err)
 	<-w.started
 
-	abandoned, err := db.AbandonedChunks(ctx, tdb.Pool, pinArgs{}.Kind())
+	abandoned, err := db.AbandonedChunks(ctx, tdb.Pool, []string{pinArgs{}.Kind()})
 	require.NoError(t, err)
 	require.Equal(t, []db.AbandonedChunk{{ID: res.Job.ID, ClientID: clientID, Queue: "bulk"}}, abandoned,
 		"no session holds lock 77: the job's worker is gone")
@@ -165,7 +165,7 @@ func TestAbandonedChunksFollowTheLivenessLock(t *testing.T) {
 	ok, err := db.TryLivenessLock(ctx, conn, key)
 	require.NoError(t, err)
 	require.True(t, ok)
-	abandoned, err = db.AbandonedChunks(ctx, tdb.Pool, pinArgs{}.Kind())
+	abandoned, err = db.AbandonedChunks(ctx, tdb.Pool, []string{pinArgs{}.Kind()})
 	require.NoError(t, err)
 	require.Empty(t, abandoned, "the lock is held: its worker is alive")
 	other, err := pgx.Connect(ctx, tdb.URL)
@@ -176,7 +176,7 @@ func TestAbandonedChunksFollowTheLivenessLock(t *testing.T) {
 	require.False(t, ok, "one session holds a key")
 	require.NoError(t, conn.Close(ctx))
 	require.Eventually(t, func() bool {
-		abandoned, err := db.AbandonedChunks(ctx, tdb.Pool, pinArgs{}.Kind())
+		abandoned, err := db.AbandonedChunks(ctx, tdb.Pool, []string{pinArgs{}.Kind()})
 		return err == nil && len(abandoned) == 1
 	}, 10*time.Second, 10*time.Millisecond, "the session ended, and its lock with it")
 

@@ -9,25 +9,31 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// DueJobArgs are the args of River's available jobs of kind on queue that
+// DueJob is a job DueJobArgs found: its kind and its args.
+type DueJob struct {
+	Kind string
+	Args []byte
+}
+
+// DueJobArgs are River's available jobs of the kinds on queue that
 // fall due at exactly at, at most limit of them: every message's first
 // chunk, then every message's second, and so on (a message's first chunk
 // goes first at its instant, beginGate). It reads River's fetch index, as
 // UpcomingDue does.
-func DueJobArgs(ctx context.Context, q DBTX, kind, queue string, at time.Time, limit int) ([][]byte, error) {
+func DueJobArgs(ctx context.Context, q DBTX, kinds []string, queue string, at time.Time, limit int) ([]DueJob, error) {
 	rows, err := q.Query(ctx, `
-		SELECT args FROM (
-			SELECT args, row_number() OVER (
+		SELECT kind, args FROM (
+			SELECT kind, args, row_number() OVER (
 				PARTITION BY args->'message_id' ORDER BY (args->>'chunk')::integer) AS n
 			FROM river_job
-			WHERE state = 'available' AND queue = $2 AND scheduled_at = $3 AND kind = $1
+			WHERE state = 'available' AND queue = $2 AND scheduled_at = $3 AND kind = ANY ($1::text[])
 		) due
 		ORDER BY n, args->'message_id'
-		LIMIT $4`, kind, queue, at, limit)
+		LIMIT $4`, kinds, queue, at, limit)
 	if err != nil {
 		return nil, fmt.Errorf("due jobs at %s: %w", at.Format(time.RFC3339Nano), err)
 	}
-	out, err := pgx.CollectRows(rows, pgx.RowTo[[]byte])
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[DueJob])
 	if err != nil {
 		return nil, fmt.Errorf("due jobs at %s: %w", at.Format(time.RFC3339Nano), err)
 	}
@@ -42,7 +48,7 @@ func DueJobArgs(ctx context.Context, q DBTX, kind, queue string, at time.Time, l
 // reads after it marks the message dispatching). When payloadID is not zero it returns the payload
 // too, so the caller can encode the message ahead as well. It changes
 // nothing.
-func WarmChunk(ctx context.Context, pool *pgxpool.Pool, c ChunkPendingParams, payloadID int64) (payload []byte, rows int, err error) {
+func WarmChunk(ctx context.Context, pool *pgxpool.Pool, c Chunk, payloadID int64) (payload []byte, rows int, err error) {
 	var out ChunkStart
 	err = inBatch(ctx, pool, func(b *pgx.Batch) {
 		out = ChunkStart{}

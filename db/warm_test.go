@@ -40,7 +40,7 @@ func TestWarmChunkLeavesTheBeginNothingToRead(t *testing.T) {
 
 	c.Restart()
 	pool = c.Pool()
-	_, pending, err := db.WarmChunk(ctx, pool, chunk, 0)
+	_, pending, err := db.WarmChunk(ctx, pool, db.Chunk{ChunkPendingParams: chunk}, 0)
 	require.NoError(t, err)
 	require.Equal(t, 500, pending)
 	require.Zero(t, chunkReads(t, pool, chunk), "after the warm-up the chunk's read went below PostgreSQL's buffers")

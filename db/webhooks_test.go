@@ -34,10 +34,10 @@ func TestLedgerWritesWebhookEvents(t *testing.T) {
 		at := time.Now()
 		w := db.ChunkWrite{MessageID: id, Settle: true, FailureEvents: failureEvents,
 			Evict: db.EvictDevicesParams{SentAfter: at, Ids: []int64{1}, Reasons: []string{"unregistered"}}}
-		w.Results.Add(id, 1, "failed", "unregistered", at.UnixMicro(), 0)
-		w.Results.Add(id, 2, "failed", "bad_token", at.UnixMicro(), 0)
+		w.Results.Add(db.DeliveryKey{MessageID: id, DeviceID: 1, UserID: "test", Channel: "apns"}, "failed", "unregistered", at.UnixMicro(), 0)
+		w.Results.Add(db.DeliveryKey{MessageID: id, DeviceID: 2, UserID: "test", Channel: "apns"}, "failed", "bad_token", at.UnixMicro(), 0)
 		for d := int64(3); d <= 6; d++ {
-			w.Results.Add(id, d, "accepted", "", at.UnixMicro(), at.UnixMicro())
+			w.Results.Add(db.DeliveryKey{MessageID: id, DeviceID: d, UserID: "test", Channel: "apns"}, "accepted", "", at.UnixMicro(), at.UnixMicro())
 		}
 		_, err := db.WriteChunks(ctx, tdb.Pool, []db.ChunkWrite{w})
 		require.NoError(t, err)
@@ -68,7 +68,7 @@ func TestLedgerWritesWebhookEvents(t *testing.T) {
 	dev := func(n int64) *int64 { return &n }
 	str := func(s string) *string { return &s }
 
-	first, _ := scheduleLifeMessage(t, tdb.Pool, 6)
+	first, _ := scheduleLifeMessage(t, tdb.Pool, 6, false)
 	write(first, true)
 	require.ElementsMatch(t, []event{
 		{all, "device.evicted", dev(1), str("user_0"), str("unregistered")},
@@ -82,7 +82,7 @@ func TestLedgerWritesWebhookEvents(t *testing.T) {
 	// the settle's event does not depend on it.
 	_, err := tdb.Pool.Exec(ctx, "UPDATE devices SET status = 'active', evicted_at = NULL, evicted_reason = NULL, updated_at = now() - interval '1 hour'")
 	require.NoError(t, err)
-	second, _ := scheduleLifeMessage(t, tdb.Pool, 6)
+	second, _ := scheduleLifeMessage(t, tdb.Pool, 6, false)
 	write(second, false)
 	require.ElementsMatch(t, []event{
 		{all, "device.evicted", dev(1), str("user_0"), str("unregistered")},

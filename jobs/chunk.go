@@ -1,6 +1,8 @@
 package jobs
 
 import (
+	"encoding/json"
+	"fmt"
 	"math"
 	"time"
 
@@ -10,8 +12,19 @@ import (
 	"github.com/heraldpush/herald/jobs/push"
 )
 
-// FanOutKind is the River kind of a chunk job.
-const FanOutKind = "fan_out"
+// FanOutKind is the River kind of a chunk job whose ledger rows were
+// written pending when its message was scheduled (by a release before the
+// snapshots, or while one was alive: Enqueuer). SnapshotKind is the kind of
+// one scheduled with a snapshot of its devices (migration 0022), which a
+// release without snapshots does not know: River hands it back to be
+// retried, so such a worker never runs it and never finds it empty.
+const (
+	FanOutKind   = "fan_out"
+	SnapshotKind = "fan_out_snapshot"
+)
+
+// chunkKinds are the kinds of chunk jobs.
+var chunkKinds = []string{FanOutKind, SnapshotKind}
 
 // FanOutArgs is one chunk of a message: a range of the message's part of
 // the ledger, cut when the message was scheduled (db.ExpandAudience), and
@@ -33,15 +46,51 @@ type FanOutArgs struct {
 	// read for its chunk number.
 	FirstDevice int64 `json:"first_device,omitempty"`
 	LastDevice  int64 `json:"last_device,omitempty"`
+	// Snapshot says the chunk's devices are its snapshot's (its job's kind
+	// is SnapshotKind); not in the args.
+	Snapshot bool `json:"-"`
+}
+
+// SnapshotArgs is a chunk job scheduled with a snapshot of its devices:
+// FanOutArgs under a kind of its own (SnapshotKind).
+type SnapshotArgs struct {
+	FanOutArgs
+}
+
+// Kind implements river.JobArgs.
+func (SnapshotArgs) Kind() string { return SnapshotKind }
+
+// ChunkArgs decodes the args of a chunk job of kind.
+func ChunkArgs(kind string, raw []byte) (FanOutArgs, error) {
+	var a FanOutArgs
+	if err := json.Unmarshal(raw, &a); err != nil {
+		return FanOutArgs{}, fmt.Errorf("decode a chunk's args: %w", err)
+	}
+	a.Snapshot = kind == SnapshotKind
+	return a, nil
 }
 
 // ledgerRange is the part of the ledger a's chunk reads.
-func (a FanOutArgs) ledgerRange() db.ChunkPendingParams {
+func (a FanOutArgs) ledgerRange() db.Chunk {
 	p := db.ChunkPendingParams{MessageID: a.MessageID, FirstDevice: a.FirstDevice, LastDevice: a.LastDevice, Chunk: int32(a.Chunk)}
 	if p.LastDevice == 0 {
 		p.LastDevice = math.MaxInt64
 	}
-	return p
+	return db.Chunk{ChunkPendingParams: p, Snapshot: a.Snapshot}
+}
+
+// delivery is what t's ledger row holds besides its result.
+func (a FanOutArgs) delivery(t *Target) db.DeliveryKey {
+	return db.DeliveryKey{MessageID: a.MessageID, DeviceID: t.DeviceID, UserID: t.UserID, Channel: t.Channel,
+		Chunk: int32(a.Chunk), DueUs: a.DispatchAt.UnixMicro()}
+}
+
+// jobArgs is the job that carries a's chunk: of its kind.
+func (a FanOutArgs) jobArgs() river.JobArgs {
+	if a.Snapshot {
+		return SnapshotArgs{a}
+	}
+	return a
 }
 
 // running is a chunk attempt under way: its job's args and the targets it
@@ -69,15 +118,16 @@ func (a FanOutArgs) expired(pending []db.ChunkPendingRow) (db.RecordResultsParam
 	var p db.RecordResultsParams
 	counted := make([]settledDelivery, 0, len(pending))
 	for _, r := range pending {
+		t := targetOf(r)
 		if r.Gone != "" {
 			// Its device is no longer its user's: cancelled, as it would
 			// have been had the chunk begun in time.
 			counted = append(counted, settledDelivery{channel: r.Channel, status: "cancelled", reason: push.Reason(r.Gone)})
-			p.Add(a.MessageID, r.DeviceID, "cancelled", r.Gone, 0, 0)
+			p.Add(a.delivery(&t), "cancelled", r.Gone, 0, 0)
 			continue
 		}
 		counted = append(counted, settledDelivery{channel: r.Channel, status: "expired"})
-		p.Add(a.MessageID, r.DeviceID, "expired", "", 0, 0)
+		p.Add(a.delivery(&t), "expired", "", 0, 0)
 	}
 	return p, counted
 }

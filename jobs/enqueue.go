@@ -55,6 +55,58 @@ type jobClient interface {
 type Enqueuer struct {
 	client    jobClient
 	chunkSize int
+	ledger    Ledger
+}
+
+// Ledger is how scheduling writes a message's ledger (migration 0022).
+type Ledger string
+
+const (
+	// LedgerAuto writes a snapshot of each chunk's devices, and each
+	// delivery's ledger row once, with its result; but pending rows while
+	// a worker of an earlier release is alive (one without
+	// FeatureSnapshots), which could not send a snapshot's chunk.
+	LedgerAuto Ledger = "auto"
+	// LedgerRows always writes a pending ledger row for every device when
+	// the message is scheduled, as releases before the snapshots did.
+	LedgerRows Ledger = "rows"
+)
+
+// ParseLedger reads a Ledger from its name ("" is LedgerAuto).
+func ParseLedger(s string) (Ledger, error) {
+	switch Ledger(s) {
+	case "", LedgerAuto:
+		return LedgerAuto, nil
+	case LedgerRows:
+		return LedgerRows, nil
+	}
+	return "", fmt.Errorf("ledger %q: want auto or rows", s)
+}
+
+// FeatureSnapshots is what a process of this release reports it can do
+// (db.UpsertProcessFeatures): run chunks scheduled with snapshots.
+const FeatureSnapshots = "ledger_once"
+
+// WithLedger makes e write its messages' ledgers as l says, and returns e.
+func (e *Enqueuer) WithLedger(l Ledger) *Enqueuer {
+	e.ledger = l
+	return e
+}
+
+// snapshots reports whether a message scheduled now in tx is written with
+// snapshots: unless e writes rows, or a worker of an earlier release is
+// alive. The processes' reports are a few rows, read every time: a report
+// is at most a status interval old, and a process reports before it takes
+// any chunk.
+func (e *Enqueuer) snapshots(ctx context.Context, tx pgx.Tx) (bool, error) {
+	if e.ledger == LedgerRows {
+		return false, nil
+	}
+	older, err := db.On(tx).ProcessesWithoutFeature(ctx, FeatureSnapshots)
+	if err != nil {
+		return false, fmt.Errorf("read the processes' releases: %w", err)
+	}
+	return len(older) == 0, nil
 }
 
 // NewEnqueuer returns an Enqueuer that inserts and cancels chunk jobs with
@@ -107,6 +159,10 @@ func (e *Enqueuer) create(ctx context.Context, tx pgx.Tx, m MessageSpec, head bo
 		}
 	}
 	plan := db.Expansion{ChunkSize: e.chunkSize, FirstChunkSize: firstChunkSize, DispatchAt: m.DispatchAt}
+	var err error
+	if plan.Snapshot, err = e.snapshots(ctx, tx); err != nil {
+		return db.Message{}, nil, err
+	}
 	if head && m.LocalTime == nil {
 		plan.Head = firstChunkSize
 	}
@@ -180,7 +236,7 @@ func (e *Enqueuer) create(ctx context.Context, tx pgx.Tx, m MessageSpec, head bo
 		}
 	}
 	for start := 0; start < len(chunks); start += jobBatch {
-		if err := e.enqueue(ctx, tx, msg, payloadID, lifetime, chunks[start:min(start+jobBatch, len(chunks))]); err != nil {
+		if err := e.enqueue(ctx, tx, msg, payloadID, lifetime, plan.Snapshot, chunks[start:min(start+jobBatch, len(chunks))]); err != nil {
 			return db.Message{}, nil, err
 		}
 	}
@@ -245,6 +301,10 @@ func (e *Enqueuer) writeRest(ctx context.Context, tx pgx.Tx, id int64) (db.Messa
 		return db.Message{}, fmt.Errorf("message %d: %w", id, err)
 	}
 	plan := db.Expansion{MessageID: id, ChunkSize: e.chunkSize, DispatchAt: msg.DispatchAt, After: *msg.RestAfter}
+	// The rest is written as its first chunk was.
+	if plan.Snapshot, err = q.HasSnapshot(ctx, id); err != nil {
+		return db.Message{}, fmt.Errorf("read how message %d was written: %w", id, err)
+	}
 	if err := planExpansion(ctx, tx, MessageSpec{PayloadID: msg.PayloadID}, audience, &plan); err != nil {
 		return db.Message{}, err
 	}
@@ -261,7 +321,7 @@ func (e *Enqueuer) writeRest(ctx context.Context, tx pgx.Tx, id int64) (db.Messa
 	}
 	lifetime := msg.ExpiresAt.Sub(msg.DispatchAt)
 	for start := 0; start < len(expanded.Chunks); start += jobBatch {
-		if err := e.enqueue(ctx, tx, msg, msg.PayloadID, lifetime, expanded.Chunks[start:min(start+jobBatch, len(expanded.Chunks))]); err != nil {
+		if err := e.enqueue(ctx, tx, msg, msg.PayloadID, lifetime, plan.Snapshot, expanded.Chunks[start:min(start+jobBatch, len(expanded.Chunks))]); err != nil {
 			return db.Message{}, err
 		}
 	}
@@ -281,16 +341,18 @@ func (e *Enqueuer) writeRest(ctx context.Context, tx pgx.Tx, id int64) (db.Messa
 	return q.GetMessage(ctx, id)
 }
 
-// enqueue inserts the jobs of chunks and records which job carries each.
-func (e *Enqueuer) enqueue(ctx context.Context, tx pgx.Tx, msg db.Message, payloadID int64, lifetime time.Duration, chunks []db.ExpandedChunk) error {
+// enqueue inserts the jobs of chunks and records which job carries each:
+// of SnapshotKind when the chunks were written with snapshots.
+func (e *Enqueuer) enqueue(ctx context.Context, tx pgx.Tx, msg db.Message, payloadID int64, lifetime time.Duration, snapshot bool, chunks []db.ExpandedChunk) error {
 	jobs := make([]river.InsertManyParams, len(chunks))
 	for i, c := range chunks {
+		a := FanOutArgs{
+			MessageID: msg.ID, Chunk: int(c.Chunk), PayloadID: payloadID, Priority: msg.Priority,
+			DispatchAt: c.DueAt, ExpiresAt: c.DueAt.Add(lifetime),
+			FirstDevice: c.FirstDevice, LastDevice: c.LastDevice, Snapshot: snapshot,
+		}
 		jobs[i] = river.InsertManyParams{
-			Args: FanOutArgs{
-				MessageID: msg.ID, Chunk: int(c.Chunk), PayloadID: payloadID, Priority: msg.Priority,
-				DispatchAt: c.DueAt, ExpiresAt: c.DueAt.Add(lifetime),
-				FirstDevice: c.FirstDevice, LastDevice: c.LastDevice,
-			},
+			Args:       a.jobArgs(),
 			InsertOpts: &river.InsertOpts{ScheduledAt: c.DueAt, Priority: chunkPriority(c.Chunk)},
 		}
 	}

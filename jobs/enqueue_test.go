@@ -2,7 +2,6 @@ package jobs
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -49,7 +48,7 @@ func registerUsers(t testing.TB, q *db.Queries, prefix string, n int) []string {
 func chunkSizes(t *testing.T, pool *pgxpool.Pool, id int64) []int {
 	t.Helper()
 	rows, err := pool.Query(context.Background(), `
-		SELECT count(*), min(device_id), max(device_id) FROM deliveries
+		SELECT count(*), min(device_id), max(device_id) FROM ledger
 		WHERE message_id = $1 GROUP BY chunk ORDER BY chunk`, id)
 	require.NoError(t, err)
 	defer rows.Close()
@@ -128,7 +127,7 @@ func startRecorderClient(t *testing.T, ctx context.Context, pool *pgxpool.Pool, 
 	t.Helper()
 	rec := &startRecorder{starts: map[int64]time.Duration{}}
 	cfg.Logger, cfg.Workers = discard, river.NewWorkers()
-	river.AddWorker(cfg.Workers, rec)
+	AddChunkWorkers(cfg.Workers, rec)
 	client, err := NewRiverClient(pool, cfg)
 	require.NoError(t, err)
 	require.NoError(t, client.Start(ctx))
@@ -197,7 +196,7 @@ func TestCancel(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, StateCancelled, m.State)
 	require.EqualValues(t, 3, m.CancelledCount)
-	deliveries, err := q.ListDeliveries(ctx, db.ListDeliveriesParams{MessageID: id, PageSize: 10})
+	deliveries, err := q.ListAllDeliveries(ctx, db.ListDeliveriesParams{MessageID: id, PageSize: 10})
 	require.NoError(t, err)
 	require.Len(t, deliveries, 3)
 	for _, d := range deliveries {
@@ -283,7 +282,8 @@ func TestExpansionCutsRangesByWave(t *testing.T) {
 		job, err := client.JobGet(ctx, id)
 		require.NoError(t, err)
 		var a FanOutArgs
-		require.NoError(t, json.Unmarshal(job.EncodedArgs, &a))
+		a, err = ChunkArgs(job.Kind, job.EncodedArgs)
+		require.NoError(t, err)
 		require.Equal(t, i, a.Chunk)
 		require.Equal(t, chunkPriority(int32(i)), job.Priority)
 		require.True(t, job.ScheduledAt.Equal(a.DispatchAt))
@@ -304,7 +304,7 @@ func TestExpansionCutsRangesByWave(t *testing.T) {
 		require.Equal(t, 1, n, "device %d", id)
 	}
 	var expired []string
-	require.NoError(t, pgxscan(ctx, tdb.Pool, &expired, `SELECT user_id FROM deliveries WHERE message_id = $1 AND chunk = -1 AND status = 'expired' ORDER BY user_id`, msg.ID))
+	require.NoError(t, pgxscan(ctx, tdb.Pool, &expired, `SELECT user_id FROM ledger WHERE message_id = $1 AND chunk = -1 AND status = 'expired' ORDER BY user_id`, msg.ID))
 	require.Equal(t, []string{"tokyo-2nd-000", "tokyo-2nd-001", "tokyo000", "tokyo001", "tokyo002"}, expired)
 }
 
@@ -381,4 +381,49 @@ func TestFirstChunkIsSmall(t *testing.T) {
 	}))
 	require.Equal(t, []int{firstChunkSize, firstChunkSize + 20, 10}, chunkSizes(t, tdb.Pool, msg.ID))
 	require.EqualValues(t, 3, msg.ChunkCount)
+}
+
+// TestSnapshotsWaitForTheOlderWorkers: a message is scheduled with its
+// chunks' snapshots (migration 0022) unless a process of a release without
+// them reports its providers, whose worker could not send such a chunk;
+// then, and always with LedgerRows, with a pending ledger row a device, in
+// chunks of the kind that release runs. A process that reports its
+// features is of this release.
+func TestSnapshotsWaitForTheOlderWorkers(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tdb := dbtest.New(t)
+	q := db.On(tdb.Pool)
+	users := registerUsers(t, q, "s", 3)
+	client, err := NewRiverClient(tdb.Pool, RiverConfig{Logger: discard})
+	require.NoError(t, err)
+	written := func(enq *Enqueuer) (snapshots, rows int, kind string) {
+		id := scheduleAt(t, tdb.Pool, enq, PriorityBulk, users, time.Now().Add(time.Hour))
+		require.NoError(t, tdb.Pool.QueryRow(ctx, `
+			SELECT (SELECT count(*) FROM chunk_devices WHERE message_id = $1),
+			       (SELECT count(*) FROM deliveries WHERE message_id = $1),
+			       (SELECT j.kind FROM river_job j JOIN message_chunks c ON c.job_id = j.id WHERE c.message_id = $1)`, id).
+			Scan(&snapshots, &rows, &kind))
+		return snapshots, rows, kind
+	}
+	report := func(process string, features ...string) {
+		require.NoError(t, q.UpsertProviderStatus(ctx, db.UpsertProviderStatusParams{ProcessID: process, Channel: ChannelAPNs, State: BreakerClosed}))
+		if features != nil {
+			require.NoError(t, q.UpsertProcessFeatures(ctx, db.UpsertProcessFeaturesParams{ProcessID: process, Features: features}))
+		}
+	}
+
+	report("this-release", FeatureSnapshots)
+	snapshots, rows, kind := written(NewEnqueuer(client, 0))
+	require.Equal(t, [2]int{1, 0}, [2]int{snapshots, rows})
+	require.Equal(t, SnapshotKind, kind)
+
+	snapshots, rows, kind = written(NewEnqueuer(client, 0).WithLedger(LedgerRows))
+	require.Equal(t, [2]int{0, 3}, [2]int{snapshots, rows}, "with rows")
+	require.Equal(t, FanOutKind, kind)
+
+	report("older-release")
+	snapshots, rows, kind = written(NewEnqueuer(client, 0))
+	require.Equal(t, [2]int{0, 3}, [2]int{snapshots, rows}, "while an older worker lives")
+	require.Equal(t, FanOutKind, kind)
 }

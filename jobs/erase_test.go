@@ -41,10 +41,11 @@ func TestFanOutDeviceErasedMidSend(t *testing.T) {
 	fcm := &recordingSender{script: map[string][]push.Result{"fcm-2": {failing(push.ReasonRateLimited)}}}
 	sender := &hookedSender{inner: fcm, before: func() {
 		require.NoError(t, db.InTx(ctx, b.db.Pool, func(tx pgx.Tx) error {
-			if _, err := db.On(tx).DeleteDevice(ctx, erased); err != nil {
+			if err := db.EraseDevices(ctx, tx, []int64{erased}); err != nil {
 				return err
 			}
-			return db.EraseDevices(ctx, tx, []int64{erased})
+			_, err := db.On(tx).DeleteDevice(ctx, erased)
+			return err
 		}))
 	}}
 	w := b.worker(map[string]Sender{ChannelFCM: sender}, FanOutConfig{})

@@ -743,7 +743,7 @@ func (w *FanOutWorker) expire(ctx context.Context, a FanOutArgs, pool *pgxpool.P
 		if err := q.UseGenericPlans(ctx); err != nil {
 			return fmt.Errorf("use generic plans: %w", err)
 		}
-		rows, err := q.ChunkPending(ctx, a.ledgerRange())
+		rows, err := db.ReadChunkPending(ctx, tx, a.ledgerRange())
 		if err != nil {
 			return fmt.Errorf("read chunk ledger: %w", err)
 		}
@@ -768,6 +768,36 @@ func (w *FanOutWorker) expire(ctx context.Context, a FanOutArgs, pool *pgxpool.P
 		w.cfg.Metrics.settled(settled.Priority, settled.SloSkewMs)
 	}
 	return err
+}
+
+// snapshotWorker runs the chunk jobs of SnapshotKind with a chunk worker
+// (the FanOutWorker): the same chunk, read from its snapshot.
+type snapshotWorker struct {
+	river.WorkerDefaults[SnapshotArgs]
+	w river.Worker[FanOutArgs]
+}
+
+// AddChunkWorkers adds w to workers for both kinds of chunk jobs.
+func AddChunkWorkers(workers *river.Workers, w river.Worker[FanOutArgs]) {
+	river.AddWorker(workers, w)
+	river.AddWorker(workers, &snapshotWorker{w: w})
+}
+
+// fanOutJob is job as the FanOutWorker runs it.
+func fanOutJob(job *river.Job[SnapshotArgs]) *river.Job[FanOutArgs] {
+	a := job.Args.FanOutArgs
+	a.Snapshot = true
+	return &river.Job[FanOutArgs]{JobRow: job.JobRow, Args: a}
+}
+
+// Timeout implements river.Worker: the chunk worker's.
+func (s *snapshotWorker) Timeout(job *river.Job[SnapshotArgs]) time.Duration {
+	return s.w.Timeout(fanOutJob(job))
+}
+
+// Work implements river.Worker: the chunk worker's.
+func (s *snapshotWorker) Work(ctx context.Context, job *river.Job[SnapshotArgs]) error {
+	return s.w.Work(ctx, fanOutJob(job))
 }
 
 // Breakers returns the worker's circuit breakers.

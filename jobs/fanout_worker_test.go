@@ -2,7 +2,6 @@ package jobs
 
 import (
 	"context"
-	"encoding/json"
 	"slices"
 	"strings"
 	"sync"
@@ -43,6 +42,9 @@ type fanOutBundle struct {
 	client *river.Client[pgx.Tx]
 	clock  *Clock
 	tx     pgx.Tx
+	// design is how the bundle's messages are scheduled (LedgerAuto:
+	// with snapshots).
+	design Ledger
 }
 
 // setupFanOut is named for the worker it sets up, not setup, so that it
@@ -116,7 +118,7 @@ func (b *fanOutBundle) message(users []string, dispatchAt time.Time, lifetime ti
 	var msg db.Message
 	require.NoError(b.t, db.InTx(ctx, b.db.Pool, func(tx pgx.Tx) error {
 		var err error
-		msg, err = NewEnqueuer(b.client, 0).Create(ctx, tx, MessageSpec{
+		msg, err = NewEnqueuer(b.client, 0).WithLedger(b.design).Create(ctx, tx, MessageSpec{
 			Priority: PriorityBulk, DispatchAt: dispatchAt, ExpiresAt: dispatchAt.Add(lifetime),
 			Audience: Audience{UserIDs: users}, AudienceJSON: []byte(`{}`),
 			Content: push.Content{Title: "t"},
@@ -127,7 +129,8 @@ func (b *fanOutBundle) message(users []string, dispatchAt time.Time, lifetime ti
 	require.NoError(b.t, err)
 	require.Len(b.t, jobIDs, 1)
 	c := chunkJob{msg: msg, job: b.job(jobIDs[0])}
-	require.NoError(b.t, json.Unmarshal(c.job.EncodedArgs, &c.args))
+	c.args, err = ChunkArgs(c.job.Kind, c.job.EncodedArgs)
+	require.NoError(b.t, err)
 	c.targets = chunkTargets(b.t, b.q, c.args)
 	require.Len(b.t, c.targets, int(msg.DeviceCount))
 	return c
@@ -136,7 +139,7 @@ func (b *fanOutBundle) message(users []string, dispatchAt time.Time, lifetime ti
 // chunkTargets reads a chunk's pending targets as its worker does.
 func chunkTargets(t testing.TB, q *db.Queries, a FanOutArgs) []Target {
 	t.Helper()
-	rows, err := q.ChunkPending(context.Background(), a.ledgerRange())
+	rows, err := q.ChunkPendingOf(context.Background(), a.ledgerRange())
 	require.NoError(t, err)
 	targets := make([]Target, len(rows))
 	for i, r := range rows {
@@ -174,8 +177,15 @@ func (b *fanOutBundle) worker(providers map[string]Sender, cfg FanOutConfig) *Fa
 // or failed in the test's transaction.
 func (b *fanOutBundle) work(w *FanOutWorker, c chunkJob) *rivertest.WorkResult {
 	b.t.Helper()
-	tw := rivertest.NewWorker(b.t, riverpgxv5.New(nil), &river.Config{Logger: discard}, river.Worker[FanOutArgs](w))
-	res, err := tw.WorkJob(context.Background(), b.t, b.tx, b.job(c.job.ID))
+	var res *rivertest.WorkResult
+	var err error
+	if c.job.Kind == SnapshotKind {
+		tw := rivertest.NewWorker(b.t, riverpgxv5.New(nil), &river.Config{Logger: discard}, river.Worker[SnapshotArgs](&snapshotWorker{w: w}))
+		res, err = tw.WorkJob(context.Background(), b.t, b.tx, b.job(c.job.ID))
+	} else {
+		tw := rivertest.NewWorker(b.t, riverpgxv5.New(nil), &river.Config{Logger: discard}, river.Worker[FanOutArgs](w))
+		res, err = tw.WorkJob(context.Background(), b.t, b.tx, b.job(c.job.ID))
+	}
 	require.NoError(b.t, err)
 	if res.EventKind == river.EventKindJobCompleted {
 		// Every place a request took in the ledger writer is free again
@@ -192,7 +202,7 @@ func (b *fanOutBundle) work(w *FanOutWorker, c chunkJob) *rivertest.WorkResult {
 // ledger is the message's deliveries by device id.
 func (b *fanOutBundle) ledger(msgID int64) map[int64]db.ListDeliveriesRow {
 	b.t.Helper()
-	rows, err := b.q.ListDeliveries(context.Background(), db.ListDeliveriesParams{MessageID: msgID, PageSize: 1000})
+	rows, err := b.q.ListAllDeliveries(context.Background(), db.ListDeliveriesParams{MessageID: msgID, PageSize: 1000})
 	require.NoError(b.t, err)
 	out := make(map[int64]db.ListDeliveriesRow, len(rows))
 	for _, r := range rows {

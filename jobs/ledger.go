@@ -533,9 +533,9 @@ func (l *ledger) resultsOf(a *running, results []push.Result, idx []int) chunkRe
 		if throttled(r) {
 			// Pending until its device's throttle runs out (throttle.go).
 			notBefore := at.Add(throttleWait(r, a.Targets[i].Attempt))
-			c.results.AddThrottled(a.MessageID, a.Targets[i].DeviceID, string(r.Reason), attemptedUs, notBefore.UnixMicro())
+			c.results.AddThrottled(a.delivery(&a.Targets[i]), string(r.Reason), attemptedUs, notBefore.UnixMicro())
 		} else {
-			c.results.Add(a.MessageID, a.Targets[i].DeviceID, status, string(r.Reason), attemptedUs, acceptedUs)
+			c.results.Add(a.delivery(&a.Targets[i]), status, string(r.Reason), attemptedUs, acceptedUs)
 		}
 		c.counted = append(c.counted, settledDelivery{a.Targets[i].Channel, status, r.Reason, at.Sub(a.DispatchAt)})
 		if !r.Accepted && r.Reason.Evicts() {

@@ -96,7 +96,8 @@ func (b *fanOutBundle) localizedMessage(users []string) chunkJob {
 	require.NoError(b.t, err)
 	require.Len(b.t, jobIDs, 1)
 	c := chunkJob{msg: msg, job: b.job(jobIDs[0])}
-	require.NoError(b.t, json.Unmarshal(c.job.EncodedArgs, &c.args))
+	c.args, err = ChunkArgs(c.job.Kind, c.job.EncodedArgs)
+	require.NoError(b.t, err)
 	c.targets = chunkTargets(b.t, b.q, c.args)
 	return c
 }
@@ -180,7 +181,9 @@ func TestScheduledAndLocalTimeRunsAreLocalized(t *testing.T) {
 		picked := map[string]string{}
 		for _, id := range jobIDs {
 			var args FanOutArgs
-			require.NoError(t, json.Unmarshal(b.job(id).EncodedArgs, &args))
+			job := b.job(id)
+			args, err := ChunkArgs(job.Kind, job.EncodedArgs)
+			require.NoError(t, err)
 			for _, tg := range chunkTargets(t, b.q, args) {
 				picked[tg.Token] = tg.Locale
 			}

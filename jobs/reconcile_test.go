@@ -29,7 +29,7 @@ func TestReconcilerSettlesWhatNoChunkWill(t *testing.T) {
 	stuck := b.message(users[:2], now.Add(-time.Hour), 50*time.Minute)
 	require.NoError(t, b.q.StartMessage(ctx, stuck.msg.ID))
 	var reached db.RecordResultsParams
-	reached.Add(stuck.msg.ID, stuck.targets[0].DeviceID, "accepted", "", now.Add(-time.Hour).UnixMicro(), now.Add(-time.Hour).UnixMicro())
+	reached.Add(stuck.args.delivery(&stuck.targets[0]), "accepted", "", now.Add(-time.Hour).UnixMicro(), now.Add(-time.Hour).UnixMicro())
 	_, err := b.q.RecordResults(ctx, reached)
 	require.NoError(t, err)
 	// Expired ten minutes ago, never started, its chunk cancelled.

@@ -17,7 +17,7 @@ func Register(workers *river.Workers, fanOut FanOutConfig, materializer *Materia
 	if err != nil {
 		return nil, err
 	}
-	river.AddWorker(workers, w)
+	AddChunkWorkers(workers, w)
 	river.AddWorker(workers, &MaterializeWorker{m: materializer})
 	river.AddWorker(workers, &ReconcileWorker{r: reconciler, chunkSize: materializer.cfg.ChunkSize})
 	river.AddWorker(workers, &RestWorker{pool: fanOut.Pool, chunkSize: materializer.cfg.ChunkSize})

@@ -29,7 +29,7 @@ type chunkRecorder struct {
 
 func (r *chunkRecorder) Work(ctx context.Context, job *river.Job[FanOutArgs]) error {
 	var rows int
-	if err := r.pool.QueryRow(ctx, `SELECT count(*) FROM deliveries WHERE message_id = $1`, job.Args.MessageID).Scan(&rows); err != nil {
+	if err := r.pool.QueryRow(ctx, `SELECT count(*) FROM ledger WHERE message_id = $1`, job.Args.MessageID).Scan(&rows); err != nil {
 		return err
 	}
 	r.mu.Lock()
@@ -80,7 +80,7 @@ func TestSubmitSendsTheFirstChunkWhileTheRestIsWritten(t *testing.T) {
 
 	rec := &chunkRecorder{pool: tdb.Pool, ledger: map[int]int{}}
 	cfg := RiverConfig{Logger: discard, Workers: river.NewWorkers()}
-	river.AddWorker(cfg.Workers, rec)
+	AddChunkWorkers(cfg.Workers, rec)
 	river.AddWorker(cfg.Workers, &RestWorker{pool: tdb.Pool, chunkSize: 500})
 	client, err := NewRiverClient(tdb.Pool, cfg)
 	require.NoError(t, err)

@@ -68,7 +68,11 @@ func (b *retainBundle) message(key string, created time.Duration, payload int64)
 // workers would have left it.
 func (b *retainBundle) settle(msg db.Message, ago time.Duration) {
 	b.t.Helper()
-	b.exec("UPDATE deliveries SET status = 'accepted', accepted_at = $2 WHERE message_id = $1", msg.ID, b.now.Add(-ago))
+	b.exec(`INSERT INTO deliveries (message_id, device_id, user_id, channel, chunk, due_at, status, accepted_at)
+	        SELECT message_id, device_id, user_id, channel, chunk, due_at, 'accepted', $2 FROM ledger
+	        WHERE message_id = $1 AND status = 'pending'
+	        ON CONFLICT (message_id, device_id) DO UPDATE SET status = 'accepted', accepted_at = excluded.accepted_at`,
+		msg.ID, b.now.Add(-ago))
 	b.exec(`UPDATE messages SET state = 'dispatched', settled_at = $2,
 	        pending_count = 0, accepted_count = device_count WHERE id = $1`, msg.ID, b.now.Add(-ago))
 }
@@ -92,7 +96,7 @@ func (b *retainBundle) kept(msg db.Message, key string) [5]int {
 	b.t.Helper()
 	return [5]int{
 		b.count("SELECT count(*) FROM messages WHERE id = $1", msg.ID),
-		b.count("SELECT count(*) FROM deliveries WHERE message_id = $1", msg.ID),
+		b.count("SELECT count(*) FROM ledger WHERE message_id = $1", msg.ID),
 		b.count("SELECT count(*) FROM message_chunks WHERE message_id = $1", msg.ID),
 		b.count("SELECT count(*) FROM payloads WHERE id = $1", msg.PayloadID),
 		b.count("SELECT count(*) FROM idempotency_keys WHERE key = $1", key),
@@ -148,7 +152,7 @@ func TestRetainerDeletesReceiptsWithTheirLedger(t *testing.T) {
 	recent := b.message("recent", 3*time.Hour, 0)
 	b.settle(recent, 30*time.Minute)
 	for _, msg := range []db.Message{old, recent} {
-		rows, err := b.db.Pool.Query(ctx, "SELECT device_id FROM deliveries WHERE message_id = $1", msg.ID)
+		rows, err := b.db.Pool.Query(ctx, "SELECT device_id FROM ledger WHERE message_id = $1", msg.ID)
 		require.NoError(t, err)
 		devices, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 		require.NoError(t, err)
@@ -274,7 +278,7 @@ func TestRetainerDeletesDevicesEvictedLongerThanTheDeviceRetention(t *testing.T)
 	msg, err := b.q.GetMessage(ctx, due.ID)
 	require.NoError(t, err)
 	require.Equal(t, [2]int32{2, 3}, [2]int32{msg.PendingCount, msg.CancelledCount})
-	require.Equal(t, 3, b.count("SELECT count(*) FROM deliveries WHERE message_id = $1 AND status = 'cancelled' AND reason = 'device_evicted'", due.ID))
+	require.Equal(t, 3, b.count("SELECT count(*) FROM ledger WHERE message_id = $1 AND status = 'cancelled' AND reason = 'device_evicted'", due.ID))
 
 	removed, err = r.Run(ctx)
 	require.NoError(t, err)

@@ -67,7 +67,7 @@ func TestSchedulerRollbackLeavesNoTrace(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int32(3), receipt.DeviceCount)
 	var inside int
-	require.NoError(t, tx.QueryRow(ctx, "SELECT count(*) FROM herald.deliveries").Scan(&inside))
+	require.NoError(t, tx.QueryRow(ctx, "SELECT count(*) FROM herald.ledger").Scan(&inside))
 	require.Equal(t, 3, inside, "the ledger is written in the caller's transaction")
 	require.NoError(t, tx.QueryRow(ctx, "SELECT count(*) FROM herald.river_job").Scan(&inside))
 	require.Equal(t, 1, inside, "the chunk job is inserted in the caller's transaction")

@@ -77,7 +77,14 @@ func (r *StatusReporter) Run(ctx context.Context) {
 	defer t.Stop()
 	q := db.On(c.Pool)
 	for n := 0; ; n++ {
-		// Each app's rows first: a process whose provider_status rows
+		// What this release can do, first of all: a process whose
+		// provider status has no features beside it is of an earlier
+		// release (db.ProcessesWithoutFeature), which holds scheduling to
+		// ledger rows while it lives (Enqueuer).
+		if err := q.UpsertProcessFeatures(ctx, db.UpsertProcessFeaturesParams{ProcessID: c.ProcessID, Features: []string{FeatureSnapshots}}); err != nil && ctx.Err() == nil {
+			c.Logger.WarnContext(ctx, "report process features", "error", err)
+		}
+		// Each app's rows then: a process whose provider_status rows
 		// have no app rows beside them is of a release without apps
 		// (db.ProcessesWithoutApps), which this one must never look like.
 		r.reportApps(ctx, q)
@@ -99,6 +106,9 @@ func (r *StatusReporter) Run(ctx context.Context) {
 			}
 			if err := q.DeleteStaleAppProviderStatus(ctx); err != nil && ctx.Err() == nil {
 				c.Logger.WarnContext(ctx, "delete stale app provider status", "error", err)
+			}
+			if err := q.DeleteStaleProcessFeatures(ctx); err != nil && ctx.Err() == nil {
+				c.Logger.WarnContext(ctx, "delete stale process features", "error", err)
 			}
 		}
 		select {

@@ -89,7 +89,7 @@ func (t *Takeover) Run(ctx context.Context) {
 // pass is one look: seen holds when each abandoned chunk was first seen
 // so, and forgets those that are no longer.
 func (t *Takeover) pass(ctx context.Context, seen map[db.AbandonedChunk]time.Time, now time.Time) error {
-	abandoned, err := db.AbandonedChunks(ctx, t.cfg.Pool, FanOutKind)
+	abandoned, err := db.AbandonedChunks(ctx, t.cfg.Pool, chunkKinds)
 	if err != nil {
 		return err
 	}

@@ -29,6 +29,9 @@ type Target struct {
 	// key it subscribed with (0 for none recorded).
 	App        int32
 	Credential int64
+	// UserID is the delivery's user: the device's when its message was
+	// scheduled, which its ledger row records.
+	UserID string
 }
 
 // targetOf is the target of a pending delivery the chunk read.
@@ -39,7 +42,7 @@ func targetOf(r db.ChunkPendingRow) Target {
 	if r.NotBefore != nil {
 		t.NotBefore = *r.NotBefore
 	}
-	t.App, t.Credential = r.AppID, r.CredentialID
+	t.App, t.Credential, t.UserID = r.AppID, r.CredentialID, r.UserID
 	return t
 }
 

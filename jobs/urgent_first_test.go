@@ -2,7 +2,6 @@ package jobs
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"sync/atomic"
 	"testing"
@@ -165,7 +164,9 @@ func TestFanOutBulkWaitsForAnUrgentChunk(t *testing.T) {
 	chunks := map[int]chunkJob{}
 	for _, id := range jobIDs {
 		c := chunkJob{msg: msg, job: b.job(id)}
-		require.NoError(t, json.Unmarshal(c.job.EncodedArgs, &c.args))
+		var err error
+		c.args, err = ChunkArgs(c.job.Kind, c.job.EncodedArgs)
+		require.NoError(t, err)
 		chunks[c.args.Chunk] = c
 	}
 

@@ -2,7 +2,6 @@ package jobs
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"time"
 
@@ -39,14 +38,14 @@ func (w *FanOutWorker) Warm(ctx context.Context, queue string, at time.Time) err
 	if !ok || lane.Pool == nil {
 		return nil
 	}
-	raws, err := db.DueJobArgs(ctx, lane.Pool, FanOutKind, queue, at, lane.workers())
+	due, err := db.DueJobArgs(ctx, lane.Pool, chunkKinds, queue, at, lane.workers())
 	if err != nil {
 		return err
 	}
-	chunks := make([]FanOutArgs, len(raws))
-	for i, raw := range raws {
-		if err := json.Unmarshal(raw, &chunks[i]); err != nil {
-			return fmt.Errorf("warm: decode a chunk's args: %w", err)
+	chunks := make([]FanOutArgs, len(due))
+	for i, job := range due {
+		if chunks[i], err = ChunkArgs(job.Kind, job.Args); err != nil {
+			return fmt.Errorf("warm: %w", err)
 		}
 	}
 	g, ctx := errgroup.WithContext(ctx)

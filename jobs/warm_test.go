@@ -2,7 +2,6 @@ package jobs
 
 import (
 	"context"
-	"encoding/json"
 	"slices"
 	"sync"
 	"testing"
@@ -39,12 +38,12 @@ func TestWarmReadiesTheFirstChunksOfAnInstant(t *testing.T) {
 	_, err = db.PromoteDueJobs(ctx, tdb.Pool, []string{QueueBulk}, 2*time.Minute, 100)
 	require.NoError(t, err)
 
-	raws, err := db.DueJobArgs(ctx, tdb.Pool, FanOutKind, QueueBulk, at, 3)
+	due, err := db.DueJobArgs(ctx, tdb.Pool, chunkKinds, QueueBulk, at, 3)
 	require.NoError(t, err)
 	var warmed []FanOutArgs
-	for _, raw := range raws {
-		var a FanOutArgs
-		require.NoError(t, json.Unmarshal(raw, &a))
+	for _, job := range due {
+		a, err := ChunkArgs(job.Kind, job.Args)
+		require.NoError(t, err)
 		warmed = append(warmed, a)
 	}
 	require.Len(t, warmed, 3)

@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/heraldpush/herald/api/client"
+	"github.com/heraldpush/herald/jobs"
 	"github.com/heraldpush/herald/jobs/push"
 	"github.com/heraldpush/herald/jobs/receipt"
 )
@@ -165,7 +166,7 @@ func (e *e2e) postReceipts(message string, delivered, opened int) {
 	require.NoError(e.t, err)
 	id, ok := push.ParseMessageID(message)
 	require.True(e.t, ok)
-	rows, err := e.db.Pool.Query(ctx, "SELECT device_id FROM deliveries WHERE message_id = $1 AND status = 'accepted' ORDER BY device_id", id)
+	rows, err := e.db.Pool.Query(ctx, "SELECT device_id FROM ledger WHERE message_id = $1 AND status = 'accepted' ORDER BY device_id", id)
 	require.NoError(e.t, err)
 	devices, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	require.NoError(e.t, err)
@@ -427,7 +428,7 @@ func TestDashboardGuards(t *testing.T) {
 	require.EventuallyWithT(t, func(c *assert.CollectT) { //nolint:forbidigo // EventuallyWithT hands its callback a CollectT
 		code, body := get(browser, "/riverui/api/jobs?state=completed&limit=100")
 		require.Equal(c, http.StatusOK, code, body)
-		require.Contains(c, body, `"kind":"fan_out"`)
+		require.Contains(c, body, `"kind":"`+jobs.SnapshotKind+`"`)
 	}, 10*time.Second, 100*time.Millisecond)
 
 	// A cross-site call to River UI's API is refused even with the session.

@@ -144,10 +144,10 @@ func (s *fanOutSetup) diagnose() {
 	for _, q := range []string{
 		`SELECT state, attempt, count(*), coalesce(string_agg(DISTINCT left(e->>'error', 200), ' | '), '')
 		   FROM river_job LEFT JOIN LATERAL unnest(errors) e ON true
-		  WHERE kind = 'fan_out' GROUP BY state, attempt ORDER BY state, attempt`,
-		`SELECT status, attempt, coalesce(reason, ''), count(*)::text FROM deliveries
+		  WHERE kind LIKE 'fan_out%' GROUP BY state, attempt ORDER BY state, attempt`,
+		`SELECT status, attempt, coalesce(reason, ''), count(*)::text FROM ledger
 		  GROUP BY status, attempt, reason ORDER BY status, attempt`,
-		`SELECT d.device_id, v.token, d.attempted_at, d.accepted_at FROM deliveries d JOIN devices v ON v.id = d.device_id WHERE attempt > 1 ORDER BY device_id LIMIT 50`,
+		`SELECT d.device_id, v.token, d.attempted_at, d.accepted_at FROM ledger d JOIN devices v ON v.id = d.device_id WHERE attempt > 1 ORDER BY device_id LIMIT 50`,
 	} {
 		rows, err := s.db.Pool.Query(ctx, q)
 		if err != nil {
@@ -241,7 +241,7 @@ func TestE2ECrashMidFanOut(t *testing.T) {
 	}, time.Minute, 5*time.Millisecond)
 	var recorded int64
 	require.NoError(t, s.db.Pool.QueryRow(context.Background(),
-		"SELECT count(*) FROM deliveries WHERE status = 'accepted'").Scan(&recorded))
+		"SELECT count(*) FROM ledger WHERE status = 'accepted'").Scan(&recorded))
 	t.Logf("killed the worker with %d requests in flight and %d of %d pushes accepted by fakepush, %d of them recorded",
 		inFlight, atKill, devices, recorded)
 	require.Less(t, atKill, int64(devices), "the fan-out finished before the kill; the test proved nothing")
@@ -324,6 +324,6 @@ func TestE2ETwoWorkersShareTheFanOut(t *testing.T) {
 	// Both processes worked chunks of it.
 	var clients int
 	require.NoError(t, s.db.Pool.QueryRow(context.Background(),
-		"SELECT count(DISTINCT attempted_by[array_length(attempted_by, 1)]) FROM river_job WHERE kind = 'fan_out'").Scan(&clients))
+		"SELECT count(DISTINCT attempted_by[array_length(attempted_by, 1)]) FROM river_job WHERE kind LIKE 'fan_out%'").Scan(&clients))
 	require.Equal(t, 2, clients, "both workers should have taken chunks")
 }

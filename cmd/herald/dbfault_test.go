@@ -37,7 +37,7 @@ func (s *fanOutSetup) recorded() int64 {
 	s.t.Helper()
 	var n int64
 	require.NoError(s.t, s.db.Pool.QueryRow(context.Background(),
-		"SELECT count(*) FROM deliveries WHERE status = 'accepted'").Scan(&n))
+		"SELECT count(*) FROM ledger WHERE status = 'accepted'").Scan(&n))
 	return n
 }
 
@@ -72,7 +72,7 @@ func (s *fanOutSetup) requireNoResends(w *child, devices int) {
 	// which would make the bound above loose.
 	var gaveUp int
 	require.NoError(s.t, s.db.Pool.QueryRow(context.Background(),
-		`SELECT count(*) FROM river_job, unnest(errors) e WHERE kind = 'fan_out' AND e->>'error' LIKE '%record results%'`).Scan(&gaveUp))
+		`SELECT count(*) FROM river_job, unnest(errors) e WHERE kind LIKE 'fan_out%' AND e->>'error' LIKE '%record results%'`).Scan(&gaveUp))
 	require.Zero(s.t, gaveUp, "chunks failed to record their results")
 	if unanswered > 0 {
 		// The provider timed out (a loaded machine), which may rightly

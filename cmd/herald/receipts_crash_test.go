@@ -60,7 +60,7 @@ func TestReceiptsSurviveACrash(t *testing.T) {
 	ctx := context.Background()
 	signer, err := receipt.Shared(ctx, tdb.Pool)
 	require.NoError(t, err)
-	rows, err := tdb.Pool.Query(ctx, "SELECT device_id FROM deliveries WHERE message_id = $1 ORDER BY device_id", id)
+	rows, err := tdb.Pool.Query(ctx, "SELECT device_id FROM ledger WHERE message_id = $1 ORDER BY device_id", id)
 	require.NoError(t, err)
 	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	require.NoError(t, err)

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/heraldpush/herald/api/client"
+	"github.com/heraldpush/herald/jobs"
 	"github.com/heraldpush/herald/jobs/push/fake"
 )
 
@@ -213,7 +214,7 @@ func TestRiverUIRetrySendsOnlyWhatIsPending(t *testing.T) {
 		for _, j := range ui.jobs("completed") {
 			completed[j.Kind]++
 		}
-		return completed["fan_out"] == 2
+		return completed[jobs.SnapshotKind] == 2
 	}, 10*time.Second, 50*time.Millisecond, "the chunks are not in River UI's completed list: %v", completed)
 	require.LessOrEqual(t, completed["materialize_schedules"], 1, "%v", completed)
 }

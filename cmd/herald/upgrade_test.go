@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"os/exec"
 	"path/filepath"
@@ -16,11 +17,13 @@ import (
 	"github.com/heraldpush/herald/api/client"
 	"github.com/heraldpush/herald/db"
 	"github.com/heraldpush/herald/db/dbtest"
+	"github.com/heraldpush/herald/jobs"
 )
 
-// previousRelease is the release a rolling upgrade comes from. Until
-// releases are tagged it is the commit the deployable work started from.
-const previousRelease = "2db9c0a"
+// previousRelease is the release a rolling upgrade comes from: the last
+// one before the ledger's snapshots (migration 0022), whose workers read
+// pending ledger rows and know no snapshot chunk.
+const previousRelease = "e3825bd"
 
 // buildPreviousRelease builds `herald` of previousRelease from this
 // repository's history into a temporary directory. It skips, saying why,
@@ -56,7 +59,11 @@ func buildPreviousRelease(t *testing.T) string {
 // one database, as a rolling deploy does, after this release's migrations
 // (docs/operations.md, Upgrading): the previous release's API with this release's
 // worker, and the other way round. Each pair delivers a message to every
-// device, and a schedule's run.
+// device, and a schedule's run; then, with both releases' workers running,
+// a fan-out of 2,000 devices whose chunks either takes, each device sent
+// exactly once. While a worker of the previous release is alive, this
+// release's API writes pending ledger rows, which that worker can send,
+// and this release's worker sends the rows the previous API wrote.
 func TestE2ERollingUpgradeMixesReleases(t *testing.T) {
 	t.Parallel()
 	prev := buildPreviousRelease(t)
@@ -78,12 +85,20 @@ func TestE2ERollingUpgradeMixesReleases(t *testing.T) {
 			require.NoError(t, run(context.Background(), []string{"herald", "migrate"}, env(vars), &out, io.Discard))
 
 			var base string
+			startPrevWorker := func() {
+				startChild(t, []string{prev, "serve", "--role", "worker", "--addr", "127.0.0.1:0"}, vars).base(t)
+				// Seen by this release's API once it has reported.
+				require.Eventually(t, func() bool {
+					older, err := db.On(tdb.Pool).ProcessesWithoutFeature(context.Background(), jobs.FeatureSnapshots)
+					return err == nil && len(older) > 0
+				}, 30*time.Second, 50*time.Millisecond, "the previous release's worker never reported")
+			}
 			if tc.oldAPI {
 				base = startChild(t, []string{prev, "serve", "--role", "api", "--addr", "127.0.0.1:0"}, vars).base(t)
-				startWorker(t, vars)
+				startWorker(t, vars).base(t)
 			} else {
 				base, _ = startServe(t, vars, "--role", "api")
-				startChild(t, []string{prev, "serve", "--role", "worker", "--addr", "127.0.0.1:0"}, vars).base(t)
+				startPrevWorker()
 			}
 			e := &e2e{t: t, fake: fp, base: base, vars: vars, db: tdb, api: newAPIClient(t, base, testAPIKey)}
 			e.register("ann", false)
@@ -107,6 +122,32 @@ func TestE2ERollingUpgradeMixesReleases(t *testing.T) {
 				runs := e.listMessages(client.ListMessagesParams{State: new(client.MessageStateDispatched), ScheduleID: &sch})
 				return len(runs) > 0 && runs[0].Deliveries.Accepted == 3
 			}, time.Minute, 100*time.Millisecond, "no run of the schedule was delivered")
+
+			// Both releases' workers, one fan-out.
+			if tc.oldAPI {
+				startPrevWorker()
+			} else {
+				startWorker(t, vars).base(t)
+			}
+			users := make([]string, 2000)
+			for i := range users {
+				users[i] = fmt.Sprintf("fan-%04d", i)
+			}
+			e.fcmDevices(users, false)
+			at := time.Now().Add(2 * time.Second)
+			fan := e.send(client.NewMessage{Audience: toUsers(users...), Payload: titled("both releases"), DispatchAt: &at}).MessageID
+			st = e.settle(fan, time.Minute)
+			require.Equal(t, client.DeliveryCounts{Total: len(users), Accepted: len(users)}, st.Deliveries)
+			require.Len(t, e.fake.Receipts(fan), len(users), "every device got the push once")
+			fanID, err := strconv.ParseInt(strings.TrimPrefix(fan, "msg_"), 10, 64)
+			require.NoError(t, err)
+			var snapshots, snapshotJobs int
+			require.NoError(t, tdb.Pool.QueryRow(context.Background(), `
+				SELECT (SELECT count(*) FROM chunk_devices WHERE message_id = $1),
+				       (SELECT count(*) FROM river_job j JOIN message_chunks c ON c.job_id = j.id
+				        WHERE c.message_id = $1 AND j.kind <> 'fan_out')`, fanID).Scan(&snapshots, &snapshotJobs))
+			require.Zero(t, snapshots, "a snapshot was written while a worker of the previous release was alive")
+			require.Zero(t, snapshotJobs, "a chunk of a kind the previous release does not run")
 		})
 	}
 }

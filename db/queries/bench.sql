@@ -91,7 +91,7 @@ UPDATE users SET locale = (ARRAY['de-AT', 'pt-BR', 'fr', 'es', NULL])[1 + abs(ha
 -- its workers read them (ChunkPending) but whatever their status: herald
 -- bench sends them again to measure the floor.
 SELECT d.chunk, d.device_id, d.channel, v.token, v.p256dh, v.auth, v.environment
-FROM deliveries d
+FROM ledger d
 JOIN devices v ON v.id = d.device_id
 WHERE d.message_id = @message_id AND d.chunk >= 0
 ORDER BY d.chunk, d.device_id;
@@ -100,7 +100,7 @@ ORDER BY d.chunk, d.device_id;
 -- What autovacuum does, sooner or later, after a message settled: the
 -- dead versions of its ledger rows, chunks, message row and chunk jobs
 -- removed, and the statistics of the tables it changed brought up to date.
-VACUUM (ANALYZE) deliveries, message_chunks, messages, payloads, river_job;
+VACUUM (ANALYZE) deliveries, chunk_devices, message_chunks, messages, payloads, river_job;
 
 -- name: BackendPIDs :many
 -- The server processes of the connections that named themselves
@@ -126,3 +126,8 @@ SELECT confirmed_count, opened_count FROM messages WHERE id = @message_id;
 SELECT skew_ms FROM receipts
 WHERE message_id = @message_id AND event = 'delivered'
 ORDER BY 1;
+
+-- name: DatabaseSize :one
+-- The bench database's size on disk, in bytes: what scheduling made it
+-- grow by before the instant.
+SELECT pg_database_size(current_database())::bigint;

@@ -93,21 +93,41 @@ DELETE FROM devices WHERE id = @id;
 -- Cancels the devices' pending deliveries, with the reason given, and moves
 -- their messages' counters: a deleted device is sent nothing more, nor is a
 -- device moved to another user anything of its former owner's (with
--- only_moved, only the deliveries whose user is no longer the device's are
--- cancelled). Only a message that has not settled (scheduled or
+-- only_moved, only the pending rows whose user is no longer the device's
+-- are cancelled). Only a message that has not settled (scheduled or
 -- dispatching) has pending deliveries, so they are found through those few
 -- messages (messages_state_id_idx) and the ledger's primary key, without an
 -- index on the status: one would keep every result write from being a HOT
--- update (see 0008_ledger_cost.sql). The messages concerned are locked
--- first, in the order of their ids, as a ledger write locks them
--- (LockMessages), so that a registration moving a device and a chunk
--- writing its results never wait for each other in a cycle.
-WITH locked AS (
+-- update (see 0008_ledger_cost.sql).
+--
+-- A delivery of a chunk's snapshot (migration 0022) has no row until it is
+-- sent: it is found through its message's chunks whose range holds the
+-- device, and written here, cancelled, as its one row, with its user: the
+-- former owner given for it (former_user_ids, parallel to device_ids; a
+-- shorter array or '' for the device's own user). Every snapshot that
+-- holds the device was written before this runs: the caller waits for
+-- messages being made (LockDirectoryExclusive), so a snapshot that read the
+-- device's former owner has committed, and one made after reads the new.
+--
+-- The messages concerned are locked first, in the order of their ids, as a
+-- ledger write locks them (LockMessages), so that a registration moving a
+-- device and a chunk writing its results never wait for each other in a
+-- cycle.
+WITH input AS (
+    SELECT unnest(@device_ids::bigint[]) AS device_id, unnest(@former_user_ids::text[]) AS former
+), snapped AS (
+    SELECT c.message_id, c.chunk, c.due_at, i.device_id, i.former
+    FROM messages m
+    JOIN chunk_devices c ON c.message_id = m.id
+    JOIN input i ON i.device_id BETWEEN c.first_device AND c.last_device AND i.device_id = ANY (c.devices)
+    WHERE m.state IN ('scheduled', 'dispatching')
+), locked AS (
     SELECT m.id
     FROM messages m
     WHERE m.state IN ('scheduled', 'dispatching')
-      AND EXISTS (SELECT 1 FROM deliveries d
-                  WHERE d.message_id = m.id AND d.device_id = ANY (@device_ids::bigint[]) AND d.status = 'pending')
+      AND (EXISTS (SELECT 1 FROM deliveries d
+                   WHERE d.message_id = m.id AND d.device_id = ANY (@device_ids::bigint[]) AND d.status = 'pending')
+           OR m.id IN (SELECT message_id FROM snapped))
     ORDER BY m.id
     FOR UPDATE
 ), cancelled AS (
@@ -118,8 +138,20 @@ WITH locked AS (
       AND (NOT @only_moved::boolean
            OR NOT EXISTS (SELECT 1 FROM devices v WHERE v.id = d.device_id AND v.user_id = d.user_id))
     RETURNING d.message_id
+), written AS (
+    INSERT INTO deliveries (message_id, device_id, user_id, channel, chunk, due_at, status, reason)
+    SELECT s.message_id, s.device_id, coalesce(nullif(s.former, ''), v.user_id), v.channel, s.chunk, s.due_at,
+           'cancelled', @reason::text
+    FROM snapped s
+    JOIN locked m ON m.id = s.message_id
+    JOIN devices v ON v.id = s.device_id
+    WHERE NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.message_id = s.message_id AND d.device_id = s.device_id)
+    ON CONFLICT (message_id, device_id) DO NOTHING
+    RETURNING message_id
 ), per_message AS (
-    SELECT message_id, count(*)::integer AS n FROM cancelled GROUP BY message_id
+    SELECT message_id, count(*)::integer AS n
+    FROM (SELECT message_id FROM cancelled UNION ALL SELECT message_id FROM written) c
+    GROUP BY message_id
 )
 UPDATE messages m
 SET pending_count = m.pending_count - p.n,

@@ -90,31 +90,55 @@ SELECT @message_id, unnest(@chunks::integer[]), unnest(@job_ids::bigint[]),
 SELECT * FROM messages WHERE id = @id;
 
 -- name: MessageWaves :many
--- A local-time message's waves and how far each has got, from the ledger:
--- the deliveries sent at one instant (chunk >= 0; those whose time had
--- passed and were skipped are chunk -1 and belong to no wave). It walks the
--- message's part of the primary key, as a page of its deliveries does.
-SELECT due_at,
-       count(*)::integer AS devices,
-       count(*) FILTER (WHERE status = 'accepted')::integer AS accepted,
-       count(*) FILTER (WHERE status = 'failed')::integer AS failed,
-       count(*) FILTER (WHERE status = 'expired')::integer AS expired,
-       count(*) FILTER (WHERE status = 'cancelled')::integer AS cancelled,
-       count(*) FILTER (WHERE status = 'pending')::integer AS pending
-FROM deliveries
-WHERE message_id = @message_id AND chunk >= 0
-GROUP BY due_at
-ORDER BY due_at;
+-- A local-time message's waves and how far each has got: the deliveries
+-- sent at one instant (its chunks; those whose time had passed and were
+-- skipped are chunk -1 and belong to no wave). A wave's devices are its
+-- chunks'; what has settled is its ledger rows, found through the message's
+-- part of the primary key, and the rest is pending, as ListDeliveries has
+-- it: a snapshot's device without a row (migration 0022) is pending while
+-- its message is, and then cancelled or expired with it.
+WITH waves AS (
+    SELECT due_at, sum(device_count)::integer AS devices
+    FROM message_chunks
+    WHERE message_id = @message_id
+    GROUP BY due_at
+), settled AS (
+    SELECT due_at,
+           count(*) FILTER (WHERE status = 'accepted')::integer AS accepted,
+           count(*) FILTER (WHERE status = 'failed')::integer AS failed,
+           count(*) FILTER (WHERE status = 'expired')::integer AS expired,
+           count(*) FILTER (WHERE status = 'cancelled')::integer AS cancelled
+    FROM deliveries
+    WHERE message_id = @message_id AND chunk >= 0 AND status <> 'pending'
+    GROUP BY due_at
+), counted AS (
+    SELECT w.due_at, w.devices,
+           coalesce(s.accepted, 0) AS accepted, coalesce(s.failed, 0) AS failed,
+           coalesce(s.expired, 0) AS expired, coalesce(s.cancelled, 0) AS cancelled,
+           w.devices - coalesce(s.accepted + s.failed + s.expired + s.cancelled, 0) AS unsettled
+    FROM waves w
+    LEFT JOIN settled s ON s.due_at = w.due_at
+)
+SELECT c.due_at, c.devices::integer AS devices, c.accepted::integer AS accepted, c.failed::integer AS failed,
+       (c.expired + CASE WHEN m.state IN ('dispatched', 'expired') THEN c.unsettled ELSE 0 END)::integer AS expired,
+       (c.cancelled + CASE WHEN m.state = 'cancelled' THEN c.unsettled ELSE 0 END)::integer AS cancelled,
+       (CASE WHEN m.state IN ('scheduled', 'dispatching') THEN c.unsettled ELSE 0 END)::integer AS pending
+FROM counted c
+CROSS JOIN messages m
+WHERE m.id = @message_id
+ORDER BY c.due_at;
 
 -- name: MessageChunkJobs :many
 SELECT job_id FROM message_chunks WHERE message_id = @message_id ORDER BY chunk;
 
 -- name: ListDeliveries :many
--- One page of a message's deliveries in device order, after a cursor, of
+-- One page of a message's ledger rows in device order, after a cursor, of
 -- one status or of all, and of those confirmed by a delivered receipt or
 -- not (migration 0017), with their receipts' times, and of one app or all
 -- (migration 0021: the device's app, 0 when the device is gone). Each
 -- delivery finds its receipts and its device through their primary keys.
+-- The deliveries of chunks' snapshots that have no row yet are listed by
+-- ListSnapshotDeliveries; db.ListDeliveries merges the two.
 SELECT d.device_id, d.user_id, d.channel, d.status, d.reason, d.attempted_at, d.accepted_at, d.due_at,
        rd.received_at AS confirmed_at, rd.device_at AS confirmed_device_at, rd.skew_ms AS confirmed_skew_ms,
        ro.received_at AS opened_at, ro.device_at AS opened_device_at,
@@ -130,6 +154,54 @@ WHERE d.message_id = @message_id
   AND (sqlc.narg('app_id')::integer IS NULL OR v.app_id = sqlc.narg('app_id')::integer)
 ORDER BY d.device_id
 LIMIT @page_size;
+
+-- name: SnapshotChunksAfter :many
+-- The chunks of a message's snapshot (migration 0022) that hold devices
+-- after a cursor, in the order of their first device: where
+-- ListSnapshotDeliveries looks, a few chunks at a time.
+SELECT chunk, first_device, last_device
+FROM chunk_devices
+WHERE message_id = @message_id AND last_device > @after_device_id
+ORDER BY first_device, chunk;
+
+-- name: ListSnapshotDeliveries :many
+-- The deliveries of the given chunks' snapshots that have no ledger row
+-- (migration 0022), after a cursor, as ListDeliveries lists a row: such a
+-- delivery is pending while its message is, cancelled with it, or expired
+-- with it when the reconciler settled it; its user and channel are its
+-- device's, which no move has changed ('' for a device deleted since).
+-- An early receipt may be there before the row is.
+SELECT s.device_id::bigint AS device_id, coalesce(v.user_id, '')::text AS user_id, coalesce(v.channel, '')::text AS channel,
+       (CASE WHEN m.state IN ('scheduled', 'dispatching') THEN 'pending'
+             WHEN m.state = 'cancelled' THEN 'cancelled'
+             ELSE 'expired' END)::text AS status,
+       c.due_at,
+       rd.received_at AS confirmed_at, rd.device_at AS confirmed_device_at, rd.skew_ms AS confirmed_skew_ms,
+       ro.received_at AS opened_at, ro.device_at AS opened_device_at,
+       coalesce(v.app_id, 0)::integer AS app_id
+FROM chunk_devices c
+CROSS JOIN LATERAL unnest(c.devices) WITH ORDINALITY AS s(device_id, n)
+JOIN messages m ON m.id = c.message_id
+LEFT JOIN receipts rd ON rd.message_id = m.id AND rd.device_id = s.device_id AND rd.event = 'delivered'
+LEFT JOIN receipts ro ON ro.message_id = m.id AND ro.device_id = s.device_id AND ro.event = 'opened'
+LEFT JOIN devices v ON v.id = s.device_id
+WHERE m.id = @message_id
+  AND c.chunk = ANY (@chunks::integer[])
+  AND s.device_id > @after_device_id::bigint
+  AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.message_id = m.id AND d.device_id = s.device_id)
+  AND (sqlc.narg('status')::text IS NULL
+       OR sqlc.narg('status')::text = (CASE WHEN m.state IN ('scheduled', 'dispatching') THEN 'pending'
+                                            WHEN m.state = 'cancelled' THEN 'cancelled'
+                                            ELSE 'expired' END))
+  AND (sqlc.narg('confirmed')::boolean IS NULL OR (rd.message_id IS NOT NULL) = sqlc.narg('confirmed')::boolean)
+  AND (sqlc.narg('app_id')::integer IS NULL OR v.app_id = sqlc.narg('app_id')::integer)
+ORDER BY s.device_id
+LIMIT @page_size;
+
+-- name: HasSnapshot :one
+-- Whether a message was scheduled with chunks' snapshots (migration 0022):
+-- the rest of a message sent now is written as its first chunk was.
+SELECT EXISTS (SELECT 1 FROM chunk_devices WHERE message_id = @message_id)::boolean;
 
 -- name: ListMessages :many
 -- One page of messages, newest first, before a cursor, with optional filters.

@@ -142,10 +142,21 @@ func (b *Benchmark) Run(ctx context.Context, admin string) (*Result, error) {
 	if err := cpu.markPostgres(ctx, markBefore); err != nil {
 		return nil, err
 	}
+	sizeBefore, err := db.On(pool).DatabaseSize(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("database size: %w", err)
+	}
 	sent, err := b.schedule(ctx, res)
 	if err != nil {
 		return nil, err
 	}
+	// What scheduling wrote before anything is sent, a device (the table
+	// files' growth, not the WAL).
+	sizeAfter, err := db.On(pool).DatabaseSize(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("database size: %w", err)
+	}
+	res.ScheduleBytesPerDevice = round1(float64(sizeAfter-sizeBefore) / float64(max(res.Devices, 1)))
 	if b.Config.Cold {
 		// The statistics first: ANALYZE reads the ledger, which would
 		// warm the page cache again.

@@ -26,11 +26,15 @@ type Result struct {
 	Unanswered int64 `json:"unanswered"`
 	// ScheduleMs is how long the bulk messages' POSTs took, one after
 	// the other; ChunkCount their chunks.
-	ScheduleMs    float64 `json:"schedule_ms"`
-	ChunkCount    int     `json:"chunk_count"`
-	SkewMs        summary `json:"skew_ms"`
-	ReceiptSkewMs summary `json:"receipt_skew_ms"`
-	UrgentSkewMs  float64 `json:"urgent_skew_ms"`
+	ScheduleMs float64 `json:"schedule_ms"`
+	// ScheduleBytesPerDevice is how much the database grew by, a device,
+	// from before the POSTs to after them: what is written before the
+	// instant.
+	ScheduleBytesPerDevice float64 `json:"schedule_bytes_per_device"`
+	ChunkCount             int     `json:"chunk_count"`
+	SkewMs                 summary `json:"skew_ms"`
+	ReceiptSkewMs          summary `json:"receipt_skew_ms"`
+	UrgentSkewMs           float64 `json:"urgent_skew_ms"`
 	// Cold says what --cold did to the caches before the instant; empty
 	// without it.
 	Cold string `json:"cold,omitempty"`
