@@ -22,7 +22,7 @@ CREATE TABLE chunk_devices (
     due_at       timestamptz NOT NULL,
     first_device bigint NOT NULL,
     last_device  bigint NOT NULL,
-    -- The chunk's device ids, in ascending order.
+    -- The chunk's device ids, in no particular order.
     devices      bigint[] NOT NULL,
     -- The localization key of each device (parallel to devices, NULL for
     -- the message's own text); NULL when the message has none.
