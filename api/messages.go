@@ -590,7 +590,7 @@ func (s *Server) listDeliveries(c echo.Context) error {
 		params.Confirmed = &want
 	}
 	params.AppID = appID
-	rows, err := db.ListDeliveries(ctx, s.pool, params)
+	rows, err := q.ListAllDeliveries(ctx, params)
 	if err != nil {
 		return fmt.Errorf("list deliveries: %w", err)
 	}

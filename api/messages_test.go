@@ -142,7 +142,7 @@ func TestCreateMessageToUsers(t *testing.T) {
 // its worker does.
 func chunkTargets(t *testing.T, q db.DBTX, a jobs.FanOutArgs) []db.ChunkPendingRow {
 	t.Helper()
-	targets, err := db.ReadChunkPending(context.Background(), q, db.Chunk{ChunkPendingParams: db.ChunkPendingParams{
+	targets, err := db.On(q).ChunkPendingOf(context.Background(), db.Chunk{ChunkPendingParams: db.ChunkPendingParams{
 		MessageID: a.MessageID, FirstDevice: a.FirstDevice, LastDevice: a.LastDevice, Chunk: int32(a.Chunk)}, Snapshot: a.Snapshot})
 	require.NoError(t, err)
 	return targets

@@ -267,13 +267,8 @@ func BeginChunk(ctx context.Context, pool *pgxpool.Pool, c Chunk, payloadID int6
 	return out, nil
 }
 
-// ReadChunkPending reads a chunk's pending deliveries as BeginChunk does,
-// in the caller's transaction.
-func ReadChunkPending(ctx context.Context, q DBTX, c Chunk) ([]ChunkPendingRow, error) {
-	return On(q).ChunkPendingOf(ctx, c)
-}
-
-// ChunkPendingOf is ReadChunkPending on q's connection.
+// ChunkPendingOf reads a chunk's pending deliveries as BeginChunk does, on
+// q's connection or transaction.
 func (q *Queries) ChunkPendingOf(ctx context.Context, c Chunk) ([]ChunkPendingRow, error) {
 	query, args := chunkRead(c)
 	rows, err := q.db.Query(ctx, query, args...)

@@ -11,19 +11,14 @@ import (
 // in one statement.
 const snapshotChunksAtOnce = 8
 
-// ListDeliveries is one page of a message's deliveries in device order, as
-// the API lists them: its ledger rows (the ListDeliveries query) merged
+// ListAllDeliveries is one page of a message's deliveries in device order,
+// as the API lists them: its ledger rows (the ListDeliveries query) merged
 // with the devices of its chunks' snapshots that have no row yet
 // (ListSnapshotDeliveries, migration 0022), pending, or with their
 // message's fate. A snapshot's chunks are read in the order of their first
 // device, a few at a time, until no later chunk can hold a device of the
 // page: a page near the start of a million-device message reads one or two
 // chunks, not the message.
-func ListDeliveries(ctx context.Context, q DBTX, p ListDeliveriesParams) ([]ListDeliveriesRow, error) {
-	return On(q).ListAllDeliveries(ctx, p)
-}
-
-// ListAllDeliveries is ListDeliveries on q's connection.
 func (qs *Queries) ListAllDeliveries(ctx context.Context, p ListDeliveriesParams) ([]ListDeliveriesRow, error) {
 	rows, err := qs.ListDeliveries(ctx, p)
 	if err != nil {

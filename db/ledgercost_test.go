@@ -39,7 +39,7 @@ func TestLedgerWritesEachDeviceOnce(t *testing.T) {
 	require.NoError(t, pgx.BeginFunc(ctx, tdb.Pool, func(tx pgx.Tx) error {
 		at := time.Now().UnixMicro()
 		for c := 0; c < devices/lifeChunkSize; c++ {
-			pending, err := db.ReadChunkPending(ctx, tx, db.Chunk{Snapshot: true, ChunkPendingParams: db.ChunkPendingParams{
+			pending, err := db.On(tx).ChunkPendingOf(ctx, db.Chunk{Snapshot: true, ChunkPendingParams: db.ChunkPendingParams{
 				MessageID: id, Chunk: int32(c), FirstDevice: int64(c*lifeChunkSize + 1), LastDevice: int64((c + 1) * lifeChunkSize)}})
 			require.NoError(t, err)
 			require.Len(t, pending, lifeChunkSize)

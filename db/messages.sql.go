@@ -473,7 +473,7 @@ type ListDeliveriesRow struct {
 // (migration 0021: the device's app, 0 when the device is gone). Each
 // delivery finds its receipts and its device through their primary keys.
 // The deliveries of chunks' snapshots that have no row yet are listed by
-// ListSnapshotDeliveries; db.ListDeliveries merges the two.
+// ListSnapshotDeliveries; Queries.ListAllDeliveries merges the two.
 func (q *Queries) ListDeliveries(ctx context.Context, arg ListDeliveriesParams) ([]ListDeliveriesRow, error) {
 	rows, err := q.db.Query(ctx, listDeliveries,
 		arg.MessageID,

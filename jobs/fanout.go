@@ -743,7 +743,7 @@ func (w *FanOutWorker) expire(ctx context.Context, a FanOutArgs, pool *pgxpool.P
 		if err := q.UseGenericPlans(ctx); err != nil {
 			return fmt.Errorf("use generic plans: %w", err)
 		}
-		rows, err := db.ReadChunkPending(ctx, tx, a.ledgerRange())
+		rows, err := q.ChunkPendingOf(ctx, a.ledgerRange())
 		if err != nil {
 			return fmt.Errorf("read chunk ledger: %w", err)
 		}

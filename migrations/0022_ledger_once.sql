@@ -52,7 +52,7 @@ CREATE TABLE process_features (
 -- and the devices of the chunks' snapshots that have none, pending while
 -- their message is, then cancelled or expired with it. For reading by hand
 -- (psql) and by tests; Herald's own reads look at each part through its
--- primary key (db.ListDeliveries).
+-- primary key (Queries.ListAllDeliveries).
 CREATE VIEW ledger AS
 SELECT d.message_id, d.device_id, d.user_id, d.channel, d.chunk, d.due_at, d.status, d.reason,
        d.attempt, d.attempted_at, d.accepted_at, d.locale, d.not_before

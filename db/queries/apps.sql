@@ -145,23 +145,11 @@ DELETE FROM app_provider_status WHERE updated_at < clock_timestamp() - interval 
 -- name: MessageAppCounts :many
 -- A message's deliveries by their device's app and status: the message's
 -- counters app by app. A delivery whose device was deleted since has no
--- app (app_id 0). A delivery of a chunk's snapshot without a row
--- (migration 0022) has its message's fate, as ListSnapshotDeliveries says.
-WITH listed AS (
-    SELECT d.device_id, d.status FROM deliveries d WHERE d.message_id = @message_id
-    UNION ALL
-    SELECT s.device_id,
-           CASE WHEN m.state IN ('scheduled', 'dispatching') THEN 'pending'
-                WHEN m.state = 'cancelled' THEN 'cancelled'
-                ELSE 'expired' END
-    FROM messages m
-    JOIN chunk_devices c ON c.message_id = m.id
-    CROSS JOIN LATERAL unnest(c.devices) WITH ORDINALITY AS s(device_id, n)
-    WHERE m.id = @message_id
-      AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.message_id = m.id AND d.device_id = s.device_id)
-)
+-- app (app_id 0). It reads the view ledger (migration 0022): the rows, and
+-- the snapshots' devices without one, with their message's fate.
 SELECT coalesce(v.app_id, 0)::integer AS app_id, l.status::text AS status, count(*)::bigint AS deliveries
-FROM listed l
+FROM ledger l
 LEFT JOIN devices v ON v.id = l.device_id
+WHERE l.message_id = @message_id
 GROUP BY 1, 2
 ORDER BY 1, 2;

@@ -138,7 +138,7 @@ SELECT job_id FROM message_chunks WHERE message_id = @message_id ORDER BY chunk;
 -- (migration 0021: the device's app, 0 when the device is gone). Each
 -- delivery finds its receipts and its device through their primary keys.
 -- The deliveries of chunks' snapshots that have no row yet are listed by
--- ListSnapshotDeliveries; db.ListDeliveries merges the two.
+-- ListSnapshotDeliveries; Queries.ListAllDeliveries merges the two.
 SELECT d.device_id, d.user_id, d.channel, d.status, d.reason, d.attempted_at, d.accepted_at, d.due_at,
        rd.received_at AS confirmed_at, rd.device_at AS confirmed_device_at, rd.skew_ms AS confirmed_skew_ms,
        ro.received_at AS opened_at, ro.device_at AS opened_device_at,
