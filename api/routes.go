@@ -23,13 +23,9 @@ func (s *Server) routes() {
 		return
 	}
 
-	// Receipts take no API key: the token in each is the credential, and
-	// a device posts them, which must never hold a key. They are limited
-	// by client address before the body is read, and a service worker may
-	// post them from any origin (receipts.go).
-	e.POST("/v1/receipts", s.postReceipts, anyOrigin,
-		s.receiptLimiter.limitBy(receiptAddress, "each client address", s.receiptMetrics.rateLimited))
-	e.OPTIONS("/v1/receipts", receiptsPreflight)
+	// What a device may call takes no API key (public.go); a public
+	// listener serves it alone.
+	s.deviceRoutes(e)
 
 	// Each caller's requests are limited after it is known: a flood with
 	// one key is refused without slowing another. What a call changes is

@@ -163,14 +163,19 @@ func (c *Config) validate() error {
 
 // Server serves Herald's HTTP API.
 type Server struct {
-	cfg       Config
-	pool      *pgxpool.Pool
-	keys      *keyring
-	enqueuer  *jobs.Enqueuer
-	echo      *echo.Echo
+	cfg      Config
+	pool     *pgxpool.Pool
+	keys     *keyring
+	enqueuer *jobs.Enqueuer
+	echo     *echo.Echo
+	// public serves the device routes alone (public.go), for a listener
+	// of its own that faces the internet.
+	public    *echo.Echo
 	sessions  *sessions
 	dashboard *dashboard
 	limiter   *rateLimiter
+	// bodyBudget bounds the request bodies read at once (budget.go).
+	bodyBudget *bodyBudget
 	// ready is cfg.Ready, run at most once a second (recentCheck).
 	ready *recentCheck
 
@@ -190,10 +195,12 @@ func NewServer(cfg Config) (*Server, error) {
 	}
 	s := &Server{
 		cfg: cfg, pool: cfg.Pool, keys: newKeyring(cfg.Pool, cfg.Logger, cfg.APIKeys),
-		enqueuer: jobs.NewEnqueuer(cfg.River, cfg.ChunkSize), echo: echo.New(),
+		enqueuer: jobs.NewEnqueuer(cfg.River, cfg.ChunkSize),
 		limiter:  newRateLimiter(cfg.RateLimit, cfg.RateBurst, time.Now),
 		ready:    newRecentCheck(cfg.Ready),
 		sessions: newSessions(cfg.Pool, cfg.AdminPassword),
+		// One budget for both listeners: it bounds the process's memory.
+		bodyBudget: newBodyBudget(cfg.BodyBudget),
 
 		receiptLimiter: newRateLimiter(cfg.ReceiptRateLimit, cfg.ReceiptRateBurst, time.Now),
 		receiptMetrics: newReceiptMetrics(cfg.Registerer),
@@ -202,13 +209,27 @@ func NewServer(cfg Config) (*Server, error) {
 	if s.dashboard, err = newDashboard(); err != nil {
 		return nil, err
 	}
-	e := s.echo
+	// Both listeners' servers log, count and guard every request alike;
+	// the HTTP metrics are made once, for both.
+	metrics := newHTTPMetrics(cfg.Registerer)
+	s.echo, s.public = s.newEcho(metrics), s.newEcho(metrics)
+	s.routes()
+	s.publicRoutes()
+	return s, nil
+}
+
+// newEcho is an Echo server with the middleware every request passes
+// through, in order: the request id, the log line and metrics, the body
+// budget and the recovery from a handler's panic.
+func (s *Server) newEcho(metrics *httpMetrics) *echo.Echo {
+	cfg := s.cfg
+	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	forwardedHeaders(e, cfg.TrustedProxies)
 	e.HTTPErrorHandler = errorHandler(cfg.Logger)
 	e.Use(requestID())
-	e.Use(requestLogger(cfg.Logger, newHTTPMetrics(cfg.Registerer)))
-	e.Use(newBodyBudget(cfg.BodyBudget).middleware)
+	e.Use(requestLogger(cfg.Logger, metrics))
+	e.Use(s.bodyBudget.middleware)
 	e.Use(middleware.RecoverWithConfig(middleware.RecoverConfig{
 		LogErrorFunc: func(c echo.Context, err error, stack []byte) error {
 			cfg.Logger.ErrorContext(c.Request().Context(), "panic in handler",
@@ -217,8 +238,7 @@ func NewServer(cfg Config) (*Server, error) {
 			return err
 		},
 	}))
-	s.routes()
-	return s, nil
+	return e
 }
 
 // Refresh reads the API keys stored in the database, and the key that signs

@@ -17,3 +17,13 @@ var files embed.FS
 // FS returns the dashboard's files: index.html (the single-page app),
 // login.html (an html/template) and assets/ (scripts and styles).
 func FS() fs.FS { return files }
+
+// sdk is the web kit a site's pages use for Web Push.
+//
+//go:embed sdk
+var sdk embed.FS
+
+// SDK returns the web kit's files, under sdk/: herald-sw.js (the service
+// worker), herald.js (the page script) and example.html and example.js (a
+// page that uses them). Package api serves them at /sdk/.
+func SDK() fs.FS { return sdk }

@@ -1532,6 +1532,15 @@ type UserUpdate struct {
 	Timezone *string `json:"timezone,omitempty"`
 }
 
+// VAPIDPublicKey defines model for VAPIDPublicKey.
+type VAPIDPublicKey struct {
+	// App The app's name.
+	App string `json:"app"`
+
+	// VapidPublicKey The uncompressed P-256 point in unpadded base64url (87 characters).
+	VapidPublicKey string `json:"vapid_public_key"`
+}
+
 // Wave defines model for Wave.
 type Wave struct {
 	Accepted   int       `json:"accepted"`
@@ -1781,6 +1790,12 @@ type ListUserDevicesParams struct {
 
 	// Cursor The previous page's next_cursor, as it came: opaque. Anything else (edited, forged, from another listing or other filters) is a 400 invalid_cursor naming cursor.
 	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
+}
+
+// GetVAPIDPublicKeyParams defines parameters for GetVAPIDPublicKey.
+type GetVAPIDPublicKeyParams struct {
+	// App The app's name; the default app when absent.
+	App *string `form:"app,omitempty" json:"app,omitempty"`
 }
 
 // CreateAppJSONRequestBody defines body for CreateApp for application/json ContentType.
@@ -2553,6 +2568,19 @@ type ClientInterface interface {
 	//
 	// Corresponds with GET /v1/users/{user_id}/devices (the `ListUserDevices` operationId).
 	ListUserDevices(ctx context.Context, userID UserID, params *ListUserDevicesParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetVAPIDPublicKey The VAPID public key a web page subscribes with, per app (docs/apps-integration.md).
+	//
+	// Takes no API key: the key is public (every subscription made with it carries it). The
+	// app's active VAPID key: its stored Web Push credential, else for the default app
+	// VAPID_PUBLIC_KEY. A page passes it to `pushManager.subscribe` as its
+	// `applicationServerKey` (the web kit's `/sdk/herald.js` does), and its backend names it
+	// as `application_server_key` when it registers the subscription. After a rotation it
+	// answers the new key within seconds; browsers may keep an answer for 60 s. Any web
+	// origin may call it (CORS `*`). Served on the public listener (HERALD_PUBLIC_ADDR) too.
+	//
+	// Corresponds with GET /v1/vapid-public-key (the `GetVAPIDPublicKey` operationId).
+	GetVAPIDPublicKey(ctx context.Context, params *GetVAPIDPublicKeyParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// ListWebhooks Every webhook, oldest first; never their secrets.
 	//
@@ -3587,6 +3615,29 @@ func (c *Client) PutUser(ctx context.Context, userID UserID, body PutUserJSONReq
 // Corresponds with GET /v1/users/{user_id}/devices (the `ListUserDevices` operationId).
 func (c *Client) ListUserDevices(ctx context.Context, userID UserID, params *ListUserDevicesParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewListUserDevicesRequest(c.Server, userID, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetVAPIDPublicKey The VAPID public key a web page subscribes with, per app (docs/apps-integration.md).
+//
+// Takes no API key: the key is public (every subscription made with it carries it). The
+// app's active VAPID key: its stored Web Push credential, else for the default app
+// VAPID_PUBLIC_KEY. A page passes it to `pushManager.subscribe` as its
+// `applicationServerKey` (the web kit's `/sdk/herald.js` does), and its backend names it
+// as `application_server_key` when it registers the subscription. After a rotation it
+// answers the new key within seconds; browsers may keep an answer for 60 s. Any web
+// origin may call it (CORS `*`). Served on the public listener (HERALD_PUBLIC_ADDR) too.
+//
+// Corresponds with GET /v1/vapid-public-key (the `GetVAPIDPublicKey` operationId).
+func (c *Client) GetVAPIDPublicKey(ctx context.Context, params *GetVAPIDPublicKeyParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetVAPIDPublicKeyRequest(c.Server, params)
 	if err != nil {
 		return nil, err
 	}
@@ -5600,6 +5651,60 @@ func NewListUserDevicesRequest(server string, userID UserID, params *ListUserDev
 	return req, nil
 }
 
+// NewGetVAPIDPublicKeyRequest constructs an http.Request for the GetVAPIDPublicKey method
+func NewGetVAPIDPublicKeyRequest(server string, params *GetVAPIDPublicKeyParams) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/vapid-public-key")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.App != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "app", *params.App, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
 // NewListWebhooksRequest constructs an http.Request for the ListWebhooks method
 func NewListWebhooksRequest(server string) (*http.Request, error) {
 	var err error
@@ -6281,6 +6386,21 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with GET /v1/users/{user_id}/devices (the `ListUserDevices` operationId).
 	ListUserDevicesWithResponse(ctx context.Context, userID UserID, params *ListUserDevicesParams, reqEditors ...RequestEditorFn) (*ListUserDevicesResponse, error)
+
+	// GetVAPIDPublicKeyWithResponse The VAPID public key a web page subscribes with, per app (docs/apps-integration.md).
+	//
+	// Takes no API key: the key is public (every subscription made with it carries it). The
+	// app's active VAPID key: its stored Web Push credential, else for the default app
+	// VAPID_PUBLIC_KEY. A page passes it to `pushManager.subscribe` as its
+	// `applicationServerKey` (the web kit's `/sdk/herald.js` does), and its backend names it
+	// as `application_server_key` when it registers the subscription. After a rotation it
+	// answers the new key within seconds; browsers may keep an answer for 60 s. Any web
+	// origin may call it (CORS `*`). Served on the public listener (HERALD_PUBLIC_ADDR) too.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/vapid-public-key (the `GetVAPIDPublicKey` operationId).
+	GetVAPIDPublicKeyWithResponse(ctx context.Context, params *GetVAPIDPublicKeyParams, reqEditors ...RequestEditorFn) (*GetVAPIDPublicKeyResponse, error)
 
 	// ListWebhooksWithResponse Every webhook, oldest first; never their secrets.
 	//
@@ -10036,6 +10156,61 @@ func (r ListUserDevicesResponse) ContentType() string {
 	return ""
 }
 
+// GetVAPIDPublicKeyResponse200Headers the declared response headers of an HTTP 200 response for GetVAPIDPublicKey
+type GetVAPIDPublicKeyResponse200Headers struct {
+	CacheControl *string
+}
+
+type GetVAPIDPublicKeyResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *VAPIDPublicKey
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *Error
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *GetVAPIDPublicKeyResponse200Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetVAPIDPublicKeyResponse) GetJSON200() *VAPIDPublicKey {
+	return r.JSON200
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r GetVAPIDPublicKeyResponse) GetJSON404() *Error {
+	return r.JSON404
+}
+
+// GetBody returns the raw response body bytes
+func (r GetVAPIDPublicKeyResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetVAPIDPublicKeyResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetVAPIDPublicKeyResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetVAPIDPublicKeyResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 // ListWebhooksResponse429Headers the declared response headers of an HTTP 429 response for ListWebhooks
 type ListWebhooksResponse429Headers struct {
 	RetryAfter int
@@ -11241,6 +11416,27 @@ func (c *ClientWithResponses) ListUserDevicesWithResponse(ctx context.Context, u
 		return nil, err
 	}
 	return ParseListUserDevicesResponse(rsp)
+}
+
+// GetVAPIDPublicKeyWithResponse The VAPID public key a web page subscribes with, per app (docs/apps-integration.md).
+//
+// Takes no API key: the key is public (every subscription made with it carries it). The
+// app's active VAPID key: its stored Web Push credential, else for the default app
+// VAPID_PUBLIC_KEY. A page passes it to `pushManager.subscribe` as its
+// `applicationServerKey` (the web kit's `/sdk/herald.js` does), and its backend names it
+// as `application_server_key` when it registers the subscription. After a rotation it
+// answers the new key within seconds; browsers may keep an answer for 60 s. Any web
+// origin may call it (CORS `*`). Served on the public listener (HERALD_PUBLIC_ADDR) too.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/vapid-public-key (the `GetVAPIDPublicKey` operationId).
+func (c *ClientWithResponses) GetVAPIDPublicKeyWithResponse(ctx context.Context, params *GetVAPIDPublicKeyParams, reqEditors ...RequestEditorFn) (*GetVAPIDPublicKeyResponse, error) {
+	rsp, err := c.GetVAPIDPublicKey(ctx, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetVAPIDPublicKeyResponse(rsp)
 }
 
 // ListWebhooksWithResponse Every webhook, oldest first; never their secrets.
@@ -14760,6 +14956,52 @@ func ParseListUserDevicesResponse(rsp *http.Response) (*ListUserDevicesResponse,
 			headers.RetryAfter = value
 		}
 		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseGetVAPIDPublicKeyResponse parses an HTTP response from a GetVAPIDPublicKeyWithResponse call
+func ParseGetVAPIDPublicKeyResponse(rsp *http.Response) (*GetVAPIDPublicKeyResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetVAPIDPublicKeyResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest VAPIDPublicKey
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers GetVAPIDPublicKeyResponse200Headers
+		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.CacheControl = &value
+		}
+		response.Headers200 = &headers
 	}
 
 	return response, nil

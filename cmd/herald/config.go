@@ -29,6 +29,9 @@ type config struct {
 	Addr     string
 	// AdminAddr is the optional operators' listener (/metrics, pprof).
 	AdminAddr string
+	// PublicAddr is the optional listener of the device routes alone
+	// (receipts, the VAPID key, the web kit), to expose to the internet.
+	PublicAddr string
 	// BodyBudgetMB bounds the request bodies the process reads at once
 	// (api.DefaultBodyBudget when zero).
 	BodyBudgetMB int
@@ -175,6 +178,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		DBSchema:      cmp.Or(getenv("HERALD_DB_SCHEMA"), db.DefaultSchema),
 		Addr:          getenv("HERALD_ADDR"),
 		AdminAddr:     getenv("HERALD_ADMIN_ADDR"),
+		PublicAddr:    getenv("HERALD_PUBLIC_ADDR"),
 		AdminPassword: getenv("HERALD_ADMIN_PASSWORD"),
 		APNs: apnsConfig{
 			KeyFile: getenv("APNS_KEY_FILE"), KeyID: getenv("APNS_KEY_ID"), TeamID: getenv("APNS_TEAM_ID"),

@@ -69,6 +69,7 @@ var serveEnv = []envVar{
 	{"HERALD_DB_SCHEMA", "PostgreSQL schema of Herald's tables and River's; herald migrate moves them there from public", db.DefaultSchema, ""},
 	{"HERALD_ADDR", "listen address (--addr)", defaultAddr, ""},
 	{"HERALD_ADMIN_ADDR", "operators' listener for /metrics (moved off HERALD_ADDR) and /debug/pprof/", nil, "none (/metrics on HERALD_ADDR)"},
+	{"HERALD_PUBLIC_ADDR", "a listener of what devices call alone (receipts, the VAPID key, the web kit), to expose to the internet; not on --role worker", nil, "none (devices call HERALD_ADDR)"},
 	{"HERALD_API_KEYS", "comma-separated bootstrap bearer tokens for /v1 (scope admin), each at least 16 characters", nil, "none (only keys made with herald keys)"},
 	{"HERALD_API_KEYS_FILE", "a file holding HERALD_API_KEYS instead", nil, "none"},
 	{"HERALD_ADMIN_PASSWORD", "password of operator admin for the dashboard and River UI, at least 12 characters", nil, "none (only named operators)"},

@@ -94,6 +94,9 @@ func parseServe(args []string, getenv func(string) string, stdout, stderr io.Wri
 	default:
 		return o, false, fmt.Errorf("--role %q is not one of all, api, worker", o.role)
 	}
+	if o.role == "worker" && o.cfg.PublicAddr != "" {
+		return o, false, errors.New("HERALD_PUBLIC_ADDR: a worker serves no device routes; set it on the processes of role all or api")
+	}
 	for _, check := range []func() error{o.cfg.requireDatabase, o.cfg.validateAPIKeys, o.cfg.validateAdminPassword} {
 		if err := check(); err != nil {
 			return o, false, err
@@ -109,7 +112,10 @@ type process struct {
 	logger *slog.Logger
 	ln     net.Listener
 	// adminLn is HERALD_ADMIN_ADDR's listener, nil when it is unset.
-	adminLn  net.Listener
+	adminLn net.Listener
+	// publicLn is HERALD_PUBLIC_ADDR's listener (public.go), nil when it
+	// is unset.
+	publicLn net.Listener
 	pool     *pgxpool.Pool
 	registry *prometheus.Registry
 	// pools exports the statistics of the process's connection pools.
@@ -138,6 +144,13 @@ func openProcess(ctx context.Context, o serveOptions, getenv func(string) string
 	}
 	if p.adminLn, err = listenAdmin(o.cfg.AdminAddr); err != nil {
 		p.ln.Close()
+		return nil, err
+	}
+	if p.publicLn, err = listenPublic(o.cfg.PublicAddr); err != nil {
+		p.ln.Close()
+		if p.adminLn != nil {
+			p.adminLn.Close()
+		}
 		return nil, err
 	}
 	p.bgCtx, p.stopBackground = context.WithCancel(context.WithoutCancel(ctx))
@@ -199,8 +212,10 @@ func (p *process) close() {
 		p.pool.Close()
 	}
 	p.ln.Close()
-	if p.adminLn != nil {
-		p.adminLn.Close()
+	for _, ln := range []net.Listener{p.adminLn, p.publicLn} {
+		if ln != nil {
+			ln.Close()
+		}
 	}
 }
 
@@ -376,7 +391,7 @@ func (w *worker) close() { w.lanes.close() }
 // handler is the HTTP API, with River UI behind the dashboard's login. It
 // reads the stored API keys before it returns, and keeps them fresh in the
 // background.
-func (p *process) handler(ctx context.Context, w *worker) (http.Handler, error) {
+func (p *process) handler(ctx context.Context, w *worker) (*api.Server, error) {
 	cfg := p.cfg
 	// The API enqueues through the worker's main client, or through an
 	// insert-only one in the api role.
@@ -464,7 +479,7 @@ func (p *process) handler(ctx context.Context, w *worker) (http.Handler, error) 
 // requests finish (within HERALD_SHUTDOWN_TIMEOUT; River then cancels the
 // chunks still running, which hand themselves back), stop the background
 // loops.
-func (p *process) serve(ctx context.Context, handler http.Handler, w *worker, stdout io.Writer) error {
+func (p *process) serve(ctx context.Context, handler *api.Server, w *worker, stdout io.Writer) error {
 	cfg := p.cfg
 	// Every phase of a connection has a deadline, so that a client that
 	// sends slowly, stops halfway or never reads its answer holds a
@@ -490,8 +505,9 @@ func (p *process) serve(ctx context.Context, handler http.Handler, w *worker, st
 	})
 	httpServer.ConnState = limited.ConnState
 	registerConnMetrics(p.registry, limited)
-	serveErr := make(chan error, 1)
+	serveErr := make(chan error, 2)
 	go func() { serveErr <- httpServer.Serve(limited) }()
+	public := p.publicServer(handler.PublicHandler(), httpServer, stdout, serveErr)
 	var errs []error
 	select {
 	case err := <-serveErr:
@@ -516,6 +532,11 @@ func (p *process) serve(ctx context.Context, handler http.Handler, w *worker, st
 	}()
 	if err := httpServer.Shutdown(shutdownCtx); err != nil {
 		errs = append(errs, fmt.Errorf("shutdown http: %w", err))
+	}
+	if public != nil {
+		if err := public.Shutdown(shutdownCtx); err != nil {
+			errs = append(errs, fmt.Errorf("shutdown public listener: %w", err))
+		}
 	}
 	<-stopped
 	// The admin listener goes last, so that the stop can be watched.
