@@ -13,6 +13,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/heraldpush/herald/jobs/receipt"
@@ -140,8 +141,26 @@ func (c Content) ForApp(app string) Content {
 // the app. FCM takes a data message to Apple devices only as APNs'
 // background push, and an empty notification would make it a notification
 // message that shows nothing.
+//
+// A payload that asks for data-only delivery (FCMOptions.DataOnly) but has
+// something to show is not DataOnly: it goes to Apple devices as an alert,
+// and to Android as a data message that carries its display fields
+// (DrawnByApp).
 func (c *Content) DataOnly() bool {
 	return c.Silent || c.Title == "" && c.Subtitle == "" && c.Body == "" && c.Image == "" && c.Sound == "" && c.Badge == nil
+}
+
+// DrawnByApp reports whether c goes to Android devices through FCM as a
+// data message whose display fields travel in its data (FCMData), for the
+// app to draw the notification itself: it asks for data-only delivery
+// (FCMOptions.DataOnly) and has something to show. Android then always
+// hands it to the app's onMessageReceived, which can send its delivered
+// receipt; a notification message to an app in the background is shown by
+// the system without calling the app. Apple devices, which FCM reaches
+// through APNs, still get the alert (the app's notification service
+// extension sends their receipt).
+func (c *Content) DrawnByApp() bool {
+	return c.FCM != nil && c.FCM.DataOnly && !c.DataOnly()
 }
 
 // APNsOptions are the fields only APNs has.
@@ -159,11 +178,17 @@ type FCMOptions struct {
 	// Android.
 	AndroidPriority string `json:"android_priority,omitempty"`
 	// Tag replaces an earlier notification with the same tag; the message
-	// id when empty. On a data message (Content.DataOnly) it is the
-	// collapse key, which a data message has only when Tag asks for one.
+	// id when empty. On a data message (Content.DataOnly, or DrawnByApp) it
+	// is the collapse key, which a data message has only when Tag asks for
+	// one.
 	Tag   string `json:"tag,omitempty"`
 	Color string `json:"color,omitempty"`
 	Icon  string `json:"icon,omitempty"`
+	// DataOnly sends the message to Android as a data message, with no
+	// notification for the system to show: its display fields travel in
+	// the data (see DrawnByApp, FCMData) and the app draws the
+	// notification.
+	DataOnly bool `json:"data_only,omitempty"`
 }
 
 // WebPushOptions are the fields only Web Push has; their names in the
@@ -366,9 +391,44 @@ type fcmPayload struct {
 	Data         map[string]string `json:"data"`
 }
 
+// The data keys under which a message drawn by the app (DrawnByApp)
+// carries its display fields to Android, each under the name of the
+// payload field it comes from (fcm's without their prefix), beside URLKey
+// and ImageKey.
+const (
+	titleKey            = "title"
+	subtitleKey         = "subtitle"
+	bodyKey             = "body"
+	soundKey            = "sound"
+	badgeKey            = "badge"
+	categoryKey         = "category"
+	tagKey              = "tag"
+	androidChannelIDKey = "android_channel_id"
+	colorKey            = "color"
+	iconKey             = "icon"
+)
+
+// IsFCMDisplayKey reports whether k is a data key under which a message
+// drawn by the app (DrawnByApp) may carry a display field: such a
+// message's data may not use it (jobs' payload rules), so that the app
+// never reads the caller's data for a display field.
+func IsFCMDisplayKey(k string) bool {
+	switch k {
+	case titleKey, subtitleKey, bodyKey, ImageKey, URLKey, soundKey, badgeKey, categoryKey,
+		tagKey, androidChannelIDKey, colorKey, iconKey:
+		return true
+	}
+	return false
+}
+
 // FCMData returns the data map an FCM message carries: the caller's data,
 // the link (FCM has no field for it that an Android app reads) and the
-// message id.
+// message id; for a message drawn by the app (DrawnByApp), its display
+// fields too, each that is set as a string: title, subtitle, body, image,
+// sound, badge (decimal), category, and fcm's tag, android_channel_id,
+// color and icon. The tag is there only when fcm.tag names one: the app
+// folds a second copy on herald_message_id otherwise, as Android folds a
+// notification on its tag.
 func FCMData(c Content, messageID string) map[string]string {
 	data := make(map[string]string, len(c.Data)+2)
 	for k, v := range c.Data {
@@ -376,6 +436,26 @@ func FCMData(c Content, messageID string) map[string]string {
 	}
 	if c.URL != "" {
 		data[URLKey] = c.URL
+	}
+	if c.DrawnByApp() {
+		set := func(k, v string) {
+			if v != "" {
+				data[k] = v
+			}
+		}
+		set(titleKey, c.Title)
+		set(subtitleKey, c.Subtitle)
+		set(bodyKey, c.Body)
+		set(ImageKey, c.Image)
+		set(soundKey, c.Sound)
+		if c.Badge != nil {
+			data[badgeKey] = strconv.Itoa(*c.Badge)
+		}
+		set(categoryKey, c.Category)
+		set(tagKey, c.FCM.Tag)
+		set(androidChannelIDKey, c.FCM.AndroidChannelID)
+		set(colorKey, c.FCM.Color)
+		set(iconKey, c.FCM.Icon)
 	}
 	data[MessageIDKey] = messageID
 	return data
@@ -419,7 +499,13 @@ func CheckSize(c Content) error {
 		return &SizeError{Channel: "apns", Size: n, Limit: MaxPayloadBytes}
 	}
 	f := fcmPayload{Data: FCMData(c, messageID)}
-	if !c.DataOnly() {
+	switch {
+	case c.DataOnly():
+	case c.DrawnByApp():
+		// The display fields are in the data; Apple devices get the
+		// title and body a second time, as the alert of FCM's apns block.
+		f.Notification = &fcmNotification{Title: c.Title, Body: c.Body}
+	default:
 		f.Notification = &fcmNotification{Title: c.Title, Body: c.Body, Image: c.Image}
 	}
 	fcm, err := json.Marshal(f)

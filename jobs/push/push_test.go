@@ -128,3 +128,67 @@ func TestEveryAlertAsksForTheServiceExtension(t *testing.T) {
 	require.NoError(t, err)
 	require.NotContains(t, string(raw), "mutable-content", "a background push")
 }
+
+// TestFCMDataDrawnByApp: a message that asks for data-only delivery and
+// has something to show carries every display field in its FCM data, as a
+// string under its payload field's name, for the app to draw; any other
+// message carries only the caller's data, the link and the message id.
+func TestFCMDataDrawnByApp(t *testing.T) {
+	t.Parallel()
+	badge, zero := 7, 0
+	full := Content{
+		Title: "Standup", Subtitle: "Team Blue", Body: "In five minutes", Data: map[string]string{"room": "blue"},
+		Image: "https://cdn.example.com/standup.png", URL: "https://app.example.com/standup/42",
+		Sound: "chime", Badge: &badge, Category: "MEETING", ThreadID: "standups",
+		FCM: &FCMOptions{DataOnly: true, AndroidChannelID: "meetings", AndroidPriority: "high", Tag: "standup", Color: "#ff8800", Icon: "ic_meeting"},
+	}
+	for _, tc := range []struct {
+		name       string
+		content    Content
+		drawnByApp bool
+		want       map[string]string
+	}{
+		{"every display field", full, true, map[string]string{
+			"room": "blue", "title": "Standup", "subtitle": "Team Blue", "body": "In five minutes",
+			"image": "https://cdn.example.com/standup.png", "url": "https://app.example.com/standup/42",
+			"sound": "chime", "badge": "7", "category": "MEETING",
+			"tag": "standup", "android_channel_id": "meetings", "color": "#ff8800", "icon": "ic_meeting",
+			MessageIDKey: "m1",
+		}},
+		{"a title alone; no tag of the message id", Content{Title: "Hi", FCM: &FCMOptions{DataOnly: true}}, true,
+			map[string]string{"title": "Hi", MessageIDKey: "m1"}},
+		{"a badge of 0 clears", Content{Body: "b", Badge: &zero, FCM: &FCMOptions{DataOnly: true}}, true,
+			map[string]string{"body": "b", "badge": "0", MessageIDKey: "m1"}},
+		{"not asked: a notification", func() Content { c := full; f := *c.FCM; f.DataOnly = false; c.FCM = &f; return c }(), false,
+			map[string]string{"room": "blue", "url": "https://app.example.com/standup/42", MessageIDKey: "m1"}},
+		{"nothing to show: data alone", Content{Data: map[string]string{"sync": "inbox"}, Category: "SYNC", FCM: &FCMOptions{DataOnly: true, Tag: "inbox"}}, false,
+			map[string]string{"sync": "inbox", MessageIDKey: "m1"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			require.Equal(t, tc.drawnByApp, tc.content.DrawnByApp())
+			require.Equal(t, tc.want, FCMData(tc.content, "m1"))
+			for k := range tc.want {
+				if k != "room" && k != "sync" && k != MessageIDKey {
+					require.True(t, IsFCMDisplayKey(k), "%s is reserved with data_only", k)
+				}
+			}
+		})
+	}
+	require.False(t, IsFCMDisplayKey("room"))
+}
+
+// TestCheckSizeCountsTheDataOnlyEncoding: with data_only the display
+// fields travel in FCM's data and, for Apple devices, the title and body
+// in the alert too, so a payload whose notification fits can be over
+// FCM's limit drawn by the app.
+func TestCheckSizeCountsTheDataOnlyEncoding(t *testing.T) {
+	t.Parallel()
+	c := Content{Title: strings.Repeat("t", 1300), Body: strings.Repeat("b", 1300), Subtitle: strings.Repeat("s", 300)}
+	require.NoError(t, CheckSize(c))
+	c.FCM = &FCMOptions{DataOnly: true}
+	var size *SizeError
+	require.ErrorAs(t, CheckSize(c), &size)
+	require.Equal(t, "fcm", size.Channel)
+	require.Greater(t, size.Size, 2*2600, "the title and body counted twice: in the data, and in the Apple alert")
+}

@@ -265,6 +265,12 @@ func (p *Provider) send(ctx context.Context, msg *messaging.Message) push.Result
 // only when fcm.tag asks: FCM keeps at most four collapse keys for an
 // offline device, so a key of every message's own would leave it an
 // arbitrary four; an app drops a second copy by herald_message_id.
+//
+// A message with something to show that asks for data-only delivery
+// (push.Content.DrawnByApp) is a data message on Android, collapsible as
+// above, its display fields in its data for the app to draw; Apple devices
+// get its alert from the apns block (title and body, as FCM makes them of
+// a notification block), so that they show it as before.
 func (p *Provider) message(m *push.Message, now time.Time) messaging.Message {
 	c := &m.Content
 	androidPriority, apnsPriority, urgency := "normal", "5", "normal"
@@ -286,23 +292,26 @@ func (p *Provider) message(m *push.Message, now time.Time) messaging.Message {
 			"Topic":   push.WebPushTopic(m.ID),
 		}},
 	}
-	if c.DataOnly() {
+	switch {
+	case c.DataOnly():
 		msg.APNS.Headers["apns-priority"] = "5"
 		msg.APNS.Headers["apns-push-type"] = "background"
 		msg.APNS.Payload = &messaging.APNSPayload{Aps: &messaging.Aps{ContentAvailable: true}}
 		if c.FCM != nil {
 			msg.Android.CollapseKey = c.FCM.Tag
 		}
-	} else {
+	case c.DrawnByApp():
+		msg.Android.CollapseKey = c.FCM.Tag
+		msg.APNS.Payload, msg.APNS.FCMOptions = appleAlert(c)
+		// Without a notification block for FCM to make the alert of, the
+		// apns block carries it.
+		if c.Title != "" || c.Body != "" {
+			msg.APNS.Payload.Aps.Alert = &messaging.ApsAlert{Title: c.Title, Body: c.Body}
+		}
+	default:
 		msg.Notification = &messaging.Notification{Title: c.Title, Body: c.Body, ImageURL: c.Image}
 		msg.Android.Notification = androidNotification(m)
-		// As on APNs itself (push.APNsPayload), every alert asks for the
-		// app's notification service extension: it fetches the image and
-		// sends the delivered receipt.
-		msg.APNS.Payload = &messaging.APNSPayload{Aps: &messaging.Aps{MutableContent: true}}
-		if c.Image != "" {
-			msg.APNS.FCMOptions = &messaging.APNSFCMOptions{ImageURL: c.Image}
-		}
+		msg.APNS.Payload, msg.APNS.FCMOptions = appleAlert(c)
 	}
 	// Without an expiry FCM's own default lifetime applies; Herald's
 	// messages always have one.
@@ -313,6 +322,19 @@ func (p *Provider) message(m *push.Message, now time.Time) messaging.Message {
 		msg.Webpush.Headers["TTL"] = strconv.FormatInt(int64(ttl/time.Second), 10)
 	}
 	return msg
+}
+
+// appleAlert is the apns block's payload and options of a message with
+// something to show. As on APNs itself (push.APNsPayload), every alert asks
+// for the app's notification service extension (mutable-content): it
+// fetches the image, given as fcm_options.image, and sends the delivered
+// receipt.
+func appleAlert(c *push.Content) (*messaging.APNSPayload, *messaging.APNSFCMOptions) {
+	payload := &messaging.APNSPayload{Aps: &messaging.Aps{MutableContent: true}}
+	if c.Image == "" {
+		return payload, nil
+	}
+	return payload, &messaging.APNSFCMOptions{ImageURL: c.Image}
 }
 
 // androidNotification maps the display fields Android has: the tag that

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"firebase.google.com/go/v4/messaging"
 	"github.com/stretchr/testify/require"
 
 	"github.com/heraldpush/herald/jobs/push"
@@ -433,4 +434,120 @@ func TestTTLAtMostFourWeeks(t *testing.T) {
 	require.NoError(t, err)
 	got := b.SendDetailed(t, m)
 	require.Equal(t, "2419200s", got.Body["android"].(map[string]any)["ttl"])
+}
+
+// drawnByApp is the rich payload asking for data-only delivery.
+func drawnByApp() push.Content {
+	c := pushtest.RichContent()
+	f := *c.FCM
+	f.DataOnly = true
+	c.FCM = &f
+	return c
+}
+
+// TestMessageDrawnByApp maps a message that asks for data-only delivery:
+// on Android a data message (no notification block, no
+// android.notification) at the message's priority, collapsible only under
+// fcm.tag; on Apple devices the alert the apns block carries itself.
+func TestMessageDrawnByApp(t *testing.T) {
+	t.Parallel()
+	p := &Provider{}
+	plain := push.Content{Title: "Hi", Body: "there", FCM: &push.FCMOptions{DataOnly: true}}
+	imageOnly := push.Content{Image: "https://cdn.example.com/a.png", FCM: &push.FCMOptions{DataOnly: true}}
+	for _, tc := range []struct {
+		name            string
+		content         push.Content
+		urgent          bool
+		androidPriority string
+		collapseKey     string
+		apnsPriority    string
+		alert           *messaging.ApsAlert
+		apnsImage       string
+	}{
+		{"urgent", plain, true, "high", "", "10", &messaging.ApsAlert{Title: "Hi", Body: "there"}, ""},
+		{"normal: Doze may hold it", plain, false, "normal", "", "5", &messaging.ApsAlert{Title: "Hi", Body: "there"}, ""},
+		{"android_priority overrides", drawnByApp(), false, "high", "standup", "5", &messaging.ApsAlert{Title: "Standup", Body: "In five minutes"}, "https://cdn.example.com/standup.png"},
+		{"no title or body: no alert", imageOnly, false, "normal", "", "5", nil, "https://cdn.example.com/a.png"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			m, err := push.NewMessage("msg_d", tc.urgent, tc.content, time.Now().Add(time.Hour))
+			require.NoError(t, err)
+			msg := p.message(m, time.Now())
+			require.Nil(t, msg.Notification, "no notification block: Android hands it to the app")
+			require.Nil(t, msg.Android.Notification)
+			require.Equal(t, tc.androidPriority, msg.Android.Priority)
+			require.Equal(t, tc.collapseKey, msg.Android.CollapseKey)
+			require.Equal(t, m.FCMData, msg.Data)
+			require.Equal(t, tc.content.Title, msg.Data["title"], "the display fields are in the data")
+			require.Equal(t, tc.apnsPriority, msg.APNS.Headers["apns-priority"])
+			require.Empty(t, msg.APNS.Headers["apns-push-type"], "an alert to Apple devices, not a background push")
+			require.Equal(t, &messaging.Aps{Alert: tc.alert, MutableContent: true}, msg.APNS.Payload.Aps)
+			if tc.apnsImage == "" {
+				require.Nil(t, msg.APNS.FCMOptions)
+			} else {
+				require.Equal(t, tc.apnsImage, msg.APNS.FCMOptions.ImageURL)
+			}
+		})
+	}
+}
+
+// TestDataOnlyReachesFakepush follows a rich payload that asks for
+// data-only delivery through the Firebase SDK to fakepush: the message FCM
+// received has no notification block and no android.notification, carries
+// every display field in its data beside the receipt, and still has an
+// alert for Apple devices.
+func TestDataOnlyReachesFakepush(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	m := pushtest.NewContentMessage(t, "msg_drawn", drawnByApp(), time.Hour)
+	targets := b.Targets(t, 1)
+	targets[0].Receipt = "AQG-receipt"
+	require.True(t, b.Send(m, targets)[0].Accepted)
+	rs := b.DetailedReceipts(t, m.ID)
+	require.Len(t, rs, 1)
+	var got map[string]any
+	require.NoError(t, json.Unmarshal(rs[0].Body, &got))
+
+	android := got["android"].(map[string]any)
+	require.Contains(t, []any{"3600s", "3599s"}, android["ttl"])
+	delete(android, "ttl")
+	apnsHeaders := got["apns"].(map[string]any)["headers"].(map[string]any)
+	require.Equal(t, fmt.Sprint(m.ExpiresAt.Unix()), apnsHeaders["apns-expiration"])
+	delete(apnsHeaders, "apns-expiration")
+	delete(got["webpush"].(map[string]any)["headers"].(map[string]any), "TTL")
+	delete(got, "token")
+	require.Equal(t, pushtest.JSON(t, `{
+		"data": {
+			"room": "blue", "url": "https://app.example.com/standup/42",
+			"title": "Standup", "subtitle": "Team Blue", "body": "In five minutes",
+			"image": "https://cdn.example.com/standup.png", "sound": "chime.caf", "badge": "7", "category": "MEETING",
+			"tag": "standup", "android_channel_id": "meetings", "color": "#ff8800", "icon": "ic_meeting",
+			"herald_message_id": "msg_drawn", "herald_receipt": "AQG-receipt"
+		},
+		"android": {"priority": "high", "collapse_key": "standup"},
+		"apns": {
+			"headers": {"apns-collapse-id": "msg_drawn", "apns-priority": "5"},
+			"payload": {"aps": {"alert": {"title": "Standup", "body": "In five minutes"}, "mutable-content": 1}},
+			"fcm_options": {"image": "https://cdn.example.com/standup.png"}
+		},
+		"webpush": {"headers": {"Urgency": "low", "Topic": "msg_drawn"}}
+	}`), got)
+}
+
+// TestDataOnlyUrgentReachesApple: FCM takes a data message to Apple devices
+// only at apns-priority 5 (fakepush refuses it at 10, as Firebase does); an
+// urgent message drawn by the app on Android carries its own alert for
+// Apple, so it goes at 10.
+func TestDataOnlyUrgentReachesApple(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := push.Content{Title: "Now", FCM: &push.FCMOptions{DataOnly: true}}
+	m, err := push.NewMessage("msg_drawn_urgent", true, c, time.Now().Add(time.Hour))
+	require.NoError(t, err)
+	got := b.SendDetailed(t, m)
+	require.NotContains(t, got.Body, "notification")
+	apns := got.Body["apns"].(map[string]any)
+	require.Equal(t, "10", apns["headers"].(map[string]any)["apns-priority"])
+	require.Equal(t, map[string]any{"alert": map[string]any{"title": "Now"}, "mutable-content": 1.0}, apns["payload"].(map[string]any)["aps"])
 }
