@@ -22,6 +22,7 @@ Usage:
   herald keys create --name NAME --scope send|read|apps|admin [--apps A,B] [--expires-in D] | list | revoke NAME
   herald apps list | show APP | create APP | set-credentials APP ... | retire APP CHANNEL | disable APP | enable APP | reseal
   herald vapid generate [--subject CONTACT]
+  herald credentials check [--offline]
   herald operators create --name NAME | list | remove NAME
   herald fakepush [--addr ADDR] [--latency D] [--tls-dir DIR] [--receipts-url URL]
   herald bench [--users N] [--latency D] [--mix 45,45,10] [--profile DIR]
@@ -51,6 +52,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return runApps(ctx, rest, getenv, stdout, stderr)
 	case "vapid":
 		return runVAPID(rest, stdout, stderr)
+	case "credentials":
+		return runCredentials(ctx, rest, getenv, stdout, stderr)
 	case "operators":
 		// A new operator's password comes on stdin, which only this
 		// command reads.
