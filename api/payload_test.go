@@ -91,6 +91,12 @@ func TestPayloadFieldsValidated(t *testing.T) {
 		{"silent with a title", "payload.title", "invalid_field", silent(set("title", "t"))},
 		{"silent with a badge", "payload.badge", "invalid_field", silent(set("badge", 1))},
 		{"silent with a sound", "payload.sound", "invalid_field", silent(set("sound", "default"))},
+		{"data key title with data_only", "payload.data.title", "invalid_field", func(p map[string]any) {
+			p["fcm"].(map[string]any)["data_only"] = true
+			p["data"] = map[string]any{"title": "x"}
+		}},
+		{"data_only not a boolean", "payload.fcm.data_only", "invalid_type", set("fcm.data_only", "yes")},
+		{"silent with data_only", "payload.fcm.data_only", "invalid_field", silent(func(p map[string]any) { p["fcm"] = map[string]any{"data_only": true} })},
 	}
 	for _, tc := range cases {
 		for _, path := range []string{"/v1/messages", "/v1/schedules"} {

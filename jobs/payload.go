@@ -98,6 +98,9 @@ func checkPayloadFields(p *push.Content) error {
 			return invalid("payload.data", "payload.data keys must not be empty")
 		case reservedDataKey(p, k):
 			return invalid("payload.data."+k, "payload.data key %q is reserved", k)
+		case p.FCM != nil && p.FCM.DataOnly && push.IsFCMDisplayKey(k):
+			return invalid("payload.data."+k, "payload.data key %q is reserved with payload.fcm.data_only, which carries the display fields in the data: "+
+				"title, subtitle, body, image, url, sound, badge, category, tag, android_channel_id, color and icon are Herald's", k)
 		case fcmReservedDataKey(k):
 			return invalid("payload.data."+k, "payload.data key %q is reserved by FCM, which refuses every push that carries it: "+
 				"from, message_type, collapse_key, notification and keys starting with google or gcm are FCM's own", k)
@@ -132,7 +135,7 @@ func checkPayloadFields(p *push.Content) error {
 	if err := checkAPNs(p); err != nil {
 		return err
 	}
-	if err := checkFCM(p.FCM); err != nil {
+	if err := checkFCM(p); err != nil {
 		return err
 	}
 	if err := checkAppOverrides(p); err != nil {
@@ -189,9 +192,15 @@ func checkAPNs(p *push.Content) error {
 	return checkName("payload.apns.target_content_id", a.TargetContentID)
 }
 
-func checkFCM(f *push.FCMOptions) error {
+func checkFCM(p *push.Content) error {
+	f := p.FCM
 	if f == nil {
 		return nil
+	}
+	if f.DataOnly && p.Silent {
+		// A silent message is a data message already, and what data_only
+		// adds to the data is display fields, which it has none of.
+		return invalid("payload.fcm.data_only", "a silent payload is a data message already: payload.fcm.data_only goes only with a visible one")
 	}
 	for field, v := range map[string]string{
 		"payload.fcm.android_channel_id": f.AndroidChannelID, "payload.fcm.tag": f.Tag, "payload.fcm.icon": f.Icon,

@@ -91,3 +91,49 @@ func TestFCMReservedDataKeysRefused(t *testing.T) {
 		require.Equal(t, tc.firebase, fcmRefuses(tc.key), "FCM's verdict on %q", tc.key)
 	}
 }
+
+// TestFCMDataOnlyRules: with fcm.data_only the data may not use the keys
+// the display fields travel under (400 naming payload.data.KEY), which are
+// the caller's without it; data_only on a silent payload, a data message
+// already, is refused naming payload.fcm.data_only; on data alone it is
+// taken, since a localization can give that payload a title; and the size
+// check counts the data-only encoding.
+func TestFCMDataOnlyRules(t *testing.T) {
+	t.Parallel()
+	dataOnly := func(c push.Content) *push.Content {
+		c.FCM = &push.FCMOptions{DataOnly: true}
+		return &c
+	}
+	for _, tc := range []struct {
+		name    string
+		content *push.Content
+		field   string // empty: accepted
+	}{
+		{"a title", dataOnly(push.Content{Title: "Hi", Body: "there"}), ""},
+		{"data key title", dataOnly(push.Content{Title: "Hi", Data: map[string]string{"title": "x"}}), "payload.data.title"},
+		{"data key android_channel_id", dataOnly(push.Content{Title: "Hi", Data: map[string]string{"android_channel_id": "x"}}), "payload.data.android_channel_id"},
+		{"data key url without a url", dataOnly(push.Content{Title: "Hi", Data: map[string]string{"url": "x"}}), "payload.data.url"},
+		{"data key badge", dataOnly(push.Content{Title: "Hi", Data: map[string]string{"badge": "1"}}), "payload.data.badge"},
+		{"data key title without data_only", &push.Content{Title: "Hi", Data: map[string]string{"title": "x"}}, ""},
+		{"data key of the caller's own", dataOnly(push.Content{Title: "Hi", Data: map[string]string{"titles": "x"}}), ""},
+		{"silent", dataOnly(push.Content{Silent: true, Data: map[string]string{"sync": "inbox"}}), "payload.fcm.data_only"},
+		{"data alone, localized", dataOnly(push.Content{Data: map[string]string{"sync": "inbox"}, Localizations: map[string]push.Text{"de": {Title: "Hallo"}}}), ""},
+		{"over FCM's limit drawn by the app", dataOnly(push.Content{Title: strings.Repeat("t", 1300), Body: strings.Repeat("b", 1300), Subtitle: strings.Repeat("s", 300)}), "payload"},
+		{"within it as a notification", &push.Content{Title: strings.Repeat("t", 1300), Body: strings.Repeat("b", 1300), Subtitle: strings.Repeat("s", 300)}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			err := CheckPayload(tc.content)
+			if tc.field == "" {
+				require.NoError(t, err)
+				return
+			}
+			var inv *InvalidError
+			require.ErrorAs(t, err, &inv)
+			require.Equal(t, tc.field, inv.Field, inv.Message)
+			if tc.field == "payload" {
+				require.Contains(t, inv.Message, "the fcm encoding")
+			}
+		})
+	}
+}
