@@ -181,7 +181,6 @@
       var key = sub.options && sub.options.applicationServerKey ? encodeKey(sub.options.applicationServerKey) : "";
       var registration = {channel: "webpush", app: s.app, subscription: sub.toJSON(), application_server_key: key};
       if (s.installation) registration.installation_id = s.installation;
-      if (event.oldSubscription) registration.replaces = event.oldSubscription.endpoint;
       var sent = s.backend
         ? fetch(new URL(s.backend, self.location.href).href, {
           method: "POST", credentials: "include",
