@@ -964,6 +964,9 @@ type FCMOptions struct {
 	// Color FCM android.notification.color.
 	Color *string `json:"color,omitempty"`
 
+	// DataOnly true: Android gets a data message, with no notification or android.notification block, so that the app's onMessageReceived always runs (and posts its delivered receipt) and the app draws the notification itself. The display fields travel in FCM data as strings, each one set: title, subtitle, body, image, url, sound, badge, category, and tag, android_channel_id, color and icon from fcm; payload.data may not use those keys (400 naming payload.data.KEY). android.priority is the message's (at normal, Doze may delay it); android.collapse_key only when tag is set. Apple devices through FCM keep the alert (apns aps.alert with title and body). Refused on a silent payload (400 naming payload.fcm.data_only).
+	DataOnly *bool `json:"data_only,omitempty"`
+
 	// Icon FCM android.notification.icon.
 	Icon *string `json:"icon,omitempty"`
 
