@@ -24,8 +24,11 @@ func (s *Server) deviceRoutes(e *echo.Echo) {
 	e.OPTIONS("/v1/receipts", receiptsPreflight)
 
 	// The VAPID public key a page subscribes with, per app: public by
-	// nature (every subscription carries it), read from any origin.
-	e.GET("/v1/vapid-public-key", s.vapidPublicKey, anyOrigin)
+	// nature (every subscription carries it), read from any origin, and
+	// limited by client address as receipts are, in the same buckets (its
+	// refusals are counted by the HTTP metrics, not as receipts').
+	e.GET("/v1/vapid-public-key", s.vapidPublicKey, anyOrigin,
+		s.receiptLimiter.limitBy(receiptAddress, "each client address", nil))
 
 	// The web kit (web/sdk): the service worker, the page script and an
 	// example page that uses them.

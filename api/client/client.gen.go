@@ -2580,7 +2580,9 @@ type ClientInterface interface {
 	// `applicationServerKey` (the web kit's `/sdk/herald.js` does), and its backend names it
 	// as `application_server_key` when it registers the subscription. After a rotation it
 	// answers the new key within seconds; browsers may keep an answer for 60 s. Any web
-	// origin may call it (CORS `*`). Served on the public listener (HERALD_PUBLIC_ADDR) too.
+	// origin may call it (CORS `*`). Limited per client address with the receipts, in the
+	// same buckets (HERALD_RECEIPT_RATE_LIMIT, HERALD_RECEIPT_RATE_BURST). Served on the public
+	// listener (HERALD_PUBLIC_ADDR) too.
 	//
 	// Corresponds with GET /v1/vapid-public-key (the `GetVAPIDPublicKey` operationId).
 	GetVAPIDPublicKey(ctx context.Context, params *GetVAPIDPublicKeyParams, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -3636,7 +3638,9 @@ func (c *Client) ListUserDevices(ctx context.Context, userID UserID, params *Lis
 // `applicationServerKey` (the web kit's `/sdk/herald.js` does), and its backend names it
 // as `application_server_key` when it registers the subscription. After a rotation it
 // answers the new key within seconds; browsers may keep an answer for 60 s. Any web
-// origin may call it (CORS `*`). Served on the public listener (HERALD_PUBLIC_ADDR) too.
+// origin may call it (CORS `*`). Limited per client address with the receipts, in the
+// same buckets (HERALD_RECEIPT_RATE_LIMIT, HERALD_RECEIPT_RATE_BURST). Served on the public
+// listener (HERALD_PUBLIC_ADDR) too.
 //
 // Corresponds with GET /v1/vapid-public-key (the `GetVAPIDPublicKey` operationId).
 func (c *Client) GetVAPIDPublicKey(ctx context.Context, params *GetVAPIDPublicKeyParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -6398,7 +6402,9 @@ type ClientWithResponsesInterface interface {
 	// `applicationServerKey` (the web kit's `/sdk/herald.js` does), and its backend names it
 	// as `application_server_key` when it registers the subscription. After a rotation it
 	// answers the new key within seconds; browsers may keep an answer for 60 s. Any web
-	// origin may call it (CORS `*`). Served on the public listener (HERALD_PUBLIC_ADDR) too.
+	// origin may call it (CORS `*`). Limited per client address with the receipts, in the
+	// same buckets (HERALD_RECEIPT_RATE_LIMIT, HERALD_RECEIPT_RATE_BURST). Served on the public
+	// listener (HERALD_PUBLIC_ADDR) too.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -10164,6 +10170,11 @@ type GetVAPIDPublicKeyResponse200Headers struct {
 	CacheControl *string
 }
 
+// GetVAPIDPublicKeyResponse429Headers the declared response headers of an HTTP 429 response for GetVAPIDPublicKey
+type GetVAPIDPublicKeyResponse429Headers struct {
+	RetryAfter int
+}
+
 type GetVAPIDPublicKeyResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -10171,8 +10182,12 @@ type GetVAPIDPublicKeyResponse struct {
 	JSON200 *VAPIDPublicKey
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *Error
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *RateLimited
 	// Headers200 the parsed response headers for an HTTP 200 response
 	Headers200 *GetVAPIDPublicKeyResponse200Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *GetVAPIDPublicKeyResponse429Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
@@ -10183,6 +10198,11 @@ func (r GetVAPIDPublicKeyResponse) GetJSON200() *VAPIDPublicKey {
 // GetJSON404 returns the response for an HTTP 404 `application/json` response
 func (r GetVAPIDPublicKeyResponse) GetJSON404() *Error {
 	return r.JSON404
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r GetVAPIDPublicKeyResponse) GetJSON429() *RateLimited {
+	return r.JSON429
 }
 
 // GetBody returns the raw response body bytes
@@ -11429,7 +11449,9 @@ func (c *ClientWithResponses) ListUserDevicesWithResponse(ctx context.Context, u
 // `applicationServerKey` (the web kit's `/sdk/herald.js` does), and its backend names it
 // as `application_server_key` when it registers the subscription. After a rotation it
 // answers the new key within seconds; browsers may keep an answer for 60 s. Any web
-// origin may call it (CORS `*`). Served on the public listener (HERALD_PUBLIC_ADDR) too.
+// origin may call it (CORS `*`). Limited per client address with the receipts, in the
+// same buckets (HERALD_RECEIPT_RATE_LIMIT, HERALD_RECEIPT_RATE_BURST). Served on the public
+// listener (HERALD_PUBLIC_ADDR) too.
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -14992,6 +15014,13 @@ func ParseGetVAPIDPublicKeyResponse(rsp *http.Response) (*GetVAPIDPublicKeyRespo
 		}
 		response.JSON404 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
 	}
 
 	switch {
@@ -15005,6 +15034,16 @@ func ParseGetVAPIDPublicKeyResponse(rsp *http.Response) (*GetVAPIDPublicKeyRespo
 			headers.CacheControl = &value
 		}
 		response.Headers200 = &headers
+	case rsp.StatusCode == 429:
+		var headers GetVAPIDPublicKeyResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers429 = &headers
 	}
 
 	return response, nil
