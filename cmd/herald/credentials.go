@@ -200,7 +200,11 @@ func (c *credentialChecker) checkStored(ctx context.Context, pool *pgxpool.Pool,
 			if row.State != apps.StateActive {
 				fix = fmt.Sprintf("retire it: herald apps retire %s %s --version %d", app, row.Channel, row.Version)
 			}
-			err = fmt.Errorf("%w; %s", err, fix)
+			if errors.Is(err, errCannotOpen) {
+				err = fmt.Errorf("%w, or if that key is lost, %s", err, fix)
+			} else {
+				err = fmt.Errorf("%w; %s", err, fix)
+			}
 		}
 		c.report(label, summary, err)
 	}
@@ -212,9 +216,9 @@ func (c *credentialChecker) checkSealed(ctx context.Context, row db.LiveCredenti
 	secret, err := sealer.Open(row.AppID, row.Channel, row.Version, row.SealKey, row.Sealed)
 	if err != nil {
 		if !sealer.CanSeal() {
-			return "", fmt.Errorf("cannot be opened: it was sealed with key %s and HERALD_SECRET_KEY is not set; set it to that key", row.SealKey)
+			return "", fmt.Errorf("%w: it was sealed with key %s and HERALD_SECRET_KEY is not set; set it to that key", errCannotOpen, row.SealKey)
 		}
-		return "", fmt.Errorf("cannot be opened: %w; add that key to HERALD_SECRET_KEY (comma-separated, after the one that seals)", err)
+		return "", fmt.Errorf("%w: %v; add that key to HERALD_SECRET_KEY (comma-separated, after the one that seals)", errCannotOpen, err)
 	}
 	// The public part is stored as the API shows it; the secret was sealed
 	// apart (apps.Input's split).
@@ -270,29 +274,28 @@ func (c *credentialChecker) checkFCM(ctx context.Context, cred *apps.FCM) (strin
 	if err := cred.Check(); err != nil {
 		return "", err
 	}
-	summary := fmt.Sprintf("project %s account %s key %s", cred.ProjectID, cred.ClientEmail, cred.PrivateKeyID)
+	summary := fmt.Sprintf("project %s as %s key %s", cred.ProjectID, cred.ClientEmail, cred.PrivateKeyID)
 	if c.offline {
-		return summary + ", no token minted (--offline)", nil
+		return summary + " (no token minted: --offline)", nil
 	}
-	tokenURL, err := c.mintFCMToken(ctx, cred.ServiceAccount)
-	if err != nil {
+	if err := c.mintFCMToken(ctx, cred.ServiceAccount); err != nil {
 		return "", err
 	}
-	return summary + ", access token minted by " + tokenURL, nil
+	return summary + " (token minted)", nil
 }
 
 // mintFCMToken trades a JWT signed with the service account's key for an
 // access token at its token_uri (RFC 7523's JWT-bearer grant), as a send
-// does, and returns the endpoint.
-func (c *credentialChecker) mintFCMToken(ctx context.Context, serviceAccount string) (string, error) {
+// does.
+func (c *credentialChecker) mintFCMToken(ctx context.Context, serviceAccount string) error {
 	conf, err := google.JWTConfigFromJSON([]byte(serviceAccount), fcmScope)
 	if err != nil {
-		return "", fmt.Errorf("read the service account: %w", err)
+		return fmt.Errorf("read the service account: %w", err)
 	}
 	if c.tokens == nil {
 		roots, err := rootCAs(c.certFile)
 		if err != nil {
-			return "", err
+			return err
 		}
 		c.transport = http.DefaultTransport.(*http.Transport).Clone()
 		c.transport.TLSClientConfig = &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}
@@ -303,15 +306,19 @@ func (c *credentialChecker) mintFCMToken(ctx context.Context, serviceAccount str
 	var refused *oauth2.RetrieveError
 	switch {
 	case errors.As(err, &refused):
-		return "", fmt.Errorf("%w: %s refused it (%s): its key was deleted or is not %s's, or the account may not use FCM; "+
+		return fmt.Errorf("%w: %s refused it (%s): its key was deleted or is not %s's, or the account may not use FCM; "+
 			"make a new key (Firebase console, Project settings, Service accounts, Generate new private key)", errTokenRefused, conf.TokenURL, refusal(refused), conf.Email)
 	case err != nil:
-		return "", fmt.Errorf("%w %s: %v; check that it is reachable from here (and SSL_CERT_FILE for a private CA), or check shapes alone with --offline", errTokenUnreachable, conf.TokenURL, err)
+		return fmt.Errorf("%w %s: %v; check that it is reachable from here (and SSL_CERT_FILE for a private CA), or check shapes alone with --offline", errTokenUnreachable, conf.TokenURL, err)
 	case tok.AccessToken == "":
-		return "", fmt.Errorf("%w: %s answered without an access token", errTokenRefused, conf.TokenURL)
+		return fmt.Errorf("%w: %s answered without an access token", errTokenRefused, conf.TokenURL)
 	}
-	return conf.TokenURL, nil
+	return nil
 }
+
+// errCannotOpen is a stored credential that HERALD_SECRET_KEY does not
+// open.
+var errCannotOpen = errors.New("cannot be opened")
 
 // What minting an FCM token may end in besides a token: the endpoint
 // refused the service account (it must be replaced), or it could not be

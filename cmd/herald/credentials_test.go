@@ -106,6 +106,17 @@ func withUnknownKey(t *testing.T, serviceAccount []byte) string {
 	return string(out)
 }
 
+// serviceAccountOf is what a service account's JSON says of itself.
+func serviceAccountOf(t *testing.T, serviceAccount []byte) (sa struct {
+	ClientEmail  string `json:"client_email"`
+	PrivateKeyID string `json:"private_key_id"`
+}) {
+	t.Helper()
+	require.NoError(t, json.Unmarshal(serviceAccount, &sa))
+	require.NotEmpty(t, sa.ClientEmail)
+	return sa
+}
+
 // writeFile writes content to a new file of the test's and returns its
 // path.
 func writeFile(t *testing.T, name, content string) string {
@@ -126,10 +137,7 @@ func TestCredentialsCheckEnvironment(t *testing.T) {
 	good := fp.Env()
 	goodSA, err := os.ReadFile(good["FCM_CREDENTIALS_FILE"])
 	require.NoError(t, err)
-	var sa struct {
-		PrivateKeyID string `json:"private_key_id"`
-	}
-	require.NoError(t, json.Unmarshal(goodSA, &sa))
+	sa := serviceAccountOf(t, goodSA)
 
 	for _, tc := range []struct {
 		name string
@@ -168,7 +176,7 @@ func TestCredentialsCheckEnvironment(t *testing.T) {
 			requireNoSecret(t, out, good["VAPID_PRIVATE_KEY"], vars["VAPID_PRIVATE_KEY"])
 			lines := map[string][]string{
 				"apns":    {"ok   default apns (environment) ", "key " + good["APNS_KEY_ID"], "team " + good["APNS_TEAM_ID"], "topic " + good["APNS_TOPIC"]},
-				"fcm":     {"ok   default fcm (environment) ", "project herald-fake", "key " + sa.PrivateKeyID, "access token minted by " + fp.URL() + "/token"},
+				"fcm":     {"ok   default fcm (environment) ", "project herald-fake", "as " + sa.ClientEmail, "key " + sa.PrivateKeyID, "(token minted)"},
 				"webpush": {"ok   default webpush (environment) ", "public key " + good["VAPID_PUBLIC_KEY"], "subject " + good["VAPID_SUBJECT"]},
 			}
 			if tc.fails != nil {
@@ -186,7 +194,7 @@ func TestCredentialsCheckEnvironment(t *testing.T) {
 			out, err = checkCredentials(t, vars, "--offline")
 			if tc.offlinePasses {
 				require.NoError(t, err, "--offline mints no token:\n%s", out)
-				requireLine(t, out, "ok   default fcm (environment) ", "no token minted (--offline)")
+				requireLine(t, out, "ok   default fcm (environment) ", "(no token minted: --offline)")
 			} else {
 				require.Error(t, err, "--offline checks shapes still")
 			}
@@ -266,7 +274,7 @@ func TestCredentialsCheckStored(t *testing.T) {
 	for _, want := range goodLines {
 		requireLine(t, out, want[0], want[1:]...)
 	}
-	requireLine(t, out, "ok   brand-b fcm v1 ", "project "+b.FCM.ProjectID, "key "+b.FCM.KeyID, "access token minted by "+fp.URL()+"/token")
+	requireLine(t, out, "ok   brand-b fcm v1 ", "project "+b.FCM.ProjectID, "as "+serviceAccountOf(t, []byte(b.FCM.ServiceAccountJSON)).ClientEmail, "key "+b.FCM.KeyID, "(token minted)")
 	requireLine(t, out, "FAIL brand-d fcm v1: ", fp.URL()+"/token refused it", "invalid_grant", "herald apps set-credentials brand-d --fcm-service-account FILE")
 	require.NotContains(t, out, "brand-b apns v1", "a retired credential is not checked")
 	require.Equal(t, 8, strings.Count(out, "\n"), "a line a live credential:\n%s", out)
@@ -276,7 +284,7 @@ func TestCredentialsCheckStored(t *testing.T) {
 	for _, want := range goodLines {
 		requireLine(t, out, want[0], want[1:]...)
 	}
-	requireLine(t, out, "ok   brand-d fcm v1 ", "project "+d.FCM.ProjectID, "no token minted (--offline)")
+	requireLine(t, out, "ok   brand-d fcm v1 ", "project "+d.FCM.ProjectID, "(no token minted: --offline)")
 
 	// Sealed with a key the process does not hold, or with none at all:
 	// every stored credential says which key it needs.
@@ -289,7 +297,8 @@ func TestCredentialsCheckStored(t *testing.T) {
 		vars["HERALD_SECRET_KEY"] = secretKey
 		out, err = checkCredentials(t, vars, "--offline")
 		require.EqualError(t, err, "8 of 8 credentials failed", out)
-		requireLine(t, out, "FAIL brand-b apns v2: ", "cannot be opened", says)
+		requireLine(t, out, "FAIL brand-b apns v2: ", "cannot be opened", says, "or if that key is lost, store a working one: herald apps set-credentials brand-b --apns-key")
+		requireLine(t, out, "FAIL brand-b webpush v1 (retiring): ", "cannot be opened", says, "or if that key is lost, retire it: herald apps retire brand-b webpush --version 1")
 		require.Equal(t, 8, strings.Count(out, "FAIL "), out)
 	}
 }
