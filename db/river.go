@@ -214,6 +214,43 @@ func AbandonedChunks(ctx context.Context, q DBTX, kinds []string) ([]AbandonedCh
 	return out, nil
 }
 
+// EndSilentLiveness ends the sessions that hold a liveness lock but have
+// not been heard from for lease: idle since their last statement, when a
+// living worker pings its lock's session every DefaultLivenessPing. Such a
+// worker is frozen (a stopped process, a stalled VM) or cut off from the
+// database (its host lost power or its network), and PostgreSQL, which
+// keeps a session until its socket closes, would keep the lock, and with
+// it the worker's chunks, until River's rescue. Ending the session frees
+// the lock, so that AbandonedChunks lists the worker's chunks; the worker
+// itself stopped sending a lease earlier (its fence), and takes a lock
+// again if it comes back. It returns the liveness keys whose sessions it
+// ended. The other sessions of the same role may be ended by any of them;
+// sessions whose activity PostgreSQL does not track are never ended.
+func EndSilentLiveness(ctx context.Context, q DBTX, lease time.Duration) ([]int64, error) {
+	rows, err := q.Query(ctx, `
+		WITH silent AS MATERIALIZED (
+			SELECT l.objid::bigint AS key, a.pid
+			FROM pg_locks l
+			JOIN pg_stat_activity a ON a.pid = l.pid
+			WHERE l.locktype = 'advisory' AND l.granted
+			  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+			  AND l.classid = $1::bigint::oid AND l.objsubid = 2
+			  AND a.pid <> pg_backend_pid()
+			  AND a.state = 'idle' AND a.state_change < clock_timestamp() - $2::interval)
+		-- The candidates are chosen first, in full (MATERIALIZED), so that
+		-- no other session is ever ended.
+		SELECT key FROM silent WHERE pg_terminate_backend(pid)`,
+		int64(LivenessLockSpace), lease)
+	if err != nil {
+		return nil, fmt.Errorf("end silent liveness sessions: %w", err)
+	}
+	keys, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, fmt.Errorf("end silent liveness sessions: %w", err)
+	}
+	return keys, nil
+}
+
 // RetakeChunk makes a running job whose worker is gone available again at
 // once, as River's rescuer would after RescueAfter, with an error entry
 // that says why: only if it is still running under the same client, so a

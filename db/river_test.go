@@ -209,3 +209,53 @@ func TestAbandonedChunksFollowTheLivenessLock(t *testing.T) {
 	require.Equal(t, "its worker is gone", job.Errors[0].Error)
 	require.Equal(t, 1, job.Errors[0].Attempt)
 }
+
+// TestEndSilentLivenessEndsOnlyTheSilent: a session that holds a liveness
+// lock and has said nothing for the lease (a frozen or cut-off worker) is
+// ended and its lock freed; one that pings more often than the lease, one
+// in the middle of a statement, and a session without a liveness lock are
+// left alone.
+func TestEndSilentLivenessEndsOnlyTheSilent(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tdb := dbtest.New(t)
+	connect := func() *pgx.Conn {
+		conn, err := pgx.Connect(ctx, tdb.URL)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = conn.Close(context.Background()) })
+		return conn
+	}
+	silent, pinging, busy, bystander := connect(), connect(), connect(), connect()
+	for key, conn := range map[int32]*pgx.Conn{81: silent, 82: pinging, 83: busy} {
+		ok, err := db.TryLivenessLock(ctx, conn, key)
+		require.NoError(t, err)
+		require.True(t, ok)
+	}
+	_, err := bystander.Exec(ctx, "SELECT pg_advisory_lock(1, 81)") // another lock space
+	require.NoError(t, err)
+	// busy runs a statement longer than the lease.
+	busyDone := make(chan error, 1)
+	go func() { _, err := busy.Exec(ctx, "SELECT pg_sleep(1.5)"); busyDone <- err }()
+
+	const lease = 600 * time.Millisecond
+	deadline := time.Now().Add(lease + 400*time.Millisecond)
+	for time.Now().Before(deadline) {
+		require.NoError(t, pinging.Ping(ctx))
+		time.Sleep(50 * time.Millisecond)
+	}
+	ended, err := db.EndSilentLiveness(ctx, tdb.Pool, lease)
+	require.NoError(t, err)
+	require.Equal(t, []int64{81}, ended, "only the silent session's lock")
+
+	require.Error(t, silent.Ping(ctx), "the silent session was ended")
+	require.NoError(t, pinging.Ping(ctx))
+	require.NoError(t, <-busyDone, "a statement longer than the lease is not silence")
+	require.NoError(t, bystander.Ping(ctx))
+	other := connect()
+	ok, err := db.TryLivenessLock(ctx, other, 81)
+	require.NoError(t, err)
+	require.True(t, ok, "the ended session's lock is free")
+	ended, err = db.EndSilentLiveness(ctx, tdb.Pool, time.Hour)
+	require.NoError(t, err)
+	require.Empty(t, ended)
+}

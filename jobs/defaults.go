@@ -72,6 +72,14 @@ const (
 	// lives has stopped sending, or taken its lock again, first.
 	DefaultTakeoverEvery = time.Second
 	DefaultTakeoverGrace = 2 * time.Second
+	// DefaultLivenessLease is how long a worker's liveness session may
+	// stay silent (no ping) before Takeover ends it: a worker frozen or
+	// cut off from the database, whose session PostgreSQL would otherwise
+	// keep open, its lock and chunks with it, until River's rescue. Three
+	// times DefaultLivenessFence, so that the worker stopped sending two
+	// seconds before; a worker stalled that long that comes back takes its
+	// lock again.
+	DefaultLivenessLease = 3 * time.Second
 
 	// DefaultShutdownTimeout is how long a stopping worker lets the chunk
 	// attempts it is running finish (and write their ledger) before it

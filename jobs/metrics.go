@@ -33,6 +33,9 @@ type Metrics struct {
 	tries *prometheus.CounterVec
 	// takenOver counts the chunks Takeover made available again.
 	takenOver prometheus.Counter
+	// silentEnded counts the liveness sessions of silent workers Takeover
+	// ended.
+	silentEnded prometheus.Counter
 	// webhookCalls counts webhook batches' attempts by outcome.
 	webhookCalls *prometheus.CounterVec
 	// credentialsRefused counts the pushes a provider refused for their
@@ -102,6 +105,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "herald_chunks_taken_over_total",
 			Help: "Running chunks this process made available again because the worker process running them was gone (its liveness lock free).",
 		}),
+		silentEnded: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "herald_liveness_sessions_ended_total",
+			Help: "Liveness sessions of worker processes gone silent (frozen, or cut off from the database) that this process ended, so that their chunks could be taken over.",
+		}),
 		webhookCalls: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "herald_webhook_calls_total",
 			Help: "Webhook batch calls by outcome: delivered (2xx), retried (any other answer, or none), given_up (a day after the first attempt), dropped (the webhook was deleted).",
@@ -112,7 +119,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"app", "channel"}),
 	}
 	reg.MustRegister(m.deliveries, m.skew, m.latency, m.chunksInFlight, m.wakes, m.reconciledMessages, m.reconciledExpired,
-		m.messageSkew, m.overSLO, m.tries, m.takenOver, m.webhookCalls, m.credentialsRefused)
+		m.messageSkew, m.overSLO, m.tries, m.takenOver, m.silentEnded, m.webhookCalls, m.credentialsRefused)
 	for _, outcome := range []string{"delivered", "retried", "given_up", "dropped"} {
 		m.webhookCalls.WithLabelValues(outcome)
 	}
@@ -163,6 +170,14 @@ func (m *Metrics) tried(n map[string]int) {
 	}
 	for channel, k := range n {
 		m.tries.WithLabelValues(channel).Add(float64(k))
+	}
+}
+
+// silentLivenessEnded counts the liveness sessions of silent workers
+// Takeover ended.
+func (m *Metrics) silentLivenessEnded(n int) {
+	if m != nil {
+		m.silentEnded.Add(float64(n))
 	}
 }
 

@@ -3,6 +3,7 @@ package jobs
 import (
 	"cmp"
 	"context"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -30,8 +31,10 @@ type TakeoverConfig struct {
 	Logger *slog.Logger
 	// Every is how often it looks (DefaultTakeoverEvery); Grace how long a
 	// worker's lock must be seen free before its chunks are taken
-	// (DefaultTakeoverGrace).
-	Every, Grace time.Duration
+	// (DefaultTakeoverGrace); Lease how long a worker's liveness session
+	// may be silent before it is ended (DefaultLivenessLease), which must
+	// exceed the workers' fence.
+	Every, Grace, Lease time.Duration
 	// Wake, when set, is called with a queue whose chunks were made
 	// available, so that its lane fetches them at once.
 	Wake func(ctx context.Context, queue string)
@@ -43,6 +46,7 @@ type TakeoverConfig struct {
 func (c *TakeoverConfig) withDefaults() {
 	c.Every = cmp.Or(c.Every, DefaultTakeoverEvery)
 	c.Grace = cmp.Or(c.Grace, DefaultTakeoverGrace)
+	c.Lease = cmp.Or(c.Lease, DefaultLivenessLease)
 }
 
 // validate names the first setting a Takeover cannot work with.
@@ -56,6 +60,8 @@ func (c *TakeoverConfig) validate() error {
 		return errNegative("TakeoverConfig.Every", c.Every)
 	case c.Grace < 0:
 		return errNegative("TakeoverConfig.Grace", c.Grace)
+	case c.Lease <= DefaultLivenessFence:
+		return fmt.Errorf("jobs: TakeoverConfig.Lease (%s) must exceed the workers' fence (%s)", c.Lease, DefaultLivenessFence)
 	}
 	return nil
 }
@@ -89,6 +95,18 @@ func (t *Takeover) Run(ctx context.Context) {
 // pass is one look: seen holds when each abandoned chunk was first seen
 // so, and forgets those that are no longer.
 func (t *Takeover) pass(ctx context.Context, seen map[db.AbandonedChunk]time.Time, now time.Time) error {
+	// A worker that went silent without its session closing (frozen, or
+	// its host or network gone) holds its lock until its session is ended:
+	// then its chunks are abandoned like a dead worker's.
+	ended, err := db.EndSilentLiveness(ctx, t.cfg.Pool, t.cfg.Lease)
+	if err != nil {
+		return err
+	}
+	if len(ended) > 0 {
+		t.cfg.Metrics.silentLivenessEnded(len(ended))
+		t.cfg.Logger.Warn("ended the liveness sessions of workers silent for longer than the lease: their chunks are taken over once their locks stay free",
+			"liveness_keys", ended, "lease", t.cfg.Lease)
+	}
 	abandoned, err := db.AbandonedChunks(ctx, t.cfg.Pool, chunkKinds)
 	if err != nil {
 		return err

@@ -88,3 +88,50 @@ func TestTakeoverWaitsForTheGrace(t *testing.T) {
 	require.NoError(t, takeover.pass(ctx, seen, start.Add(5*time.Second)))
 	require.Equal(t, []string{QueueBulk}, woken, "an available chunk is nobody's to take")
 }
+
+// TestTakeoverEndsASilentWorker: a worker whose liveness session stays
+// open but says nothing (a frozen process, a host cut off: no FIN reaches
+// PostgreSQL) keeps its lock until Takeover finds it silent for the lease
+// and ends its session; then its running chunk is taken like a dead
+// worker's, and not before.
+func TestTakeoverEndsASilentWorker(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tdb := dbtest.New(t)
+	client, err := NewRiverClient(tdb.Pool, RiverConfig{Logger: discard})
+	require.NoError(t, err)
+	res, err := client.Insert(ctx, FanOutArgs{MessageID: 1, Priority: PriorityBulk, DispatchAt: time.Now(), ExpiresAt: time.Now().Add(time.Hour)}, nil)
+	require.NoError(t, err)
+	_, err = tdb.Pool.Exec(ctx, `UPDATE river_job SET state = 'running', attempt = 1, attempted_at = now(), attempted_by = '{herald-6-bulk}' WHERE id = $1`, res.Job.ID)
+	require.NoError(t, err)
+	frozen, err := pgx.ConnectConfig(ctx, tdb.Pool.Config().ConnConfig)
+	require.NoError(t, err)
+	defer frozen.Close(ctx)
+	ok, err := db.TryLivenessLock(ctx, frozen, 6)
+	require.NoError(t, err)
+	require.True(t, ok)
+
+	const lease = 1500 * time.Millisecond
+	takeover, err := NewTakeover(&TakeoverConfig{Pool: tdb.Pool, Logger: discard, Grace: time.Millisecond, Lease: lease})
+	require.NoError(t, err)
+	state := func() rivertype.JobState {
+		job, err := client.JobGet(ctx, res.Job.ID)
+		require.NoError(t, err)
+		return job.State
+	}
+	seen := map[db.AbandonedChunk]time.Time{}
+	tookLock := time.Now()
+	require.NoError(t, takeover.pass(ctx, seen, time.Now()))
+	require.Equal(t, rivertype.JobStateRunning, state(), "a worker silent for less than the lease keeps its chunk")
+	require.Empty(t, seen)
+	require.NoError(t, frozen.Ping(ctx), "its session is still open")
+
+	time.Sleep(lease - time.Since(tookLock) + 100*time.Millisecond)
+	require.Eventually(t, func() bool {
+		require.NoError(t, takeover.pass(ctx, seen, time.Now()))
+		return state() == rivertype.JobStateAvailable
+	}, 10*time.Second, 20*time.Millisecond, "the silent worker's chunk was never taken")
+	require.Error(t, frozen.Ping(ctx), "the silent worker's session was ended")
+	_, err = NewTakeover(&TakeoverConfig{Pool: tdb.Pool, Logger: discard, Lease: DefaultLivenessFence})
+	require.ErrorContains(t, err, "Lease", "a lease within the workers' fence would end a session whose worker may still send")
+}
