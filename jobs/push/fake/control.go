@@ -146,7 +146,7 @@ func (s *Server) Stats() Stats {
 			Early:      c.throttledEarly.Load(),
 		}
 	}
-	st := Stats{APNs: load(APNs), FCM: load(FCM), WebPush: load(WebPush), Devices: s.devices.stats()}
+	st := Stats{APNs: load(APNs), FCM: load(FCM), WebPush: load(WebPush), Devices: s.devices.stats(), Connections: s.conns.stats()}
 	for _, a := range s.apps.load().apps {
 		var per [numChannels]AppChannelStats
 		some := false
@@ -204,6 +204,7 @@ func (s *Server) Reset() {
 		c.throttled.Store(0)
 		c.throttledEarly.Store(0)
 	}
+	s.conns.reset()
 	s.resetBehaviour()
 	s.devices.reset()
 	_ = s.devices.set(s.cfg.Devices) // validated by New

@@ -217,35 +217,47 @@ func TestInFlight(t *testing.T) {
 }
 
 // TestStatsCountWarmupsApart sends what Herald's providers send to warm
-// their connections before any push (an APNs push without a device token, an
-// FCM dry run to a topic) and then one real push per channel: /_stats counts
-// the warm-ups on their own, so a fresh Herald's fakepush shows no pushes,
-// and no rejections, until something is sent.
+// their connections before any push (an APNs push without a device token, to
+// either environment's host; an FCM dry run to a topic; a HEAD of a push
+// service's root) and then one real push per channel: /_stats counts the
+// warm-ups on their own, so a fresh Herald's fakepush shows no pushes, and no
+// rejections, until something is sent.
 func TestStatsCountWarmupsApart(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	apns := b.apnsClient(t)
+	sandbox := b.apnsClient(t)
+	sandbox.Host = b.env[EnvAPNsSandboxHost]
 	fcm := b.fcmClient(t, "")
 
-	res, err := apns.Push(&apns2.Notification{Topic: b.env[EnvAPNsTopic], PushType: apns2.PushTypeAlert, Payload: []byte(`{}`)})
+	for _, c := range []*apns2.Client{apns, sandbox} {
+		res, err := c.Push(&apns2.Notification{Topic: b.env[EnvAPNsTopic], PushType: apns2.PushTypeAlert, Payload: []byte(`{}`)})
+		require.NoError(t, err)
+		require.Equal(t, http.StatusBadRequest, res.StatusCode, "Apple's answer to a push without a token")
+		require.Equal(t, apns2.ReasonMissingDeviceToken, res.Reason)
+	}
+	_, err := fcm.SendDryRun(context.Background(), &messaging.Message{Topic: "herald-warm", Data: map[string]string{"herald": "warm"}})
 	require.NoError(t, err)
-	require.Equal(t, http.StatusBadRequest, res.StatusCode, "Apple's answer to a push without a token")
-	require.Equal(t, apns2.ReasonMissingDeviceToken, res.Reason)
-	_, err = fcm.SendDryRun(context.Background(), &messaging.Message{Topic: "herald-warm", Data: map[string]string{"herald": "warm"}})
+	req, err := http.NewRequest(http.MethodHead, b.url+"/", nil)
 	require.NoError(t, err)
+	resp, err := b.client.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
 
 	st := b.stats(t)
-	require.Equal(t, ChannelStats{Warmups: 1}, st.APNs)
+	require.Equal(t, ChannelStats{Warmups: 2}, st.APNs)
 	require.Equal(t, ChannelStats{Warmups: 1}, st.FCM)
+	require.Equal(t, ChannelStats{Warmups: 1}, st.WebPush)
 	require.Zero(t, st.Process.Requests, "warm-ups are not push requests")
 
-	res, err = apns.Push(&apns2.Notification{DeviceToken: apnsToken, Topic: b.env[EnvAPNsTopic], Payload: []byte(`{"aps":{}}`)})
+	res, err := apns.Push(&apns2.Notification{DeviceToken: apnsToken, Topic: b.env[EnvAPNsTopic], Payload: []byte(`{"aps":{}}`)})
 	require.NoError(t, err)
 	require.Equal(t, http.StatusOK, res.StatusCode)
 	_, err = fcm.Send(context.Background(), &messaging.Message{Token: fcmToken})
 	require.NoError(t, err)
 	st = b.stats(t)
-	require.Equal(t, ChannelStats{Received: 1, Accepted: 1, Warmups: 1}, st.APNs)
+	require.Equal(t, ChannelStats{Received: 1, Accepted: 1, Warmups: 2}, st.APNs)
 	require.Equal(t, ChannelStats{Received: 1, Accepted: 1, Warmups: 1}, st.FCM)
 
 	b.srv.Reset()

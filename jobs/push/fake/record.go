@@ -86,6 +86,8 @@ type Stats struct {
 	Process ProcessStats `json:"process"`
 	// Devices counts the receipts the devices fakepush plays sent back.
 	Devices DeviceStats `json:"devices"`
+	// Connections counts the connections clients opened (conns.go).
+	Connections ConnStats `json:"connections"`
 	// Apps counts, per app, the push requests fakepush took for it (see
 	// AppStats). An app that had none since start or the last reset is left
 	// out.

@@ -63,6 +63,7 @@ type Server struct {
 	cpuBase   atomic.Int64 // process CPU nanoseconds at start or last reset
 	handling  atomic.Int64 // push requests being handled now
 
+	conns       conns
 	throttles   throttles
 	sandbox     sandboxTokens
 	apnsTokens  tokenCache
@@ -159,6 +160,7 @@ func (s *Server) Start(ctx context.Context) error {
 	s.baseURL = "https://" + net.JoinHostPort(host, port)
 	s.sandboxURL = "https://" + net.JoinHostPort(host, sandboxPort)
 	s.rec = newRecorder(s.baseURL+"/webpush/", s.cfg.Details)
+	s.conns.sandboxAddr = sandboxLn.Addr().String()
 
 	cert, err := s.ca.serverCertificate(host, s.cfg.Now())
 	if err != nil {
@@ -190,8 +192,11 @@ func (s *Server) Start(ctx context.Context) error {
 		// allows to change only every 20 minutes; a connection to the
 		// sandbox listener is marked, so that the APNs handler knows which
 		// host a push came to.
+		// Each connection is counted and may be closed on demand (conns.go).
+		ConnState: s.conns.track,
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
 			ctx = context.WithValue(ctx, apnsConnKey{}, &apnsConn{})
+			ctx = context.WithValue(ctx, connKey{}, c)
 			if c.LocalAddr().String() == sandboxLn.Addr().String() {
 				return context.WithValue(ctx, sandboxConn{}, true)
 			}
@@ -234,6 +239,7 @@ func (s *Server) routes() http.Handler {
 	// Web Push (RFC 8030 push service, RFC 8291 encryption, RFC 8292 VAPID).
 	mux.HandleFunc("POST /_webpush/subscriptions", s.handleMintSubscription)
 	mux.HandleFunc("POST /webpush/{id}", s.inFlight(s.handleWebPush))
+	mux.HandleFunc("HEAD /{$}", s.handleWebPushWarmup)
 
 	// Control and inspection.
 	mux.HandleFunc("GET /_stats", s.handleStats)
@@ -245,6 +251,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("POST /_apns/sandbox-tokens", s.handleSandboxTokens)
 	mux.HandleFunc("GET /_devices", s.handleGetDevices)
 	mux.HandleFunc("POST /_devices", s.handleDevices)
+	mux.HandleFunc("POST /_connections/close", s.handleCloseConnections)
 
 	// The apps, their keys and their devices' tokens (apps.go).
 	mux.HandleFunc("GET /_apps", s.handleApps)
