@@ -27,7 +27,7 @@ func benchProviders(ctx context.Context, getenv func(string) string, lane string
 	if err != nil {
 		return nil, nil, err
 	}
-	p, err := buildProviders(ctx, cfg, roots, slog.New(slog.DiscardHandler), lane)
+	p, err := buildProviders(ctx, cfg, roots, slog.New(slog.DiscardHandler), lane, nil)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/heraldpush/herald/jobs"
 	"github.com/heraldpush/herald/jobs/apps"
 	"github.com/heraldpush/herald/jobs/push"
+	"github.com/heraldpush/herald/jobs/quota"
 	"github.com/heraldpush/herald/jobs/webhook"
 )
 
@@ -100,6 +101,10 @@ type config struct {
 	// WebPushHostRate is the Web Push client's sends a second to one push
 	// service (HERALD_RATE_WEBPUSH_HOST): 0 for its default, -1 for none.
 	WebPushHostRate int
+	// RateWindow is the span over which the provider quotas are counted
+	// (HERALD_RATE_WINDOW): no window of it carries more than the rate's
+	// worth, summed over every process.
+	RateWindow time.Duration
 	// BreakerCooldown is how long a provider's (or a Web Push service's)
 	// circuit breaker stays open before one probe may go out
 	// (HERALD_BREAKER_COOLDOWN); it doubles after each failed probe, up to
@@ -251,6 +256,9 @@ func loadConfig(getenv func(string) string) (config, error) {
 		return c, err
 	}
 	if c.WebPushHostRate, err = intVar(getenv, "HERALD_RATE_WEBPUSH_HOST", -1, 10_000_000); err != nil {
+		return c, err
+	}
+	if c.RateWindow, err = durationVar(getenv, "HERALD_RATE_WINDOW", quota.DefaultWindow, time.Second); err != nil {
 		return c, err
 	}
 	if c.ScheduleLead, err = durationVar(getenv, "HERALD_SCHEDULE_LEAD", 0, time.Second); err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/heraldpush/herald/jobs/push/apns"
 	"github.com/heraldpush/herald/jobs/push/fcm"
 	"github.com/heraldpush/herald/jobs/push/webpush"
+	"github.com/heraldpush/herald/jobs/quota"
 )
 
 // envVar is one variable of the environment a command reads, as --help
@@ -110,8 +111,9 @@ var serveEnv = []envVar{
 	{"HERALD_MAX_IN_FLIGHT_APNS", "APNs requests in flight per client", apns.DefaultMaxInFlight, ""},
 	{"HERALD_MAX_IN_FLIGHT_FCM", "FCM requests in flight per client", fcm.DefaultMaxInFlight, ""},
 	{"HERALD_MAX_IN_FLIGHT_WEBPUSH", "Web Push requests in flight per client and push service", webpush.DefaultMaxInFlight, ""},
-	{"HERALD_RATE_FCM", "FCM sends a second per client, in bursts of a minute's worth; -1 for no bound", fcm.DefaultRate, ""},
-	{"HERALD_RATE_WEBPUSH_HOST", "Web Push sends a second per client and push service, in bursts of a minute's worth; -1 for no bound", webpush.DefaultHostRate, ""},
+	{"HERALD_RATE_FCM", "FCM sends a second for each Firebase project, shared by every process and lane; -1 for no bound", fcm.DefaultRate, ""},
+	{"HERALD_RATE_WEBPUSH_HOST", "Web Push sends a second for each VAPID key at one push service, shared by every process and lane; -1 for no bound", webpush.DefaultHostRate, ""},
+	{"HERALD_RATE_WINDOW", "the span the two rates are counted over: no such span carries more than the rate's worth", quota.DefaultWindow, ""},
 	{"HERALD_RECEIPTS", "on signs a receipt token into every push (herald_receipt); off sends none", "on", ""},
 	{"HERALD_RECEIPT_WINDOW", "how long after its message's expiry a push's receipt token is good (1m to a year)", jobs.DefaultReceiptWindow, ""},
 	{"HERALD_DB_MAX_CONNS", "the process's PostgreSQL connection pool", jobs.DefaultPoolSize, ""},

@@ -30,7 +30,7 @@ func TestPacingMetricsPerPushService(t *testing.T) {
 	vars["HERALD_RATE_WEBPUSH_HOST"] = "50"
 	cfg, err := loadConfig(env(vars))
 	require.NoError(t, err)
-	l, err := buildLanes(context.Background(), cfg, slog.New(slog.DiscardHandler))
+	l, _, err := buildLanes(context.Background(), cfg, slog.New(slog.DiscardHandler), nil)
 	require.NoError(t, err)
 	t.Cleanup(l.close)
 	reg := prometheus.NewRegistry()

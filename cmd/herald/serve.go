@@ -245,7 +245,10 @@ func startChunkWorker(ctx context.Context, p *process) (_ *worker, err error) {
 	metrics := jobs.NewMetrics(p.registry)
 	logDisabledChannels(ctx, cfg, logger)
 	w := &worker{}
-	if w.lanes, err = buildLanes(ctx, cfg, logger); err != nil {
+	// The providers' quotas are shared by every process: their turns are
+	// claimed from the database.
+	var shared *quotas
+	if w.lanes, shared, err = buildLanes(ctx, cfg, logger, p.pool); err != nil {
 		return nil, err
 	}
 	defer func() {
@@ -261,7 +264,7 @@ func startChunkWorker(ctx context.Context, p *process) (_ *worker, err error) {
 	}
 	p.apps = apps.NewRegistry(apps.RegistryConfig{
 		Pool: p.pool, Sealer: cfg.Sealer, Logger: logger, Lanes: cfg.Lanes,
-		Build: credentialClients(cfg, roots), Env: w.lanes.env, EnvWebPush: cfg.envWebPush(),
+		Build: credentialClients(cfg, roots, shared), Env: w.lanes.env, EnvWebPush: cfg.envWebPush(),
 	})
 	if err := p.apps.Refresh(ctx); err != nil {
 		return nil, fmt.Errorf("read apps: %w", err)

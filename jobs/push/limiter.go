@@ -28,8 +28,10 @@ type Limiter struct {
 	// slots holds one token per request in flight, and one per slot the
 	// adaptive bound withholds.
 	slots chan struct{}
-	// pace, when set, bounds the requests' sustained rate (SetRate).
-	pace *rate.Limiter
+	// pace, when set, bounds the requests' sustained rate (SetRate, or
+	// SetPacer); paceRate is that rate, a second.
+	pace     Pacer
+	paceRate float64
 	// shared, when set, is a bound this Limiter's requests share with
 	// other Limiters' (Share): taken after a slot of its own.
 	shared *Bound
@@ -84,24 +86,37 @@ func NewBound(n int) *Bound {
 // their own. Call it before any Send.
 func (l *Limiter) Share(b *Bound) { l.shared = b }
 
+// Pacer bounds a rate of requests: Wait returns when one more may be made,
+// or with ctx's error. A rate of this process alone is a rate.Limiter; one
+// every process shares is a quota's (package quota).
+type Pacer interface {
+	Wait(ctx context.Context) error
+}
+
 // SetRate bounds the requests' sustained rate to perSecond, with bursts of
 // up to burst requests; zero leaves it unbounded. Call it before any Send.
 func (l *Limiter) SetRate(perSecond float64, burst int) {
 	if perSecond <= 0 {
-		l.pace = nil
+		l.pace, l.paceRate = nil, 0
 		return
 	}
-	l.pace = rate.NewLimiter(rate.Limit(perSecond), max(burst, 1))
+	l.pace, l.paceRate = rate.NewLimiter(rate.Limit(perSecond), max(burst, 1)), perSecond
+}
+
+// SetPacer bounds the requests' rate with p, which keeps to perSecond (a
+// quota other Limiters share); a nil p leaves it unbounded. Call it before
+// any Send.
+func (l *Limiter) SetPacer(p Pacer, perSecond float64) {
+	if p == nil {
+		l.pace, l.paceRate = nil, 0
+		return
+	}
+	l.pace, l.paceRate = p, perSecond
 }
 
 // Rate is the bound on the requests' sustained rate, a second; zero for
 // none.
-func (l *Limiter) Rate() float64 {
-	if l.pace == nil {
-		return 0
-	}
-	return float64(l.pace.Limit())
-}
+func (l *Limiter) Rate() float64 { return l.paceRate }
 
 // InFlightLimit is the adaptive bound on requests in flight now.
 func (l *Limiter) InFlightLimit() int {
@@ -282,20 +297,25 @@ func (l *Limiter) Send(ctx context.Context, targets []Target, results []Result, 
 				return true
 			}
 		}
-		// The rate first, so that a request waiting for its turn holds no
-		// slot. One that would have to wait past the attempt's deadline is
-		// not sent, and its chunk tries again later.
-		if l.pace != nil {
-			if err := l.pace.Wait(ctx); err != nil {
-				notSent(i, err)
-				return false
-			}
-		}
 		select {
 		case l.slots <- struct{}{}:
 		case <-ctx.Done():
 			notSent(i, ctx.Err())
 			return false
+		}
+		// The rate's turn once the request has its own slot, so that the
+		// turn is spent as the request goes out rather than held while it
+		// waits for one (a quota shared by every process counts the turns,
+		// and the provider the requests), and before a slot it shares with
+		// other Limiters, which a request waiting for its turn must not hold.
+		// One that would have to wait past the attempt's deadline is not
+		// sent, and its chunk tries again later.
+		if l.pace != nil {
+			if err := l.pace.Wait(ctx); err != nil {
+				l.release()
+				notSent(i, err)
+				return false
+			}
 		}
 		if l.shared != nil {
 			select {

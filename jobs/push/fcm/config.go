@@ -7,6 +7,8 @@ import (
 	"net/url"
 	"strings"
 	"time"
+
+	"github.com/heraldpush/herald/jobs/push"
 )
 
 // Defaults filled in by Config.withDefaults, the one place they live.
@@ -49,11 +51,15 @@ type Config struct {
 	MaxInFlight int
 	// RequestTimeout bounds one request. Default DefaultRequestTimeout.
 	RequestTimeout time.Duration
-	// Rate is the sends a second the Provider keeps to, with bursts of a
-	// minute's worth (HERALD_RATE_FCM). Default DefaultRate; negative for
-	// none. The quota is the project's: with several processes (or both
-	// lanes), each should keep to its share.
+	// Rate is the sends a second the Provider keeps to (HERALD_RATE_FCM).
+	// Default DefaultRate; negative for none. It is the project's quota:
+	// with Quota set, every process and lane sending for the project takes
+	// its turns from the one quota; without, this client alone keeps to it,
+	// in bursts of a minute's worth.
 	Rate float64
+	// Quota, when set, is the pacer of the project's quota at Rate, shared
+	// with every other client sending for the project (package quota).
+	Quota func(projectID string, perSecond float64) push.Pacer
 }
 
 // withDefaults returns a copy of c with every empty field filled in.

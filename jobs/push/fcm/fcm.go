@@ -117,7 +117,11 @@ func New(ctx context.Context, cfg Config) (*Provider, error) {
 		return nil, fmt.Errorf("fcm: %w", err)
 	}
 	limiter := push.NewLimiter(cfg.MaxInFlight)
-	limiter.SetRate(cfg.Rate, int(60*cfg.Rate))
+	if cfg.Quota != nil && cfg.Rate > 0 {
+		limiter.SetPacer(cfg.Quota(creds.ProjectID, cfg.Rate), cfg.Rate)
+	} else {
+		limiter.SetRate(cfg.Rate, int(60*cfg.Rate))
+	}
 	return &Provider{cfg: cfg, client: client, sends: sends, tokens: tokens, limiter: limiter}, nil
 }
 

@@ -52,10 +52,16 @@ type Config struct {
 	// service pushes back (push.Limiter). Across every service at most
 	// four times as many are in flight. Default DefaultMaxInFlight.
 	MaxInFlight int
-	// HostRate is the sends a second to one push service, in bursts of a
-	// minute's worth (HERALD_RATE_WEBPUSH_HOST). Default DefaultHostRate;
-	// negative for no bound.
+	// HostRate is the sends a second to one push service
+	// (HERALD_RATE_WEBPUSH_HOST): with Quota set, the sender's at that
+	// service, shared by every process and lane signing with the same
+	// VAPID key; without, this client's alone, in bursts of a minute's
+	// worth. Default DefaultHostRate; negative for no bound.
 	HostRate float64
+	// Quota, when set, is the pacer of the sender's quota at one push
+	// service (its host) at HostRate, shared with every other client
+	// signing with the same key (package quota).
+	Quota func(host string, perSecond float64) push.Pacer
 	// RequestTimeout bounds one request. Default DefaultRequestTimeout.
 	RequestTimeout time.Duration
 	// Egress says which endpoints may be posted to (HERALD_WEBPUSH_HOSTS).

@@ -52,6 +52,9 @@ type HostPacing struct {
 type hosts struct {
 	maxInFlight int
 	rate        float64
+	// quota, when set, gives a host's limiter the sender's shared quota
+	// at that service (Config.Quota).
+	quota func(host string, perSecond float64) push.Pacer
 	// total bounds the requests in flight across every host.
 	total *push.Bound
 	now   func() time.Time
@@ -74,9 +77,9 @@ type host struct {
 	last  time.Time
 }
 
-func newHosts(maxInFlight int, rate float64) *hosts {
+func newHosts(maxInFlight int, rate float64, quota func(host string, perSecond float64) push.Pacer) *hosts {
 	h := &hosts{
-		maxInFlight: maxInFlight, rate: rate, total: push.NewBound(servicesAtFull * maxInFlight),
+		maxInFlight: maxInFlight, rate: rate, quota: quota, total: push.NewBound(servicesAtFull * maxInFlight),
 		now: time.Now, byName: map[string]*host{},
 	}
 	h.others = h.newHost(othersHost)
@@ -85,9 +88,14 @@ func newHosts(maxInFlight int, rate float64) *hosts {
 
 func (h *hosts) newHost(name string) *host {
 	l := push.NewLimiter(h.maxInFlight)
-	// Bursts of a minute's worth, as FCM's: a push service counts its
-	// limits over minutes, not milliseconds.
-	l.SetRate(h.rate, int(60*h.rate))
+	if h.quota != nil && h.rate > 0 && name != othersHost {
+		// The sender's quota at the service, which every process shares.
+		l.SetPacer(h.quota(name, h.rate), h.rate)
+	} else {
+		// Bursts of a minute's worth, as FCM's: a push service counts its
+		// limits over minutes, not milliseconds.
+		l.SetRate(h.rate, int(60*h.rate))
+	}
 	l.Share(h.total)
 	return &host{name: name, limiter: l}
 }

@@ -250,7 +250,7 @@ func hostsOf(ps []HostPacing) []string {
 // past them the hosts share one Limiter, shown as othersHost.
 func TestHostsAreBounded(t *testing.T) {
 	t.Parallel()
-	h := newHosts(4, -1)
+	h := newHosts(4, -1, nil)
 	defer h.close()
 	now := time.Now()
 	h.now = func() time.Time { return now }

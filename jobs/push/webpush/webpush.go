@@ -91,7 +91,7 @@ func New(cfg Config) (*Provider, error) {
 		client: &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error {
 			return http.ErrUseLastResponse
 		}},
-		hosts: newHosts(cfg.MaxInFlight, cfg.HostRate),
+		hosts: newHosts(cfg.MaxInFlight, cfg.HostRate, cfg.Quota),
 	}, nil
 }
 
