@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -114,24 +115,60 @@ func (p *Provider) pool(host string, n int, tok *token.Token) []*apns2.Client {
 	return clients
 }
 
-// Warm opens every connection of the pool, concurrently, so that the first
-// push of a message pays no TLS handshake. It sends one request per
-// connection without a device token, which Apple answers with an error at no
-// cost to anyone; any answer proves the connection.
+// Warm opens every connection of the production pool, concurrently, so
+// that the first push of a message pays no TLS handshake. It sends one
+// request per connection without a device token, which Apple answers with
+// an error at no cost to anyone; any answer proves the connection.
 //
-// The sandbox connection is not warmed: sandbox devices are debug builds,
-// whose first push may pay the handshake, and a deployment without any
-// should not depend on reaching Apple's sandbox to start.
+// The sandbox connection is not warmed at start: sandbox devices are debug
+// builds, and a deployment without any should not depend on reaching
+// Apple's sandbox to start. WarmFor opens it ahead of an instant that has
+// such devices.
 func (p *Provider) Warm(ctx context.Context) error {
-	errs := make([]error, len(p.clients))
+	return p.warm(ctx, true, false)
+}
+
+// WarmFor opens, ahead of an instant, the connections a send to targets
+// will use, as Warm does: the production pool's if some target is a
+// production device, the sandbox's if some is a debug build's. A
+// connection still open carries the request in a round trip; one that was
+// closed (Apple closes connections it has kept idle, and the sandbox's is
+// opened by its first use) is dialled now, rather than by the instant's
+// first push. The pool keeps what it opened: nothing closes an idle
+// connection on Herald's side.
+func (p *Provider) WarmFor(ctx context.Context, targets []push.Target) error {
+	production := slices.ContainsFunc(targets, func(t push.Target) bool { return !t.Sandbox })
+	sandbox := slices.ContainsFunc(targets, func(t push.Target) bool { return t.Sandbox })
+	return p.warm(ctx, production, sandbox)
+}
+
+// warm sends one request without a device token on every connection of the
+// pools asked for, concurrently.
+func (p *Provider) warm(ctx context.Context, production, sandbox bool) error {
+	type conn struct {
+		name   string
+		client *apns2.Client
+	}
+	var conns []conn
+	if production {
+		for i, c := range p.clients {
+			conns = append(conns, conn{fmt.Sprintf("connection %d", i), c})
+		}
+	}
+	if sandbox {
+		for i, c := range p.sandboxClients {
+			conns = append(conns, conn{fmt.Sprintf("sandbox connection %d", i), c})
+		}
+	}
+	errs := make([]error, len(conns))
 	var wg sync.WaitGroup
-	for i, c := range p.clients {
+	for i, c := range conns {
 		wg.Go(func() {
 			rctx, cancel := context.WithTimeout(ctx, max(p.cfg.RequestTimeout, push.WarmTimeout))
 			defer cancel()
 			n := &apns2.Notification{Topic: p.cfg.Topic, PushType: apns2.PushTypeAlert, Payload: []byte(`{}`)}
-			if _, err := c.PushWithContext(rctx, n); err != nil {
-				errs[i] = fmt.Errorf("apns: warm connection %d: %w", i, err)
+			if _, err := c.client.PushWithContext(rctx, n); err != nil {
+				errs[i] = fmt.Errorf("apns: warm %s: %w", c.name, err)
 			}
 		})
 	}

@@ -18,6 +18,7 @@ import (
 type Provider interface {
 	Send(ctx context.Context, m *push.Message, targets []push.Target, results []push.Result, allow func() bool, answered func(i int))
 	Warm(ctx context.Context) error
+	WarmFor(ctx context.Context, targets []push.Target) error
 	Close()
 }
 

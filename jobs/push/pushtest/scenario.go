@@ -18,8 +18,8 @@ import (
 // Run runs, in parallel, the scenarios every provider must pass alike, each
 // against a fresh fakepush: Accepted, ProviderTrouble (with troubles: what
 // the provider makes of fakepush's failure modes), Timeout,
-// WarmOutlastsARequest, Parked, ManyTargets, Receipts, AtTheSizeLimit and
-// DevicesAnswer.
+// WarmOutlastsARequest, WarmForOpensWhatTheSendUses, Parked, ManyTargets,
+// Receipts, AtTheSizeLimit and DevicesAnswer.
 func (h *Harness[C, P]) Run(t *testing.T, troubles ...Trouble) {
 	for _, sc := range []struct {
 		name string
@@ -32,6 +32,7 @@ func (h *Harness[C, P]) Run(t *testing.T, troubles ...Trouble) {
 		{"ProviderTrouble", func(t *testing.T) { h.SendInTrouble(t, troubles...) }},
 		{"Timeout", h.SendTimeout},
 		{"WarmOutlastsARequest", h.WarmOutlastsARequest},
+		{"WarmForOpensWhatTheSendUses", h.WarmForOpensWhatTheSendUses},
 		{"Parked", h.SendParked},
 		{"ManyTargets", h.SendManyTargets},
 		{"Receipts", h.SendReceipts},
@@ -111,6 +112,28 @@ func (h *Harness[C, P]) SendTimeout(t *testing.T) {
 func (h *Harness[C, P]) WarmOutlastsARequest(t *testing.T) {
 	b := h.setup(t, Limits{RequestTimeout: time.Microsecond})
 	require.NoError(t, b.P.Warm(context.Background()))
+}
+
+// WarmForOpensWhatTheSendUses checks that a warm-up for some targets, as an
+// instant's warm-up makes it, opens the connections their send then goes
+// out on: the send opens none of its own (fakepush counts the connections
+// it accepts), and the warm-up is no push. For no targets it opens nothing.
+func (h *Harness[C, P]) WarmForOpensWhatTheSendUses(t *testing.T) {
+	b := h.Setup(t)
+	ts := b.Targets(t, 3)
+	before := b.Fakepush.Stats(t).Connections.Opened
+	require.NoError(t, b.P.WarmFor(context.Background(), nil))
+	require.Equal(t, before, b.Fakepush.Stats(t).Connections.Opened, "a warm-up for no targets opens nothing")
+
+	require.NoError(t, b.P.WarmFor(context.Background(), ts))
+	warmed := b.Fakepush.Stats(t).Connections.Opened
+	require.Greater(t, warmed, before, "the warm-up opens the send's connections")
+	st := b.Stats(t)
+	require.Positive(t, st.Warmups)
+	require.Zero(t, st.Received, "a warm-up is no push")
+
+	b.SendAccepted(t, Message(t, "msg_warmed", false), ts)
+	require.Equal(t, warmed, b.Fakepush.Stats(t).Connections.Opened, "connections the send opened after the warm-up")
 }
 
 // SendParked checks what every provider does when the circuit breaker
