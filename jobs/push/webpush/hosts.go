@@ -71,6 +71,9 @@ type hosts struct {
 type host struct {
 	name    string
 	limiter *push.Limiter
+	// throttle tells the service's throttling of the sender as a whole
+	// from that of one subscription.
+	throttle senderThrottle
 	// sends counts the Sends using it, which keep it from being dropped;
 	// last is when the last one began. Both under hosts.mu.
 	sends int
@@ -174,4 +177,18 @@ func (h *hosts) close() {
 		s.limiter.Close()
 	}
 	h.others.limiter.Close()
+}
+
+// classify reads r, an answer of the host's service, as the host's recent
+// answers say: a 429 while the service throttles the sender as a whole is
+// about every request to it, not the one subscription (senderThrottle).
+func (h *host) classify(r push.Result) push.Result {
+	if r.Unanswered {
+		return r // the service said nothing
+	}
+	if h.throttle.observe(time.Now(), r.TargetThrottled) {
+		r.TargetThrottled = false
+		r.Detail += " (for most subscriptions at once: the service is throttling the sender)"
+	}
+	return r
 }

@@ -287,3 +287,42 @@ func TestHostsAreBounded(t *testing.T) {
 	require.Equal(t, 4, ps[0].InFlightLimit)
 	require.Zero(t, ps[0].Rate, "a negative rate is no bound")
 }
+
+// TestSenderWideThrottleSlowsTheSender: a push service that answers 429 to
+// every subscription at once throttles the sender, not each subscription:
+// after the first few, its 429s are read as about all of Herald's requests
+// to it, and its bound on requests in flight halves, as a 503 with a
+// Retry-After does. A service throttling a few subscriptions among many
+// accepted keeps each 429 its subscription's, and its bound.
+func TestSenderWideThrottleSlowsTheSender(t *testing.T) {
+	t.Parallel()
+	const maxInFlight = 8
+	wall, some, p := twoServices(t, pushtest.Limits{MaxInFlight: maxInFlight})
+	wall.Control(t, `{"channel":"webpush","mode":"rate_limited","retry_after_s":30}`)
+	targets := wall.Subscribe(t, 24, false)
+	results := make([]push.Result, len(targets))
+	p.Send(context.Background(), pushtest.Message(t, "msg_429_all", false), targets, results, pushtest.AllowAll, nil)
+	senderWide := 0
+	for i, r := range results {
+		require.Equal(t, push.ReasonRateLimited, r.Reason, "target %d: %+v", i, r)
+		if !r.TargetThrottled {
+			senderWide++
+		}
+	}
+	require.GreaterOrEqual(t, senderWide, len(targets)-senderWideAfter-maxInFlight, "the wall of 429s was read one subscription at a time")
+	require.Less(t, pacingOf(t, p, hostOf(wall)).InFlightLimit, maxInFlight, "the throttled sender's bound halved")
+
+	some.Control(t, `{"channel":"webpush","throttle":{"share":0.1,"retry_after_s":30}}`)
+	targets = some.Subscribe(t, 100, false)
+	results = make([]push.Result, len(targets))
+	p.Send(context.Background(), pushtest.Message(t, "msg_429_some", false), targets, results, pushtest.AllowAll, nil)
+	held := 0
+	for i, r := range results {
+		if r.Reason == push.ReasonRateLimited {
+			held++
+			require.True(t, r.TargetThrottled, "target %d, among many accepted, is its own: %+v", i, r)
+		}
+	}
+	require.Positive(t, held, "fakepush throttled none")
+	require.Equal(t, maxInFlight, pacingOf(t, p, hostOf(some)).InFlightLimit, "a few throttled subscriptions leave the bound")
+}

@@ -168,7 +168,7 @@ func (p *Provider) Send(ctx context.Context, m *push.Message, targets []push.Tar
 	}
 	h := p.hosts.acquire(first)
 	defer p.hosts.release(h)
-	h.limiter.Send(ctx, targets, results, allow, answered, p.rejectEndpoint, send)
+	h.limiter.Send(ctx, targets, results, allow, answered, p.rejectEndpoint, func(t push.Target) push.Result { return h.classify(send(t)) })
 }
 
 // sendByHost is Send to targets on several push services: each service's
@@ -230,7 +230,7 @@ func (p *Provider) sendByHost(ctx context.Context, targets []push.Target, result
 				if answered != nil {
 					answered(idx[j])
 				}
-			}, p.rejectEndpoint, send)
+			}, p.rejectEndpoint, func(t push.Target) push.Result { return h.classify(send(t)) })
 			for j, i := range idx {
 				if !done[j] {
 					results[i] = out[j]
