@@ -104,6 +104,50 @@ func RiverQueueDepth(ctx context.Context, q DBTX) ([]QueueDepth, error) {
 	return out, nil
 }
 
+// FailingChunks counts, by queue, the live jobs of kinds (available,
+// scheduled, running or retryable: not finished) whose last `attempts`
+// attempts each ended in an error: a job River cannot decode, one whose
+// work panics or errors every time, one whose worker dies under it (River's
+// rescue and Herald's takeover record an error for the attempt). An attempt
+// that completed breaks the run (a job retried by hand after it completed
+// keeps its attempt count). A snooze is no attempt: River gives the attempt
+// back when a job snoozes (its attempt number goes down by one), so a chunk
+// parked behind a breaker or waiting for a throttle, however often, never
+// counts, nor one that failed fewer times before it parked; parks between
+// errors neither count nor break their run. A running job's attempt under
+// way has not ended: its last attempts are those before it. River writes
+// each attempt's error with that attempt's number
+// (rivertype.AttemptError.Attempt); TestFailingChunksAreRiversFailedAttempts
+// pins both against the River this binary embeds. Only live jobs are read,
+// through River's index on their state, never the finished history.
+func FailingChunks(ctx context.Context, q DBTX, kinds []string, attempts int) (map[string]int64, error) {
+	rows, err := q.Query(ctx, `
+		SELECT j.queue, count(*)
+		FROM river_job j
+		CROSS JOIN LATERAL (SELECT j.attempt - (j.state = 'running')::int AS ended) a
+		WHERE j.state IN ('available', 'scheduled', 'running', 'retryable')
+		  AND j.kind = ANY ($1::text[])
+		  AND a.ended >= $2
+		  AND (SELECT count(DISTINCT (e->>'attempt')::int) FROM unnest(j.errors) e
+		       WHERE (e->>'attempt')::int > a.ended - $2 AND (e->>'attempt')::int <= a.ended) = $2
+		GROUP BY j.queue`, kinds, attempts)
+	if err != nil {
+		return nil, fmt.Errorf("count failing chunks: %w", err)
+	}
+	out := map[string]int64{}
+	var (
+		queue string
+		n     int64
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&queue, &n}, func() error {
+		out[queue] = n
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("count failing chunks: %w", err)
+	}
+	return out, nil
+}
+
 // NotifyRiverInsert sends River's insert notification for queue, as
 // River's own insert of an available job sends it: the River clients of
 // schema that serve queue fetch at once instead of at their next poll.

@@ -2,12 +2,14 @@ package db_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/riverqueue/river/rivertest"
 	"github.com/riverqueue/river/rivertype"
 	"github.com/stretchr/testify/require"
 
@@ -259,3 +261,110 @@ func TestEndSilentLivenessEndsOnlyTheSilent(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, ended)
 }
+
+// scriptedWorker ends an attempt of a pinArgs job as next says: "fail"
+// (an error), "snooze" (river.JobSnooze, as a parked chunk does) or "ok".
+// Before it ends one, it reads FailingChunks as the job runs.
+type scriptedWorker struct {
+	river.WorkerDefaults[pinArgs]
+	next    string
+	tx      pgx.Tx
+	running []int64
+}
+
+func (w *scriptedWorker) Work(ctx context.Context, _ *river.Job[pinArgs]) error {
+	failing, err := db.FailingChunks(ctx, w.tx, []string{pinArgs{}.Kind()}, 3)
+	if err != nil {
+		return err
+	}
+	w.running = append(w.running, failing["bulk"])
+	switch w.next {
+	case "fail":
+		return errors.New("poison")
+	case "snooze":
+		return river.JobSnooze(time.Minute)
+	}
+	return nil
+}
+
+// TestFailingChunksAreRiversFailedAttempts: FailingChunks counts a job
+// whose last three attempts River ended in an error, read as River writes
+// them through its own executor (rivertest): each error with its attempt's
+// number, and a snooze giving its attempt back. A job failing every
+// attempt counts from its third failure on, while it waits and while its
+// next attempt runs, and no longer once an attempt completes; one parked
+// (snoozed) however often, or parked after a failure, never counts; a
+// snooze between failures is no attempt and does not break their run, but
+// an attempt that completed does (a job retried by hand in River UI after
+// it completed keeps its attempt count); a job of another kind, failing
+// every attempt, is not a chunk.
+func TestFailingChunksAreRiversFailedAttempts(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		script []string
+		// counted is FailingChunks after each step (an attempt, or a
+		// retry by hand); running, while each attempt ran.
+		counted, running []int64
+	}{
+		{"failing every attempt", []string{"fail", "fail", "fail", "fail"}, []int64{0, 0, 1, 1}, []int64{0, 0, 0, 1}},
+		{"failing three times, then through", []string{"fail", "fail", "fail", "ok"}, []int64{0, 0, 1, 0}, []int64{0, 0, 0, 1}},
+		{"failed once, then through", []string{"fail", "ok"}, []int64{0, 0}, []int64{0, 0}},
+		{"parked every attempt", []string{"snooze", "snooze", "snooze", "snooze", "snooze"}, []int64{0, 0, 0, 0, 0}, []int64{0, 0, 0, 0, 0}},
+		{"failed once, then parked", []string{"fail", "snooze", "snooze", "snooze", "snooze"}, []int64{0, 0, 0, 0, 0}, []int64{0, 0, 0, 0, 0}},
+		{"failed twice, then parked", []string{"fail", "fail", "snooze", "snooze", "snooze"}, []int64{0, 0, 0, 0, 0}, []int64{0, 0, 0, 0, 0}},
+		{"failing, parked between", []string{"fail", "snooze", "fail", "snooze", "fail"}, []int64{0, 0, 0, 0, 1}, []int64{0, 0, 0, 0, 0}},
+		{"failing, completed between", []string{"fail", "fail", "ok", "retry", "fail", "fail", "fail"}, []int64{0, 0, 0, 0, 0, 0, 1}, []int64{0, 0, 0, 0, 0, 0}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			tdb := dbtest.New(t)
+			tx, err := tdb.Pool.Begin(ctx)
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+			client := insertOnly(t, tdb)
+			res, err := client.InsertTx(ctx, tx, pinArgs{}, &river.InsertOpts{Queue: "bulk"})
+			require.NoError(t, err)
+			other, err := client.InsertTx(ctx, tx, otherArgs{}, &river.InsertOpts{Queue: "bulk"})
+			require.NoError(t, err)
+			w := &scriptedWorker{tx: tx}
+			tw := rivertest.NewWorker(t, riverpgxv5.New(nil), &river.Config{Schema: db.PoolSchema(tdb.Pool)}, river.Worker[pinArgs](w))
+			failOther := rivertest.NewWorker(t, riverpgxv5.New(nil), &river.Config{Schema: db.PoolSchema(tdb.Pool)}, river.Worker[otherArgs](failingWorker{}))
+			var counted []int64
+			for _, step := range tc.script {
+				if step == "retry" {
+					// An operator retries the job in River UI.
+					_, err := client.JobRetryTx(ctx, tx, res.Job.ID)
+					require.NoError(t, err)
+				} else {
+					job, err := client.JobGetTx(ctx, tx, res.Job.ID)
+					require.NoError(t, err)
+					w.next = step
+					_, _ = tw.WorkJob(ctx, t, tx, job)
+				}
+				job, err := client.JobGetTx(ctx, tx, other.Job.ID)
+				require.NoError(t, err)
+				_, _ = failOther.WorkJob(ctx, t, tx, job)
+				failing, err := db.FailingChunks(ctx, tx, []string{pinArgs{}.Kind()}, 3)
+				require.NoError(t, err)
+				counted = append(counted, failing["bulk"])
+			}
+			require.Equal(t, tc.counted, counted, "after each attempt")
+			require.Equal(t, tc.running, w.running, "while each attempt ran")
+		})
+	}
+}
+
+// otherArgs is a job of another kind than the chunks FailingChunks is
+// asked about.
+type otherArgs struct{}
+
+func (otherArgs) Kind() string { return "river_pin_other" }
+
+// failingWorker fails every attempt of an otherArgs job.
+type failingWorker struct {
+	river.WorkerDefaults[otherArgs]
+}
+
+func (failingWorker) Work(context.Context, *river.Job[otherArgs]) error { return errors.New("poison") }
