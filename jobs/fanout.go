@@ -43,11 +43,14 @@ type FanOutConfig struct {
 	// Webhooks, when set, says whether some webhook wants the ledger's
 	// failures as events (WebhookTypes); nil: none does.
 	Webhooks *WebhookTypes
-	// Alive, when set, is asked before every provider request: false means
-	// this process may no longer claim its chunks (it lost its liveness
-	// lock, and Takeover may give them to another worker), so the request
-	// is not made and the delivery stays pending for whoever sends it.
-	Alive func() bool
+	// Lease, when set, is asked before every provider request: this
+	// process may no longer claim its chunks when it is not held (it lost
+	// its liveness lock, and Takeover may give them to another worker), or
+	// when it is held by another session than when the chunk began (the
+	// lock was lost and taken again: another worker may have taken the
+	// chunk meanwhile). Then the request is not made, the delivery stays
+	// pending for whoever sends it, and the attempt ends as fenced.
+	Lease Lease
 	// Receipts, when set, signs the receipt token every push carries
 	// (push.ReceiptKey), which the app sends back from the device; nil
 	// sends pushes without one (HERALD_RECEIPTS=off).
@@ -225,7 +228,7 @@ func (w *FanOutWorker) Work(ctx context.Context, job *river.Job[FanOutArgs]) err
 func (w *FanOutWorker) afterFence(ctx context.Context, job *river.Job[FanOutArgs], pool *pgxpool.Pool, err error) error {
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
-	for !w.cfg.Alive() {
+	for !w.cfg.Lease.Held() {
 		select {
 		case <-ctx.Done():
 			return err
@@ -295,6 +298,14 @@ type sendGroup struct {
 	credential int64
 }
 
+// Lease is a process's claim to the chunks it runs (Liveness): Held says
+// it may send now, Session which liveness session holds it, so that a chunk
+// that began under one session does not go on sending under the next.
+type Lease interface {
+	Held() bool
+	Session() uint64
+}
+
 // group sorts the chunk's targets (their indexes in c.Targets) by the
 // breaker they answer to, so that a failing provider or push service parks
 // only its own targets. A target whose device was throttled until after now
@@ -325,8 +336,10 @@ type sends struct {
 	done     chan struct{}
 	inFlight int
 	// fenced says a request was not made because this process had lost
-	// its liveness lock (FanOutConfig.Alive).
+	// its liveness lock (FanOutConfig.Lease).
 	fenced atomic.Bool
+	// session is the liveness session the chunk began under.
+	session uint64
 }
 
 // wait returns when every slice is back.
@@ -343,6 +356,9 @@ func (s *sends) wait() {
 // end. The clients are the chunk's lane's, by app and channel.
 func (w *FanOutWorker) send(ctx context.Context, c *running, msg *encodedMessage, groups map[sendGroup][]int, lane Lane, ledger *ledger, rec *chunkRecord) *sends {
 	s := &sends{ledger: ledger, rec: rec, done: make(chan struct{}, len(c.Targets)+len(groups))}
+	if w.cfg.Lease != nil {
+		s.session = w.cfg.Lease.Session()
+	}
 	s.gone(c)
 	for g, idx := range groups {
 		// Each slice takes the client it sends through when it starts
@@ -484,7 +500,7 @@ func (w *FanOutWorker) sendTargets(ctx context.Context, c *running, msg *push.Me
 		if yields {
 			w.urgent.wait(ctx)
 		}
-		if w.cfg.Alive != nil && !w.cfg.Alive() {
+		if l := w.cfg.Lease; l != nil && (!l.Held() || l.Session() != s.session) {
 			s.fenced.Store(true)
 			return false
 		}

@@ -29,7 +29,7 @@ import (
 // Takeover takes a chunk only once its worker's lock has been seen free
 // for DefaultTakeoverGrace; so Held turns false FenceAfter (half that
 // grace) after the last good ping, and the chunk worker asks it before
-// every request (FanOutConfig.Alive). A worker thus stops sending before
+// every request (FanOutConfig.Lease). A worker thus stops sending before
 // another may start, yet rides out a database blip shorter than a second
 // without pausing. The lock is taken again as soon as the database
 // answers, under the same key.
@@ -41,6 +41,8 @@ type Liveness struct {
 	// are when the last good ping was sent.
 	epoch  time.Time
 	lastOK atomic.Int64
+	// sessions counts the sessions that took the lock (Session).
+	sessions atomic.Uint64
 }
 
 // LivenessConfig configures a Liveness.
@@ -122,9 +124,17 @@ func (l *Liveness) Acquire(ctx context.Context) (*pgx.Conn, error) {
 		return nil, err
 	}
 	l.lastOK.Store(at)
+	l.sessions.Add(1)
 	l.held.Store(true)
 	return conn, nil
 }
+
+// Session names the session that holds the lock, or last held it: it
+// changes each time the lock is taken again after it was lost, which is
+// when another worker may have taken this process's chunks (Takeover), so
+// a chunk that began under one session does not send under the next
+// (FanOutConfig.Lease).
+func (l *Liveness) Session() uint64 { return l.sessions.Load() }
 
 // Run keeps the lock held until ctx ends, on conn (from Acquire): it pings
 // the connection every Ping, and when a ping fails it lets go of the claim

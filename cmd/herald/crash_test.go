@@ -73,7 +73,13 @@ func newFanOutSetup(t *testing.T, n int) *fanOutSetup {
 // choosing, with fakepush answering after latency.
 func newFanOutSetupOn(t *testing.T, n int, tdb *dbtest.DB, latency time.Duration) *fanOutSetup {
 	t.Helper()
-	fp, err := fake.New(fake.Config{Addr: "127.0.0.1:0", TLSDir: t.TempDir(), Latency: latency})
+	return newFanOutSetupAt(t, n, tdb, latency, "127.0.0.1:0")
+}
+
+// newFanOutSetupAt is newFanOutSetupOn with fakepush listening at addr.
+func newFanOutSetupAt(t *testing.T, n int, tdb *dbtest.DB, latency time.Duration, addr string) *fanOutSetup {
+	t.Helper()
+	fp, err := fake.New(fake.Config{Addr: addr, TLSDir: t.TempDir(), Latency: latency})
 	require.NoError(t, err)
 	require.NoError(t, fp.Start(context.Background()))
 	t.Cleanup(func() { _ = fp.Close() })

@@ -319,7 +319,7 @@ func startChunkWorker(ctx context.Context, p *process) (_ *worker, err error) {
 		// Every channel has breakers: an app's credentials may give any
 		// of them a client.
 		Breakers: jobs.NewBreakers(jobs.BreakerConfig{Cooldown: cfg.BreakerCooldown}, jobs.Channels...),
-		Alive:    liveness.Held,
+		Lease:    liveness,
 		Webhooks: webhookTypes,
 		Receipts: signer, ReceiptWindow: cfg.ReceiptWindow,
 	}, materializer, retainer); err != nil {

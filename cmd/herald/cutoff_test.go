@@ -1,0 +1,183 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
+
+	"github.com/heraldpush/herald/api/client"
+	"github.com/heraldpush/herald/cmd/herald/heraldbench"
+	"github.com/heraldpush/herald/db/dbtest"
+	"github.com/heraldpush/herald/jobs"
+)
+
+// netns is a network namespace the test made, joined to the test's own by
+// a veth pair: hostIP on the test's side, nsIP inside. Dropping the link
+// (cut) loses every packet between them without a FIN or a reset, as a host
+// that lost its network does.
+type netns struct {
+	name, hostIP, nsIP, hostDev, nsDev string
+}
+
+// newNetns makes the namespace, or skips the test where it cannot (not
+// root, no iproute2).
+func newNetns(t *testing.T) *netns {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("!!! SKIPPING: a network namespace needs root (make test-e2e runs as root in CI)")
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Skip("!!! SKIPPING: no ip command (apt-get install iproute2)")
+	}
+	id := os.Getpid() % 200
+	n := &netns{
+		name: fmt.Sprintf("herald-cut-%d", os.Getpid()), hostDev: fmt.Sprintf("hcut%dh", id), nsDev: fmt.Sprintf("hcut%dn", id),
+		hostIP: fmt.Sprintf("169.254.%d.1", 20+id), nsIP: fmt.Sprintf("169.254.%d.2", 20+id),
+	}
+	t.Cleanup(func() {
+		_ = exec.Command("ip", "netns", "del", n.name).Run()
+		_ = exec.Command("ip", "link", "del", n.hostDev).Run()
+	})
+	for _, args := range [][]string{
+		{"netns", "add", n.name},
+		{"link", "add", n.hostDev, "type", "veth", "peer", "name", n.nsDev},
+		{"link", "set", n.nsDev, "netns", n.name},
+		{"addr", "add", n.hostIP + "/24", "dev", n.hostDev},
+		{"link", "set", n.hostDev, "up"},
+		{"-n", n.name, "addr", "add", n.nsIP + "/24", "dev", n.nsDev},
+		{"-n", n.name, "link", "set", n.nsDev, "up"},
+		{"-n", n.name, "link", "set", "lo", "up"},
+	} {
+		n.ip(t, args...)
+	}
+	return n
+}
+
+func (n *netns) ip(t *testing.T, args ...string) {
+	t.Helper()
+	out, err := exec.Command("ip", args...).CombinedOutput()
+	require.NoError(t, err, "ip %s: %s", strings.Join(args, " "), out)
+}
+
+// cut drops the link, restore brings it back.
+func (n *netns) cut(t *testing.T)     { n.ip(t, "-n", n.name, "link", "set", n.nsDev, "down") }
+func (n *netns) restore(t *testing.T) { n.ip(t, "-n", n.name, "link", "set", n.nsDev, "up") }
+
+// forwardPostgres listens on addr (TCP) and carries each connection to the
+// PostgreSQL of url over its Unix socket, so that a process in the
+// namespace reaches the database through the link, and returns the URL it
+// connects with. A unix socket is a file, which a namespace does not
+// separate: without the link in between, cutting it would cut nothing.
+func forwardPostgres(t *testing.T, dbURL, addr string) string {
+	t.Helper()
+	cfg, err := pgconn.ParseConfig(dbURL)
+	require.NoError(t, err)
+	require.True(t, strings.HasPrefix(cfg.Host, "/"), "the test database is reached over a Unix socket: %s", cfg.Host)
+	socket := fmt.Sprintf("%s/.s.PGSQL.%d", cfg.Host, cfg.Port)
+	ln, err := net.Listen("tcp", addr)
+	require.NoError(t, err)
+	var conns sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); conns.Wait() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conns.Go(func() {
+				defer c.Close()
+				pg, err := net.Dial("unix", socket)
+				if err != nil {
+					return
+				}
+				defer pg.Close()
+				done := make(chan struct{}, 2)
+				go func() { _, _ = io.Copy(pg, c); done <- struct{}{} }()
+				go func() { _, _ = io.Copy(c, pg); done <- struct{}{} }()
+				<-done
+			})
+		}
+	}()
+	u := url.URL{Scheme: "postgres", User: url.User(cfg.User), Host: ln.Addr().String(), Path: "/" + cfg.Database, RawQuery: "sslmode=disable"}
+	return u.String()
+}
+
+// TestE2ECutOffWorkerIsTakenOver cuts one of two workers off the network in
+// the middle of a 20,000-device fan-out: it runs in a network namespace of
+// the test's own, reaching PostgreSQL and fakepush through a veth link,
+// which the test drops. No FIN reaches PostgreSQL, which keeps the worker's
+// session and liveness lock open, and River's rescue is an hour away: only
+// the survivor can finish the cut-off worker's chunks, by ending its
+// silent liveness session after the lease (3 s) and taking its chunks once
+// its lock stayed free for the grace. The message settles with every device
+// accepted once while the link is still down. The link then comes back:
+// the worker, fenced since a second after its last good ping, sends
+// nothing that was taken from it, so the duplicates stay within what it
+// had in flight when the link dropped (those requests may still reach
+// fakepush once their packets get through).
+func TestE2ECutOffWorkerIsTakenOver(t *testing.T) {
+	t.Parallel()
+	ns := newNetns(t)
+	const devices = 20_000
+	tdb := dbtest.New(t)
+	s := newFanOutSetupAt(t, devices, tdb, 40*time.Millisecond, ns.hostIP+":0")
+	s.vars["HERALD_BULK_WORKERS"] = "10"
+	s.vars["HERALD_CHUNK_TIMEOUT"] = "50m"
+	s.vars["HERALD_RESCUE_AFTER"] = "1h"
+	b := startWorker(t, s.vars)
+	cutVars := map[string]string{}
+	for k, v := range s.vars {
+		cutVars[k] = v
+	}
+	cutVars["DATABASE_URL"] = forwardPostgres(t, tdb.URL, ns.hostIP+":0")
+	a := startChild(t, append([]string{"ip", "netns", "exec", ns.name}, asHerald("serve", "--role", "worker", "--addr", ns.nsIP+":0")...), cutVars)
+	a.base(t)
+	b.base(t)
+
+	id := s.schedule()
+	require.Eventually(t, func() bool { return s.accepted() >= devices/4 }, 2*time.Minute, 5*time.Millisecond,
+		"the fan-out never got going:\n%s\n%s", a.out.String(), b.out.String())
+	aUnanswered := a.unanswered(t)
+	var recorded int64
+	require.NoError(t, tdb.Pool.QueryRow(context.Background(),
+		"SELECT count(*) FROM ledger WHERE status = 'accepted'").Scan(&recorded))
+	ns.cut(t)
+	cutAt := time.Now()
+	require.Less(t, s.accepted(), int64(devices), "the fan-out finished before the cut; the test proved nothing")
+
+	st := s.settle(id, 3*time.Minute)
+	settled := time.Since(cutAt)
+	require.Equal(t, client.MessageStateDispatched, st.State)
+	require.Equal(t, client.DeliveryCounts{Total: devices, Accepted: devices}, st.Deliveries, "settled while the worker was cut off")
+	families, err := heraldbench.ScrapeMetrics(b.base(t))
+	require.NoError(t, err)
+	ended := heraldbench.MetricSum(families, "herald_liveness_sessions_ended_total", nil)
+	takenOver := heraldbench.MetricSum(families, "herald_chunks_taken_over_total", nil)
+	require.Positive(t, ended, "the survivor never ended the cut-off worker's session")
+	require.Positive(t, takenOver, "the survivor took over none of the cut-off worker's chunks")
+
+	acceptedBefore := s.accepted()
+	ns.restore(t)
+	// Long enough for the link's queued packets to go through, and for a
+	// worker that was not fenced to send thousands.
+	time.Sleep(5 * time.Second)
+	afterRestore := s.accepted() - acceptedBefore
+	dups := s.checkOnceEach(id, devices)
+	bUnanswered := b.unanswered(t)
+	t.Logf("settled %s after the cut; %.0f sessions ended, %.0f chunks taken over; %d pushes accepted after the link came back; duplicates %d; unanswered sends %d (cut-off worker, before the cut) and %d",
+		settled.Round(time.Millisecond), ended, takenOver, afterRestore, dups, aUnanswered, bUnanswered)
+	require.LessOrEqual(t, int64(dups), jobs.MaxUnwritten+aUnanswered+bUnanswered,
+		"the cut-off worker sent more than it can have had in flight when the link dropped")
+	require.LessOrEqual(t, afterRestore, int64(jobs.MaxUnwritten), "the cut-off worker sent what another worker had taken")
+}
