@@ -45,10 +45,11 @@ func DueJobArgs(ctx context.Context, q DBTX, kinds []string, queue string, at ti
 // the chunk's part of the ledger, of its devices and of their indexes are
 // in PostgreSQL's buffers when the chunk begins, and the connection has the
 // statements prepared (the message's state read too, which BeginChunk
-// reads after it marks the message dispatching). When payloadID is not zero it returns the payload
-// too, so the caller can encode the message ahead as well. It changes
-// nothing.
-func WarmChunk(ctx context.Context, pool *pgxpool.Pool, c Chunk, payloadID int64) (payload []byte, rows int, err error) {
+// reads after it marks the message dispatching). It returns the chunk's
+// pending deliveries, so that the caller can open the provider connections
+// they will be sent on, and when payloadID is not zero the payload too, so
+// that it can encode the message ahead as well. It changes nothing.
+func WarmChunk(ctx context.Context, pool *pgxpool.Pool, c Chunk, payloadID int64) (payload []byte, pending []ChunkPendingRow, err error) {
 	var out ChunkStart
 	err = inBatch(ctx, pool, func(b *pgx.Batch) {
 		out = ChunkStart{}
@@ -57,7 +58,7 @@ func WarmChunk(ctx context.Context, pool *pgxpool.Pool, c Chunk, payloadID int64
 		queueChunkRead(b, c, payloadID, &out)
 	})
 	if err != nil {
-		return nil, 0, fmt.Errorf("warm chunk %d of message %d: %w", c.Chunk, c.MessageID, err)
+		return nil, nil, fmt.Errorf("warm chunk %d of message %d: %w", c.Chunk, c.MessageID, err)
 	}
-	return out.Payload, len(out.Pending), nil
+	return out.Payload, out.Pending, nil
 }

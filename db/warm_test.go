@@ -42,7 +42,7 @@ func TestWarmChunkLeavesTheBeginNothingToRead(t *testing.T) {
 	pool = c.Pool()
 	_, pending, err := db.WarmChunk(ctx, pool, db.Chunk{ChunkPendingParams: chunk}, 0)
 	require.NoError(t, err)
-	require.Equal(t, 500, pending)
+	require.Len(t, pending, 500)
 	require.Zero(t, chunkReads(t, pool, chunk), "after the warm-up the chunk's read went below PostgreSQL's buffers")
 }
 

@@ -29,7 +29,8 @@
 //   - The Promoter and the Waker (promote.go, wake.go) make due chunks
 //     available and wake their lane at the instant, so that a chunk starts
 //     on time rather than at the next poll; ahead of the instant the Waker
-//     has the worker warm its first chunks (warm.go).
+//     has the worker warm its first chunks (warm.go) and the provider
+//     connections their devices will be sent on (warm_providers.go).
 //   - FanOutWorker (fanout.go) begins a chunk in one round trip
 //     (db.BeginChunk: the pending deliveries whose devices are still their
 //     users', each a Target of target.go), a message's first chunk ahead of

@@ -79,6 +79,9 @@ type FanOutWorker struct {
 	begins map[*pgxpool.Pool]*beginGate
 	// urgent lets the process's urgent chunks go ahead of its bulk work.
 	urgent urgentFirst
+	// warmed are the provider connections the instants' warm-ups opened
+	// lately (warm_providers.go).
+	warmed connWarmups
 }
 
 // NewFanOutWorker returns the chunk worker.

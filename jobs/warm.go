@@ -16,10 +16,15 @@ import (
 // up to DefaultWakeAhead early): for the chunks the lane will begin first
 // (as many as it runs at once, every message's first chunk before any
 // second), it reads what their beginning will read, so that PostgreSQL has
-// the ledger's and the devices' pages in its buffers, and encodes each
-// message's pushes into the cache. Nothing before the instant read a
-// message's chunks, so at the instant, the moment with the least slack,
-// the first read of each chunk's devices could go to disk.
+// the ledger's and the devices' pages in its buffers, encodes each
+// message's pushes into the cache, and opens the provider connections
+// their devices will be sent on (instantConns). Nothing before the instant
+// read a message's chunks, so at the instant, the moment with the least
+// slack, the first read of each chunk's devices could go to disk; and a
+// connection not used lately (a push service not sent to for 90 s, the
+// APNs sandbox, any a provider closed when it had been idle) would be
+// opened by the instant's first push to it, a TLS handshake inside its
+// second.
 //
 // The reads run side by side, on as many of the lane's connections as
 // begin together at the instant (warmConns): the pool opens the connections
@@ -32,7 +37,8 @@ import (
 //
 // It changes nothing: a chunk begins at its instant as it would have, and
 // reads again what it sends, so a device moved or a delivery settled in
-// between is seen then.
+// between is seen then. A provider warm-up that fails is logged and left:
+// it fails neither the warm-up nor the instant.
 func (w *FanOutWorker) Warm(ctx context.Context, queue string, at time.Time) error {
 	lane, ok := w.lanes[queue]
 	if !ok || lane.Pool == nil {
@@ -48,10 +54,19 @@ func (w *FanOutWorker) Warm(ctx context.Context, queue string, at time.Time) err
 			return fmt.Errorf("warm: %w", err)
 		}
 	}
-	g, ctx := errgroup.WithContext(ctx)
+	// The provider connections are opened as each chunk's devices are
+	// read, on a context of their own: a failed read stops the reads, not
+	// the connections already under way.
+	conns := w.instantConns(ctx, lane)
+	defer conns.wait()
+	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(warmConns(int(lane.Pool.Config().MaxConns), w.begins[lane.Pool].othersAtOnce(), chunks))
 	for _, a := range chunks {
-		g.Go(func() error { return w.warmChunk(ctx, lane.Pool, a) })
+		g.Go(func() error {
+			pending, err := w.warmChunk(gctx, lane.Pool, a)
+			conns.add(pending)
+			return err
+		})
 	}
 	return g.Wait()
 }
@@ -79,9 +94,9 @@ func warmConns(maxConns, others int, chunks []FanOutArgs) int {
 	return max(1, min(n, maxConns-warmSpare))
 }
 
-// warmChunk reads chunk a as its beginning will, and encodes its message
-// into the cache if it is not there.
-func (w *FanOutWorker) warmChunk(ctx context.Context, pool *pgxpool.Pool, a FanOutArgs) error {
+// warmChunk reads chunk a as its beginning will, encodes its message into
+// the cache if it is not there, and returns its pending deliveries.
+func (w *FanOutWorker) warmChunk(ctx context.Context, pool *pgxpool.Pool, a FanOutArgs) ([]db.ChunkPendingRow, error) {
 	_, cached := w.messages.lookup(a)
 	payloadID := a.PayloadID
 	if cached {
@@ -89,12 +104,12 @@ func (w *FanOutWorker) warmChunk(ctx context.Context, pool *pgxpool.Pool, a FanO
 	}
 	payload, pending, err := db.WarmChunk(ctx, pool, a.ledgerRange(), payloadID)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	if !cached && pending > 0 && payload != nil {
+	if !cached && len(pending) > 0 && payload != nil {
 		if _, err := w.messages.build(a, payload); err != nil {
-			return fmt.Errorf("warm: %w", err)
+			return pending, fmt.Errorf("warm: %w", err)
 		}
 	}
-	return nil
+	return pending, nil
 }
