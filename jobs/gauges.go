@@ -15,8 +15,9 @@ import (
 )
 
 // DatabaseGauges are the gauges read from the database rather than kept by
-// a process: the unsettled messages by state, the stranded chunks, and
-// River's jobs by queue and state (the queues' depth). Every process of any
+// a process: the unsettled messages by state, the stranded chunks, the
+// chunks failing every attempt, and River's jobs by queue and state (the
+// queues' depth). Every process of any
 // role exports them, so that an API-only process shows the queue it feeds.
 // They are read every Every by Run and a scrape reports the last reading:
 // a scrape never queries the database, so that a flood of scrapes costs it
@@ -33,12 +34,22 @@ type DatabaseGauges struct {
 	read     bool
 	messages map[string]int64
 	stranded int64
+	failing  map[string]int64
 	jobs     []db.QueueDepth
 	webhooks int64
 	at       time.Time
 
-	messagesDesc, strandedDesc, jobsDesc, webhooksDesc, ageDesc *prometheus.Desc
+	messagesDesc, strandedDesc, failingDesc, jobsDesc, webhooksDesc, ageDesc *prometheus.Desc
 }
+
+// FailingChunkAttempts is how many attempts in a row a chunk job must have
+// failed to count in herald_failing_chunks. River retries a failed chunk
+// after 1 s, then 16 s (its backoff, attempt^4 seconds), so a chunk that
+// fails every attempt counts some 20 s after its first failure (plus its
+// attempts' own time, up to HERALD_CHUNK_TIMEOUT each), an hour before its
+// message's expiry would show it; one that failed once or twice (a
+// database fault) and then got through never does.
+const FailingChunkAttempts = 3
 
 // NewDatabaseGauges returns the gauges, registered on reg; Run keeps them.
 func NewDatabaseGauges(reg prometheus.Registerer, pool *pgxpool.Pool, logger *slog.Logger) *DatabaseGauges {
@@ -49,6 +60,9 @@ func NewDatabaseGauges(reg prometheus.Registerer, pool *pgxpool.Pool, logger *sl
 		strandedDesc: prometheus.NewDesc("herald_stranded_chunks",
 			"Chunks of unsettled messages with deliveries pending that no River job will run (discarded, cancelled or deleted): retry them in River UI before they expire, or the reconciler expires them.",
 			nil, nil),
+		failingDesc: prometheus.NewDesc("herald_failing_chunks",
+			"Chunk jobs, by lane, whose last 3 attempts each ended in an error (a poison chunk: args that cannot be decoded, work that errors or panics every time), as last read; a chunk parked behind a breaker snoozes, which is no attempt.",
+			[]string{"lane"}, nil),
 		jobsDesc: prometheus.NewDesc("herald_river_jobs",
 			"River's jobs not finished, by queue and state (available, scheduled, running, retryable), as last read: a queue's depth.",
 			[]string{"queue", "state"}, nil),
@@ -98,6 +112,11 @@ func (g *DatabaseGauges) refresh(ctx context.Context, timeout time.Duration) {
 		g.Logger.WarnContext(ctx, "read the database's gauges", "error", err)
 		return
 	}
+	failing, err := db.FailingChunks(ctx, g.Pool, chunkKinds, FailingChunkAttempts)
+	if err != nil {
+		g.Logger.WarnContext(ctx, "read the database's gauges", "error", err)
+		return
+	}
 	jobs, err := db.RiverQueueDepth(ctx, g.Pool)
 	if err != nil {
 		g.Logger.WarnContext(ctx, "read the database's gauges", "error", err)
@@ -110,13 +129,14 @@ func (g *DatabaseGauges) refresh(ctx context.Context, timeout time.Duration) {
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.read, g.messages, g.stranded, g.jobs, g.webhooks, g.at = true, messages, stranded, jobs, webhooks, time.Now()
+	g.read, g.messages, g.stranded, g.failing, g.jobs, g.webhooks, g.at = true, messages, stranded, failing, jobs, webhooks, time.Now()
 }
 
 // Describe implements prometheus.Collector.
 func (g *DatabaseGauges) Describe(ch chan<- *prometheus.Desc) {
 	ch <- g.messagesDesc
 	ch <- g.strandedDesc
+	ch <- g.failingDesc
 	ch <- g.jobsDesc
 	ch <- g.webhooksDesc
 	ch <- g.ageDesc
@@ -134,6 +154,11 @@ func (g *DatabaseGauges) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(g.messagesDesc, prometheus.GaugeValue, float64(n), state)
 	}
 	ch <- prometheus.MustNewConstMetric(g.strandedDesc, prometheus.GaugeValue, float64(g.stranded))
+	// Both lanes are reported, zero included, so that the alert on a lane
+	// never sees its series vanish.
+	for _, lane := range LaneQueues {
+		ch <- prometheus.MustNewConstMetric(g.failingDesc, prometheus.GaugeValue, float64(g.failing[lane]), lane)
+	}
 	// Herald's queues are reported in every live state, zero included.
 	depth := map[[2]string]int64{}
 	for _, q := range []string{QueueUrgent, QueueBulk, QueueWebhooks, river.QueueDefault} {
