@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -674,4 +675,59 @@ func TestFanOutRecordsEachAnswerAsItComes(t *testing.T) {
 	require.True(t, recorded)
 	require.Equal(t, river.EventKindJobSnoozed, res.EventKind)
 	b.requireStatus(c, "fcm-3", "pending", push.ReasonNone)
+}
+
+// testLease is a process's liveness as a test sets it (FanOutConfig.Lease).
+type testLease struct {
+	held    atomic.Bool
+	session atomic.Uint64
+}
+
+func (l *testLease) Held() bool      { return l.held.Load() }
+func (l *testLease) Session() uint64 { return l.session.Load() }
+
+// TestFanOutStopsWhenItsSessionChanges: a chunk that began under one
+// liveness session sends nothing more once the process holds its lock
+// under another (it lost the lock, and another worker may have taken the
+// chunk meanwhile), though the lock is held again: the attempt ends as
+// fenced, and its devices not yet sent stay pending for whoever has the
+// chunk. Before, an attempt that had not asked while the lock was lost
+// (blocked on the database, or on its turn at the provider) went on
+// sending under the new session.
+func TestFanOutStopsWhenItsSessionChanges(t *testing.T) {
+	t.Parallel()
+	b := setupFanOut(t)
+	users := b.devices("apns-1", "apns-2", "apns-3")
+	c := b.dueNow(users)
+	lease := &testLease{}
+	lease.held.Store(true)
+	lease.session.Store(1)
+	apns := &recordingSender{}
+	// The lock is lost and taken again, under a new session, once the
+	// first push is answered.
+	sender := senderFunc(func(ctx context.Context, m *push.Message, targets []push.Target, results []push.Result, allow func() bool, answered func(int)) {
+		apns.Send(ctx, m, targets, results, func() bool {
+			if len(apns.sent) == 1 {
+				lease.session.Store(2)
+			}
+			return allow()
+		}, answered)
+	})
+	w := b.worker(map[string]Sender{ChannelAPNs: sender}, FanOutConfig{Lease: lease})
+	b.work(w, c)
+	require.Len(t, apns.sends(), 1, "nothing was sent under the new session")
+	pending := 0
+	for _, d := range b.ledger(c.msg.ID) {
+		if d.Status == "pending" {
+			pending++
+		}
+	}
+	require.Equal(t, 2, pending, "the devices not sent stay pending for whoever has the chunk")
+}
+
+// senderFunc is a Sender made of a function.
+type senderFunc func(ctx context.Context, m *push.Message, targets []push.Target, results []push.Result, allow func() bool, answered func(int))
+
+func (f senderFunc) Send(ctx context.Context, m *push.Message, targets []push.Target, results []push.Result, allow func() bool, answered func(int)) {
+	f(ctx, m, targets, results, allow, answered)
 }
