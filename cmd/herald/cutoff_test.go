@@ -1,9 +1,9 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/url"
 	"os"
@@ -11,15 +11,11 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
-	"github.com/heraldpush/herald/api/client"
-	"github.com/heraldpush/herald/cmd/herald/heraldbench"
 	"github.com/heraldpush/herald/db/dbtest"
-	"github.com/heraldpush/herald/jobs"
 )
 
 // netns is a network namespace the test made, joined to the test's own by
@@ -117,67 +113,20 @@ func forwardPostgres(t *testing.T, dbURL, addr string) string {
 // the middle of a 20,000-device fan-out: it runs in a network namespace of
 // the test's own, reaching PostgreSQL and fakepush through a veth link,
 // which the test drops. No FIN reaches PostgreSQL, which keeps the worker's
-// session and liveness lock open, and River's rescue is an hour away: only
-// the survivor can finish the cut-off worker's chunks, by ending its
-// silent liveness session after the lease (3 s) and taking its chunks once
-// its lock stayed free for the grace. The message settles with every device
-// accepted once while the link is still down. The link then comes back:
-// the worker, fenced since a second after its last good ping, sends
-// nothing that was taken from it, so the duplicates stay within what it
-// had in flight when the link dropped (those requests may still reach
-// fakepush once their packets get through).
+// session and liveness lock open (takenOverWithoutAGoodbye). When the link
+// comes back, the requests it had in flight may still reach fakepush; a
+// worker that went on with its chunks under its new session once it held
+// its lock again sent 4,950 pushes another worker had taken.
 func TestE2ECutOffWorkerIsTakenOver(t *testing.T) {
 	t.Parallel()
 	ns := newNetns(t)
-	const devices = 20_000
 	tdb := dbtest.New(t)
-	s := newFanOutSetupAt(t, devices, tdb, 40*time.Millisecond, ns.hostIP+":0")
-	s.vars["HERALD_BULK_WORKERS"] = "10"
-	s.vars["HERALD_CHUNK_TIMEOUT"] = "50m"
-	s.vars["HERALD_RESCUE_AFTER"] = "1h"
+	s := vanishingSetup(t, tdb, ns.hostIP+":0")
 	b := startWorker(t, s.vars)
-	cutVars := map[string]string{}
-	for k, v := range s.vars {
-		cutVars[k] = v
-	}
+	cutVars := maps.Clone(s.vars)
 	cutVars["DATABASE_URL"] = forwardPostgres(t, tdb.URL, ns.hostIP+":0")
 	a := startChild(t, append([]string{"ip", "netns", "exec", ns.name}, asHerald("serve", "--role", "worker", "--addr", ns.nsIP+":0")...), cutVars)
 	a.base(t)
 	b.base(t)
-
-	id := s.schedule()
-	require.Eventually(t, func() bool { return s.accepted() >= devices/4 }, 2*time.Minute, 5*time.Millisecond,
-		"the fan-out never got going:\n%s\n%s", a.out.String(), b.out.String())
-	aUnanswered := a.unanswered(t)
-	var recorded int64
-	require.NoError(t, tdb.Pool.QueryRow(context.Background(),
-		"SELECT count(*) FROM ledger WHERE status = 'accepted'").Scan(&recorded))
-	ns.cut(t)
-	cutAt := time.Now()
-	require.Less(t, s.accepted(), int64(devices), "the fan-out finished before the cut; the test proved nothing")
-
-	st := s.settle(id, 3*time.Minute)
-	settled := time.Since(cutAt)
-	require.Equal(t, client.MessageStateDispatched, st.State)
-	require.Equal(t, client.DeliveryCounts{Total: devices, Accepted: devices}, st.Deliveries, "settled while the worker was cut off")
-	families, err := heraldbench.ScrapeMetrics(b.base(t))
-	require.NoError(t, err)
-	ended := heraldbench.MetricSum(families, "herald_liveness_sessions_ended_total", nil)
-	takenOver := heraldbench.MetricSum(families, "herald_chunks_taken_over_total", nil)
-	require.Positive(t, ended, "the survivor never ended the cut-off worker's session")
-	require.Positive(t, takenOver, "the survivor took over none of the cut-off worker's chunks")
-
-	acceptedBefore := s.accepted()
-	ns.restore(t)
-	// Long enough for the link's queued packets to go through, and for a
-	// worker that was not fenced to send thousands.
-	time.Sleep(5 * time.Second)
-	afterRestore := s.accepted() - acceptedBefore
-	dups := s.checkOnceEach(id, devices)
-	bUnanswered := b.unanswered(t)
-	t.Logf("settled %s after the cut; %.0f sessions ended, %.0f chunks taken over; %d pushes accepted after the link came back; duplicates %d; unanswered sends %d (cut-off worker, before the cut) and %d",
-		settled.Round(time.Millisecond), ended, takenOver, afterRestore, dups, aUnanswered, bUnanswered)
-	require.LessOrEqual(t, int64(dups), jobs.MaxUnwritten+aUnanswered+bUnanswered,
-		"the cut-off worker sent more than it can have had in flight when the link dropped")
-	require.LessOrEqual(t, afterRestore, int64(jobs.MaxUnwritten), "the cut-off worker sent what another worker had taken")
+	takenOverWithoutAGoodbye(t, s, 20_000, a, b, vanishing{what: "cut off", vanish: ns.cut, comeBack: ns.restore})
 }

@@ -13,60 +13,88 @@ import (
 	"github.com/heraldpush/herald/jobs"
 )
 
-// TestE2EFrozenWorkerIsTakenOver stops one of two workers with SIGSTOP in
-// the middle of a 20,000-device fan-out: a frozen process (or VM) whose
-// host still answers for its sockets, so PostgreSQL keeps its session, and
-// its liveness lock, open. River's rescue is an hour away, so only the
-// survivor can finish the frozen worker's chunks: it ends the frozen
-// worker's silent liveness session after the lease (3 s) and takes its
-// chunks once its lock has stayed free for the grace. The message settles
-// with every device accepted once while the worker is still frozen. The
-// worker is then let go on: it finds itself fenced and sends nothing that
-// was taken from it, so the duplicates stay within what it had in flight
-// when it froze. How long after the freeze the message settled is logged,
-// not asserted (a speed; a busy machine would make a bound flaky).
-func TestE2EFrozenWorkerIsTakenOver(t *testing.T) {
-	t.Parallel()
-	const devices = 20_000
-	s := newFanOutSetupOn(t, devices, dbtest.New(t), 40*time.Millisecond)
-	s.vars["HERALD_BULK_WORKERS"] = "10"
-	s.vars["HERALD_CHUNK_TIMEOUT"] = "50m"
-	s.vars["HERALD_RESCUE_AFTER"] = "1h"
-	a, b := startListeningWorkers(t, s.vars)
+// vanishing is a worker that stops being heard from without a goodbye, in
+// the middle of a fan-out, and later comes back: vanish and comeBack do it
+// (a SIGSTOP and a SIGCONT, a link dropped and restored).
+type vanishing struct {
+	what             string
+	vanish, comeBack func(t *testing.T)
+}
+
+// takenOverWithoutAGoodbye runs the fan-out of s (devices devices, due
+// once scheduled) on worker a, which vanishes a quarter of the way
+// through, and worker b: with River's rescue an hour away, only b can
+// finish a's chunks, by ending a's silent liveness session after the lease
+// (3 s) and taking its chunks once its lock stayed free for the grace. The
+// message settles with every device accepted once while a is still gone.
+// a then comes back: fenced, and under a new session once it holds its
+// lock again, it sends nothing that was taken from it, so the duplicates
+// stay within what it had in flight when it vanished. How long after it
+// vanished the message settled is logged, not asserted (a speed; a busy
+// machine would make a bound flaky).
+func takenOverWithoutAGoodbye(t *testing.T, s *fanOutSetup, devices int, a, b *child, v vanishing) {
+	t.Helper()
 	id := s.schedule()
-	require.Eventually(t, func() bool { return s.accepted() >= devices/4 }, 2*time.Minute, 5*time.Millisecond,
+	require.Eventually(t, func() bool { return s.accepted() >= int64(devices/4) }, 2*time.Minute, 5*time.Millisecond,
 		"the fan-out never got going:\n%s\n%s", a.out.String(), b.out.String())
 	aUnanswered := a.unanswered(t)
-	require.NoError(t, a.cmd.Process.Signal(syscall.SIGSTOP))
-	frozenAt := time.Now()
-	t.Cleanup(func() { _ = a.cmd.Process.Signal(syscall.SIGCONT) })
-	require.Less(t, s.accepted(), int64(devices), "the fan-out finished before the freeze; the test proved nothing")
+	v.vanish(t)
+	goneAt := time.Now()
+	require.Less(t, s.accepted(), int64(devices), "the fan-out finished before the worker vanished; the test proved nothing")
 
 	st := s.settle(id, 3*time.Minute)
-	settled := time.Since(frozenAt)
+	settled := time.Since(goneAt)
 	require.Equal(t, client.MessageStateDispatched, st.State)
-	require.Equal(t, client.DeliveryCounts{Total: devices, Accepted: devices}, st.Deliveries, "settled while the worker was frozen")
+	require.Equal(t, client.DeliveryCounts{Total: devices, Accepted: devices}, st.Deliveries, "settled while the worker was %s", v.what)
 	families, err := heraldbench.ScrapeMetrics(b.base(t))
 	require.NoError(t, err)
 	ended := heraldbench.MetricSum(families, "herald_liveness_sessions_ended_total", nil)
 	takenOver := heraldbench.MetricSum(families, "herald_chunks_taken_over_total", nil)
-	require.Positive(t, ended, "the survivor never ended the frozen worker's session")
-	require.Positive(t, takenOver, "the survivor took over none of the frozen worker's chunks")
+	require.Positive(t, ended, "the survivor never ended the %s worker's session", v.what)
+	require.Positive(t, takenOver, "the survivor took over none of the %s worker's chunks", v.what)
 
-	// The frozen worker comes back: whatever it had in flight may still be
-	// answered, but it starts no new request for a chunk taken from it.
 	acceptedBefore := s.accepted()
-	require.NoError(t, a.cmd.Process.Signal(syscall.SIGCONT))
+	v.comeBack(t)
 	// Long enough for a worker that was not fenced to send thousands: its
-	// chunks had that many devices pending when it froze.
+	// chunks had that many devices pending when it vanished.
 	time.Sleep(5 * time.Second)
-	a.base(t) // it is alive again, and answers
-	afterResume := s.accepted() - acceptedBefore
+	afterwards := s.accepted() - acceptedBefore
 	dups := s.checkOnceEach(id, devices)
 	bUnanswered := b.unanswered(t)
-	t.Logf("settled %s after the freeze; %.0f sessions ended, %.0f chunks taken over; %d pushes accepted after the resume; duplicates %d; unanswered sends %d (frozen worker) and %d",
-		settled.Round(time.Millisecond), ended, takenOver, afterResume, dups, aUnanswered, bUnanswered)
+	t.Logf("settled %s after the worker was %s; %.0f sessions ended, %.0f chunks taken over; %d pushes accepted after it came back; duplicates %d; unanswered sends %d (the %s worker, before) and %d",
+		settled.Round(time.Millisecond), v.what, ended, takenOver, afterwards, dups, aUnanswered, v.what, bUnanswered)
 	require.LessOrEqual(t, int64(dups), jobs.MaxUnwritten+aUnanswered+bUnanswered,
-		"the resumed worker sent more than it can have had in flight when it froze")
-	require.LessOrEqual(t, afterResume, int64(jobs.MaxUnwritten), "the resumed worker sent what another worker had taken")
+		"the worker that came back sent more than it can have had in flight when it vanished")
+	require.LessOrEqual(t, afterwards, int64(jobs.MaxUnwritten), "the worker that came back sent what another worker had taken")
+}
+
+// vanishingSetup is a fan-out of 20,000 devices whose workers' chunks are
+// never rescued by River within the test (an hour away) and never time
+// out: only the takeover can move them.
+func vanishingSetup(t *testing.T, tdb *dbtest.DB, fakeAddr string) *fanOutSetup {
+	t.Helper()
+	s := newFanOutSetupAt(t, 20_000, tdb, 40*time.Millisecond, fakeAddr)
+	s.vars["HERALD_BULK_WORKERS"] = "10"
+	s.vars["HERALD_CHUNK_TIMEOUT"] = "50m"
+	s.vars["HERALD_RESCUE_AFTER"] = "1h"
+	return s
+}
+
+// TestE2EFrozenWorkerIsTakenOver stops one of two workers with SIGSTOP in
+// the middle of a 20,000-device fan-out: a frozen process (or VM) whose
+// host still answers for its sockets, so PostgreSQL keeps its session, and
+// its liveness lock, open (takenOverWithoutAGoodbye).
+func TestE2EFrozenWorkerIsTakenOver(t *testing.T) {
+	t.Parallel()
+	s := vanishingSetup(t, dbtest.New(t), "127.0.0.1:0")
+	a, b := startListeningWorkers(t, s.vars)
+	t.Cleanup(func() { _ = a.cmd.Process.Signal(syscall.SIGCONT) })
+	takenOverWithoutAGoodbye(t, s, 20_000, a, b, vanishing{
+		what:   "frozen",
+		vanish: func(t *testing.T) { require.NoError(t, a.cmd.Process.Signal(syscall.SIGSTOP)) },
+		comeBack: func(t *testing.T) {
+			require.NoError(t, a.cmd.Process.Signal(syscall.SIGCONT))
+		},
+	})
+	a.base(t) // it is alive again, and answers
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/heraldpush/herald/db/dbtest"
+	"github.com/heraldpush/herald/jobs/quota"
 )
 
 // TestE2EQuotaSharedByWorkers runs three worker processes, each with both
@@ -39,22 +40,9 @@ func TestE2EQuotaSharedByWorkers(t *testing.T) {
 	}
 	require.Len(t, at, devices/2)
 	sort.Slice(at, func(i, j int) bool { return at[i].Before(at[j]) })
-	most := maxSendsInWindow(at, time.Second)
+	most := quota.Busiest(at, time.Second)
 	span := at[len(at)-1].Sub(at[0]).Seconds()
 	t.Logf("%d FCM sends in %.2f s by three workers: %.0f a second, %.2f of the quota of %d; the busiest second carried %d",
 		len(at), span, float64(len(at))/span, float64(len(at))/span/rate, rate, most)
 	require.LessOrEqual(t, most, rate, "a second carried more FCM sends than the project's quota")
-}
-
-// maxSendsInWindow is the most of the sorted instants that fall in any span
-// of window: what a provider counting its quota over that window saw.
-func maxSendsInWindow(at []time.Time, window time.Duration) int {
-	most, start := 0, 0
-	for end := range at {
-		for at[end].Sub(at[start]) >= window {
-			start++
-		}
-		most = max(most, end-start+1)
-	}
-	return most
 }

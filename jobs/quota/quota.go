@@ -197,3 +197,17 @@ func (p *Pacer) take(ctx context.Context) (time.Duration, bool) {
 	wait := time.Duration(need / b.refill * float64(time.Second))
 	return min(max(wait, time.Millisecond), 100*time.Millisecond), false
 }
+
+// Busiest is the most of the sorted instants at that fall in any span of
+// window, however it falls: the busiest window a provider counting its
+// quota over window saw of sends that arrived at those instants.
+func Busiest(at []time.Time, window time.Duration) int {
+	most, start := 0, 0
+	for end := range at {
+		for at[end].Sub(at[start]) >= window {
+			start++
+		}
+		most = max(most, end-start+1)
+	}
+	return most
+}

@@ -17,19 +17,6 @@ import (
 
 var discard = slog.New(slog.NewTextHandler(io.Discard, nil))
 
-// maxInWindow is the most of the sorted instants that fall in any span of
-// window: what a provider counting its quota over that window saw.
-func maxInWindow(at []time.Time, window time.Duration) int {
-	most, start := 0, 0
-	for end := range at {
-		for at[end].Sub(at[start]) >= window {
-			start++
-		}
-		most = max(most, end-start+1)
-	}
-	return most
-}
-
 // TestQuotaSharedByProcesses: three processes (three Stores on one
 // database), each with an urgent and a bulk lane of several senders, take
 // turns under one quota of 1,500 a second counted over a second: no second,
@@ -63,7 +50,7 @@ func TestQuotaSharedByProcesses(t *testing.T) {
 	}
 	wg.Wait()
 	sort.Slice(at, func(i, j int) bool { return at[i].Before(at[j]) })
-	most := maxInWindow(at, time.Second)
+	most := Busiest(at, time.Second)
 	span := at[len(at)-1].Sub(at[0]).Seconds()
 	t.Logf("%d sends in %.2f s (%.0f a second against a quota of %.0f); the busiest second carried %d", len(at), span, float64(len(at))/span, rate, most)
 	require.LessOrEqual(t, most, int(rate), "a second carried more than the quota")
