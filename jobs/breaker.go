@@ -3,6 +3,7 @@ package jobs
 import (
 	"fmt"
 	"maps"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"time"
@@ -29,6 +30,17 @@ type BreakerConfig struct {
 	Cooldown, MaxCooldown time.Duration
 	// Now is the clock; time.Now when nil.
 	Now func() time.Time
+	// Jitter is a random duration in [0, n), by which a parked send comes
+	// back after the probe's instant (Wake); uniformly random when nil.
+	Jitter func(n time.Duration) time.Duration
+}
+
+// uniformJitter is a duration drawn uniformly from [0, n).
+func uniformJitter(n time.Duration) time.Duration {
+	if n <= 0 {
+		return 0
+	}
+	return rand.N(n)
 }
 
 // Breaker is a per-provider circuit breaker. Herald does not retry a send
@@ -52,6 +64,9 @@ type Breaker struct {
 	// the last pause the provider asked for (Pause).
 	notBefore time.Time
 	probing   bool
+	// woken is the probe's instant (probeAt) for which a parked send was
+	// told to come back at that instant, to carry the probe (Wake).
+	woken     time.Time
 	lastError string
 	lastErrAt time.Time
 	// Totals since start, for error rates.
@@ -71,6 +86,9 @@ func NewBreaker(cfg BreakerConfig) *Breaker {
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
+	}
+	if cfg.Jitter == nil {
+		cfg.Jitter = uniformJitter
 	}
 	return &Breaker{cfg: cfg, state: BreakerClosed, cooldown: cfg.Cooldown}
 }
@@ -155,10 +173,52 @@ func (b *Breaker) RetryIn() time.Duration {
 	case BreakerClosed:
 		return 0
 	case BreakerOpen:
-		now := b.cfg.Now()
-		return max(b.cooldown-now.Sub(b.openedAt), b.notBefore.Sub(now), 0)
+		return max(b.probeAt().Sub(b.cfg.Now()), 0)
 	default:
 		return b.cfg.Cooldown / 4
+	}
+}
+
+// probeAt is, while the breaker is open, the instant its probe may go: the
+// end of its cooldown, or of the pause the provider asked for if later.
+// b.mu is held.
+func (b *Breaker) probeAt() time.Time {
+	at := b.openedAt.Add(b.cooldown)
+	if b.notBefore.After(at) {
+		return b.notBefore
+	}
+	return at
+}
+
+// Wake is how long a chunk whose sends the breaker parked should sleep
+// before it tries them again. The first chunk parked for the coming probe
+// wakes at the probe's instant (RetryIn) to carry it, so the provider's
+// recovery is found out as soon as the breaker allows; every other one
+// wakes after a random share (Jitter) of the breaker's cooldown (or of the
+// pause the provider asked for, if longer; at most MaxCooldown) beyond
+// that instant. Without the share, every chunk an outage parked would wake
+// at the same instant, a herd at the provider that just came back; with
+// it they come back spread over a cooldown after the probe, when its answer
+// has closed the breaker again, or reopened it (and they park again,
+// behind the next probe). Allow is unchanged: one probe after the cooldown.
+// While the probe is out (half-open), a parked chunk waits a quarter of the
+// configured cooldown and its share; a closed breaker parks nothing.
+func (b *Breaker) Wake() time.Duration {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch b.state {
+	case BreakerClosed:
+		return 0
+	case BreakerOpen:
+		probe := b.probeAt()
+		wait := max(probe.Sub(b.cfg.Now()), 0)
+		if !b.woken.Equal(probe) {
+			b.woken = probe
+			return wait
+		}
+		return wait + b.cfg.Jitter(min(probe.Sub(b.openedAt), b.cfg.MaxCooldown))
+	default:
+		return b.cfg.Cooldown/4 + b.cfg.Jitter(min(b.cooldown, b.cfg.MaxCooldown))
 	}
 }
 

@@ -624,9 +624,11 @@ const sendSlice = 500
 // finish closes the chunk once its answers are written: the ledger writer
 // writes its timings and settles the message when nothing of it is pending
 // any more. The chunk snoozes when some of its deliveries were parked or
-// wait for their devices' throttles: until the first of them may be sent.
+// wait for their devices' throttles: until the first of them may be sent (a
+// parked one at its breaker's probe, or a share of the breaker's cooldown
+// after it: Breaker.Wake).
 func (w *FanOutWorker) finish(ctx context.Context, c *running, ledger *ledger, rec *chunkRecord, fenced bool) error {
-	parked, detail, wait := w.parked(c, rec.results)
+	parked, detail, breakers := w.parked(c, rec.results)
 	waiting, waitThrottle := w.throttledWait(c, rec.results)
 	if err := ledger.close(ctx, rec, len(parked) > 0 || waiting > 0); err != nil {
 		return err
@@ -651,14 +653,16 @@ func (w *FanOutWorker) finish(ctx context.Context, c *running, ledger *ledger, r
 		return river.JobSnooze(0)
 	}
 	if len(parked) == 0 {
-		wait = w.untilExpiry(c, waitThrottle)
+		wait := w.untilExpiry(c, waitThrottle)
 		w.cfg.Logger.InfoContext(ctx, "chunk waits for throttled devices",
 			"message_id", push.FormatMessageID(c.MessageID), "chunk", c.Chunk, "throttled", waiting, "retry_in", wait)
 		return river.JobSnooze(wait)
 	}
+	wait := wake(breakers)
 	if waiting > 0 {
-		wait = w.untilExpiry(c, min(wait, waitThrottle))
+		wait = min(wait, waitThrottle)
 	}
+	wait = w.untilExpiry(c, wait)
 	w.cfg.Logger.WarnContext(ctx, "chunk parked: a provider is failing, its deliveries wait for it",
 		"message_id", push.FormatMessageID(c.MessageID), "chunk", c.Chunk, "parked", parked, "throttled", waiting,
 		"error", detail, "retry_in", wait)
@@ -715,13 +719,9 @@ func parkedDetail(t Target, detail string) string {
 }
 
 // parked counts the chunk's deliveries that wait for a breaker, by channel,
-// with the error that held them back and how long the chunk should sleep:
-// until the first parked provider (or push service) lets a send through
-// again, but never past the chunk's expiry, when what is still pending
-// expires.
-func (w *FanOutWorker) parked(c *running, results []push.Result) (parked map[string]int, detail string, wait time.Duration) {
+// with the error that held them back and the breakers they wait for.
+func (w *FanOutWorker) parked(c *running, results []push.Result) (parked map[string]int, detail string, breakers []*Breaker) {
 	parked = map[string]int{}
-	wait = -1
 	// The error told is the last attempted one's (else the first refused
 	// one's), described once, after the walk.
 	told := -1
@@ -735,16 +735,32 @@ func (w *FanOutWorker) parked(c *running, results []push.Result) (parked map[str
 			if told < 0 || results[told].Detail == "" || !r.At.IsZero() {
 				told = i
 			}
-			if d := w.cfg.Breakers.ForTarget(t).RetryIn(); wait < 0 || d < wait {
-				wait = d
+			if br := w.cfg.Breakers.ForTarget(t); !slices.Contains(breakers, br) {
+				breakers = append(breakers, br)
 			}
 		}
 	}
 	if len(parked) == 0 {
-		return nil, "", 0
+		return nil, "", nil
 	}
 	detail = parkedDetail(c.Targets[told], results[told].Detail)
-	return parked, detail, w.untilExpiry(c, wait)
+	return parked, detail, breakers
+}
+
+// wake is how long a chunk whose sends breakers parked should sleep: until
+// the first of them lets it try again (Breaker.Wake). Each breaker is asked
+// once a chunk, however many of its devices it parked, so that the chunk
+// wakes at its share of the breaker's cooldown, and not at the least of
+// hundreds of draws, which would bring every chunk back at the probe's
+// instant again.
+func wake(breakers []*Breaker) time.Duration {
+	wait := time.Duration(-1)
+	for _, br := range breakers {
+		if d := br.Wake(); wait < 0 || d < wait {
+			wait = d
+		}
+	}
+	return max(wait, 0)
 }
 
 // expire marks what is still pending in the chunk expired, through pool
