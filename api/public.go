@@ -32,7 +32,9 @@ func (s *Server) deviceRoutes(e *echo.Echo) {
 
 	// The web kit (web/sdk): the service worker, the page script and an
 	// example page that uses them.
-	e.GET("/sdk/*", s.sdk())
+	sdk := s.sdk()
+	e.GET("/sdk/*", sdk)
+	e.HEAD("/sdk/*", sdk)
 }
 
 // publicRoutes are the public listener's: the device routes, and nothing

@@ -127,3 +127,17 @@ func TestPublicHandlerServesDeviceRoutesAlone(t *testing.T) {
 		require.Equal(t, http.StatusNotFound, call(http.MethodGet, path, "").Code, path)
 	}
 }
+
+// TestWebKitAnswersHEAD: a monitor or a CDN asks for the kit's files with
+// HEAD, and gets their headers.
+func TestWebKitAnswersHEAD(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for _, h := range []http.Handler{b.srv, b.srv.PublicHandler()} {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodHead, "/sdk/herald.js", nil))
+		require.Equal(t, http.StatusOK, rec.Code)
+		require.Contains(t, rec.Header().Get("Content-Type"), "javascript")
+		require.Empty(t, rec.Body.String())
+	}
+}
