@@ -26,7 +26,9 @@ func TestE2EBench(t *testing.T) {
 	t.Run("one process", func(t *testing.T) { testBench(t, false) })
 	// The urgent lane in a worker of its own (--urgent-worker), with the
 	// rich payload (--payload rich), one bulk message and no earlier one,
-	// a fifth of the devices throttled (--throttled 20).
+	// a fifth of the devices throttled (--throttled 20), and every
+	// provider connection closed before the instant's warm-up
+	// (--drop-connections 3s).
 	t.Run("urgent worker", func(t *testing.T) { testBench(t, true) })
 }
 
@@ -36,14 +38,15 @@ func testBench(t *testing.T, urgentWorker bool) {
 	var progress strings.Builder
 	b := &heraldbench.Benchmark{
 		Config: heraldbench.Config{
-			Users: 40, Mix: [3]float64{45, 45, 10}, Latency: 5 * time.Millisecond, Ahead: 4 * time.Second,
+			Users: 40, Mix: [3]float64{0.45, 0.45, 0.10}, Latency: 5 * time.Millisecond, Ahead: 4 * time.Second,
 			Seed: 7, DecryptOneIn: 1, UrgentWorker: urgentWorker, Payload: map[bool]string{false: "plain", true: "rich"}[urgentWorker],
 			// Two history messages, one of them partial.
-			History:   30_000,
-			Messages:  map[bool]int{false: 2, true: 1}[urgentWorker],
-			Before:    map[bool]int{false: 1, true: 0}[urgentWorker],
-			Throttled: map[bool]float64{false: 0, true: 0.2}[urgentWorker],
-			Receipts:  !urgentWorker,
+			History:         30_000,
+			Messages:        map[bool]int{false: 2, true: 1}[urgentWorker],
+			Before:          map[bool]int{false: 1, true: 0}[urgentWorker],
+			Throttled:       map[bool]float64{false: 0, true: 0.2}[urgentWorker],
+			Receipts:        !urgentWorker,
+			DropConnections: map[bool]time.Duration{false: 0, true: 3 * time.Second}[urgentWorker],
 		},
 		Getenv:    func(k string) string { return map[string]string{"PATH": os.Getenv("PATH")}[k] },
 		Progress:  func(format string, a ...any) { progress.WriteString(strings.TrimSpace(format) + "\n") },
@@ -118,6 +121,22 @@ func testBench(t *testing.T, urgentWorker bool) {
 		require.GreaterOrEqual(t, r.ConfirmedSkewMs.P50, res.SkewMs.P50, "a delivery is confirmed after it was accepted")
 	} else {
 		require.Nil(t, r)
+	}
+
+	// Each channel's first push. With every provider connection closed
+	// 3 s ahead, before the instant's warm-up (2 s ahead), the warm-ups
+	// opened them again, in each Herald process and lane.
+	for _, ch := range []string{"apns", "fcm", "webpush"} {
+		require.Contains(t, res.FirstPushMs, ch)
+		require.Positive(t, res.FirstPushMs[ch], ch)
+	}
+	if c := res.Connections; urgentWorker {
+		require.NotNil(t, c)
+		require.Positive(t, c.Closed)
+		require.InDelta(t, 3000, c.DroppedBeforeMs, 500)
+		require.Positive(t, c.OpenedBeforeInstant, "the instant's warm-ups opened connections")
+	} else {
+		require.Nil(t, c)
 	}
 
 	// Many messages at one instant: each one's first and last device.

@@ -73,6 +73,13 @@ type Config struct {
 	// confirm their push to Herald, one in ten opens it, and the result
 	// gains the confirmed deliveries' skew (receipts.go).
 	Receipts bool
+	// DropConnections, when set, has fakepush close every connection
+	// clients hold to it that long before the instant
+	// (--drop-connections), as a provider closes those kept idle: beyond
+	// the instant's look-ahead (DefaultWakeAhead, 2 s) Herald's warm-up
+	// opens them again; within it, after the warm-up, the instant meets
+	// them closed.
+	DropConnections time.Duration
 	// Apps is how many apps the users' devices are spread over (--apps):
 	// the default app and Apps-1 more, each with credentials of its own at
 	// fakepush, stored in Herald (apps.go); 0 means one.
@@ -123,6 +130,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	fs.StringVar(&cfg.Payload, "payload", "plain", "the bulk message's payload: plain (title, body, data), rich (every payload field) or localized (rich, in five languages the users' locales spread over)")
 	fs.BoolVar(&cfg.UrgentWorker, "urgent-worker", false, "run the urgent lane in a worker process of its own (HERALD_LANES=urgent)")
 	fs.BoolVar(&cfg.Cold, "cold", false, "restart PostgreSQL and drop the page cache (as root) between the scheduling and the instant; PostgreSQL's CPU is then not measured")
+	fs.DurationVar(&cfg.DropConnections, "drop-connections", 0, "fakepush closes every connection this long before the instant, as providers close idle ones: 5s is before the instant's warm-up (which opens them again), 500ms after it (the instant meets them closed)")
 	fs.IntVar(&cfg.Apps, "apps", 1, "apps the devices are spread over, user by user: the default app and N-1 more, each with its own APNs key and topic, FCM project and VAPID pair")
 	fs.BoolVar(&cfg.Receipts, "receipts", false, "fakepush plays the devices: 90% confirm their push to Herald (POST /v1/receipts), 10% open it; the result adds the confirmed skew (HERALD_RECEIPTS=off runs without tokens)")
 	throttled := fs.Float64("throttled", 0, "percent of devices fakepush throttles (429 with Retry-After, once each) in the measured messages")
@@ -161,6 +169,9 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	if cfg.StatusEvery <= 0 {
 		return errors.New("--status-every must be positive")
+	}
+	if cfg.DropConnections < 0 || cfg.DropConnections >= cfg.Ahead {
+		return fmt.Errorf("--drop-connections must be from 0 to less than --ahead (%s), not %s", cfg.Ahead, cfg.DropConnections)
 	}
 	admin := getenv("DATABASE_URL")
 	if admin == "" {

@@ -146,7 +146,19 @@ func (b *Benchmark) dispatch(ctx context.Context, dbURL string, s scheduled, set
 		return err
 	}
 	defer probeConn.Close(context.WithoutCancel(ctx))
+	var conns *Connections
+	if d := b.Config.DropConnections; d > 0 {
+		time.Sleep(time.Until(s.dispatchAt.Add(-d)))
+		if conns, err = b.dropConnections(s.dispatchAt); err != nil {
+			return err
+		}
+	}
 	time.Sleep(time.Until(s.dispatchAt.Add(-100 * time.Millisecond)))
+	if conns != nil {
+		if conns.OpenedBeforeInstant, err = conns.openedSince(b); err != nil {
+			return err
+		}
+	}
 	if err := cpu.markHerald(2); err != nil {
 		return err
 	}
@@ -167,6 +179,14 @@ func (b *Benchmark) dispatch(ctx context.Context, dbURL string, s scheduled, set
 	rtts := <-probed
 	if err != nil {
 		return err
+	}
+	if conns != nil {
+		if conns.OpenedAfterInstant, err = conns.openedSince(b); err != nil {
+			return err
+		}
+		res.Connections = conns
+		b.Progress("connections: %d closed %.0f ms before the instant, %d opened again before it, %d after it",
+			conns.Closed, conns.DroppedBeforeMs, conns.OpenedBeforeInstant, conns.OpenedAfterInstant)
 	}
 	res.Probe.ProviderMs, res.Probe.DatabaseMs = summarize(rtts[0]), summarize(rtts[1])
 	b.Progress("probes while the bulk message was in flight: provider round trip p50 %.0f ms, max %.0f ms; database p50 %.1f ms, max %.1f ms",

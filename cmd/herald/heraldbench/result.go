@@ -38,6 +38,15 @@ type Result struct {
 	// Cold says what --cold did to the caches before the instant; empty
 	// without it.
 	Cold string `json:"cold,omitempty"`
+	// Connections is what fakepush counted of the provider connections
+	// around the instant, with --drop-connections; null without it.
+	Connections *Connections `json:"connections"`
+	// FirstPushMs is, per channel, when the bulk messages' first push
+	// reached fakepush after the instant (its receipt's time, the host's
+	// clock): with the first chunk's first acceptance (first_skew_ms), what
+	// an instant's first push pays before its request is on the wire, a TLS
+	// handshake when its connection had to be opened.
+	FirstPushMs map[string]float64 `json:"first_push_ms"`
 	// UrgentPickupMs is when the urgent chunk started after its due time:
 	// the rest of urgent_skew_ms is its reads, the send and the answer.
 	UrgentPickupMs float64 `json:"urgent_pickup_ms"`
@@ -284,7 +293,14 @@ func (b *Benchmark) fakepushView(s scheduled, res *Result) error {
 			return err
 		}
 		for _, r := range receipts {
-			rskews = append(rskews, float64(r.ReceivedAt.Sub(s.dispatchAt).Microseconds())/1000)
+			skew := float64(r.ReceivedAt.Sub(s.dispatchAt).Microseconds()) / 1000
+			rskews = append(rskews, skew)
+			if first, ok := res.FirstPushMs[r.Channel]; !ok || skew < first {
+				if res.FirstPushMs == nil {
+					res.FirstPushMs = map[string]float64{}
+				}
+				res.FirstPushMs[r.Channel] = round1(skew)
+			}
 		}
 		stats = st
 	}
