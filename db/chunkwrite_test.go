@@ -208,6 +208,33 @@ func TestBatchIsOneTransaction(t *testing.T) {
 	require.NotEqual(t, first, txAfter)
 }
 
+// TestLedgerWritesWaitForASynchronousStandby: a ledger write commits
+// without waiting for its WAL (synchronous_commit off), unless the server
+// has a synchronous standby: then it waits as the server's commits do, so
+// that a result acknowledged to the worker survives a failover to that
+// standby. Before, it was off there too, and the results a worker wrote in
+// a primary's last moments were gone on the promoted standby, some sent
+// twice and some left pending under a completed chunk.
+func TestLedgerWritesWaitForASynchronousStandby(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	setting := func(pool interface {
+		Begin(context.Context) (pgx.Tx, error)
+	}) string {
+		var got string
+		require.NoError(t, db.InTx(ctx, pool, func(tx pgx.Tx) error {
+			if err := db.New(tx).CommitWithoutWaitingForDisk(ctx); err != nil {
+				return err
+			}
+			return tx.QueryRow(ctx, "SHOW synchronous_commit").Scan(&got)
+		}))
+		return got
+	}
+	require.Equal(t, "off", setting(dbtest.New(t).Pool), "no standby")
+	pair := dbtest.NewPair(t, true)
+	require.Equal(t, "on", setting(pair.Pool()), "a synchronous standby")
+}
+
 // TestBeginChunk starts a scheduled message, finds a started one as it is,
 // leaves a cancelled one alone, and reads the chunk's pending devices, with
 // their tokens, and the payload in the same round trip.

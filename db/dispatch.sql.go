@@ -211,7 +211,9 @@ func (q *Queries) ChunkSnapshotPending(ctx context.Context, arg ChunkSnapshotPen
 }
 
 const commitWithoutWaitingForDisk = `-- name: CommitWithoutWaitingForDisk :exec
-SELECT set_config('synchronous_commit', 'off', true)
+SELECT set_config('synchronous_commit',
+    CASE WHEN current_setting('synchronous_standby_names') = '' THEN 'off'
+         ELSE current_setting('synchronous_commit') END, true)
 `
 
 // Lets the current transaction commit without waiting for its WAL to reach
@@ -219,7 +221,10 @@ SELECT set_config('synchronous_commit', 'off', true)
 // implicit transaction of a pipelined batch). Safe for a chunk's results:
 // River marks the job done in a later, synchronous commit, which flushes
 // this one's WAL too; a crash before that loses both, and the retried chunk
-// resends what was not recorded.
+// resends what was not recorded. With a synchronous standby
+// (synchronous_standby_names set) the commit waits as the server's own
+// setting says: a result acknowledged must be on the standby, or a failover
+// to it would lose what the worker believes written.
 func (q *Queries) CommitWithoutWaitingForDisk(ctx context.Context) error {
 	_, err := q.db.Exec(ctx, commitWithoutWaitingForDisk)
 	return err

@@ -630,6 +630,9 @@ const sendSlice = 500
 func (w *FanOutWorker) finish(ctx context.Context, c *running, ledger *ledger, rec *chunkRecord, fenced bool) error {
 	parked, detail, breakers := w.parked(c, rec.results)
 	waiting, waitThrottle := w.throttledWait(c, rec.results)
+	if fenced {
+		ledger.rewrite(rec)
+	}
 	if err := ledger.close(ctx, rec, len(parked) > 0 || waiting > 0); err != nil {
 		return err
 	}

@@ -725,6 +725,54 @@ func TestFanOutStopsWhenItsSessionChanges(t *testing.T) {
 	require.Equal(t, 2, pending, "the devices not sent stay pending for whoever has the chunk")
 }
 
+// TestFanOutWritesAgainWhatAFailoverLost: a write the primary acknowledged
+// and its standby never received is gone once the standby is promoted, and
+// the chunk that made it goes on with the new primary. Its process loses
+// its liveness lock with the old primary, so the chunk ends as fenced, and
+// its close writes every answer it had again: the device answered before
+// the failover is accepted, not left pending for the chunk's retry to send
+// it twice (or, had the chunk finished, pending for good under a completed
+// job). Before, a chunk's close wrote only what it had not written yet.
+func TestFanOutWritesAgainWhatAFailoverLost(t *testing.T) {
+	t.Parallel()
+	b := setupFanOut(t)
+	c := b.dueNow(b.devices("apns-1", "apns-2", "apns-3"))
+	lease := &testLease{}
+	lease.held.Store(true)
+	lease.session.Store(1)
+	apns := &recordingSender{}
+	var failedOver bool
+	sender := senderFunc(func(ctx context.Context, m *push.Message, targets []push.Target, results []push.Result, allow func() bool, answered func(int)) {
+		apns.Send(ctx, m, targets, results, func() bool {
+			if len(apns.sent) == 1 && !failedOver {
+				failedOver = true
+				// The first answer is written; then the primary fails
+				// over to a standby that never got that write, and the
+				// lock is taken again on the new primary.
+				ctx := context.Background()
+				device := c.device(t, "apns-1")
+				written := assert.Eventually(t, func() bool { //nolint:forbidigo // on the sender's goroutine, where require cannot stop the test
+					return b.ledger(c.msg.ID)[device].Status == "accepted"
+				}, 5*time.Second, 5*time.Millisecond, "the first answer was not written")
+				_, err := b.db.Pool.Exec(ctx, `UPDATE deliveries SET status = 'pending', attempt = attempt - 1, attempted_at = NULL, accepted_at = NULL
+					WHERE message_id = $1 AND device_id = $2`, c.msg.ID, device)
+				assert.NoError(t, err) //nolint:forbidigo // as above
+				_, err = b.db.Pool.Exec(ctx, `UPDATE messages SET pending_count = pending_count + 1, accepted_count = accepted_count - 1 WHERE id = $1`, c.msg.ID)
+				assert.NoError(t, err) //nolint:forbidigo // as above
+				failedOver = written
+				lease.session.Store(2)
+			}
+			return allow()
+		}, answered)
+	})
+	w := b.worker(map[string]Sender{ChannelAPNs: sender}, FanOutConfig{Lease: lease})
+	b.work(w, c)
+	require.True(t, failedOver)
+	require.Equal(t, []string{"apns-1"}, apns.sends(), "nothing was sent under the new session")
+	b.requireStatus(c, "apns-1", "accepted", push.ReasonNone)
+	b.requireStatus(c, "apns-2", "pending", push.ReasonNone)
+}
+
 // senderFunc is a Sender made of a function.
 type senderFunc func(ctx context.Context, m *push.Message, targets []push.Target, results []push.Result, allow func() bool, answered func(int))
 

@@ -156,6 +156,10 @@ type chunkRecord struct {
 	// abandonedAt is when the chunk stopped waiting for its close (its
 	// attempt timed out); the writer keeps its answers for a while more.
 	abandonedAt time.Time
+	// handed are the indexes of every result handed over so far, and
+	// rewrite says the chunk's close writes them all again (ledger.lost).
+	handed  []int
+	rewrite bool
 
 	// firstAccept and lastAccept gather the chunk's accepted answers over
 	// its writes, for the close; only the writer's goroutine uses them.
@@ -220,6 +224,7 @@ func (l *ledger) add(r *chunkRecord, reserved bool, idx ...int) {
 		return
 	}
 	r.unwritten = append(r.unwritten, idx...)
+	r.handed = append(r.handed, idx...)
 	if reserved {
 		r.owed += len(idx)
 	}
@@ -306,6 +311,7 @@ func (l *ledger) run() {
 			}
 			backoff, failing = min(max(2*backoff, retryFirst), retryMax), err
 			l.putBack(batch)
+			l.lost()
 		default:
 			l.logger.Error("ledger write failed; its chunks fail and will be retried", "error", err)
 			l.failed(batch, err)
@@ -343,7 +349,12 @@ func (l *ledger) take() (batch []pick, more bool) {
 		if len(r.unwritten) == 0 && !r.closing {
 			continue
 		}
-		batch = append(batch, pick{r: r, idx: r.unwritten, close: r.closing, owed: r.owed})
+		idx := r.unwritten
+		if r.closing && r.rewrite {
+			// Written twice, a result counts once (db.RecordResults).
+			idx = slices.Clone(r.handed)
+		}
+		batch = append(batch, pick{r: r, idx: idx, close: r.closing, owed: r.owed})
 		r.unwritten, r.owed = nil, 0
 	}
 	if len(l.chunks) == 0 {
@@ -362,6 +373,32 @@ func (l *ledger) putBack(batch []pick) {
 		p.r.unwritten = append(p.idx, p.r.unwritten...)
 		p.r.owed += p.owed
 	}
+}
+
+// lost marks every chunk being written as having lost touch with the
+// database: what it wrote before may be gone. A write is acknowledged before
+// it is durable (db.CommitWithoutWaitingForDisk), and a primary that
+// crashes, or fails over to a standby that had not yet received it, takes
+// the acknowledged writes of its last moments with it, while the chunks go
+// on and close on the server that comes back. A chunk's close then writes
+// every result it has again, so that none of its deliveries stays pending
+// for good once River marks it completed: what is already there is not
+// changed, and what was lost is written.
+func (l *ledger) lost() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, r := range l.chunks {
+		r.rewrite = true
+	}
+}
+
+// rewrite asks r's close to write every result it has again (lost): its
+// chunk stopped sending because its process lost its liveness lock, and so
+// its connection to the database, whether or not a write failed meanwhile.
+func (l *ledger) rewrite(r *chunkRecord) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	r.rewrite = true
 }
 
 // written counts what a write committed and releases the chunks it closed.

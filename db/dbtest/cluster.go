@@ -24,6 +24,9 @@ type Cluster struct {
 	dir  string
 	bin  string
 	data string
+	// opts are server settings of this cluster's own, given to every
+	// start (-c name=value ...).
+	opts string
 	// URL connects to the cluster's database herald, empty: `herald serve
 	// --migrate` or db.Migrate makes its tables.
 	URL string
@@ -33,6 +36,37 @@ type Cluster struct {
 // test cluster: a Unix socket only, fsync off) with an empty database,
 // and stops and deletes it when the test ends. It takes a few seconds.
 func NewCluster(tb testing.TB) *Cluster {
+	tb.Helper()
+	return newCluster(tb, "")
+}
+
+// newCluster is NewCluster with opts given to every start of the server.
+func newCluster(tb testing.TB, opts string) *Cluster {
+	tb.Helper()
+	c := emptyCluster(tb)
+	c.opts = opts
+	if out, err := c.asOwner(filepath.Join(c.bin, "initdb"), "-D", c.data, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--locale=C").CombinedOutput(); err != nil {
+		tb.Fatalf("dbtest: initdb: %v\n%s", err, out)
+	}
+	c.Start()
+	admin := fmt.Sprintf("postgres://postgres@/postgres?host=%s&sslmode=disable", c.dir)
+	ctx := context.Background()
+	pool, err := db.Open(ctx, admin, db.PoolConfig{MaxConns: 1})
+	if err != nil {
+		tb.Fatalf("dbtest: %v", err)
+	}
+	defer pool.Close()
+	if _, err := pool.Exec(ctx, "CREATE DATABASE herald"); err != nil {
+		tb.Fatalf("dbtest: create database: %v", err)
+	}
+	c.URL = fmt.Sprintf("postgres://postgres@/herald?host=%s&sslmode=disable", c.dir)
+	return c
+}
+
+// emptyCluster makes the directory of a cluster with no data yet, owned by
+// the postgres user when root, deleted (the server stopped first) when the
+// test ends.
+func emptyCluster(tb testing.TB) *Cluster {
 	tb.Helper()
 	bin, err := db.PostgresBin()
 	if err != nil {
@@ -54,21 +88,6 @@ func NewCluster(tb testing.TB) *Cluster {
 	if err := c.own(dir); err != nil {
 		tb.Fatalf("dbtest: %v", err)
 	}
-	if out, err := c.asOwner(filepath.Join(bin, "initdb"), "-D", c.data, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--locale=C").CombinedOutput(); err != nil {
-		tb.Fatalf("dbtest: initdb: %v\n%s", err, out)
-	}
-	c.Start()
-	admin := fmt.Sprintf("postgres://postgres@/postgres?host=%s&sslmode=disable", dir)
-	ctx := context.Background()
-	pool, err := db.Open(ctx, admin, db.PoolConfig{MaxConns: 1})
-	if err != nil {
-		tb.Fatalf("dbtest: %v", err)
-	}
-	defer pool.Close()
-	if _, err := pool.Exec(ctx, "CREATE DATABASE herald"); err != nil {
-		tb.Fatalf("dbtest: create database: %v", err)
-	}
-	c.URL = fmt.Sprintf("postgres://postgres@/herald?host=%s&sslmode=disable", dir)
 	return c
 }
 
@@ -86,7 +105,7 @@ func (c *Cluster) Pool() *pgxpool.Pool {
 // Start starts the stopped cluster and waits until it takes connections.
 func (c *Cluster) Start() {
 	c.tb.Helper()
-	opts := fmt.Sprintf("-k %s -c listen_addresses='' -c max_connections=200 -c fsync=off -c full_page_writes=off", c.dir)
+	opts := fmt.Sprintf("-k %s -c listen_addresses='' -c max_connections=200 -c fsync=off -c full_page_writes=off %s", c.dir, c.opts)
 	if err := c.pgctl("start", "-l", filepath.Join(c.dir, "server.log"), "-w", "-t", "60", "-o", opts); err != nil {
 		log, _ := os.ReadFile(filepath.Join(c.dir, "server.log"))
 		c.tb.Fatalf("dbtest: start cluster: %v\n%s", err, log)
@@ -99,6 +118,16 @@ func (c *Cluster) Stop() {
 	c.tb.Helper()
 	if err := c.pgctl("stop", "-m", "fast", "-w"); err != nil {
 		c.tb.Fatalf("dbtest: stop cluster: %v", err)
+	}
+}
+
+// Kill stops the cluster the way a crash of its machine does (`pg_ctl
+// stop -m immediate`): every process exits at once, without a checkpoint,
+// and whatever its standbys had not received is theirs never to receive.
+func (c *Cluster) Kill() {
+	c.tb.Helper()
+	if err := c.pgctl("stop", "-m", "immediate", "-w"); err != nil {
+		c.tb.Fatalf("dbtest: kill cluster: %v", err)
 	}
 }
 

@@ -302,8 +302,13 @@ SELECT set_config('plan_cache_mode', 'force_generic_plan', true);
 -- implicit transaction of a pipelined batch). Safe for a chunk's results:
 -- River marks the job done in a later, synchronous commit, which flushes
 -- this one's WAL too; a crash before that loses both, and the retried chunk
--- resends what was not recorded.
-SELECT set_config('synchronous_commit', 'off', true);
+-- resends what was not recorded. With a synchronous standby
+-- (synchronous_standby_names set) the commit waits as the server's own
+-- setting says: a result acknowledged must be on the standby, or a failover
+-- to it would lose what the worker believes written.
+SELECT set_config('synchronous_commit',
+    CASE WHEN current_setting('synchronous_standby_names') = '' THEN 'off'
+         ELSE current_setting('synchronous_commit') END, true);
 
 -- name: MessageState :one
 SELECT state FROM messages WHERE id = @id;
