@@ -98,9 +98,11 @@ func testFailover(t *testing.T, synchronous bool) {
 		}, time.Minute, time.Millisecond, "the standby never caught up")
 		calls = pollAPI(t, s)
 		recordedAt = s.recorded()
-		acceptedAtKill = s.accepted()
 		pair.Primary.Kill()
 		killedAt = time.Now()
+		// Read after the stop, so that every result the primary can
+		// have had is among these.
+		acceptedAtKill = s.accepted()
 		calls.killed(killedAt)
 		// The deliveries the standby has, read on it before its
 		// promotion: what the primary had written and the standby had
