@@ -33,13 +33,16 @@ type instantConns struct {
 	lane Lane
 	ctx  context.Context
 
-	mu     sync.Mutex
+	mu sync.Mutex
+	// seen are the connections this instant's chunks named so far, opened
+	// the number of them this warm-up opens.
+	seen   map[connKey]bool
 	opened int
 	wg     sync.WaitGroup
 }
 
 func (w *FanOutWorker) instantConns(ctx context.Context, lane Lane) *instantConns {
-	return &instantConns{w: w, lane: lane, ctx: ctx}
+	return &instantConns{w: w, lane: lane, ctx: ctx, seen: map[connKey]bool{}}
 }
 
 // add opens the connections the chunk's pending deliveries will be sent
@@ -61,16 +64,20 @@ func (ic *instantConns) add(pending []db.ChunkPendingRow) {
 		if r.Gone != "" {
 			continue
 		}
-		t := targetOf(r)
-		g := sendGroup{channel: t.Channel, app: max(t.App, apps.DefaultID)}
-		if t.Channel == ChannelWebPush {
-			g.credential = t.Credential
+		g := sendGroup{channel: r.Channel, app: max(r.AppID, apps.DefaultID)}
+		if r.Channel == ChannelWebPush {
+			g.credential = r.CredentialID
 		}
-		k := connKey{lane: ic.lane.Queue, channel: g.channel, app: g.app, credential: g.credential, where: connWhere(t)}
+		k := connKey{lane: ic.lane.Queue, channel: g.channel, app: g.app, credential: g.credential, where: connWhere(r)}
+		if ic.seen[k] {
+			continue
+		}
+		ic.seen[k] = true
 		if !ic.w.warmed.claim(k, now) {
 			continue
 		}
 		ic.opened++
+		t := targetOf(r)
 		c := byGroup[g]
 		if c == nil {
 			c = &client{g: g}
@@ -85,17 +92,14 @@ func (ic *instantConns) add(pending []db.ChunkPendingRow) {
 	}
 }
 
-// connWhere is what a target's connection is within its client: its APNs
-// environment, or its Web Push service's host.
-func connWhere(t Target) string {
-	switch t.Channel {
+// connWhere is what a delivery's connection is within its client: its
+// device's APNs environment, or its Web Push service's host.
+func connWhere(r db.ChunkPendingRow) string {
+	switch r.Channel {
 	case ChannelAPNs:
-		if t.Sandbox {
-			return "sandbox"
-		}
-		return "production"
+		return r.Environment
 	case ChannelWebPush:
-		return push.EndpointHost(t.Token)
+		return push.EndpointHost(r.Token)
 	}
 	return ""
 }

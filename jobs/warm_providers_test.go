@@ -3,6 +3,7 @@ package jobs
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -209,4 +210,30 @@ func TestWarmGoesOnWhenAProviderWarmUpFails(t *testing.T) {
 	require.Equal(t, river.EventKindJobCompleted, b.work(w, c).EventKind)
 	b.requireStatus(c, "apns-a", "accepted", push.ReasonNone)
 	b.requireStatus(c, "fcm-b", "accepted", push.ReasonNone)
+}
+
+// TestWarmOpensAtMostMaxConnWarmups: an instant whose devices name more
+// push services than maxConnWarmups has that many opened ahead, not one a
+// service: the rest are opened by their first pushes.
+func TestWarmOpensAtMostMaxConnWarmups(t *testing.T) {
+	t.Parallel()
+	b := setupFanOut(t)
+	webPush := &warmingSender{recordingSender: &recordingSender{}}
+	w := b.worker(map[string]Sender{ChannelWebPush: webPush}, FanOutConfig{})
+	var endpoints []string
+	for i := range maxConnWarmups + 8 {
+		endpoints = append(endpoints, fmt.Sprintf("https://push%02d.example.com/x", i))
+	}
+	c, at := b.dueInAMinute(b.devices(endpoints...))
+
+	require.NoError(t, w.Warm(context.Background(), QueueBulk, at))
+	hosts := map[string]bool{}
+	for _, tokens := range webPush.warmups() {
+		for _, token := range tokens {
+			hosts[push.EndpointHost(token)] = true
+		}
+	}
+	require.Len(t, hosts, maxConnWarmups)
+	require.Equal(t, river.EventKindJobCompleted, b.work(w, c).EventKind)
+	require.Len(t, webPush.sends(), maxConnWarmups+8, "every device is sent to all the same")
 }

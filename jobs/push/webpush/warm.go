@@ -12,8 +12,9 @@ import (
 
 // maxWarmHosts bounds the push services one WarmFor opens connections to:
 // the browsers' services are four, and an egress entry with a wildcard
-// admits hosts without end.
-const maxWarmHosts = 16
+// admits hosts without end. It is as many as an instant's warm-up opens
+// connections at most (jobs), so that what it asks for is opened.
+const maxWarmHosts = 32
 
 // WarmFor opens, ahead of an instant, a connection to each push service
 // the targets' endpoints name (those the egress policy admits, at most
