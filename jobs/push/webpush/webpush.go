@@ -96,7 +96,8 @@ func New(cfg Config) (*Provider, error) {
 }
 
 // Warm does nothing: which push services a message goes to is known only
-// from its subscriptions, so there is no connection to open ahead of them.
+// from its subscriptions, so there is no connection to open at start.
+// WarmFor opens them ahead of an instant, from the subscriptions due.
 func (p *Provider) Warm(context.Context) error { return nil }
 
 // Pacing is the pacing of every push service sent to lately: its bound on
