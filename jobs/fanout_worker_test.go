@@ -773,6 +773,56 @@ func TestFanOutWritesAgainWhatAFailoverLost(t *testing.T) {
 	b.requireStatus(c, "apns-2", "pending", push.ReasonNone)
 }
 
+// TestFanOutWritesAgainWhatACrashLost: as TestFanOutWritesAgainWhatAFailoverLost,
+// for a database that went away and came back within the chunk (a crash
+// and restart, a failover quicker than the liveness lock notices): a write
+// that failed meanwhile tells the writer that what it wrote before may be
+// gone, so the chunk's close writes every answer again, and the chunk,
+// which completes, leaves no delivery pending under it.
+func TestFanOutWritesAgainWhatACrashLost(t *testing.T) {
+	t.Parallel()
+	b := setupFanOut(t)
+	c := b.dueNow(b.devices("apns-1", "apns-2", "apns-3"))
+	proxy := dbtest.NewProxy(t, b.db.URL)
+	pool, err := db.Open(context.Background(), proxy.URL, db.PoolConfig{MaxConns: 4})
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	apns := &recordingSender{}
+	var crashed bool
+	sender := senderFunc(func(ctx context.Context, m *push.Message, targets []push.Target, results []push.Result, allow func() bool, answered func(int)) {
+		apns.Send(ctx, m, targets, results, func() bool {
+			if len(apns.sent) == 1 && !crashed {
+				// The first answer is written, then lost with the
+				// server, which is away for a second.
+				ctx := context.Background()
+				device := c.device(t, "apns-1")
+				crashed = assert.Eventually(t, func() bool { //nolint:forbidigo // on the sender's goroutine, where require cannot stop the test
+					return b.ledger(c.msg.ID)[device].Status == "accepted"
+				}, 5*time.Second, 5*time.Millisecond, "the first answer was not written")
+				_, err := b.db.Pool.Exec(ctx, `UPDATE deliveries SET status = 'pending', attempt = attempt - 1, attempted_at = NULL, accepted_at = NULL
+					WHERE message_id = $1 AND device_id = $2`, c.msg.ID, device)
+				assert.NoError(t, err) //nolint:forbidigo // as above
+				_, err = b.db.Pool.Exec(ctx, `UPDATE messages SET pending_count = pending_count + 1, accepted_count = accepted_count - 1 WHERE id = $1`, c.msg.ID)
+				assert.NoError(t, err) //nolint:forbidigo // as above
+				proxy.Down()
+				time.AfterFunc(time.Second, proxy.Up)
+			}
+			return allow()
+		}, answered)
+	})
+	providers := map[string]Sender{ChannelAPNs: sender}
+	w := NewFanOutWorker(FanOutConfig{Pool: pool, Logger: discard, Clock: b.clock,
+		Lanes: []Lane{{Queue: QueueUrgent, Providers: providers}, {Queue: QueueBulk, Providers: providers}}})
+	res := b.work(w, c)
+	require.True(t, crashed)
+	require.Equal(t, river.EventKindJobCompleted, res.EventKind)
+	require.Equal(t, []string{"apns-1", "apns-2", "apns-3"}, apns.sends())
+	for _, token := range []string{"apns-1", "apns-2", "apns-3"} {
+		b.requireStatus(c, token, "accepted", push.ReasonNone)
+	}
+	require.Equal(t, StateDispatched, b.settled(c.msg.ID).State)
+}
+
 // senderFunc is a Sender made of a function.
 type senderFunc func(ctx context.Context, m *push.Message, targets []push.Target, results []push.Result, allow func() bool, answered func(int))
 
