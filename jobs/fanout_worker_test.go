@@ -756,9 +756,9 @@ func TestFanOutWritesAgainWhatAFailoverLost(t *testing.T) {
 				}, 5*time.Second, 5*time.Millisecond, "the first answer was not written")
 				_, err := b.db.Pool.Exec(ctx, `UPDATE deliveries SET status = 'pending', attempt = attempt - 1, attempted_at = NULL, accepted_at = NULL
 					WHERE message_id = $1 AND device_id = $2`, c.msg.ID, device)
-				assert.NoError(t, err) //nolint:forbidigo // as above
+				assert.NoError(t, err) //nolint:forbidigo,testifylint // as above
 				_, err = b.db.Pool.Exec(ctx, `UPDATE messages SET pending_count = pending_count + 1, accepted_count = accepted_count - 1 WHERE id = $1`, c.msg.ID)
-				assert.NoError(t, err) //nolint:forbidigo // as above
+				assert.NoError(t, err) //nolint:forbidigo,testifylint // as above
 				failedOver = written
 				lease.session.Store(2)
 			}
@@ -801,9 +801,9 @@ func TestFanOutWritesAgainWhatACrashLost(t *testing.T) {
 				}, 5*time.Second, 5*time.Millisecond, "the first answer was not written")
 				_, err := b.db.Pool.Exec(ctx, `UPDATE deliveries SET status = 'pending', attempt = attempt - 1, attempted_at = NULL, accepted_at = NULL
 					WHERE message_id = $1 AND device_id = $2`, c.msg.ID, device)
-				assert.NoError(t, err) //nolint:forbidigo // as above
+				assert.NoError(t, err) //nolint:forbidigo,testifylint // as above
 				_, err = b.db.Pool.Exec(ctx, `UPDATE messages SET pending_count = pending_count + 1, accepted_count = accepted_count - 1 WHERE id = $1`, c.msg.ID)
-				assert.NoError(t, err) //nolint:forbidigo // as above
+				assert.NoError(t, err) //nolint:forbidigo,testifylint // as above
 				proxy.Down()
 				time.AfterFunc(time.Second, proxy.Up)
 			}
