@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/heraldpush/herald/api/client"
 	"github.com/heraldpush/herald/db/dbtest"
 )
 
@@ -44,10 +45,12 @@ func TestPublicListener(t *testing.T) {
 		require.NoError(t, err)
 		return resp.StatusCode, string(b)
 	}
-	status, body := do(http.MethodGet, public+"/v1/vapid-public-key", "", false)
-	require.Equal(t, http.StatusOK, status, body)
-	require.Contains(t, body, vars["VAPID_PUBLIC_KEY"])
-	status, body = do(http.MethodPost, public+"/v1/receipts", `{"receipts":[{"token":"AQGforgedforgedforgedforgedforged","event":"opened"}]}`, false)
+	key, err := newAPIClient(t, public, "").GetVAPIDPublicKeyWithResponse(context.Background(), &client.GetVAPIDPublicKeyParams{})
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, key.StatusCode(), "%s", key.Body)
+	require.Equal(t, vars["VAPID_PUBLIC_KEY"], key.JSON200.VapidPublicKey)
+	require.Equal(t, "default", key.JSON200.App)
+	status, body := do(http.MethodPost, public+"/v1/receipts", `{"receipts":[{"token":"AQGforgedforgedforgedforgedforged","event":"opened"}]}`, false)
 	require.Equal(t, http.StatusUnauthorized, status, body)
 	status, body = do(http.MethodGet, public+"/sdk/herald-sw.js", "", false)
 	require.Equal(t, http.StatusOK, status)
@@ -66,6 +69,6 @@ func TestPublicListener(t *testing.T) {
 	status, _ = do(http.MethodGet, base+"/v1/vapid-public-key", "", false)
 	require.Equal(t, http.StatusOK, status)
 
-	err := run(context.Background(), []string{"herald", "serve", "--role", "worker"}, env(vars), io.Discard, io.Discard)
+	err = run(context.Background(), []string{"herald", "serve", "--role", "worker"}, env(vars), io.Discard, io.Discard)
 	require.ErrorContains(t, err, "HERALD_PUBLIC_ADDR")
 }

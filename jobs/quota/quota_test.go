@@ -67,19 +67,24 @@ func TestClaimQuotaLeavesTheReserve(t *testing.T) {
 	tdb := dbtest.New(t)
 	claim := func(want int, reserve float64) (int, float64) {
 		t.Helper()
-		n, left, err := db.ClaimQuota(ctx, tdb.Pool, db.QuotaClaim{Key: "k", Rate: 1000, Capacity: 10, Want: want, Reserve: reserve})
+		n, left, err := db.ClaimQuota(ctx, tdb.Pool, db.QuotaClaim{Key: "k", Rate: 20, Capacity: 10, Want: want, Reserve: reserve})
 		require.NoError(t, err)
 		return n, left
 	}
-	n, _ := claim(5, 0)
-	require.Less(t, n, 5, "a new bucket starts empty")
-	time.Sleep(30 * time.Millisecond) // refills past its capacity
+	n, _, err := db.ClaimQuota(ctx, tdb.Pool, db.QuotaClaim{Key: "slow", Rate: 0.01, Capacity: 10, Want: 5})
+	require.NoError(t, err)
+	require.Zero(t, n, "a new bucket starts empty")
+	claim(5, 0)                        // makes k's row
+	time.Sleep(700 * time.Millisecond) // refills past its capacity (20 a second)
+	// A token more refills for every 50 ms a loaded machine takes between
+	// two claims: hence the ranges.
 	n, left := claim(100, 4)
-	require.Equal(t, 6, n, "the bulk lane takes what is above its reserve")
-	require.InDelta(t, 4, left, 0.5)
+	require.GreaterOrEqual(t, n, 6, "the bulk lane takes what is above its reserve")
+	require.LessOrEqual(t, n, 7, "the bulk lane leaves the reserve")
+	require.GreaterOrEqual(t, left, 4.0)
 	n, _ = claim(100, 0)
 	require.GreaterOrEqual(t, n, 4, "the urgent lane takes the reserve")
-	require.LessOrEqual(t, n, 5)
+	require.LessOrEqual(t, n, 6)
 
 	b := newBucket(nil, "k", 3000, time.Second)
 	require.InDelta(t, 3000, b.capacity+b.refill*(time.Second+Keep+Jitter).Seconds(), 1, "no second can carry more than the quota")

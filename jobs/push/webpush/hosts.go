@@ -188,7 +188,6 @@ func (h *host) classify(r push.Result) push.Result {
 	}
 	if h.throttle.observe(time.Now(), r.TargetThrottled) {
 		r.TargetThrottled = false
-		r.Detail += " (for most subscriptions at once: the service is throttling the sender)"
 	}
 	return r
 }
