@@ -218,7 +218,7 @@ func (c *credentialChecker) checkSealed(ctx context.Context, row db.LiveCredenti
 		if !sealer.CanSeal() {
 			return "", fmt.Errorf("%w: it was sealed with key %s and HERALD_SECRET_KEY is not set; set it to that key", errCannotOpen, row.SealKey)
 		}
-		return "", fmt.Errorf("%w: %v; add that key to HERALD_SECRET_KEY (comma-separated, after the one that seals)", errCannotOpen, err)
+		return "", fmt.Errorf("%w: %w; add that key to HERALD_SECRET_KEY (comma-separated, after the one that seals)", errCannotOpen, err)
 	}
 	// The public part is stored as the API shows it; the secret was sealed
 	// apart (apps.Input's split).
@@ -309,7 +309,7 @@ func (c *credentialChecker) mintFCMToken(ctx context.Context, serviceAccount str
 		return fmt.Errorf("%w: %s refused it (%s): its key was deleted or is not %s's, or the account may not use FCM; "+
 			"make a new key (Firebase console, Project settings, Service accounts, Generate new private key)", errTokenRefused, conf.TokenURL, refusal(refused), conf.Email)
 	case err != nil:
-		return fmt.Errorf("%w %s: %v; check that it is reachable from here (and SSL_CERT_FILE for a private CA), or check shapes alone with --offline", errTokenUnreachable, conf.TokenURL, err)
+		return fmt.Errorf("%w %s: %w; check that it is reachable from here (and SSL_CERT_FILE for a private CA), or check shapes alone with --offline", errTokenUnreachable, conf.TokenURL, err)
 	case tok.AccessToken == "":
 		return fmt.Errorf("%w: %s answered without an access token", errTokenRefused, conf.TokenURL)
 	}

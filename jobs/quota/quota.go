@@ -95,10 +95,10 @@ func newBucket(s *Store, key string, perSecond float64, window time.Duration) *B
 	// in it (spent within Keep, arriving within Jitter):
 	// capacity + refill*(window+Keep+Jitter) <= rate*window.
 	worth := perSecond * window.Seconds()
-	capacity := math.Max(1, worth/20)
+	capacity := max(1, worth/20)
 	refill := (worth - capacity) / (window + Keep + Jitter).Seconds()
-	batch := int(math.Max(1, math.Min(capacity, math.Ceil(refill*claimEvery.Seconds()))))
-	return &Bucket{store: s, key: key, rate: perSecond, refill: math.Max(refill, perSecond/100), capacity: capacity, batch: batch, pacers: map[bool]*Pacer{}}
+	batch := int(max(1, min(capacity, math.Ceil(refill*claimEvery.Seconds()))))
+	return &Bucket{store: s, key: key, rate: perSecond, refill: max(refill, perSecond/100), capacity: capacity, batch: batch, pacers: map[bool]*Pacer{}}
 }
 
 // Rate is the quota, a second: no window carries more than its worth.
