@@ -23,7 +23,8 @@ type QuotaClaim struct {
 // database's clock, and grants as many whole tokens as it holds above the
 // reserve, at most Want. It returns the grant, possibly zero, and the
 // tokens left, from which the caller tells how long to wait for more. The
-// row is made, empty, on the first claim. Concurrent claims take turns on
+// row is made, full, on the first claim: nothing was sent under a quota
+// that had none. Concurrent claims take turns on
 // the row's lock, each refilling from the last one's state.
 func ClaimQuota(ctx context.Context, q DBTX, c QuotaClaim) (granted int, left float64, err error) {
 	// The first claim of a quota makes its row, which the same statement
@@ -44,7 +45,7 @@ func claimQuota(ctx context.Context, q DBTX, c QuotaClaim) (granted int, left fl
 	err = q.QueryRow(ctx, `
 		WITH made AS (
 			INSERT INTO provider_quotas (key, tokens, refilled_at)
-			VALUES ($1, 0, clock_timestamp())
+			VALUES ($1, $3::float8, clock_timestamp())
 			ON CONFLICT (key) DO NOTHING
 		), cur AS (
 			SELECT key, clock_timestamp() AS at,

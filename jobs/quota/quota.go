@@ -40,6 +40,11 @@ const Keep = 50 * time.Millisecond
 // The provider counts arrivals.
 const Jitter = 150 * time.Millisecond
 
+// urgentReserve is how much of the rate the bulk lane leaves in the bucket
+// for the urgent lane: 50 ms worth, which the bulk lane waits out after
+// draining the bucket, and more than the urgent lane sends at once.
+const urgentReserve = 50 * time.Millisecond
+
 // claimEvery is how long a batch of tokens lasts at the full rate.
 const claimEvery = 10 * time.Millisecond
 
@@ -107,7 +112,8 @@ func (b *Bucket) Rate() float64 { return b.rate }
 // Pacer is the bucket as one lane of the process takes from it, claiming
 // through pool: the urgent lane's own connections, so that its claims never
 // wait behind a bulk fan-out's. The urgent lane takes any token; the bulk
-// lane leaves half the bucket's capacity to it. A lane's clients sending
+// lane leaves it urgentReserve's worth of the rate (at most half the
+// bucket), which a bulk fan-out that drained the bucket refills first. A lane's clients sending
 // under the same quota share its Pacer.
 func (b *Bucket) Pacer(urgent bool, pool *pgxpool.Pool) *Pacer {
 	b.mu.Lock()
@@ -115,7 +121,7 @@ func (b *Bucket) Pacer(urgent bool, pool *pgxpool.Pool) *Pacer {
 	if p, ok := b.pacers[urgent]; ok {
 		return p
 	}
-	reserve := b.capacity / 2
+	reserve := min(b.capacity/2, b.rate*urgentReserve.Seconds())
 	if urgent || b.capacity < 2 {
 		reserve = 0
 	}

@@ -71,10 +71,13 @@ func TestClaimQuotaLeavesTheReserve(t *testing.T) {
 		require.NoError(t, err)
 		return n, left
 	}
-	n, _, err := db.ClaimQuota(ctx, tdb.Pool, db.QuotaClaim{Key: "slow", Rate: 0.01, Capacity: 10, Want: 5})
+	n, _, err := db.ClaimQuota(ctx, tdb.Pool, db.QuotaClaim{Key: "slow", Rate: 0.01, Capacity: 10, Want: 15})
 	require.NoError(t, err)
-	require.Zero(t, n, "a new bucket starts empty")
-	claim(5, 0)                        // makes k's row
+	require.Equal(t, 10, n, "a new bucket starts full: nothing was sent under it")
+	n, _, err = db.ClaimQuota(ctx, tdb.Pool, db.QuotaClaim{Key: "slow", Rate: 0.01, Capacity: 10, Want: 15})
+	require.NoError(t, err)
+	require.Zero(t, n, "and empties")
+	claim(100, 0)                      // makes k's row, and empties it
 	time.Sleep(700 * time.Millisecond) // refills past its capacity (20 a second)
 	// A token more refills for every 50 ms a loaded machine takes between
 	// two claims: hence the ranges.
@@ -90,4 +93,7 @@ func TestClaimQuotaLeavesTheReserve(t *testing.T) {
 	require.InDelta(t, 3000, b.capacity+b.refill*(time.Second+Keep+Jitter).Seconds(), 1, "no second can carry more than the quota")
 	b = newBucket(nil, "k", 10_000, time.Minute)
 	require.InDelta(t, 30_000, b.capacity, 1, "an instant may send a twentieth of a minute's quota at once")
+	require.InDelta(t, 500, b.Pacer(false, nil).reserve, 1,
+		"the bulk lane leaves 50 ms worth to the urgent lane, not half a bucket it would wait 1.6 s for when it drained it")
+	require.Zero(t, b.Pacer(true, nil).reserve)
 }
