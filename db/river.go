@@ -340,3 +340,13 @@ func ChunkAttemptOwned(ctx context.Context, q DBTX, job int64, client string) (b
 	}
 	return owned, nil
 }
+
+// WALPosition is the cluster's current WAL write position, in bytes since
+// its start: two readings' difference is the WAL written between them.
+func WALPosition(ctx context.Context, q DBTX) (int64, error) {
+	var at int64
+	if err := q.QueryRow(ctx, `SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::bigint`).Scan(&at); err != nil {
+		return 0, fmt.Errorf("read the WAL position: %w", err)
+	}
+	return at, nil
+}

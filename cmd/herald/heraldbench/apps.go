@@ -68,7 +68,7 @@ func (b *Benchmark) storeApps(ctx context.Context) error {
 			}
 			ready := res.JSON200.Health != nil
 			for _, ch := range []string{"apns", "fcm", "webpush"} {
-				ready = ready && (*res.JSON200.Health)[ch].Workers >= len(b.heralds)
+				ready = ready && (*res.JSON200.Health)[ch].Workers >= b.workerProcesses()
 			}
 			if ready {
 				break

@@ -81,7 +81,7 @@ func (b *Benchmark) Cleanup() {
 // connection string) and returns its figures. Call Cleanup afterwards.
 func (b *Benchmark) Run(ctx context.Context, admin string) (*Result, error) {
 	res := &Result{Users: b.Config.Users, Apps: max(1, b.Config.Apps), LatencyMs: float64(b.Config.Latency.Microseconds()) / 1000, Machine: machine(),
-		UrgentWorker: b.Config.UrgentWorker, Payload: cmp.Or(b.Config.Payload, "plain")}
+		UrgentWorker: b.Config.UrgentWorker, Workers: b.Config.Workers, Payload: cmp.Or(b.Config.Payload, "plain")}
 	dbURL, err := b.start(ctx, admin, res)
 	if err != nil {
 		return nil, err
@@ -135,7 +135,8 @@ func (b *Benchmark) Run(ctx context.Context, admin string) (*Result, error) {
 	if b.Config.Cold {
 		cluster = nil
 	}
-	cpu := &cpuSpans{herald: b.heraldCPU, postgres: cluster, status: backendsCPU(pool, cluster, statusApplication)}
+	cpu := &cpuSpans{herald: b.heraldCPU, postgres: cluster, status: backendsCPU(pool, cluster, statusApplication),
+		wal: func(ctx context.Context) (int64, error) { return db.WALPosition(ctx, pool) }}
 	if err := cpu.markHerald(markBefore); err != nil {
 		return nil, err
 	}
@@ -208,6 +209,7 @@ func (b *Benchmark) Run(ctx context.Context, admin string) (*Result, error) {
 		return nil, err
 	}
 	res.CPUPerSend, res.PostgresCPUPerSend = cpu.perSend(sends)
+	res.WALBytesPerSend = cpu.walPerSend(sends)
 	res.PostgresShare = cpu.share(sends)
 	if p := res.PostgresShare; p != nil {
 		b.Progress("PostgreSQL CPU per device over the messages' life: %.1f µs (scheduling %.1f, wait %.1f, fan-out %.1f, status reads %.1f, cleanup %.1f)",

@@ -40,6 +40,10 @@ type Config struct {
 	// UrgentWorker runs the urgent lane in a worker process of its own
 	// (HERALD_LANES), beside the serve process that keeps the bulk lane.
 	UrgentWorker bool
+	// Workers, when above zero, runs the fan-out on that many worker
+	// processes (--role worker, both lanes each) beside an API process
+	// (--role api) instead of one process of role all (--workers).
+	Workers int
 	// History is how many settled ledger rows are written before the
 	// measured messages (--history), to show that dispatch does not cost
 	// more on a database with history.
@@ -129,6 +133,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	fs.IntVar(&cfg.History, "history", 0, "settled ledger rows (in messages of 25,000) written with SQL before the measured messages")
 	fs.StringVar(&cfg.Payload, "payload", "plain", "the bulk message's payload: plain (title, body, data), rich (every payload field) or localized (rich, in five languages the users' locales spread over)")
 	fs.BoolVar(&cfg.UrgentWorker, "urgent-worker", false, "run the urgent lane in a worker process of its own (HERALD_LANES=urgent)")
+	fs.IntVar(&cfg.Workers, "workers", 0, "run the fan-out on N worker processes beside an API process, instead of one process that does both")
 	fs.BoolVar(&cfg.Cold, "cold", false, "restart PostgreSQL and drop the page cache (as root) between the scheduling and the instant; PostgreSQL's CPU is then not measured")
 	fs.DurationVar(&cfg.DropConnections, "drop-connections", 0, "fakepush closes every connection this long before the instant, as providers close idle ones: 5s is before the instant's warm-up (which opens them again), 500ms after it (the instant meets them closed)")
 	fs.IntVar(&cfg.Apps, "apps", 1, "apps the devices are spread over, user by user: the default app and N-1 more, each with its own APNs key and topic, FCM project and VAPID pair")
@@ -166,6 +171,12 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	if cfg.Before < 0 {
 		return errors.New("--before must not be negative")
+	}
+	if cfg.Workers < 0 || cfg.Workers > 16 {
+		return errors.New("--workers must be from 0 to 16")
+	}
+	if cfg.Workers > 0 && cfg.UrgentWorker {
+		return errors.New("--workers and --urgent-worker do not go together: each of the workers serves both lanes")
 	}
 	if cfg.StatusEvery <= 0 {
 		return errors.New("--status-every must be positive")

@@ -223,8 +223,11 @@ type cpuSpans struct {
 	herald func() (time.Duration, error)
 	// postgres and status are nil when the cluster is not a process of this
 	// host.
-	postgres   func() (time.Duration, error)
-	status     func(context.Context) (map[int32]time.Duration, error)
+	postgres func() (time.Duration, error)
+	status   func(context.Context) (map[int32]time.Duration, error)
+	// wal reads the cluster's WAL position, in bytes; nil reads none.
+	wal        func(context.Context) (int64, error)
+	walAt      [marks]int64
 	heraldAt   [marks]time.Duration
 	postgresAt [marks]time.Duration
 	statusAt   [marks]map[int32]time.Duration
@@ -236,6 +239,11 @@ func (c *cpuSpans) markHerald(i int) (err error) {
 }
 
 func (c *cpuSpans) markPostgres(ctx context.Context, i int) (err error) {
+	if c.wal != nil {
+		if c.walAt[i], err = c.wal(ctx); err != nil {
+			return err
+		}
+	}
 	if c.postgres == nil {
 		return nil
 	}
@@ -270,6 +278,15 @@ func (c *cpuSpans) perSend(sends int) (herald float64, postgres *float64) {
 		postgres = new(perDevice(c.postgresCPU(markBefore, markScheduled)+c.postgresCPU(markInstant, markSettled), sends))
 	}
 	return perDevice(c.heraldAt[markScheduled]-c.heraldAt[markBefore]+c.heraldAt[markSettled]-c.heraldAt[markInstant], sends), postgres
+}
+
+// walPerSend is the WAL the spans of perSend wrote, in bytes a send; nil
+// when it was not read.
+func (c *cpuSpans) walPerSend(sends int) *float64 {
+	if c.wal == nil || sends == 0 {
+		return nil
+	}
+	return new(round1(float64(c.walAt[markScheduled]-c.walAt[markBefore]+c.walAt[markSettled]-c.walAt[markInstant]) / float64(sends)))
 }
 
 // share is PostgreSQL's CPU over the messages' whole life, by part, per

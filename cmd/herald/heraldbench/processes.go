@@ -121,6 +121,9 @@ func (b *Benchmark) startHerald(ctx context.Context, dbURL string) error {
 	if b.Config.UrgentWorker {
 		serveEnv = append(slices.Clip(env), "HERALD_LANES=bulk")
 	}
+	if b.Config.Workers > 0 {
+		args = append(args, "--role", "api")
+	}
 	p, err := b.startServe(ctx, serveEnv, args...)
 	if err != nil {
 		return err
@@ -139,6 +142,14 @@ func (b *Benchmark) startHerald(ctx context.Context, dbURL string) error {
 		}
 		b.heralds = append(b.heralds, worker)
 		b.Progress("herald urgent-lane worker (pid %d)", worker.cmd.Process.Pid)
+	}
+	for range b.Config.Workers {
+		worker, err := b.startServe(ctx, env, "serve", "--role", "worker", "--addr", "127.0.0.1:0")
+		if err != nil {
+			return err
+		}
+		b.heralds = append(b.heralds, worker)
+		b.Progress("herald worker (pid %d)", worker.cmd.Process.Pid)
 	}
 	return b.startStatusReader(ctx, env)
 }
@@ -241,4 +252,13 @@ func (lr *lineReader) waitFor(re *regexp.Regexp, within time.Duration) ([]string
 			return nil, fmt.Errorf("no line matching %q within %s", re, within)
 		}
 	}
+}
+
+// workerProcesses is how many of the run's Herald processes work chunks:
+// all of them but the API process of --workers.
+func (b *Benchmark) workerProcesses() int {
+	if b.Config.Workers > 0 {
+		return b.Config.Workers
+	}
+	return len(b.heralds)
 }

@@ -72,6 +72,13 @@ type Result struct {
 	// which the blast does not pay. Null when the database is not a process
 	// of this host.
 	PostgresCPUPerSend *float64 `json:"postgres_cpu_us_per_send"`
+	// WALBytesPerSend is the WAL the cluster wrote over the same spans as
+	// postgres_cpu_us_per_send (scheduling and the fan-out), a send: what a
+	// standby and the archive receive.
+	WALBytesPerSend *float64 `json:"wal_bytes_per_send"`
+	// Workers is --workers: the fan-out's worker processes beside an API
+	// process; 0 for one process that does both.
+	Workers int `json:"workers,omitempty"`
 	BlastCPUPerSnd     float64  `json:"blast_cpu_us_per_send"`
 	PeakRSSMb          float64  `json:"peak_rss_mb"`
 	Breakdown          struct {
