@@ -138,6 +138,33 @@ func (c *Cluster) Restart() {
 	c.Start()
 }
 
+// Backup takes a base backup of the running cluster (pg_basebackup -X
+// stream, over its Unix socket, after a fast checkpoint) into a cluster of
+// its own, not started: Start then restores the database as it was when
+// the backup ended, as a restore of that backup, or a point-in-time
+// recovery to that moment, would. Its URL names its database herald; it is
+// stopped and deleted when the test ends.
+func (c *Cluster) Backup() *Cluster {
+	c.tb.Helper()
+	return c.basebackup("")
+}
+
+// basebackup copies the running cluster into a new one with
+// pg_basebackup, connecting with conninfo added to the connection string
+// and given args (-R to make the copy a standby).
+func (c *Cluster) basebackup(conninfo string, args ...string) *Cluster {
+	c.tb.Helper()
+	b := emptyCluster(c.tb)
+	b.opts = c.opts
+	argv := append([]string{"-d", fmt.Sprintf("host=%s user=postgres %s", c.dir, conninfo),
+		"-D", b.data, "-X", "stream", "-c", "fast"}, args...)
+	if out, err := b.asOwner(filepath.Join(b.bin, "pg_basebackup"), argv...).CombinedOutput(); err != nil {
+		c.tb.Fatalf("dbtest: pg_basebackup: %v\n%s", err, out)
+	}
+	b.URL = fmt.Sprintf("postgres://postgres@/herald?host=%s&sslmode=disable", b.dir)
+	return b
+}
+
 func (c *Cluster) pgctl(args ...string) error {
 	args = append([]string{"-D", c.data}, args...)
 	out, err := c.asOwner(filepath.Join(c.bin, "pg_ctl"), args...).CombinedOutput()

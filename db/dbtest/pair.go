@@ -3,7 +3,6 @@ package dbtest
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -38,16 +37,8 @@ func NewPair(tb testing.TB, synchronous bool) *Pair {
 	// they are given anyway so that the pair does not hang on them.
 	opts := "-c wal_level=replica -c max_wal_senders=4 -c hot_standby=on"
 	primary := newCluster(tb, opts)
-	standby := emptyCluster(tb)
-	standby.opts = opts
-	out, err := standby.asOwner(filepath.Join(standby.bin, "pg_basebackup"),
-		"-d", fmt.Sprintf("host=%s user=postgres application_name=standby", primary.dir),
-		"-D", standby.data, "-R", "-X", "stream", "-c", "fast").CombinedOutput()
-	if err != nil {
-		tb.Fatalf("dbtest: pg_basebackup: %v\n%s", err, out)
-	}
+	standby := primary.basebackup("application_name=standby", "-R")
 	standby.Start()
-	standby.URL = fmt.Sprintf("postgres://postgres@/herald?host=%s&sslmode=disable", standby.dir)
 	p := &Pair{Primary: primary, Standby: standby,
 		URL: fmt.Sprintf("postgres://postgres@/herald?host=%s,%s&sslmode=disable&target_session_attrs=read-write", primary.dir, standby.dir)}
 	// The primary sees its standby streaming (and, when synchronous, as
