@@ -78,10 +78,10 @@ type Result struct {
 	WALBytesPerSend *float64 `json:"wal_bytes_per_send"`
 	// Workers is --workers: the fan-out's worker processes beside an API
 	// process; 0 for one process that does both.
-	Workers int `json:"workers,omitempty"`
-	BlastCPUPerSnd     float64  `json:"blast_cpu_us_per_send"`
-	PeakRSSMb          float64  `json:"peak_rss_mb"`
-	Breakdown          struct {
+	Workers        int     `json:"workers,omitempty"`
+	BlastCPUPerSnd float64 `json:"blast_cpu_us_per_send"`
+	PeakRSSMb      float64 `json:"peak_rss_mb"`
+	Breakdown      struct {
 		PickupMs      pair `json:"pickup_ms"`
 		FirstAcceptMs pair `json:"first_accept_ms"`
 		LastAcceptMs  pair `json:"last_accept_ms"`
