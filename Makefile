@@ -97,7 +97,7 @@ test/go: promtool
 test/e2e: chromium promtool buildah umoci
 	@url=$$($(MAKE) -s db/test/start); \
 	echo "go test (e2e tier) against $$url"; \
-	DATABASE_URL=$$url $(GO) test $(RACE) -count=1 -timeout 15m -run '^TestE2E' ./...
+	DATABASE_URL=$$url $(GO) test $(RACE) -count=1 -timeout 25m -run '^TestE2E' ./...
 
 # A brief real fuzzing run of the /v1 handlers (api/fuzz_test.go): every
 # go test runs only the seed corpus, this one looks for new inputs that are
