@@ -18,7 +18,7 @@ COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)
 BUILD_DATE ?= $(shell date -u +%Y-%m-%dT%H:%M:%SZ)
 LDFLAGS := -X main.version=$(VERSION) -X main.commit=$(COMMIT) -X main.buildDate=$(BUILD_DATE)
 
-.PHONY: help build run test test-e2e test/go test/e2e test/fuzz lint chromium promtool bench generate generate/check vet fmt lint/openapi \
+.PHONY: help build run test test-e2e test/go test/e2e test/fuzz lint chromium promtool pgbouncer bench generate generate/check vet fmt lint/openapi \
 	db/start db/stop db/reset db/test/start db/test/stop clean \
 	buildah umoci image image/context test/image release-snapshot
 
@@ -94,7 +94,7 @@ test/go: promtool
 	echo "go test (fast tier) against $$url"; \
 	DATABASE_URL=$$url $(GO) test $(RACE) -count=1 -timeout 10m -skip '^TestE2E' ./...
 
-test/e2e: chromium promtool buildah umoci
+test/e2e: chromium promtool buildah umoci pgbouncer
 	@url=$$($(MAKE) -s db/test/start); \
 	echo "go test (e2e tier) against $$url"; \
 	DATABASE_URL=$$url $(GO) test $(RACE) -count=1 -timeout 25m -run '^TestE2E' ./...
@@ -145,6 +145,10 @@ endef
 # The browser tests (cmd/herald/browser_test.go) drive Debian's chromium.
 chromium:
 	$(call apt-tool,chromium,chromium,the browser tests)
+
+# The pooler tests (cmd/herald/pooler_test.go) run Debian's pgbouncer.
+pgbouncer:
+	$(call apt-tool,pgbouncer,pgbouncer,the pooler tests)
 
 # The alert rules' tests (jobs/alerts_test.yml, run by
 # TestAlertRulesPassPromtool) need promtool, from Debian's prometheus.

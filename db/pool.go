@@ -41,8 +41,17 @@ func Open(ctx context.Context, url string, cfg PoolConfig) (*pgxpool.Pool, error
 	}
 	// Only the schema: a table Herald names that is missing from it is an
 	// error, never the application's table of that name in public.
-	// Functions and types of pg_catalog are found all the same.
+	// Functions and types of pg_catalog are found all the same. The
+	// config records it (PoolSchema), but a connection sets it with SET
+	// once connected rather than as a startup parameter, which PgBouncer
+	// (before 1.20, Debian bookworm's 1.18) refuses: "unsupported startup
+	// parameter: search_path" (docs/operations.md, Poolers).
 	pc.ConnConfig.RuntimeParams["search_path"] = schema
+	pc.ConnConfig.AfterConnect = setSearchPath(schema)
+	pc.BeforeConnect = func(_ context.Context, cc *pgx.ConnConfig) error {
+		delete(cc.RuntimeParams, "search_path")
+		return nil
+	}
 	pc.MaxConns = 20
 	if cfg.MaxConns > 0 {
 		pc.MaxConns = cfg.MaxConns

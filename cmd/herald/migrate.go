@@ -44,6 +44,11 @@ func runMigrate(ctx context.Context, args []string, getenv func(string) string, 
 		}
 		return nil
 	}
+	// Concurrent runs take turns on a session's advisory lock, which a
+	// pooler in transaction mode would leave held on a server session.
+	if err := db.CheckOwnSessions(ctx, pool); err != nil {
+		return err
+	}
 	res, err := db.Migrate(ctx, pool, logger)
 	if err != nil {
 		return fmt.Errorf("migrate: %w", err)

@@ -162,6 +162,12 @@ func openProcess(ctx context.Context, o serveOptions, getenv func(string) string
 	if p.pool, err = db.Open(ctx, o.cfg.DatabaseURL, db.PoolConfig{MaxConns: o.cfg.poolSize(), Schema: o.cfg.DBSchema}); err != nil {
 		return nil, err
 	}
+	// Before anything takes a session's lock or listens: through a pooler
+	// in transaction mode neither would hold (docs/operations.md, Poolers).
+	if err := db.CheckOwnSessions(ctx, p.pool); err != nil {
+		return nil, err
+	}
+	p.logger.Info("database sessions are the process's own (a direct connection, or a pooler in session mode): River listens for its notifications, and a worker holds its liveness lock")
 	if o.migrate {
 		if _, err := db.Migrate(ctx, p.pool, p.logger); err != nil {
 			return nil, fmt.Errorf("migrate: %w", err)
@@ -293,7 +299,7 @@ func startChunkWorker(ctx context.Context, p *process) (_ *worker, err error) {
 	}
 	// The liveness lock is taken before any chunk is: a chunk of this
 	// process's is never seen running without it (Takeover).
-	liveness, err := jobs.NewLiveness(&jobs.LivenessConfig{ConnConfig: p.pool.Config().ConnConfig, Logger: logger})
+	liveness, err := jobs.NewLiveness(&jobs.LivenessConfig{ConnConfig: db.ConnConfig(p.pool), Logger: logger})
 	if err != nil {
 		return nil, err
 	}
