@@ -13,7 +13,7 @@ import (
 // ErrSessionsShared is CheckOwnSessions' answer when a connection's
 // statements run in more than one database session: a pooler in
 // transaction (or statement) mode between Herald and PostgreSQL.
-var ErrSessionsShared = errors.New("Herald needs PgBouncer in session mode, or a direct connection: " +
+var ErrSessionsShared = errors.New("herald needs PgBouncer in session mode, or a direct connection: " +
 	"this connection's statements run in database sessions other connections use too (a pooler in transaction or statement mode), " +
 	"which would lose the worker's liveness lock, River's LISTEN and the prepared statements")
 
@@ -82,7 +82,7 @@ func CheckOwnSessions(ctx context.Context, pool *pgxpool.Pool) error {
 			if err != nil {
 				return false, err
 			}
-			defer tx.Rollback(context.WithoutCancel(ctx))
+			defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 			other, err := backend(tx)
 			if err != nil || other == first {
 				return other == first, err
