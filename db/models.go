@@ -222,6 +222,12 @@ type ProcessFeature struct {
 	UpdatedAt time.Time
 }
 
+type ProviderQuota struct {
+	Key        string
+	Tokens     float64
+	RefilledAt time.Time
+}
+
 type ProviderStatus struct {
 	ProcessID   string
 	Channel     string
