@@ -193,6 +193,19 @@ type appDelivery struct {
 	SkewMs   *float64 `json:"skew_ms"`
 }
 
+// String names the delivery in a failed assertion: its device, app, status
+// and reason.
+func (d appDelivery) String() string {
+	return fmt.Sprintf("%s of app %s: %s (%s)", d.DeviceID, deref(d.App), d.Status, deref(d.Reason))
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return "none"
+	}
+	return *s
+}
+
 // appDeliveries lists a message's deliveries of status ("" for all).
 func (e *e2e) appDeliveries(id, status string) []appDelivery {
 	e.t.Helper()
