@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
 	"github.com/stretchr/testify/require"
 
@@ -58,13 +59,7 @@ func TestTakeoverWaitsForTheGrace(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	tdb := dbtest.New(t)
-	client, err := NewRiverClient(tdb.Pool, RiverConfig{Logger: discard})
-	require.NoError(t, err)
-	res, err := client.Insert(ctx, FanOutArgs{MessageID: 1, Priority: PriorityBulk, DispatchAt: time.Now(), ExpiresAt: time.Now().Add(time.Hour)}, nil)
-	require.NoError(t, err)
-	// As River's fetch leaves a job it runs, for a worker since gone.
-	_, err = tdb.Pool.Exec(ctx, `UPDATE river_job SET state = 'running', attempt = 1, attempted_at = now(), attempted_by = '{herald-5-bulk}' WHERE id = $1`, res.Job.ID)
-	require.NoError(t, err)
+	client, res := runningChunk(t, tdb, "herald-5-bulk")
 
 	var woken []string
 	takeover, err := NewTakeover(&TakeoverConfig{Pool: tdb.Pool, Logger: discard, Grace: 2 * time.Second,
@@ -98,12 +93,7 @@ func TestTakeoverEndsASilentWorker(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	tdb := dbtest.New(t)
-	client, err := NewRiverClient(tdb.Pool, RiverConfig{Logger: discard})
-	require.NoError(t, err)
-	res, err := client.Insert(ctx, FanOutArgs{MessageID: 1, Priority: PriorityBulk, DispatchAt: time.Now(), ExpiresAt: time.Now().Add(time.Hour)}, nil)
-	require.NoError(t, err)
-	_, err = tdb.Pool.Exec(ctx, `UPDATE river_job SET state = 'running', attempt = 1, attempted_at = now(), attempted_by = '{herald-6-bulk}' WHERE id = $1`, res.Job.ID)
-	require.NoError(t, err)
+	client, res := runningChunk(t, tdb, "herald-6-bulk")
 	frozen, err := pgx.ConnectConfig(ctx, tdb.Pool.Config().ConnConfig)
 	require.NoError(t, err)
 	defer frozen.Close(ctx)
@@ -134,4 +124,19 @@ func TestTakeoverEndsASilentWorker(t *testing.T) {
 	require.Error(t, frozen.Ping(ctx), "the silent worker's session was ended")
 	_, err = NewTakeover(&TakeoverConfig{Pool: tdb.Pool, Logger: discard, Lease: DefaultLivenessFence})
 	require.ErrorContains(t, err, "Lease", "a lease within the workers' fence would end a session whose worker may still send")
+}
+
+// runningChunk inserts a chunk job and leaves it as River's fetch leaves a
+// job it runs, under the River client named clientID (a worker's, named
+// after its liveness key).
+func runningChunk(t *testing.T, tdb *dbtest.DB, clientID string) (*river.Client[pgx.Tx], *rivertype.JobInsertResult) {
+	t.Helper()
+	ctx := context.Background()
+	client, err := NewRiverClient(tdb.Pool, RiverConfig{Logger: discard})
+	require.NoError(t, err)
+	res, err := client.Insert(ctx, FanOutArgs{MessageID: 1, Priority: PriorityBulk, DispatchAt: time.Now(), ExpiresAt: time.Now().Add(time.Hour)}, nil)
+	require.NoError(t, err)
+	_, err = tdb.Pool.Exec(ctx, `UPDATE river_job SET state = 'running', attempt = 1, attempted_at = now(), attempted_by = ARRAY[$2::text] WHERE id = $1`, res.Job.ID, clientID)
+	require.NoError(t, err)
+	return client, res
 }

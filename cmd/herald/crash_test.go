@@ -283,9 +283,7 @@ func TestE2EWorkerGoneIsTakenOverInSeconds(t *testing.T) {
 	t.Parallel()
 	const devices = 20_000
 	s := newFanOutSetupOn(t, devices, dbtest.New(t), 40*time.Millisecond)
-	s.vars["HERALD_BULK_WORKERS"] = "10"
-	s.vars["HERALD_CHUNK_TIMEOUT"] = "50m"
-	s.vars["HERALD_RESCUE_AFTER"] = "1h"
+	s.onlyTakeover()
 	a, b := startListeningWorkers(t, s.vars)
 	id := s.schedule()
 	require.Eventually(t, func() bool { return s.accepted() >= devices/4 }, 2*time.Minute, 5*time.Millisecond,
@@ -332,4 +330,13 @@ func TestE2ETwoWorkersShareTheFanOut(t *testing.T) {
 	require.NoError(t, s.db.Pool.QueryRow(context.Background(),
 		"SELECT count(DISTINCT attempted_by[array_length(attempted_by, 1)]) FROM river_job WHERE kind LIKE 'fan_out%'").Scan(&clients))
 	require.Equal(t, 2, clients, "both workers should have taken chunks")
+}
+
+// onlyTakeover sets the workers' chunks never to time out nor be rescued by
+// River within the test (an hour away), with ten bulk workers each: only
+// the takeover can move a gone worker's chunks.
+func (s *fanOutSetup) onlyTakeover() {
+	s.vars["HERALD_BULK_WORKERS"] = "10"
+	s.vars["HERALD_CHUNK_TIMEOUT"] = "50m"
+	s.vars["HERALD_RESCUE_AFTER"] = "1h"
 }

@@ -74,9 +74,7 @@ func takenOverWithoutAGoodbye(t *testing.T, s *fanOutSetup, devices int, a, b *c
 func vanishingSetup(t *testing.T, tdb *dbtest.DB, fakeAddr string) *fanOutSetup {
 	t.Helper()
 	s := newFanOutSetupAt(t, 20_000, tdb, 40*time.Millisecond, fakeAddr)
-	s.vars["HERALD_BULK_WORKERS"] = "10"
-	s.vars["HERALD_CHUNK_TIMEOUT"] = "50m"
-	s.vars["HERALD_RESCUE_AFTER"] = "1h"
+	s.onlyTakeover()
 	return s
 }
 

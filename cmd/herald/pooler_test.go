@@ -165,9 +165,7 @@ func TestE2EPoolerSessionModeWorks(t *testing.T) {
 	c := dbtest.NewCluster(t)
 	url := startPgBouncer(t, c, "session")
 	s := newFanOutSetupOn(t, devices, &dbtest.DB{Pool: c.Pool(), URL: url}, 40*time.Millisecond)
-	s.vars["HERALD_BULK_WORKERS"] = "10"
-	s.vars["HERALD_CHUNK_TIMEOUT"] = "50m"
-	s.vars["HERALD_RESCUE_AFTER"] = "1h"
+	s.onlyTakeover()
 	a, b := startListeningWorkers(t, s.vars)
 	id := s.schedule()
 	require.Eventually(t, func() bool { return s.accepted() >= devices/4 }, 2*time.Minute, 5*time.Millisecond,
