@@ -30,6 +30,10 @@ type ChunkWrite struct {
 	// failure the write records (some webhook wants them: migration 0018).
 	// A write of several messages writes them for all when one asks.
 	FailureEvents bool
+	// WithheldEvents writes a webhook's delivery.withheld event for each
+	// delivery the write cancels or expires for its user's sake (migration
+	// 0024), as FailureEvents does for failures.
+	WithheldEvents bool
 }
 
 // DeliveryKey names one delivery of a ledger write and what its row holds
@@ -93,7 +97,7 @@ func (p RecordResultsParams) once() RecordResultsParams {
 	if len(last) == len(p.DeviceIds) {
 		return p
 	}
-	out := RecordResultsParams{WantFailed: p.WantFailed}
+	out := RecordResultsParams{WantFailed: p.WantFailed, WantWithheld: p.WantWithheld}
 	for i := range p.DeviceIds {
 		if last[key{p.MessageIds[i], p.DeviceIds[i]}] == i {
 			out.row(&p, i)
@@ -158,6 +162,7 @@ func WriteChunks(ctx context.Context, pool *pgxpool.Pool, ws []ChunkWrite) ([]Ch
 		order[i], ids[i] = i, w.MessageID
 		results.Append(w.Results)
 		results.WantFailed = results.WantFailed || w.FailureEvents
+		results.WantWithheld = results.WantWithheld || w.WithheldEvents
 	}
 	results = results.once()
 	slices.SortFunc(order, func(i, j int) int { return cmp.Compare(ws[i].MessageID, ws[j].MessageID) })
@@ -175,7 +180,7 @@ func WriteChunks(ctx context.Context, pool *pgxpool.Pool, ws []ChunkWrite) ([]Ch
 		if len(results.DeviceIds) > 0 {
 			b.Queue(recordResults, results.MessageIds, results.DeviceIds, results.UserIds, results.Channels,
 				results.Chunks, results.DueUs, results.Statuses, results.Reasons, results.AttemptedUs,
-				results.AcceptedUs, results.NotBeforeUs, results.WantFailed).Query(func(rows pgx.Rows) error {
+				results.AcceptedUs, results.NotBeforeUs, results.WantFailed, results.WantWithheld).Query(func(rows pgx.Rows) error {
 				for rows.Next() {
 					var r RecordResultsRow
 					if err := rows.Scan(&r.MessageID, &r.PendingCount, &r.Accepted, &r.Failed, &r.Expired); err != nil {
@@ -234,6 +239,10 @@ type ChunkStart struct {
 	Pending []ChunkPendingRow
 	// Payload is the message's content, when it was asked for.
 	Payload []byte
+	// Rules are what the chunk's deliveries are decided by: its message's
+	// category and quiet-hours mode, the installation's quiet hours
+	// (migration 0024).
+	Rules ChunkRulesRow
 }
 
 // Chunk names what a chunk reads of the ledger: a range of its message's
@@ -246,7 +255,8 @@ type Chunk struct {
 
 // BeginChunk starts a chunk in one round trip, pipelined like WriteChunks:
 // it marks the message dispatching if it is still scheduled (only the
-// first chunk changes the row), reads the state that resulted, the chunk's
+// first chunk changes the row), reads the state that resulted, what the
+// chunk's deliveries are decided by (ChunkRules), the chunk's
 // pending deliveries with their devices' tokens (ChunkPending or
 // ChunkSnapshotPending, on the generic plan: UseGenericPlans) and, when
 // payloadID is not zero, the payload. Before, these were four round trips
@@ -259,6 +269,10 @@ func BeginChunk(ctx context.Context, pool *pgxpool.Pool, c Chunk, payloadID int6
 		b.Queue(useGenericPlans)
 		b.Queue(startMessage, c.MessageID)
 		b.Queue(messageState, c.MessageID).QueryRow(func(row pgx.Row) error { return row.Scan(&out.State) })
+		b.Queue(chunkRules, c.MessageID).QueryRow(func(row pgx.Row) error {
+			r := &out.Rules
+			return row.Scan(&r.Category, &r.QuietHours, &r.Critical, &r.CapCount, &r.CapPeriodS, &r.QuietStart, &r.QuietEnd, &r.DefaultTimezone)
+		})
 		queueChunkRead(b, c, payloadID, &out)
 	})
 	if err != nil {
@@ -293,7 +307,8 @@ func scanChunkPending(rows pgx.Rows) ([]ChunkPendingRow, error) {
 	var out []ChunkPendingRow
 	for rows.Next() {
 		var r ChunkPendingRow
-		if err := rows.Scan(&r.DeviceID, &r.Attempt, &r.Channel, &r.Locale, &r.Token, &r.P256dh, &r.Auth, &r.Environment, &r.Gone, &r.NotBefore, &r.AppID, &r.CredentialID, &r.UserID); err != nil {
+		if err := rows.Scan(&r.DeviceID, &r.Attempt, &r.Channel, &r.Locale, &r.Token, &r.P256dh, &r.Auth, &r.Environment, &r.Gone, &r.NotBefore, &r.AppID, &r.CredentialID, &r.UserID,
+			&r.OptedOut, &r.QuietStart, &r.QuietEnd, &r.Timezone, &r.HeldDue); err != nil {
 			return nil, err
 		}
 		out = append(out, r)

@@ -18,7 +18,7 @@ SET state = 'cancelled',
     cancelled_count = cancelled_count + pending_count,
     pending_count = 0
 WHERE id = $1 AND state = 'scheduled'
-RETURNING id, state, priority, dispatch_at, expires_at, payload_id, audience, local_time, recipient_count, device_count, chunk_count, pending_count, accepted_count, failed_count, expired_count, cancelled_count, schedule_id, schedule_run_at, started_at, settled_at, cancelled_at, skew_p50_ms, skew_p95_ms, skew_p99_ms, skew_max_ms, created_at, skew_histogram, slo_skew_ms, confirmed_count, opened_count, confirmed_histogram, rest_after
+RETURNING id, state, priority, dispatch_at, expires_at, payload_id, audience, local_time, recipient_count, device_count, chunk_count, pending_count, accepted_count, failed_count, expired_count, cancelled_count, schedule_id, schedule_run_at, started_at, settled_at, cancelled_at, skew_p50_ms, skew_p95_ms, skew_p99_ms, skew_max_ms, created_at, skew_histogram, slo_skew_ms, confirmed_count, opened_count, confirmed_histogram, rest_after, category, quiet_hours, opted_out_count, capped_count, quiet_hours_count
 `
 
 // Cancels a message that has not started. The guard on state is what
@@ -60,6 +60,11 @@ func (q *Queries) CancelMessage(ctx context.Context, id int64) (Message, error) 
 		&i.OpenedCount,
 		&i.ConfirmedHistogram,
 		&i.RestAfter,
+		&i.Category,
+		&i.QuietHours,
+		&i.OptedOutCount,
+		&i.CappedCount,
+		&i.QuietHoursCount,
 	)
 	return i, err
 }
@@ -145,7 +150,7 @@ WITH finished AS (
         device_count = m.device_count + $2::integer, pending_count = m.pending_count + $2::integer,
         chunk_count = m.chunk_count + $3::integer
     WHERE m.id = $4
-    RETURNING m.id, m.state, m.priority, m.dispatch_at, m.expires_at, m.payload_id, m.audience, m.local_time, m.recipient_count, m.device_count, m.chunk_count, m.pending_count, m.accepted_count, m.failed_count, m.expired_count, m.cancelled_count, m.schedule_id, m.schedule_run_at, m.started_at, m.settled_at, m.cancelled_at, m.skew_p50_ms, m.skew_p95_ms, m.skew_p99_ms, m.skew_max_ms, m.created_at, m.skew_histogram, m.slo_skew_ms, m.confirmed_count, m.opened_count, m.confirmed_histogram, m.rest_after
+    RETURNING m.id, m.state, m.priority, m.dispatch_at, m.expires_at, m.payload_id, m.audience, m.local_time, m.recipient_count, m.device_count, m.chunk_count, m.pending_count, m.accepted_count, m.failed_count, m.expired_count, m.cancelled_count, m.schedule_id, m.schedule_run_at, m.started_at, m.settled_at, m.cancelled_at, m.skew_p50_ms, m.skew_p95_ms, m.skew_p99_ms, m.skew_max_ms, m.created_at, m.skew_histogram, m.slo_skew_ms, m.confirmed_count, m.opened_count, m.confirmed_histogram, m.rest_after, m.category, m.quiet_hours, m.opted_out_count, m.capped_count, m.quiet_hours_count
 ), keys AS (
     UPDATE idempotency_keys k
     SET response = k.response || jsonb_build_object(
@@ -201,7 +206,7 @@ func (q *Queries) GetIdempotencyKey(ctx context.Context, arg GetIdempotencyKeyPa
 }
 
 const getMessage = `-- name: GetMessage :one
-SELECT id, state, priority, dispatch_at, expires_at, payload_id, audience, local_time, recipient_count, device_count, chunk_count, pending_count, accepted_count, failed_count, expired_count, cancelled_count, schedule_id, schedule_run_at, started_at, settled_at, cancelled_at, skew_p50_ms, skew_p95_ms, skew_p99_ms, skew_max_ms, created_at, skew_histogram, slo_skew_ms, confirmed_count, opened_count, confirmed_histogram, rest_after FROM messages WHERE id = $1
+SELECT id, state, priority, dispatch_at, expires_at, payload_id, audience, local_time, recipient_count, device_count, chunk_count, pending_count, accepted_count, failed_count, expired_count, cancelled_count, schedule_id, schedule_run_at, started_at, settled_at, cancelled_at, skew_p50_ms, skew_p95_ms, skew_p99_ms, skew_max_ms, created_at, skew_histogram, slo_skew_ms, confirmed_count, opened_count, confirmed_histogram, rest_after, category, quiet_hours, opted_out_count, capped_count, quiet_hours_count FROM messages WHERE id = $1
 `
 
 func (q *Queries) GetMessage(ctx context.Context, id int64) (Message, error) {
@@ -240,6 +245,11 @@ func (q *Queries) GetMessage(ctx context.Context, id int64) (Message, error) {
 		&i.OpenedCount,
 		&i.ConfirmedHistogram,
 		&i.RestAfter,
+		&i.Category,
+		&i.QuietHours,
+		&i.OptedOutCount,
+		&i.CappedCount,
+		&i.QuietHoursCount,
 	)
 	return i, err
 }
@@ -302,13 +312,13 @@ const insertMessage = `-- name: InsertMessage :one
 INSERT INTO messages (
     state, priority, dispatch_at, expires_at, payload_id, audience, local_time,
     recipient_count, device_count, chunk_count, pending_count, expired_count,
-    schedule_id, schedule_run_at, settled_at
+    schedule_id, schedule_run_at, settled_at, category, quiet_hours
 ) VALUES (
     $1, $2, $3, $4, $5, $6, $7,
     $8, $9, $10, $11, $12,
-    $13, $14, $15
+    $13, $14, $15, $16, $17
 )
-RETURNING id, state, priority, dispatch_at, expires_at, payload_id, audience, local_time, recipient_count, device_count, chunk_count, pending_count, accepted_count, failed_count, expired_count, cancelled_count, schedule_id, schedule_run_at, started_at, settled_at, cancelled_at, skew_p50_ms, skew_p95_ms, skew_p99_ms, skew_max_ms, created_at, skew_histogram, slo_skew_ms, confirmed_count, opened_count, confirmed_histogram, rest_after
+RETURNING id, state, priority, dispatch_at, expires_at, payload_id, audience, local_time, recipient_count, device_count, chunk_count, pending_count, accepted_count, failed_count, expired_count, cancelled_count, schedule_id, schedule_run_at, started_at, settled_at, cancelled_at, skew_p50_ms, skew_p95_ms, skew_p99_ms, skew_max_ms, created_at, skew_histogram, slo_skew_ms, confirmed_count, opened_count, confirmed_histogram, rest_after, category, quiet_hours, opted_out_count, capped_count, quiet_hours_count
 `
 
 type InsertMessageParams struct {
@@ -327,6 +337,8 @@ type InsertMessageParams struct {
 	ScheduleID     *int64
 	ScheduleRunAt  *time.Time
 	SettledAt      *time.Time
+	Category       string
+	QuietHours     string
 }
 
 // Deliveries are pending, except those of a local-time message whose time
@@ -348,6 +360,8 @@ func (q *Queries) InsertMessage(ctx context.Context, arg InsertMessageParams) (M
 		arg.ScheduleID,
 		arg.ScheduleRunAt,
 		arg.SettledAt,
+		arg.Category,
+		arg.QuietHours,
 	)
 	var i Message
 	err := row.Scan(
@@ -383,6 +397,11 @@ func (q *Queries) InsertMessage(ctx context.Context, arg InsertMessageParams) (M
 		&i.OpenedCount,
 		&i.ConfirmedHistogram,
 		&i.RestAfter,
+		&i.Category,
+		&i.QuietHours,
+		&i.OptedOutCount,
+		&i.CappedCount,
+		&i.QuietHoursCount,
 	)
 	return i, err
 }
@@ -517,7 +536,7 @@ func (q *Queries) ListDeliveries(ctx context.Context, arg ListDeliveriesParams) 
 }
 
 const listMessages = `-- name: ListMessages :many
-SELECT id, state, priority, dispatch_at, expires_at, payload_id, audience, local_time, recipient_count, device_count, chunk_count, pending_count, accepted_count, failed_count, expired_count, cancelled_count, schedule_id, schedule_run_at, started_at, settled_at, cancelled_at, skew_p50_ms, skew_p95_ms, skew_p99_ms, skew_max_ms, created_at, skew_histogram, slo_skew_ms, confirmed_count, opened_count, confirmed_histogram, rest_after
+SELECT id, state, priority, dispatch_at, expires_at, payload_id, audience, local_time, recipient_count, device_count, chunk_count, pending_count, accepted_count, failed_count, expired_count, cancelled_count, schedule_id, schedule_run_at, started_at, settled_at, cancelled_at, skew_p50_ms, skew_p95_ms, skew_p99_ms, skew_max_ms, created_at, skew_histogram, slo_skew_ms, confirmed_count, opened_count, confirmed_histogram, rest_after, category, quiet_hours, opted_out_count, capped_count, quiet_hours_count
 FROM messages
 WHERE id < $1
   AND ($2::text IS NULL OR state = $2::text)
@@ -581,6 +600,11 @@ func (q *Queries) ListMessages(ctx context.Context, arg ListMessagesParams) ([]M
 			&i.OpenedCount,
 			&i.ConfirmedHistogram,
 			&i.RestAfter,
+			&i.Category,
+			&i.QuietHours,
+			&i.OptedOutCount,
+			&i.CappedCount,
+			&i.QuietHoursCount,
 		); err != nil {
 			return nil, err
 		}
@@ -825,7 +849,7 @@ SET state = $1, settled_at = $2,
     recipient_count = $3, device_count = $4, chunk_count = $5,
     pending_count = $6, expired_count = $7, rest_after = $8
 WHERE id = $9
-RETURNING id, state, priority, dispatch_at, expires_at, payload_id, audience, local_time, recipient_count, device_count, chunk_count, pending_count, accepted_count, failed_count, expired_count, cancelled_count, schedule_id, schedule_run_at, started_at, settled_at, cancelled_at, skew_p50_ms, skew_p95_ms, skew_p99_ms, skew_max_ms, created_at, skew_histogram, slo_skew_ms, confirmed_count, opened_count, confirmed_histogram, rest_after
+RETURNING id, state, priority, dispatch_at, expires_at, payload_id, audience, local_time, recipient_count, device_count, chunk_count, pending_count, accepted_count, failed_count, expired_count, cancelled_count, schedule_id, schedule_run_at, started_at, settled_at, cancelled_at, skew_p50_ms, skew_p95_ms, skew_p99_ms, skew_max_ms, created_at, skew_histogram, slo_skew_ms, confirmed_count, opened_count, confirmed_histogram, rest_after, category, quiet_hours, opted_out_count, capped_count, quiet_hours_count
 `
 
 type SetMessageAudienceParams struct {
@@ -888,6 +912,11 @@ func (q *Queries) SetMessageAudience(ctx context.Context, arg SetMessageAudience
 		&i.OpenedCount,
 		&i.ConfirmedHistogram,
 		&i.RestAfter,
+		&i.Category,
+		&i.QuietHours,
+		&i.OptedOutCount,
+		&i.CappedCount,
+		&i.QuietHoursCount,
 	)
 	return i, err
 }

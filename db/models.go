@@ -6,6 +6,8 @@ package db
 
 import (
 	"time"
+
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 type ApiKey struct {
@@ -76,6 +78,15 @@ type AuditLog struct {
 	App       *string
 }
 
+type Category struct {
+	Name       string
+	Critical   bool
+	CapCount   *int32
+	CapPeriodS *int32
+	CreatedAt  time.Time
+	UpdatedAt  time.Time
+}
+
 type ChunkDevice struct {
 	MessageID   int64
 	Chunk       int32
@@ -127,6 +138,14 @@ type Device struct {
 	InstallationID *string
 	AppID          int32
 	CredentialID   *int64
+}
+
+type FrequencyCap struct {
+	UserID     string
+	Category   string
+	MessageIds []int64
+	SentAt     []time.Time
+	LastAt     time.Time
 }
 
 type IdempotencyKey struct {
@@ -188,6 +207,11 @@ type Message struct {
 	OpenedCount        int32
 	ConfirmedHistogram []int32
 	RestAfter          *int64
+	Category           string
+	QuietHours         string
+	OptedOutCount      int32
+	CappedCount        int32
+	QuietHoursCount    int32
 }
 
 type MessageChunk struct {
@@ -240,6 +264,14 @@ type ProviderStatus struct {
 	UpdatedAt   time.Time
 }
 
+type QuietHoursDefault struct {
+	One        bool
+	QuietStart pgtype.Time
+	QuietEnd   pgtype.Time
+	Timezone   string
+	UpdatedAt  time.Time
+}
+
 type Receipt struct {
 	MessageID  int64
 	DeviceID   int64
@@ -268,6 +300,8 @@ type Schedule struct {
 	CreatedAt        time.Time
 	UpdatedAt        time.Time
 	DeletedAt        *time.Time
+	Category         string
+	QuietHours       string
 }
 
 type Segment struct {
@@ -295,6 +329,14 @@ type User struct {
 	CreatedAt time.Time
 	UpdatedAt time.Time
 	Locale    *string
+}
+
+type UserPreference struct {
+	UserID     string
+	OptOuts    []string
+	QuietStart pgtype.Time
+	QuietEnd   pgtype.Time
+	UpdatedAt  time.Time
 }
 
 type Webhook struct {

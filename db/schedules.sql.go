@@ -49,7 +49,7 @@ func (q *Queries) DeleteSchedule(ctx context.Context, id int64) (int64, error) {
 }
 
 const dueSchedules = `-- name: DueSchedules :many
-SELECT id, cron, timezone, audience, payload_id, priority, ttl_seconds, local_time, fallback_timezone, if_passed, starts_at, ends_at, paused, next_run_at, created_at, updated_at, deleted_at FROM schedules
+SELECT id, cron, timezone, audience, payload_id, priority, ttl_seconds, local_time, fallback_timezone, if_passed, starts_at, ends_at, paused, next_run_at, created_at, updated_at, deleted_at, category, quiet_hours FROM schedules
 WHERE deleted_at IS NULL AND NOT paused AND next_run_at IS NOT NULL
   AND next_run_at <= (CASE WHEN local_time THEN $1::timestamptz ELSE $2::timestamptz END)
   AND (SELECT count(*) FROM messages m
@@ -109,6 +109,8 @@ func (q *Queries) DueSchedules(ctx context.Context, arg DueSchedulesParams) ([]S
 			&i.CreatedAt,
 			&i.UpdatedAt,
 			&i.DeletedAt,
+			&i.Category,
+			&i.QuietHours,
 		); err != nil {
 			return nil, err
 		}
@@ -121,7 +123,7 @@ func (q *Queries) DueSchedules(ctx context.Context, arg DueSchedulesParams) ([]S
 }
 
 const getSchedule = `-- name: GetSchedule :one
-SELECT id, cron, timezone, audience, payload_id, priority, ttl_seconds, local_time, fallback_timezone, if_passed, starts_at, ends_at, paused, next_run_at, created_at, updated_at, deleted_at FROM schedules WHERE id = $1 AND deleted_at IS NULL
+SELECT id, cron, timezone, audience, payload_id, priority, ttl_seconds, local_time, fallback_timezone, if_passed, starts_at, ends_at, paused, next_run_at, created_at, updated_at, deleted_at, category, quiet_hours FROM schedules WHERE id = $1 AND deleted_at IS NULL
 `
 
 func (q *Queries) GetSchedule(ctx context.Context, id int64) (Schedule, error) {
@@ -145,16 +147,18 @@ func (q *Queries) GetSchedule(ctx context.Context, id int64) (Schedule, error) {
 		&i.CreatedAt,
 		&i.UpdatedAt,
 		&i.DeletedAt,
+		&i.Category,
+		&i.QuietHours,
 	)
 	return i, err
 }
 
 const insertSchedule = `-- name: InsertSchedule :one
 INSERT INTO schedules (cron, timezone, audience, payload_id, priority, ttl_seconds, local_time,
-                       fallback_timezone, if_passed, starts_at, ends_at, next_run_at)
+                       fallback_timezone, if_passed, starts_at, ends_at, next_run_at, category, quiet_hours)
 VALUES ($1, $2, $3, $4, $5, $6, $7,
-        $8, $9, $10, $11, $12)
-RETURNING id, cron, timezone, audience, payload_id, priority, ttl_seconds, local_time, fallback_timezone, if_passed, starts_at, ends_at, paused, next_run_at, created_at, updated_at, deleted_at
+        $8, $9, $10, $11, $12, $13, $14)
+RETURNING id, cron, timezone, audience, payload_id, priority, ttl_seconds, local_time, fallback_timezone, if_passed, starts_at, ends_at, paused, next_run_at, created_at, updated_at, deleted_at, category, quiet_hours
 `
 
 type InsertScheduleParams struct {
@@ -170,6 +174,8 @@ type InsertScheduleParams struct {
 	StartsAt         *time.Time
 	EndsAt           *time.Time
 	NextRunAt        *time.Time
+	Category         string
+	QuietHours       string
 }
 
 func (q *Queries) InsertSchedule(ctx context.Context, arg InsertScheduleParams) (Schedule, error) {
@@ -186,6 +192,8 @@ func (q *Queries) InsertSchedule(ctx context.Context, arg InsertScheduleParams) 
 		arg.StartsAt,
 		arg.EndsAt,
 		arg.NextRunAt,
+		arg.Category,
+		arg.QuietHours,
 	)
 	var i Schedule
 	err := row.Scan(
@@ -206,12 +214,14 @@ func (q *Queries) InsertSchedule(ctx context.Context, arg InsertScheduleParams) 
 		&i.CreatedAt,
 		&i.UpdatedAt,
 		&i.DeletedAt,
+		&i.Category,
+		&i.QuietHours,
 	)
 	return i, err
 }
 
 const listSchedules = `-- name: ListSchedules :many
-SELECT id, cron, timezone, audience, payload_id, priority, ttl_seconds, local_time, fallback_timezone, if_passed, starts_at, ends_at, paused, next_run_at, created_at, updated_at, deleted_at FROM schedules
+SELECT id, cron, timezone, audience, payload_id, priority, ttl_seconds, local_time, fallback_timezone, if_passed, starts_at, ends_at, paused, next_run_at, created_at, updated_at, deleted_at, category, quiet_hours FROM schedules
 WHERE deleted_at IS NULL AND id < $1
 ORDER BY id DESC
 LIMIT $2
@@ -249,6 +259,8 @@ func (q *Queries) ListSchedules(ctx context.Context, arg ListSchedulesParams) ([
 			&i.CreatedAt,
 			&i.UpdatedAt,
 			&i.DeletedAt,
+			&i.Category,
+			&i.QuietHours,
 		); err != nil {
 			return nil, err
 		}
@@ -340,7 +352,7 @@ SET paused = $1,
     next_run_at = CASE WHEN $1::boolean THEN next_run_at ELSE $2 END,
     updated_at = clock_timestamp()
 WHERE id = $3 AND deleted_at IS NULL
-RETURNING id, cron, timezone, audience, payload_id, priority, ttl_seconds, local_time, fallback_timezone, if_passed, starts_at, ends_at, paused, next_run_at, created_at, updated_at, deleted_at
+RETURNING id, cron, timezone, audience, payload_id, priority, ttl_seconds, local_time, fallback_timezone, if_passed, starts_at, ends_at, paused, next_run_at, created_at, updated_at, deleted_at, category, quiet_hours
 `
 
 type SetSchedulePausedParams struct {
@@ -372,6 +384,8 @@ func (q *Queries) SetSchedulePaused(ctx context.Context, arg SetSchedulePausedPa
 		&i.CreatedAt,
 		&i.UpdatedAt,
 		&i.DeletedAt,
+		&i.Category,
+		&i.QuietHours,
 	)
 	return i, err
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/riverqueue/river"
 
 	"github.com/heraldpush/herald/db"
+	"github.com/heraldpush/herald/jobs/preferences"
 	"github.com/heraldpush/herald/jobs/push"
 )
 
@@ -82,7 +83,16 @@ func (a FanOutArgs) ledgerRange() db.Chunk {
 // delivery is what t's ledger row holds besides its result.
 func (a FanOutArgs) delivery(t *Target) db.DeliveryKey {
 	return db.DeliveryKey{MessageID: a.MessageID, DeviceID: t.DeviceID, UserID: t.UserID, Channel: t.Channel,
-		Chunk: int32(a.Chunk), DueUs: a.DispatchAt.UnixMicro()}
+		Chunk: int32(a.Chunk), DueUs: a.due(t).UnixMicro()}
+}
+
+// due is when t's delivery is due: its chunk's instant, or the end of the
+// quiet hours that held it.
+func (a FanOutArgs) due(t *Target) time.Time {
+	if !t.DueAt.IsZero() {
+		return t.DueAt
+	}
+	return a.DispatchAt
 }
 
 // jobArgs is the job that carries a's chunk: of its kind.
@@ -98,6 +108,8 @@ func (a FanOutArgs) jobArgs() river.JobArgs {
 type running struct {
 	FanOutArgs
 	Targets []Target
+	// Rule is what its deliveries are decided by (jobs/preferences).
+	Rule preferences.Rule
 }
 
 // Kind implements river.JobArgs.

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/robfig/cron/v3"
+
+	"github.com/heraldpush/herald/jobs/wallclock"
 )
 
 // cronSearchYears bounds the search for a schedule's next run: a spec that
@@ -64,19 +66,13 @@ func ScheduleCron(expr, zone string) (*Cron, error) {
 // Location is the zone the expression is evaluated in.
 func (c *Cron) Location() *time.Location { return c.loc }
 
-// wall is a wall-clock time, held as a time in UTC so that arithmetic on it
-// knows nothing of any zone's transitions.
-type wall = time.Time
-
-func wallOf(t time.Time, loc *time.Location) wall {
-	l := t.In(loc)
-	return time.Date(l.Year(), l.Month(), l.Day(), l.Hour(), l.Minute(), l.Second(), 0, time.UTC)
-}
+// wall is a wall-clock time (wallclock.Wall).
+type wall = wallclock.Wall
 
 // Next returns the first run strictly after t, and false when there is none
 // within cronSearchYears.
 func (c *Cron) Next(t time.Time) (time.Time, bool) {
-	after := wallOf(t, c.loc)
+	after := wallclock.Of(t, c.loc)
 	day := time.Date(after.Year(), after.Month(), after.Day(), 0, 0, 0, 0, time.UTC)
 	end := day.AddDate(cronSearchYears, 0, 0)
 	// On the first day the search starts at after's hour and minute: the
@@ -104,7 +100,7 @@ func (c *Cron) Next(t time.Time) (time.Time, bool) {
 				if !w.After(after) {
 					continue
 				}
-				run := instantOf(w, c.loc)
+				run := wallclock.Instant(w, c.loc)
 				// A wall time inside a gap runs at the gap's end, which may
 				// not be after t when t is itself that instant.
 				if run.After(t) {
@@ -126,36 +122,6 @@ func (c *Cron) dayMatches(day wall) bool {
 		return dom && dow
 	}
 	return dom || dow
-}
-
-// instantOf is the instant at which loc's clocks show w: the first of two
-// when w happens twice, and the first instant after the gap when w does not
-// happen at all.
-func instantOf(w wall, loc *time.Location) time.Time {
-	t := time.Date(w.Year(), w.Month(), w.Day(), w.Hour(), w.Minute(), w.Second(), 0, loc)
-	if wallOf(t, loc).Equal(w) {
-		// Twice? The earlier instant is up to two hours before (DST shifts
-		// are 30 minutes to 2 hours).
-		for _, back := range []time.Duration{2 * time.Hour, time.Hour, 30 * time.Minute} {
-			if e := t.Add(-back); wallOf(e, loc).Equal(w) {
-				return e
-			}
-		}
-		return t
-	}
-	// In a gap: the first instant whose wall time is at or after w. Wall
-	// time only moves forward across a spring-forward transition, so a
-	// binary search over the surrounding hours finds it.
-	lo, hi := t.Add(-3*time.Hour), t.Add(3*time.Hour)
-	for hi.Sub(lo) > time.Second {
-		mid := lo.Add(hi.Sub(lo) / 2)
-		if wallOf(mid, loc).Before(w) {
-			lo = mid
-		} else {
-			hi = mid
-		}
-	}
-	return hi.Truncate(time.Second)
 }
 
 // NextRun is a schedule's first run strictly after t: not after endsAt

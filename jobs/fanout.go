@@ -194,6 +194,9 @@ func (w *FanOutWorker) Work(ctx context.Context, job *river.Job[FanOutArgs]) err
 	if len(c.Targets) == 0 {
 		return w.finish(ctx, c, ledger, ledger.open(c, startedAt, nil), false)
 	}
+	if err := w.withhold(ctx, c, lane.Pool, startedAt); err != nil {
+		return err
+	}
 	groups := w.group(c, startedAt)
 	// What is tried is what is grouped: a device gone is cancelled, and
 	// one waiting for its throttle skipped, neither tried.
@@ -277,7 +280,7 @@ func (w *FanOutWorker) begin(ctx context.Context, job *river.Job[FanOutArgs], po
 			"message_id", push.FormatMessageID(a.MessageID), "chunk", a.Chunk, "attempt", job.Attempt, "state", begun.State)
 		return nil, nil, nil
 	}
-	c = &running{FanOutArgs: a, Targets: make([]Target, len(begun.Pending))}
+	c = &running{FanOutArgs: a, Targets: make([]Target, len(begun.Pending)), Rule: ruleOf(begun.Rules)}
 	for i, r := range begun.Pending {
 		c.Targets[i] = targetOf(r)
 	}
@@ -422,15 +425,22 @@ func (w *FanOutWorker) appName(lane Lane, app int32) string {
 }
 
 // gone cancels, unsent, the deliveries of the chunk's devices that are no
-// longer their users' to send to (Target.Gone).
+// longer their users' to send to (Target.Gone), and those their users'
+// preferences withheld (withhold.go): cancelled, expired, or held pending
+// until quiet hours end.
 func (s *sends) gone(c *running) {
 	now := time.Now()
 	var idx []int
 	for i, t := range c.Targets {
-		if t.Gone != push.ReasonNone {
+		switch {
+		case t.Gone != push.ReasonNone:
 			s.rec.results[i] = push.Result{At: now, Reason: t.Gone}
-			idx = append(idx, i)
+		case t.Held:
+			s.rec.results[i] = push.Result{At: now, Reason: push.ReasonQuietHours}
+		default:
+			continue
 		}
+		idx = append(idx, i)
 	}
 	if len(idx) > 0 {
 		s.ledger.add(s.rec, false, idx...)
@@ -686,6 +696,8 @@ func (w *FanOutWorker) throttledWait(c *running, results []push.Result) (waiting
 		switch r := results[i]; {
 		case throttled(r):
 			until = w.cfg.Clock.ToDB(r.At).Add(throttleWait(r, t.Attempt))
+		case t.Held:
+			until = t.NotBefore
 		case r.At.IsZero() && r.Reason == push.ReasonNone && t.Gone == push.ReasonNone:
 			until = t.NotBefore
 		default:

@@ -438,6 +438,8 @@ func (l *ledger) write(batch []pick) error {
 		counted [][]settledDelivery
 		byMsg   = map[int64]int{}
 		events  = l.webhooks.WantsFailures()
+		// withheld: some webhook wants delivery.withheld.
+		withheld = l.webhooks.WantsWithheld()
 	)
 	for _, p := range batch {
 		c := l.resultsOf(p.r.a, p.r.results, p.idx)
@@ -446,9 +448,10 @@ func (l *ledger) write(batch []pick) error {
 			i = len(writes)
 			byMsg[p.r.a.MessageID] = i
 			writes = append(writes, db.ChunkWrite{
-				MessageID:     p.r.a.MessageID,
-				Evict:         db.EvictDevicesParams{SentAfter: p.r.startedAt},
-				FailureEvents: events,
+				MessageID:      p.r.a.MessageID,
+				Evict:          db.EvictDevicesParams{SentAfter: p.r.startedAt},
+				FailureEvents:  events,
+				WithheldEvents: withheld,
 			})
 			counted = append(counted, nil)
 		}
@@ -559,22 +562,34 @@ func (l *ledger) resultsOf(a *running, results []push.Result, idx []int) chunkRe
 			// device's throttle) and is retried when the chunk wakes,
 			// until it expires.
 			status = "pending"
+		case a.Targets[i].Held:
+			// Not sent yet: it waits for its user's quiet hours to end.
+			status = "pending"
+		case a.Targets[i].Expires:
+			// Not sent: its user's quiet hours outlast its message.
+			status = "expired"
 		case r.Reason.Cancels():
-			// Not sent: its device is no longer the delivery's.
+			// Not sent: its device is no longer the delivery's, or its
+			// user's preferences withheld it.
 			status = "cancelled"
 		}
 		attemptedUs := at.UnixMicro()
-		if status == "cancelled" {
+		if status == "cancelled" || r.Reason.Withholds() {
 			attemptedUs = 0
 		}
-		if throttled(r) {
+		if t := &a.Targets[i]; t.Held {
+			// Pending, due when the quiet hours end (withhold.go).
+			held := *t
+			held.DueAt = t.NotBefore
+			c.results.AddThrottled(a.delivery(&held), string(r.Reason), 0, t.NotBefore.UnixMicro())
+		} else if throttled(r) {
 			// Pending until its device's throttle runs out (throttle.go).
 			notBefore := at.Add(throttleWait(r, a.Targets[i].Attempt))
 			c.results.AddThrottled(a.delivery(&a.Targets[i]), string(r.Reason), attemptedUs, notBefore.UnixMicro())
 		} else {
 			c.results.Add(a.delivery(&a.Targets[i]), status, string(r.Reason), attemptedUs, acceptedUs)
 		}
-		c.counted = append(c.counted, settledDelivery{a.Targets[i].Channel, status, r.Reason, at.Sub(a.DispatchAt)})
+		c.counted = append(c.counted, settledDelivery{a.Targets[i].Channel, status, r.Reason, at.Sub(a.due(&a.Targets[i]))})
 		if !r.Accepted && r.Reason.Evicts() {
 			c.evictIDs = append(c.evictIDs, a.Targets[i].DeviceID)
 			c.evictReasons = append(c.evictReasons, string(r.Reason))

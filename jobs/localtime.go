@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/heraldpush/herald/db"
+	"github.com/heraldpush/herald/jobs/wallclock"
 )
 
 // LocalDelivery is delivery at a wall time in each recipient's own zone
@@ -83,7 +84,7 @@ func (lt *LocalTime) place(zones []string, plan *db.Expansion) error {
 				return fmt.Errorf("zone %q of a recipient: %w", zone, err)
 			}
 		}
-		due, passed := instantOf(wall, loc), false
+		due, passed := wallclock.Instant(wall, loc), false
 		if due.Before(lt.Now) {
 			if lt.SendNow {
 				due = lt.Now

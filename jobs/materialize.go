@@ -15,6 +15,7 @@ import (
 	"github.com/riverqueue/river/rivertype"
 
 	"github.com/heraldpush/herald/db"
+	"github.com/heraldpush/herald/jobs/wallclock"
 )
 
 // MaterializeKind is the River kind of the periodic job that turns schedule
@@ -182,6 +183,7 @@ func (m *Materializer) materialize(ctx context.Context, tx pgx.Tx, enq *Enqueuer
 			Priority: s.Priority, DispatchAt: runAt, ExpiresAt: runAt.Add(ttl),
 			Audience: audience, AudienceJSON: s.Audience,
 			PayloadID: s.PayloadID, ScheduleID: &s.ID, ScheduleRunAt: &runAt,
+			Category: s.Category, QuietHours: s.QuietHours,
 		}
 		// The run's last delivery can be made until its span has passed.
 		lastChance := runAt.Add(span)
@@ -193,11 +195,11 @@ func (m *Materializer) materialize(ctx context.Context, tx pgx.Tx, enq *Enqueuer
 				return fmt.Errorf("fallback zone %q: %w", s.FallbackTimezone, err)
 			}
 			spec, _ := json.Marshal(map[string]any{
-				"deliver_at_local": wallOf(runAt, loc).Format("2006-01-02T15:04:05"), "fallback_timezone": s.FallbackTimezone,
+				"deliver_at_local": wallclock.Of(runAt, loc).Format("2006-01-02T15:04:05"), "fallback_timezone": s.FallbackTimezone,
 				"if_passed": s.IfPassed, "ttl_seconds": s.TtlSeconds,
 			})
 			msg.LocalTime = &LocalTime{
-				Wall: wallOf(runAt, loc), Fallback: fallback, SendNow: s.IfPassed == "send_now",
+				Wall: wallclock.Of(runAt, loc), Fallback: fallback, SendNow: s.IfPassed == "send_now",
 				Now: now, Lifetime: ttl, JSON: spec,
 			}
 		}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/heraldpush/herald/db"
 	"github.com/heraldpush/herald/jobs/apps"
+	"github.com/heraldpush/herald/jobs/preferences"
 	"github.com/heraldpush/herald/jobs/push"
 )
 
@@ -32,6 +33,13 @@ type Message struct {
 	// Local, instead of DispatchAt and ExpiresAt, sends to each recipient
 	// at a wall time in their own zone.
 	Local *LocalDelivery
+	// Category is the message's category (jobs/preferences); empty means
+	// "default". QuietHours is what a delivery due in its user's quiet
+	// hours gets: preferences.QuietHold (empty) or QuietSkip. Both are left
+	// out of the canonical encoding when empty, so that an idempotency key
+	// used before they existed still matches its message.
+	Category   string `json:",omitempty"`
+	QuietHours string `json:",omitempty"`
 	// IdempotencyKey, when set, makes scheduling the same message again
 	// with the same key a no-op that answers the first one's receipt, and
 	// a different message with it ErrIdempotencyKeyReused.
@@ -162,6 +170,16 @@ func (m *Message) check() error {
 	if err := CheckAudience(m.Audience); err != nil {
 		return err
 	}
+	if m.Category != "" {
+		if err := preferences.CheckCategory(m.Category); err != nil {
+			return invalid("category", "category %q %s", m.Category, err)
+		}
+	}
+	if m.QuietHours != "" {
+		if err := preferences.CheckQuietMode(m.QuietHours); err != nil {
+			return invalid("quiet_hours", "quiet_hours %q %s", m.QuietHours, err)
+		}
+	}
 	if err := CheckPayload(&m.Payload); err != nil {
 		return err
 	}
@@ -200,7 +218,8 @@ func (m Message) spec(now time.Time) (MessageSpec, error) {
 	if err != nil {
 		return MessageSpec{}, fmt.Errorf("encode audience: %w", err)
 	}
-	spec := MessageSpec{Priority: m.Priority, Audience: m.Audience, AudienceJSON: audience, Content: m.Payload}
+	spec := MessageSpec{Priority: m.Priority, Audience: m.Audience, AudienceJSON: audience, Content: m.Payload,
+		Category: m.Category, QuietHours: m.QuietHours}
 	if l := m.Local; l != nil {
 		wall := l.Wall.Format(WallLayout)
 		if l.Wall.Second() != 0 {

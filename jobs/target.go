@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/heraldpush/herald/db"
+	"github.com/heraldpush/herald/jobs/preferences"
 	"github.com/heraldpush/herald/jobs/push"
 )
 
@@ -32,6 +33,16 @@ type Target struct {
 	// UserID is the delivery's user: the device's when its message was
 	// scheduled, which its ledger row records.
 	UserID string
+	// Prefs are what the user asked of the message's category, read when
+	// the chunk began (jobs/preferences).
+	Prefs preferences.User
+	// DueAt, when set, is when the delivery is due: the end of the quiet
+	// hours that held it (its row's due time); else its chunk's.
+	DueAt time.Time
+	// Held says the delivery waits, pending, for its user's quiet hours to
+	// end (NotBefore); Expires that it expires unsent for them (Gone says
+	// quiet hours): both decided by withhold.
+	Held, Expires bool
 }
 
 // targetOf is the target of a pending delivery the chunk read.
@@ -43,6 +54,17 @@ func targetOf(r db.ChunkPendingRow) Target {
 		t.NotBefore = *r.NotBefore
 	}
 	t.App, t.Credential, t.UserID = r.AppID, r.CredentialID, r.UserID
+	if r.HeldDue.Unix() != 0 {
+		t.DueAt = r.HeldDue
+	}
+	t.Prefs = preferences.User{OptedOut: r.OptedOut}
+	if start, own := preferences.ClockOf(r.QuietStart); own {
+		end, _ := preferences.ClockOf(r.QuietEnd)
+		t.Prefs.Quiet, t.Prefs.Own = preferences.Window{Start: start, End: end}, true
+	}
+	if r.Timezone != nil {
+		t.Prefs.Zone = *r.Timezone
+	}
 	return t
 }
 

@@ -31,6 +31,7 @@ const WebhookKind = "webhook_batch"
 // The webhook event types (docs/webhooks.md).
 const (
 	EventDeliveryFailed    = "delivery.failed"
+	EventDeliveryWithheld  = "delivery.withheld"
 	EventDeliveryConfirmed = "delivery.confirmed"
 	EventDeliveryOpened    = "delivery.opened"
 	EventDeviceEvicted     = "device.evicted"
@@ -38,7 +39,7 @@ const (
 )
 
 // WebhookEvents are the event types a webhook may want.
-var WebhookEvents = []string{EventDeliveryFailed, EventDeliveryConfirmed, EventDeliveryOpened, EventDeviceEvicted, EventMessageSettled}
+var WebhookEvents = []string{EventDeliveryFailed, EventDeliveryWithheld, EventDeliveryConfirmed, EventDeliveryOpened, EventDeviceEvicted, EventMessageSettled}
 
 // WebhookBatchSize is the most events one call carries: a message that
 // fails on a million devices is a thousand calls, not a million.
@@ -255,9 +256,10 @@ func batchBody(a WebhookArgs, rows []db.WebhookBatchEventsRow) webhook.Batch {
 // exists. A webhook made is served from the next reading on, within about
 // a second.
 type WebhookTypes struct {
-	pool   *pgxpool.Pool
-	logger *slog.Logger
-	failed atomic.Bool
+	pool     *pgxpool.Pool
+	logger   *slog.Logger
+	failed   atomic.Bool
+	withheld atomic.Bool
 }
 
 // NewWebhookTypes returns the reading of pool's webhooks; until Refresh or
@@ -269,17 +271,22 @@ func NewWebhookTypes(pool *pgxpool.Pool, logger *slog.Logger) *WebhookTypes {
 // WantsFailures says whether some webhook wants delivery.failed.
 func (t *WebhookTypes) WantsFailures() bool { return t != nil && t.failed.Load() }
 
+// WantsWithheld says whether some webhook wants delivery.withheld.
+func (t *WebhookTypes) WantsWithheld() bool { return t != nil && t.withheld.Load() }
+
 // Refresh reads the wanted types.
 func (t *WebhookTypes) Refresh(ctx context.Context) error {
 	types, err := db.On(t.pool).WantedWebhookEvents(ctx)
 	if err != nil {
 		return fmt.Errorf("read the webhooks' event types: %w", err)
 	}
-	failed := false
+	failed, withheld := false, false
 	for _, typ := range types {
 		failed = failed || typ == EventDeliveryFailed
+		withheld = withheld || typ == EventDeliveryWithheld
 	}
 	t.failed.Store(failed)
+	t.withheld.Store(withheld)
 	return nil
 }
 

@@ -16,6 +16,14 @@
 -- device's app and Web Push credential (migration 0021; 0 for none).
 -- UserID is the delivery's user, as ChunkSnapshotPending gives it.
 --
+-- OptedOut, QuietStart, QuietEnd and Timezone are what the user asked of
+-- the message's category (migration 0024), read when the chunk begins so
+-- that a preference set after the message was scheduled holds: whether the
+-- user opted out of the category (on every channel, or the device's), the
+-- user's quiet hours (NULL for the installation's) and zone. HeldDue is,
+-- for a delivery held by quiet hours, their end, when it is due; the epoch
+-- for any other.
+--
 -- This reads a chunk scheduled with pending ledger rows (by a release
 -- before migration 0022, or while one was alive); ChunkSnapshotPending
 -- reads one scheduled with a snapshot of its devices.
@@ -28,9 +36,15 @@ SELECT d.device_id, d.attempt, d.channel, d.locale,
              ELSE '' END)::text AS gone,
        d.not_before,
        coalesce(v.app_id, 1)::integer AS app_id, coalesce(v.credential_id, 0)::bigint AS credential_id,
-       d.user_id
+       d.user_id,
+       coalesce(p.opt_outs && ARRAY[m.category, m.category || ':' || d.channel], false)::boolean AS opted_out,
+       p.quiet_start, p.quiet_end, u.timezone,
+       (CASE WHEN d.reason = 'quiet_hours' THEN d.due_at ELSE 'epoch' END)::timestamptz AS held_due
 FROM deliveries d
+CROSS JOIN (SELECT mm.category FROM messages mm WHERE mm.id = @message_id) m
 LEFT JOIN devices v ON v.id = d.device_id
+LEFT JOIN users u ON u.id = d.user_id
+LEFT JOIN user_preferences p ON p.user_id = d.user_id
 WHERE d.message_id = @message_id
   AND d.device_id BETWEEN @first_device AND @last_device
   AND d.chunk = @chunk
@@ -49,21 +63,28 @@ ORDER BY d.device_id;
 -- for messages being made), so its cancelled row is here and it is not
 -- read; one evicted since is read, gone. Its user is the device's, which
 -- no move has changed since the snapshot. Each device finds its row and
--- its device through their primary keys.
+-- its device through their primary keys; its user's preferences, through
+-- theirs.
 SELECT s.device_id::bigint AS device_id, coalesce(d.attempt, 0)::smallint AS attempt, v.channel, c.locales[s.n]::text AS locale,
        v.token, v.p256dh, v.auth, v.environment,
        (CASE WHEN v.status <> 'active' THEN 'device_evicted' ELSE '' END)::text AS gone,
        d.not_before,
        v.app_id, coalesce(v.credential_id, 0)::bigint AS credential_id,
-       v.user_id
+       v.user_id,
+       coalesce(p.opt_outs && ARRAY[m.category, m.category || ':' || v.channel], false)::boolean AS opted_out,
+       p.quiet_start, p.quiet_end, u.timezone,
+       (CASE WHEN d.reason = 'quiet_hours' THEN d.due_at ELSE 'epoch' END)::timestamptz AS held_due
 FROM chunk_devices c
+CROSS JOIN (SELECT mm.category FROM messages mm WHERE mm.id = @message_id) m
 CROSS JOIN LATERAL unnest(c.devices) WITH ORDINALITY AS s(device_id, n)
 JOIN devices v ON v.id = s.device_id
+LEFT JOIN users u ON u.id = v.user_id
+LEFT JOIN user_preferences p ON p.user_id = v.user_id
 -- The rows already written in the chunk's range, read in one walk of the
 -- primary key (none on a chunk's first attempt) rather than looked up
 -- device by device.
 LEFT JOIN (
-    SELECT w.device_id, w.status, w.attempt, w.not_before
+    SELECT w.device_id, w.status, w.attempt, w.not_before, w.due_at, w.reason
     FROM deliveries w
     WHERE w.message_id = @message_id AND w.device_id BETWEEN @first_device AND @last_device
     OFFSET 0
@@ -129,6 +150,10 @@ WITH input AS (
                       ELSE coalesce(excluded.reason, d.reason) END,
         attempt = d.attempt + excluded.attempt,
         attempted_at = coalesce(excluded.attempted_at, d.attempted_at),
+        -- A delivery held by its user's quiet hours is due when they end
+        -- (jobs/preferences), and its skew is measured from then.
+        due_at = CASE WHEN excluded.reason = 'quiet_hours' AND excluded.status = 'pending'
+                      THEN excluded.due_at ELSE d.due_at END,
         accepted_at = excluded.accepted_at,
         not_before = excluded.not_before
     -- Pending is spelled as not settled, on an expression without
@@ -141,32 +166,43 @@ WITH input AS (
               date_part('epoch', d.accepted_at - d.due_at) * 1000 AS skew_ms
 ), failure_events AS (
     -- The webhooks' delivery.failed events (migration 0018), written with
-    -- the failures themselves. want_failed is the process's reading of
-    -- whether any webhook wants them (jobs.WebhookTypes): false, the
-    -- generic plan's one-time filter skips this, and a ledger write costs
-    -- what it did before webhooks.
+    -- the failures themselves, and their delivery.withheld events (0024):
+    -- a delivery cancelled or expired for its user's sake (opted out, quiet
+    -- hours, capped). want_failed and want_withheld are the process's
+    -- reading of whether any webhook wants them (jobs.WebhookTypes): false,
+    -- the generic plan's one-time filter skips this, and a ledger write
+    -- costs what it did before webhooks.
     INSERT INTO webhook_events (webhook_id, message_id, type, device_id, user_id, reason, at)
-    SELECT w.id, u.message_id, 'delivery.failed', u.device_id, u.user_id, u.reason,
+    SELECT w.id, u.message_id, e.type, u.device_id, u.user_id, u.reason,
            coalesce(u.attempted_at, clock_timestamp())
     FROM updated u
-    JOIN webhooks w ON 'delivery.failed' = ANY (w.events)
-    WHERE @want_failed::boolean AND u.status = 'failed'
+    CROSS JOIN LATERAL (SELECT CASE WHEN u.status = 'failed' THEN 'delivery.failed' ELSE 'delivery.withheld' END AS type) e
+    JOIN webhooks w ON e.type = ANY (w.events)
+    WHERE (@want_failed::boolean AND u.status = 'failed')
+       OR (@want_withheld::boolean AND u.status IN ('cancelled', 'expired')
+           AND u.reason IN ('opted_out', 'quiet_hours', 'capped'))
 ), tallies AS (
     -- The rows each write settled, by message and status, the accepted
     -- ones by the bucket of their skew in the message's histogram
     -- (migration 0010; read by the API while the message is sent): under
-    -- 1 ms is bucket 1, then 10% a bucket up to 194.
+    -- 1 ms is bucket 1, then 10% a bucket up to 194; those withheld for
+    -- their users' sake by reason (migration 0024).
     SELECT message_id, status,
            CASE WHEN status = 'accepted' THEN skew_histogram_bucket(skew_ms) END AS bucket,
+           CASE WHEN status IN ('cancelled', 'expired') AND reason IN ('opted_out', 'quiet_hours', 'capped')
+                THEN reason END AS withheld,
            count(*)::integer AS n
     FROM updated
-    GROUP BY 1, 2, 3
+    GROUP BY 1, 2, 3, 4
 ), counts AS (
     SELECT message_id,
            coalesce(sum(n) FILTER (WHERE status = 'accepted'), 0)::integer AS accepted,
            coalesce(sum(n) FILTER (WHERE status = 'failed'), 0)::integer AS failed,
            coalesce(sum(n) FILTER (WHERE status = 'expired'), 0)::integer AS expired,
            coalesce(sum(n) FILTER (WHERE status = 'cancelled'), 0)::integer AS cancelled,
+           coalesce(sum(n) FILTER (WHERE withheld = 'opted_out'), 0)::integer AS opted_out,
+           coalesce(sum(n) FILTER (WHERE withheld = 'capped'), 0)::integer AS capped,
+           coalesce(sum(n) FILTER (WHERE withheld = 'quiet_hours'), 0)::integer AS quiet_hours,
            array_agg(bucket) FILTER (WHERE status = 'accepted') AS buckets,
            array_agg(n) FILTER (WHERE status = 'accepted') AS skews
     FROM tallies
@@ -178,6 +214,9 @@ SET pending_count = m.pending_count - c.accepted - c.failed - c.expired - c.canc
     failed_count = m.failed_count + c.failed,
     expired_count = m.expired_count + c.expired,
     cancelled_count = m.cancelled_count + c.cancelled,
+    opted_out_count = m.opted_out_count + c.opted_out,
+    capped_count = m.capped_count + c.capped,
+    quiet_hours_count = m.quiet_hours_count + c.quiet_hours,
     skew_histogram = CASE WHEN c.accepted = 0 THEN m.skew_histogram
                           ELSE skew_histogram_add(m.skew_histogram, c.buckets, c.skews) END
 FROM counts c

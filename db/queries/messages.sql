@@ -22,11 +22,11 @@ SELECT EXISTS (SELECT 1 FROM segments WHERE id = @id)::boolean;
 INSERT INTO messages (
     state, priority, dispatch_at, expires_at, payload_id, audience, local_time,
     recipient_count, device_count, chunk_count, pending_count, expired_count,
-    schedule_id, schedule_run_at, settled_at
+    schedule_id, schedule_run_at, settled_at, category, quiet_hours
 ) VALUES (
     @state, @priority, @dispatch_at, @expires_at, @payload_id, @audience, @local_time,
     @recipient_count, @device_count, @chunk_count, @pending_count, @expired_count,
-    @schedule_id, @schedule_run_at, @settled_at
+    @schedule_id, @schedule_run_at, @settled_at, @category, @quiet_hours
 )
 RETURNING *;
 

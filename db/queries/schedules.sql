@@ -1,8 +1,8 @@
 -- name: InsertSchedule :one
 INSERT INTO schedules (cron, timezone, audience, payload_id, priority, ttl_seconds, local_time,
-                       fallback_timezone, if_passed, starts_at, ends_at, next_run_at)
+                       fallback_timezone, if_passed, starts_at, ends_at, next_run_at, category, quiet_hours)
 VALUES (@cron, @timezone, @audience, @payload_id, @priority, @ttl_seconds, @local_time,
-        @fallback_timezone, @if_passed, @starts_at, @ends_at, @next_run_at)
+        @fallback_timezone, @if_passed, @starts_at, @ends_at, @next_run_at, @category, @quiet_hours)
 RETURNING *;
 
 -- name: GetSchedule :one

@@ -60,11 +60,36 @@ const (
 	ReasonDeviceReplaced Reason = "device_replaced"
 )
 
+// The reasons a delivery is withheld for its user's sake, decided when it
+// is sent (jobs/preferences): cancelled, or for quiet hours that outlast
+// its message, expired.
+const (
+	// ReasonOptedOut: the user opted out of the message's category, on
+	// every channel or on the device's.
+	ReasonOptedOut Reason = "opted_out"
+	// ReasonQuietHours: due in the user's quiet hours, and the message
+	// asked to skip such deliveries (cancelled), or the hours end after the
+	// message expires (expired). A delivery held until they end is pending
+	// with it.
+	ReasonQuietHours Reason = "quiet_hours"
+	// ReasonCapped: the category's frequency cap for the user was reached
+	// by other messages within its period.
+	ReasonCapped Reason = "capped"
+)
+
+// Withholds reports whether the delivery was withheld for its user's sake
+// (opted out, quiet hours, capped).
+func (r Reason) Withholds() bool {
+	return r == ReasonOptedOut || r == ReasonQuietHours || r == ReasonCapped
+}
+
 // Cancels reports whether the delivery is cancelled, not failed: nothing
-// was sent, because the device is no longer the delivery's to send to.
+// was sent, because the device is no longer the delivery's to send to, or
+// its user's preferences withheld it.
 func (r Reason) Cancels() bool {
 	switch r {
-	case ReasonDeviceMoved, ReasonDeviceDeleted, ReasonDeviceEvicted, ReasonDeviceReplaced:
+	case ReasonDeviceMoved, ReasonDeviceDeleted, ReasonDeviceEvicted, ReasonDeviceReplaced,
+		ReasonOptedOut, ReasonQuietHours, ReasonCapped:
 		return true
 	}
 	return false

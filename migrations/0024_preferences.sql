@@ -1,0 +1,98 @@
+-- What the people reminded are owed (docs/preferences.md): a message's
+-- category, each user's opt-outs and quiet hours, and each category's
+-- frequency cap, all decided when a delivery is sent, not when its message
+-- is scheduled.
+
+-- A category is a name the caller defines. A message names one (default
+-- 'default'); a name without a row here is an ordinary category: no cap,
+-- not critical. A critical category is never opted out of, never held by
+-- quiet hours and never capped (a medication or security alert). A cap is
+-- at most cap_count messages to a user in any cap_period_s seconds.
+CREATE TABLE categories (
+    name         text PRIMARY KEY CHECK (name ~ '^[a-z0-9][a-z0-9._-]{0,62}$'),
+    critical     boolean NOT NULL DEFAULT false,
+    cap_count    integer CHECK (cap_count BETWEEN 1 AND 10000),
+    cap_period_s integer CHECK (cap_period_s BETWEEN 60 AND 31622400),
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    updated_at   timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT categories_cap_whole CHECK ((cap_count IS NULL) = (cap_period_s IS NULL)),
+    CONSTRAINT categories_critical_uncapped CHECK (NOT (critical AND cap_count IS NOT NULL))
+);
+
+-- A message's category, and what quiet hours do to it: hold a delivery to
+-- the end of its user's window, or skip it (cancelled, quiet_hours). A
+-- message scheduled by an earlier release is in 'default' and holds.
+ALTER TABLE messages
+    ADD COLUMN category    text NOT NULL DEFAULT 'default',
+    ADD COLUMN quiet_hours text NOT NULL DEFAULT 'hold' CHECK (quiet_hours IN ('hold', 'skip')),
+    -- The deliveries withheld for their users' sake, by reason; each is
+    -- also in cancelled_count or expired_count.
+    ADD COLUMN opted_out_count   integer NOT NULL DEFAULT 0,
+    ADD COLUMN capped_count      integer NOT NULL DEFAULT 0,
+    ADD COLUMN quiet_hours_count integer NOT NULL DEFAULT 0;
+
+ALTER TABLE schedules
+    ADD COLUMN category    text NOT NULL DEFAULT 'default',
+    ADD COLUMN quiet_hours text NOT NULL DEFAULT 'hold' CHECK (quiet_hours IN ('hold', 'skip'));
+
+-- A user's preferences, a row a user who has any, deleted with the user.
+-- opt_outs holds 'category' (every channel) or 'category:channel'.
+-- quiet_start and quiet_end are the user's quiet hours as wall times in the
+-- user's zone (users.timezone): both NULL is the installation's default,
+-- equal is none. quiet_zone is the zone the user gave with them, when the
+-- user has no zone of their own.
+CREATE TABLE user_preferences (
+    user_id     text PRIMARY KEY REFERENCES users (id) ON DELETE CASCADE,
+    opt_outs    text[] NOT NULL DEFAULT '{}',
+    quiet_start time,
+    quiet_end   time,
+    updated_at  timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT user_preferences_quiet_whole CHECK ((quiet_start IS NULL) = (quiet_end IS NULL))
+);
+
+-- The installation's default quiet hours, for users who set none: one row
+-- or none. timezone is the zone of a user who has none.
+CREATE TABLE quiet_hours_default (
+    one         boolean PRIMARY KEY DEFAULT true CHECK (one),
+    quiet_start time NOT NULL,
+    quiet_end   time NOT NULL,
+    timezone    text NOT NULL DEFAULT 'UTC',
+    updated_at  timestamptz NOT NULL DEFAULT now()
+);
+
+-- A cap's history: for a user and a capped category, the messages sent to
+-- the user within the cap's period and when each was first sent. A row is
+-- locked by the claim that reads it (frequency_cap_claim below), so that
+-- two processes sending two messages to one user at one instant decide one
+-- after the other; a message already in it is counted once however many
+-- devices and chunks reach the user. Deleted with the user; the retainer
+-- deletes rows older than the longest cap period.
+CREATE TABLE frequency_caps (
+    user_id     text NOT NULL REFERENCES users (id) ON DELETE CASCADE,
+    category    text NOT NULL,
+    message_ids bigint[] NOT NULL,
+    sent_at     timestamptz[] NOT NULL,
+    last_at     timestamptz NOT NULL,
+    PRIMARY KEY (user_id, category)
+);
+
+CREATE INDEX frequency_caps_last_idx ON frequency_caps (last_at);
+
+-- The history a claim leaves: ids and times within the period that ends
+-- at now, with msg added when it is not there and there is room for it.
+-- The message was allowed when msg is in what this returns.
+CREATE FUNCTION frequency_cap_claim(ids bigint[], ats timestamptz[], msg bigint, at timestamptz, period interval, cap integer,
+                                    OUT new_ids bigint[], OUT new_ats timestamptz[])
+LANGUAGE sql IMMUTABLE AS $$
+    WITH kept AS (
+        SELECT i, a FROM unnest(ids, ats) AS h(i, a) WHERE a > at - period
+    )
+    SELECT CASE WHEN msg = ANY (k.ids) OR cardinality(k.ids) >= cap THEN k.ids ELSE k.ids || msg END,
+           CASE WHEN msg = ANY (k.ids) OR cardinality(k.ids) >= cap THEN k.ats ELSE k.ats || at END
+    FROM (SELECT coalesce(array_agg(i ORDER BY a), '{}') AS ids, coalesce(array_agg(a ORDER BY a), '{}') AS ats FROM kept) k
+$$;
+
+ALTER TABLE webhooks DROP CONSTRAINT webhooks_events_check;
+ALTER TABLE webhooks ADD CONSTRAINT webhooks_events_check CHECK (cardinality(events) > 0 AND events <@ ARRAY[
+    'delivery.failed', 'delivery.withheld', 'delivery.confirmed', 'delivery.opened',
+    'device.evicted', 'message.settled']::text[]);
