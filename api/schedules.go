@@ -17,7 +17,6 @@ import (
 	"github.com/heraldpush/herald/db"
 	"github.com/heraldpush/herald/jobs"
 	"github.com/heraldpush/herald/jobs/apps"
-	"github.com/heraldpush/herald/jobs/preferences"
 	"github.com/heraldpush/herald/jobs/push"
 )
 
@@ -361,7 +360,6 @@ func (s *Server) createSchedule(c echo.Context) error {
 			Priority: req.Priority, TtlSeconds: int32(*req.TTLSeconds), LocalTime: req.LocalTime,
 			FallbackTimezone: deref(req.FallbackTimezone, "UTC"), IfPassed: deref(req.IfPassed, "skip"),
 			StartsAt: req.startsAt, EndsAt: req.endsAt,
-			Category: preferences.DefaultCategory, QuietHours: preferences.QuietHold,
 			NextRunAt: firstRun(req.cron, now, req.startsAt, req.endsAt,
 				jobs.RunSpan(time.Duration(*req.TTLSeconds)*time.Second, req.LocalTime)),
 		})

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -310,6 +311,10 @@ func scanChunkPending(rows pgx.Rows) ([]ChunkPendingRow, error) {
 		if err := rows.Scan(&r.DeviceID, &r.Attempt, &r.Channel, &r.Locale, &r.Token, &r.P256dh, &r.Auth, &r.Environment, &r.Gone, &r.NotBefore, &r.AppID, &r.CredentialID, &r.UserID,
 			&r.OptedOut, &r.QuietStart, &r.QuietEnd, &r.Timezone, &r.HeldDue); err != nil {
 			return nil, err
+		}
+		if r.HeldDue.Unix() == 0 {
+			// The epoch: not held by quiet hours.
+			r.HeldDue = time.Time{}
 		}
 		out = append(out, r)
 	}

@@ -27,7 +27,7 @@ SELECT d.device_id, d.attempt, d.channel, d.locale,
        p.quiet_start, p.quiet_end, u.timezone,
        (CASE WHEN d.reason = 'quiet_hours' THEN d.due_at ELSE 'epoch' END)::timestamptz AS held_due
 FROM deliveries d
-CROSS JOIN (SELECT mm.category FROM messages mm WHERE mm.id = $1) m
+LEFT JOIN (SELECT mm.category FROM messages mm WHERE mm.id = $1) m ON true
 LEFT JOIN devices v ON v.id = d.device_id
 LEFT JOIN users u ON u.id = d.user_id
 LEFT JOIN user_preferences p ON p.user_id = d.user_id
@@ -149,7 +149,7 @@ SELECT s.device_id::bigint AS device_id, coalesce(d.attempt, 0)::smallint AS att
        p.quiet_start, p.quiet_end, u.timezone,
        (CASE WHEN d.reason = 'quiet_hours' THEN d.due_at ELSE 'epoch' END)::timestamptz AS held_due
 FROM chunk_devices c
-CROSS JOIN (SELECT mm.category FROM messages mm WHERE mm.id = $1) m
+LEFT JOIN (SELECT mm.category FROM messages mm WHERE mm.id = $1) m ON true
 CROSS JOIN LATERAL unnest(c.devices) WITH ORDINALITY AS s(device_id, n)
 JOIN devices v ON v.id = s.device_id
 LEFT JOIN users u ON u.id = v.user_id

@@ -316,7 +316,9 @@ INSERT INTO messages (
 ) VALUES (
     $1, $2, $3, $4, $5, $6, $7,
     $8, $9, $10, $11, $12,
-    $13, $14, $15, $16, $17
+    $13, $14, $15,
+    -- Empty: the defaults (migration 0024).
+    coalesce(nullif($16::text, ''), 'default'), coalesce(nullif($17::text, ''), 'hold')
 )
 RETURNING id, state, priority, dispatch_at, expires_at, payload_id, audience, local_time, recipient_count, device_count, chunk_count, pending_count, accepted_count, failed_count, expired_count, cancelled_count, schedule_id, schedule_run_at, started_at, settled_at, cancelled_at, skew_p50_ms, skew_p95_ms, skew_p99_ms, skew_max_ms, created_at, skew_histogram, slo_skew_ms, confirmed_count, opened_count, confirmed_histogram, rest_after, category, quiet_hours, opted_out_count, capped_count, quiet_hours_count
 `

@@ -157,7 +157,8 @@ const insertSchedule = `-- name: InsertSchedule :one
 INSERT INTO schedules (cron, timezone, audience, payload_id, priority, ttl_seconds, local_time,
                        fallback_timezone, if_passed, starts_at, ends_at, next_run_at, category, quiet_hours)
 VALUES ($1, $2, $3, $4, $5, $6, $7,
-        $8, $9, $10, $11, $12, $13, $14)
+        $8, $9, $10, $11, $12,
+        coalesce(nullif($13::text, ''), 'default'), coalesce(nullif($14::text, ''), 'hold'))
 RETURNING id, cron, timezone, audience, payload_id, priority, ttl_seconds, local_time, fallback_timezone, if_passed, starts_at, ends_at, paused, next_run_at, created_at, updated_at, deleted_at, category, quiet_hours
 `
 

@@ -12,7 +12,6 @@ import (
 	"github.com/riverqueue/river/rivertype"
 
 	"github.com/heraldpush/herald/db"
-	"github.com/heraldpush/herald/jobs/preferences"
 	"github.com/heraldpush/herald/jobs/push"
 )
 
@@ -44,18 +43,6 @@ type MessageSpec struct {
 	// hours do to it (jobs/preferences); empty means "default" and hold.
 	Category   string
 	QuietHours string
-}
-
-// preferences are the category and quiet-hours mode m is stored with.
-func (m MessageSpec) preferences() (category, quietHours string) {
-	category, quietHours = m.Category, m.QuietHours
-	if category == "" {
-		category = preferences.DefaultCategory
-	}
-	if quietHours == "" {
-		quietHours = preferences.QuietHold
-	}
-	return category, quietHours
 }
 
 // jobClient is the part of the River client that enqueues and cancels
@@ -202,11 +189,10 @@ func (e *Enqueuer) create(ctx context.Context, tx pgx.Tx, m MessageSpec, head bo
 	if err != nil {
 		return db.Message{}, nil, err
 	}
-	category, quietHours := m.preferences()
 	msg, err := q.InsertMessage(ctx, db.InsertMessageParams{
 		State: StateScheduled, Priority: m.Priority, DispatchAt: m.DispatchAt, ExpiresAt: m.ExpiresAt,
 		PayloadID: payloadID, Audience: m.AudienceJSON, LocalTime: localJSON,
-		ScheduleID: m.ScheduleID, ScheduleRunAt: m.ScheduleRunAt, Category: category, QuietHours: quietHours,
+		ScheduleID: m.ScheduleID, ScheduleRunAt: m.ScheduleRunAt, Category: m.Category, QuietHours: m.QuietHours,
 	})
 	if err != nil {
 		return db.Message{}, nil, fmt.Errorf("store message: %w", err)
@@ -522,11 +508,10 @@ func (e *Enqueuer) RecordMissed(ctx context.Context, tx pgx.Tx, m MessageSpec) (
 	if err != nil {
 		return db.Message{}, fmt.Errorf("read clock: %w", err)
 	}
-	category, quietHours := m.preferences()
 	msg, err := q.InsertMessage(ctx, db.InsertMessageParams{
 		State: StateExpired, Priority: m.Priority, DispatchAt: m.DispatchAt, ExpiresAt: m.ExpiresAt,
 		PayloadID: payloadID, Audience: m.AudienceJSON, ScheduleID: m.ScheduleID, ScheduleRunAt: m.ScheduleRunAt,
-		SettledAt: &now, Category: category, QuietHours: quietHours,
+		SettledAt: &now, Category: m.Category, QuietHours: m.QuietHours,
 	})
 	if err != nil {
 		return db.Message{}, fmt.Errorf("store missed run: %w", err)

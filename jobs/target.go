@@ -54,9 +54,7 @@ func targetOf(r db.ChunkPendingRow) Target {
 		t.NotBefore = *r.NotBefore
 	}
 	t.App, t.Credential, t.UserID = r.AppID, r.CredentialID, r.UserID
-	if r.HeldDue.Unix() != 0 {
-		t.DueAt = r.HeldDue
-	}
+	t.DueAt = r.HeldDue
 	t.Prefs = preferences.User{OptedOut: r.OptedOut}
 	if start, own := preferences.ClockOf(r.QuietStart); own {
 		end, _ := preferences.ClockOf(r.QuietEnd)

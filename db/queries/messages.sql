@@ -26,7 +26,9 @@ INSERT INTO messages (
 ) VALUES (
     @state, @priority, @dispatch_at, @expires_at, @payload_id, @audience, @local_time,
     @recipient_count, @device_count, @chunk_count, @pending_count, @expired_count,
-    @schedule_id, @schedule_run_at, @settled_at, @category, @quiet_hours
+    @schedule_id, @schedule_run_at, @settled_at,
+    -- Empty: the defaults (migration 0024).
+    coalesce(nullif(@category::text, ''), 'default'), coalesce(nullif(@quiet_hours::text, ''), 'hold')
 )
 RETURNING *;
 

@@ -2,7 +2,8 @@
 INSERT INTO schedules (cron, timezone, audience, payload_id, priority, ttl_seconds, local_time,
                        fallback_timezone, if_passed, starts_at, ends_at, next_run_at, category, quiet_hours)
 VALUES (@cron, @timezone, @audience, @payload_id, @priority, @ttl_seconds, @local_time,
-        @fallback_timezone, @if_passed, @starts_at, @ends_at, @next_run_at, @category, @quiet_hours)
+        @fallback_timezone, @if_passed, @starts_at, @ends_at, @next_run_at,
+        coalesce(nullif(@category::text, ''), 'default'), coalesce(nullif(@quiet_hours::text, ''), 'hold'))
 RETURNING *;
 
 -- name: GetSchedule :one

@@ -39,7 +39,9 @@ func (q QuietHours) Window() (Window, error) {
 }
 
 // QuietHoursOf is w as the API spells it.
-func QuietHoursOf(w Window) QuietHours { return QuietHours{Start: w.Start.String(), End: w.End.String()} }
+func QuietHoursOf(w Window) QuietHours {
+	return QuietHours{Start: w.Start.String(), End: w.End.String()}
+}
 
 // Settings are what a user may set: opt-outs and quiet hours (nil: the
 // installation's; equal start and end: none). The API takes them from the
