@@ -194,7 +194,7 @@ func (w *FanOutWorker) Work(ctx context.Context, job *river.Job[FanOutArgs]) err
 	if len(c.Targets) == 0 {
 		return w.finish(ctx, c, ledger, ledger.open(c, startedAt, nil), false)
 	}
-	if err := w.withhold(ctx, c, lane.Pool, startedAt); err != nil {
+	if err := withhold(ctx, c, lane.Pool, startedAt); err != nil {
 		return err
 	}
 	groups := w.group(c, startedAt)

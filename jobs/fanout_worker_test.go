@@ -46,6 +46,8 @@ type fanOutBundle struct {
 	// design is how the bundle's messages are scheduled (LedgerAuto:
 	// with snapshots).
 	design Ledger
+	// category and quietHours, when set, are the bundle's messages'.
+	category, quietHours string
 }
 
 // setupFanOut is named for the worker it sets up, not setup, so that it
@@ -122,7 +124,7 @@ func (b *fanOutBundle) message(users []string, dispatchAt time.Time, lifetime ti
 		msg, err = NewEnqueuer(b.client, 0).WithLedger(b.design).Create(ctx, tx, MessageSpec{
 			Priority: PriorityBulk, DispatchAt: dispatchAt, ExpiresAt: dispatchAt.Add(lifetime),
 			Audience: Audience{UserIDs: users}, AudienceJSON: []byte(`{}`),
-			Content: push.Content{Title: "t"},
+			Content: push.Content{Title: "t"}, Category: b.category, QuietHours: b.quietHours,
 		})
 		return err
 	}))

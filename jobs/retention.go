@@ -149,6 +149,9 @@ type Removed struct {
 	// Credentials are the Web Push credentials a rotation had kept for
 	// the subscriptions made with their key, retired once none was left.
 	Credentials int64
+	// CapHistories are users' histories of a capped category older than
+	// its period (or of a category no longer capped).
+	CapHistories int64
 }
 
 // Run deletes what settled before now minus the retention, the devices
@@ -211,6 +214,14 @@ func (r *Retainer) Run(ctx context.Context) (Removed, error) {
 		return removed, fmt.Errorf("retire unused Web Push credentials: %w", err)
 	}
 	removed.Credentials = int64(len(creds))
+	// A cap's history is kept no longer than its category's period
+	// (jobs/preferences): past it, it counts for no cap.
+	err = c.batches(deadline, &removed.CapHistories, func() (int64, error) {
+		return deleted("frequency cap histories")(q.DeleteStaleFrequencyCaps(ctx, int32(c.BatchRows)))
+	})
+	if err != nil {
+		return removed, err
+	}
 	webhookCutoff := now.Add(-min(WebhookEventRetention, c.Retention))
 	return removed, c.batches(deadline, &removed.WebhookEvents, func() (int64, error) {
 		return deleted("webhook events")(q.DeleteOldWebhookEvents(ctx, db.DeleteOldWebhookEventsParams{Before: webhookCutoff, Batch: int32(c.BatchRows)}))

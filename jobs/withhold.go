@@ -32,7 +32,7 @@ func ruleOf(r db.ChunkRulesRow) preferences.Rule {
 // deliveries that are left, in one statement; a user the message reaches
 // on several devices counts once. Nothing is written to the ledger here:
 // gone writes what was decided, with the chunk's other results.
-func (w *FanOutWorker) withhold(ctx context.Context, c *running, pool *pgxpool.Pool, now time.Time) error {
+func withhold(ctx context.Context, c *running, pool *pgxpool.Pool, now time.Time) error {
 	if c.Rule.Critical {
 		return nil
 	}

@@ -96,3 +96,17 @@ ALTER TABLE webhooks DROP CONSTRAINT webhooks_events_check;
 ALTER TABLE webhooks ADD CONSTRAINT webhooks_events_check CHECK (cardinality(events) > 0 AND events <@ ARRAY[
     'delivery.failed', 'delivery.withheld', 'delivery.confirmed', 'delivery.opened',
     'device.evicted', 'message.settled']::text[]);
+
+-- The ledger's reasons gain the three a delivery is withheld for: opted_out
+-- and capped (cancelled), quiet_hours (cancelled when skipped, expired when
+-- the hours outlast the message, and on a pending delivery held until they
+-- end). NOT VALID, as in 0012: the rows already written hold only the old
+-- reasons.
+ALTER TABLE deliveries DROP CONSTRAINT deliveries_reason_check;
+ALTER TABLE deliveries ADD CONSTRAINT deliveries_reason_check
+    CHECK (reason IN ('unregistered', 'bad_token', 'payload_rejected', 'rate_limited',
+                      'provider_unavailable', 'channel_disabled', 'internal', 'endpoint_forbidden',
+                      'wrong_environment', 'device_moved', 'device_deleted', 'device_evicted',
+                      'device_replaced', 'credentials_refused', 'wrong_app',
+                      'opted_out', 'quiet_hours', 'capped'))
+    NOT VALID;

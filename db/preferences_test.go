@@ -1,0 +1,117 @@
+package db_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/heraldpush/herald/db"
+	"github.com/heraldpush/herald/db/dbtest"
+)
+
+// TestFrequencyCapClaimsAreExact: many messages claim a cap of two for the
+// same users at once, each on its own connection, their users in
+// different orders: exactly two are allowed for each user, none deadlocks,
+// and a message that claims again is answered as it was the first time.
+func TestFrequencyCapClaimsAreExact(t *testing.T) {
+	t.Parallel()
+	tdb := dbtest.New(t)
+	ctx := context.Background()
+	q := db.On(tdb.Pool)
+	users := []string{"u1", "u2", "u3", "u4", "u5"}
+	require.NoError(t, q.EnsureUsers(ctx, users))
+	capped := db.CategoryCap{Category: "promo", Count: 2, PeriodS: 3600}
+
+	const messages = 16
+	over := make([]map[string]bool, messages)
+	var wg sync.WaitGroup
+	for m := range messages {
+		wg.Go(func() {
+			mine := append([]string(nil), users...)
+			if m%2 == 1 {
+				// Reversed, with a repeat: the claim sorts and dedupes.
+				for i, j := 0, len(mine)-1; i < j; i, j = i+1, j-1 {
+					mine[i], mine[j] = mine[j], mine[i]
+				}
+				mine = append(mine, mine[0])
+			}
+			var err error
+			over[m], err = db.ClaimFrequencyCaps(ctx, tdb.Pool, capped, int64(m+1), mine)
+			require.NoError(t, err)
+		})
+	}
+	wg.Wait()
+	for _, u := range users {
+		allowed := 0
+		for m := range messages {
+			if !over[m][u] {
+				allowed++
+			}
+		}
+		require.Equal(t, 2, allowed, "messages allowed to %s", u)
+	}
+	// Claimed again, every message gets the answer it got.
+	for m := range messages {
+		again, err := db.ClaimFrequencyCaps(ctx, tdb.Pool, capped, int64(m+1), users)
+		require.NoError(t, err)
+		require.Equal(t, fmt.Sprint(over[m]), fmt.Sprint(again), "message %d", m+1)
+	}
+	// Another category has a history of its own.
+	other, err := db.ClaimFrequencyCaps(ctx, tdb.Pool, db.CategoryCap{Category: "news", Count: 1, PeriodS: 3600}, 99, users)
+	require.NoError(t, err)
+	require.Empty(t, other)
+}
+
+// TestFrequencyCapPeriodRolls: a message counts against the cap for its
+// period only; the history a claim keeps drops what has aged out, and
+// retention deletes the histories that count for nothing.
+func TestFrequencyCapPeriodRolls(t *testing.T) {
+	t.Parallel()
+	tdb := dbtest.New(t)
+	ctx := context.Background()
+	q := db.On(tdb.Pool)
+	require.NoError(t, q.EnsureUsers(ctx, []string{"u", "gone"}))
+	_, err := q.PutCategory(ctx, db.PutCategoryParams{Name: "promo", CapCount: new(int32(1)), CapPeriodS: new(int32(3600))})
+	require.NoError(t, err)
+	capped := db.CategoryCap{Category: "promo", Count: 1, PeriodS: 3600}
+	over, err := db.ClaimFrequencyCaps(ctx, tdb.Pool, capped, 1, []string{"u", "gone"})
+	require.NoError(t, err)
+	require.Empty(t, over)
+	over, err = db.ClaimFrequencyCaps(ctx, tdb.Pool, capped, 2, []string{"u"})
+	require.NoError(t, err)
+	require.True(t, over["u"])
+	// An hour and a minute later (moved back in the history), there is
+	// room again, and message 1 is no longer in it.
+	_, err = tdb.Pool.Exec(ctx, `UPDATE frequency_caps SET sent_at = ARRAY[now() - interval '61 minutes'], last_at = now() - interval '61 minutes'`)
+	require.NoError(t, err)
+	over, err = db.ClaimFrequencyCaps(ctx, tdb.Pool, capped, 2, []string{"u"})
+	require.NoError(t, err)
+	require.Empty(t, over)
+	var ids []int64
+	require.NoError(t, tdb.Pool.QueryRow(ctx, `SELECT message_ids FROM frequency_caps WHERE user_id = 'u'`).Scan(&ids))
+	require.Equal(t, []int64{2}, ids)
+
+	// Retention: "gone"'s history is older than the period; u's is not.
+	n, err := q.DeleteStaleFrequencyCaps(ctx, 100)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	// A category whose cap was removed keeps no history.
+	_, err = q.PutCategory(ctx, db.PutCategoryParams{Name: "promo"})
+	require.NoError(t, err)
+	n, err = q.DeleteStaleFrequencyCaps(ctx, 100)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+
+	// Erasing a user deletes the user's preferences and cap history.
+	require.NoError(t, q.PutUserPreferences(ctx, db.PutUserPreferencesParams{UserID: "u", OptOuts: []string{"promo"}}))
+	_, err = db.ClaimFrequencyCaps(ctx, tdb.Pool, capped, 3, []string{"u"})
+	require.NoError(t, err)
+	_, err = q.DeleteUser(ctx, "u")
+	require.NoError(t, err)
+	var left int
+	require.NoError(t, tdb.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM user_preferences) + (SELECT count(*) FROM frequency_caps)`).Scan(&left))
+	require.Zero(t, left)
+}
