@@ -8,6 +8,8 @@ package db
 import (
 	"context"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 const acceptanceSpan = `-- name: AcceptanceSpan :one
@@ -97,7 +99,7 @@ const benchChunkTargets = `-- name: BenchChunkTargets :many
 SELECT d.chunk, d.device_id, d.channel, v.token, v.p256dh, v.auth, v.environment
 FROM ledger d
 JOIN devices v ON v.id = d.device_id
-WHERE d.message_id = $1 AND d.chunk >= 0
+WHERE d.message_id = $1 AND d.chunk >= 0 AND d.status = 'accepted'
 ORDER BY d.chunk, d.device_id
 `
 
@@ -112,8 +114,9 @@ type BenchChunkTargetsRow struct {
 }
 
 // A message's devices chunk by chunk, with what their provider needs, as
-// its workers read them (ChunkPending) but whatever their status: herald
-// bench sends them again to measure the floor.
+// its workers read them (ChunkPending), once they were sent: herald bench
+// sends them again to measure the floor. (What users' preferences withheld
+// was not sent, and is not sent again.)
 func (q *Queries) BenchChunkTargets(ctx context.Context, messageID int64) ([]BenchChunkTargetsRow, error) {
 	rows, err := q.db.Query(ctx, benchChunkTargets, messageID)
 	if err != nil {
@@ -157,6 +160,47 @@ func (q *Queries) BenchConfirmed(ctx context.Context, messageID int64) (BenchCon
 	row := q.db.QueryRow(ctx, benchConfirmed, messageID)
 	var i BenchConfirmedRow
 	err := row.Scan(&i.ConfirmedCount, &i.OpenedCount)
+	return i, err
+}
+
+const benchWithheld = `-- name: BenchWithheld :one
+SELECT count(*) FILTER (WHERE p.n % 10 = 0)::integer AS want_opted_out,
+       count(*) FILTER (WHERE p.n % 10 <> 0 AND p.n % 9 = 1)::integer AS want_held,
+       count(*) FILTER (WHERE p.n % 10 = 5)::integer AS want_capped,
+       count(*) FILTER (WHERE d.status = 'cancelled' AND d.reason = 'opted_out')::integer AS opted_out,
+       count(*) FILTER (WHERE d.due_at > m.dispatch_at)::integer AS held,
+       count(*) FILTER (WHERE d.status = 'cancelled' AND d.reason = 'capped')::integer AS capped
+FROM ledger d
+JOIN messages m ON m.id = d.message_id
+JOIN devices v ON v.id = d.device_id
+JOIN LATERAL (SELECT substring(v.user_id from 2)::integer AS n) p ON true
+WHERE d.message_id = $1
+`
+
+type BenchWithheldRow struct {
+	WantOptedOut int32
+	WantHeld     int32
+	WantCapped   int32
+	OptedOut     int32
+	Held         int32
+	Capped       int32
+}
+
+// What a --preferences run's message should have withheld, by the rules
+// SetBenchPreferences gave its users (opt-outs first, then quiet hours,
+// then the cap, as the chunks decide), against what its ledger says: the
+// deliveries held by quiet hours are those due after the message.
+func (q *Queries) BenchWithheld(ctx context.Context, messageID int64) (BenchWithheldRow, error) {
+	row := q.db.QueryRow(ctx, benchWithheld, messageID)
+	var i BenchWithheldRow
+	err := row.Scan(
+		&i.WantOptedOut,
+		&i.WantHeld,
+		&i.WantCapped,
+		&i.OptedOut,
+		&i.Held,
+		&i.Capped,
+	)
 	return i, err
 }
 
@@ -352,6 +396,57 @@ func (q *Queries) SetBenchLocales(ctx context.Context) (int64, error) {
 		return 0, err
 	}
 	return result.RowsAffected(), nil
+}
+
+const setBenchPreferences = `-- name: SetBenchPreferences :exec
+WITH population AS (
+    SELECT id, substring(id from 2)::integer AS n FROM users WHERE id ~ '^u[0-9]+$'
+), prefs AS (
+    INSERT INTO user_preferences (user_id, opt_outs, quiet_start, quiet_end)
+    SELECT id,
+           CASE WHEN n % 10 = 0 THEN ARRAY[$1::text] ELSE '{}' END,
+           CASE WHEN n % 9 = 1 THEN $3::time WHEN n % 3 = 1 THEN $4::time END,
+           CASE WHEN n % 9 = 1 THEN $5::time WHEN n % 3 = 1 THEN $6::time END
+    FROM population
+    WHERE n % 10 = 0 OR n % 3 = 1
+    ON CONFLICT (user_id) DO UPDATE
+    SET opt_outs = excluded.opt_outs, quiet_start = excluded.quiet_start, quiet_end = excluded.quiet_end
+)
+INSERT INTO frequency_caps (user_id, category, message_ids, sent_at, last_at)
+SELECT id, $1::text, array_agg(-g ORDER BY g), array_agg(now() ORDER BY g), now()
+FROM population, generate_series(1, $2::integer) g
+WHERE n % 10 = 5
+GROUP BY id
+ON CONFLICT (user_id, category) DO UPDATE
+SET message_ids = excluded.message_ids, sent_at = excluded.sent_at, last_at = excluded.last_at
+`
+
+type SetBenchPreferencesParams struct {
+	Category  string
+	CapCount  int32
+	HeldStart pgtype.Time
+	FarStart  pgtype.Time
+	HeldEnd   pgtype.Time
+	FarEnd    pgtype.Time
+}
+
+// Gives the population preferences for a run with --preferences, by the
+// number in each user's id (u0, u1, ...): a tenth opted out of the bench's
+// category (n % 10 = 0); a third with quiet hours (n % 3 = 1), of whom a
+// third (n % 9 = 1) are inside them at the instant (held_start to
+// held_end, UTC: they end moments after it) and the rest far from it; and
+// a tenth (n % 10 = 5) at the category's cap already, their history full
+// of cap_count earlier messages.
+func (q *Queries) SetBenchPreferences(ctx context.Context, arg SetBenchPreferencesParams) error {
+	_, err := q.db.Exec(ctx, setBenchPreferences,
+		arg.Category,
+		arg.CapCount,
+		arg.HeldStart,
+		arg.FarStart,
+		arg.HeldEnd,
+		arg.FarEnd,
+	)
+	return err
 }
 
 const skewSpan = `-- name: SkewSpan :one

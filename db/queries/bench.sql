@@ -88,13 +88,60 @@ UPDATE users SET locale = (ARRAY['de-AT', 'pt-BR', 'fr', 'es', NULL])[1 + abs(ha
 
 -- name: BenchChunkTargets :many
 -- A message's devices chunk by chunk, with what their provider needs, as
--- its workers read them (ChunkPending) but whatever their status: herald
--- bench sends them again to measure the floor.
+-- its workers read them (ChunkPending), once they were sent: herald bench
+-- sends them again to measure the floor. (What users' preferences withheld
+-- was not sent, and is not sent again.)
 SELECT d.chunk, d.device_id, d.channel, v.token, v.p256dh, v.auth, v.environment
 FROM ledger d
 JOIN devices v ON v.id = d.device_id
-WHERE d.message_id = @message_id AND d.chunk >= 0
+WHERE d.message_id = @message_id AND d.chunk >= 0 AND d.status = 'accepted'
 ORDER BY d.chunk, d.device_id;
+
+-- name: SetBenchPreferences :exec
+-- Gives the population preferences for a run with --preferences, by the
+-- number in each user's id (u0, u1, ...): a tenth opted out of the bench's
+-- category (n % 10 = 0); a third with quiet hours (n % 3 = 1), of whom a
+-- third (n % 9 = 1) are inside them at the instant (held_start to
+-- held_end, UTC: they end moments after it) and the rest far from it; and
+-- a tenth (n % 10 = 5) at the category's cap already, their history full
+-- of cap_count earlier messages.
+WITH population AS (
+    SELECT id, substring(id from 2)::integer AS n FROM users WHERE id ~ '^u[0-9]+$'
+), prefs AS (
+    INSERT INTO user_preferences (user_id, opt_outs, quiet_start, quiet_end)
+    SELECT id,
+           CASE WHEN n % 10 = 0 THEN ARRAY[@category::text] ELSE '{}' END,
+           CASE WHEN n % 9 = 1 THEN @held_start::time WHEN n % 3 = 1 THEN @far_start::time END,
+           CASE WHEN n % 9 = 1 THEN @held_end::time WHEN n % 3 = 1 THEN @far_end::time END
+    FROM population
+    WHERE n % 10 = 0 OR n % 3 = 1
+    ON CONFLICT (user_id) DO UPDATE
+    SET opt_outs = excluded.opt_outs, quiet_start = excluded.quiet_start, quiet_end = excluded.quiet_end
+)
+INSERT INTO frequency_caps (user_id, category, message_ids, sent_at, last_at)
+SELECT id, @category::text, array_agg(-g ORDER BY g), array_agg(now() ORDER BY g), now()
+FROM population, generate_series(1, @cap_count::integer) g
+WHERE n % 10 = 5
+GROUP BY id
+ON CONFLICT (user_id, category) DO UPDATE
+SET message_ids = excluded.message_ids, sent_at = excluded.sent_at, last_at = excluded.last_at;
+
+-- name: BenchWithheld :one
+-- What a --preferences run's message should have withheld, by the rules
+-- SetBenchPreferences gave its users (opt-outs first, then quiet hours,
+-- then the cap, as the chunks decide), against what its ledger says: the
+-- deliveries held by quiet hours are those due after the message.
+SELECT count(*) FILTER (WHERE p.n % 10 = 0)::integer AS want_opted_out,
+       count(*) FILTER (WHERE p.n % 10 <> 0 AND p.n % 9 = 1)::integer AS want_held,
+       count(*) FILTER (WHERE p.n % 10 = 5)::integer AS want_capped,
+       count(*) FILTER (WHERE d.status = 'cancelled' AND d.reason = 'opted_out')::integer AS opted_out,
+       count(*) FILTER (WHERE d.due_at > m.dispatch_at)::integer AS held,
+       count(*) FILTER (WHERE d.status = 'cancelled' AND d.reason = 'capped')::integer AS capped
+FROM ledger d
+JOIN messages m ON m.id = d.message_id
+JOIN devices v ON v.id = d.device_id
+JOIN LATERAL (SELECT substring(v.user_id from 2)::integer AS n) p ON true
+WHERE d.message_id = @message_id;
 
 -- name: VacuumMessageTables :exec
 -- What autovacuum does, sooner or later, after a message settled: the

@@ -23,7 +23,7 @@ WITH expired AS (
     UPDATE deliveries d
     SET status = 'expired'
     WHERE d.message_id = @message_id AND d.status = 'pending'
-    RETURNING d.channel
+    RETURNING d.channel, d.reason
 ), unsent AS (
     SELECT coalesce(v.channel, '')::text AS channel
     FROM chunk_devices c
@@ -36,7 +36,10 @@ WITH expired AS (
 ), moved AS (
     UPDATE messages
     SET pending_count = pending_count - (SELECT count(*) FROM every),
-        expired_count = expired_count + (SELECT count(*) FROM every)
+        expired_count = expired_count + (SELECT count(*) FROM every),
+        -- A delivery held by quiet hours that expires is withheld for them
+        -- (migration 0024), as the chunk counts one.
+        quiet_hours_count = quiet_hours_count + (SELECT count(*) FROM expired WHERE reason = 'quiet_hours')
     WHERE id = @message_id
 )
 SELECT channel, count(*)::integer AS expired FROM every GROUP BY channel;

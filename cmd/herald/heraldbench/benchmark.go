@@ -55,6 +55,9 @@ type Benchmark struct {
 	// status is the same client calling the Herald process (API only) that
 	// the messages' status reads go through.
 	status *client.ClientWithResponses
+	// instant, when set, is the measured messages' instant (with
+	// --preferences: preferencesInstant).
+	instant time.Time
 	// receiptsBefore is what fakepush's devices had sent once the earlier
 	// rounds' receipts were in (--receipts with --before).
 	receiptsBefore fake.DeviceStats
@@ -126,6 +129,15 @@ func (b *Benchmark) Run(ctx context.Context, admin string) (*Result, error) {
 	}
 	if err := b.throttle(ctx); err != nil {
 		return nil, err
+	}
+	if b.Config.Preferences {
+		// The instant is three seconds before a minute (preferencesInstant);
+		// the run waits until it is Ahead away, as it is for every run.
+		b.instant = b.preferencesInstant()
+		time.Sleep(time.Until(b.instant.Add(-b.Config.Ahead)))
+		if err := b.setPreferences(ctx, pool, b.instant); err != nil {
+			return nil, err
+		}
 	}
 
 	// Every mark reads the cluster's CPU and that of the status reads'
@@ -209,6 +221,11 @@ func (b *Benchmark) Run(ctx context.Context, admin string) (*Result, error) {
 		return nil, err
 	}
 	res.CPUPerSend, res.PostgresCPUPerSend = cpu.perSend(sends)
+	if b.Config.Preferences {
+		if err := b.withheldView(ctx, pool, sent, res); err != nil {
+			return nil, err
+		}
+	}
 	res.WALBytesPerSend = cpu.walPerSend(sends)
 	res.PostgresShare = cpu.share(sends)
 	if p := res.PostgresShare; p != nil {

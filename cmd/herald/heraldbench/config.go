@@ -88,6 +88,12 @@ type Config struct {
 	// the default app and Apps-1 more, each with credentials of its own at
 	// fakepush, stored in Herald (apps.go); 0 means one.
 	Apps int
+	// Preferences gives every user preferences (--preferences,
+	// preferences.go): the bulk messages are in a category with a cap, a
+	// tenth of the users opted out of it, a third have quiet hours (a
+	// third of those inside them at the instant, held for moments), and a
+	// tenth are at the cap already.
+	Preferences bool
 }
 
 // messages is Config.Messages, at least one.
@@ -137,6 +143,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	fs.BoolVar(&cfg.Cold, "cold", false, "restart PostgreSQL and drop the page cache (as root) between the scheduling and the instant; PostgreSQL's CPU is then not measured")
 	fs.DurationVar(&cfg.DropConnections, "drop-connections", 0, "fakepush closes every connection this long before the instant, as providers close idle ones: 5s is before the instant's warm-up (which opens them again), 500ms after it (the instant meets them closed)")
 	fs.IntVar(&cfg.Apps, "apps", 1, "apps the devices are spread over, user by user: the default app and N-1 more, each with its own APNs key and topic, FCM project and VAPID pair")
+	fs.BoolVar(&cfg.Preferences, "preferences", false, "every user has preferences: the bulk messages' category has a cap, a tenth of the users opted out of it, a third have quiet hours (a third of those inside them at the instant, which ends moments after it), a tenth are at the cap; the result counts what was withheld, against what the rules say")
 	fs.BoolVar(&cfg.Receipts, "receipts", false, "fakepush plays the devices: 90% confirm their push to Herald (POST /v1/receipts), 10% open it; the result adds the confirmed skew (HERALD_RECEIPTS=off runs without tokens)")
 	throttled := fs.Float64("throttled", 0, "percent of devices fakepush throttles (429 with Retry-After, once each) in the measured messages")
 	// --help answers on stdout and succeeds; a bad flag fails with the

@@ -76,6 +76,9 @@ func (b *Benchmark) bulkPayload() push.Content {
 // instant Config.Ahead from now.
 func (b *Benchmark) schedule(ctx context.Context, res *Result) (scheduled, error) {
 	dispatchAt := time.Now().Add(b.Config.Ahead).Truncate(time.Millisecond)
+	if !b.instant.IsZero() {
+		dispatchAt = b.instant
+	}
 	b.Progress("scheduling %d bulk message(s) to %d devices and the urgent one for %s", b.Config.messages(), res.Devices-1, dispatchAt.Format(time.RFC3339Nano))
 	start := time.Now()
 	s := scheduled{dispatchAt: dispatchAt}

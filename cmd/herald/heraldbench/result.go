@@ -137,6 +137,9 @@ type Result struct {
 	// Receipts is what the devices fakepush played sent back, with
 	// --receipts; null without.
 	Receipts *Receipts `json:"receipts"`
+	// Preferences is what the users' preferences withheld, with
+	// --preferences; null without.
+	Preferences *Withheld `json:"preferences"`
 	// Now is a message sent now, from each earlier round (--before): how
 	// long after its request started the answer came (answered_ms) and its
 	// first push reached fakepush (first_push_ms).

@@ -1,0 +1,107 @@
+package heraldbench
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/heraldpush/herald/db"
+	"github.com/heraldpush/herald/jobs/preferences"
+)
+
+// benchCategory is the bulk messages' category with --preferences.
+const benchCategory = "bench"
+
+// Withheld is what a --preferences run's bulk messages withheld for their
+// users, against what the population's rules say they should (want_*),
+// and the cost a device sent to or withheld.
+type Withheld struct {
+	OptedOut     int `json:"opted_out"`
+	Held         int `json:"held"`
+	Capped       int `json:"capped"`
+	WantOptedOut int `json:"want_opted_out"`
+	WantHeld     int `json:"want_held"`
+	WantCapped   int `json:"want_capped"`
+	// CPUPerDevice is Herald's and PostgreSQL's CPU over the messages'
+	// life (as cpu_us_per_send and postgres_cpu_us_per_send), per device
+	// of the audience, sent or withheld.
+	CPUPerDevice float64 `json:"cpu_us_per_device"`
+}
+
+// preferencesInstant is the instant of a --preferences run: at least
+// Config.Ahead from now, three seconds before a whole minute, so that the
+// quiet hours of the users held at the instant (which end on a minute, as
+// every quiet hours do) end moments after it.
+func (b *Benchmark) preferencesInstant() time.Time {
+	earliest := time.Now().Add(b.Config.Ahead)
+	at := earliest.Truncate(time.Minute).Add(time.Minute - 3*time.Second)
+	if at.Before(earliest) {
+		at = at.Add(time.Minute)
+	}
+	return at
+}
+
+// setPreferences declares the bench's category, with a cap that leaves
+// room for the earlier rounds and the measured one, and gives the
+// population its preferences for a run due at instant.
+func (b *Benchmark) setPreferences(ctx context.Context, pool db.DBTX, instant time.Time) error {
+	capCount := int32(b.Config.Before + 2)
+	day := int32(86400)
+	q := db.On(pool)
+	if _, err := q.PutCategory(ctx, db.PutCategoryParams{Name: benchCategory, CapCount: &capCount, CapPeriodS: &day}); err != nil {
+		return fmt.Errorf("declare the bench's category: %w", err)
+	}
+	clock := func(t time.Time) preferences.Clock {
+		t = t.UTC()
+		return preferences.Clock(t.Hour()*3600 + t.Minute()*60)
+	}
+	end := instant.Add(time.Minute).Truncate(time.Minute)
+	err := q.SetBenchPreferences(ctx, db.SetBenchPreferencesParams{
+		Category:  benchCategory,
+		HeldStart: clock(instant.Add(-time.Hour)).PG(), HeldEnd: clock(end).PG(),
+		FarStart: clock(instant.Add(6 * time.Hour)).PG(), FarEnd: clock(instant.Add(9 * time.Hour)).PG(),
+		CapCount: capCount,
+	})
+	if err != nil {
+		return fmt.Errorf("set the users' preferences: %w", err)
+	}
+	b.Progress("preferences: category %q capped at %d a day; quiet hours end at %s UTC for the users held", benchCategory, capCount, end.UTC().Format("15:04:05"))
+	return nil
+}
+
+// withheldView counts what the measured bulk messages withheld and checks
+// it against the rules: a count that differs is an error.
+func (b *Benchmark) withheldView(ctx context.Context, pool db.DBTX, s scheduled, res *Result) error {
+	w := &Withheld{}
+	for _, n := range s.bulkNs {
+		r, err := db.On(pool).BenchWithheld(ctx, n)
+		if err != nil {
+			return fmt.Errorf("count what was withheld: %w", err)
+		}
+		w.OptedOut += int(r.OptedOut)
+		w.Held += int(r.Held)
+		w.Capped += int(r.Capped)
+		w.WantOptedOut += int(r.WantOptedOut)
+		w.WantHeld += int(r.WantHeld)
+		w.WantCapped += int(r.WantCapped)
+	}
+	if devices := res.Devices - 1; devices > 0 && res.PostgresCPUPerSend != nil {
+		w.CPUPerDevice = round1((res.CPUPerSend + *res.PostgresCPUPerSend) * float64(res.Accepted) / float64(devices))
+	}
+	res.Preferences = w
+	b.Progress("preferences: %d opted out (want %d), %d held (want %d), %d capped (want %d)",
+		w.OptedOut, w.WantOptedOut, w.Held, w.WantHeld, w.Capped, w.WantCapped)
+	if w.OptedOut != w.WantOptedOut || w.Held != w.WantHeld || w.Capped != w.WantCapped {
+		return fmt.Errorf("what was withheld is not what the users asked: %+v", *w)
+	}
+	return nil
+}
+
+// bulkCategory is the bulk messages' category: the bench's with
+// --preferences, else the default one.
+func (b *Benchmark) bulkCategory() string {
+	if b.Config.Preferences {
+		return benchCategory
+	}
+	return ""
+}
