@@ -373,24 +373,29 @@ func (q *Queries) LockAppChannel(ctx context.Context, appChannel string) error {
 }
 
 const messageAppCounts = `-- name: MessageAppCounts :many
-SELECT coalesce(v.app_id, 0)::integer AS app_id, l.status::text AS status, count(*)::bigint AS deliveries
+SELECT coalesce(v.app_id, 0)::integer AS app_id, l.status::text AS status,
+       (CASE WHEN l.reason IN ('opted_out', 'quiet_hours', 'capped') THEN l.reason ELSE '' END)::text AS withheld,
+       count(*)::bigint AS deliveries
 FROM ledger l
 LEFT JOIN devices v ON v.id = l.device_id
 WHERE l.message_id = $1
-GROUP BY 1, 2
-ORDER BY 1, 2
+GROUP BY 1, 2, 3
+ORDER BY 1, 2, 3
 `
 
 type MessageAppCountsRow struct {
 	AppID      int32
 	Status     string
+	Withheld   string
 	Deliveries int64
 }
 
 // A message's deliveries by their device's app and status: the message's
 // counters app by app. A delivery whose device was deleted since has no
 // app (app_id 0). It reads the view ledger (migration 0022): the rows, and
-// the snapshots' devices without one, with their message's fate.
+// the snapshots' devices without one, with their message's fate. withheld
+// is the reason of a delivery withheld for its user's sake (migration
+// 0024: opted_out, quiet_hours, capped), empty for any other.
 func (q *Queries) MessageAppCounts(ctx context.Context, messageID int64) ([]MessageAppCountsRow, error) {
 	rows, err := q.db.Query(ctx, messageAppCounts, messageID)
 	if err != nil {
@@ -400,7 +405,12 @@ func (q *Queries) MessageAppCounts(ctx context.Context, messageID int64) ([]Mess
 	items := []MessageAppCountsRow{}
 	for rows.Next() {
 		var i MessageAppCountsRow
-		if err := rows.Scan(&i.AppID, &i.Status, &i.Deliveries); err != nil {
+		if err := rows.Scan(
+			&i.AppID,
+			&i.Status,
+			&i.Withheld,
+			&i.Deliveries,
+		); err != nil {
 			return nil, err
 		}
 		items = append(items, i)

@@ -7,4 +7,7 @@ var (
 	ChunkSnapshotPendingSQL = chunkSnapshotPending
 	// CancelPendingForDevicesSQL is the erasure's cancel.
 	CancelPendingForDevicesSQL = cancelPendingForDevices
+	// HeldDeliveriesSQL is what the API counts a message's held
+	// deliveries with.
+	HeldDeliveriesSQL = heldDeliveries
 )

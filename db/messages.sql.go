@@ -456,16 +456,18 @@ LEFT JOIN devices v ON v.id = d.device_id
 WHERE d.message_id = $1
   AND d.device_id > $2
   AND ($3::text IS NULL OR d.status = $3::text)
-  AND ($4::boolean IS NULL OR (rd.message_id IS NOT NULL) = $4::boolean)
-  AND ($5::integer IS NULL OR v.app_id = $5::integer)
+  AND ($4::text IS NULL OR d.reason = $4::text)
+  AND ($5::boolean IS NULL OR (rd.message_id IS NOT NULL) = $5::boolean)
+  AND ($6::integer IS NULL OR v.app_id = $6::integer)
 ORDER BY d.device_id
-LIMIT $6
+LIMIT $7
 `
 
 type ListDeliveriesParams struct {
 	MessageID     int64
 	AfterDeviceID int64
 	Status        *string
+	Reason        *string
 	Confirmed     *bool
 	AppID         *int32
 	PageSize      int32
@@ -489,17 +491,19 @@ type ListDeliveriesRow struct {
 }
 
 // One page of a message's ledger rows in device order, after a cursor, of
-// one status or of all, and of those confirmed by a delivered receipt or
-// not (migration 0017), with their receipts' times, and of one app or all
-// (migration 0021: the device's app, 0 when the device is gone). Each
-// delivery finds its receipts and its device through their primary keys.
-// The deliveries of chunks' snapshots that have no row yet are listed by
-// ListSnapshotDeliveries; Queries.ListAllDeliveries merges the two.
+// one status or of all, of one reason or of all, and of those confirmed by
+// a delivered receipt or not (migration 0017), with their receipts' times,
+// and of one app or all (migration 0021: the device's app, 0 when the
+// device is gone). Each delivery finds its receipts and its device through
+// their primary keys. The deliveries of chunks' snapshots that have no row
+// yet are listed by ListSnapshotDeliveries; Queries.ListAllDeliveries
+// merges the two.
 func (q *Queries) ListDeliveries(ctx context.Context, arg ListDeliveriesParams) ([]ListDeliveriesRow, error) {
 	rows, err := q.db.Query(ctx, listDeliveries,
 		arg.MessageID,
 		arg.AfterDeviceID,
 		arg.Status,
+		arg.Reason,
 		arg.Confirmed,
 		arg.AppID,
 		arg.PageSize,

@@ -180,6 +180,44 @@ func (q *Queries) GetUserPreferences(ctx context.Context, userID string) (GetUse
 	return i, err
 }
 
+const heldDeliveries = `-- name: HeldDeliveries :many
+SELECT message_id, count(*)::integer AS held
+FROM deliveries
+WHERE message_id = ANY ($1::bigint[])
+  AND status = 'pending' AND reason = 'quiet_hours'
+GROUP BY message_id
+`
+
+type HeldDeliveriesRow struct {
+	MessageID int64
+	Held      int32
+}
+
+// How many deliveries of each of the messages given are held by their
+// users' quiet hours now: pending with reason quiet_hours (a snapshot's
+// device without a row has none). Each message's rows are found through
+// its part of the ledger's primary key; the API asks only of messages
+// that have started and still have deliveries pending.
+func (q *Queries) HeldDeliveries(ctx context.Context, messageIds []int64) ([]HeldDeliveriesRow, error) {
+	rows, err := q.db.Query(ctx, heldDeliveries, messageIds)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []HeldDeliveriesRow{}
+	for rows.Next() {
+		var i HeldDeliveriesRow
+		if err := rows.Scan(&i.MessageID, &i.Held); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const listCategories = `-- name: ListCategories :many
 SELECT name, critical, cap_count, cap_period_s, created_at, updated_at
 FROM categories

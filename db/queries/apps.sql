@@ -146,10 +146,14 @@ DELETE FROM app_provider_status WHERE updated_at < clock_timestamp() - interval 
 -- A message's deliveries by their device's app and status: the message's
 -- counters app by app. A delivery whose device was deleted since has no
 -- app (app_id 0). It reads the view ledger (migration 0022): the rows, and
--- the snapshots' devices without one, with their message's fate.
-SELECT coalesce(v.app_id, 0)::integer AS app_id, l.status::text AS status, count(*)::bigint AS deliveries
+-- the snapshots' devices without one, with their message's fate. withheld
+-- is the reason of a delivery withheld for its user's sake (migration
+-- 0024: opted_out, quiet_hours, capped), empty for any other.
+SELECT coalesce(v.app_id, 0)::integer AS app_id, l.status::text AS status,
+       (CASE WHEN l.reason IN ('opted_out', 'quiet_hours', 'capped') THEN l.reason ELSE '' END)::text AS withheld,
+       count(*)::bigint AS deliveries
 FROM ledger l
 LEFT JOIN devices v ON v.id = l.device_id
 WHERE l.message_id = @message_id
-GROUP BY 1, 2
-ORDER BY 1, 2;
+GROUP BY 1, 2, 3
+ORDER BY 1, 2, 3;

@@ -135,12 +135,13 @@ SELECT job_id FROM message_chunks WHERE message_id = @message_id ORDER BY chunk;
 
 -- name: ListDeliveries :many
 -- One page of a message's ledger rows in device order, after a cursor, of
--- one status or of all, and of those confirmed by a delivered receipt or
--- not (migration 0017), with their receipts' times, and of one app or all
--- (migration 0021: the device's app, 0 when the device is gone). Each
--- delivery finds its receipts and its device through their primary keys.
--- The deliveries of chunks' snapshots that have no row yet are listed by
--- ListSnapshotDeliveries; Queries.ListAllDeliveries merges the two.
+-- one status or of all, of one reason or of all, and of those confirmed by
+-- a delivered receipt or not (migration 0017), with their receipts' times,
+-- and of one app or all (migration 0021: the device's app, 0 when the
+-- device is gone). Each delivery finds its receipts and its device through
+-- their primary keys. The deliveries of chunks' snapshots that have no row
+-- yet are listed by ListSnapshotDeliveries; Queries.ListAllDeliveries
+-- merges the two.
 SELECT d.device_id, d.user_id, d.channel, d.status, d.reason, d.attempted_at, d.accepted_at, d.due_at,
        rd.received_at AS confirmed_at, rd.device_at AS confirmed_device_at, rd.skew_ms AS confirmed_skew_ms,
        ro.received_at AS opened_at, ro.device_at AS opened_device_at,
@@ -152,6 +153,7 @@ LEFT JOIN devices v ON v.id = d.device_id
 WHERE d.message_id = @message_id
   AND d.device_id > @after_device_id
   AND (sqlc.narg('status')::text IS NULL OR d.status = sqlc.narg('status')::text)
+  AND (sqlc.narg('reason')::text IS NULL OR d.reason = sqlc.narg('reason')::text)
   AND (sqlc.narg('confirmed')::boolean IS NULL OR (rd.message_id IS NOT NULL) = sqlc.narg('confirmed')::boolean)
   AND (sqlc.narg('app_id')::integer IS NULL OR v.app_id = sqlc.narg('app_id')::integer)
 ORDER BY d.device_id

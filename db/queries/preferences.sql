@@ -89,3 +89,15 @@ FROM messages m
 LEFT JOIN categories c ON c.name = m.category
 LEFT JOIN quiet_hours_default q ON true
 WHERE m.id = @message_id;
+
+-- name: HeldDeliveries :many
+-- How many deliveries of each of the messages given are held by their
+-- users' quiet hours now: pending with reason quiet_hours (a snapshot's
+-- device without a row has none). Each message's rows are found through
+-- its part of the ledger's primary key; the API asks only of messages
+-- that have started and still have deliveries pending.
+SELECT message_id, count(*)::integer AS held
+FROM deliveries
+WHERE message_id = ANY (@message_ids::bigint[])
+  AND status = 'pending' AND reason = 'quiet_hours'
+GROUP BY message_id;
