@@ -13,6 +13,7 @@ import (
 	"github.com/heraldpush/herald/db"
 	"github.com/heraldpush/herald/jobs"
 	"github.com/heraldpush/herald/jobs/apps"
+	"github.com/heraldpush/herald/jobs/preferences"
 	"github.com/heraldpush/herald/jobs/push"
 )
 
@@ -106,6 +107,10 @@ func toAPIError(err error) *Error {
 	var appErr *apps.InvalidError
 	if errors.As(err, &appErr) {
 		return invalid(appErr.Field, "%s", appErr.Problem)
+	}
+	var settingErr *preferences.FieldError
+	if errors.As(err, &settingErr) {
+		return invalid(settingErr.Field, "%s", settingErr.Error())
 	}
 	switch {
 	case errors.Is(err, apps.ErrNotFound):

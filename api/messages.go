@@ -1,6 +1,7 @@
 package api
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -18,6 +19,7 @@ import (
 	"github.com/heraldpush/herald/db"
 	"github.com/heraldpush/herald/jobs"
 	"github.com/heraldpush/herald/jobs/apps"
+	"github.com/heraldpush/herald/jobs/preferences"
 	"github.com/heraldpush/herald/jobs/push"
 )
 
@@ -40,6 +42,13 @@ type messageRequest struct {
 	FallbackTimezone *string `json:"fallback_timezone,omitempty"`
 	IfPassed         *string `json:"if_passed,omitempty"`
 	TTLSeconds       *int    `json:"ttl_seconds,omitempty"`
+
+	// Category is the message's kind, which users opt out of and which
+	// may be critical or capped (docs/preferences.md); QuietHours what a
+	// delivery due in its user's quiet hours does: hold or skip. Empty:
+	// "default" and "hold".
+	Category   string `json:"category,omitempty"`
+	QuietHours string `json:"quiet_hours,omitempty"`
 
 	msg jobs.Message
 }
@@ -128,7 +137,7 @@ func parseBoundedInstant(field, s string) (time.Time, error) {
 
 // message reads the request as the message it asks for.
 func (r *messageRequest) message() (jobs.Message, error) {
-	m := jobs.Message{Priority: r.Priority}
+	m := jobs.Message{Priority: r.Priority, Category: r.Category, QuietHours: r.QuietHours}
 	var err error
 	if m.Local, err = r.local(); err != nil {
 		return m, err
@@ -222,7 +231,16 @@ func (s *Server) createMessage(c echo.Context) error {
 		return err
 	}
 	c.Response().Header().Set(echo.HeaderLocation, "/v1/messages/"+receipt.MessageID)
-	return c.JSON(http.StatusAccepted, receipt)
+	return c.JSON(http.StatusAccepted, messageHead{Receipt: receipt,
+		Category: cmp.Or(m.Category, preferences.DefaultCategory), QuietHours: cmp.Or(m.QuietHours, preferences.QuietHold)})
+}
+
+// messageHead is a message as its 202 shows it: its receipt, and what its
+// recipients' preferences make of it.
+type messageHead struct {
+	jobs.Receipt
+	Category   string `json:"category"`
+	QuietHours string `json:"quiet_hours"`
 }
 
 // callerApps are the apps a message of the caller's is for: named, they
@@ -255,20 +273,56 @@ func (s *Server) callerApps(ctx context.Context, named []string) ([]string, erro
 	return named, nil
 }
 
+// deliveryCounts are a message's deliveries by status, which add up to
+// the total, and those withheld for their users' sake (docs/preferences.md):
+// OptedOut and Capped among the cancelled, QuietHours among the cancelled
+// and the expired, Held among the pending.
 type deliveryCounts struct {
-	Total     int32 `json:"total"`
-	Accepted  int32 `json:"accepted"`
-	Failed    int32 `json:"failed"`
-	Expired   int32 `json:"expired"`
-	Cancelled int32 `json:"cancelled"`
-	Pending   int32 `json:"pending"`
+	Total      int32 `json:"total"`
+	Accepted   int32 `json:"accepted"`
+	Failed     int32 `json:"failed"`
+	Expired    int32 `json:"expired"`
+	Cancelled  int32 `json:"cancelled"`
+	Pending    int32 `json:"pending"`
+	OptedOut   int32 `json:"opted_out"`
+	Capped     int32 `json:"capped"`
+	QuietHours int32 `json:"quiet_hours"`
+	Held       int32 `json:"held"`
 }
 
-func countsOf(m db.Message) deliveryCounts {
+// countsOf reads a message row's counters; held is how many of its
+// deliveries its users' quiet hours hold now (heldNow).
+func countsOf(m db.Message, held int32) deliveryCounts {
 	return deliveryCounts{
 		Total: m.DeviceCount, Accepted: m.AcceptedCount, Failed: m.FailedCount,
 		Expired: m.ExpiredCount, Cancelled: m.CancelledCount, Pending: m.PendingCount,
+		OptedOut: m.OptedOutCount, Capped: m.CappedCount, QuietHours: m.QuietHoursCount, Held: held,
 	}
+}
+
+// heldNow reads, by message id, how many deliveries of messages are held
+// by their users' quiet hours now (db.HeldDeliveries). Only a message that
+// has started and has deliveries pending can hold any, so only those are
+// asked of: the rest cost nothing.
+func heldNow(ctx context.Context, q *db.Queries, messages ...db.Message) (map[int64]int32, error) {
+	var ids []int64
+	for _, m := range messages {
+		if m.StartedAt != nil && m.PendingCount > 0 {
+			ids = append(ids, m.ID)
+		}
+	}
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	rows, err := q.HeldDeliveries(ctx, ids)
+	if err != nil {
+		return nil, fmt.Errorf("count held deliveries: %w", err)
+	}
+	out := make(map[int64]int32, len(rows))
+	for _, r := range rows {
+		out[r.MessageID] = r.Held
+	}
+	return out, nil
 }
 
 type skewSummary struct {
@@ -294,7 +348,7 @@ type wave struct {
 }
 
 type messageStatus struct {
-	jobs.Receipt
+	messageHead
 	ScheduleID *string        `json:"schedule_id"`
 	CreatedAt  time.Time      `json:"created_at"`
 	StartedAt  *time.Time     `json:"started_at"`
@@ -366,16 +420,16 @@ func earlyReceipts(ctx context.Context, q *db.Queries, messages ...int64) (map[i
 	return out, nil
 }
 
-func newMessageStatus(m db.Message, payload json.RawMessage, early int32) messageStatus {
+func newMessageStatus(m db.Message, payload json.RawMessage, early, held int32) messageStatus {
 	st := messageStatus{
-		Payload:    payload,
-		Receipt:    jobs.NewReceipt(m),
-		CreatedAt:  m.CreatedAt.UTC(),
-		StartedAt:  utcPtr(m.StartedAt),
-		SettledAt:  utcPtr(m.SettledAt),
-		Deliveries: countsOf(m),
-		SLOSkewMs:  m.SloSkewMs,
-		Receipts:   newReceiptCounts(m, early),
+		Payload:     payload,
+		messageHead: messageHead{Receipt: jobs.NewReceipt(m), Category: m.Category, QuietHours: m.QuietHours},
+		CreatedAt:   m.CreatedAt.UTC(),
+		StartedAt:   utcPtr(m.StartedAt),
+		SettledAt:   utcPtr(m.SettledAt),
+		Deliveries:  countsOf(m, held),
+		SLOSkewMs:   m.SloSkewMs,
+		Receipts:    newReceiptCounts(m, early),
 	}
 	if m.ScheduleID != nil {
 		id := formatScheduleID(*m.ScheduleID)
@@ -446,7 +500,11 @@ func (s *Server) getMessage(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	st := newMessageStatus(m, payloads[m.PayloadID], early[id])
+	held, err := heldNow(ctx, q, m)
+	if err != nil {
+		return err
+	}
+	st := newMessageStatus(m, payloads[m.PayloadID], early[id], held[id])
 	if m.LocalTime != nil {
 		var spec struct {
 			TTLSeconds int64 `json:"ttl_seconds"`
@@ -502,9 +560,13 @@ func (s *Server) cancelMessage(c echo.Context) error {
 		if m.State == jobs.StateCancelled {
 			return nil // Cancelling twice is not an error.
 		}
+		held, err := heldNow(ctx, db.On(tx), m)
+		if err != nil {
+			return err
+		}
 		return &Error{Status: http.StatusConflict, Code: "already_dispatching",
 			Message: fmt.Sprintf("message %s is %s; deliveries may have been made", raw, m.State),
-			Extra:   map[string]any{"state": m.State, "deliveries": countsOf(m)}}
+			Extra:   map[string]any{"state": m.State, "deliveries": countsOf(m, held[id])}}
 	})
 	if err != nil {
 		return err
@@ -513,6 +575,17 @@ func (s *Server) cancelMessage(c echo.Context) error {
 }
 
 var deliveryStatuses = map[string]bool{"pending": true, "accepted": true, "failed": true, "expired": true, "cancelled": true}
+
+// deliveryReasons are the reasons a delivery may be given (openapi.yaml's
+// Reason, which a test holds this to), by which its message's listing may
+// be filtered.
+var deliveryReasons = []push.Reason{
+	push.ReasonUnregistered, push.ReasonBadToken, push.ReasonPayloadRejected, push.ReasonRateLimited,
+	push.ReasonProviderUnavailable, push.ReasonChannelDisabled, push.ReasonInternal, push.ReasonEndpointForbidden,
+	push.ReasonWrongEnvironment, push.ReasonDeviceMoved, push.ReasonDeviceDeleted, push.ReasonDeviceEvicted,
+	push.ReasonDeviceReplaced, push.ReasonCredentialsRefused, push.ReasonWrongApp,
+	push.ReasonOptedOut, push.ReasonQuietHours, push.ReasonCapped,
+}
 
 type deliveryItem struct {
 	UserID   string `json:"user_id"`
@@ -553,6 +626,10 @@ func (s *Server) listDeliveries(c echo.Context) error {
 	if status != "" && !deliveryStatuses[status] {
 		return invalid("status", "status %q is not one of pending, accepted, failed, expired, cancelled", status)
 	}
+	reason := c.QueryParam("reason")
+	if reason != "" && !slices.Contains(deliveryReasons, push.Reason(reason)) {
+		return invalid("reason", "reason %q is no delivery's reason", reason)
+	}
 	confirmed := c.QueryParam("confirmed")
 	if confirmed != "" && confirmed != "true" && confirmed != "false" {
 		return invalid("confirmed", "confirmed %q is not true or false", confirmed)
@@ -571,6 +648,9 @@ func (s *Server) listDeliveries(c echo.Context) error {
 		appID = &id
 	}
 	filter := "deliveries:" + c.Param("message_id") + ":" + status
+	if reason != "" {
+		filter += ":reason=" + reason
+	}
 	if confirmed != "" {
 		filter += ":confirmed=" + confirmed
 	}
@@ -584,6 +664,9 @@ func (s *Server) listDeliveries(c echo.Context) error {
 	params := db.ListDeliveriesParams{MessageID: m.ID, AfterDeviceID: pg.afterOr(0), PageSize: pg.fetch()}
 	if status != "" {
 		params.Status = &status
+	}
+	if reason != "" {
+		params.Reason = &reason
 	}
 	if confirmed != "" {
 		want := confirmed == "true"
@@ -674,9 +757,13 @@ func (s *Server) listMessages(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	held, err := heldNow(ctx, db.On(s.pool), rows...)
+	if err != nil {
+		return err
+	}
 	page := messagePage{Items: make([]json.RawMessage, 0, len(rows)), NextCursor: next}
 	for _, m := range rows {
-		if item, ok := s.listed(c, "message_id", push.FormatMessageID(m.ID), newMessageStatus(m, payloads[m.PayloadID], early[m.ID]), nil); ok {
+		if item, ok := s.listed(c, "message_id", push.FormatMessageID(m.ID), newMessageStatus(m, payloads[m.PayloadID], early[m.ID], held[m.ID]), nil); ok {
 			page.Items = append(page.Items, item)
 		}
 	}
@@ -743,6 +830,21 @@ func (s *Server) messageApps(c echo.Context) error {
 			a.Deliveries.Cancelled += n
 		default:
 			a.Deliveries.Pending += n
+		}
+		// Withheld as the message's own counters count them: a delivery
+		// held pending by quiet hours is held, one that ended with the
+		// reason is opted out, capped or quiet hours.
+		switch push.Reason(r.Withheld) {
+		case push.ReasonOptedOut:
+			a.Deliveries.OptedOut += n
+		case push.ReasonCapped:
+			a.Deliveries.Capped += n
+		case push.ReasonQuietHours:
+			if r.Status == "pending" {
+				a.Deliveries.Held += n
+			} else {
+				a.Deliveries.QuietHours += n
+			}
 		}
 	}
 	for _, id := range order {

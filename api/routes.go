@@ -42,6 +42,8 @@ func (s *Server) routes() {
 	v1.GET("/users/:user_id", s.getUser, read)
 	v1.DELETE("/users/:user_id", s.deleteUser, admin)
 	v1.GET("/users/:user_id/devices", s.listUserDevices, read)
+	v1.GET("/users/:user_id/preferences", s.getUserPreferences, read)
+	v1.PUT("/users/:user_id/preferences", s.putUserPreferences, send)
 	v1.GET("/segments", s.listSegments, read)
 	v1.PUT("/segments/:segment_id", s.putSegment, send)
 	v1.GET("/segments/:segment_id", s.getSegment, read)
@@ -64,6 +66,19 @@ func (s *Server) routes() {
 	v1.GET("/schedules/:schedule_id", s.getSchedule, read)
 	v1.PATCH("/schedules/:schedule_id", s.patchSchedule, send)
 	v1.DELETE("/schedules/:schedule_id", s.deleteSchedule, send)
+
+	// What the people reminded are owed (preferences.go): users' own
+	// preferences are set as users are, while categories and the
+	// installation's quiet hours bind every app's messages, so they are
+	// configured as apps are, by a key limited to no app.
+	configure := []echo.MiddlewareFunc{needs(ScopeApps), everyApp}
+	v1.GET("/categories", s.listCategories, read)
+	v1.GET("/categories/:category", s.getCategory, read)
+	v1.PUT("/categories/:category", s.putCategory, configure...)
+	v1.DELETE("/categories/:category", s.deleteCategory, configure...)
+	v1.GET("/quiet-hours", s.getQuietHours, read)
+	v1.PUT("/quiet-hours", s.putQuietHours, configure...)
+	v1.DELETE("/quiet-hours", s.deleteQuietHours, configure...)
 
 	// Operations.
 	v1.GET("/providers", s.listProviders, read)

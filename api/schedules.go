@@ -1,6 +1,7 @@
 package api
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -17,6 +18,7 @@ import (
 	"github.com/heraldpush/herald/db"
 	"github.com/heraldpush/herald/jobs"
 	"github.com/heraldpush/herald/jobs/apps"
+	"github.com/heraldpush/herald/jobs/preferences"
 	"github.com/heraldpush/herald/jobs/push"
 )
 
@@ -44,6 +46,11 @@ type scheduleRequest struct {
 	// users whose time has passed when the run is made.
 	FallbackTimezone *string `json:"fallback_timezone"`
 	IfPassed         *string `json:"if_passed"`
+	// Category and QuietHours are each run's, as a message's; left out,
+	// "default" and "hold" (and left out of the canonical request, so
+	// that a key used before they existed still answers its schedule).
+	Category   string `json:"category,omitempty"`
+	QuietHours string `json:"quiet_hours,omitempty"`
 
 	cron             *jobs.Cron
 	startsAt, endsAt *time.Time
@@ -116,6 +123,16 @@ func (r *scheduleRequest) validate() error {
 	if r.startsAt != nil && r.endsAt != nil && !r.endsAt.After(*r.startsAt) {
 		return invalid("ends_at", "ends_at must be after starts_at")
 	}
+	if r.Category != "" {
+		if err := preferences.CheckCategory(r.Category); err != nil {
+			return invalid("category", "category %q %s", r.Category, err)
+		}
+	}
+	if r.QuietHours != "" {
+		if err := preferences.CheckQuietMode(r.QuietHours); err != nil {
+			return invalid("quiet_hours", "quiet_hours %q %s", r.QuietHours, err)
+		}
+	}
 	if err := r.Audience.validate(); err != nil {
 		return err
 	}
@@ -134,6 +151,12 @@ func (r scheduleRequest) canonical() scheduleRequest {
 		return &s
 	}
 	r.StartsAt, r.EndsAt = utc(r.startsAt), utc(r.endsAt)
+	if r.Category == preferences.DefaultCategory {
+		r.Category = ""
+	}
+	if r.QuietHours == preferences.QuietHold {
+		r.QuietHours = ""
+	}
 	return r
 }
 
@@ -203,6 +226,8 @@ type scheduleResponse struct {
 	// FallbackTimezone and IfPassed apply to a local-time schedule.
 	FallbackTimezone string      `json:"fallback_timezone,omitempty"`
 	IfPassed         string      `json:"if_passed,omitempty"`
+	Category         string      `json:"category"`
+	QuietHours       string      `json:"quiet_hours"`
 	Paused           bool        `json:"paused"`
 	NextRuns         []time.Time `json:"next_runs"`
 	// PendingRuns are the runs already made into messages that have not
@@ -228,7 +253,7 @@ func newScheduleResponse(s db.Schedule, payload json.RawMessage, pending []db.Pe
 		ScheduleID: formatScheduleID(s.ID), Cron: s.Cron, Timezone: s.Timezone, Audience: s.Audience,
 		Priority: s.Priority, TTLSeconds: s.TtlSeconds, StartsAt: utcPtr(s.StartsAt), EndsAt: utcPtr(s.EndsAt),
 		LocalTime: s.LocalTime, Paused: s.Paused, NextRuns: []time.Time{}, PendingRuns: []pendingRun{},
-		CreatedAt: s.CreatedAt.UTC(),
+		CreatedAt: s.CreatedAt.UTC(), Category: s.Category, QuietHours: s.QuietHours,
 	}
 	if s.LocalTime {
 		r.FallbackTimezone, r.IfPassed = s.FallbackTimezone, s.IfPassed
@@ -328,6 +353,9 @@ func (s *Server) createSchedule(c echo.Context) error {
 				if err := json.Unmarshal(prior, &made); err != nil {
 					return 0, nil, fmt.Errorf("read idempotency key's schedule: %w", err)
 				}
+				// An answer kept from before schedules had categories.
+				made.Category = cmp.Or(made.Category, preferences.DefaultCategory)
+				made.QuietHours = cmp.Or(made.QuietHours, preferences.QuietHold)
 				c.Response().Header().Set(echo.HeaderLocation, "/v1/schedules/"+made.ScheduleID)
 				return http.StatusOK, made, nil
 			}
@@ -359,7 +387,7 @@ func (s *Server) createSchedule(c echo.Context) error {
 			Cron: req.Cron, Timezone: req.Timezone, Audience: audience, PayloadID: payloadID,
 			Priority: req.Priority, TtlSeconds: int32(*req.TTLSeconds), LocalTime: req.LocalTime,
 			FallbackTimezone: deref(req.FallbackTimezone, "UTC"), IfPassed: deref(req.IfPassed, "skip"),
-			StartsAt: req.startsAt, EndsAt: req.endsAt,
+			StartsAt: req.startsAt, EndsAt: req.endsAt, Category: req.Category, QuietHours: req.QuietHours,
 			NextRunAt: firstRun(req.cron, now, req.startsAt, req.endsAt,
 				jobs.RunSpan(time.Duration(*req.TTLSeconds)*time.Second, req.LocalTime)),
 		})

@@ -374,9 +374,28 @@ func (e Priority) Valid() bool {
 	}
 }
 
+// Defines values for QuietMode.
+const (
+	QuietModeHold QuietMode = "hold"
+	QuietModeSkip QuietMode = "skip"
+)
+
+// Valid indicates whether the value is a known member of the QuietMode enum.
+func (e QuietMode) Valid() bool {
+	switch e {
+	case QuietModeHold:
+		return true
+	case QuietModeSkip:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for Reason.
 const (
 	ReasonBadToken            Reason = "bad_token"
+	ReasonCapped              Reason = "capped"
 	ReasonChannelDisabled     Reason = "channel_disabled"
 	ReasonCredentialsRefused  Reason = "credentials_refused"
 	ReasonDeviceDeleted       Reason = "device_deleted"
@@ -385,8 +404,10 @@ const (
 	ReasonDeviceReplaced      Reason = "device_replaced"
 	ReasonEndpointForbidden   Reason = "endpoint_forbidden"
 	ReasonInternal            Reason = "internal"
+	ReasonOptedOut            Reason = "opted_out"
 	ReasonPayloadRejected     Reason = "payload_rejected"
 	ReasonProviderUnavailable Reason = "provider_unavailable"
+	ReasonQuietHours          Reason = "quiet_hours"
 	ReasonRateLimited         Reason = "rate_limited"
 	ReasonUnregistered        Reason = "unregistered"
 	ReasonWrongApp            Reason = "wrong_app"
@@ -397,6 +418,8 @@ const (
 func (e Reason) Valid() bool {
 	switch e {
 	case ReasonBadToken:
+		return true
+	case ReasonCapped:
 		return true
 	case ReasonChannelDisabled:
 		return true
@@ -414,9 +437,13 @@ func (e Reason) Valid() bool {
 		return true
 	case ReasonInternal:
 		return true
+	case ReasonOptedOut:
+		return true
 	case ReasonPayloadRejected:
 		return true
 	case ReasonProviderUnavailable:
+		return true
+	case ReasonQuietHours:
 		return true
 	case ReasonRateLimited:
 		return true
@@ -511,6 +538,7 @@ const (
 	WebhookEventTypeDeliveryConfirmed WebhookEventType = "delivery.confirmed"
 	WebhookEventTypeDeliveryFailed    WebhookEventType = "delivery.failed"
 	WebhookEventTypeDeliveryOpened    WebhookEventType = "delivery.opened"
+	WebhookEventTypeDeliveryWithheld  WebhookEventType = "delivery.withheld"
 	WebhookEventTypeDeviceEvicted     WebhookEventType = "device.evicted"
 	WebhookEventTypeMessageSettled    WebhookEventType = "message.settled"
 )
@@ -523,6 +551,8 @@ func (e WebhookEventType) Valid() bool {
 	case WebhookEventTypeDeliveryFailed:
 		return true
 	case WebhookEventTypeDeliveryOpened:
+		return true
+	case WebhookEventTypeDeliveryWithheld:
 		return true
 	case WebhookEventTypeDeviceEvicted:
 		return true
@@ -598,7 +628,9 @@ type AppChannelSource string
 // AppCounts defines model for AppCounts.
 type AppCounts struct {
 	// App The devices' app; null for the deliveries whose device was deleted since.
-	App        *string        `json:"app"`
+	App *string `json:"app"`
+
+	// Deliveries total = accepted + failed + expired + cancelled + pending at every moment. The rest count the deliveries withheld for their users' sake (docs/preferences.md), each also counted by its status: opted_out and capped among the cancelled, quiet_hours among the cancelled (skipped) and the expired (quiet hours that outlast the message), and held among the pending (held by quiet hours now, until they end; read from the ledger while the message is being sent).
 	Deliveries DeliveryCounts `json:"deliveries"`
 }
 
@@ -641,10 +673,11 @@ type AppForbiddenDetail struct {
 	Message string `json:"message"`
 
 	// ScopeNeeded What a key may do. read only reads (GET); send also does what an application does
-	// (messages, schedules, devices, users, segments: create, update, cancel, delete a device);
-	// apps reads and manages apps and their credentials (/v1/apps), and nothing of send; admin
-	// does all of these, and also erases users and segments, manages keys and reads the audit
-	// log.
+	// (messages, schedules, devices, users and their preferences, segments: create, update,
+	// cancel, delete a device); apps reads and manages apps and their credentials (/v1/apps),
+	// categories (/v1/categories) and the installation's quiet hours (/v1/quiet-hours), and
+	// nothing of send; admin does all of these, and also erases users and segments, manages keys
+	// and reads the audit log.
 	ScopeNeeded *Scope `json:"scope_needed,omitempty"`
 }
 
@@ -744,6 +777,43 @@ type AuditPage struct {
 // BreakerState defines model for BreakerState.
 type BreakerState string
 
+// Category defines model for Category.
+type Category struct {
+	Cap       *CategoryCap `json:"cap"`
+	CreatedAt time.Time    `json:"created_at"`
+	Critical  bool         `json:"critical"`
+	Name      string       `json:"name"`
+	UpdatedAt time.Time    `json:"updated_at"`
+}
+
+// CategoryCap defines model for CategoryCap.
+type CategoryCap struct {
+	// Count At most this many of the category's messages to a user (not to each device) in any period_seconds.
+	Count int `json:"count"`
+
+	// PeriodSeconds The rolling period, from a minute to 366 days.
+	PeriodSeconds int `json:"period_seconds"`
+}
+
+// CategoryField What kind of message it is, which users opt out of and which may be critical or capped (docs/preferences.md); any name, declared (PUT /v1/categories/{category}) or not: one never declared is ordinary. Not the payload's APNs category.
+//
+// Example: marketing
+type CategoryField = string
+
+// CategoryList defines model for CategoryList.
+type CategoryList struct {
+	Items []Category `json:"items"`
+}
+
+// CategoryRule defines model for CategoryRule.
+type CategoryRule struct {
+	// Cap The frequency cap; null or absent: none. A critical category has none.
+	Cap *CategoryCap `json:"cap,omitempty"`
+
+	// Critical Never withheld: no opt-out, quiet hours or cap counts for it (a medication or security reminder).
+	Critical *bool `json:"critical,omitempty"`
+}
+
 // Channel defines model for Channel.
 type Channel string
 
@@ -784,10 +854,11 @@ type CreatedKey struct {
 	RevokedAt  *time.Time `json:"revoked_at"`
 
 	// Scope What a key may do. read only reads (GET); send also does what an application does
-	// (messages, schedules, devices, users, segments: create, update, cancel, delete a device);
-	// apps reads and manages apps and their credentials (/v1/apps), and nothing of send; admin
-	// does all of these, and also erases users and segments, manages keys and reads the audit
-	// log.
+	// (messages, schedules, devices, users and their preferences, segments: create, update,
+	// cancel, delete a device); apps reads and manages apps and their credentials (/v1/apps),
+	// categories (/v1/categories) and the installation's quiet hours (/v1/quiet-hours), and
+	// nothing of send; admin does all of these, and also erases users and segments, manages keys
+	// and reads the audit log.
 	Scope Scope `json:"scope"`
 
 	// Secret The bearer token. Shown here once: Herald keeps only its SHA-256.
@@ -844,21 +915,25 @@ type Delivery struct {
 	OpenedAt       *time.Time `json:"opened_at,omitempty"`
 	OpenedDeviceAt *time.Time `json:"opened_device_at,omitempty"`
 
-	// Reason Why a delivery failed, expired or was cancelled. A delivery is cancelled without being sent because of its device with device_moved (its token was registered for another user since the message was scheduled), device_deleted (the device or its user was deleted), device_evicted (a provider called its token dead since) or device_replaced (the token was taken over by another device of the same installation); one cancelled with no reason was cancelled with its message. credentials_refused is the provider refusing the credentials of the device's app (APNs InvalidProviderToken or TopicDisallowed, FCM 401 UNAUTHENTICATED or 403 PERMISSION_DENIED, a Web Push 401), and wrong_app a token of another app than the device's (APNs DeviceTokenNotForTopic, FCM SENDER_ID_MISMATCH, a Web Push 403: the subscription was made with another VAPID key); neither evicts the device (docs/providers.md).
+	// Reason Why a delivery failed, expired or was cancelled. A delivery is cancelled without being sent because of its device with device_moved (its token was registered for another user since the message was scheduled), device_deleted (the device or its user was deleted), device_evicted (a provider called its token dead since) or device_replaced (the token was taken over by another device of the same installation); one cancelled with no reason was cancelled with its message. credentials_refused is the provider refusing the credentials of the device's app (APNs InvalidProviderToken or TopicDisallowed, FCM 401 UNAUTHENTICATED or 403 PERMISSION_DENIED, a Web Push 401), and wrong_app a token of another app than the device's (APNs DeviceTokenNotForTopic, FCM SENDER_ID_MISMATCH, a Web Push 403: the subscription was made with another VAPID key); neither evicts the device (docs/providers.md). A delivery is withheld for its user's sake when it is sent (docs/preferences.md): cancelled with opted_out (the user opted out of the message's category, on every channel or the device's), capped (the category's cap for the user was reached) or quiet_hours (due in the user's quiet hours, and the message skips such deliveries); expired with quiet_hours when the quiet hours end after the message expires; and a delivery held until its user's quiet hours end is pending with quiet_hours.
 	Reason *Reason        `json:"reason"`
 	SkewMs *float64       `json:"skew_ms"`
 	Status DeliveryStatus `json:"status"`
 	UserID string         `json:"user_id"`
 }
 
-// DeliveryCounts defines model for DeliveryCounts.
+// DeliveryCounts total = accepted + failed + expired + cancelled + pending at every moment. The rest count the deliveries withheld for their users' sake (docs/preferences.md), each also counted by its status: opted_out and capped among the cancelled, quiet_hours among the cancelled (skipped) and the expired (quiet hours that outlast the message), and held among the pending (held by quiet hours now, until they end; read from the ledger while the message is being sent).
 type DeliveryCounts struct {
-	Accepted  int `json:"accepted"`
-	Cancelled int `json:"cancelled"`
-	Expired   int `json:"expired"`
-	Failed    int `json:"failed"`
-	Pending   int `json:"pending"`
-	Total     int `json:"total"`
+	Accepted   int `json:"accepted"`
+	Cancelled  int `json:"cancelled"`
+	Capped     int `json:"capped"`
+	Expired    int `json:"expired"`
+	Failed     int `json:"failed"`
+	Held       int `json:"held"`
+	OptedOut   int `json:"opted_out"`
+	Pending    int `json:"pending"`
+	QuietHours int `json:"quiet_hours"`
+	Total      int `json:"total"`
 }
 
 // DeliveryPage defines model for DeliveryPage.
@@ -990,10 +1065,11 @@ type ForbiddenDetail struct {
 	Message string `json:"message"`
 
 	// ScopeNeeded What a key may do. read only reads (GET); send also does what an application does
-	// (messages, schedules, devices, users, segments: create, update, cancel, delete a device);
-	// apps reads and manages apps and their credentials (/v1/apps), and nothing of send; admin
-	// does all of these, and also erases users and segments, manages keys and reads the audit
-	// log.
+	// (messages, schedules, devices, users and their preferences, segments: create, update,
+	// cancel, delete a device); apps reads and manages apps and their credentials (/v1/apps),
+	// categories (/v1/categories) and the installation's quiet hours (/v1/quiet-hours), and
+	// nothing of send; admin does all of these, and also erases users and segments, manages keys
+	// and reads the audit log.
 	ScopeNeeded Scope `json:"scope_needed"`
 }
 
@@ -1021,10 +1097,11 @@ type Key struct {
 	RevokedAt  *time.Time `json:"revoked_at"`
 
 	// Scope What a key may do. read only reads (GET); send also does what an application does
-	// (messages, schedules, devices, users, segments: create, update, cancel, delete a device);
-	// apps reads and manages apps and their credentials (/v1/apps), and nothing of send; admin
-	// does all of these, and also erases users and segments, manages keys and reads the audit
-	// log.
+	// (messages, schedules, devices, users and their preferences, segments: create, update,
+	// cancel, delete a device); apps reads and manages apps and their credentials (/v1/apps),
+	// categories (/v1/categories) and the installation's quiet hours (/v1/quiet-hours), and
+	// nothing of send; admin does all of these, and also erases users and segments, manages keys
+	// and reads the audit log.
 	Scope Scope `json:"scope"`
 }
 
@@ -1067,15 +1144,21 @@ type MessageAppList struct {
 
 // MessageHead defines model for MessageHead.
 type MessageHead struct {
+	// Category The message's category (docs/preferences.md).
+	Category string `json:"category"`
+
 	// ChunkCount The message's chunk jobs. The first chunk of each due instant holds at most 50 devices, so that it begins quickly; the others at most HERALD_CHUNK_SIZE (500).
 	ChunkCount  int       `json:"chunk_count"`
 	DeviceCount int       `json:"device_count"`
 	DispatchAt  time.Time `json:"dispatch_at"`
 
 	// ExpiresAt When the message ends: for a local-time message, its last wave's expiry.
-	ExpiresAt      time.Time    `json:"expires_at"`
-	MessageID      string       `json:"message_id"`
-	Priority       Priority     `json:"priority"`
+	ExpiresAt time.Time `json:"expires_at"`
+	MessageID string    `json:"message_id"`
+	Priority  Priority  `json:"priority"`
+
+	// QuietHours What a delivery due in its user's quiet hours does: hold (pending until they end, or expired when they end after the message expires) or skip (cancelled).
+	QuietHours     QuietMode    `json:"quiet_hours"`
 	RecipientCount int          `json:"recipient_count"`
 	State          MessageState `json:"state"`
 }
@@ -1094,9 +1177,14 @@ type MessageStatus struct {
 	// Apps The apps the message is for (its audience.apps, or a limited key's apps); absent: every app. GET /v1/messages/{message_id}/apps counts its deliveries app by app.
 	Apps *[]string `json:"apps,omitempty"`
 
+	// Category The message's category (docs/preferences.md).
+	Category string `json:"category"`
+
 	// ChunkCount The message's chunk jobs. The first chunk of each due instant holds at most 50 devices, so that it begins quickly; the others at most HERALD_CHUNK_SIZE (500).
-	ChunkCount  int            `json:"chunk_count"`
-	CreatedAt   time.Time      `json:"created_at"`
+	ChunkCount int       `json:"chunk_count"`
+	CreatedAt  time.Time `json:"created_at"`
+
+	// Deliveries total = accepted + failed + expired + cancelled + pending at every moment. The rest count the deliveries withheld for their users' sake (docs/preferences.md), each also counted by its status: opted_out and capped among the cancelled, quiet_hours among the cancelled (skipped) and the expired (quiet hours that outlast the message), and held among the pending (held by quiet hours now, until they end; read from the ledger while the message is being sent).
 	Deliveries  DeliveryCounts `json:"deliveries"`
 	DeviceCount int            `json:"device_count"`
 	DispatchAt  time.Time      `json:"dispatch_at"`
@@ -1108,6 +1196,9 @@ type MessageStatus struct {
 	// Payload What a message shows, encoded once per channel; each field's provider field is in the description (docs/api.md, The payload). Needs a title, a body, data or silent: true. A wrong field is a 400 naming it (payload.badge, payload.webpush.actions[1].title, ...); an encoding over 4096 bytes is a 413 naming the channel.
 	Payload  Payload  `json:"payload"`
 	Priority Priority `json:"priority"`
+
+	// QuietHours What a delivery due in its user's quiet hours does: hold (pending until they end, or expired when they end after the message expires) or skip (cancelled).
+	QuietHours QuietMode `json:"quiet_hours"`
 
 	// Receipts What the devices said of the message (POST /v1/receipts): how many deliveries a delivered receipt confirmed and an opened receipt says were tapped; how many accepted deliveries have no delivered receipt (unconfirmed: status=accepted&confirmed=false in the deliveries' listing); and the confirmed skew, from Herald's receipt of a delivered receipt to the delivery's due instant, as percentiles (each the top of its 10%-wide bucket) and as the histogram's buckets that hold deliveries, which add across messages.
 	Receipts       ReceiptCounts `json:"receipts"`
@@ -1159,16 +1250,22 @@ type NewKey struct {
 	Name string `json:"name"`
 
 	// Scope What a key may do. read only reads (GET); send also does what an application does
-	// (messages, schedules, devices, users, segments: create, update, cancel, delete a device);
-	// apps reads and manages apps and their credentials (/v1/apps), and nothing of send; admin
-	// does all of these, and also erases users and segments, manages keys and reads the audit
-	// log.
+	// (messages, schedules, devices, users and their preferences, segments: create, update,
+	// cancel, delete a device); apps reads and manages apps and their credentials (/v1/apps),
+	// categories (/v1/categories) and the installation's quiet hours (/v1/quiet-hours), and
+	// nothing of send; admin does all of these, and also erases users and segments, manages keys
+	// and reads the audit log.
 	Scope Scope `json:"scope"`
 }
 
 // NewMessage defines model for NewMessage.
 type NewMessage struct {
 	Audience Audience `json:"audience"`
+
+	// Category What kind of message it is, which users opt out of and which may be critical or capped (docs/preferences.md); any name, declared (PUT /v1/categories/{category}) or not: one never declared is ordinary. Not the payload's APNs category.
+	//
+	// Example: marketing
+	Category *CategoryField `json:"category,omitempty"`
 
 	// DeliverAtLocal Instead of dispatch_at: a wall time sent at in each recipient's zone. Every zone's wave (UTC+14 to UTC-12) and its lifetime must lie in years 1970 to 9999 UTC: from 1970-01-01T14:00 to 12 hours plus ttl_seconds before the end of 9999, else 400 naming deliver_at_local.
 	//
@@ -1188,6 +1285,9 @@ type NewMessage struct {
 	// Payload What a message shows, encoded once per channel; each field's provider field is in the description (docs/api.md, The payload). Needs a title, a body, data or silent: true. A wrong field is a 400 naming it (payload.badge, payload.webpush.actions[1].title, ...); an encoding over 4096 bytes is a 413 naming the channel.
 	Payload  Payload   `json:"payload"`
 	Priority *Priority `json:"priority,omitempty"`
+
+	// QuietHours What a delivery due in its user's quiet hours does: hold (pending until they end, or expired when they end after the message expires) or skip (cancelled).
+	QuietHours *QuietMode `json:"quiet_hours,omitempty"`
 
 	// TTLSeconds With deliver_at_local: each wave's lifetime, at most 28 days.
 	TTLSeconds *int `json:"ttl_seconds,omitempty"`
@@ -1212,6 +1312,11 @@ type NewReceiptEvent string
 type NewSchedule struct {
 	Audience Audience `json:"audience"`
 
+	// Category What kind of message it is, which users opt out of and which may be critical or capped (docs/preferences.md); any name, declared (PUT /v1/categories/{category}) or not: one never declared is ordinary. Not the payload's APNs category.
+	//
+	// Example: marketing
+	Category *CategoryField `json:"category,omitempty"`
+
 	// Cron Example: 0 9 * * MON-FRI
 	Cron string `json:"cron"`
 
@@ -1227,6 +1332,9 @@ type NewSchedule struct {
 	Payload  Payload   `json:"payload"`
 	Priority *Priority `json:"priority,omitempty"`
 
+	// QuietHours What a delivery due in its user's quiet hours does: hold (pending until they end, or expired when they end after the message expires) or skip (cancelled).
+	QuietHours *QuietMode `json:"quiet_hours,omitempty"`
+
 	// StartsAt In years 1970 to 9999 UTC.
 	StartsAt *time.Time `json:"starts_at,omitempty"`
 
@@ -1241,6 +1349,12 @@ type NewWebhook struct {
 
 	// URL Example: https://example.com/herald-events
 	URL string `json:"url"`
+}
+
+// OptOut The user opts out of a category's messages on every channel, or on channel alone.
+type OptOut struct {
+	Category string   `json:"category"`
+	Channel  *Channel `json:"channel,omitempty"`
 }
 
 // Payload What a message shows, encoded once per channel; each field's provider field is in the description (docs/api.md, The payload). Needs a title, a body, data or silent: true. A wrong field is a 400 naming it (payload.badge, payload.webpush.actions[1].title, ...); an encoding over 4096 bytes is a 413 naming the channel.
@@ -1313,6 +1427,14 @@ type PendingRun struct {
 	RunAt     time.Time `json:"run_at"`
 }
 
+// PreferencesUpdate defines model for PreferencesUpdate.
+type PreferencesUpdate struct {
+	OptOuts *[]OptOut `json:"opt_outs,omitempty"`
+
+	// QuietHours The user's quiet hours; null or absent: the installation's (GET /v1/quiet-hours).
+	QuietHours *QuietHours `json:"quiet_hours,omitempty"`
+}
+
 // Priority defines model for Priority.
 type Priority string
 
@@ -1332,7 +1454,44 @@ type ProviderStatus struct {
 // Providers Per channel (apns, fcm, webpush).
 type Providers map[string]ProviderStatus
 
-// Reason Why a delivery failed, expired or was cancelled. A delivery is cancelled without being sent because of its device with device_moved (its token was registered for another user since the message was scheduled), device_deleted (the device or its user was deleted), device_evicted (a provider called its token dead since) or device_replaced (the token was taken over by another device of the same installation); one cancelled with no reason was cancelled with its message. credentials_refused is the provider refusing the credentials of the device's app (APNs InvalidProviderToken or TopicDisallowed, FCM 401 UNAUTHENTICATED or 403 PERMISSION_DENIED, a Web Push 401), and wrong_app a token of another app than the device's (APNs DeviceTokenNotForTopic, FCM SENDER_ID_MISMATCH, a Web Push 403: the subscription was made with another VAPID key); neither evicts the device (docs/providers.md).
+// QuietHours Wall times HH:MM in the user's zone; an end before the start runs across midnight, and an end equal to the start is no quiet hours at all (not even the installation's).
+type QuietHours struct {
+	// End Example: 07:00
+	End string `json:"end"`
+
+	// Start Example: 22:00
+	Start string `json:"start"`
+}
+
+// QuietHoursDefault defines model for QuietHoursDefault.
+type QuietHoursDefault struct {
+	// End Example: 07:00
+	End string `json:"end"`
+
+	// Start Example: 22:00
+	Start     string    `json:"start"`
+	Timezone  string    `json:"timezone"`
+	UpdatedAt time.Time `json:"updated_at"`
+}
+
+// QuietHoursUpdate defines model for QuietHoursUpdate.
+type QuietHoursUpdate struct {
+	// End Example: 07:00
+	End string `json:"end"`
+
+	// Start Example: 22:00
+	Start string `json:"start"`
+
+	// Timezone The zone of users who have none.
+	//
+	// Example: Europe/Berlin
+	Timezone *string `json:"timezone,omitempty"`
+}
+
+// QuietMode What a delivery due in its user's quiet hours does: hold (pending until they end, or expired when they end after the message expires) or skip (cancelled).
+type QuietMode string
+
+// Reason Why a delivery failed, expired or was cancelled. A delivery is cancelled without being sent because of its device with device_moved (its token was registered for another user since the message was scheduled), device_deleted (the device or its user was deleted), device_evicted (a provider called its token dead since) or device_replaced (the token was taken over by another device of the same installation); one cancelled with no reason was cancelled with its message. credentials_refused is the provider refusing the credentials of the device's app (APNs InvalidProviderToken or TopicDisallowed, FCM 401 UNAUTHENTICATED or 403 PERMISSION_DENIED, a Web Push 401), and wrong_app a token of another app than the device's (APNs DeviceTokenNotForTopic, FCM SENDER_ID_MISMATCH, a Web Push 403: the subscription was made with another VAPID key); neither evicts the device (docs/providers.md). A delivery is withheld for its user's sake when it is sent (docs/preferences.md): cancelled with opted_out (the user opted out of the message's category, on every channel or the device's), capped (the category's cap for the user was reached) or quiet_hours (due in the user's quiet hours, and the message skips such deliveries); expired with quiet_hours when the quiet hours end after the message expires; and a delivery held until its user's quiet hours end is pending with quiet_hours.
 type Reason string
 
 // ReceiptBatch defines model for ReceiptBatch.
@@ -1391,7 +1550,10 @@ type RetiredCredentials struct {
 
 // Schedule defines model for Schedule.
 type Schedule struct {
-	Audience         Audience   `json:"audience"`
+	Audience Audience `json:"audience"`
+
+	// Category Each run's category.
+	Category         string     `json:"category"`
 	CreatedAt        time.Time  `json:"created_at"`
 	Cron             string     `json:"cron"`
 	EndsAt           *time.Time `json:"ends_at"`
@@ -1411,10 +1573,13 @@ type Schedule struct {
 	// PendingRuns The runs already made into messages that have not started, earliest first (up to five), each with its message. Pausing or deleting the schedule cancels them.
 	PendingRuns []PendingRun `json:"pending_runs"`
 	Priority    Priority     `json:"priority"`
-	ScheduleID  string       `json:"schedule_id"`
-	StartsAt    *time.Time   `json:"starts_at"`
-	Timezone    string       `json:"timezone"`
-	TTLSeconds  int          `json:"ttl_seconds"`
+
+	// QuietHours What a delivery due in its user's quiet hours does: hold (pending until they end, or expired when they end after the message expires) or skip (cancelled).
+	QuietHours QuietMode  `json:"quiet_hours"`
+	ScheduleID string     `json:"schedule_id"`
+	StartsAt   *time.Time `json:"starts_at"`
+	Timezone   string     `json:"timezone"`
+	TTLSeconds int        `json:"ttl_seconds"`
 }
 
 // SchedulePage defines model for SchedulePage.
@@ -1429,10 +1594,11 @@ type SchedulePatch struct {
 }
 
 // Scope What a key may do. read only reads (GET); send also does what an application does
-// (messages, schedules, devices, users, segments: create, update, cancel, delete a device);
-// apps reads and manages apps and their credentials (/v1/apps), and nothing of send; admin
-// does all of these, and also erases users and segments, manages keys and reads the audit
-// log.
+// (messages, schedules, devices, users and their preferences, segments: create, update,
+// cancel, delete a device); apps reads and manages apps and their credentials (/v1/apps),
+// categories (/v1/categories) and the installation's quiet hours (/v1/quiet-hours), and
+// nothing of send; admin does all of these, and also erases users and segments, manages keys
+// and reads the audit log.
 type Scope string
 
 // Segment defines model for Segment.
@@ -1522,6 +1688,22 @@ type UserDevicePage struct {
 	Items      []UserDevice `json:"items"`
 	NextCursor *string      `json:"next_cursor"`
 	UserID     string       `json:"user_id"`
+}
+
+// UserPreferences defines model for UserPreferences.
+type UserPreferences struct {
+	// OptOuts Sorted, without repeats.
+	OptOuts []OptOut `json:"opt_outs"`
+
+	// QuietHours The user's own; null: the installation's.
+	QuietHours *QuietHours `json:"quiet_hours"`
+
+	// Timezone The user's zone, in which its quiet hours are kept; null: the installation's quiet hours' timezone.
+	Timezone *string `json:"timezone"`
+
+	// UpdatedAt When they were last set; null: never.
+	UpdatedAt *time.Time `json:"updated_at"`
+	UserID    string     `json:"user_id"`
 }
 
 // UserUpdate defines model for UserUpdate.
@@ -1629,7 +1811,7 @@ type Webhook struct {
 	WebhookID string `json:"webhook_id"`
 }
 
-// WebhookEventType defines model for WebhookEventType.
+// WebhookEventType delivery.withheld is a delivery cancelled or expired for its user's sake: reason opted_out, quiet_hours or capped (docs/webhooks.md).
 type WebhookEventType string
 
 // WebhookList defines model for WebhookList.
@@ -1639,6 +1821,9 @@ type WebhookList struct {
 
 // AppName Example: ios-main
 type AppName = string
+
+// CategoryName Example: marketing
+type CategoryName = string
 
 // Cursor defines model for Cursor.
 type Cursor = string
@@ -1742,6 +1927,9 @@ type CreateMessageParams struct {
 type ListMessageDeliveriesParams struct {
 	Status *DeliveryStatus `form:"status,omitempty" json:"status,omitempty"`
 
+	// Reason Only the deliveries with this reason: status=pending&reason=quiet_hours lists those held by their users' quiet hours now (deliveries.held), reason=opted_out those withheld as their users opted out.
+	Reason *Reason `form:"reason,omitempty" json:"reason,omitempty"`
+
 	// Confirmed Only the deliveries with (true) or without (false) a delivered receipt. status=accepted&confirmed=false lists the message's unconfirmed deliveries (receipts.unconfirmed).
 	Confirmed *bool `form:"confirmed,omitempty" json:"confirmed,omitempty"`
 
@@ -1810,6 +1998,9 @@ type UpdateAppJSONRequestBody = AppPatch
 // CreateAppCredentialJSONRequestBody defines body for CreateAppCredential for application/json ContentType.
 type CreateAppCredentialJSONRequestBody = NewCredential
 
+// PutCategoryJSONRequestBody defines body for PutCategory for application/json ContentType.
+type PutCategoryJSONRequestBody = CategoryRule
+
 // RegisterDeviceJSONRequestBody defines body for RegisterDevice for application/json ContentType.
 type RegisterDeviceJSONRequestBody = DeviceRegistration
 
@@ -1821,6 +2012,9 @@ type CreateKeyJSONRequestBody = NewKey
 
 // CreateMessageJSONRequestBody defines body for CreateMessage for application/json ContentType.
 type CreateMessageJSONRequestBody = NewMessage
+
+// PutQuietHoursJSONRequestBody defines body for PutQuietHours for application/json ContentType.
+type PutQuietHoursJSONRequestBody = QuietHoursUpdate
 
 // CreateReceiptsJSONRequestBody defines body for CreateReceipts for application/json ContentType.
 type CreateReceiptsJSONRequestBody = ReceiptBatch
@@ -1842,6 +2036,9 @@ type AddSegmentMembersJSONRequestBody = MemberIDs
 
 // PutUserJSONRequestBody defines body for PutUser for application/json ContentType.
 type PutUserJSONRequestBody = UserUpdate
+
+// PutUserPreferencesJSONRequestBody defines body for PutUserPreferences for application/json ContentType.
+type PutUserPreferencesJSONRequestBody = PreferencesUpdate
 
 // CreateWebhookJSONRequestBody defines body for CreateWebhook for application/json ContentType.
 type CreateWebhookJSONRequestBody = NewWebhook
@@ -2263,6 +2460,52 @@ type ClientInterface interface {
 	// Corresponds with GET /v1/audit (the `ListAudit` operationId).
 	ListAudit(ctx context.Context, params *ListAuditParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// ListCategories The declared categories, by name.
+	//
+	// A category a message names without its being declared is an ordinary one: neither critical
+	// nor capped. Only declared ones are listed.
+	//
+	// Corresponds with GET /v1/categories (the `ListCategories` operationId).
+	ListCategories(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// DeleteCategory Make a category an ordinary one again.
+	//
+	// The messages that name it keep its name, and are neither critical nor capped from then on; users' opt-outs of it stay.
+	//
+	// Corresponds with DELETE /v1/categories/{category} (the `DeleteCategory` operationId).
+	DeleteCategory(ctx context.Context, category CategoryName, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetCategory A declared category; 404 for one never declared (an ordinary category).
+	//
+	// Corresponds with GET /v1/categories/{category} (the `GetCategory` operationId).
+	GetCategory(ctx context.Context, category CategoryName, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PutCategoryWithBody Declare a category, or replace its rule.
+	//
+	// The body is the category's whole rule. A critical category is never withheld (no opt-out,
+	// quiet hours or cap counts for it), so it cannot have a cap (400 naming cap). A cap is at
+	// most count messages to a user in any period_seconds. It binds every app's messages, so a
+	// key limited to some apps may not change it (403). It counts for every delivery sent after
+	// it, of messages scheduled before it too.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with PUT /v1/categories/{category} (the `PutCategory` operationId).
+	PutCategoryWithBody(ctx context.Context, category CategoryName, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PutCategory Declare a category, or replace its rule.
+	//
+	// The body is the category's whole rule. A critical category is never withheld (no opt-out,
+	// quiet hours or cap counts for it), so it cannot have a cap (400 naming cap). A cap is at
+	// most count messages to a user in any period_seconds. It binds every app's messages, so a
+	// key limited to some apps may not change it (403). It counts for every delivery sent after
+	// it, of messages scheduled before it too.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with PUT /v1/categories/{category} (the `PutCategory` operationId).
+	PutCategory(ctx context.Context, category CategoryName, body PutCategoryJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// RegisterDeviceWithBody Register a device, or move an existing (channel, token) to this user and reactivate it.
 	//
 	// A token registered for another user than its device's moves the device, and the former owner's pending deliveries to it are cancelled (reason device_moved) in the same transaction: a phone that changed hands gets nothing of its former owner's. A registration naming an installation_id that already has a device under another token gives that device the new token in place (the same device_id, answered 200; its pending deliveries go to the new token); a device that held the new token is then deleted and its pending deliveries cancelled as device_replaced. The device belongs to the app its `app` names (the default app when absent, or the one app of a key limited to one; docs/apps.md). Tokens are unique per channel across apps: a token registered under another app than its device's moves the device to that app, since a provider's token names one installation of one app.
@@ -2396,6 +2639,40 @@ type ClientInterface interface {
 	//
 	// Corresponds with GET /v1/providers (the `GetProviders` operationId).
 	GetProviders(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// DeleteQuietHours Remove the installation's default quiet hours; only users' own count then.
+	//
+	// Corresponds with DELETE /v1/quiet-hours (the `DeleteQuietHours` operationId).
+	DeleteQuietHours(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetQuietHours The installation's default quiet hours; 404 when it has none.
+	//
+	// They are the quiet hours of every user who has set none of their own, in each user's zone, or this timezone for a user without one.
+	//
+	// Corresponds with GET /v1/quiet-hours (the `GetQuietHours` operationId).
+	GetQuietHours(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PutQuietHoursWithBody Set the installation's default quiet hours.
+	//
+	// Start and end are wall times, HH:MM; an end before the start runs across midnight, and an
+	// end equal to the start is a 400 naming end (DELETE to have none). timezone (default UTC) is
+	// the zone of users who have none. A key limited to some apps may not set them (403).
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with PUT /v1/quiet-hours (the `PutQuietHours` operationId).
+	PutQuietHoursWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PutQuietHours Set the installation's default quiet hours.
+	//
+	// Start and end are wall times, HH:MM; an end before the start runs across midnight, and an
+	// end equal to the start is a 400 naming end (DELETE to have none). timezone (default UTC) is
+	// the zone of users who have none. A key limited to some apps may not set them (403).
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with PUT /v1/quiet-hours (the `PutQuietHours` operationId).
+	PutQuietHours(ctx context.Context, body PutQuietHoursJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// CreateReceiptsWithBody What devices saw of their pushes, posted by the app from the device (docs/receipts.md).
 	//
@@ -2571,6 +2848,41 @@ type ClientInterface interface {
 	//
 	// Corresponds with GET /v1/users/{user_id}/devices (the `ListUserDevices` operationId).
 	ListUserDevices(ctx context.Context, userID UserID, params *ListUserDevicesParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetUserPreferences A user's opt-outs and quiet hours (docs/preferences.md).
+	//
+	// A user who never had preferences set has none: no opt-outs, and quiet_hours null (the
+	// installation's, GET /v1/quiet-hours). timezone is the user's own (PUT /v1/users/{user_id}),
+	// in which its quiet hours are kept; null, the installation's quiet hours' zone.
+	//
+	// Corresponds with GET /v1/users/{user_id}/preferences (the `GetUserPreferences` operationId).
+	GetUserPreferences(ctx context.Context, userID UserID, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PutUserPreferencesWithBody Replace a user's opt-outs and quiet hours.
+	//
+	// The body replaces the user's preferences whole: an opt-out left out is opted in again, and
+	// quiet_hours left out or null is the installation's. They are decided when each delivery is
+	// sent, so they count for messages already scheduled too. The user must exist (404): PUT
+	// /v1/users/{user_id} makes one. A bad opt-out or time is a 400 naming it by its JSON path
+	// (opt_outs[2].channel, quiet_hours).
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with PUT /v1/users/{user_id}/preferences (the `PutUserPreferences` operationId).
+	PutUserPreferencesWithBody(ctx context.Context, userID UserID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PutUserPreferences Replace a user's opt-outs and quiet hours.
+	//
+	// The body replaces the user's preferences whole: an opt-out left out is opted in again, and
+	// quiet_hours left out or null is the installation's. They are decided when each delivery is
+	// sent, so they count for messages already scheduled too. The user must exist (404): PUT
+	// /v1/users/{user_id} makes one. A bad opt-out or time is a 400 naming it by its JSON path
+	// (opt_outs[2].channel, quiet_hours).
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with PUT /v1/users/{user_id}/preferences (the `PutUserPreferences` operationId).
+	PutUserPreferences(ctx context.Context, userID UserID, body PutUserPreferencesJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// GetVAPIDPublicKey The VAPID public key a web page subscribes with, per app (docs/apps-integration.md).
 	//
@@ -2911,6 +3223,102 @@ func (c *Client) ListAudit(ctx context.Context, params *ListAuditParams, reqEdit
 	return c.Client.Do(req)
 }
 
+// ListCategories The declared categories, by name.
+//
+// A category a message names without its being declared is an ordinary one: neither critical
+// nor capped. Only declared ones are listed.
+//
+// Corresponds with GET /v1/categories (the `ListCategories` operationId).
+func (c *Client) ListCategories(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListCategoriesRequest(c.Server)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// DeleteCategory Make a category an ordinary one again.
+//
+// The messages that name it keep its name, and are neither critical nor capped from then on; users' opt-outs of it stay.
+//
+// Corresponds with DELETE /v1/categories/{category} (the `DeleteCategory` operationId).
+func (c *Client) DeleteCategory(ctx context.Context, category CategoryName, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewDeleteCategoryRequest(c.Server, category)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetCategory A declared category; 404 for one never declared (an ordinary category).
+//
+// Corresponds with GET /v1/categories/{category} (the `GetCategory` operationId).
+func (c *Client) GetCategory(ctx context.Context, category CategoryName, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetCategoryRequest(c.Server, category)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PutCategoryWithBody Declare a category, or replace its rule.
+//
+// The body is the category's whole rule. A critical category is never withheld (no opt-out,
+// quiet hours or cap counts for it), so it cannot have a cap (400 naming cap). A cap is at
+// most count messages to a user in any period_seconds. It binds every app's messages, so a
+// key limited to some apps may not change it (403). It counts for every delivery sent after
+// it, of messages scheduled before it too.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with PUT /v1/categories/{category} (the `PutCategory` operationId).
+func (c *Client) PutCategoryWithBody(ctx context.Context, category CategoryName, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPutCategoryRequestWithBody(c.Server, category, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PutCategory Declare a category, or replace its rule.
+//
+// The body is the category's whole rule. A critical category is never withheld (no opt-out,
+// quiet hours or cap counts for it), so it cannot have a cap (400 naming cap). A cap is at
+// most count messages to a user in any period_seconds. It binds every app's messages, so a
+// key limited to some apps may not change it (403). It counts for every delivery sent after
+// it, of messages scheduled before it too.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with PUT /v1/categories/{category} (the `PutCategory` operationId).
+func (c *Client) PutCategory(ctx context.Context, category CategoryName, body PutCategoryJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPutCategoryRequest(c.Server, category, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 // RegisterDeviceWithBody Register a device, or move an existing (channel, token) to this user and reactivate it.
 //
 // A token registered for another user than its device's moves the device, and the former owner's pending deliveries to it are cancelled (reason device_moved) in the same transaction: a phone that changed hands gets nothing of its former owner's. A registration naming an installation_id that already has a device under another token gives that device the new token in place (the same device_id, answered 200; its pending deliveries go to the new token); a device that held the new token is then deleted and its pending deliveries cancelled as device_replaced. The device belongs to the app its `app` names (the default app when absent, or the one app of a key limited to one; docs/apps.md). Tokens are unique per channel across apps: a token registered under another app than its device's moves the device to that app, since a provider's token names one installation of one app.
@@ -3205,6 +3613,80 @@ func (c *Client) ListMessageDeliveries(ctx context.Context, messageID MessageID,
 // Corresponds with GET /v1/providers (the `GetProviders` operationId).
 func (c *Client) GetProviders(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetProvidersRequest(c.Server)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// DeleteQuietHours Remove the installation's default quiet hours; only users' own count then.
+//
+// Corresponds with DELETE /v1/quiet-hours (the `DeleteQuietHours` operationId).
+func (c *Client) DeleteQuietHours(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewDeleteQuietHoursRequest(c.Server)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetQuietHours The installation's default quiet hours; 404 when it has none.
+//
+// They are the quiet hours of every user who has set none of their own, in each user's zone, or this timezone for a user without one.
+//
+// Corresponds with GET /v1/quiet-hours (the `GetQuietHours` operationId).
+func (c *Client) GetQuietHours(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetQuietHoursRequest(c.Server)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PutQuietHoursWithBody Set the installation's default quiet hours.
+//
+// Start and end are wall times, HH:MM; an end before the start runs across midnight, and an
+// end equal to the start is a 400 naming end (DELETE to have none). timezone (default UTC) is
+// the zone of users who have none. A key limited to some apps may not set them (403).
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with PUT /v1/quiet-hours (the `PutQuietHours` operationId).
+func (c *Client) PutQuietHoursWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPutQuietHoursRequestWithBody(c.Server, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PutQuietHours Set the installation's default quiet hours.
+//
+// Start and end are wall times, HH:MM; an end before the start runs across midnight, and an
+// end equal to the start is a 400 naming end (DELETE to have none). timezone (default UTC) is
+// the zone of users who have none. A key limited to some apps may not set them (403).
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with PUT /v1/quiet-hours (the `PutQuietHours` operationId).
+func (c *Client) PutQuietHours(ctx context.Context, body PutQuietHoursJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPutQuietHoursRequest(c.Server, body)
 	if err != nil {
 		return nil, err
 	}
@@ -3620,6 +4102,71 @@ func (c *Client) PutUser(ctx context.Context, userID UserID, body PutUserJSONReq
 // Corresponds with GET /v1/users/{user_id}/devices (the `ListUserDevices` operationId).
 func (c *Client) ListUserDevices(ctx context.Context, userID UserID, params *ListUserDevicesParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewListUserDevicesRequest(c.Server, userID, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetUserPreferences A user's opt-outs and quiet hours (docs/preferences.md).
+//
+// A user who never had preferences set has none: no opt-outs, and quiet_hours null (the
+// installation's, GET /v1/quiet-hours). timezone is the user's own (PUT /v1/users/{user_id}),
+// in which its quiet hours are kept; null, the installation's quiet hours' zone.
+//
+// Corresponds with GET /v1/users/{user_id}/preferences (the `GetUserPreferences` operationId).
+func (c *Client) GetUserPreferences(ctx context.Context, userID UserID, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetUserPreferencesRequest(c.Server, userID)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PutUserPreferencesWithBody Replace a user's opt-outs and quiet hours.
+//
+// The body replaces the user's preferences whole: an opt-out left out is opted in again, and
+// quiet_hours left out or null is the installation's. They are decided when each delivery is
+// sent, so they count for messages already scheduled too. The user must exist (404): PUT
+// /v1/users/{user_id} makes one. A bad opt-out or time is a 400 naming it by its JSON path
+// (opt_outs[2].channel, quiet_hours).
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with PUT /v1/users/{user_id}/preferences (the `PutUserPreferences` operationId).
+func (c *Client) PutUserPreferencesWithBody(ctx context.Context, userID UserID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPutUserPreferencesRequestWithBody(c.Server, userID, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PutUserPreferences Replace a user's opt-outs and quiet hours.
+//
+// The body replaces the user's preferences whole: an opt-out left out is opted in again, and
+// quiet_hours left out or null is the installation's. They are decided when each delivery is
+// sent, so they count for messages already scheduled too. The user must exist (404): PUT
+// /v1/users/{user_id} makes one. A bad opt-out or time is a 400 naming it by its JSON path
+// (opt_outs[2].channel, quiet_hours).
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with PUT /v1/users/{user_id}/preferences (the `PutUserPreferences` operationId).
+func (c *Client) PutUserPreferences(ctx context.Context, userID UserID, body PutUserPreferencesJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPutUserPreferencesRequest(c.Server, userID, body)
 	if err != nil {
 		return nil, err
 	}
@@ -4209,6 +4756,148 @@ func NewListAuditRequest(server string, params *ListAuditParams) (*http.Request,
 	return req, nil
 }
 
+// NewListCategoriesRequest constructs an http.Request for the ListCategories method
+func NewListCategoriesRequest(server string) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/categories")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewDeleteCategoryRequest constructs an http.Request for the DeleteCategory method
+func NewDeleteCategoryRequest(server string, category CategoryName) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "category", category, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/categories/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodDelete, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewGetCategoryRequest constructs an http.Request for the GetCategory method
+func NewGetCategoryRequest(server string, category CategoryName) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "category", category, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/categories/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewPutCategoryRequest calls the generic PutCategory builder with application/json body
+func NewPutCategoryRequest(server string, category CategoryName, body PutCategoryJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewPutCategoryRequestWithBody(server, category, "application/json", bodyReader)
+}
+
+// NewPutCategoryRequestWithBody constructs an http.Request for the PutCategory method, with any body, and a specified content type
+func NewPutCategoryRequestWithBody(server string, category CategoryName, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "category", category, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/categories/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPut, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
 // NewRegisterDeviceRequest calls the generic RegisterDevice builder with application/json body
 func NewRegisterDeviceRequest(server string, body RegisterDeviceJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
@@ -4757,6 +5446,18 @@ func NewListMessageDeliveriesRequest(server string, messageID MessageID, params 
 
 		}
 
+		if params.Reason != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "reason", *params.Reason, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
 		if params.Confirmed != nil {
 
 			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "confirmed", *params.Confirmed, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "boolean", Format: ""}); err != nil {
@@ -4842,6 +5543,100 @@ func NewGetProvidersRequest(server string) (*http.Request, error) {
 	if err != nil {
 		return nil, err
 	}
+
+	return req, nil
+}
+
+// NewDeleteQuietHoursRequest constructs an http.Request for the DeleteQuietHours method
+func NewDeleteQuietHoursRequest(server string) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/quiet-hours")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodDelete, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewGetQuietHoursRequest constructs an http.Request for the GetQuietHours method
+func NewGetQuietHoursRequest(server string) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/quiet-hours")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewPutQuietHoursRequest calls the generic PutQuietHours builder with application/json body
+func NewPutQuietHoursRequest(server string, body PutQuietHoursJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewPutQuietHoursRequestWithBody(server, "application/json", bodyReader)
+}
+
+// NewPutQuietHoursRequestWithBody constructs an http.Request for the PutQuietHours method, with any body, and a specified content type
+func NewPutQuietHoursRequestWithBody(server string, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/quiet-hours")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPut, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
 
 	return req, nil
 }
@@ -5658,6 +6453,87 @@ func NewListUserDevicesRequest(server string, userID UserID, params *ListUserDev
 	return req, nil
 }
 
+// NewGetUserPreferencesRequest constructs an http.Request for the GetUserPreferences method
+func NewGetUserPreferencesRequest(server string, userID UserID) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "user_id", userID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/users/%s/preferences", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewPutUserPreferencesRequest calls the generic PutUserPreferences builder with application/json body
+func NewPutUserPreferencesRequest(server string, userID UserID, body PutUserPreferencesJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewPutUserPreferencesRequestWithBody(server, userID, "application/json", bodyReader)
+}
+
+// NewPutUserPreferencesRequestWithBody constructs an http.Request for the PutUserPreferences method, with any body, and a specified content type
+func NewPutUserPreferencesRequestWithBody(server string, userID UserID, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "user_id", userID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/users/%s/preferences", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPut, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
 // NewGetVAPIDPublicKeyRequest constructs an http.Request for the GetVAPIDPublicKey method
 func NewGetVAPIDPublicKeyRequest(server string, params *GetVAPIDPublicKeyParams) (*http.Request, error) {
 	var err error
@@ -6047,6 +6923,58 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with GET /v1/audit (the `ListAudit` operationId).
 	ListAuditWithResponse(ctx context.Context, params *ListAuditParams, reqEditors ...RequestEditorFn) (*ListAuditResponse, error)
 
+	// ListCategoriesWithResponse The declared categories, by name.
+	//
+	// A category a message names without its being declared is an ordinary one: neither critical
+	// nor capped. Only declared ones are listed.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/categories (the `ListCategories` operationId).
+	ListCategoriesWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*ListCategoriesResponse, error)
+
+	// DeleteCategoryWithResponse Make a category an ordinary one again.
+	//
+	// The messages that name it keep its name, and are neither critical nor capped from then on; users' opt-outs of it stay.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with DELETE /v1/categories/{category} (the `DeleteCategory` operationId).
+	DeleteCategoryWithResponse(ctx context.Context, category CategoryName, reqEditors ...RequestEditorFn) (*DeleteCategoryResponse, error)
+
+	// GetCategoryWithResponse A declared category; 404 for one never declared (an ordinary category).
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/categories/{category} (the `GetCategory` operationId).
+	GetCategoryWithResponse(ctx context.Context, category CategoryName, reqEditors ...RequestEditorFn) (*GetCategoryResponse, error)
+
+	// PutCategoryWithBodyWithResponse Declare a category, or replace its rule.
+	//
+	// The body is the category's whole rule. A critical category is never withheld (no opt-out,
+	// quiet hours or cap counts for it), so it cannot have a cap (400 naming cap). A cap is at
+	// most count messages to a user in any period_seconds. It binds every app's messages, so a
+	// key limited to some apps may not change it (403). It counts for every delivery sent after
+	// it, of messages scheduled before it too.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PUT /v1/categories/{category} (the `PutCategory` operationId).
+	PutCategoryWithBodyWithResponse(ctx context.Context, category CategoryName, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PutCategoryResponse, error)
+
+	// PutCategoryWithResponse Declare a category, or replace its rule.
+	//
+	// The body is the category's whole rule. A critical category is never withheld (no opt-out,
+	// quiet hours or cap counts for it), so it cannot have a cap (400 naming cap). A cap is at
+	// most count messages to a user in any period_seconds. It binds every app's messages, so a
+	// key limited to some apps may not change it (403). It counts for every delivery sent after
+	// it, of messages scheduled before it too.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PUT /v1/categories/{category} (the `PutCategory` operationId).
+	PutCategoryWithResponse(ctx context.Context, category CategoryName, body PutCategoryJSONRequestBody, reqEditors ...RequestEditorFn) (*PutCategoryResponse, error)
+
 	// RegisterDeviceWithBodyWithResponse Register a device, or move an existing (channel, token) to this user and reactivate it.
 	//
 	// A token registered for another user than its device's moves the device, and the former owner's pending deliveries to it are cancelled (reason device_moved) in the same transaction: a phone that changed hands gets nothing of its former owner's. A registration naming an installation_id that already has a device under another token gives that device the new token in place (the same device_id, answered 200; its pending deliveries go to the new token); a device that held the new token is then deleted and its pending deliveries cancelled as device_replaced. The device belongs to the app its `app` names (the default app when absent, or the one app of a key limited to one; docs/apps.md). Tokens are unique per channel across apps: a token registered under another app than its device's moves the device to that app, since a provider's token names one installation of one app.
@@ -6198,6 +7126,44 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with GET /v1/providers (the `GetProviders` operationId).
 	GetProvidersWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetProvidersResponse, error)
+
+	// DeleteQuietHoursWithResponse Remove the installation's default quiet hours; only users' own count then.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with DELETE /v1/quiet-hours (the `DeleteQuietHours` operationId).
+	DeleteQuietHoursWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*DeleteQuietHoursResponse, error)
+
+	// GetQuietHoursWithResponse The installation's default quiet hours; 404 when it has none.
+	//
+	// They are the quiet hours of every user who has set none of their own, in each user's zone, or this timezone for a user without one.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/quiet-hours (the `GetQuietHours` operationId).
+	GetQuietHoursWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetQuietHoursResponse, error)
+
+	// PutQuietHoursWithBodyWithResponse Set the installation's default quiet hours.
+	//
+	// Start and end are wall times, HH:MM; an end before the start runs across midnight, and an
+	// end equal to the start is a 400 naming end (DELETE to have none). timezone (default UTC) is
+	// the zone of users who have none. A key limited to some apps may not set them (403).
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PUT /v1/quiet-hours (the `PutQuietHours` operationId).
+	PutQuietHoursWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PutQuietHoursResponse, error)
+
+	// PutQuietHoursWithResponse Set the installation's default quiet hours.
+	//
+	// Start and end are wall times, HH:MM; an end before the start runs across midnight, and an
+	// end equal to the start is a 400 naming end (DELETE to have none). timezone (default UTC) is
+	// the zone of users who have none. A key limited to some apps may not set them (403).
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PUT /v1/quiet-hours (the `PutQuietHours` operationId).
+	PutQuietHoursWithResponse(ctx context.Context, body PutQuietHoursJSONRequestBody, reqEditors ...RequestEditorFn) (*PutQuietHoursResponse, error)
 
 	// CreateReceiptsWithBodyWithResponse What devices saw of their pushes, posted by the app from the device (docs/receipts.md).
 	//
@@ -6393,6 +7359,43 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with GET /v1/users/{user_id}/devices (the `ListUserDevices` operationId).
 	ListUserDevicesWithResponse(ctx context.Context, userID UserID, params *ListUserDevicesParams, reqEditors ...RequestEditorFn) (*ListUserDevicesResponse, error)
+
+	// GetUserPreferencesWithResponse A user's opt-outs and quiet hours (docs/preferences.md).
+	//
+	// A user who never had preferences set has none: no opt-outs, and quiet_hours null (the
+	// installation's, GET /v1/quiet-hours). timezone is the user's own (PUT /v1/users/{user_id}),
+	// in which its quiet hours are kept; null, the installation's quiet hours' zone.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/users/{user_id}/preferences (the `GetUserPreferences` operationId).
+	GetUserPreferencesWithResponse(ctx context.Context, userID UserID, reqEditors ...RequestEditorFn) (*GetUserPreferencesResponse, error)
+
+	// PutUserPreferencesWithBodyWithResponse Replace a user's opt-outs and quiet hours.
+	//
+	// The body replaces the user's preferences whole: an opt-out left out is opted in again, and
+	// quiet_hours left out or null is the installation's. They are decided when each delivery is
+	// sent, so they count for messages already scheduled too. The user must exist (404): PUT
+	// /v1/users/{user_id} makes one. A bad opt-out or time is a 400 naming it by its JSON path
+	// (opt_outs[2].channel, quiet_hours).
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PUT /v1/users/{user_id}/preferences (the `PutUserPreferences` operationId).
+	PutUserPreferencesWithBodyWithResponse(ctx context.Context, userID UserID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PutUserPreferencesResponse, error)
+
+	// PutUserPreferencesWithResponse Replace a user's opt-outs and quiet hours.
+	//
+	// The body replaces the user's preferences whole: an opt-out left out is opted in again, and
+	// quiet_hours left out or null is the installation's. They are decided when each delivery is
+	// sent, so they count for messages already scheduled too. The user must exist (404): PUT
+	// /v1/users/{user_id} makes one. A bad opt-out or time is a 400 naming it by its JSON path
+	// (opt_outs[2].channel, quiet_hours).
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PUT /v1/users/{user_id}/preferences (the `PutUserPreferences` operationId).
+	PutUserPreferencesWithResponse(ctx context.Context, userID UserID, body PutUserPreferencesJSONRequestBody, reqEditors ...RequestEditorFn) (*PutUserPreferencesResponse, error)
 
 	// GetVAPIDPublicKeyWithResponse The VAPID public key a web page subscribes with, per app (docs/apps-integration.md).
 	//
@@ -7326,6 +8329,366 @@ func (r ListAuditResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r ListAuditResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// ListCategoriesResponse429Headers the declared response headers of an HTTP 429 response for ListCategories
+type ListCategoriesResponse429Headers struct {
+	RetryAfter int
+}
+
+// ListCategoriesResponse503Headers the declared response headers of an HTTP 503 response for ListCategories
+type ListCategoriesResponse503Headers struct {
+	RetryAfter int
+}
+
+type ListCategoriesResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *CategoryList
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Error
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *RateLimited
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Unavailable
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *ListCategoriesResponse429Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *ListCategoriesResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ListCategoriesResponse) GetJSON200() *CategoryList {
+	return r.JSON200
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r ListCategoriesResponse) GetJSON401() *Error {
+	return r.JSON401
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r ListCategoriesResponse) GetJSON429() *RateLimited {
+	return r.JSON429
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r ListCategoriesResponse) GetJSON503() *Unavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r ListCategoriesResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ListCategoriesResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ListCategoriesResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ListCategoriesResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// DeleteCategoryResponse429Headers the declared response headers of an HTTP 429 response for DeleteCategory
+type DeleteCategoryResponse429Headers struct {
+	RetryAfter int
+}
+
+// DeleteCategoryResponse503Headers the declared response headers of an HTTP 503 response for DeleteCategory
+type DeleteCategoryResponse503Headers struct {
+	RetryAfter int
+}
+
+type DeleteCategoryResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Error
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *ForbiddenForApp
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *Error
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *RateLimited
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Unavailable
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *DeleteCategoryResponse429Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *DeleteCategoryResponse503Headers
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r DeleteCategoryResponse) GetJSON401() *Error {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r DeleteCategoryResponse) GetJSON403() *ForbiddenForApp {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r DeleteCategoryResponse) GetJSON404() *Error {
+	return r.JSON404
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r DeleteCategoryResponse) GetJSON429() *RateLimited {
+	return r.JSON429
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r DeleteCategoryResponse) GetJSON503() *Unavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r DeleteCategoryResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r DeleteCategoryResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r DeleteCategoryResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r DeleteCategoryResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// GetCategoryResponse429Headers the declared response headers of an HTTP 429 response for GetCategory
+type GetCategoryResponse429Headers struct {
+	RetryAfter int
+}
+
+// GetCategoryResponse503Headers the declared response headers of an HTTP 503 response for GetCategory
+type GetCategoryResponse503Headers struct {
+	RetryAfter int
+}
+
+type GetCategoryResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Category
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Error
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *Error
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *RateLimited
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Unavailable
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *GetCategoryResponse429Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *GetCategoryResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetCategoryResponse) GetJSON200() *Category {
+	return r.JSON200
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r GetCategoryResponse) GetJSON401() *Error {
+	return r.JSON401
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r GetCategoryResponse) GetJSON404() *Error {
+	return r.JSON404
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r GetCategoryResponse) GetJSON429() *RateLimited {
+	return r.JSON429
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r GetCategoryResponse) GetJSON503() *Unavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r GetCategoryResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetCategoryResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetCategoryResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetCategoryResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// PutCategoryResponse429Headers the declared response headers of an HTTP 429 response for PutCategory
+type PutCategoryResponse429Headers struct {
+	RetryAfter int
+}
+
+// PutCategoryResponse503Headers the declared response headers of an HTTP 503 response for PutCategory
+type PutCategoryResponse503Headers struct {
+	RetryAfter int
+}
+
+type PutCategoryResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Category
+	// JSON201 the response for an HTTP 201 `application/json` response
+	JSON201 *Category
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *Error
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Error
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *ForbiddenForApp
+	// JSON408 the response for an HTTP 408 `application/json` response
+	JSON408 *Error
+	// JSON413 the response for an HTTP 413 `application/json` response
+	JSON413 *Error
+	// JSON415 the response for an HTTP 415 `application/json` response
+	JSON415 *Error
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *RateLimited
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Unavailable
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *PutCategoryResponse429Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *PutCategoryResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r PutCategoryResponse) GetJSON200() *Category {
+	return r.JSON200
+}
+
+// GetJSON201 returns the response for an HTTP 201 `application/json` response
+func (r PutCategoryResponse) GetJSON201() *Category {
+	return r.JSON201
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r PutCategoryResponse) GetJSON400() *Error {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r PutCategoryResponse) GetJSON401() *Error {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r PutCategoryResponse) GetJSON403() *ForbiddenForApp {
+	return r.JSON403
+}
+
+// GetJSON408 returns the response for an HTTP 408 `application/json` response
+func (r PutCategoryResponse) GetJSON408() *Error {
+	return r.JSON408
+}
+
+// GetJSON413 returns the response for an HTTP 413 `application/json` response
+func (r PutCategoryResponse) GetJSON413() *Error {
+	return r.JSON413
+}
+
+// GetJSON415 returns the response for an HTTP 415 `application/json` response
+func (r PutCategoryResponse) GetJSON415() *Error {
+	return r.JSON415
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r PutCategoryResponse) GetJSON429() *RateLimited {
+	return r.JSON429
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r PutCategoryResponse) GetJSON503() *Unavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r PutCategoryResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r PutCategoryResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r PutCategoryResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r PutCategoryResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -8573,6 +9936,283 @@ func (r GetProvidersResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r GetProvidersResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// DeleteQuietHoursResponse429Headers the declared response headers of an HTTP 429 response for DeleteQuietHours
+type DeleteQuietHoursResponse429Headers struct {
+	RetryAfter int
+}
+
+// DeleteQuietHoursResponse503Headers the declared response headers of an HTTP 503 response for DeleteQuietHours
+type DeleteQuietHoursResponse503Headers struct {
+	RetryAfter int
+}
+
+type DeleteQuietHoursResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Error
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *ForbiddenForApp
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *Error
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *RateLimited
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Unavailable
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *DeleteQuietHoursResponse429Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *DeleteQuietHoursResponse503Headers
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r DeleteQuietHoursResponse) GetJSON401() *Error {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r DeleteQuietHoursResponse) GetJSON403() *ForbiddenForApp {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r DeleteQuietHoursResponse) GetJSON404() *Error {
+	return r.JSON404
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r DeleteQuietHoursResponse) GetJSON429() *RateLimited {
+	return r.JSON429
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r DeleteQuietHoursResponse) GetJSON503() *Unavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r DeleteQuietHoursResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r DeleteQuietHoursResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r DeleteQuietHoursResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r DeleteQuietHoursResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// GetQuietHoursResponse429Headers the declared response headers of an HTTP 429 response for GetQuietHours
+type GetQuietHoursResponse429Headers struct {
+	RetryAfter int
+}
+
+// GetQuietHoursResponse503Headers the declared response headers of an HTTP 503 response for GetQuietHours
+type GetQuietHoursResponse503Headers struct {
+	RetryAfter int
+}
+
+type GetQuietHoursResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *QuietHoursDefault
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Error
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *Error
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *RateLimited
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Unavailable
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *GetQuietHoursResponse429Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *GetQuietHoursResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetQuietHoursResponse) GetJSON200() *QuietHoursDefault {
+	return r.JSON200
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r GetQuietHoursResponse) GetJSON401() *Error {
+	return r.JSON401
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r GetQuietHoursResponse) GetJSON404() *Error {
+	return r.JSON404
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r GetQuietHoursResponse) GetJSON429() *RateLimited {
+	return r.JSON429
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r GetQuietHoursResponse) GetJSON503() *Unavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r GetQuietHoursResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetQuietHoursResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetQuietHoursResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetQuietHoursResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// PutQuietHoursResponse429Headers the declared response headers of an HTTP 429 response for PutQuietHours
+type PutQuietHoursResponse429Headers struct {
+	RetryAfter int
+}
+
+// PutQuietHoursResponse503Headers the declared response headers of an HTTP 503 response for PutQuietHours
+type PutQuietHoursResponse503Headers struct {
+	RetryAfter int
+}
+
+type PutQuietHoursResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *QuietHoursDefault
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *Error
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Error
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *ForbiddenForApp
+	// JSON408 the response for an HTTP 408 `application/json` response
+	JSON408 *Error
+	// JSON413 the response for an HTTP 413 `application/json` response
+	JSON413 *Error
+	// JSON415 the response for an HTTP 415 `application/json` response
+	JSON415 *Error
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *RateLimited
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Unavailable
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *PutQuietHoursResponse429Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *PutQuietHoursResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r PutQuietHoursResponse) GetJSON200() *QuietHoursDefault {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r PutQuietHoursResponse) GetJSON400() *Error {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r PutQuietHoursResponse) GetJSON401() *Error {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r PutQuietHoursResponse) GetJSON403() *ForbiddenForApp {
+	return r.JSON403
+}
+
+// GetJSON408 returns the response for an HTTP 408 `application/json` response
+func (r PutQuietHoursResponse) GetJSON408() *Error {
+	return r.JSON408
+}
+
+// GetJSON413 returns the response for an HTTP 413 `application/json` response
+func (r PutQuietHoursResponse) GetJSON413() *Error {
+	return r.JSON413
+}
+
+// GetJSON415 returns the response for an HTTP 415 `application/json` response
+func (r PutQuietHoursResponse) GetJSON415() *Error {
+	return r.JSON415
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r PutQuietHoursResponse) GetJSON429() *RateLimited {
+	return r.JSON429
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r PutQuietHoursResponse) GetJSON503() *Unavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r PutQuietHoursResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r PutQuietHoursResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r PutQuietHoursResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r PutQuietHoursResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -10165,6 +11805,207 @@ func (r ListUserDevicesResponse) ContentType() string {
 	return ""
 }
 
+// GetUserPreferencesResponse429Headers the declared response headers of an HTTP 429 response for GetUserPreferences
+type GetUserPreferencesResponse429Headers struct {
+	RetryAfter int
+}
+
+// GetUserPreferencesResponse503Headers the declared response headers of an HTTP 503 response for GetUserPreferences
+type GetUserPreferencesResponse503Headers struct {
+	RetryAfter int
+}
+
+type GetUserPreferencesResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *UserPreferences
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Error
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *Error
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *RateLimited
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Unavailable
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *GetUserPreferencesResponse429Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *GetUserPreferencesResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetUserPreferencesResponse) GetJSON200() *UserPreferences {
+	return r.JSON200
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r GetUserPreferencesResponse) GetJSON401() *Error {
+	return r.JSON401
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r GetUserPreferencesResponse) GetJSON404() *Error {
+	return r.JSON404
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r GetUserPreferencesResponse) GetJSON429() *RateLimited {
+	return r.JSON429
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r GetUserPreferencesResponse) GetJSON503() *Unavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r GetUserPreferencesResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetUserPreferencesResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetUserPreferencesResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetUserPreferencesResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// PutUserPreferencesResponse429Headers the declared response headers of an HTTP 429 response for PutUserPreferences
+type PutUserPreferencesResponse429Headers struct {
+	RetryAfter int
+}
+
+// PutUserPreferencesResponse503Headers the declared response headers of an HTTP 503 response for PutUserPreferences
+type PutUserPreferencesResponse503Headers struct {
+	RetryAfter int
+}
+
+type PutUserPreferencesResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *UserPreferences
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *Error
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Error
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *Error
+	// JSON408 the response for an HTTP 408 `application/json` response
+	JSON408 *Error
+	// JSON413 the response for an HTTP 413 `application/json` response
+	JSON413 *Error
+	// JSON415 the response for an HTTP 415 `application/json` response
+	JSON415 *Error
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *RateLimited
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Unavailable
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *PutUserPreferencesResponse429Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *PutUserPreferencesResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r PutUserPreferencesResponse) GetJSON200() *UserPreferences {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r PutUserPreferencesResponse) GetJSON400() *Error {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r PutUserPreferencesResponse) GetJSON401() *Error {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r PutUserPreferencesResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r PutUserPreferencesResponse) GetJSON404() *Error {
+	return r.JSON404
+}
+
+// GetJSON408 returns the response for an HTTP 408 `application/json` response
+func (r PutUserPreferencesResponse) GetJSON408() *Error {
+	return r.JSON408
+}
+
+// GetJSON413 returns the response for an HTTP 413 `application/json` response
+func (r PutUserPreferencesResponse) GetJSON413() *Error {
+	return r.JSON413
+}
+
+// GetJSON415 returns the response for an HTTP 415 `application/json` response
+func (r PutUserPreferencesResponse) GetJSON415() *Error {
+	return r.JSON415
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r PutUserPreferencesResponse) GetJSON429() *RateLimited {
+	return r.JSON429
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r PutUserPreferencesResponse) GetJSON503() *Unavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r PutUserPreferencesResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r PutUserPreferencesResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r PutUserPreferencesResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r PutUserPreferencesResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 // GetVAPIDPublicKeyResponse200Headers the declared response headers of an HTTP 200 response for GetVAPIDPublicKey
 type GetVAPIDPublicKeyResponse200Headers struct {
 	CacheControl *string
@@ -10848,6 +12689,88 @@ func (c *ClientWithResponses) ListAuditWithResponse(ctx context.Context, params 
 	return ParseListAuditResponse(rsp)
 }
 
+// ListCategoriesWithResponse The declared categories, by name.
+//
+// A category a message names without its being declared is an ordinary one: neither critical
+// nor capped. Only declared ones are listed.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/categories (the `ListCategories` operationId).
+func (c *ClientWithResponses) ListCategoriesWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*ListCategoriesResponse, error) {
+	rsp, err := c.ListCategories(ctx, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListCategoriesResponse(rsp)
+}
+
+// DeleteCategoryWithResponse Make a category an ordinary one again.
+//
+// The messages that name it keep its name, and are neither critical nor capped from then on; users' opt-outs of it stay.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with DELETE /v1/categories/{category} (the `DeleteCategory` operationId).
+func (c *ClientWithResponses) DeleteCategoryWithResponse(ctx context.Context, category CategoryName, reqEditors ...RequestEditorFn) (*DeleteCategoryResponse, error) {
+	rsp, err := c.DeleteCategory(ctx, category, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseDeleteCategoryResponse(rsp)
+}
+
+// GetCategoryWithResponse A declared category; 404 for one never declared (an ordinary category).
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/categories/{category} (the `GetCategory` operationId).
+func (c *ClientWithResponses) GetCategoryWithResponse(ctx context.Context, category CategoryName, reqEditors ...RequestEditorFn) (*GetCategoryResponse, error) {
+	rsp, err := c.GetCategory(ctx, category, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetCategoryResponse(rsp)
+}
+
+// PutCategoryWithBodyWithResponse Declare a category, or replace its rule.
+//
+// The body is the category's whole rule. A critical category is never withheld (no opt-out,
+// quiet hours or cap counts for it), so it cannot have a cap (400 naming cap). A cap is at
+// most count messages to a user in any period_seconds. It binds every app's messages, so a
+// key limited to some apps may not change it (403). It counts for every delivery sent after
+// it, of messages scheduled before it too.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PUT /v1/categories/{category} (the `PutCategory` operationId).
+func (c *ClientWithResponses) PutCategoryWithBodyWithResponse(ctx context.Context, category CategoryName, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PutCategoryResponse, error) {
+	rsp, err := c.PutCategoryWithBody(ctx, category, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePutCategoryResponse(rsp)
+}
+
+// PutCategoryWithResponse Declare a category, or replace its rule.
+//
+// The body is the category's whole rule. A critical category is never withheld (no opt-out,
+// quiet hours or cap counts for it), so it cannot have a cap (400 naming cap). A cap is at
+// most count messages to a user in any period_seconds. It binds every app's messages, so a
+// key limited to some apps may not change it (403). It counts for every delivery sent after
+// it, of messages scheduled before it too.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PUT /v1/categories/{category} (the `PutCategory` operationId).
+func (c *ClientWithResponses) PutCategoryWithResponse(ctx context.Context, category CategoryName, body PutCategoryJSONRequestBody, reqEditors ...RequestEditorFn) (*PutCategoryResponse, error) {
+	rsp, err := c.PutCategory(ctx, category, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePutCategoryResponse(rsp)
+}
+
 // RegisterDeviceWithBodyWithResponse Register a device, or move an existing (channel, token) to this user and reactivate it.
 //
 // A token registered for another user than its device's moves the device, and the former owner's pending deliveries to it are cancelled (reason device_moved) in the same transaction: a phone that changed hands gets nothing of its former owner's. A registration naming an installation_id that already has a device under another token gives that device the new token in place (the same device_id, answered 200; its pending deliveries go to the new token); a device that held the new token is then deleted and its pending deliveries cancelled as device_replaced. The device belongs to the app its `app` names (the default app when absent, or the one app of a key limited to one; docs/apps.md). Tokens are unique per channel across apps: a token registered under another app than its device's moves the device to that app, since a provider's token names one installation of one app.
@@ -11100,6 +13023,68 @@ func (c *ClientWithResponses) GetProvidersWithResponse(ctx context.Context, reqE
 		return nil, err
 	}
 	return ParseGetProvidersResponse(rsp)
+}
+
+// DeleteQuietHoursWithResponse Remove the installation's default quiet hours; only users' own count then.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with DELETE /v1/quiet-hours (the `DeleteQuietHours` operationId).
+func (c *ClientWithResponses) DeleteQuietHoursWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*DeleteQuietHoursResponse, error) {
+	rsp, err := c.DeleteQuietHours(ctx, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseDeleteQuietHoursResponse(rsp)
+}
+
+// GetQuietHoursWithResponse The installation's default quiet hours; 404 when it has none.
+//
+// They are the quiet hours of every user who has set none of their own, in each user's zone, or this timezone for a user without one.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/quiet-hours (the `GetQuietHours` operationId).
+func (c *ClientWithResponses) GetQuietHoursWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetQuietHoursResponse, error) {
+	rsp, err := c.GetQuietHours(ctx, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetQuietHoursResponse(rsp)
+}
+
+// PutQuietHoursWithBodyWithResponse Set the installation's default quiet hours.
+//
+// Start and end are wall times, HH:MM; an end before the start runs across midnight, and an
+// end equal to the start is a 400 naming end (DELETE to have none). timezone (default UTC) is
+// the zone of users who have none. A key limited to some apps may not set them (403).
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PUT /v1/quiet-hours (the `PutQuietHours` operationId).
+func (c *ClientWithResponses) PutQuietHoursWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PutQuietHoursResponse, error) {
+	rsp, err := c.PutQuietHoursWithBody(ctx, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePutQuietHoursResponse(rsp)
+}
+
+// PutQuietHoursWithResponse Set the installation's default quiet hours.
+//
+// Start and end are wall times, HH:MM; an end before the start runs across midnight, and an
+// end equal to the start is a 400 naming end (DELETE to have none). timezone (default UTC) is
+// the zone of users who have none. A key limited to some apps may not set them (403).
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PUT /v1/quiet-hours (the `PutQuietHours` operationId).
+func (c *ClientWithResponses) PutQuietHoursWithResponse(ctx context.Context, body PutQuietHoursJSONRequestBody, reqEditors ...RequestEditorFn) (*PutQuietHoursResponse, error) {
+	rsp, err := c.PutQuietHours(ctx, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePutQuietHoursResponse(rsp)
 }
 
 // CreateReceiptsWithBodyWithResponse What devices saw of their pushes, posted by the app from the device (docs/receipts.md).
@@ -11439,6 +13424,61 @@ func (c *ClientWithResponses) ListUserDevicesWithResponse(ctx context.Context, u
 		return nil, err
 	}
 	return ParseListUserDevicesResponse(rsp)
+}
+
+// GetUserPreferencesWithResponse A user's opt-outs and quiet hours (docs/preferences.md).
+//
+// A user who never had preferences set has none: no opt-outs, and quiet_hours null (the
+// installation's, GET /v1/quiet-hours). timezone is the user's own (PUT /v1/users/{user_id}),
+// in which its quiet hours are kept; null, the installation's quiet hours' zone.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/users/{user_id}/preferences (the `GetUserPreferences` operationId).
+func (c *ClientWithResponses) GetUserPreferencesWithResponse(ctx context.Context, userID UserID, reqEditors ...RequestEditorFn) (*GetUserPreferencesResponse, error) {
+	rsp, err := c.GetUserPreferences(ctx, userID, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetUserPreferencesResponse(rsp)
+}
+
+// PutUserPreferencesWithBodyWithResponse Replace a user's opt-outs and quiet hours.
+//
+// The body replaces the user's preferences whole: an opt-out left out is opted in again, and
+// quiet_hours left out or null is the installation's. They are decided when each delivery is
+// sent, so they count for messages already scheduled too. The user must exist (404): PUT
+// /v1/users/{user_id} makes one. A bad opt-out or time is a 400 naming it by its JSON path
+// (opt_outs[2].channel, quiet_hours).
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PUT /v1/users/{user_id}/preferences (the `PutUserPreferences` operationId).
+func (c *ClientWithResponses) PutUserPreferencesWithBodyWithResponse(ctx context.Context, userID UserID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PutUserPreferencesResponse, error) {
+	rsp, err := c.PutUserPreferencesWithBody(ctx, userID, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePutUserPreferencesResponse(rsp)
+}
+
+// PutUserPreferencesWithResponse Replace a user's opt-outs and quiet hours.
+//
+// The body replaces the user's preferences whole: an opt-out left out is opted in again, and
+// quiet_hours left out or null is the installation's. They are decided when each delivery is
+// sent, so they count for messages already scheduled too. The user must exist (404): PUT
+// /v1/users/{user_id} makes one. A bad opt-out or time is a 400 naming it by its JSON path
+// (opt_outs[2].channel, quiet_hours).
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PUT /v1/users/{user_id}/preferences (the `PutUserPreferences` operationId).
+func (c *ClientWithResponses) PutUserPreferencesWithResponse(ctx context.Context, userID UserID, body PutUserPreferencesJSONRequestBody, reqEditors ...RequestEditorFn) (*PutUserPreferencesResponse, error) {
+	rsp, err := c.PutUserPreferences(ctx, userID, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePutUserPreferencesResponse(rsp)
 }
 
 // GetVAPIDPublicKeyWithResponse The VAPID public key a web page subscribes with, per app (docs/apps-integration.md).
@@ -12293,6 +14333,345 @@ func ParseListAuditResponse(rsp *http.Response) (*ListAuditResponse, error) {
 		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers ListAuditResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseListCategoriesResponse parses an HTTP response from a ListCategoriesWithResponse call
+func ParseListCategoriesResponse(rsp *http.Response) (*ListCategoriesResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ListCategoriesResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest CategoryList
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 429:
+		var headers ListCategoriesResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 503:
+		var headers ListCategoriesResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseDeleteCategoryResponse parses an HTTP response from a DeleteCategoryWithResponse call
+func ParseDeleteCategoryResponse(rsp *http.Response) (*DeleteCategoryResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &DeleteCategoryResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case rsp.StatusCode == 204:
+		break // No content-type
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest ForbiddenForApp
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 429:
+		var headers DeleteCategoryResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 503:
+		var headers DeleteCategoryResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseGetCategoryResponse parses an HTTP response from a GetCategoryWithResponse call
+func ParseGetCategoryResponse(rsp *http.Response) (*GetCategoryResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetCategoryResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Category
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 429:
+		var headers GetCategoryResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 503:
+		var headers GetCategoryResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParsePutCategoryResponse parses an HTTP response from a PutCategoryWithResponse call
+func ParsePutCategoryResponse(rsp *http.Response) (*PutCategoryResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &PutCategoryResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Category
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 201:
+		var dest Category
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON201 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest ForbiddenForApp
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON408 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 415:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON415 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 429:
+		var headers PutCategoryResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 503:
+		var headers PutCategoryResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
@@ -13474,6 +15853,268 @@ func ParseGetProvidersResponse(rsp *http.Response) (*GetProvidersResponse, error
 		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers GetProvidersResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseDeleteQuietHoursResponse parses an HTTP response from a DeleteQuietHoursWithResponse call
+func ParseDeleteQuietHoursResponse(rsp *http.Response) (*DeleteQuietHoursResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &DeleteQuietHoursResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case rsp.StatusCode == 204:
+		break // No content-type
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest ForbiddenForApp
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 429:
+		var headers DeleteQuietHoursResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 503:
+		var headers DeleteQuietHoursResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseGetQuietHoursResponse parses an HTTP response from a GetQuietHoursWithResponse call
+func ParseGetQuietHoursResponse(rsp *http.Response) (*GetQuietHoursResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetQuietHoursResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest QuietHoursDefault
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 429:
+		var headers GetQuietHoursResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 503:
+		var headers GetQuietHoursResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParsePutQuietHoursResponse parses an HTTP response from a PutQuietHoursWithResponse call
+func ParsePutQuietHoursResponse(rsp *http.Response) (*PutQuietHoursResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &PutQuietHoursResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest QuietHoursDefault
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest ForbiddenForApp
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON408 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 415:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON415 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 429:
+		var headers PutQuietHoursResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 503:
+		var headers PutQuietHoursResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
@@ -14973,6 +17614,195 @@ func ParseListUserDevicesResponse(rsp *http.Response) (*ListUserDevicesResponse,
 		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers ListUserDevicesResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseGetUserPreferencesResponse parses an HTTP response from a GetUserPreferencesWithResponse call
+func ParseGetUserPreferencesResponse(rsp *http.Response) (*GetUserPreferencesResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetUserPreferencesResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest UserPreferences
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 429:
+		var headers GetUserPreferencesResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 503:
+		var headers GetUserPreferencesResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParsePutUserPreferencesResponse parses an HTTP response from a PutUserPreferencesWithResponse call
+func ParsePutUserPreferencesResponse(rsp *http.Response) (*PutUserPreferencesResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &PutUserPreferencesResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest UserPreferences
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON408 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 415:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON415 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 429:
+		var headers PutUserPreferencesResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 503:
+		var headers PutUserPreferencesResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
