@@ -219,6 +219,21 @@
       h('div', { class: `counter ${k}`, id: `counter-${k}` }, h('b', {}, fmtNum(d[k])), h('span', {}, k)));
   }
 
+  // withheldCounters are the deliveries withheld for their users' sake,
+  // each also among the counters above: opted out and capped among the
+  // cancelled, quiet hours among the cancelled and expired, held (by quiet
+  // hours, until they end) among the pending.
+  const withheldKinds = [
+    ['opted_out', 'opted out', 'cancelled: the user opted out of the category'],
+    ['capped', 'capped', "cancelled: the category's cap for the user was reached"],
+    ['quiet_hours', 'quiet hours', "skipped (cancelled) or expired in the user's quiet hours"],
+    ['held', 'held', "pending until the user's quiet hours end"],
+  ];
+  function withheldCounters(d) {
+    return withheldKinds.map(([k, label, title]) =>
+      h('div', { class: `counter withheld ${k}`, id: `counter-${k}`, title }, h('b', {}, fmtNum(d[k])), h('span', {}, label)));
+  }
+
   // receiptCounters are what the devices said: deliveries confirmed by a
   // delivered receipt, opened, and accepted but never confirmed.
   function receiptCounters(r) {
@@ -285,6 +300,8 @@
         h('div', { class: 'panel' }, h('h2', {}, 'Timeline'), h('div', { id: 'timeline' })),
         h('div', { class: 'panel', style: 'flex:2' }, h('h2', {}, 'Deliveries'),
           h('div', { class: 'counters', id: 'counters' }), h('div', { style: 'margin-top:12px', id: 'progress' }),
+          h('h3', {}, 'Withheld for their users', ' ', h('span', { class: 'muted', id: 'message-category' })),
+          h('div', { class: 'counters', id: 'withheld-counters' }),
           h('p', { class: 'muted', id: 'message-meta' }))),
       // A local-time message goes out in waves, one per zone's instant;
       // the panel shows for such a message only.
@@ -343,6 +360,8 @@
       replace('timeline', timeline(m));
       replace('counters', counters(m.deliveries));
       replace('progress', progress(m.deliveries));
+      replace('message-category', `category ${m.category}, quiet hours: ${m.quiet_hours}`);
+      replace('withheld-counters', withheldCounters(m.deliveries));
       replace('message-meta', `${m.priority} · ${fmtNum(m.recipient_count)} recipients · ${fmtNum(m.chunk_count)} chunks`,
         m.schedule_id ? [' · schedule ', h('a', { href: `#/messages?schedule_id=${m.schedule_id}` }, m.schedule_id)] : []);
       const waves = m.waves || [];
