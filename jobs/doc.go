@@ -33,7 +33,10 @@
 //     connections their devices will be sent on (warm_providers.go).
 //   - FanOutWorker (fanout.go) begins a chunk in one round trip
 //     (db.BeginChunk: the pending deliveries whose devices are still their
-//     users', each a Target of target.go), a message's first chunk ahead of
+//     users', each a Target of target.go, with what their users asked of
+//     the message's category), withholds what the users' preferences say
+//     (withhold.go, by the rules of jobs/preferences: opted out, quiet
+//     hours, the category's cap), a message's first chunk ahead of
 //     the others (begin_gate.go) and an urgent chunk ahead of the
 //     process's bulk work (urgent_first.go); it signs each push's receipt token
 //     (push.SignReceipts, FanOutConfig.Receipts), sends through the
