@@ -300,7 +300,7 @@
         h('div', { class: 'panel' }, h('h2', {}, 'Timeline'), h('div', { id: 'timeline' })),
         h('div', { class: 'panel', style: 'flex:2' }, h('h2', {}, 'Deliveries'),
           h('div', { class: 'counters', id: 'counters' }), h('div', { style: 'margin-top:12px', id: 'progress' }),
-          h('h3', {}, 'Withheld for their users', ' ', h('span', { class: 'muted', id: 'message-category' })),
+          h('h3', {}, "Withheld for their users' sake"),
           h('div', { class: 'counters', id: 'withheld-counters' }),
           h('p', { class: 'muted', id: 'message-meta' }))),
       // A local-time message goes out in waves, one per zone's instant;
@@ -360,9 +360,10 @@
       replace('timeline', timeline(m));
       replace('counters', counters(m.deliveries));
       replace('progress', progress(m.deliveries));
-      replace('message-category', `category ${m.category}, quiet hours: ${m.quiet_hours}`);
       replace('withheld-counters', withheldCounters(m.deliveries));
-      replace('message-meta', `${m.priority} · ${fmtNum(m.recipient_count)} recipients · ${fmtNum(m.chunk_count)} chunks`,
+      replace('message-meta', `${m.priority} · `,
+        h('span', { id: 'message-category', title: "what its recipients' preferences make of it" }, `category ${m.category}, quiet hours: ${m.quiet_hours}`),
+        ` · ${fmtNum(m.recipient_count)} recipients · ${fmtNum(m.chunk_count)} chunks`,
         m.schedule_id ? [' · schedule ', h('a', { href: `#/messages?schedule_id=${m.schedule_id}` }, m.schedule_id)] : []);
       const waves = m.waves || [];
       document.getElementById('waves-panel').hidden = waves.length === 0;
