@@ -44,6 +44,15 @@ var fuzzRoutes = []struct{ method, path string }{
 	{http.MethodGet, "/v1/keys"},
 	{http.MethodDelete, "/v1/keys/{}"},
 	{http.MethodGet, "/v1/audit"},
+	{http.MethodGet, "/v1/users/{}/preferences"},
+	{http.MethodPut, "/v1/users/{}/preferences"},
+	{http.MethodGet, "/v1/categories"},
+	{http.MethodGet, "/v1/categories/{}"},
+	{http.MethodPut, "/v1/categories/{}"},
+	{http.MethodDelete, "/v1/categories/{}"},
+	{http.MethodGet, "/v1/quiet-hours"},
+	{http.MethodPut, "/v1/quiet-hours"},
+	{http.MethodDelete, "/v1/quiet-hours"},
 }
 
 // fuzzRoute finds a route of fuzzRoutes by method and path, for the seeds.
@@ -115,6 +124,17 @@ func FuzzAPI(f *testing.F) {
 		{http.MethodGet, "/v1/keys", "", "limit=1", "", ""},
 		{http.MethodDelete, "/v1/keys/{}", "fuzz", "", "", ""},
 		{http.MethodGet, "/v1/audit", "", "key_name=fuzz&operator=admin&limit=1", "", ""},
+		{http.MethodPut, "/v1/users/{}/preferences", "u0", "", "", `{"opt_outs":[{"category":"news","channel":"webpush"}],"quiet_hours":{"start":"22:00","end":"07:00"}}`},
+		{http.MethodGet, "/v1/users/{}/preferences", "u0", "", "", ""},
+		{http.MethodPut, "/v1/categories/{}", "marketing", "", "", `{"cap":{"count":2,"period_seconds":86400}}`},
+		{http.MethodGet, "/v1/categories/{}", "marketing", "", "", ""},
+		{http.MethodGet, "/v1/categories", "", "", "", ""},
+		{http.MethodDelete, "/v1/categories/{}", "marketing", "", "", ""},
+		{http.MethodPut, "/v1/quiet-hours", "", "", "", `{"start":"22:00","end":"07:00","timezone":"Europe/Berlin"}`},
+		{http.MethodGet, "/v1/quiet-hours", "", "", "", ""},
+		{http.MethodDelete, "/v1/quiet-hours", "", "", "", ""},
+		{http.MethodPost, "/v1/messages", "", "", "", `{"category":"marketing","quiet_hours":"skip",` + audience + `,"payload":{"title":"t"}}`},
+		{http.MethodGet, "/v1/messages/{}/deliveries", "msg_1", "status=pending&reason=quiet_hours&limit=1", "", ""},
 	} {
 		f.Add(fuzzRoute(f, s.method, s.path), s.id, s.query, s.key, []byte(s.body))
 	}

@@ -501,3 +501,14 @@ func TestDeliveryReasonsAreTheSpecs(t *testing.T) {
 	require.Equal(t, uint64(len(events)), *newWebhook.MaxItems, "a webhook may want every type")
 	require.True(t, slices.ContainsFunc(doc.Components.Schemas["QuietMode"].Value.Enum, func(v any) bool { return v == "skip" }))
 }
+
+// TestWebhookMayWantWithheld: a webhook may want delivery.withheld, beside
+// every other type.
+func TestWebhookMayWantWithheld(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	rec := b.call(t, request{method: http.MethodPost, path: "/v1/webhooks",
+		body: map[string]any{"url": "https://hooks.example.com/herald", "events": jobs.WebhookEvents}})
+	require.Equal(t, http.StatusCreated, rec.Code, rec.Body.String())
+	require.Contains(t, decodeBody(t, rec)["events"], "delivery.withheld")
+}
