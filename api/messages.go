@@ -137,7 +137,8 @@ func parseBoundedInstant(field, s string) (time.Time, error) {
 
 // message reads the request as the message it asks for.
 func (r *messageRequest) message() (jobs.Message, error) {
-	m := jobs.Message{Priority: r.Priority, Category: r.Category, QuietHours: r.QuietHours}
+	m := jobs.Message{Priority: r.Priority}
+	m.Category, m.QuietHours = unlessDefault(r.Category, r.QuietHours)
 	var err error
 	if m.Local, err = r.local(); err != nil {
 		return m, err

@@ -31,6 +31,20 @@ const (
 	categoryPathParam = "category"
 )
 
+// unlessDefault is a message's category and quiet-hours mode as its
+// request's canonical form holds them: empty for the defaults, so that a
+// request that says them and one that does not are the same request to an
+// idempotency key, and to one used before either existed.
+func unlessDefault(category, mode string) (string, string) {
+	if category == preferences.DefaultCategory {
+		category = ""
+	}
+	if mode == preferences.QuietHold {
+		mode = ""
+	}
+	return category, mode
+}
+
 // categoryName reads a category's name from a path: a name no category
 // could have names nothing (404).
 var categoryName = func(raw string) (string, bool) { return raw, preferences.CheckCategory(raw) == nil }

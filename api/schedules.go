@@ -47,8 +47,7 @@ type scheduleRequest struct {
 	FallbackTimezone *string `json:"fallback_timezone"`
 	IfPassed         *string `json:"if_passed"`
 	// Category and QuietHours are each run's, as a message's; left out,
-	// "default" and "hold" (and left out of the canonical request, so
-	// that a key used before they existed still answers its schedule).
+	// "default" and "hold" (unlessDefault).
 	Category   string `json:"category,omitempty"`
 	QuietHours string `json:"quiet_hours,omitempty"`
 
@@ -151,12 +150,7 @@ func (r scheduleRequest) canonical() scheduleRequest {
 		return &s
 	}
 	r.StartsAt, r.EndsAt = utc(r.startsAt), utc(r.endsAt)
-	if r.Category == preferences.DefaultCategory {
-		r.Category = ""
-	}
-	if r.QuietHours == preferences.QuietHold {
-		r.QuietHours = ""
-	}
+	r.Category, r.QuietHours = unlessDefault(r.Category, r.QuietHours)
 	return r
 }
 
