@@ -38,9 +38,8 @@ ALTER TABLE schedules
 -- A user's preferences, a row a user who has any, deleted with the user.
 -- opt_outs holds 'category' (every channel) or 'category:channel'.
 -- quiet_start and quiet_end are the user's quiet hours as wall times in the
--- user's zone (users.timezone): both NULL is the installation's default,
--- equal is none. quiet_zone is the zone the user gave with them, when the
--- user has no zone of their own.
+-- user's zone (users.timezone, else the installation's default zone): both
+-- NULL is the installation's default, equal is none.
 CREATE TABLE user_preferences (
     user_id     text PRIMARY KEY REFERENCES users (id) ON DELETE CASCADE,
     opt_outs    text[] NOT NULL DEFAULT '{}',
