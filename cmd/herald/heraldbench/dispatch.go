@@ -120,11 +120,15 @@ func (b *Benchmark) postBulk(ctx context.Context, i int, dispatchAt *time.Time) 
 	} else if err := json.Unmarshal(raw, &payload); err != nil {
 		return nil, fmt.Errorf("the %s payload as the client's: %w", b.Config.Payload, err)
 	}
-	bulk, err := b.api.CreateMessageWithResponse(ctx, nil, client.NewMessage{
+	m := client.NewMessage{
 		DispatchAt: dispatchAt, Priority: new(client.PriorityBulk),
 		Audience: client.Audience{Type: client.AudienceTypeSegment, ID: new(segment(i))},
 		Payload:  payload,
-	})
+	}
+	if c := b.bulkCategory(); c != "" {
+		m.Category = new(c)
+	}
+	bulk, err := b.api.CreateMessageWithResponse(ctx, nil, m)
 	if err := answered("schedule a bulk message", http.StatusAccepted, bulk, err); err != nil {
 		return nil, err
 	}
