@@ -32,7 +32,7 @@
     history.replaceState(null, "", location.pathname + location.search);
     return fromLink;
   }
-  const token = takeToken();
+  let token = takeToken();
 
   function say(text, isError) {
     status.textContent = text;
@@ -213,11 +213,14 @@
 
   async function load() {
     const loading = el("loading");
+    form.hidden = true;
+    say("");
     if (!token) {
       loading.hidden = true;
       say("This page opens from a link in the app: open your notification settings from the app again.", true);
       return;
     }
+    loading.hidden = false;
     try {
       render(await call("GET"));
       form.hidden = false;
@@ -228,4 +231,11 @@
     }
   }
   load();
+
+  // A new link opened in this tab changes only the fragment: no page load.
+  window.addEventListener("hashchange", () => {
+    if (!new URLSearchParams(location.hash.slice(1)).has("token")) return;
+    token = takeToken();
+    load();
+  });
 })();
