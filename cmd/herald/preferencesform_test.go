@@ -115,6 +115,28 @@ func TestE2EBrowserPreferencesForm(t *testing.T) {
 	require.Equal(t, "22:30", evaluate[string](b, `document.getElementById("quiet-start").value`))
 	require.Equal(t, "06:45", evaluate[string](b, `document.getElementById("quiet-end").value`))
 
+	// The same token through the generated client, as an app with a
+	// screen of its own calls Herald: the form's view, and a replacement.
+	own, err := client.NewClientWithResponses(proxy.URL+"/herald", client.WithRequestEditorFn(func(_ context.Context, req *http.Request) error {
+		req.Header.Set("Authorization", "Bearer "+link.Token)
+		return nil
+	}))
+	require.NoError(t, err)
+	view, err := own.GetOwnPreferencesWithResponse(ctx)
+	got := answered(t, http.StatusOK, view, err).JSON200
+	require.Equal(t, "Europe/Berlin", got.Timezone)
+	require.Len(t, got.Categories, 3)
+	require.Equal(t, &client.PreferencesFormQuietHours{Start: "22:30", End: "06:45"}, got.QuietHours)
+	replaced, err := own.PutOwnPreferencesWithResponse(ctx, client.PreferencesFormSettings{
+		OptOuts: &[]client.PreferencesFormOptOut{{Category: "reminders", Channel: new(client.ChannelAPNs)}},
+	})
+	got = answered(t, http.StatusOK, replaced, err).JSON200
+	require.Equal(t, []client.PreferencesFormOptOut{{Category: "reminders", Channel: new(client.ChannelAPNs)}}, got.OptOuts)
+	require.Nil(t, got.QuietHours, "none given: the installation's")
+	stored, err = db.On(tdb.Pool).GetUserPreferences(ctx, "ann")
+	require.NoError(t, err)
+	require.Equal(t, []string{"reminders:apns"}, stored.OptOuts)
+
 	// Another link opened in the tab is taken; one that was changed says
 	// so, and shows no form.
 	b.goHash("#token=x" + link.Token[1:])
