@@ -205,13 +205,37 @@ func readPreferences(ctx context.Context, q *db.Queries, user string) (userPrefe
 	if err != nil {
 		return userPreferences{}, err
 	}
-	p := userPreferences{UserID: row.UserID, OptOuts: preferences.OptOutsOf(row.OptOuts), Timezone: row.Timezone, UpdatedAt: utcPtr(row.UpdatedAt)}
-	if start, ok := preferences.ClockOf(row.QuietStart); ok {
-		end, _ := preferences.ClockOf(row.QuietEnd)
-		q := preferences.QuietHoursOf(preferences.Window{Start: start, End: end})
-		p.QuietHours = &q
+	return userPreferences{UserID: row.UserID, OptOuts: preferences.OptOutsOf(row.OptOuts), QuietHours: storedQuietHours(row.QuietStart, row.QuietEnd),
+		Timezone: row.Timezone, UpdatedAt: utcPtr(row.UpdatedAt)}, nil
+}
+
+// storedQuietHours reads quiet hours as user_preferences and
+// quiet_hours_default keep them: nil when there are none.
+func storedQuietHours(start, end pgtype.Time) *preferences.QuietHours {
+	from, ok := preferences.ClockOf(start)
+	to, _ := preferences.ClockOf(end)
+	if !ok {
+		return nil
 	}
-	return p, nil
+	q := preferences.QuietHoursOf(preferences.Window{Start: from, End: to})
+	return &q
+}
+
+// putPreferences stores set (checked) as user's preferences through q:
+// the one write of them, by the keyed route and the user's own form.
+func putPreferences(ctx context.Context, q *db.Queries, user string, set preferences.Settings) error {
+	params := db.PutUserPreferencesParams{UserID: user, OptOuts: set.Stored()}
+	if set.QuietHours != nil {
+		w, err := set.QuietHours.Window()
+		if err != nil {
+			return &preferences.FieldError{Field: "quiet_hours", Problem: err.Error()}
+		}
+		params.QuietStart, params.QuietEnd = w.Start.PG(), w.End.PG()
+	}
+	if err := q.PutUserPreferences(ctx, params); err != nil {
+		return fmt.Errorf("put preferences: %w", err)
+	}
+	return nil
 }
 
 // writePreferences replaces user's preferences with set (checked) in tx,
@@ -223,16 +247,8 @@ func writePreferences(ctx context.Context, tx pgx.Tx, user string, set preferenc
 	if _, err := q.LockUser(ctx, user); err != nil {
 		return userPreferences{}, err
 	}
-	params := db.PutUserPreferencesParams{UserID: user, OptOuts: set.Stored()}
-	if set.QuietHours != nil {
-		w, err := set.QuietHours.Window()
-		if err != nil {
-			return userPreferences{}, &preferences.FieldError{Field: "quiet_hours", Problem: err.Error()}
-		}
-		params.QuietStart, params.QuietEnd = w.Start.PG(), w.End.PG()
-	}
-	if err := q.PutUserPreferences(ctx, params); err != nil {
-		return userPreferences{}, fmt.Errorf("put preferences: %w", err)
+	if err := putPreferences(ctx, q, user, set); err != nil {
+		return userPreferences{}, err
 	}
 	return readPreferences(ctx, q, user)
 }

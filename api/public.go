@@ -12,7 +12,8 @@ import (
 )
 
 // deviceRoutes are the routes a phone, a browser or a service worker may
-// call: they take no API key, which a device must never hold. The main
+// call, and the form a user opens on one: they take no API key, which a
+// device must never hold. The main
 // listener serves them beside everything else; the public one
 // (PublicHandler) serves them alone.
 func (s *Server) deviceRoutes(e *echo.Echo) {
@@ -35,6 +36,20 @@ func (s *Server) deviceRoutes(e *echo.Echo) {
 	sdk := s.sdk()
 	e.GET("/sdk/*", sdk)
 	e.HEAD("/sdk/*", sdk)
+
+	// A user's own preferences form (preferenceform.go, web/preferences):
+	// the page, its script and style, and what it reads and writes with
+	// the token of the link it was opened from, which is the credential.
+	// Those are limited by client address with the receipts; only the
+	// form's own origin may read them (no CORS).
+	page, files := s.preferencesForm()
+	e.GET(preferencesFormPath, page)
+	e.HEAD(preferencesFormPath, page)
+	e.GET(preferencesFormPath+"/*", files)
+	e.HEAD(preferencesFormPath+"/*", files)
+	byAddress := s.receiptLimiter.limitBy(receiptAddress, "each client address", nil)
+	e.GET("/v1/preferences", s.getOwnPreferences, byAddress)
+	e.PUT("/v1/preferences", s.putOwnPreferences, byAddress)
 }
 
 // publicRoutes are the public listener's: the device routes, and nothing

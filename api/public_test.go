@@ -67,14 +67,20 @@ func deviceRoute(method, path string) bool {
 		return true
 	case path == "/sdk/*" && method == http.MethodGet:
 		return true
+	case path == "/v1/preferences" && (method == http.MethodGet || method == http.MethodPut):
+		return true
+	case (path == "/preferences" || path == "/preferences/*") && method == http.MethodGet:
+		return true
 	}
 	return false
 }
 
 // TestPublicHandlerServesDeviceRoutesAlone: the public listener's handler
 // answers what a device calls (receipts and their preflight, the VAPID
-// key, the web kit) and 404s every other route the main listener serves,
-// the keyed API, the dashboard, River UI, health and metrics alike.
+// key, the web kit, a user's own preferences form and what it calls) and
+// 404s every other route the main listener serves, the keyed API (the
+// link to the form too), the dashboard, River UI, health and metrics
+// alike.
 func TestPublicHandlerServesDeviceRoutesAlone(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -105,6 +111,14 @@ func TestPublicHandlerServesDeviceRoutesAlone(t *testing.T) {
 	require.Contains(t, call(http.MethodGet, "/sdk/herald-sw.js", "").Header().Get("Content-Type"), "javascript")
 	require.Equal(t, http.StatusNotFound, call(http.MethodGet, "/sdk/", "").Code, "no directory listing")
 	require.Equal(t, http.StatusNotFound, call(http.MethodGet, "/sdk/nothing.js", "").Code)
+	// The form: its page and files, and its calls, which take the link's
+	// token and not a key.
+	rec = call(http.MethodGet, "/preferences", "")
+	require.Equal(t, http.StatusOK, rec.Code)
+	require.Contains(t, rec.Body.String(), `<form id="form"`)
+	require.Equal(t, http.StatusOK, call(http.MethodGet, "/preferences/form.js", "").Code)
+	requireError(t, call(http.MethodGet, "/v1/preferences", ""), http.StatusUnauthorized, "invalid_token", "")
+	requireError(t, call(http.MethodPut, "/v1/preferences", `{"opt_outs":[]}`), http.StatusUnauthorized, "invalid_token", "")
 
 	checked := 0
 	for _, r := range b.srv.echo.Routes() {

@@ -52,6 +52,10 @@ func (s *Server) routes() {
 	v1.POST("/segments/:segment_id/members", s.addMembers, send)
 	v1.DELETE("/segments/:segment_id/members", s.removeMembers, send)
 
+	// A link to a user's own preferences form, for the app to open on the
+	// phone (preferenceform.go): the form's routes are device routes.
+	v1.POST("/users/:user_id/preferences/link", s.createPreferencesLink, send)
+
 	// Messages.
 	v1.POST("/messages", s.createMessage, send)
 	v1.GET("/messages", s.listMessages, read)

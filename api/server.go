@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -25,6 +26,7 @@ import (
 
 	"github.com/heraldpush/herald/jobs"
 	"github.com/heraldpush/herald/jobs/apps"
+	"github.com/heraldpush/herald/jobs/preferences"
 	"github.com/heraldpush/herald/jobs/push"
 	"github.com/heraldpush/herald/jobs/receipt"
 	"github.com/heraldpush/herald/jobs/webhook"
@@ -110,6 +112,12 @@ type Config struct {
 	// with them decides how many runs a schedule would have waiting.
 	ScheduleLimits jobs.ScheduleLimits
 	ScheduleLead   time.Duration
+	// PublicURL is the base URL devices reach Herald at
+	// (HERALD_PUBLIC_URL: the public listener as the internet sees it,
+	// https://push.example.com), under which a link to a user's own
+	// preferences form is made. Empty: the scheme and host of the request
+	// that asks for the link.
+	PublicURL string
 }
 
 // riverClient is what the API needs of River.
@@ -146,6 +154,7 @@ func (c *Config) validate() error {
 	c.MaxDevicesPerUser = cmp.Or(c.MaxDevicesPerUser, DefaultMaxDevicesPerUser)
 	c.ScheduleLimits = c.ScheduleLimits.WithDefaults()
 	c.ScheduleLead = cmp.Or(c.ScheduleLead, jobs.DefaultScheduleLead)
+	c.PublicURL = strings.TrimRight(c.PublicURL, "/")
 	switch {
 	case c.RateLimit < 0:
 		return fmt.Errorf("api: Config.RateLimit is %g; it must be positive", c.RateLimit)
@@ -185,6 +194,10 @@ type Server struct {
 	receiptLimiter *rateLimiter
 	receipts       *receiptWriter
 	receiptMetrics *receiptMetrics
+
+	// linkSigner signs and checks the links to users' own preferences
+	// forms (preferenceform.go), once its key is read (Refresh).
+	linkSigner atomic.Pointer[preferences.LinkSigner]
 }
 
 // NewServer returns the server with every route in place.
@@ -241,14 +254,18 @@ func (s *Server) newEcho(metrics *httpMetrics) *echo.Echo {
 	return e
 }
 
-// Refresh reads the API keys stored in the database, and the key that signs
-// dashboard sessions. A process calls it once before it serves, so that it
-// starts with them; Run calls it again every second.
+// Refresh reads the API keys stored in the database, and the keys that sign
+// dashboard sessions, receipt tokens and links to users' preferences
+// forms. A process calls it once before it serves, so that it starts with
+// them; Run calls it again every second.
 func (s *Server) Refresh(ctx context.Context) error {
 	if err := s.sessions.loadKey(ctx); err != nil {
 		return err
 	}
 	if err := s.loadReceiptKey(ctx); err != nil {
+		return err
+	}
+	if err := s.loadLinkKey(ctx); err != nil {
 		return err
 	}
 	return s.keys.refresh(ctx)

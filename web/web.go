@@ -1,7 +1,9 @@
 // Package web holds Herald's dashboard: plain HTML, CSS and JavaScript with
 // no build step, embedded in the binary and served by package api. The
 // pages read their data from the session-authenticated /ui/api routes, so
-// no API key ever reaches the browser.
+// no API key ever reaches the browser. Beside it are the web kit a site's
+// pages use for Web Push (SDK) and the form a user sets their own
+// preferences in (PreferencesForm).
 package web
 
 import (
@@ -27,3 +29,14 @@ var sdk embed.FS
 // worker), herald.js (the page script) and example.html and example.js (a
 // page that uses them). Package api serves them at /sdk/.
 func SDK() fs.FS { return sdk }
+
+// preferencesForm is the form a user sets their own preferences in, opened
+// from a link the caller's backend asks Herald for.
+//
+//go:embed preferences
+var preferencesForm embed.FS
+
+// PreferencesForm returns the form's files, under preferences/: index.html
+// (the page), form.js and form.css. Package api serves the page at
+// /preferences and the others under /preferences/.
+func PreferencesForm() fs.FS { return preferencesForm }

@@ -1293,6 +1293,12 @@ type NewMessage struct {
 	TTLSeconds *int `json:"ttl_seconds,omitempty"`
 }
 
+// NewPreferencesLink defines model for NewPreferencesLink.
+type NewPreferencesLink struct {
+	// TTLSeconds How long the link is good: five minutes to 366 days; 30 days without it (or without a body).
+	TTLSeconds *int `json:"ttl_seconds,omitempty"`
+}
+
 // NewReceipt defines model for NewReceipt.
 type NewReceipt struct {
 	// DeviceTime The device's clock when it happened, kept beside Herald's own; optional.
@@ -1425,6 +1431,50 @@ type PayloadInterruptionLevel string
 type PendingRun struct {
 	MessageID string    `json:"message_id"`
 	RunAt     time.Time `json:"run_at"`
+}
+
+// PreferencesForm defines model for PreferencesForm.
+type PreferencesForm struct {
+	// Categories The declared categories, by name. A critical one is always sent: the form shows it as on and cannot turn it off.
+	Categories []PreferencesFormCategory `json:"categories"`
+
+	// DefaultQuietHours The installation's quiet hours, of users who set none; null: none.
+	DefaultQuietHours *QuietHours `json:"default_quiet_hours"`
+
+	// OptOuts In one order, without repeats.
+	OptOuts []OptOut `json:"opt_outs"`
+
+	// QuietHours The user's own; null: the installation's.
+	QuietHours *QuietHours `json:"quiet_hours"`
+
+	// Timezone The zone quiet hours are read in: the user's own (PUT /v1/users/{user_id}), else the installation's for users without one. The form cannot change it.
+	//
+	// Example: Europe/Berlin
+	Timezone string `json:"timezone"`
+
+	// UpdatedAt When the user's preferences were last set; null: never.
+	UpdatedAt *time.Time `json:"updated_at"`
+}
+
+// PreferencesFormCategory defines model for PreferencesFormCategory.
+type PreferencesFormCategory struct {
+	// Critical Never opted out of, held by quiet hours or capped.
+	Critical bool   `json:"critical"`
+	Name     string `json:"name"`
+}
+
+// PreferencesLink defines model for PreferencesLink.
+type PreferencesLink struct {
+	// ExpiresAt When the link stops being good, to the second.
+	ExpiresAt time.Time `json:"expires_at"`
+
+	// Token The token alone (base64url), for an app that shows the form its own way: it is the bearer token of /v1/preferences.
+	Token string `json:"token"`
+
+	// URL The form's URL with the token in its fragment: what the app opens.
+	//
+	// Example: https://push.example.com/preferences#token=AQBp...
+	URL string `json:"url"`
 }
 
 // PreferencesUpdate defines model for PreferencesUpdate.
@@ -2013,6 +2063,9 @@ type CreateKeyJSONRequestBody = NewKey
 // CreateMessageJSONRequestBody defines body for CreateMessage for application/json ContentType.
 type CreateMessageJSONRequestBody = NewMessage
 
+// PutOwnPreferencesJSONRequestBody defines body for PutOwnPreferences for application/json ContentType.
+type PutOwnPreferencesJSONRequestBody = PreferencesUpdate
+
 // PutQuietHoursJSONRequestBody defines body for PutQuietHours for application/json ContentType.
 type PutQuietHoursJSONRequestBody = QuietHoursUpdate
 
@@ -2039,6 +2092,9 @@ type PutUserJSONRequestBody = UserUpdate
 
 // PutUserPreferencesJSONRequestBody defines body for PutUserPreferences for application/json ContentType.
 type PutUserPreferencesJSONRequestBody = PreferencesUpdate
+
+// CreatePreferencesLinkJSONRequestBody defines body for CreatePreferencesLink for application/json ContentType.
+type CreatePreferencesLinkJSONRequestBody = NewPreferencesLink
 
 // CreateWebhookJSONRequestBody defines body for CreateWebhook for application/json ContentType.
 type CreateWebhookJSONRequestBody = NewWebhook
@@ -2631,6 +2687,42 @@ type ClientInterface interface {
 	// Corresponds with GET /v1/messages/{message_id}/deliveries (the `ListMessageDeliveries` operationId).
 	ListMessageDeliveries(ctx context.Context, messageID MessageID, params *ListMessageDeliveriesParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// GetOwnPreferences The preferences of the user a link was made for, as their form shows them (docs/apps-integration.md).
+	//
+	// Takes no API key: the token of a link (POST /v1/users/{user_id}/preferences/link) is
+	// the credential, as `Authorization: Bearer <token>`. What the form at `/preferences`
+	// reads: the user's opt-outs and quiet hours, the zone those are read in, the
+	// installation's quiet hours and the declared categories. A missing, forged or changed
+	// token is 401 `invalid_token`, an expired one 401 `token_expired`, and one whose user has
+	// been erased since 410 `user_erased`. Limited per client address with the receipts, in the
+	// same buckets (HERALD_RECEIPT_RATE_LIMIT, HERALD_RECEIPT_RATE_BURST). Served on the public
+	// listener (HERALD_PUBLIC_ADDR) too; no CORS: only the form's own origin may read it.
+	//
+	// Corresponds with GET /v1/preferences (the `GetOwnPreferences` operationId).
+	GetOwnPreferences(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PutOwnPreferencesWithBody Replace the opt-outs and quiet hours of the user a link was made for, from their form.
+	//
+	// Takes the token of a link as GET does, and the user's settings whole, under the rules of
+	// the keyed route: they replace the user's, and the answer is the form's view of them. A
+	// user erased since the link was made is 410 `user_erased`, and nothing is written.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with PUT /v1/preferences (the `PutOwnPreferences` operationId).
+	PutOwnPreferencesWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PutOwnPreferences Replace the opt-outs and quiet hours of the user a link was made for, from their form.
+	//
+	// Takes the token of a link as GET does, and the user's settings whole, under the rules of
+	// the keyed route: they replace the user's, and the answer is the form's view of them. A
+	// user erased since the link was made is 410 `user_erased`, and nothing is written.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with PUT /v1/preferences (the `PutOwnPreferences` operationId).
+	PutOwnPreferences(ctx context.Context, body PutOwnPreferencesJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// GetProviders Per channel, whether it is configured and what the workers' circuit breakers say.
 	//
 	// Over every app: a channel is configured when some app has credentials for it, its state
@@ -2883,6 +2975,38 @@ type ClientInterface interface {
 	//
 	// Corresponds with PUT /v1/users/{user_id}/preferences (the `PutUserPreferences` operationId).
 	PutUserPreferences(ctx context.Context, userID UserID, body PutUserPreferencesJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreatePreferencesLinkWithBody A link to the user's own preferences form, for the app to open on the phone (docs/apps-integration.md).
+	//
+	// The user sets their own opt-outs and quiet hours in a form Herald serves at
+	// `/preferences`, on the public listener (HERALD_PUBLIC_ADDR) and the main one, with no API
+	// key: the link's token is the form's only credential. The URL is the form's under
+	// HERALD_PUBLIC_URL (else the scheme and host this request came with), the token in its
+	// fragment (`#token=...`), which browsers never send to a server. The token names the user
+	// and when the user was made: once the user is erased it opens nothing, even should the id
+	// be used again. It is signed, not stored: a link cannot be revoked before its expiry but
+	// by erasing the user.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /v1/users/{user_id}/preferences/link (the `CreatePreferencesLink` operationId).
+	CreatePreferencesLinkWithBody(ctx context.Context, userID UserID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreatePreferencesLink A link to the user's own preferences form, for the app to open on the phone (docs/apps-integration.md).
+	//
+	// The user sets their own opt-outs and quiet hours in a form Herald serves at
+	// `/preferences`, on the public listener (HERALD_PUBLIC_ADDR) and the main one, with no API
+	// key: the link's token is the form's only credential. The URL is the form's under
+	// HERALD_PUBLIC_URL (else the scheme and host this request came with), the token in its
+	// fragment (`#token=...`), which browsers never send to a server. The token names the user
+	// and when the user was made: once the user is erased it opens nothing, even should the id
+	// be used again. It is signed, not stored: a link cannot be revoked before its expiry but
+	// by erasing the user.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /v1/users/{user_id}/preferences/link (the `CreatePreferencesLink` operationId).
+	CreatePreferencesLink(ctx context.Context, userID UserID, body CreatePreferencesLinkJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// GetVAPIDPublicKey The VAPID public key a web page subscribes with, per app (docs/apps-integration.md).
 	//
@@ -3604,6 +3728,72 @@ func (c *Client) ListMessageDeliveries(ctx context.Context, messageID MessageID,
 	return c.Client.Do(req)
 }
 
+// GetOwnPreferences The preferences of the user a link was made for, as their form shows them (docs/apps-integration.md).
+//
+// Takes no API key: the token of a link (POST /v1/users/{user_id}/preferences/link) is
+// the credential, as `Authorization: Bearer <token>`. What the form at `/preferences`
+// reads: the user's opt-outs and quiet hours, the zone those are read in, the
+// installation's quiet hours and the declared categories. A missing, forged or changed
+// token is 401 `invalid_token`, an expired one 401 `token_expired`, and one whose user has
+// been erased since 410 `user_erased`. Limited per client address with the receipts, in the
+// same buckets (HERALD_RECEIPT_RATE_LIMIT, HERALD_RECEIPT_RATE_BURST). Served on the public
+// listener (HERALD_PUBLIC_ADDR) too; no CORS: only the form's own origin may read it.
+//
+// Corresponds with GET /v1/preferences (the `GetOwnPreferences` operationId).
+func (c *Client) GetOwnPreferences(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetOwnPreferencesRequest(c.Server)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PutOwnPreferencesWithBody Replace the opt-outs and quiet hours of the user a link was made for, from their form.
+//
+// Takes the token of a link as GET does, and the user's settings whole, under the rules of
+// the keyed route: they replace the user's, and the answer is the form's view of them. A
+// user erased since the link was made is 410 `user_erased`, and nothing is written.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with PUT /v1/preferences (the `PutOwnPreferences` operationId).
+func (c *Client) PutOwnPreferencesWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPutOwnPreferencesRequestWithBody(c.Server, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PutOwnPreferences Replace the opt-outs and quiet hours of the user a link was made for, from their form.
+//
+// Takes the token of a link as GET does, and the user's settings whole, under the rules of
+// the keyed route: they replace the user's, and the answer is the form's view of them. A
+// user erased since the link was made is 410 `user_erased`, and nothing is written.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with PUT /v1/preferences (the `PutOwnPreferences` operationId).
+func (c *Client) PutOwnPreferences(ctx context.Context, body PutOwnPreferencesJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPutOwnPreferencesRequest(c.Server, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 // GetProviders Per channel, whether it is configured and what the workers' circuit breakers say.
 //
 // Over every app: a channel is configured when some app has credentials for it, its state
@@ -4167,6 +4357,58 @@ func (c *Client) PutUserPreferencesWithBody(ctx context.Context, userID UserID, 
 // Corresponds with PUT /v1/users/{user_id}/preferences (the `PutUserPreferences` operationId).
 func (c *Client) PutUserPreferences(ctx context.Context, userID UserID, body PutUserPreferencesJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewPutUserPreferencesRequest(c.Server, userID, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreatePreferencesLinkWithBody A link to the user's own preferences form, for the app to open on the phone (docs/apps-integration.md).
+//
+// The user sets their own opt-outs and quiet hours in a form Herald serves at
+// `/preferences`, on the public listener (HERALD_PUBLIC_ADDR) and the main one, with no API
+// key: the link's token is the form's only credential. The URL is the form's under
+// HERALD_PUBLIC_URL (else the scheme and host this request came with), the token in its
+// fragment (`#token=...`), which browsers never send to a server. The token names the user
+// and when the user was made: once the user is erased it opens nothing, even should the id
+// be used again. It is signed, not stored: a link cannot be revoked before its expiry but
+// by erasing the user.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /v1/users/{user_id}/preferences/link (the `CreatePreferencesLink` operationId).
+func (c *Client) CreatePreferencesLinkWithBody(ctx context.Context, userID UserID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreatePreferencesLinkRequestWithBody(c.Server, userID, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreatePreferencesLink A link to the user's own preferences form, for the app to open on the phone (docs/apps-integration.md).
+//
+// The user sets their own opt-outs and quiet hours in a form Herald serves at
+// `/preferences`, on the public listener (HERALD_PUBLIC_ADDR) and the main one, with no API
+// key: the link's token is the form's only credential. The URL is the form's under
+// HERALD_PUBLIC_URL (else the scheme and host this request came with), the token in its
+// fragment (`#token=...`), which browsers never send to a server. The token names the user
+// and when the user was made: once the user is erased it opens nothing, even should the id
+// be used again. It is signed, not stored: a link cannot be revoked before its expiry but
+// by erasing the user.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /v1/users/{user_id}/preferences/link (the `CreatePreferencesLink` operationId).
+func (c *Client) CreatePreferencesLink(ctx context.Context, userID UserID, body CreatePreferencesLinkJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreatePreferencesLinkRequest(c.Server, userID, body)
 	if err != nil {
 		return nil, err
 	}
@@ -5520,6 +5762,73 @@ func NewListMessageDeliveriesRequest(server string, messageID MessageID, params 
 	return req, nil
 }
 
+// NewGetOwnPreferencesRequest constructs an http.Request for the GetOwnPreferences method
+func NewGetOwnPreferencesRequest(server string) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/preferences")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewPutOwnPreferencesRequest calls the generic PutOwnPreferences builder with application/json body
+func NewPutOwnPreferencesRequest(server string, body PutOwnPreferencesJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewPutOwnPreferencesRequestWithBody(server, "application/json", bodyReader)
+}
+
+// NewPutOwnPreferencesRequestWithBody constructs an http.Request for the PutOwnPreferences method, with any body, and a specified content type
+func NewPutOwnPreferencesRequestWithBody(server string, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/preferences")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPut, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
 // NewGetProvidersRequest constructs an http.Request for the GetProviders method
 func NewGetProvidersRequest(server string) (*http.Request, error) {
 	var err error
@@ -6534,6 +6843,53 @@ func NewPutUserPreferencesRequestWithBody(server string, userID UserID, contentT
 	return req, nil
 }
 
+// NewCreatePreferencesLinkRequest calls the generic CreatePreferencesLink builder with application/json body
+func NewCreatePreferencesLinkRequest(server string, userID UserID, body CreatePreferencesLinkJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewCreatePreferencesLinkRequestWithBody(server, userID, "application/json", bodyReader)
+}
+
+// NewCreatePreferencesLinkRequestWithBody constructs an http.Request for the CreatePreferencesLink method, with any body, and a specified content type
+func NewCreatePreferencesLinkRequestWithBody(server string, userID UserID, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "user_id", userID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/users/%s/preferences/link", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
 // NewGetVAPIDPublicKeyRequest constructs an http.Request for the GetVAPIDPublicKey method
 func NewGetVAPIDPublicKeyRequest(server string, params *GetVAPIDPublicKeyParams) (*http.Request, error) {
 	var err error
@@ -7116,6 +7472,44 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with GET /v1/messages/{message_id}/deliveries (the `ListMessageDeliveries` operationId).
 	ListMessageDeliveriesWithResponse(ctx context.Context, messageID MessageID, params *ListMessageDeliveriesParams, reqEditors ...RequestEditorFn) (*ListMessageDeliveriesResponse, error)
 
+	// GetOwnPreferencesWithResponse The preferences of the user a link was made for, as their form shows them (docs/apps-integration.md).
+	//
+	// Takes no API key: the token of a link (POST /v1/users/{user_id}/preferences/link) is
+	// the credential, as `Authorization: Bearer <token>`. What the form at `/preferences`
+	// reads: the user's opt-outs and quiet hours, the zone those are read in, the
+	// installation's quiet hours and the declared categories. A missing, forged or changed
+	// token is 401 `invalid_token`, an expired one 401 `token_expired`, and one whose user has
+	// been erased since 410 `user_erased`. Limited per client address with the receipts, in the
+	// same buckets (HERALD_RECEIPT_RATE_LIMIT, HERALD_RECEIPT_RATE_BURST). Served on the public
+	// listener (HERALD_PUBLIC_ADDR) too; no CORS: only the form's own origin may read it.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/preferences (the `GetOwnPreferences` operationId).
+	GetOwnPreferencesWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetOwnPreferencesResponse, error)
+
+	// PutOwnPreferencesWithBodyWithResponse Replace the opt-outs and quiet hours of the user a link was made for, from their form.
+	//
+	// Takes the token of a link as GET does, and the user's settings whole, under the rules of
+	// the keyed route: they replace the user's, and the answer is the form's view of them. A
+	// user erased since the link was made is 410 `user_erased`, and nothing is written.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PUT /v1/preferences (the `PutOwnPreferences` operationId).
+	PutOwnPreferencesWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PutOwnPreferencesResponse, error)
+
+	// PutOwnPreferencesWithResponse Replace the opt-outs and quiet hours of the user a link was made for, from their form.
+	//
+	// Takes the token of a link as GET does, and the user's settings whole, under the rules of
+	// the keyed route: they replace the user's, and the answer is the form's view of them. A
+	// user erased since the link was made is 410 `user_erased`, and nothing is written.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PUT /v1/preferences (the `PutOwnPreferences` operationId).
+	PutOwnPreferencesWithResponse(ctx context.Context, body PutOwnPreferencesJSONRequestBody, reqEditors ...RequestEditorFn) (*PutOwnPreferencesResponse, error)
+
 	// GetProvidersWithResponse Per channel, whether it is configured and what the workers' circuit breakers say.
 	//
 	// Over every app: a channel is configured when some app has credentials for it, its state
@@ -7396,6 +7790,38 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with PUT /v1/users/{user_id}/preferences (the `PutUserPreferences` operationId).
 	PutUserPreferencesWithResponse(ctx context.Context, userID UserID, body PutUserPreferencesJSONRequestBody, reqEditors ...RequestEditorFn) (*PutUserPreferencesResponse, error)
+
+	// CreatePreferencesLinkWithBodyWithResponse A link to the user's own preferences form, for the app to open on the phone (docs/apps-integration.md).
+	//
+	// The user sets their own opt-outs and quiet hours in a form Herald serves at
+	// `/preferences`, on the public listener (HERALD_PUBLIC_ADDR) and the main one, with no API
+	// key: the link's token is the form's only credential. The URL is the form's under
+	// HERALD_PUBLIC_URL (else the scheme and host this request came with), the token in its
+	// fragment (`#token=...`), which browsers never send to a server. The token names the user
+	// and when the user was made: once the user is erased it opens nothing, even should the id
+	// be used again. It is signed, not stored: a link cannot be revoked before its expiry but
+	// by erasing the user.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/users/{user_id}/preferences/link (the `CreatePreferencesLink` operationId).
+	CreatePreferencesLinkWithBodyWithResponse(ctx context.Context, userID UserID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreatePreferencesLinkResponse, error)
+
+	// CreatePreferencesLinkWithResponse A link to the user's own preferences form, for the app to open on the phone (docs/apps-integration.md).
+	//
+	// The user sets their own opt-outs and quiet hours in a form Herald serves at
+	// `/preferences`, on the public listener (HERALD_PUBLIC_ADDR) and the main one, with no API
+	// key: the link's token is the form's only credential. The URL is the form's under
+	// HERALD_PUBLIC_URL (else the scheme and host this request came with), the token in its
+	// fragment (`#token=...`), which browsers never send to a server. The token names the user
+	// and when the user was made: once the user is erased it opens nothing, even should the id
+	// be used again. It is signed, not stored: a link cannot be revoked before its expiry but
+	// by erasing the user.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/users/{user_id}/preferences/link (the `CreatePreferencesLink` operationId).
+	CreatePreferencesLinkWithResponse(ctx context.Context, userID UserID, body CreatePreferencesLinkJSONRequestBody, reqEditors ...RequestEditorFn) (*CreatePreferencesLinkResponse, error)
 
 	// GetVAPIDPublicKeyWithResponse The VAPID public key a web page subscribes with, per app (docs/apps-integration.md).
 	//
@@ -9866,6 +10292,214 @@ func (r ListMessageDeliveriesResponse) ContentType() string {
 	return ""
 }
 
+// GetOwnPreferencesResponse200Headers the declared response headers of an HTTP 200 response for GetOwnPreferences
+type GetOwnPreferencesResponse200Headers struct {
+	CacheControl *string
+}
+
+// GetOwnPreferencesResponse429Headers the declared response headers of an HTTP 429 response for GetOwnPreferences
+type GetOwnPreferencesResponse429Headers struct {
+	RetryAfter int
+}
+
+// GetOwnPreferencesResponse503Headers the declared response headers of an HTTP 503 response for GetOwnPreferences
+type GetOwnPreferencesResponse503Headers struct {
+	RetryAfter int
+}
+
+type GetOwnPreferencesResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *PreferencesForm
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Error
+	// JSON410 the response for an HTTP 410 `application/json` response
+	JSON410 *Error
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *RateLimited
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Unavailable
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *GetOwnPreferencesResponse200Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *GetOwnPreferencesResponse429Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *GetOwnPreferencesResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetOwnPreferencesResponse) GetJSON200() *PreferencesForm {
+	return r.JSON200
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r GetOwnPreferencesResponse) GetJSON401() *Error {
+	return r.JSON401
+}
+
+// GetJSON410 returns the response for an HTTP 410 `application/json` response
+func (r GetOwnPreferencesResponse) GetJSON410() *Error {
+	return r.JSON410
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r GetOwnPreferencesResponse) GetJSON429() *RateLimited {
+	return r.JSON429
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r GetOwnPreferencesResponse) GetJSON503() *Unavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r GetOwnPreferencesResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetOwnPreferencesResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetOwnPreferencesResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetOwnPreferencesResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// PutOwnPreferencesResponse200Headers the declared response headers of an HTTP 200 response for PutOwnPreferences
+type PutOwnPreferencesResponse200Headers struct {
+	CacheControl *string
+}
+
+// PutOwnPreferencesResponse429Headers the declared response headers of an HTTP 429 response for PutOwnPreferences
+type PutOwnPreferencesResponse429Headers struct {
+	RetryAfter int
+}
+
+// PutOwnPreferencesResponse503Headers the declared response headers of an HTTP 503 response for PutOwnPreferences
+type PutOwnPreferencesResponse503Headers struct {
+	RetryAfter int
+}
+
+type PutOwnPreferencesResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *PreferencesForm
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *Error
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Error
+	// JSON408 the response for an HTTP 408 `application/json` response
+	JSON408 *Error
+	// JSON410 the response for an HTTP 410 `application/json` response
+	JSON410 *Error
+	// JSON413 the response for an HTTP 413 `application/json` response
+	JSON413 *Error
+	// JSON415 the response for an HTTP 415 `application/json` response
+	JSON415 *Error
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *RateLimited
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Unavailable
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *PutOwnPreferencesResponse200Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *PutOwnPreferencesResponse429Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *PutOwnPreferencesResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r PutOwnPreferencesResponse) GetJSON200() *PreferencesForm {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r PutOwnPreferencesResponse) GetJSON400() *Error {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r PutOwnPreferencesResponse) GetJSON401() *Error {
+	return r.JSON401
+}
+
+// GetJSON408 returns the response for an HTTP 408 `application/json` response
+func (r PutOwnPreferencesResponse) GetJSON408() *Error {
+	return r.JSON408
+}
+
+// GetJSON410 returns the response for an HTTP 410 `application/json` response
+func (r PutOwnPreferencesResponse) GetJSON410() *Error {
+	return r.JSON410
+}
+
+// GetJSON413 returns the response for an HTTP 413 `application/json` response
+func (r PutOwnPreferencesResponse) GetJSON413() *Error {
+	return r.JSON413
+}
+
+// GetJSON415 returns the response for an HTTP 415 `application/json` response
+func (r PutOwnPreferencesResponse) GetJSON415() *Error {
+	return r.JSON415
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r PutOwnPreferencesResponse) GetJSON429() *RateLimited {
+	return r.JSON429
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r PutOwnPreferencesResponse) GetJSON503() *Unavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r PutOwnPreferencesResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r PutOwnPreferencesResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r PutOwnPreferencesResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r PutOwnPreferencesResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 // GetProvidersResponse429Headers the declared response headers of an HTTP 429 response for GetProviders
 type GetProvidersResponse429Headers struct {
 	RetryAfter int
@@ -12006,6 +12640,124 @@ func (r PutUserPreferencesResponse) ContentType() string {
 	return ""
 }
 
+// CreatePreferencesLinkResponse429Headers the declared response headers of an HTTP 429 response for CreatePreferencesLink
+type CreatePreferencesLinkResponse429Headers struct {
+	RetryAfter int
+}
+
+// CreatePreferencesLinkResponse503Headers the declared response headers of an HTTP 503 response for CreatePreferencesLink
+type CreatePreferencesLinkResponse503Headers struct {
+	RetryAfter int
+}
+
+type CreatePreferencesLinkResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON201 the response for an HTTP 201 `application/json` response
+	JSON201 *PreferencesLink
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *Error
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Error
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *Error
+	// JSON408 the response for an HTTP 408 `application/json` response
+	JSON408 *Error
+	// JSON413 the response for an HTTP 413 `application/json` response
+	JSON413 *Error
+	// JSON415 the response for an HTTP 415 `application/json` response
+	JSON415 *Error
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *RateLimited
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Unavailable
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *CreatePreferencesLinkResponse429Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *CreatePreferencesLinkResponse503Headers
+}
+
+// GetJSON201 returns the response for an HTTP 201 `application/json` response
+func (r CreatePreferencesLinkResponse) GetJSON201() *PreferencesLink {
+	return r.JSON201
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r CreatePreferencesLinkResponse) GetJSON400() *Error {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r CreatePreferencesLinkResponse) GetJSON401() *Error {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r CreatePreferencesLinkResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r CreatePreferencesLinkResponse) GetJSON404() *Error {
+	return r.JSON404
+}
+
+// GetJSON408 returns the response for an HTTP 408 `application/json` response
+func (r CreatePreferencesLinkResponse) GetJSON408() *Error {
+	return r.JSON408
+}
+
+// GetJSON413 returns the response for an HTTP 413 `application/json` response
+func (r CreatePreferencesLinkResponse) GetJSON413() *Error {
+	return r.JSON413
+}
+
+// GetJSON415 returns the response for an HTTP 415 `application/json` response
+func (r CreatePreferencesLinkResponse) GetJSON415() *Error {
+	return r.JSON415
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r CreatePreferencesLinkResponse) GetJSON429() *RateLimited {
+	return r.JSON429
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r CreatePreferencesLinkResponse) GetJSON503() *Unavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r CreatePreferencesLinkResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r CreatePreferencesLinkResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r CreatePreferencesLinkResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r CreatePreferencesLinkResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 // GetVAPIDPublicKeyResponse200Headers the declared response headers of an HTTP 200 response for GetVAPIDPublicKey
 type GetVAPIDPublicKeyResponse200Headers struct {
 	CacheControl *string
@@ -13008,6 +13760,62 @@ func (c *ClientWithResponses) ListMessageDeliveriesWithResponse(ctx context.Cont
 	return ParseListMessageDeliveriesResponse(rsp)
 }
 
+// GetOwnPreferencesWithResponse The preferences of the user a link was made for, as their form shows them (docs/apps-integration.md).
+//
+// Takes no API key: the token of a link (POST /v1/users/{user_id}/preferences/link) is
+// the credential, as `Authorization: Bearer <token>`. What the form at `/preferences`
+// reads: the user's opt-outs and quiet hours, the zone those are read in, the
+// installation's quiet hours and the declared categories. A missing, forged or changed
+// token is 401 `invalid_token`, an expired one 401 `token_expired`, and one whose user has
+// been erased since 410 `user_erased`. Limited per client address with the receipts, in the
+// same buckets (HERALD_RECEIPT_RATE_LIMIT, HERALD_RECEIPT_RATE_BURST). Served on the public
+// listener (HERALD_PUBLIC_ADDR) too; no CORS: only the form's own origin may read it.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/preferences (the `GetOwnPreferences` operationId).
+func (c *ClientWithResponses) GetOwnPreferencesWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetOwnPreferencesResponse, error) {
+	rsp, err := c.GetOwnPreferences(ctx, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetOwnPreferencesResponse(rsp)
+}
+
+// PutOwnPreferencesWithBodyWithResponse Replace the opt-outs and quiet hours of the user a link was made for, from their form.
+//
+// Takes the token of a link as GET does, and the user's settings whole, under the rules of
+// the keyed route: they replace the user's, and the answer is the form's view of them. A
+// user erased since the link was made is 410 `user_erased`, and nothing is written.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PUT /v1/preferences (the `PutOwnPreferences` operationId).
+func (c *ClientWithResponses) PutOwnPreferencesWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PutOwnPreferencesResponse, error) {
+	rsp, err := c.PutOwnPreferencesWithBody(ctx, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePutOwnPreferencesResponse(rsp)
+}
+
+// PutOwnPreferencesWithResponse Replace the opt-outs and quiet hours of the user a link was made for, from their form.
+//
+// Takes the token of a link as GET does, and the user's settings whole, under the rules of
+// the keyed route: they replace the user's, and the answer is the form's view of them. A
+// user erased since the link was made is 410 `user_erased`, and nothing is written.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PUT /v1/preferences (the `PutOwnPreferences` operationId).
+func (c *ClientWithResponses) PutOwnPreferencesWithResponse(ctx context.Context, body PutOwnPreferencesJSONRequestBody, reqEditors ...RequestEditorFn) (*PutOwnPreferencesResponse, error) {
+	rsp, err := c.PutOwnPreferences(ctx, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePutOwnPreferencesResponse(rsp)
+}
+
 // GetProvidersWithResponse Per channel, whether it is configured and what the workers' circuit breakers say.
 //
 // Over every app: a channel is configured when some app has credentials for it, its state
@@ -13479,6 +14287,50 @@ func (c *ClientWithResponses) PutUserPreferencesWithResponse(ctx context.Context
 		return nil, err
 	}
 	return ParsePutUserPreferencesResponse(rsp)
+}
+
+// CreatePreferencesLinkWithBodyWithResponse A link to the user's own preferences form, for the app to open on the phone (docs/apps-integration.md).
+//
+// The user sets their own opt-outs and quiet hours in a form Herald serves at
+// `/preferences`, on the public listener (HERALD_PUBLIC_ADDR) and the main one, with no API
+// key: the link's token is the form's only credential. The URL is the form's under
+// HERALD_PUBLIC_URL (else the scheme and host this request came with), the token in its
+// fragment (`#token=...`), which browsers never send to a server. The token names the user
+// and when the user was made: once the user is erased it opens nothing, even should the id
+// be used again. It is signed, not stored: a link cannot be revoked before its expiry but
+// by erasing the user.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/users/{user_id}/preferences/link (the `CreatePreferencesLink` operationId).
+func (c *ClientWithResponses) CreatePreferencesLinkWithBodyWithResponse(ctx context.Context, userID UserID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreatePreferencesLinkResponse, error) {
+	rsp, err := c.CreatePreferencesLinkWithBody(ctx, userID, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreatePreferencesLinkResponse(rsp)
+}
+
+// CreatePreferencesLinkWithResponse A link to the user's own preferences form, for the app to open on the phone (docs/apps-integration.md).
+//
+// The user sets their own opt-outs and quiet hours in a form Herald serves at
+// `/preferences`, on the public listener (HERALD_PUBLIC_ADDR) and the main one, with no API
+// key: the link's token is the form's only credential. The URL is the form's under
+// HERALD_PUBLIC_URL (else the scheme and host this request came with), the token in its
+// fragment (`#token=...`), which browsers never send to a server. The token names the user
+// and when the user was made: once the user is erased it opens nothing, even should the id
+// be used again. It is signed, not stored: a link cannot be revoked before its expiry but
+// by erasing the user.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/users/{user_id}/preferences/link (the `CreatePreferencesLink` operationId).
+func (c *ClientWithResponses) CreatePreferencesLinkWithResponse(ctx context.Context, userID UserID, body CreatePreferencesLinkJSONRequestBody, reqEditors ...RequestEditorFn) (*CreatePreferencesLinkResponse, error) {
+	rsp, err := c.CreatePreferencesLink(ctx, userID, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreatePreferencesLinkResponse(rsp)
 }
 
 // GetVAPIDPublicKeyWithResponse The VAPID public key a web page subscribes with, per app (docs/apps-integration.md).
@@ -15796,6 +16648,208 @@ func ParseListMessageDeliveriesResponse(rsp *http.Response) (*ListMessageDeliver
 	return response, nil
 }
 
+// ParseGetOwnPreferencesResponse parses an HTTP response from a GetOwnPreferencesWithResponse call
+func ParseGetOwnPreferencesResponse(rsp *http.Response) (*GetOwnPreferencesResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetOwnPreferencesResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest PreferencesForm
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 410:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON410 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers GetOwnPreferencesResponse200Headers
+		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.CacheControl = &value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 429:
+		var headers GetOwnPreferencesResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 503:
+		var headers GetOwnPreferencesResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParsePutOwnPreferencesResponse parses an HTTP response from a PutOwnPreferencesWithResponse call
+func ParsePutOwnPreferencesResponse(rsp *http.Response) (*PutOwnPreferencesResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &PutOwnPreferencesResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest PreferencesForm
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON408 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 410:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON410 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 415:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON415 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers PutOwnPreferencesResponse200Headers
+		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.CacheControl = &value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 429:
+		var headers PutOwnPreferencesResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 503:
+		var headers PutOwnPreferencesResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
 // ParseGetProvidersResponse parses an HTTP response from a GetProvidersWithResponse call
 func ParseGetProvidersResponse(rsp *http.Response) (*GetProvidersResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -17803,6 +18857,118 @@ func ParsePutUserPreferencesResponse(rsp *http.Response) (*PutUserPreferencesRes
 		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers PutUserPreferencesResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseCreatePreferencesLinkResponse parses an HTTP response from a CreatePreferencesLinkWithResponse call
+func ParseCreatePreferencesLinkResponse(rsp *http.Response) (*CreatePreferencesLinkResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &CreatePreferencesLinkResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 201:
+		var dest PreferencesLink
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON201 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON408 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 415:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON415 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 429:
+		var headers CreatePreferencesLinkResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 503:
+		var headers CreatePreferencesLinkResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {

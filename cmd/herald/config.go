@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"strconv"
 	"strings"
 	"syscall"
@@ -31,8 +32,14 @@ type config struct {
 	// AdminAddr is the optional operators' listener (/metrics, pprof).
 	AdminAddr string
 	// PublicAddr is the optional listener of the device routes alone
-	// (receipts, the VAPID key, the web kit), to expose to the internet.
+	// (receipts, the VAPID key, the web kit, the preferences form), to
+	// expose to the internet.
 	PublicAddr string
+	// PublicURL is the base URL devices reach Herald at from the internet
+	// (HERALD_PUBLIC_URL), without a trailing slash: links to users'
+	// preferences forms are made under it. Empty: under the scheme and
+	// host of the request that asks for one.
+	PublicURL string
 	// BodyBudgetMB bounds the request bodies the process reads at once
 	// (api.DefaultBodyBudget when zero).
 	BodyBudgetMB int
@@ -295,6 +302,9 @@ func loadConfig(getenv func(string) string) (config, error) {
 	if c.TrustedProxies, err = cidrsVar(getenv, "HERALD_TRUSTED_PROXIES"); err != nil {
 		return c, err
 	}
+	if c.PublicURL, err = baseURLVar(getenv, "HERALD_PUBLIC_URL"); err != nil {
+		return c, err
+	}
 	if v := getenv("HERALD_SECURE_COOKIES"); v != "" {
 		if c.SecureCookies, err = strconv.ParseBool(v); err != nil {
 			return c, fmt.Errorf("HERALD_SECURE_COOKIES: %q is neither true nor false", v)
@@ -403,6 +413,22 @@ func cidrsVar(getenv func(string) string, name string) ([]*net.IPNet, error) {
 		nets = append(nets, n)
 	}
 	return nets, nil
+}
+
+// baseURLVar reads an optional base URL: http or https, a host, perhaps a
+// path, and nothing else (no user, query or fragment); it is returned
+// without a trailing slash, for paths to be added to it.
+func baseURLVar(getenv func(string) string, name string) (string, error) {
+	s := getenv(name)
+	if s == "" {
+		return "", nil
+	}
+	u, err := url.Parse(s)
+	if err != nil || u.Scheme != "http" && u.Scheme != "https" || u.Host == "" || u.User != nil ||
+		u.RawQuery != "" || u.ForceQuery || u.Fragment != "" || u.Opaque != "" {
+		return "", fmt.Errorf("%s: %q is not a base URL such as https://push.example.com (http or https, a host, perhaps a path; no query or fragment)", name, s)
+	}
+	return strings.TrimRight(s, "/"), nil
 }
 
 // validateAdminPassword refuses a password too short to guard the

@@ -100,3 +100,27 @@ func TestLoadConfigReceipts(t *testing.T) {
 		require.ErrorContains(t, err, "HERALD_RECEIPT_WINDOW", v)
 	}
 }
+
+// TestLoadConfigPublicURL: HERALD_PUBLIC_URL is a base URL, kept without
+// its trailing slash; anything else stops the start.
+func TestLoadConfigPublicURL(t *testing.T) {
+	t.Parallel()
+	c, err := loadConfig(env(nil))
+	require.NoError(t, err)
+	require.Empty(t, c.PublicURL)
+	for value, want := range map[string]string{
+		"https://push.example.com":        "https://push.example.com",
+		"https://push.example.com/":       "https://push.example.com",
+		"http://10.0.0.5:8081":            "http://10.0.0.5:8081",
+		"https://www.example.com/herald/": "https://www.example.com/herald",
+	} {
+		c, err := loadConfig(env(map[string]string{"HERALD_PUBLIC_URL": value}))
+		require.NoError(t, err, value)
+		require.Equal(t, want, c.PublicURL, value)
+	}
+	for _, bad := range []string{"push.example.com", "ftp://push.example.com", "https://", "https://user:pw@push.example.com",
+		"https://push.example.com/?x=1", "https://push.example.com/#top", "https:push.example.com", "/preferences"} {
+		_, err := loadConfig(env(map[string]string{"HERALD_PUBLIC_URL": bad}))
+		require.ErrorContains(t, err, "HERALD_PUBLIC_URL", bad)
+	}
+}

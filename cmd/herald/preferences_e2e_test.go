@@ -23,10 +23,22 @@ import (
 // These tests hold Herald, from outside, to what the people reminded are
 // owed (docs/preferences.md): each rule decided when a delivery is sent.
 
-// preferTo sets a user's preferences through the API.
-func (e *e2e) preferTo(user string, prefs map[string]any) {
+// preferTo sets a user's preferences through the API: opt-outs
+// ("category" or "category:channel") and quiet hours (nil: none of their
+// own).
+func (e *e2e) preferTo(user string, quiet *client.QuietHours, optOuts ...string) {
 	e.t.Helper()
-	e.callOK(http.StatusOK, http.MethodPut, "/v1/users/"+user+"/preferences", prefs)
+	outs := []client.OptOut{}
+	for _, o := range optOuts {
+		category, channel, _ := strings.Cut(o, ":")
+		out := client.OptOut{Category: category}
+		if channel != "" {
+			out.Channel = new(client.Channel(channel))
+		}
+		outs = append(outs, out)
+	}
+	res, err := e.api.PutUserPreferencesWithResponse(context.Background(), user, client.PreferencesUpdate{OptOuts: &outs, QuietHours: quiet})
+	answered(e.t, http.StatusOK, res, err)
 }
 
 // sendIn schedules a message in category at dispatchAt to users, with
@@ -82,18 +94,21 @@ func TestE2EPreferencesDecidedAtSendTime(t *testing.T) {
 		e.registerDevice(client.DeviceRegistration{UserID: user, Channel: client.ChannelAPNs, Token: &apns})
 		e.registerDevice(client.DeviceRegistration{UserID: user, Channel: client.ChannelFCM, Token: &fcm})
 	}
-	e.callOK(http.StatusCreated, http.MethodPut, "/v1/categories/alerts", map[string]any{"critical": true})
+	ctx := context.Background()
+	put, err := e.api.PutCategoryWithResponse(ctx, "alerts", client.CategoryRule{Critical: new(true)})
+	answered(t, http.StatusCreated, put, err)
 
 	at := time.Now().Add(4 * time.Second)
 	marketing := e.sendIn("marketing", at, []string{"keep", "out", "web-out"}, nil)
 	alert := e.sendIn("alerts", at, []string{"out"}, nil)
 	// After scheduling, before the instant.
 	now := time.Now().UTC()
-	e.preferTo("out", map[string]any{
-		"opt_outs":    []map[string]any{{"category": "marketing"}, {"category": "alerts"}},
-		"quiet_hours": map[string]any{"start": now.Add(-time.Hour).Format("15:04"), "end": now.Add(2 * time.Hour).Format("15:04")},
-	})
-	e.preferTo("web-out", map[string]any{"opt_outs": []map[string]any{{"category": "marketing", "channel": "fcm"}}})
+	e.preferTo("out", &client.QuietHours{Start: now.Add(-time.Hour).Format("15:04"), End: now.Add(2 * time.Hour).Format("15:04")},
+		"marketing", "alerts")
+	e.preferTo("web-out", nil, "marketing:fcm")
+	read, err := e.api.GetUserPreferencesWithResponse(ctx, "out")
+	prefs := answered(t, http.StatusOK, read, err).JSON200
+	require.Equal(t, []client.OptOut{{Category: "alerts"}, {Category: "marketing"}}, prefs.OptOuts)
 
 	st := e.settle(marketing, 30*time.Second)
 	require.Equal(t, client.MessageStateDispatched, st.State)
@@ -140,6 +155,54 @@ func TestE2EPreferencesDecidedAtSendTime(t *testing.T) {
 		}
 	}
 	require.EqualValues(t, 3, optedOut, "herald_deliveries_total by reason opted_out")
+
+	// Declared, listed, and made an ordinary category again.
+	list, err := e.api.ListCategoriesWithResponse(ctx)
+	require.Len(t, answered(t, http.StatusOK, list, err).JSON200.Items, 1)
+	got1, err := e.api.GetCategoryWithResponse(ctx, "alerts")
+	require.True(t, answered(t, http.StatusOK, got1, err).JSON200.Critical)
+	del, err := e.api.DeleteCategoryWithResponse(ctx, "alerts")
+	answered(t, http.StatusNoContent, del, err)
+	got1, err = e.api.GetCategoryWithResponse(ctx, "alerts")
+	answered(t, http.StatusNotFound, got1, err)
+}
+
+// TestE2EInstallationQuietHours: the installation's quiet hours hold the
+// deliveries of users who set none of their own, and not those of a user
+// whose own are none; without them, nothing is held.
+func TestE2EInstallationQuietHours(t *testing.T) {
+	t.Parallel()
+	e := startE2E(t, nil)
+	ctx := context.Background()
+	now := time.Now().UTC()
+	put, err := e.api.PutQuietHoursWithResponse(ctx, client.QuietHoursUpdate{
+		Start: now.Add(-time.Hour).Format("15:04"), End: now.Add(2 * time.Hour).Format("15:04"), Timezone: new("UTC")})
+	answered(t, http.StatusOK, put, err)
+	got, err := e.api.GetQuietHoursWithResponse(ctx)
+	require.Equal(t, "UTC", answered(t, http.StatusOK, got, err).JSON200.Timezone)
+	tokens := map[string]string{}
+	for i, user := range []string{"sleeper", "night-owl"} {
+		tok := fmt.Sprintf("%064x", 0xb10+i)
+		tokens[user] = tok
+		e.registerDevice(client.DeviceRegistration{UserID: user, Channel: client.ChannelAPNs, Token: &tok})
+	}
+	e.preferTo("night-owl", &client.QuietHours{Start: "00:00", End: "00:00"})
+	id := e.sendIn("reminders", time.Now(), []string{"sleeper", "night-owl"},
+		map[string]any{"expires_at": now.Add(4 * time.Hour).Format(time.RFC3339)})
+	require.Eventually(t, func() bool { return len(e.deliveries(id, client.DeliveryStatusAccepted)) == 1 }, 30*time.Second, 50*time.Millisecond)
+	held := e.deliveries(id, client.DeliveryStatusPending)
+	require.Len(t, held, 1)
+	require.Equal(t, "quiet_hours", string(*held[0].Reason))
+	require.Equal(t, 1, e.withheldCounts(id)["held"])
+	require.Len(t, receivedBy(e.fake, id)[tokens["night-owl"]], 1)
+	require.Empty(t, receivedBy(e.fake, id)[tokens["sleeper"]])
+
+	del, err := e.api.DeleteQuietHoursWithResponse(ctx)
+	answered(t, http.StatusNoContent, del, err)
+	got, err = e.api.GetQuietHoursWithResponse(ctx)
+	answered(t, http.StatusNotFound, got, err)
+	later := e.sendIn("reminders", time.Now(), []string{"sleeper"}, nil)
+	require.Equal(t, 1, e.settle(later, 30*time.Second).Deliveries.Accepted)
 }
 
 // testZones compiles two zones whose clocks change moments from now into
@@ -228,13 +291,13 @@ func TestE2EQuietHoursAcrossDST(t *testing.T) {
 		tok := fmt.Sprintf("%064x", len(tokens)+0xd57)
 		tokens[user] = tok
 		e.registerDevice(client.DeviceRegistration{UserID: user, Channel: client.ChannelAPNs, Token: &tok})
-		e.preferTo(user, map[string]any{"opt_outs": []any{}, "quiet_hours": map[string]any{"start": u.start, "end": u.end}})
+		e.preferTo(user, &client.QuietHours{Start: u.start, End: u.end})
 		ids = append(ids, user)
 	}
 	skipper := fmt.Sprintf("%064x", 0x5c1)
 	e.putUser("skipper", "Herald/Spring")
 	e.registerDevice(client.DeviceRegistration{UserID: "skipper", Channel: client.ChannelAPNs, Token: &skipper})
-	e.preferTo("skipper", map[string]any{"opt_outs": []any{}, "quiet_hours": map[string]any{"start": wall(now.Add(-time.Hour), 0), "end": wall(springEnd, time.Hour)}})
+	e.preferTo("skipper", &client.QuietHours{Start: wall(now.Add(-time.Hour), 0), End: wall(springEnd, time.Hour)})
 
 	lifetime := map[string]any{"expires_at": now.Add(3 * time.Hour).Format(time.RFC3339)}
 	held := e.sendIn("reminders", time.Now(), ids, lifetime)
@@ -285,7 +348,8 @@ func TestE2EFrequencyCapAcrossWorkers(t *testing.T) {
 			client.DeviceRegistration{UserID: u, Channel: client.ChannelFCM, Token: new(fmt.Sprintf("fcm-capped-%d", i))})
 	}
 	s.registerDevices(batch)
-	s.callOK(http.StatusCreated, http.MethodPut, "/v1/categories/promo", map[string]any{"cap": map[string]any{"count": 1, "period_seconds": 86400}})
+	put, err := s.api.PutCategoryWithResponse(context.Background(), "promo", client.CategoryRule{Cap: &client.CategoryCap{Count: 1, PeriodSeconds: 86400}})
+	answered(t, http.StatusCreated, put, err)
 	startListeningWorkers(t, s.vars)
 
 	at := time.Now().Add(3 * time.Second)

@@ -470,6 +470,7 @@ func (p *process) handler(ctx context.Context, w *worker) (*api.Server, error) {
 		MaxDevicesPerUser: cfg.MaxDevicesPerUser,
 		ScheduleLimits:    cfg.ScheduleLimits,
 		ScheduleLead:      cfg.ScheduleLead,
+		PublicURL:         cfg.PublicURL,
 	})
 	if err != nil {
 		return nil, err
