@@ -447,6 +447,8 @@ func TestWithheldDeliveries(t *testing.T) {
 		string(push.ReasonQuietHours), 0, now.Add(time.Hour).UnixMicro())
 	_, err := b.q.RecordResults(ctx, r)
 	require.NoError(t, err)
+	// The chunk's attempt that held it says so as it closes.
+	require.NoError(t, b.q.RecordChunk(ctx, db.RecordChunkParams{MessageID: n, Chunk: d.Chunk, StartedAt: &now, Held: 1}))
 
 	want := map[string]any{"total": 6.0, "accepted": 1.0, "failed": 0.0, "expired": 0.0, "cancelled": 3.0, "pending": 2.0,
 		"opted_out": 1.0, "capped": 1.0, "quiet_hours": 1.0, "held": 1.0}

@@ -198,7 +198,7 @@ func WriteChunks(ctx context.Context, pool *pgxpool.Pool, ws []ChunkWrite) ([]Ch
 		}
 		for _, i := range order {
 			for _, c := range ws[i].Chunks {
-				b.Queue(recordChunk, c.StartedAt, c.FirstAcceptedAt, c.LastAcceptedAt, c.FinishedAt, c.MessageID, c.Chunk)
+				b.Queue(recordChunk, c.StartedAt, c.FirstAcceptedAt, c.LastAcceptedAt, c.FinishedAt, c.Held, c.MessageID, c.Chunk)
 			}
 			if ws[i].Settle {
 				b.Queue(settleMessage, ws[i].MessageID).QueryRow(func(row pgx.Row) error {

@@ -23,13 +23,15 @@ SELECT d.device_id, d.attempt, d.channel, d.locale,
        d.not_before,
        coalesce(v.app_id, 1)::integer AS app_id, coalesce(v.credential_id, 0)::bigint AS credential_id,
        d.user_id,
-       coalesce(p.opt_outs && ARRAY[m.category, m.category || ':' || d.channel], false)::boolean AS opted_out,
-       p.quiet_start, p.quiet_end, u.timezone,
+       coalesce(p.opt_outs && ARRAY[c.category, c.category || ':' || d.channel], false)::boolean AS opted_out,
+       p.quiet_start, p.quiet_end,
+       coalesce(CASE WHEN p.quiet_start IS NOT NULL OR c.default_quiet
+                     THEN (SELECT u.timezone FROM users u WHERE u.id = d.user_id) END, '')::text AS timezone,
        (CASE WHEN d.reason = 'quiet_hours' THEN d.due_at ELSE 'epoch' END)::timestamptz AS held_due
 FROM deliveries d
-LEFT JOIN (SELECT mm.category FROM messages mm WHERE mm.id = $1) m ON true
+CROSS JOIN (SELECT (SELECT mm.category FROM messages mm WHERE mm.id = $1) AS category,
+                   EXISTS (SELECT 1 FROM quiet_hours_default) AS default_quiet OFFSET 0) c
 LEFT JOIN devices v ON v.id = d.device_id
-LEFT JOIN users u ON u.id = d.user_id
 LEFT JOIN user_preferences p ON p.user_id = d.user_id
 WHERE d.message_id = $1
   AND d.device_id BETWEEN $2 AND $3
@@ -62,7 +64,7 @@ type ChunkPendingRow struct {
 	OptedOut     bool
 	QuietStart   pgtype.Time
 	QuietEnd     pgtype.Time
-	Timezone     *string
+	Timezone     string
 	HeldDue      time.Time
 }
 
@@ -87,13 +89,16 @@ type ChunkPendingRow struct {
 // the message's category (migration 0024), read when the chunk begins so
 // that a preference set after the message was scheduled holds: whether the
 // user opted out of the category (on every channel, or the device's), the
-// user's quiet hours (NULL for the installation's) and zone. HeldDue is,
+// user's quiet hours (NULL for the installation's) and zone (” for none,
+// and read only when some quiet hours count for the user). HeldDue is,
 // for a delivery held by quiet hours, their end, when it is due; the epoch
 // for any other.
 //
 // This reads a chunk scheduled with pending ledger rows (by a release
 // before migration 0022, or while one was alive); ChunkSnapshotPending
 // reads one scheduled with a snapshot of its devices.
+// The message's category and whether the installation has quiet hours,
+// read once (a subquery evaluated once, before the devices).
 func (q *Queries) ChunkPending(ctx context.Context, arg ChunkPendingParams) ([]ChunkPendingRow, error) {
 	rows, err := q.db.Query(ctx, chunkPending,
 		arg.MessageID,
@@ -145,14 +150,16 @@ SELECT s.device_id::bigint AS device_id, coalesce(d.attempt, 0)::smallint AS att
        d.not_before,
        v.app_id, coalesce(v.credential_id, 0)::bigint AS credential_id,
        v.user_id,
-       coalesce(p.opt_outs && ARRAY[m.category, m.category || ':' || v.channel], false)::boolean AS opted_out,
-       p.quiet_start, p.quiet_end, u.timezone,
+       coalesce(p.opt_outs && ARRAY[k.category, k.category || ':' || v.channel], false)::boolean AS opted_out,
+       p.quiet_start, p.quiet_end,
+       coalesce(CASE WHEN p.quiet_start IS NOT NULL OR k.default_quiet
+                     THEN (SELECT u.timezone FROM users u WHERE u.id = v.user_id) END, '')::text AS timezone,
        (CASE WHEN d.reason = 'quiet_hours' THEN d.due_at ELSE 'epoch' END)::timestamptz AS held_due
 FROM chunk_devices c
-LEFT JOIN (SELECT mm.category FROM messages mm WHERE mm.id = $1) m ON true
+CROSS JOIN (SELECT (SELECT mm.category FROM messages mm WHERE mm.id = $1) AS category,
+                   EXISTS (SELECT 1 FROM quiet_hours_default) AS default_quiet OFFSET 0) k
 CROSS JOIN LATERAL unnest(c.devices) WITH ORDINALITY AS s(device_id, n)
 JOIN devices v ON v.id = s.device_id
-LEFT JOIN users u ON u.id = v.user_id
 LEFT JOIN user_preferences p ON p.user_id = v.user_id
 LEFT JOIN (
     SELECT w.device_id, w.status, w.attempt, w.not_before, w.due_at, w.reason
@@ -189,7 +196,7 @@ type ChunkSnapshotPendingRow struct {
 	OptedOut     bool
 	QuietStart   pgtype.Time
 	QuietEnd     pgtype.Time
-	Timezone     *string
+	Timezone     string
 	HeldDue      time.Time
 }
 
@@ -364,8 +371,10 @@ SET started_at = coalesce(started_at, $1),
     last_accepted_at = CASE WHEN $3::timestamptz IS NULL THEN last_accepted_at
                             ELSE greatest(coalesce(last_accepted_at, '-infinity'), $3::timestamptz) END,
     finished_at = $4,
-    recorded_at = clock_timestamp()
-WHERE message_id = $5 AND chunk = $6
+    recorded_at = clock_timestamp(),
+    -- Its deliveries held by quiet hours as the attempt ended (0024).
+    held = $5
+WHERE message_id = $6 AND chunk = $7
 `
 
 type RecordChunkParams struct {
@@ -373,17 +382,20 @@ type RecordChunkParams struct {
 	FirstAcceptedAt *time.Time
 	LastAcceptedAt  *time.Time
 	FinishedAt      *time.Time
+	Held            int32
 	MessageID       int64
 	Chunk           int32
 }
 
-// What the worker saw of its chunk, for the dispatch breakdown.
+// What the worker saw of its chunk, for the dispatch breakdown, and how
+// many of its deliveries wait for their users' quiet hours to end.
 func (q *Queries) RecordChunk(ctx context.Context, arg RecordChunkParams) error {
 	_, err := q.db.Exec(ctx, recordChunk,
 		arg.StartedAt,
 		arg.FirstAcceptedAt,
 		arg.LastAcceptedAt,
 		arg.FinishedAt,
+		arg.Held,
 		arg.MessageID,
 		arg.Chunk,
 	)
@@ -454,15 +466,20 @@ WITH input AS (
     -- reading of whether any webhook wants them (jobs.WebhookTypes): false,
     -- the generic plan's one-time filter skips this, and a ledger write
     -- costs what it did before webhooks.
+    -- Each kind is a branch of its own, so that each keeps its one-time
+    -- filter.
     INSERT INTO webhook_events (webhook_id, message_id, type, device_id, user_id, reason, at)
-    SELECT w.id, u.message_id, e.type, u.device_id, u.user_id, u.reason,
+    SELECT w.id, u.message_id, 'delivery.failed', u.device_id, u.user_id, u.reason,
            coalesce(u.attempted_at, clock_timestamp())
     FROM updated u
-    CROSS JOIN LATERAL (SELECT CASE WHEN u.status = 'failed' THEN 'delivery.failed' ELSE 'delivery.withheld' END AS type) e
-    JOIN webhooks w ON e.type = ANY (w.events)
-    WHERE ($12::boolean AND u.status = 'failed')
-       OR ($13::boolean AND u.status IN ('cancelled', 'expired')
-           AND u.reason IN ('opted_out', 'quiet_hours', 'capped'))
+    JOIN webhooks w ON 'delivery.failed' = ANY (w.events)
+    WHERE $12::boolean AND u.status = 'failed'
+    UNION ALL
+    SELECT w.id, u.message_id, 'delivery.withheld', u.device_id, u.user_id, u.reason, clock_timestamp()
+    FROM updated u
+    JOIN webhooks w ON 'delivery.withheld' = ANY (w.events)
+    WHERE $13::boolean AND u.status IN ('cancelled', 'expired')
+      AND u.reason IN ('opted_out', 'quiet_hours', 'capped')
 ), tallies AS (
     -- The rows each write settled, by message and status, the accepted
     -- ones by the bucket of their skew in the message's histogram

@@ -225,6 +225,7 @@ type MessageChunk struct {
 	LastAcceptedAt  *time.Time
 	FinishedAt      *time.Time
 	RecordedAt      *time.Time
+	Held            int32
 }
 
 type Operator struct {

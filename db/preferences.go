@@ -4,30 +4,46 @@ import (
 	"context"
 	"fmt"
 	"slices"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // claimFrequencyCaps claims a place under a category's cap for a message,
 // for each user given (sorted and distinct, so that concurrent claims lock
 // rows in one order and cannot deadlock), and answers each user with
 // whether the message may be sent to them. The claim is the row's upsert:
-// ON CONFLICT locks the user's row and computes its new history
-// (frequency_cap_claim, migration 0024) from the row's latest committed
-// version, so two claims for one user, from any processes, are decided one
-// after the other, exactly. A message already counted for the user (by
+// ON CONFLICT locks the user's row and computes its new history from the
+// row's latest committed version, so two claims for one user, from any
+// processes, are decided one after the other, exactly.
+//
+// A user's history is the last $3 (the cap's count) messages the category
+// sent them and when, oldest first: no more is needed, since the message
+// may be sent when fewer than the cap were sent within the period ($4
+// seconds) before now, that is when the history is not full or its oldest
+// entry is older than the period. A message already in it (sent to
 // another of the user's devices, in this chunk or another, or by an
-// earlier attempt) is allowed again without counting twice. It is written
-// here rather than in queries/ because sqlc cannot rewrite the parameters
-// of its multi-column SET.
+// earlier attempt) is allowed again without counting twice. The history
+// is computed in the statement with array operators alone: a function
+// call a row cost as much again.
 const claimFrequencyCaps = `
 INSERT INTO frequency_caps AS f (user_id, category, message_ids, sent_at, last_at)
 SELECT u.user_id, $1::text, ARRAY[$2::bigint], ARRAY[now()], now()
 FROM unnest($5::text[]) AS u(user_id)
 ORDER BY u.user_id
 ON CONFLICT (user_id, category) DO UPDATE
-SET (message_ids, sent_at) = (
-        SELECT c.new_ids, c.new_ats
-        FROM frequency_cap_claim(f.message_ids, f.sent_at, $2::bigint, now(),
-                                 $4::integer * interval '1 second', $3::integer) c),
+SET message_ids = CASE
+        WHEN $2::bigint = ANY (f.message_ids) THEN f.message_ids
+        WHEN cardinality(f.message_ids) < $3::integer
+          OR f.sent_at[cardinality(f.sent_at) - $3::integer + 1] <= now() - $4::integer * interval '1 second'
+        THEN (f.message_ids || $2::bigint)[greatest(cardinality(f.message_ids) + 2 - $3::integer, 1):]
+        ELSE f.message_ids END,
+    sent_at = CASE
+        WHEN $2::bigint = ANY (f.message_ids) THEN f.sent_at
+        WHEN cardinality(f.message_ids) < $3::integer
+          OR f.sent_at[cardinality(f.sent_at) - $3::integer + 1] <= now() - $4::integer * interval '1 second'
+        THEN (f.sent_at || now())[greatest(cardinality(f.sent_at) + 2 - $3::integer, 1):]
+        ELSE f.sent_at END,
     last_at = now()
 RETURNING f.user_id, ($2::bigint = ANY (f.message_ids))::boolean`
 
@@ -41,30 +57,38 @@ type CategoryCap struct {
 
 // ClaimFrequencyCaps claims the message's place under cap for each of
 // users (in any order, repeated or not) and returns those it may not be
-// sent to: the cap was reached by other messages within the period.
-func ClaimFrequencyCaps(ctx context.Context, q DBTX, cap CategoryCap, messageID int64, users []string) (capped map[string]bool, err error) {
+// sent to: the cap was reached by other messages within the period. It is
+// one round trip, pipelined as a chunk's writes are: on the statement's
+// generic plan (a custom one was planned anew on each of a connection's
+// first claims, at the instant), and committed without waiting for the
+// disk, as the ledger's writes are: the chunk's job's completion flushes
+// it, and a claim lost with the database before that is made again by the
+// chunk's retry.
+func ClaimFrequencyCaps(ctx context.Context, pool *pgxpool.Pool, cap CategoryCap, messageID int64, users []string) (capped map[string]bool, err error) {
 	users = slices.Clone(users)
 	slices.Sort(users)
 	users = slices.Compact(users)
-	rows, err := q.Query(ctx, claimFrequencyCaps, cap.Category, messageID, cap.Count, cap.PeriodS, users)
+	err = inBatch(ctx, pool, func(b *pgx.Batch) {
+		capped = map[string]bool{}
+		b.Queue(commitWithoutWaitingForDisk)
+		b.Queue(useGenericPlans)
+		b.Queue(claimFrequencyCaps, cap.Category, messageID, cap.Count, cap.PeriodS, users).Query(func(rows pgx.Rows) error {
+			for rows.Next() {
+				var (
+					user    string
+					allowed bool
+				)
+				if err := rows.Scan(&user, &allowed); err != nil {
+					return err
+				}
+				if !allowed {
+					capped[user] = true
+				}
+			}
+			return rows.Err()
+		})
+	})
 	if err != nil {
-		return nil, fmt.Errorf("claim frequency caps: %w", err)
-	}
-	defer rows.Close()
-	capped = map[string]bool{}
-	for rows.Next() {
-		var (
-			user    string
-			allowed bool
-		)
-		if err := rows.Scan(&user, &allowed); err != nil {
-			return nil, fmt.Errorf("claim frequency caps: %w", err)
-		}
-		if !allowed {
-			capped[user] = true
-		}
-	}
-	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("claim frequency caps: %w", err)
 	}
 	return capped, nil

@@ -181,10 +181,9 @@ func (q *Queries) GetUserPreferences(ctx context.Context, userID string) (GetUse
 }
 
 const heldDeliveries = `-- name: HeldDeliveries :many
-SELECT message_id, count(*)::integer AS held
-FROM deliveries
+SELECT message_id, sum(held)::integer AS held
+FROM message_chunks
 WHERE message_id = ANY ($1::bigint[])
-  AND status = 'pending' AND reason = 'quiet_hours'
 GROUP BY message_id
 `
 
@@ -194,10 +193,10 @@ type HeldDeliveriesRow struct {
 }
 
 // How many deliveries of each of the messages given are held by their
-// users' quiet hours now: pending with reason quiet_hours (a snapshot's
-// device without a row has none). Each message's rows are found through
-// its part of the ledger's primary key; the API asks only of messages
-// that have started and still have deliveries pending.
+// users' quiet hours: the sum of what each chunk's last attempt held
+// (message_chunks.held), read without reading the ledger. A delivery held
+// and then cancelled by its device's deletion or move is counted until its
+// chunk's next attempt, at the end of the hours.
 func (q *Queries) HeldDeliveries(ctx context.Context, messageIds []int64) ([]HeldDeliveriesRow, error) {
 	rows, err := q.db.Query(ctx, heldDeliveries, messageIds)
 	if err != nil {

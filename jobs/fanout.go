@@ -187,15 +187,12 @@ func (w *FanOutWorker) Work(ctx context.Context, job *river.Job[FanOutArgs]) err
 	if err := ledger.drain(ctx, a); err != nil {
 		return err
 	}
-	c, msg, err := w.begin(ctx, job, lane.Pool)
+	c, msg, err := w.begin(ctx, job, lane.Pool, startedAt)
 	if err != nil || c == nil {
 		return err
 	}
 	if len(c.Targets) == 0 {
 		return w.finish(ctx, c, ledger, ledger.open(c, startedAt, nil), false)
-	}
-	if err := withhold(ctx, c, lane.Pool, startedAt); err != nil {
-		return err
 	}
 	groups := w.group(c, startedAt)
 	// What is tried is what is grouped: a device gone is cancelled, and
@@ -259,7 +256,7 @@ func (w *FanOutWorker) afterFence(ctx context.Context, job *river.Job[FanOutArgs
 // devices and, unless the message is cached, its payload. c is nil when
 // the message is no longer sendable; msg, the encoded pushes, is only built
 // when something is pending. pool is the connections of the chunk's lane.
-func (w *FanOutWorker) begin(ctx context.Context, job *river.Job[FanOutArgs], pool *pgxpool.Pool) (c *running, msg *encodedMessage, err error) {
+func (w *FanOutWorker) begin(ctx context.Context, job *river.Job[FanOutArgs], pool *pgxpool.Pool, now time.Time) (c *running, msg *encodedMessage, err error) {
 	a := job.Args
 	msg, cached := w.messages.lookup(a)
 	payloadID := a.PayloadID
@@ -271,6 +268,18 @@ func (w *FanOutWorker) begin(ctx context.Context, job *river.Job[FanOutArgs], po
 		return nil, nil, err
 	}
 	begun, err := db.BeginChunk(ctx, pool, a.ledgerRange(), payloadID)
+	if err == nil && begun.State == StateDispatching {
+		c = &running{FanOutArgs: a, Targets: make([]Target, len(begun.Pending)), Rule: ruleOf(begun.Rules)}
+		for i, r := range begun.Pending {
+			c.Targets[i] = targetOf(r)
+		}
+		// Decided before the gate is let go, so that a capped category's
+		// claim takes a connection only while the chunk holds its place
+		// among those beginning, as its read did: at an instant the chunks
+		// do not open more connections between them than the gate lets
+		// begin.
+		err = withhold(ctx, c, pool, now)
+	}
 	release()
 	if err != nil {
 		return nil, nil, err
@@ -279,10 +288,6 @@ func (w *FanOutWorker) begin(ctx context.Context, job *river.Job[FanOutArgs], po
 		w.cfg.Logger.InfoContext(ctx, "chunk skipped: its message is no longer sendable",
 			"message_id", push.FormatMessageID(a.MessageID), "chunk", a.Chunk, "attempt", job.Attempt, "state", begun.State)
 		return nil, nil, nil
-	}
-	c = &running{FanOutArgs: a, Targets: make([]Target, len(begun.Pending)), Rule: ruleOf(begun.Rules)}
-	for i, r := range begun.Pending {
-		c.Targets[i] = targetOf(r)
 	}
 	if len(c.Targets) > 0 && !cached {
 		if msg, err = w.messages.build(a, begun.Payload); err != nil {

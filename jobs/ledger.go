@@ -153,6 +153,9 @@ type chunkRecord struct {
 	// close (timings, settle check); parked says some delivery waits for a
 	// breaker, so the chunk is not finished.
 	closing, parked bool
+	// held is how many of its deliveries wait for their users' quiet
+	// hours to end as the attempt ends (heldAt), written with its close.
+	held int32
 	// abandonedAt is when the chunk stopped waiting for its close (its
 	// attempt timed out); the writer keeps its answers for a while more.
 	abandonedAt time.Time
@@ -194,7 +197,7 @@ func (l *ledger) drain(ctx context.Context, a FanOutArgs) error {
 
 // open registers a chunk attempt whose answers will fill results.
 func (l *ledger) open(c *running, startedAt time.Time, results []push.Result) *chunkRecord {
-	r := &chunkRecord{a: c, startedAt: startedAt, results: results, done: make(chan struct{})}
+	r := &chunkRecord{a: c, startedAt: startedAt, results: results, done: make(chan struct{}), held: heldAt(c, startedAt)}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if old := l.chunks[recordKey(c.FanOutArgs)]; old != nil {
@@ -472,7 +475,7 @@ func (l *ledger) write(batch []pick) error {
 			// The chunk's timings are written once, with its close.
 			chunk := db.RecordChunkParams{
 				MessageID: p.r.a.MessageID, Chunk: int32(p.r.a.Chunk), StartedAt: &p.r.startedAt,
-				FirstAcceptedAt: first, LastAcceptedAt: last,
+				FirstAcceptedAt: first, LastAcceptedAt: last, Held: p.r.held,
 			}
 			if !p.r.parked {
 				finishedAt := l.clock.Now()

@@ -60,9 +60,7 @@ func targetOf(r db.ChunkPendingRow) Target {
 		end, _ := preferences.ClockOf(r.QuietEnd)
 		t.Prefs.Quiet, t.Prefs.Own = preferences.Window{Start: start, End: end}, true
 	}
-	if r.Timezone != nil {
-		t.Prefs.Zone = *r.Timezone
-	}
+	t.Prefs.Zone = r.Timezone
 	return t
 }
 

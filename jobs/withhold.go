@@ -75,3 +75,16 @@ func withhold(ctx context.Context, c *running, pool *pgxpool.Pool, now time.Time
 	}
 	return nil
 }
+
+// heldAt is how many of the chunk's deliveries wait for their users' quiet
+// hours to end after an attempt that began at now: those it held, and
+// those an earlier attempt held whose hours had not ended when it began.
+func heldAt(c *running, now time.Time) int32 {
+	var n int32
+	for _, t := range c.Targets {
+		if t.Held || (t.Gone == push.ReasonNone && !t.DueAt.IsZero() && t.NotBefore.After(now)) {
+			n++
+		}
+	}
+	return n
+}

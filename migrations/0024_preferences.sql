@@ -31,6 +31,12 @@ ALTER TABLE messages
     ADD COLUMN capped_count      integer NOT NULL DEFAULT 0,
     ADD COLUMN quiet_hours_count integer NOT NULL DEFAULT 0;
 
+-- A chunk's deliveries its users' quiet hours held when its last attempt
+-- ended: a message's held count is its chunks' sum, read without reading
+-- its ledger (which a status read every second of a million-device
+-- message cannot afford).
+ALTER TABLE message_chunks ADD COLUMN held integer NOT NULL DEFAULT 0;
+
 ALTER TABLE schedules
     ADD COLUMN category    text NOT NULL DEFAULT 'default',
     ADD COLUMN quiet_hours text NOT NULL DEFAULT 'hold' CHECK (quiet_hours IN ('hold', 'skip'));
@@ -59,13 +65,14 @@ CREATE TABLE quiet_hours_default (
     updated_at  timestamptz NOT NULL DEFAULT now()
 );
 
--- A cap's history: for a user and a capped category, the messages sent to
--- the user within the cap's period and when each was first sent. A row is
--- locked by the claim that reads it (frequency_cap_claim below), so that
--- two processes sending two messages to one user at one instant decide one
--- after the other; a message already in it is counted once however many
--- devices and chunks reach the user. Deleted with the user; the retainer
--- deletes rows older than the longest cap period.
+-- A cap's history: for a user and a capped category, the last messages
+-- sent to the user (as many as the cap counts, oldest first) and when each
+-- was first sent. A row is locked by the claim that reads it
+-- (db.ClaimFrequencyCaps), so that two processes sending two messages to
+-- one user at one instant decide one after the other; a message already in
+-- it is counted once however many devices and chunks reach the user.
+-- Deleted with the user; the retainer deletes a row whose last message is
+-- older than its category's period (last_at).
 CREATE TABLE frequency_caps (
     user_id     text NOT NULL REFERENCES users (id) ON DELETE CASCADE,
     category    text NOT NULL,
@@ -76,20 +83,6 @@ CREATE TABLE frequency_caps (
 );
 
 CREATE INDEX frequency_caps_last_idx ON frequency_caps (last_at);
-
--- The history a claim leaves: ids and times within the period that ends
--- at now, with msg added when it is not there and there is room for it.
--- The message was allowed when msg is in what this returns.
-CREATE FUNCTION frequency_cap_claim(ids bigint[], ats timestamptz[], msg bigint, at timestamptz, period interval, cap integer,
-                                    OUT new_ids bigint[], OUT new_ats timestamptz[])
-LANGUAGE sql IMMUTABLE AS $$
-    WITH kept AS (
-        SELECT i, a FROM unnest(ids, ats) AS h(i, a) WHERE a > at - period
-    )
-    SELECT CASE WHEN msg = ANY (k.ids) OR cardinality(k.ids) >= cap THEN k.ids ELSE k.ids || msg END,
-           CASE WHEN msg = ANY (k.ids) OR cardinality(k.ids) >= cap THEN k.ats ELSE k.ats || at END
-    FROM (SELECT coalesce(array_agg(i ORDER BY a), '{}') AS ids, coalesce(array_agg(a ORDER BY a), '{}') AS ats FROM kept) k
-$$;
 
 ALTER TABLE webhooks DROP CONSTRAINT webhooks_events_check;
 ALTER TABLE webhooks ADD CONSTRAINT webhooks_events_check CHECK (cardinality(events) > 0 AND events <@ ARRAY[

@@ -20,7 +20,8 @@
 -- the message's category (migration 0024), read when the chunk begins so
 -- that a preference set after the message was scheduled holds: whether the
 -- user opted out of the category (on every channel, or the device's), the
--- user's quiet hours (NULL for the installation's) and zone. HeldDue is,
+-- user's quiet hours (NULL for the installation's) and zone ('' for none,
+-- and read only when some quiet hours count for the user). HeldDue is,
 -- for a delivery held by quiet hours, their end, when it is due; the epoch
 -- for any other.
 --
@@ -37,13 +38,17 @@ SELECT d.device_id, d.attempt, d.channel, d.locale,
        d.not_before,
        coalesce(v.app_id, 1)::integer AS app_id, coalesce(v.credential_id, 0)::bigint AS credential_id,
        d.user_id,
-       coalesce(p.opt_outs && ARRAY[m.category, m.category || ':' || d.channel], false)::boolean AS opted_out,
-       p.quiet_start, p.quiet_end, u.timezone,
+       coalesce(p.opt_outs && ARRAY[c.category, c.category || ':' || d.channel], false)::boolean AS opted_out,
+       p.quiet_start, p.quiet_end,
+       coalesce(CASE WHEN p.quiet_start IS NOT NULL OR c.default_quiet
+                     THEN (SELECT u.timezone FROM users u WHERE u.id = d.user_id) END, '')::text AS timezone,
        (CASE WHEN d.reason = 'quiet_hours' THEN d.due_at ELSE 'epoch' END)::timestamptz AS held_due
 FROM deliveries d
-LEFT JOIN (SELECT mm.category FROM messages mm WHERE mm.id = @message_id) m ON true
+-- The message's category and whether the installation has quiet hours,
+-- read once (a subquery evaluated once, before the devices).
+CROSS JOIN (SELECT (SELECT mm.category FROM messages mm WHERE mm.id = @message_id) AS category,
+                   EXISTS (SELECT 1 FROM quiet_hours_default) AS default_quiet OFFSET 0) c
 LEFT JOIN devices v ON v.id = d.device_id
-LEFT JOIN users u ON u.id = d.user_id
 LEFT JOIN user_preferences p ON p.user_id = d.user_id
 WHERE d.message_id = @message_id
   AND d.device_id BETWEEN @first_device AND @last_device
@@ -71,14 +76,16 @@ SELECT s.device_id::bigint AS device_id, coalesce(d.attempt, 0)::smallint AS att
        d.not_before,
        v.app_id, coalesce(v.credential_id, 0)::bigint AS credential_id,
        v.user_id,
-       coalesce(p.opt_outs && ARRAY[m.category, m.category || ':' || v.channel], false)::boolean AS opted_out,
-       p.quiet_start, p.quiet_end, u.timezone,
+       coalesce(p.opt_outs && ARRAY[k.category, k.category || ':' || v.channel], false)::boolean AS opted_out,
+       p.quiet_start, p.quiet_end,
+       coalesce(CASE WHEN p.quiet_start IS NOT NULL OR k.default_quiet
+                     THEN (SELECT u.timezone FROM users u WHERE u.id = v.user_id) END, '')::text AS timezone,
        (CASE WHEN d.reason = 'quiet_hours' THEN d.due_at ELSE 'epoch' END)::timestamptz AS held_due
 FROM chunk_devices c
-LEFT JOIN (SELECT mm.category FROM messages mm WHERE mm.id = @message_id) m ON true
+CROSS JOIN (SELECT (SELECT mm.category FROM messages mm WHERE mm.id = @message_id) AS category,
+                   EXISTS (SELECT 1 FROM quiet_hours_default) AS default_quiet OFFSET 0) k
 CROSS JOIN LATERAL unnest(c.devices) WITH ORDINALITY AS s(device_id, n)
 JOIN devices v ON v.id = s.device_id
-LEFT JOIN users u ON u.id = v.user_id
 LEFT JOIN user_preferences p ON p.user_id = v.user_id
 -- The rows already written in the chunk's range, read in one walk of the
 -- primary key (none on a chunk's first attempt) rather than looked up
@@ -172,15 +179,20 @@ WITH input AS (
     -- reading of whether any webhook wants them (jobs.WebhookTypes): false,
     -- the generic plan's one-time filter skips this, and a ledger write
     -- costs what it did before webhooks.
+    -- Each kind is a branch of its own, so that each keeps its one-time
+    -- filter.
     INSERT INTO webhook_events (webhook_id, message_id, type, device_id, user_id, reason, at)
-    SELECT w.id, u.message_id, e.type, u.device_id, u.user_id, u.reason,
+    SELECT w.id, u.message_id, 'delivery.failed', u.device_id, u.user_id, u.reason,
            coalesce(u.attempted_at, clock_timestamp())
     FROM updated u
-    CROSS JOIN LATERAL (SELECT CASE WHEN u.status = 'failed' THEN 'delivery.failed' ELSE 'delivery.withheld' END AS type) e
-    JOIN webhooks w ON e.type = ANY (w.events)
-    WHERE (@want_failed::boolean AND u.status = 'failed')
-       OR (@want_withheld::boolean AND u.status IN ('cancelled', 'expired')
-           AND u.reason IN ('opted_out', 'quiet_hours', 'capped'))
+    JOIN webhooks w ON 'delivery.failed' = ANY (w.events)
+    WHERE @want_failed::boolean AND u.status = 'failed'
+    UNION ALL
+    SELECT w.id, u.message_id, 'delivery.withheld', u.device_id, u.user_id, u.reason, clock_timestamp()
+    FROM updated u
+    JOIN webhooks w ON 'delivery.withheld' = ANY (w.events)
+    WHERE @want_withheld::boolean AND u.status IN ('cancelled', 'expired')
+      AND u.reason IN ('opted_out', 'quiet_hours', 'capped')
 ), tallies AS (
     -- The rows each write settled, by message and status, the accepted
     -- ones by the bucket of their skew in the message's histogram
@@ -251,7 +263,8 @@ WITH evicted AS (
 SELECT count(*) FROM evicted;
 
 -- name: RecordChunk :exec
--- What the worker saw of its chunk, for the dispatch breakdown.
+-- What the worker saw of its chunk, for the dispatch breakdown, and how
+-- many of its deliveries wait for their users' quiet hours to end.
 UPDATE message_chunks
 SET started_at = coalesce(started_at, @started_at),
     first_accepted_at = CASE WHEN sqlc.narg('first_accepted_at')::timestamptz IS NULL THEN first_accepted_at
@@ -259,7 +272,9 @@ SET started_at = coalesce(started_at, @started_at),
     last_accepted_at = CASE WHEN sqlc.narg('last_accepted_at')::timestamptz IS NULL THEN last_accepted_at
                             ELSE greatest(coalesce(last_accepted_at, '-infinity'), sqlc.narg('last_accepted_at')::timestamptz) END,
     finished_at = sqlc.narg('finished_at'),
-    recorded_at = clock_timestamp()
+    recorded_at = clock_timestamp(),
+    -- Its deliveries held by quiet hours as the attempt ended (0024).
+    held = @held
 WHERE message_id = @message_id AND chunk = @chunk;
 
 -- name: SettleMessage :one

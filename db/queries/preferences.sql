@@ -92,12 +92,11 @@ WHERE m.id = @message_id;
 
 -- name: HeldDeliveries :many
 -- How many deliveries of each of the messages given are held by their
--- users' quiet hours now: pending with reason quiet_hours (a snapshot's
--- device without a row has none). Each message's rows are found through
--- its part of the ledger's primary key; the API asks only of messages
--- that have started and still have deliveries pending.
-SELECT message_id, count(*)::integer AS held
-FROM deliveries
+-- users' quiet hours: the sum of what each chunk's last attempt held
+-- (message_chunks.held), read without reading the ledger. A delivery held
+-- and then cancelled by its device's deletion or move is counted until its
+-- chunk's next attempt, at the end of the hours.
+SELECT message_id, sum(held)::integer AS held
+FROM message_chunks
 WHERE message_id = ANY (@message_ids::bigint[])
-  AND status = 'pending' AND reason = 'quiet_hours'
 GROUP BY message_id;
