@@ -98,7 +98,9 @@ func TestE2EPreferencesDecidedAtSendTime(t *testing.T) {
 	put, err := e.api.PutCategoryWithResponse(ctx, "alerts", client.CategoryRule{Critical: new(true)})
 	answered(t, http.StatusCreated, put, err)
 
-	at := time.Now().Add(4 * time.Second)
+	// Far enough ahead that the preferences below are set before it on a
+	// loaded machine.
+	at := time.Now().Add(8 * time.Second)
 	marketing := e.sendIn("marketing", at, []string{"keep", "out", "web-out"}, nil)
 	alert := e.sendIn("alerts", at, []string{"out"}, nil)
 	// After scheduling, before the instant.
@@ -325,7 +327,10 @@ func TestE2EQuietHoursAcrossDST(t *testing.T) {
 		t.Logf("%s (%s, quiet %s-%s): due %s, received %s (%+.0f ms)", user, u.zone, u.start, u.end,
 			u.want.Format(time.TimeOnly), times[0].UTC().Format("15:04:05.000"), float64(times[0].Sub(u.want).Milliseconds()))
 		require.False(t, times[0].Before(u.want), "%s: sent inside the quiet hours, at %s, before %s", user, times[0], u.want)
-		require.WithinDuration(t, u.want, times[0], 2*time.Second, "%s: sent %s after the quiet hours ended", user, times[0].Sub(u.want))
+		// Here within 100 ms; the bound leaves room for a loaded machine
+		// (the race detector, the tier's other tests), and is still an hour
+		// short of a clock read on the wrong side of the change.
+		require.WithinDuration(t, u.want, times[0], 5*time.Second, "%s: sent %s after the quiet hours ended", user, times[0].Sub(u.want))
 	}
 }
 
