@@ -212,27 +212,22 @@ func readPreferences(ctx context.Context, q *db.Queries, user string) (userPrefe
 // storedQuietHours reads quiet hours as user_preferences and
 // quiet_hours_default keep them: nil when there are none.
 func storedQuietHours(start, end pgtype.Time) *preferences.QuietHours {
-	from, ok := preferences.ClockOf(start)
-	to, _ := preferences.ClockOf(end)
+	w, ok := preferences.WindowOf(start, end)
 	if !ok {
 		return nil
 	}
-	q := preferences.QuietHoursOf(preferences.Window{Start: from, End: to})
+	q := preferences.QuietHoursOf(w)
 	return &q
 }
 
 // putPreferences stores set (checked) as user's preferences through q:
 // the one write of them, by the keyed route and the user's own form.
 func putPreferences(ctx context.Context, q *db.Queries, user string, set preferences.Settings) error {
-	params := db.PutUserPreferencesParams{UserID: user, OptOuts: set.Stored()}
-	if set.QuietHours != nil {
-		w, err := set.QuietHours.Window()
-		if err != nil {
-			return &preferences.FieldError{Field: "quiet_hours", Problem: err.Error()}
-		}
-		params.QuietStart, params.QuietEnd = w.Start.PG(), w.End.PG()
+	start, end, err := set.StoredQuietHours()
+	if err != nil {
+		return err
 	}
-	if err := q.PutUserPreferences(ctx, params); err != nil {
+	if err := q.PutUserPreferences(ctx, db.PutUserPreferencesParams{UserID: user, OptOuts: set.Stored(), QuietStart: start, QuietEnd: end}); err != nil {
 		return fmt.Errorf("put preferences: %w", err)
 	}
 	return nil
@@ -322,9 +317,8 @@ type quietHoursView struct {
 }
 
 func newQuietHoursView(start, end pgtype.Time, zone string, updated time.Time) quietHoursView {
-	s, _ := preferences.ClockOf(start)
-	e, _ := preferences.ClockOf(end)
-	return quietHoursView{Start: s.String(), End: e.String(), Timezone: zone, UpdatedAt: updated.UTC()}
+	w, _ := preferences.WindowOf(start, end)
+	return quietHoursView{Start: w.Start.String(), End: w.End.String(), Timezone: zone, UpdatedAt: updated.UTC()}
 }
 
 // getQuietHours answers the installation's default quiet hours, 404 when
@@ -347,8 +341,9 @@ func (s *Server) putQuietHours(c echo.Context) error {
 	if err := decode(c, smallBodyLimit, &req); err != nil {
 		return err
 	}
+	start, end := req.window.PG()
 	row, err := db.On(s.pool).PutQuietHoursDefault(c.Request().Context(), db.PutQuietHoursDefaultParams{
-		QuietStart: req.window.Start.PG(), QuietEnd: req.window.End.PG(), Timezone: req.zone,
+		QuietStart: start, QuietEnd: end, Timezone: req.zone,
 	})
 	if err != nil {
 		return fmt.Errorf("put quiet hours: %w", err)

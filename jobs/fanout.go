@@ -324,7 +324,7 @@ type Lease interface {
 func (w *FanOutWorker) group(c *running, now time.Time) map[sendGroup][]int {
 	groups := map[sendGroup][]int{}
 	for i, t := range c.Targets {
-		if t.Gone != push.ReasonNone || t.NotBefore.After(now) {
+		if !t.sendable(now) {
 			continue
 		}
 		g := sendGroup{channel: t.Channel, breaker: w.cfg.Breakers.ForTarget(t), locale: t.Locale, app: max(t.App, apps.DefaultID)}
@@ -701,9 +701,9 @@ func (w *FanOutWorker) throttledWait(c *running, results []push.Result) (waiting
 		switch r := results[i]; {
 		case throttled(r):
 			until = w.cfg.Clock.ToDB(r.At).Add(throttleWait(r, t.Attempt))
-		case t.Held:
-			until = t.NotBefore
-		case r.At.IsZero() && r.Reason == push.ReasonNone && t.Gone == push.ReasonNone:
+		case t.Held, r.At.IsZero() && r.Reason == push.ReasonNone && t.Gone == push.ReasonNone:
+			// Held for its user's quiet hours, or not sent because an
+			// earlier attempt's wait had not run out.
 			until = t.NotBefore
 		default:
 			continue

@@ -45,6 +45,13 @@ type Target struct {
 	Held, Expires bool
 }
 
+// sendable says whether the delivery may be sent at now (the database's
+// clock): its device is still its user's, and no wait (a throttle, quiet
+// hours) holds it past now.
+func (t *Target) sendable(now time.Time) bool {
+	return t.Gone == push.ReasonNone && !t.NotBefore.After(now)
+}
+
 // targetOf is the target of a pending delivery the chunk read.
 func targetOf(r db.ChunkPendingRow) Target {
 	t := NewTarget(r.DeviceID, r.Channel, r.Locale, r.Token, r.P256dh, r.Auth, r.Environment)
@@ -56,10 +63,7 @@ func targetOf(r db.ChunkPendingRow) Target {
 	t.App, t.Credential, t.UserID = r.AppID, r.CredentialID, r.UserID
 	t.DueAt = r.HeldDue
 	t.Prefs = preferences.User{OptedOut: r.OptedOut}
-	if start, own := preferences.ClockOf(r.QuietStart); own {
-		end, _ := preferences.ClockOf(r.QuietEnd)
-		t.Prefs.Quiet, t.Prefs.Own = preferences.Window{Start: start, End: end}, true
-	}
+	t.Prefs.Quiet, t.Prefs.Own = preferences.WindowOf(r.QuietStart, r.QuietEnd)
 	t.Prefs.Zone = r.Timezone
 	return t
 }

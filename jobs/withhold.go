@@ -17,10 +17,7 @@ func ruleOf(r db.ChunkRulesRow) preferences.Rule {
 		Category: r.Category, Critical: r.Critical, CapCount: r.CapCount, CapS: r.CapPeriodS,
 		Mode: r.QuietHours, DefaultZone: r.DefaultTimezone,
 	}
-	if start, ok := preferences.ClockOf(r.QuietStart); ok {
-		end, _ := preferences.ClockOf(r.QuietEnd)
-		rule.Default, rule.HasDefault = preferences.Window{Start: start, End: end}, true
-	}
+	rule.Default, rule.HasDefault = preferences.WindowOf(r.QuietStart, r.QuietEnd)
 	return rule
 }
 
@@ -39,7 +36,7 @@ func withhold(ctx context.Context, c *running, pool *pgxpool.Pool, now time.Time
 	var capped []int
 	for i := range c.Targets {
 		t := &c.Targets[i]
-		if t.Gone != push.ReasonNone || t.NotBefore.After(now) {
+		if !t.sendable(now) {
 			continue
 		}
 		switch d := preferences.Decide(c.Rule, t.Prefs, now, c.ExpiresAt); d.Verdict {

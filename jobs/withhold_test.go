@@ -24,13 +24,9 @@ var ledgerDesigns = []Ledger{LedgerAuto, LedgerRows}
 func (b *fanOutBundle) prefer(user string, s preferences.Settings) {
 	b.t.Helper()
 	require.NoError(b.t, s.Check())
-	p := db.PutUserPreferencesParams{UserID: user, OptOuts: s.Stored()}
-	if s.QuietHours != nil {
-		w, err := s.QuietHours.Window()
-		require.NoError(b.t, err)
-		p.QuietStart, p.QuietEnd = w.Start.PG(), w.End.PG()
-	}
-	require.NoError(b.t, b.q.PutUserPreferences(context.Background(), p))
+	start, end, err := s.StoredQuietHours()
+	require.NoError(b.t, err)
+	require.NoError(b.t, b.q.PutUserPreferences(context.Background(), db.PutUserPreferencesParams{UserID: user, OptOuts: s.Stored(), QuietStart: start, QuietEnd: end}))
 }
 
 // category declares a category.
@@ -179,11 +175,13 @@ func TestFanOutInstallationQuietHoursAndTheUsersZone(t *testing.T) {
 	users := b.devices("apns-1", "apns-2", "apns-3")
 	c := b.message(users, b.clock.Now(), 4*time.Hour)
 	quiet, _ := b.quietNow()
-	_, err := b.q.PutQuietHoursDefault(context.Background(), db.PutQuietHoursDefaultParams{
-		QuietStart: mustClock(t, quiet.Start).PG(), QuietEnd: mustClock(t, quiet.End).PG(), Timezone: "UTC"})
+	window, err := quiet.Window()
+	require.NoError(t, err)
+	start, end := window.PG()
+	_, err = b.q.PutQuietHoursDefault(context.Background(), db.PutQuietHoursDefaultParams{QuietStart: start, QuietEnd: end, Timezone: "UTC"})
 	require.NoError(t, err)
 	// users[1] lives twelve hours away: the same hours are not quiet there.
-	_, err = b.db.Pool.Exec(context.Background(), `UPDATE users SET timezone = $1 WHERE id = $2`, zoneTwelveHoursFrom(b.clock.Now()), users[1])
+	_, err = b.db.Pool.Exec(context.Background(), `UPDATE users SET timezone = 'Etc/GMT-12' WHERE id = $1`, users[1])
 	require.NoError(t, err)
 	// users[2] has no quiet hours of their own, over the installation's.
 	b.prefer(users[2], preferences.Settings{QuietHours: &preferences.QuietHours{Start: "03:00", End: "03:00"}})
@@ -192,17 +190,6 @@ func TestFanOutInstallationQuietHoursAndTheUsersZone(t *testing.T) {
 	require.Equal(t, river.EventKindJobSnoozed, b.work(w, c).EventKind)
 	require.Equal(t, []string{"apns-2", "apns-3"}, apns.sends())
 	b.requireStatus(c, "apns-1", "pending", push.ReasonQuietHours)
-}
-
-// zoneTwelveHoursFrom is a fixed zone whose clocks are about twelve hours
-// from UTC's at now.
-func zoneTwelveHoursFrom(time.Time) string { return "Etc/GMT-12" }
-
-func mustClock(t *testing.T, s string) preferences.Clock {
-	t.Helper()
-	c, err := preferences.ParseClock(s)
-	require.NoError(t, err)
-	return c
 }
 
 func TestFanOutCapsMessagesPerUser(t *testing.T) {

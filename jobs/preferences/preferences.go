@@ -70,10 +70,8 @@ func (c Clock) String() string { return fmt.Sprintf("%02d:%02d", c/3600, c%3600/
 // PG is c as PostgreSQL's time.
 func (c Clock) PG() pgtype.Time { return pgtype.Time{Microseconds: int64(c) * 1e6, Valid: true} }
 
-// ClockOf is a PostgreSQL time as a Clock; ok is false for NULL.
-func ClockOf(t pgtype.Time) (c Clock, ok bool) {
-	return Clock(t.Microseconds / 1e6), t.Valid
-}
+// clockOf is a PostgreSQL time as a Clock.
+func clockOf(t pgtype.Time) Clock { return Clock(t.Microseconds / 1e6) }
 
 // Window is quiet hours: from Start to End, wall times in a zone, across
 // midnight when End is before Start. A window whose ends are equal is
@@ -81,6 +79,16 @@ func ClockOf(t pgtype.Time) (c Clock, ok bool) {
 type Window struct {
 	Start, End Clock
 }
+
+// WindowOf is quiet hours as PostgreSQL keeps them (user_preferences,
+// quiet_hours_default: migration 0024); ok is false when there are none
+// (NULL).
+func WindowOf(start, end pgtype.Time) (w Window, ok bool) {
+	return Window{Start: clockOf(start), End: clockOf(end)}, start.Valid
+}
+
+// PG is w as PostgreSQL keeps it.
+func (w Window) PG() (start, end pgtype.Time) { return w.Start.PG(), w.End.PG() }
 
 // Empty says the window holds no time.
 func (w Window) Empty() bool { return w.Start == w.End }

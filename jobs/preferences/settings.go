@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // Channels are the channels an opt-out may name.
@@ -99,6 +101,20 @@ func (s Settings) Stored() []string {
 		}
 	}
 	return out
+}
+
+// StoredQuietHours is s's quiet hours as user_preferences holds them: NULL
+// for the installation's.
+func (s Settings) StoredQuietHours() (start, end pgtype.Time, err error) {
+	if s.QuietHours == nil {
+		return pgtype.Time{}, pgtype.Time{}, nil
+	}
+	w, err := s.QuietHours.Window()
+	if err != nil {
+		return pgtype.Time{}, pgtype.Time{}, &FieldError{Field: "quiet_hours", Problem: err.Error()}
+	}
+	start, end = w.PG()
+	return start, end, nil
 }
 
 // OptOutsOf reads stored opt-outs back.
