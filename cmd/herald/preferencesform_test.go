@@ -101,9 +101,8 @@ func TestE2EBrowserPreferencesForm(t *testing.T) {
 	stored, err := db.On(tdb.Pool).GetUserPreferences(ctx, "ann")
 	require.NoError(t, err)
 	require.Equal(t, []string{"marketing", "reminders:webpush"}, stored.OptOuts)
-	start, _ := preferences.ClockOf(stored.QuietStart)
-	end, _ := preferences.ClockOf(stored.QuietEnd)
-	require.Equal(t, "22:30-06:45", start.String()+"-"+end.String())
+	quiet, _ := preferences.WindowOf(stored.QuietStart, stored.QuietEnd)
+	require.Equal(t, "22:30-06:45", quiet.Start.String()+"-"+quiet.End.String())
 	b.screenshot("preferences-form-saved")
 
 	// Again, from the token the tab kept.
