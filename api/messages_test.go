@@ -628,6 +628,47 @@ func TestCancelMessage(t *testing.T) {
 	require.Equal(t, http.StatusNoContent, rec.Code)
 }
 
+// TestCancelledDeliveriesOfDevicesDeletedSince lists a cancelled message's
+// deliveries after some of its devices were deleted and a user erased: a
+// delivery that was never sent has no ledger row, and still shows the user
+// and channel its device had (what the fuzzer once found answered as ”).
+func TestCancelledDeliveriesOfDevicesDeletedSince(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.population(t, "gone", 3, 2)
+	_, devs := b.do(t, http.MethodGet, "/v1/users/gone0/devices", nil)
+	first := devs["items"].([]any)[0].(map[string]any)
+	status, resp := b.do(t, http.MethodPost, "/v1/messages", messageBody(map[string]any{"type": "users", "ids": userIDs("gone", 3)}))
+	require.Equal(t, http.StatusAccepted, status)
+	id := resp["message_id"].(string)
+	_, before := b.do(t, http.MethodGet, "/v1/messages/"+id+"/deliveries", nil)
+	require.Len(t, before["items"], 6)
+
+	rec := b.call(t, request{method: http.MethodDelete, path: "/v1/messages/" + id})
+	require.Equal(t, http.StatusNoContent, rec.Code, rec.Body.String())
+	rec = b.call(t, request{method: http.MethodDelete, path: "/v1/devices/" + first["device_id"].(string)})
+	require.Equal(t, http.StatusNoContent, rec.Code, rec.Body.String())
+	rec = b.call(t, request{method: http.MethodDelete, path: "/v1/users/gone1"})
+	require.Equal(t, http.StatusNoContent, rec.Code, rec.Body.String())
+
+	// b.call checks each answer against openapi.yaml too.
+	_, after := b.do(t, http.MethodGet, "/v1/messages/"+id+"/deliveries", nil)
+	require.Len(t, after["items"], 6)
+	for i, item := range after["items"].([]any) {
+		was := before["items"].([]any)[i].(map[string]any)
+		d := item.(map[string]any)
+		require.Equal(t, was["device_id"], d["device_id"])
+		require.Equal(t, was["user_id"], d["user_id"], "device %s", d["device_id"])
+		require.Equal(t, was["channel"], d["channel"], "device %s", d["device_id"])
+		require.Equal(t, "cancelled", d["status"])
+		if d["user_id"] == "gone2" && d["device_id"] != first["device_id"] {
+			require.Equal(t, "default", d["app"])
+		}
+	}
+	_, st := b.do(t, http.MethodGet, "/v1/messages/"+id, nil)
+	require.Equal(t, 6.0, st["deliveries"].(map[string]any)["cancelled"])
+}
+
 func TestCancelAfterStartIsConflict(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

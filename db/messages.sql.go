@@ -623,7 +623,8 @@ func (q *Queries) ListMessages(ctx context.Context, arg ListMessagesParams) ([]M
 }
 
 const listSnapshotDeliveries = `-- name: ListSnapshotDeliveries :many
-SELECT s.device_id::bigint AS device_id, coalesce(v.user_id, '')::text AS user_id, coalesce(v.channel, '')::text AS channel,
+SELECT s.device_id::bigint AS device_id, coalesce(v.user_id, g.user_id, '')::text AS user_id,
+       coalesce(v.channel, g.channel, '')::text AS channel,
        (CASE WHEN m.state IN ('scheduled', 'dispatching') THEN 'pending'
              WHEN m.state = 'cancelled' THEN 'cancelled'
              ELSE 'expired' END)::text AS status,
@@ -637,6 +638,7 @@ JOIN messages m ON m.id = c.message_id
 LEFT JOIN receipts rd ON rd.message_id = m.id AND rd.device_id = s.device_id AND rd.event = 'delivered'
 LEFT JOIN receipts ro ON ro.message_id = m.id AND ro.device_id = s.device_id AND ro.event = 'opened'
 LEFT JOIN devices v ON v.id = s.device_id
+LEFT JOIN deleted_devices g ON v.id IS NULL AND g.id = s.device_id
 WHERE m.id = $1
   AND c.chunk = ANY ($2::integer[])
   AND s.device_id > $3::bigint
@@ -679,8 +681,9 @@ type ListSnapshotDeliveriesRow struct {
 // (migration 0022), after a cursor, as ListDeliveries lists a row: such a
 // delivery is pending while its message is, cancelled with it, or expired
 // with it when the reconciler settled it; its user and channel are its
-// device's, which no move has changed (” for a device deleted since).
-// An early receipt may be there before the row is.
+// device's, which no move has changed, or what the device was when it was
+// deleted since (migration 0025). An early receipt may be there before the
+// row is.
 func (q *Queries) ListSnapshotDeliveries(ctx context.Context, arg ListSnapshotDeliveriesParams) ([]ListSnapshotDeliveriesRow, error) {
 	rows, err := q.db.Query(ctx, listSnapshotDeliveries,
 		arg.MessageID,

@@ -106,6 +106,13 @@ type DashboardSession struct {
 	RevokedAt  *time.Time
 }
 
+type DeletedDevice struct {
+	ID        int64
+	UserID    string
+	Channel   string
+	DeletedAt time.Time
+}
+
 type Delivery struct {
 	MessageID   int64
 	DeviceID    int64

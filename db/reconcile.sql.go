@@ -16,10 +16,11 @@ WITH expired AS (
     WHERE d.message_id = $1 AND d.status = 'pending'
     RETURNING d.channel, d.reason
 ), unsent AS (
-    SELECT coalesce(v.channel, '')::text AS channel
+    SELECT coalesce(v.channel, g.channel, '')::text AS channel
     FROM chunk_devices c
     CROSS JOIN LATERAL unnest(c.devices) WITH ORDINALITY AS s(device_id, n)
     LEFT JOIN devices v ON v.id = s.device_id
+    LEFT JOIN deleted_devices g ON v.id IS NULL AND g.id = s.device_id
     WHERE c.message_id = $1::bigint
       AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.message_id = c.message_id AND d.device_id = s.device_id)
 ), every AS (
@@ -46,7 +47,8 @@ type ExpireStuckDeliveriesRow struct {
 // ledger rows are settled; the devices of its chunks' snapshots that have
 // no row (migration 0022) are left without one: a settled message's
 // snapshot devices without a row are expired (ListDeliveries), and what
-// they are counted here (” for a device deleted since).
+// they are counted here by channel (a device deleted since by the channel
+// it had, migration 0025).
 func (q *Queries) ExpireStuckDeliveries(ctx context.Context, messageID int64) ([]ExpireStuckDeliveriesRow, error) {
 	rows, err := q.db.Query(ctx, expireStuckDeliveries, messageID)
 	if err != nil {

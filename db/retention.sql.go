@@ -10,6 +10,34 @@ import (
 	"time"
 )
 
+const deleteDeletedDevices = `-- name: DeleteDeletedDevices :execrows
+DELETE FROM deleted_devices d
+USING (
+    SELECT g.id FROM deleted_devices g
+    WHERE g.deleted_at < $1
+    ORDER BY g.deleted_at
+    LIMIT $2
+) old
+WHERE d.id = old.id
+`
+
+type DeleteDeletedDevicesParams struct {
+	Cutoff  time.Time
+	MaxRows int32
+}
+
+// Deletes at most max_rows of what deleted devices were (migration 0025),
+// those deleted before the cutoff, the oldest first: a message that may
+// name such a device settled before it was deleted, so is past the
+// retention too.
+func (q *Queries) DeleteDeletedDevices(ctx context.Context, arg DeleteDeletedDevicesParams) (int64, error) {
+	result, err := q.db.Exec(ctx, deleteDeletedDevices, arg.Cutoff, arg.MaxRows)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const deleteDevices = `-- name: DeleteDevices :execrows
 DELETE FROM devices WHERE id = ANY ($1::bigint[])
 `

@@ -152,6 +152,10 @@ type Removed struct {
 	// CapHistories are users' histories of a capped category older than
 	// its period (or of a category no longer capped).
 	CapHistories int64
+	// DeletedDevices are the records of what devices deleted before the
+	// retention were (their user and channel), which no message left
+	// names.
+	DeletedDevices int64
 }
 
 // Run deletes what settled before now minus the retention, the devices
@@ -189,6 +193,12 @@ func (r *Retainer) Run(ctx context.Context) (Removed, error) {
 	deviceCutoff := now.Add(-c.DeviceRetention)
 	err = c.batches(deadline, &removed.Devices, func() (int64, error) {
 		return c.deleteEvictedDevices(ctx, deviceCutoff)
+	})
+	if err != nil {
+		return removed, err
+	}
+	err = c.batches(deadline, &removed.DeletedDevices, func() (int64, error) {
+		return deleted("deleted devices' records")(q.DeleteDeletedDevices(ctx, db.DeleteDeletedDevicesParams{Cutoff: cutoff, MaxRows: int32(c.BatchRows)}))
 	})
 	if err != nil {
 		return removed, err
@@ -380,7 +390,9 @@ func (w *RetainWorker) Work(ctx context.Context, _ *river.Job[RetainArgs]) error
 			"messages", removed.Messages, "deliveries", removed.Deliveries, "receipts", removed.Receipts,
 			"payloads", removed.Payloads, "idempotency_keys", removed.IdempotencyKeys,
 			"evicted_devices", removed.Devices, "audit_entries", removed.AuditEntries,
-			"dashboard_sessions", removed.Sessions, "webhook_events", removed.WebhookEvents)
+			"dashboard_sessions", removed.Sessions, "webhook_events", removed.WebhookEvents,
+			"web_push_credentials", removed.Credentials, "cap_histories", removed.CapHistories,
+			"deleted_devices", removed.DeletedDevices)
 	}
 	return err
 }

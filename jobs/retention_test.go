@@ -285,6 +285,25 @@ func TestRetainerDeletesDevicesEvictedLongerThanTheDeviceRetention(t *testing.T)
 	require.Equal(t, Removed{}, removed)
 }
 
+// TestRetainerDeletesWhatDeletedDevicesWere keeps the record of a deleted
+// device (migration 0025) as long as a message may name it, and no longer.
+func TestRetainerDeletesWhatDeletedDevicesWere(t *testing.T) {
+	t.Parallel()
+	b := setupRetain(t)
+	ctx := context.Background()
+	b.exec("DELETE FROM devices WHERE user_id = ANY ($1)", b.users[:3])
+	require.Equal(t, b.users[:3], b.column("SELECT user_id FROM deleted_devices ORDER BY user_id"),
+		"a device deleted leaves its user and channel")
+	b.exec("UPDATE deleted_devices SET deleted_at = $1 WHERE user_id = ANY ($2)", b.now.Add(-2*time.Hour), b.users[:2])
+
+	now := func(context.Context) (time.Time, error) { return b.now, nil }
+	cfg := RetainerConfig{Pool: b.db.Pool, Logger: discard, Retention: time.Hour, DeviceRetention: time.Hour, BatchRows: 1, Now: now}
+	removed, err := newRetainer(t, cfg).Run(ctx)
+	require.NoError(t, err)
+	require.Equal(t, Removed{DeletedDevices: 2}, removed)
+	require.Equal(t, b.users[2:3], b.column("SELECT user_id FROM deleted_devices"), "deleted within the retention: kept")
+}
+
 func TestRetainerKeepsAScheduleKeyUntilItsScheduleIsDeletedForTheRetention(t *testing.T) {
 	t.Parallel()
 	b := setupRetain(t)

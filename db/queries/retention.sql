@@ -71,3 +71,17 @@ FOR UPDATE SKIP LOCKED;
 
 -- name: DeleteDevices :execrows
 DELETE FROM devices WHERE id = ANY (@device_ids::bigint[]);
+
+-- name: DeleteDeletedDevices :execrows
+-- Deletes at most max_rows of what deleted devices were (migration 0025),
+-- those deleted before the cutoff, the oldest first: a message that may
+-- name such a device settled before it was deleted, so is past the
+-- retention too.
+DELETE FROM deleted_devices d
+USING (
+    SELECT g.id FROM deleted_devices g
+    WHERE g.deleted_at < @cutoff
+    ORDER BY g.deleted_at
+    LIMIT @max_rows
+) old
+WHERE d.id = old.id;
