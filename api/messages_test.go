@@ -631,7 +631,7 @@ func TestCancelMessage(t *testing.T) {
 // TestCancelledDeliveriesOfDevicesDeletedSince lists a cancelled message's
 // deliveries after some of its devices were deleted and a user erased: a
 // delivery that was never sent has no ledger row, and still shows the user
-// and channel its device had (what the fuzzer once found answered as ”).
+// and channel its device had (the fuzzer once found them answered with an empty channel).
 func TestCancelledDeliveriesOfDevicesDeletedSince(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
