@@ -11,11 +11,16 @@ import (
 
 // claimFrequencyCaps claims a place under a category's cap for a message,
 // for each user given (sorted and distinct, so that concurrent claims lock
-// rows in one order and cannot deadlock), and answers each user with
-// whether the message may be sent to them. The claim is the row's upsert:
-// ON CONFLICT locks the user's row and computes its new history from the
-// row's latest committed version, so two claims for one user, from any
-// processes, are decided one after the other, exactly.
+// rows in one order), and answers each user with whether the message may
+// be sent to them. The claim is an update of the user's row: it locks the
+// row and, when another claim changed it meanwhile, computes the new
+// history from the latest committed version (READ COMMITTED's re-check),
+// so two claims for one user, from any processes, are decided one after
+// the other, exactly. A user with no row yet gets one through the insert,
+// whose ON CONFLICT does the same for a row another claim inserted first.
+// Updating first (and not upserting every user) spares the rows that exist,
+// nearly all of them, the upsert's conflict check and row-lock record, and
+// keeps the update heap-only (migration 0026).
 //
 // A user's history is the last $3 (the cap's count) messages the category
 // sent them and when, oldest first: no more is needed, since the message
@@ -27,12 +32,28 @@ import (
 // is computed in the statement with array operators alone: a function
 // call a row cost as much again.
 const claimFrequencyCaps = `
-INSERT INTO frequency_caps AS f (user_id, category, message_ids, sent_at, last_at)
-SELECT u.user_id, $1::text, ARRAY[$2::bigint], ARRAY[now()], now()
-FROM unnest($5::text[]) AS u(user_id)
-ORDER BY u.user_id
-ON CONFLICT (user_id, category) DO UPDATE
-SET message_ids = CASE
+WITH claimed AS (
+    UPDATE frequency_caps AS f
+    SET ` + nextCapHistory + `
+    FROM unnest($5::text[]) AS u(user_id)
+    WHERE f.user_id = u.user_id AND f.category = $1::text
+    RETURNING f.user_id, ($2::bigint = ANY (f.message_ids))::boolean AS allowed
+), first AS (
+    INSERT INTO frequency_caps AS f (user_id, category, message_ids, sent_at, last_at)
+    SELECT u.user_id, $1::text, ARRAY[$2::bigint], ARRAY[now()], now()
+    FROM unnest($5::text[]) AS u(user_id)
+    WHERE NOT EXISTS (SELECT 1 FROM claimed c WHERE c.user_id = u.user_id)
+    ORDER BY u.user_id
+    ON CONFLICT (user_id, category) DO UPDATE
+    SET ` + nextCapHistory + `
+    RETURNING f.user_id, ($2::bigint = ANY (f.message_ids))::boolean AS allowed
+)
+SELECT user_id, allowed FROM claimed
+UNION ALL
+SELECT user_id, allowed FROM first`
+
+// nextCapHistory is a claim's new history for the row f (claimFrequencyCaps).
+const nextCapHistory = `message_ids = CASE
         WHEN $2::bigint = ANY (f.message_ids) THEN f.message_ids
         WHEN cardinality(f.message_ids) < $3::integer
           OR f.sent_at[cardinality(f.sent_at) - $3::integer + 1] <= now() - $4::integer * interval '1 second'
@@ -44,8 +65,7 @@ SET message_ids = CASE
           OR f.sent_at[cardinality(f.sent_at) - $3::integer + 1] <= now() - $4::integer * interval '1 second'
         THEN (f.sent_at || now())[greatest(cardinality(f.sent_at) + 2 - $3::integer, 1):]
         ELSE f.sent_at END,
-    last_at = now()
-RETURNING f.user_id, ($2::bigint = ANY (f.message_ids))::boolean`
+    last_at = now()`
 
 // CategoryCap is a category's cap: at most Count messages to a user in
 // any PeriodS seconds.

@@ -83,24 +83,44 @@ func (q *Queries) DeleteQuietHoursDefault(ctx context.Context) (int64, error) {
 }
 
 const deleteStaleFrequencyCaps = `-- name: DeleteStaleFrequencyCaps :execrows
-DELETE FROM frequency_caps
-WHERE ctid = ANY (ARRAY(
-    SELECT f.ctid FROM frequency_caps f
-    LEFT JOIN categories c ON c.name = f.category
-    WHERE c.cap_period_s IS NULL OR f.last_at < now() - c.cap_period_s * interval '1 second'
-    LIMIT $1::integer))
+DELETE FROM frequency_caps f
+WHERE f.ctid >= format('(%s,0)', $1::bigint)::tid
+  AND f.ctid < format('(%s,0)', $2::bigint)::tid
+  AND NOT EXISTS (SELECT 1 FROM categories c
+                  WHERE c.name = f.category AND c.cap_period_s IS NOT NULL
+                    AND f.last_at >= now() - c.cap_period_s * interval '1 second')
 `
 
-// Retention: a cap's history whose last message is older than its
-// category's period counts for no cap any more, nor does one of a category
-// that has no cap now. (A claim drops the entries older than the period
-// from the rows it touches.)
-func (q *Queries) DeleteStaleFrequencyCaps(ctx context.Context, batch int32) (int64, error) {
-	result, err := q.db.Exec(ctx, deleteStaleFrequencyCaps, batch)
+type DeleteStaleFrequencyCapsParams struct {
+	FromBlock int64
+	ToBlock   int64
+}
+
+// Retention, over the pages from_block to to_block (excluded) of the
+// table, read as a range of row addresses: a cap's history whose last
+// message is older than its category's period counts for no cap any more,
+// nor does one of a category that has no cap now. The retainer sweeps the
+// table a range at a time (migration 0026 dropped the index on last_at, so
+// that a claim's update is heap-only).
+func (q *Queries) DeleteStaleFrequencyCaps(ctx context.Context, arg DeleteStaleFrequencyCapsParams) (int64, error) {
+	result, err := q.db.Exec(ctx, deleteStaleFrequencyCaps, arg.FromBlock, arg.ToBlock)
 	if err != nil {
 		return 0, err
 	}
 	return result.RowsAffected(), nil
+}
+
+const frequencyCapBlocks = `-- name: FrequencyCapBlocks :one
+SELECT (pg_relation_size('frequency_caps') / current_setting('block_size')::bigint)::bigint
+`
+
+// How many pages the cap histories' table has: where a sweep of
+// DeleteStaleFrequencyCaps ends.
+func (q *Queries) FrequencyCapBlocks(ctx context.Context) (int64, error) {
+	row := q.db.QueryRow(ctx, frequencyCapBlocks)
+	var column_1 int64
+	err := row.Scan(&column_1)
+	return column_1, err
 }
 
 const getCategory = `-- name: GetCategory :one

@@ -25,6 +25,36 @@ func TestFrequencyCapClaimsAreExact(t *testing.T) {
 	require.NoError(t, q.EnsureUsers(ctx, users))
 	capped := db.CategoryCap{Category: "promo", Count: 2, PeriodS: 3600}
 
+	// The first claims insert the users' rows, racing; a second race,
+	// over a category whose rows exist (with an entry older than the
+	// period), updates them.
+	over := claimRace(t, tdb, capped, users, 0)
+	aged := db.CategoryCap{Category: "aged", Count: 2, PeriodS: 3600}
+	_, err := db.ClaimFrequencyCaps(ctx, tdb.Pool, aged, 1000, users)
+	require.NoError(t, err)
+	_, err = tdb.Pool.Exec(ctx, `UPDATE frequency_caps SET sent_at = ARRAY[now() - interval '2 hours'] WHERE category = 'aged'`)
+	require.NoError(t, err)
+	claimRace(t, tdb, aged, users, 1000)
+
+	// Claimed again, every message gets the answer it got.
+	for m := range over {
+		again, err := db.ClaimFrequencyCaps(ctx, tdb.Pool, capped, int64(m+1), users)
+		require.NoError(t, err)
+		require.Equal(t, fmt.Sprint(over[m]), fmt.Sprint(again), "message %d", m+1)
+	}
+	// Another category has a history of its own.
+	other, err := db.ClaimFrequencyCaps(ctx, tdb.Pool, db.CategoryCap{Category: "news", Count: 1, PeriodS: 3600}, 99, users)
+	require.NoError(t, err)
+	require.Empty(t, other)
+}
+
+// claimRace claims a place under capped for sixteen messages (after
+// firstID) to users at once, and checks that each user was allowed
+// exactly the cap's count of them. It returns what each message was
+// answered.
+func claimRace(t *testing.T, tdb *dbtest.DB, capped db.CategoryCap, users []string, firstID int64) []map[string]bool {
+	t.Helper()
+	ctx := context.Background()
 	const messages = 16
 	over := make([]map[string]bool, messages)
 	var wg sync.WaitGroup
@@ -39,7 +69,7 @@ func TestFrequencyCapClaimsAreExact(t *testing.T) {
 				mine = append(mine, mine[0])
 			}
 			var err error
-			over[m], err = db.ClaimFrequencyCaps(ctx, tdb.Pool, capped, int64(m+1), mine)
+			over[m], err = db.ClaimFrequencyCaps(ctx, tdb.Pool, capped, firstID+int64(m+1), mine)
 			require.NoError(t, err)
 		})
 	}
@@ -51,18 +81,9 @@ func TestFrequencyCapClaimsAreExact(t *testing.T) {
 				allowed++
 			}
 		}
-		require.Equal(t, 2, allowed, "messages allowed to %s", u)
+		require.Equal(t, int(capped.Count), allowed, "messages of %s allowed to %s", capped.Category, u)
 	}
-	// Claimed again, every message gets the answer it got.
-	for m := range messages {
-		again, err := db.ClaimFrequencyCaps(ctx, tdb.Pool, capped, int64(m+1), users)
-		require.NoError(t, err)
-		require.Equal(t, fmt.Sprint(over[m]), fmt.Sprint(again), "message %d", m+1)
-	}
-	// Another category has a history of its own.
-	other, err := db.ClaimFrequencyCaps(ctx, tdb.Pool, db.CategoryCap{Category: "news", Count: 1, PeriodS: 3600}, 99, users)
-	require.NoError(t, err)
-	require.Empty(t, other)
+	return over
 }
 
 // TestFrequencyCapPeriodRolls: a message counts against the cap for its
@@ -95,13 +116,16 @@ func TestFrequencyCapPeriodRolls(t *testing.T) {
 	require.Equal(t, []int64{2}, ids)
 
 	// Retention: "gone"'s history is older than the period; u's is not.
-	n, err := q.DeleteStaleFrequencyCaps(ctx, 100)
+	blocks, err := q.FrequencyCapBlocks(ctx)
+	require.NoError(t, err)
+	sweep := db.DeleteStaleFrequencyCapsParams{FromBlock: 0, ToBlock: blocks}
+	n, err := q.DeleteStaleFrequencyCaps(ctx, sweep)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n)
 	// A category whose cap was removed keeps no history.
 	_, err = q.PutCategory(ctx, db.PutCategoryParams{Name: "promo"})
 	require.NoError(t, err)
-	n, err = q.DeleteStaleFrequencyCaps(ctx, 100)
+	n, err = q.DeleteStaleFrequencyCaps(ctx, sweep)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n)
 

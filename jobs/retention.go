@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -69,7 +70,25 @@ func retainRiverJobs(rc *river.Config, retention time.Duration) {
 // last one: until then its counters still describe the whole ledger.
 type Retainer struct {
 	cfg RetainerConfig
+	// capBlock is where the sweep of the cap histories resumes
+	// (sweepCapHistories): the first page of its next range.
+	capBlock atomic.Int64
+	// capSweep is how many pages one statement of the sweep reads, and
+	// capSweepRun how many one run does: capSweepBlocks and
+	// capSweepRunBlocks.
+	capSweep, capSweepRun int64
 }
+
+// The cap histories have no index by age (migration 0026), so the
+// retainer reads their table in ranges of capSweepBlocks pages (8 MiB) a
+// statement, at most capSweepRunBlocks (256 MiB) a run, resuming where
+// the previous run stopped: the whole table each run up to that size
+// (about a million users' histories of one category), and a larger one
+// over a few runs.
+const (
+	capSweepBlocks    = 1024
+	capSweepRunBlocks = 32 * capSweepBlocks
+)
 
 // RetainerConfig configures a Retainer. Pool and Logger are required.
 type RetainerConfig struct {
@@ -103,7 +122,7 @@ func NewRetainer(cfg *RetainerConfig) (*Retainer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Retainer{cfg: c}, nil
+	return &Retainer{cfg: c, capSweep: capSweepBlocks, capSweepRun: capSweepRunBlocks}, nil
 }
 
 // withDefaults fills the settings left zero with their defaults.
@@ -226,9 +245,7 @@ func (r *Retainer) Run(ctx context.Context) (Removed, error) {
 	removed.Credentials = int64(len(creds))
 	// A cap's history is kept no longer than its category's period
 	// (jobs/preferences): past it, it counts for no cap.
-	err = c.batches(deadline, &removed.CapHistories, func() (int64, error) {
-		return deleted("frequency cap histories")(q.DeleteStaleFrequencyCaps(ctx, int32(c.BatchRows)))
-	})
+	removed.CapHistories, err = r.sweepCapHistories(ctx, q, deadline)
 	if err != nil {
 		return removed, err
 	}
@@ -236,6 +253,39 @@ func (r *Retainer) Run(ctx context.Context) (Removed, error) {
 	return removed, c.batches(deadline, &removed.WebhookEvents, func() (int64, error) {
 		return deleted("webhook events")(q.DeleteOldWebhookEvents(ctx, db.DeleteOldWebhookEventsParams{Before: webhookCutoff, Batch: int32(c.BatchRows)}))
 	})
+}
+
+// sweepCapHistories deletes the cap histories that count for no cap any
+// more in the next ranges of their table, at least one range a run however
+// the steps before it used the budget, and at most the whole table.
+func (r *Retainer) sweepCapHistories(ctx context.Context, q *db.Queries, deadline time.Time) (int64, error) {
+	total, err := q.FrequencyCapBlocks(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("size the frequency cap histories: %w", err)
+	}
+	from := r.capBlock.Load()
+	if from >= total {
+		// The table was truncated, or rewritten smaller.
+		from = 0
+	}
+	var removed int64
+	for swept := int64(0); swept < min(total, r.capSweepRun); {
+		to := min(from+r.capSweep, total)
+		n, err := q.DeleteStaleFrequencyCaps(ctx, db.DeleteStaleFrequencyCapsParams{FromBlock: from, ToBlock: to})
+		removed += n
+		if err != nil {
+			return removed, fmt.Errorf("delete frequency cap histories: %w", err)
+		}
+		swept += to - from
+		if from = to; from >= total {
+			from = 0
+		}
+		if !time.Now().Before(deadline) {
+			break
+		}
+	}
+	r.capBlock.Store(from)
+	return removed, nil
 }
 
 // deleted says what a batch was deleting in its error, if it has one.

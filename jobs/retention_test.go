@@ -384,3 +384,48 @@ func TestRetainerDeletesWebhookEventsOfBatchesGivenUp(t *testing.T) {
 	require.Equal(t, Removed{WebhookEvents: 2}, removed)
 	require.Equal(t, []string{"2"}, b.column("SELECT device_id::text FROM webhook_events"))
 }
+
+// TestRetainerSweepsCapHistoriesARangeAtATime deletes the cap histories
+// that count for nothing (migration 0026: found by reading the table, not
+// an index) a few pages a run, resuming where the previous run stopped and
+// starting again at the first page after the last, and keeps the others.
+func TestRetainerSweepsCapHistoriesARangeAtATime(t *testing.T) {
+	t.Parallel()
+	b := setupRetain(t)
+	ctx := context.Background()
+	_, err := b.q.PutCategory(ctx, db.PutCategoryParams{Name: "promo", CapCount: new(int32(3)), CapPeriodS: new(int32(3600))})
+	require.NoError(t, err)
+	// 600 users, every other one's history stale (its last message two
+	// hours old), over some twenty pages.
+	b.exec(`INSERT INTO users (id) SELECT 'cap' || i FROM generate_series(1, 600) i`)
+	b.exec(`INSERT INTO frequency_caps (user_id, category, message_ids, sent_at, last_at)
+	        SELECT 'cap' || i, 'promo', ARRAY[i::bigint], ARRAY[now()], now() - CASE WHEN i % 2 = 0 THEN interval '2 hours' ELSE interval '0' END
+	        FROM generate_series(1, 600) i`)
+	blocks, err := b.q.FrequencyCapBlocks(ctx)
+	require.NoError(t, err)
+	require.Greater(t, blocks, int64(8))
+
+	now := func(context.Context) (time.Time, error) { return b.now, nil }
+	r := newRetainer(t, RetainerConfig{Pool: b.db.Pool, Logger: discard, Retention: time.Hour, Now: now})
+	r.capSweep, r.capSweepRun = 2, 4
+	left := func() int { return b.count("SELECT count(*) FROM frequency_caps WHERE last_at < now() - interval '1 hour'") }
+	var runs int
+	for left() > 0 {
+		before := left()
+		removed, err := r.Run(ctx)
+		require.NoError(t, err)
+		runs++
+		require.Positive(t, removed.CapHistories, "run %d", runs)
+		require.Equal(t, before-int(removed.CapHistories), left())
+		require.LessOrEqual(t, runs, int(blocks+3)/4, "each run reads four pages on from the last")
+	}
+	require.Equal(t, 300, b.count("SELECT count(*) FROM frequency_caps"), "the histories that count are kept")
+	// The sweep goes on from the first page after the last: a history
+	// that goes stale is found within a sweep of the table.
+	b.exec(`UPDATE frequency_caps SET last_at = now() - interval '2 hours' WHERE user_id = 'cap1'`)
+	for range (blocks + 3) / 4 {
+		_, err := r.Run(ctx)
+		require.NoError(t, err)
+	}
+	require.Equal(t, 299, b.count("SELECT count(*) FROM frequency_caps"))
+}

@@ -63,16 +63,23 @@ RETURNING quiet_start, quiet_end, timezone, updated_at;
 DELETE FROM quiet_hours_default;
 
 -- name: DeleteStaleFrequencyCaps :execrows
--- Retention: a cap's history whose last message is older than its
--- category's period counts for no cap any more, nor does one of a category
--- that has no cap now. (A claim drops the entries older than the period
--- from the rows it touches.)
-DELETE FROM frequency_caps
-WHERE ctid = ANY (ARRAY(
-    SELECT f.ctid FROM frequency_caps f
-    LEFT JOIN categories c ON c.name = f.category
-    WHERE c.cap_period_s IS NULL OR f.last_at < now() - c.cap_period_s * interval '1 second'
-    LIMIT @batch::integer));
+-- Retention, over the pages from_block to to_block (excluded) of the
+-- table, read as a range of row addresses: a cap's history whose last
+-- message is older than its category's period counts for no cap any more,
+-- nor does one of a category that has no cap now. The retainer sweeps the
+-- table a range at a time (migration 0026 dropped the index on last_at, so
+-- that a claim's update is heap-only).
+DELETE FROM frequency_caps f
+WHERE f.ctid >= format('(%s,0)', @from_block::bigint)::tid
+  AND f.ctid < format('(%s,0)', @to_block::bigint)::tid
+  AND NOT EXISTS (SELECT 1 FROM categories c
+                  WHERE c.name = f.category AND c.cap_period_s IS NOT NULL
+                    AND f.last_at >= now() - c.cap_period_s * interval '1 second');
+
+-- name: FrequencyCapBlocks :one
+-- How many pages the cap histories' table has: where a sweep of
+-- DeleteStaleFrequencyCaps ends.
+SELECT (pg_relation_size('frequency_caps') / current_setting('block_size')::bigint)::bigint;
 
 -- name: ChunkRules :one
 -- What a chunk needs of its message's category and the installation when
