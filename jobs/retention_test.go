@@ -408,7 +408,9 @@ func TestRetainerSweepsCapHistoriesARangeAtATime(t *testing.T) {
 	now := func(context.Context) (time.Time, error) { return b.now, nil }
 	r := newRetainer(t, RetainerConfig{Pool: b.db.Pool, Logger: discard, Retention: time.Hour, Now: now})
 	r.capSweep, r.capSweepRun = 2, 4
-	left := func() int { return b.count("SELECT count(*) FROM frequency_caps WHERE last_at < now() - interval '1 hour'") }
+	left := func() int {
+		return b.count("SELECT count(*) FROM frequency_caps WHERE last_at < now() - interval '1 hour'")
+	}
 	var runs int
 	for left() > 0 {
 		before := left()
