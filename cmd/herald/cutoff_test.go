@@ -83,14 +83,37 @@ func forwardPostgres(t *testing.T, dbURL, addr string) string {
 	socket := fmt.Sprintf("%s/.s.PGSQL.%d", cfg.Host, cfg.Port)
 	ln, err := net.Listen("tcp", addr)
 	require.NoError(t, err)
-	var conns sync.WaitGroup
-	t.Cleanup(func() { ln.Close(); conns.Wait() })
+	var (
+		conns  sync.WaitGroup
+		mu     sync.Mutex
+		open   []net.Conn
+		closed bool
+	)
+	// The connections are closed, not waited for: a worker cut off and
+	// never let back (a test that failed while it was cut) leaves its
+	// connections open until TCP gives up on them, a quarter of an hour.
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		closed = true
+		for _, c := range open {
+			c.Close()
+		}
+		mu.Unlock()
+		conns.Wait()
+	})
 	go func() {
 		for {
 			c, err := ln.Accept()
 			if err != nil {
 				return
 			}
+			mu.Lock()
+			open = append(open, c)
+			if closed {
+				c.Close()
+			}
+			mu.Unlock()
 			conns.Go(func() {
 				defer c.Close()
 				pg, err := net.Dial("unix", socket)
