@@ -16,20 +16,22 @@ type DueJob struct {
 }
 
 // DueJobArgs are River's available jobs of the kinds on queue that
-// fall due at exactly at, at most limit of them: every message's first
+// fall due from from to at (both included; a Waker wakes the instants of a
+// lane a few milliseconds apart as one, at the latest), at most limit of
+// them: every message's first
 // chunk, then every message's second, and so on (a message's first chunk
 // goes first at its instant, beginGate). It reads River's fetch index, as
 // UpcomingDue does.
-func DueJobArgs(ctx context.Context, q DBTX, kinds []string, queue string, at time.Time, limit int) ([]DueJob, error) {
+func DueJobArgs(ctx context.Context, q DBTX, kinds []string, queue string, from, at time.Time, limit int) ([]DueJob, error) {
 	rows, err := q.Query(ctx, `
 		SELECT kind, args FROM (
 			SELECT kind, args, row_number() OVER (
 				PARTITION BY args->'message_id' ORDER BY (args->>'chunk')::integer) AS n
 			FROM river_job
-			WHERE state = 'available' AND queue = $2 AND scheduled_at = $3 AND kind = ANY ($1::text[])
+			WHERE state = 'available' AND queue = $2 AND scheduled_at BETWEEN $5 AND $3 AND kind = ANY ($1::text[])
 		) due
 		ORDER BY n, args->'message_id'
-		LIMIT $4`, kinds, queue, at, limit)
+		LIMIT $4`, kinds, queue, at, limit, from)
 	if err != nil {
 		return nil, fmt.Errorf("due jobs at %s: %w", at.Format(time.RFC3339Nano), err)
 	}

@@ -644,7 +644,7 @@ const sendSlice = 500
 // after it: Breaker.Wake).
 func (w *FanOutWorker) finish(ctx context.Context, c *running, ledger *ledger, rec *chunkRecord, fenced bool) error {
 	parked, detail, breakers := w.parked(c, rec.results)
-	waiting, waitThrottle := w.throttledWait(c, rec.results)
+	waiting, firstDue := w.throttledWait(c, rec.results)
 	if fenced {
 		ledger.rewrite(rec)
 	}
@@ -654,6 +654,14 @@ func (w *FanOutWorker) finish(ctx context.Context, c *running, ledger *ledger, r
 	if len(parked) == 0 && waiting == 0 {
 		return nil
 	}
+	// The wait is taken from now, once the close has written the answers,
+	// not from before it: River schedules the snooze from when the chunk
+	// returns, and a wait taken before the close (tens of milliseconds at
+	// an instant) woke the chunk that much after its first delivery's
+	// time, each chunk by a different amount. Chunks that held their
+	// deliveries until the same end of quiet hours then fell due at as
+	// many instants, each one woken, warmed and fetched on its own.
+	waitThrottle := max(firstDue.Sub(w.cfg.Clock.Now()), 0)
 	if errors.Is(ctx.Err(), context.Canceled) {
 		// The process is stopping (or an operator cancelled the job, which
 		// River records over this): what was not sent is no provider's
@@ -691,11 +699,9 @@ func (w *FanOutWorker) finish(ctx context.Context, c *running, ledger *ledger, r
 // throttles: those the provider throttled in this attempt, and those not
 // sent because an earlier attempt's throttle had not run out when this one
 // began (the only targets an attempt leaves without any result: their
-// time may have come while it ran, and they are still to send). wait is
-// how long until the first of them may be sent (from the database's now).
-func (w *FanOutWorker) throttledWait(c *running, results []push.Result) (waiting int, wait time.Duration) {
-	now := w.cfg.Clock.Now()
-	wait = -1
+// time may have come while it ran, and they are still to send). first is
+// when the first of them may be sent (in the database's frame).
+func (w *FanOutWorker) throttledWait(c *running, results []push.Result) (waiting int, first time.Time) {
 	for i, t := range c.Targets {
 		var until time.Time
 		switch r := results[i]; {
@@ -708,12 +714,12 @@ func (w *FanOutWorker) throttledWait(c *running, results []push.Result) (waiting
 		default:
 			continue
 		}
-		waiting++
-		if d := until.Sub(now); wait < 0 || d < wait {
-			wait = d
+		if waiting == 0 || until.Before(first) {
+			first = until
 		}
+		waiting++
 	}
-	return waiting, max(wait, 0)
+	return waiting, first
 }
 
 // untilExpiry is wait, at least a short while and never past the chunk's

@@ -90,6 +90,26 @@ func (c *WakerConfig) validate() error {
 // Clock knows to within half a round trip.
 const wakeMargin = 2 * time.Millisecond
 
+// wakeSpan is how close together a lane's instants are woken as one: at the
+// latest of them, whose fetch takes the jobs of all. Chunks that wait for the
+// same moment (deliveries held until the end of the same quiet hours,
+// throttled devices whose waits run out together) are snoozed each from the
+// moment it returns, so they fall due microseconds to milliseconds apart:
+// woken one by one, fifty chunks held until the same minute made fifty
+// notifications, fifty fetches and fifty warm-ups at once, and every
+// process's pool opened backends for them. An instant alone is woken at its
+// time; one followed within the span by another is woken up to the span late.
+const wakeSpan = 10 * time.Millisecond
+
+// covered says whether an instant armed on d's lane, or about to be (arm),
+// falls within wakeSpan after d (or at it): its wake fetches d's jobs too.
+func covered(armed map[db.DueInstant]*time.Timer, arm []db.DueInstant, d db.DueInstant) bool {
+	covers := func(e db.DueInstant) bool {
+		return e.Queue == d.Queue && !e.At.Before(d.At) && e.At.Sub(d.At) <= wakeSpan
+	}
+	return slices.ContainsFunc(arm, covers) || slices.ContainsFunc(slices.Collect(maps.Keys(armed)), covers)
+}
+
 // Run wakes the lanes until ctx is done.
 func (w *Waker) Run(ctx context.Context) {
 	c := w.cfg
@@ -116,10 +136,15 @@ func (w *Waker) Run(ctx context.Context) {
 			c.Logger.WarnContext(ctx, "look ahead for due chunks", "error", err)
 		}
 		mu.Lock()
-		for _, d := range due {
-			if armed[d] != nil {
-				continue
+		// Latest first, so that an instant a later one covers is left to
+		// it (covered); then armed, and warmed, soonest first.
+		var arm []db.DueInstant
+		for _, d := range slices.Backward(due) {
+			if armed[d] == nil && !covered(armed, arm, d) {
+				arm = append(arm, d)
 			}
+		}
+		for _, d := range slices.Backward(arm) {
 			// The instant is the database's; the timer runs on the host.
 			armed[d] = time.AfterFunc(time.Until(d.At.Add(-c.Clock.Offset()))+wakeMargin, func() {
 				mu.Lock()

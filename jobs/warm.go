@@ -44,7 +44,7 @@ func (w *FanOutWorker) Warm(ctx context.Context, queue string, at time.Time) err
 	if !ok || lane.Pool == nil {
 		return nil
 	}
-	due, err := db.DueJobArgs(ctx, lane.Pool, chunkKinds, queue, at, lane.workers())
+	due, err := db.DueJobArgs(ctx, lane.Pool, chunkKinds, queue, at.Add(-wakeSpan), at, lane.workers())
 	if err != nil {
 		return err
 	}

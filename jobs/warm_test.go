@@ -38,7 +38,7 @@ func TestWarmReadiesTheFirstChunksOfAnInstant(t *testing.T) {
 	_, err = db.PromoteDueJobs(ctx, tdb.Pool, []string{QueueBulk}, 2*time.Minute, 100)
 	require.NoError(t, err)
 
-	due, err := db.DueJobArgs(ctx, tdb.Pool, chunkKinds, QueueBulk, at, 3)
+	due, err := db.DueJobArgs(ctx, tdb.Pool, chunkKinds, QueueBulk, at, at, 3)
 	require.NoError(t, err)
 	var warmed []FanOutArgs
 	for _, job := range due {
