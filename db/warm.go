@@ -9,6 +9,14 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
+// WarmedBy is how long a chunk's attempt leaves it warm: a chunk that began
+// within it (one snoozed until the end of its users' quiet hours or its
+// devices' throttles, moments later) was read then, so its pages are in
+// PostgreSQL's buffers, its message encoded and its provider connections
+// open, and DueJobArgs leaves it out. Warming it again read each chunk
+// held by quiet hours twice more at the hours' end.
+const WarmedBy = time.Minute
+
 // DueJob is a job DueJobArgs found: its kind and its args.
 type DueJob struct {
 	Kind string
@@ -17,8 +25,9 @@ type DueJob struct {
 
 // DueJobArgs are River's available jobs of the kinds on queue that
 // fall due from from to at (both included; a Waker wakes the instants of a
-// lane a few milliseconds apart as one, at the latest), at most limit of
-// them: every message's first
+// lane a few milliseconds apart as one, at the latest), but those that
+// began within the last minute (WarmedBy), at most limit of them: every
+// message's first
 // chunk, then every message's second, and so on (a message's first chunk
 // goes first at its instant, beginGate). It reads River's fetch index, as
 // UpcomingDue does.
@@ -29,9 +38,10 @@ func DueJobArgs(ctx context.Context, q DBTX, kinds []string, queue string, from,
 				PARTITION BY args->'message_id' ORDER BY (args->>'chunk')::integer) AS n
 			FROM river_job
 			WHERE state = 'available' AND queue = $2 AND scheduled_at BETWEEN $5 AND $3 AND kind = ANY ($1::text[])
+			  AND (attempted_at IS NULL OR attempted_at < now() - $6::interval)
 		) due
 		ORDER BY n, args->'message_id'
-		LIMIT $4`, kinds, queue, at, limit, from)
+		LIMIT $4`, kinds, queue, at, limit, from, WarmedBy)
 	if err != nil {
 		return nil, fmt.Errorf("due jobs at %s: %w", at.Format(time.RFC3339Nano), err)
 	}

@@ -3,6 +3,7 @@ package jobs
 import (
 	"context"
 	"slices"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -60,6 +61,28 @@ func TestWarmReadiesTheFirstChunksOfAnInstant(t *testing.T) {
 	for _, a := range warmed {
 		_, cached := w.messages.lookup(a)
 		require.True(t, cached, "message %d is encoded ahead of its instant", a.MessageID)
+	}
+	// A chunk that began moments ago (snoozed until this instant) was
+	// read then: it is not warmed again, unless that was longer ago.
+	for _, ago := range []time.Duration{time.Second, 2 * db.WarmedBy} {
+		_, err = tdb.Pool.Exec(ctx, `UPDATE river_job SET attempted_at = now() - $2::interval WHERE args->>'message_id' = $1::text AND (args->>'chunk')::int = 0`,
+			strconv.FormatInt(first, 10), ago)
+		require.NoError(t, err)
+		due, err = db.DueJobArgs(ctx, tdb.Pool, chunkKinds, QueueBulk, at, at, 3)
+		require.NoError(t, err)
+		var again []int64
+		for _, job := range due {
+			a, err := ChunkArgs(job.Kind, job.Args)
+			require.NoError(t, err)
+			if a.Chunk == 0 {
+				again = append(again, a.MessageID)
+			}
+		}
+		if ago < db.WarmedBy {
+			require.Equal(t, []int64{second}, again, "a first chunk that began %s ago is warm", ago)
+		} else {
+			require.ElementsMatch(t, []int64{first, second}, again, "a first chunk that began %s ago is cold again", ago)
+		}
 	}
 	// An instant with nothing due, and a lane this worker does not serve,
 	// are no work.
