@@ -1,14 +1,19 @@
 package main
 
 import (
+	"context"
+	"fmt"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/heraldpush/herald/api/client"
 	"github.com/heraldpush/herald/cmd/herald/heraldbench"
+	"github.com/heraldpush/herald/db"
 	"github.com/heraldpush/herald/db/dbtest"
 	"github.com/heraldpush/herald/jobs"
 )
@@ -50,7 +55,8 @@ func takenOverWithoutAGoodbye(t *testing.T, s *fanOutSetup, devices int, a, b *c
 	require.NoError(t, err)
 	ended := heraldbench.MetricSum(families, "herald_liveness_sessions_ended_total", nil)
 	takenOver := heraldbench.MetricSum(families, "herald_chunks_taken_over_total", nil)
-	require.Positive(t, ended, "the survivor never ended the %s worker's session", v.what)
+	require.Positive(t, ended, "the survivor never ended the %s worker's session; the liveness sessions now:\n%s\n%s\n%s",
+		v.what, livenessSessions(t, s.db), a.out.String(), b.out.String())
 	require.Positive(t, takenOver, "the survivor took over none of the %s worker's chunks", v.what)
 
 	acceptedBefore := s.accepted()
@@ -95,4 +101,24 @@ func TestE2EFrozenWorkerIsTakenOver(t *testing.T) {
 		},
 	})
 	a.base(t) // it is alive again, and answers
+}
+
+// livenessSessions lists the sessions that hold a liveness lock on tdb, as
+// the survivor's look for silent ones sees them (db.EndSilentLiveness), for
+// a failure to say why none was ended.
+func livenessSessions(t *testing.T, tdb *dbtest.DB) string {
+	t.Helper()
+	rows, err := tdb.Pool.Query(context.Background(), `
+		SELECT format('key %s pid %s state %s for %s, started %s ago, last %s', l.objid, a.pid, a.state,
+		              clock_timestamp() - a.state_change, clock_timestamp() - a.backend_start, left(a.query, 60))
+		FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+		WHERE l.locktype = 'advisory' AND l.granted AND l.classid = $1::bigint::oid AND l.objsubid = 2`, int64(db.LivenessLockSpace))
+	if err != nil {
+		return err.Error()
+	}
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return err.Error()
+	}
+	return fmt.Sprintf("%d holding a liveness lock:\n%s", len(lines), strings.Join(lines, "\n"))
 }
