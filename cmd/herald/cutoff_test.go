@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
@@ -88,6 +89,7 @@ func forwardPostgres(t *testing.T, dbURL, addr string) string {
 		mu     sync.Mutex
 		open   []net.Conn
 		closed bool
+		ended  []string
 	)
 	// The connections are closed, not waited for: a worker cut off and
 	// never let back (a test that failed while it was cut) leaves its
@@ -95,6 +97,11 @@ func forwardPostgres(t *testing.T, dbURL, addr string) string {
 	t.Cleanup(func() {
 		ln.Close()
 		mu.Lock()
+		if t.Failed() {
+			// When a connection ended and which way, for a failure to say
+			// whether the cut-off worker's session ended on its own.
+			t.Logf("connections forwarded to PostgreSQL that ended before the test did:\n%s", strings.Join(ended, "\n"))
+		}
 		closed = true
 		for _, c := range open {
 			c.Close()
@@ -121,10 +128,13 @@ func forwardPostgres(t *testing.T, dbURL, addr string) string {
 					return
 				}
 				defer pg.Close()
-				done := make(chan struct{}, 2)
-				go func() { _, _ = io.Copy(pg, c); done <- struct{}{} }()
-				go func() { _, _ = io.Copy(c, pg); done <- struct{}{} }()
-				<-done
+				done := make(chan string, 2)
+				go func() { _, err := io.Copy(pg, c); done <- fmt.Sprintf("from the worker: %v", err) }()
+				go func() { _, err := io.Copy(c, pg); done <- fmt.Sprintf("from PostgreSQL: %v", err) }()
+				why := <-done
+				mu.Lock()
+				ended = append(ended, fmt.Sprintf("%s %s: %s", time.Now().Format("15:04:05.000"), c.RemoteAddr(), why))
+				mu.Unlock()
 			})
 		}
 	}()

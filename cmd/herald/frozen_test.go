@@ -55,8 +55,8 @@ func takenOverWithoutAGoodbye(t *testing.T, s *fanOutSetup, devices int, a, b *c
 	require.NoError(t, err)
 	ended := heraldbench.MetricSum(families, "herald_liveness_sessions_ended_total", nil)
 	takenOver := heraldbench.MetricSum(families, "herald_chunks_taken_over_total", nil)
-	require.Positive(t, ended, "the survivor never ended the %s worker's session; the liveness sessions now:\n%s\n%s\n%s",
-		v.what, livenessSessions(t, s.db), a.out.String(), b.out.String())
+	require.Positive(t, ended, "the survivor never ended the session of the worker %s at %s; the liveness sessions now:\n%s\n%s\n%s",
+		v.what, goneAt.Format("15:04:05.000"), livenessSessions(t, s.db), a.out.String(), b.out.String())
 	require.Positive(t, takenOver, "the survivor took over none of the %s worker's chunks", v.what)
 
 	acceptedBefore := s.accepted()
@@ -112,7 +112,8 @@ func livenessSessions(t *testing.T, tdb *dbtest.DB) string {
 		SELECT format('key %s pid %s state %s for %s, started %s ago, last %s', l.objid, a.pid, a.state,
 		              clock_timestamp() - a.state_change, clock_timestamp() - a.backend_start, left(a.query, 60))
 		FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-		WHERE l.locktype = 'advisory' AND l.granted AND l.classid = $1::bigint::oid AND l.objsubid = 2`, int64(db.LivenessLockSpace))
+		WHERE l.locktype = 'advisory' AND l.granted AND l.classid = $1::bigint::oid AND l.objsubid = 2
+		  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())`, int64(db.LivenessLockSpace))
 	if err != nil {
 		return err.Error()
 	}
