@@ -654,14 +654,6 @@ func (w *FanOutWorker) finish(ctx context.Context, c *running, ledger *ledger, r
 	if len(parked) == 0 && waiting == 0 {
 		return nil
 	}
-	// The wait is taken from now, once the close has written the answers,
-	// not from before it: River schedules the snooze from when the chunk
-	// returns, and a wait taken before the close (tens of milliseconds at
-	// an instant) woke the chunk that much after its first delivery's
-	// time, each chunk by a different amount. Chunks that held their
-	// deliveries until the same end of quiet hours then fell due at as
-	// many instants, each one woken, warmed and fetched on its own.
-	waitThrottle := max(firstDue.Sub(w.cfg.Clock.Now()), 0)
 	if errors.Is(ctx.Err(), context.Canceled) {
 		// The process is stopping (or an operator cancelled the job, which
 		// River records over this): what was not sent is no provider's
@@ -678,6 +670,14 @@ func (w *FanOutWorker) finish(ctx context.Context, c *running, ledger *ledger, r
 			"message_id", push.FormatMessageID(c.MessageID), "chunk", c.Chunk, "unsent", parked, "throttled", waiting)
 		return river.JobSnooze(0)
 	}
+	// The wait is taken from now, once the close has written the answers,
+	// not from before it: River schedules the snooze from when the chunk
+	// returns, and a wait taken before the close (tens of milliseconds at
+	// an instant) woke the chunk that much after its first delivery's
+	// time, each chunk by a different amount. Chunks that held their
+	// deliveries until the same end of quiet hours then fell due at as
+	// many instants, each one woken, warmed and fetched on its own.
+	waitThrottle := max(firstDue.Sub(w.cfg.Clock.Now()), 0)
 	if len(parked) == 0 {
 		wait := w.untilExpiry(c, waitThrottle)
 		w.cfg.Logger.InfoContext(ctx, "chunk waits for throttled devices",

@@ -107,7 +107,12 @@ func covered(armed map[db.DueInstant]*time.Timer, arm []db.DueInstant, d db.DueI
 	covers := func(e db.DueInstant) bool {
 		return e.Queue == d.Queue && !e.At.Before(d.At) && e.At.Sub(d.At) <= wakeSpan
 	}
-	return slices.ContainsFunc(arm, covers) || slices.ContainsFunc(slices.Collect(maps.Keys(armed)), covers)
+	for e := range armed {
+		if covers(e) {
+			return true
+		}
+	}
+	return slices.ContainsFunc(arm, covers)
 }
 
 // Run wakes the lanes until ctx is done.
