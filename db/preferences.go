@@ -20,7 +20,15 @@ import (
 // whose ON CONFLICT does the same for a row another claim inserted first.
 // Updating first (and not upserting every user) spares the rows that exist,
 // nearly all of them, the upsert's conflict check and row-lock record, and
-// keeps the update heap-only (migration 0026).
+// keeps the update heap-only (migration 0026). A user whose history already
+// holds the message (claimed by another of the message's chunks, since a
+// user's devices fall in several) is only read: the message stays in the
+// history for its period (a claim removes only what a newer message
+// pushes out, and only an entry older than the period makes room), so it
+// is allowed without a lock or a write. Read in the statement's snapshot,
+// a claim another chunk commits meanwhile is found by the update's
+// re-check instead, which skips the row; the insert's conflict then
+// answers it from the latest version.
 //
 // A user's history is the last $3 (the cap's count) messages the category
 // sent them and when, oldest first: no more is needed, since the message
@@ -32,22 +40,29 @@ import (
 // is computed in the statement with array operators alone: a function
 // call a row cost as much again.
 const claimFrequencyCaps = `
-WITH claimed AS (
+WITH counted AS (
+    SELECT f.user_id
+    FROM frequency_caps AS f
+    WHERE f.user_id = ANY ($5::text[]) AND f.category = $1::text AND $2::bigint = ANY (f.message_ids)
+), claimed AS (
     UPDATE frequency_caps AS f
     SET ` + nextCapHistory + `
     FROM unnest($5::text[]) AS u(user_id)
-    WHERE f.user_id = u.user_id AND f.category = $1::text
+    WHERE f.user_id = u.user_id AND f.category = $1::text AND NOT ($2::bigint = ANY (f.message_ids))
     RETURNING f.user_id, ($2::bigint = ANY (f.message_ids))::boolean AS allowed
 ), first AS (
     INSERT INTO frequency_caps AS f (user_id, category, message_ids, sent_at, last_at)
     SELECT u.user_id, $1::text, ARRAY[$2::bigint], ARRAY[now()], now()
     FROM unnest($5::text[]) AS u(user_id)
-    WHERE NOT EXISTS (SELECT 1 FROM claimed c WHERE c.user_id = u.user_id)
+    WHERE NOT EXISTS (SELECT 1 FROM (SELECT user_id FROM claimed UNION ALL SELECT user_id FROM counted) AS c
+                      WHERE c.user_id = u.user_id)
     ORDER BY u.user_id
     ON CONFLICT (user_id, category) DO UPDATE
     SET ` + nextCapHistory + `
     RETURNING f.user_id, ($2::bigint = ANY (f.message_ids))::boolean AS allowed
 )
+SELECT user_id, true AS allowed FROM counted
+UNION ALL
 SELECT user_id, allowed FROM claimed
 UNION ALL
 SELECT user_id, allowed FROM first`

@@ -48,6 +48,65 @@ func TestFrequencyCapClaimsAreExact(t *testing.T) {
 	require.Empty(t, other)
 }
 
+// TestFrequencyCapClaimedAgainIsOnlyRead: a message's chunks claim a user
+// whose devices fall in several of them; once the user's history holds
+// the message, a claim of it only reads the row (its version is the one
+// the first claim wrote), and chunks claiming the same new users at once
+// all send, the message counted once.
+func TestFrequencyCapClaimedAgainIsOnlyRead(t *testing.T) {
+	t.Parallel()
+	tdb := dbtest.New(t)
+	ctx := context.Background()
+	users := []string{"u1", "u2", "u3", "u4"}
+	require.NoError(t, db.On(tdb.Pool).EnsureUsers(ctx, users))
+	capped := db.CategoryCap{Category: "promo", Count: 1, PeriodS: 3600}
+	versions := func() map[string]string {
+		rows, err := tdb.Pool.Query(ctx, `SELECT user_id, xmin::text || ctid::text FROM frequency_caps`)
+		require.NoError(t, err)
+		out := map[string]string{}
+		for rows.Next() {
+			var u, v string
+			require.NoError(t, rows.Scan(&u, &v))
+			out[u] = v
+		}
+		require.NoError(t, rows.Err())
+		return out
+	}
+
+	over, err := db.ClaimFrequencyCaps(ctx, tdb.Pool, capped, 1, []string{"u1", "u2"})
+	require.NoError(t, err)
+	require.Empty(t, over)
+	first := versions()
+	over, err = db.ClaimFrequencyCaps(ctx, tdb.Pool, capped, 1, []string{"u2", "u1", "u3"})
+	require.NoError(t, err)
+	require.Empty(t, over)
+	again := versions()
+	require.Equal(t, first["u1"], again["u1"], "u1's row was written again")
+	require.Equal(t, first["u2"], again["u2"], "u2's row was written again")
+	require.Contains(t, again, "u3")
+	over, err = db.ClaimFrequencyCaps(ctx, tdb.Pool, capped, 2, []string{"u1", "u3"})
+	require.NoError(t, err)
+	require.Equal(t, map[string]bool{"u1": true, "u3": true}, over)
+
+	// Eight chunks of message 3 claim u4 (and u1, capped by message 1) at once.
+	var wg sync.WaitGroup
+	answers := make([]map[string]bool, 8)
+	for i := range answers {
+		wg.Go(func() {
+			var err error
+			answers[i], err = db.ClaimFrequencyCaps(ctx, tdb.Pool, capped, 3, []string{"u4", "u1"})
+			require.NoError(t, err)
+		})
+	}
+	wg.Wait()
+	for _, a := range answers {
+		require.Equal(t, map[string]bool{"u1": true}, a)
+	}
+	var ids []int64
+	require.NoError(t, tdb.Pool.QueryRow(ctx, `SELECT message_ids FROM frequency_caps WHERE user_id = 'u4'`).Scan(&ids))
+	require.Equal(t, []int64{3}, ids)
+}
+
 // claimRace claims a place under capped for sixteen messages (after
 // firstID) to users at once, and checks that each user was allowed
 // exactly the cap's count of them. It returns what each message was
