@@ -43,7 +43,11 @@ func (b *Benchmark) preferencesInstant() time.Time {
 
 // setPreferences declares the bench's category, with a cap that leaves
 // room for the earlier rounds and the measured one, and gives the
-// population its preferences for a run due at instant.
+// population its preferences for a run due at instant. Before the earlier
+// rounds (instant zero) the users held at the measured instant have their
+// quiet hours far from now, as the others with quiet hours do: the earlier
+// rounds hold no one, and the measured round finds the histories they
+// left.
 func (b *Benchmark) setPreferences(ctx context.Context, pool db.DBTX, instant time.Time) error {
 	capCount := int32(b.Config.Before + 2)
 	day := int32(86400)
@@ -55,11 +59,20 @@ func (b *Benchmark) setPreferences(ctx context.Context, pool db.DBTX, instant ti
 		t = t.UTC()
 		return preferences.Clock(t.Hour()*3600 + t.Minute()*60)
 	}
+	from := instant
+	if from.IsZero() {
+		from = time.Now()
+	}
+	farStart, farEnd := clock(from.Add(6*time.Hour)).PG(), clock(from.Add(9*time.Hour)).PG()
+	heldStart, heldEnd := farStart, farEnd
 	end := instant.Add(time.Minute).Truncate(time.Minute)
+	if !instant.IsZero() {
+		heldStart, heldEnd = clock(instant.Add(-time.Hour)).PG(), clock(end).PG()
+	}
 	err := q.SetBenchPreferences(ctx, db.SetBenchPreferencesParams{
 		Category:  benchCategory,
-		HeldStart: clock(instant.Add(-time.Hour)).PG(), HeldEnd: clock(end).PG(),
-		FarStart: clock(instant.Add(6 * time.Hour)).PG(), FarEnd: clock(instant.Add(9 * time.Hour)).PG(),
+		HeldStart: heldStart, HeldEnd: heldEnd,
+		FarStart: farStart, FarEnd: farEnd,
 		CapCount: capCount,
 	})
 	if err != nil {
@@ -70,7 +83,11 @@ func (b *Benchmark) setPreferences(ctx context.Context, pool db.DBTX, instant ti
 	if err := q.VacuumAnalyze(ctx); err != nil {
 		return fmt.Errorf("vacuum: %w", err)
 	}
-	b.Progress("preferences: category %q capped at %d a day; quiet hours end at %s UTC for the users held", benchCategory, capCount, end.UTC().Format("15:04:05"))
+	if instant.IsZero() {
+		b.Progress("preferences: category %q capped at %d a day, for the earlier rounds too", benchCategory, capCount)
+		return nil
+	}
+	b.Progress("preferences: quiet hours end at %s UTC for the users held", end.UTC().Format("15:04:05"))
 	return nil
 }
 
