@@ -20,15 +20,18 @@ import (
 // whose ON CONFLICT does the same for a row another claim inserted first.
 // Updating first (and not upserting every user) spares the rows that exist,
 // nearly all of them, the upsert's conflict check and row-lock record, and
-// keeps the update heap-only (migration 0026). A user whose history already
-// holds the message (claimed by another of the message's chunks, since a
-// user's devices fall in several) is only read: the message stays in the
-// history for its period (a claim removes only what a newer message
-// pushes out, and only an entry older than the period makes room), so it
-// is allowed without a lock or a write. Read in the statement's snapshot,
-// a claim another chunk commits meanwhile is found by the update's
-// re-check instead, which skips the row; the insert's conflict then
-// answers it from the latest version.
+// keeps the update heap-only (migration 0026).
+//
+// A claim whose answer cannot change is only read, with no lock and no
+// write. A user whose history already holds the message (claimed by
+// another of the message's chunks: a user's devices fall in several) is
+// allowed: the message stays in the history for its period, since a claim
+// pushes out only an entry older than the period. A user whose history is
+// full within the period is refused: only time makes room in it, never
+// another claim. Read in the statement's snapshot, a row another claim
+// changes meanwhile is found by the update's re-check instead, which
+// skips it when it now holds the message or has no room; the insert's
+// conflict then answers it from the latest version.
 //
 // A user's history is the last $3 (the cap's count) messages the category
 // sent them and when, oldest first: no more is needed, since the message
@@ -40,44 +43,50 @@ import (
 // is computed in the statement with array operators alone: a function
 // call a row cost as much again.
 const claimFrequencyCaps = `
-WITH counted AS (
-    SELECT f.user_id
+WITH decided AS (
+    SELECT f.user_id, ($2::bigint = ANY (f.message_ids))::boolean AS allowed
     FROM frequency_caps AS f
-    WHERE f.user_id = ANY ($5::text[]) AND f.category = $1::text AND $2::bigint = ANY (f.message_ids)
+    WHERE f.user_id = ANY ($5::text[]) AND f.category = $1::text
+      AND ($2::bigint = ANY (f.message_ids) OR NOT (` + capRoom + `))
 ), claimed AS (
     UPDATE frequency_caps AS f
     SET ` + nextCapHistory + `
     FROM unnest($5::text[]) AS u(user_id)
-    WHERE f.user_id = u.user_id AND f.category = $1::text AND NOT ($2::bigint = ANY (f.message_ids))
+    WHERE f.user_id = u.user_id AND f.category = $1::text
+      AND NOT ($2::bigint = ANY (f.message_ids)) AND ` + capRoom + `
     RETURNING f.user_id, ($2::bigint = ANY (f.message_ids))::boolean AS allowed
 ), first AS (
     INSERT INTO frequency_caps AS f (user_id, category, message_ids, sent_at, last_at)
     SELECT u.user_id, $1::text, ARRAY[$2::bigint], ARRAY[now()], now()
     FROM unnest($5::text[]) AS u(user_id)
-    WHERE NOT EXISTS (SELECT 1 FROM (SELECT user_id FROM claimed UNION ALL SELECT user_id FROM counted) AS c
+    WHERE NOT EXISTS (SELECT 1 FROM (SELECT user_id FROM claimed UNION ALL SELECT user_id FROM decided) AS c
                       WHERE c.user_id = u.user_id)
     ORDER BY u.user_id
     ON CONFLICT (user_id, category) DO UPDATE
     SET ` + nextCapHistory + `
     RETURNING f.user_id, ($2::bigint = ANY (f.message_ids))::boolean AS allowed
 )
-SELECT user_id, true AS allowed FROM counted
+SELECT user_id, allowed FROM decided
 UNION ALL
 SELECT user_id, allowed FROM claimed
 UNION ALL
 SELECT user_id, allowed FROM first`
 
+// capRoom says whether the history of the row f has room for another
+// message: fewer than the cap's count ($3) in it, or its oldest of the
+// last count older than the period ($4 seconds).
+const capRoom = `(cardinality(f.message_ids) < $3::integer
+          OR f.sent_at[cardinality(f.sent_at) - $3::integer + 1] <= now() - $4::integer * interval '1 second')`
+
 // nextCapHistory is a claim's new history for the row f (claimFrequencyCaps).
 const nextCapHistory = `message_ids = CASE
         WHEN $2::bigint = ANY (f.message_ids) THEN f.message_ids
-        WHEN cardinality(f.message_ids) < $3::integer
-          OR f.sent_at[cardinality(f.sent_at) - $3::integer + 1] <= now() - $4::integer * interval '1 second'
+        WHEN ` + capRoom + `
         THEN (f.message_ids || $2::bigint)[greatest(cardinality(f.message_ids) + 2 - $3::integer, 1):]
         ELSE f.message_ids END,
     sent_at = CASE
         WHEN $2::bigint = ANY (f.message_ids) THEN f.sent_at
-        WHEN cardinality(f.message_ids) < $3::integer
-          OR f.sent_at[cardinality(f.sent_at) - $3::integer + 1] <= now() - $4::integer * interval '1 second'
+        WHEN ` + capRoom + `
         THEN (f.sent_at || now())[greatest(cardinality(f.sent_at) + 2 - $3::integer, 1):]
         ELSE f.sent_at END,
     last_at = now()`

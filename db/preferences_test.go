@@ -51,8 +51,9 @@ func TestFrequencyCapClaimsAreExact(t *testing.T) {
 // TestFrequencyCapClaimedAgainIsOnlyRead: a message's chunks claim a user
 // whose devices fall in several of them; once the user's history holds
 // the message, a claim of it only reads the row (its version is the one
-// the first claim wrote), and chunks claiming the same new users at once
-// all send, the message counted once.
+// the first claim wrote), as does a claim the full history refuses; and
+// chunks claiming the same new users at once all send, the message
+// counted once.
 func TestFrequencyCapClaimedAgainIsOnlyRead(t *testing.T) {
 	t.Parallel()
 	tdb := dbtest.New(t)
@@ -87,6 +88,10 @@ func TestFrequencyCapClaimedAgainIsOnlyRead(t *testing.T) {
 	over, err = db.ClaimFrequencyCaps(ctx, tdb.Pool, capped, 2, []string{"u1", "u3"})
 	require.NoError(t, err)
 	require.Equal(t, map[string]bool{"u1": true, "u3": true}, over)
+	// Refused, the full histories are not written either.
+	refused := versions()
+	require.Equal(t, again["u1"], refused["u1"], "u1's full history was written again")
+	require.Equal(t, again["u3"], refused["u3"], "u3's full history was written again")
 
 	// Eight chunks of message 3 claim u4 (and u1, capped by message 1) at once.
 	var wg sync.WaitGroup
