@@ -63,19 +63,17 @@ func (b *Benchmark) setPreferences(ctx context.Context, pool db.DBTX, instant ti
 	if from.IsZero() {
 		from = time.Now()
 	}
-	farStart, farEnd := clock(from.Add(6*time.Hour)).PG(), clock(from.Add(9*time.Hour)).PG()
-	heldStart, heldEnd := farStart, farEnd
+	params := db.SetBenchPreferencesParams{
+		Category: benchCategory,
+		FarStart: clock(from.Add(6 * time.Hour)).PG(), FarEnd: clock(from.Add(9 * time.Hour)).PG(),
+		CapCount: capCount,
+	}
+	params.HeldStart, params.HeldEnd = params.FarStart, params.FarEnd
 	end := instant.Add(time.Minute).Truncate(time.Minute)
 	if !instant.IsZero() {
-		heldStart, heldEnd = clock(instant.Add(-time.Hour)).PG(), clock(end).PG()
+		params.HeldStart, params.HeldEnd = clock(instant.Add(-time.Hour)).PG(), clock(end).PG()
 	}
-	err := q.SetBenchPreferences(ctx, db.SetBenchPreferencesParams{
-		Category:  benchCategory,
-		HeldStart: heldStart, HeldEnd: heldEnd,
-		FarStart: farStart, FarEnd: farEnd,
-		CapCount: capCount,
-	})
-	if err != nil {
+	if err := q.SetBenchPreferences(ctx, params); err != nil {
 		return fmt.Errorf("set the users' preferences: %w", err)
 	}
 	// As the population is: statistics, and nothing left for autovacuum
