@@ -35,7 +35,9 @@ func (a Audience) appsFilter() string {
 		}
 		names = append(names, "'"+n+"'")
 	}
-	return " AND d.app_id IN (SELECT id FROM apps WHERE name IN (" + strings.Join(names, ", ") + "))"
+	// The ids are read once, before the devices: a filter on the index
+	// entries (devices_user_id_idx holds app_id), not a join with apps.
+	return " AND d.app_id = ANY (ARRAY(SELECT id FROM apps WHERE name IN (" + strings.Join(names, ", ") + ")))"
 }
 
 // appNameShape reports whether n is of an app name's shape.
@@ -184,18 +186,112 @@ func ExpandAudience(ctx context.Context, q DBTX, a Audience, e Expansion) (Expan
 	q = interpreting{q}
 	// The statement sorts the audience by device and counts its users in
 	// memory when work_mem allows: 128 MB holds a million devices, which
-	// otherwise spill to disk in four places. It is raised for this
-	// statement alone, in the caller's transaction.
-	var workMem string
-	if err := q.QueryRow(ctx, `SELECT current_setting('work_mem'), set_config('work_mem', '128MB', true)`).Scan(&workMem, new(string)); err != nil {
-		return Expanded{}, fmt.Errorf("raise work_mem: %w", err)
+	// otherwise spill to disk in four places. A plain message's expansion
+	// (expandSnapshot) reads a segment's devices in the order of their
+	// users, merging the segment's index with the devices' (no hash of
+	// either), which the planner would not choose on its own. Both are set
+	// for this statement alone, in the caller's transaction.
+	plain := e.Snapshot && len(e.Zones) == 0 && len(e.Locales) == 0 && e.Head == 0
+	hashJoin := "on"
+	if plain {
+		hashJoin = "off"
 	}
-	out, err := expand(ctx, q, a, e)
+	var workMem, enableHash string
+	if err := q.QueryRow(ctx, `
+		SELECT current_setting('work_mem'), current_setting('enable_hashjoin'),
+		       set_config('work_mem', '128MB', true), set_config('enable_hashjoin', $1, true)`, hashJoin).
+		Scan(&workMem, &enableHash, new(string), new(string)); err != nil {
+		return Expanded{}, fmt.Errorf("set the expansion's plan settings: %w", err)
+	}
+	var out Expanded
+	var err error
+	if plain {
+		out, err = expandSnapshot(ctx, q, a, e)
+	} else {
+		out, err = expand(ctx, q, a, e)
+	}
 	if err != nil {
 		return Expanded{}, err
 	}
-	if _, err := q.Exec(ctx, `SELECT set_config('work_mem', $1, true)`, workMem); err != nil {
-		return Expanded{}, fmt.Errorf("restore work_mem: %w", err)
+	if _, err := q.Exec(ctx, `SELECT set_config('work_mem', $1, true), set_config('enable_hashjoin', $2, true)`, workMem, enableHash); err != nil {
+		return Expanded{}, fmt.Errorf("restore the plan settings: %w", err)
+	}
+	return out, nil
+}
+
+// expandSnapshot is ExpandAudience's one statement for a message with one
+// due instant and one text, written as snapshots: the expansion of every
+// message but a local-time or localized one, or the head of one sent now.
+//
+// It carries the audience's device ids alone, sorted into one array, and
+// cuts the chunks from it as slices; its users are counted in a second read
+// of the audience, grouped as they come. For a segment, both reads merge
+// the segment's members (its primary key) with the devices of each user
+// (devices_user_id_idx, which holds each device's status and app): two
+// index-only walks in the order of users, with nothing hashed. A
+// million-device segment's expansion takes 0.8 s this way against 2.8 s
+// for the general statement (expand), which hashes the segment, sorts whole
+// rows by device, numbers them, materializes them and hashes their users.
+func expandSnapshot(ctx context.Context, q DBTX, a Audience, e Expansion) (Expanded, error) {
+	var args []any
+	param := func(v any) string {
+		args = append(args, v)
+		return "$" + strconv.Itoa(len(args))
+	}
+	message := param(e.MessageID)
+	audience, arg := a.sql(false, "$2")
+	param(arg)
+	// Chunk number+0 holds the first `first` devices, each next one the
+	// next `size`. After a head: chunks of ChunkSize from chunk 1.
+	first, size, number := min(cmp.Or(e.FirstChunkSize, e.ChunkSize), e.ChunkSize), e.ChunkSize, 0
+	recipients := `SELECT a.user_id FROM (` + audience + `) a GROUP BY a.user_id`
+	if e.After > 0 {
+		audience = `SELECT * FROM (` + audience + `) a WHERE a.id > ` + param(e.After)
+		first, number = e.ChunkSize, 1
+		// As in expand: the head's users are counted once with the rest's.
+		// The head's snapshot is read as it was before this statement.
+		recipients = `SELECT a.user_id FROM (` + audience + `) a
+			UNION SELECT user_id FROM deliveries WHERE message_id = ` + message + `::bigint
+			UNION SELECT v.user_id FROM chunk_devices c CROSS JOIN unnest(c.devices) AS s(id)
+			      JOIN devices v ON v.id = s.id WHERE c.message_id = ` + message + `::bigint`
+	}
+	f, s, n := param(first), param(size), param(number)
+	due := param(e.DispatchAt)
+	rows, err := q.Query(ctx, `
+		WITH audience AS (
+			SELECT array_agg(a.id ORDER BY a.id) AS ids FROM (`+audience+`) a
+		),
+		cut AS (
+			SELECT k + `+n+`::integer AS chunk,
+			       a.ids[CASE WHEN k = 0 THEN 1 ELSE `+f+`::integer + (k - 1) * `+s+`::integer + 1 END
+			             : `+f+`::integer + k * `+s+`::integer] AS ids
+			FROM audience a
+			CROSS JOIN generate_series(0, (cardinality(a.ids) - `+f+`::integer + `+s+`::integer - 1) / `+s+`::integer) AS k
+		),
+		snap AS (
+			INSERT INTO chunk_devices (message_id, chunk, due_at, first_device, last_device, devices)
+			SELECT `+message+`::bigint, chunk, `+due+`::timestamptz, ids[1], ids[cardinality(ids)], ids
+			FROM cut
+			RETURNING chunk, due_at, cardinality(devices)::integer AS n, first_device, last_device
+		)
+		SELECT chunk, due_at, n, first_device, last_device,
+		       (SELECT count(*) FROM (`+recipients+`) u)::integer
+		FROM snap
+		ORDER BY chunk`, args...)
+	if err != nil {
+		return Expanded{}, fmt.Errorf("write the ledger: %w", err)
+	}
+	defer rows.Close()
+	var out Expanded
+	for rows.Next() {
+		var c ExpandedChunk
+		if err := rows.Scan(&c.Chunk, &c.DueAt, &c.Devices, &c.FirstDevice, &c.LastDevice, &out.Recipients); err != nil {
+			return Expanded{}, err
+		}
+		out.Chunks = append(out.Chunks, c)
+	}
+	if err := rows.Err(); err != nil {
+		return Expanded{}, fmt.Errorf("write the ledger: %w", err)
 	}
 	return out, nil
 }

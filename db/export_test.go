@@ -11,3 +11,7 @@ var (
 	// deliveries with.
 	HeldDeliveriesSQL = heldDeliveries
 )
+
+// ExpandGeneral is ExpandAudience's general statement, which a plain
+// message's expansion (expandSnapshot) must agree with.
+var ExpandGeneral = expand
