@@ -241,7 +241,7 @@ type ListUserDevicesRow struct {
 }
 
 // A page of a user's devices: those after after_id, in id order (keyset
-// pagination on devices_user_id_idx).
+// pagination on devices_by_user_idx).
 func (q *Queries) ListUserDevices(ctx context.Context, arg ListUserDevicesParams) ([]ListUserDevicesRow, error) {
 	rows, err := q.db.Query(ctx, listUserDevices, arg.UserID, arg.AfterID, arg.PageSize)
 	if err != nil {

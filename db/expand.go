@@ -36,7 +36,7 @@ func (a Audience) appsFilter() string {
 		names = append(names, "'"+n+"'")
 	}
 	// The ids are read once, before the devices: a filter on the index
-	// entries (devices_user_id_idx holds app_id), not a join with apps.
+	// entries (devices_by_user_idx holds app_id), not a join with apps.
 	return " AND d.app_id = ANY (ARRAY(SELECT id FROM apps WHERE name IN (" + strings.Join(names, ", ") + ")))"
 }
 
@@ -227,7 +227,7 @@ func ExpandAudience(ctx context.Context, q DBTX, a Audience, e Expansion) (Expan
 // cuts the chunks from it as slices; its users are counted in a second read
 // of the audience, grouped as they come. For a segment, both reads merge
 // the segment's members (its primary key) with the devices of each user
-// (devices_user_id_idx, which holds each device's status and app): two
+// (devices_by_user_idx, which holds each device's status and app): two
 // index-only walks in the order of users, with nothing hashed. A
 // million-device segment's expansion takes 0.8 s this way against 2.8 s
 // for the general statement (expand), which hashes the segment, sorts whole

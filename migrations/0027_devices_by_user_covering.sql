@@ -6,9 +6,11 @@
 -- in about 0.8 s instead of 2.8 s with a hash of the segment and a sort of
 -- whole rows.
 --
--- The index is built again here, which takes about a second a million
--- devices, and devices cannot be registered or changed meanwhile. A status
--- change (an eviction, a token registered again) is no longer a heap-only
--- update: it is rare next to the reads.
+-- The new index is built before the old one is dropped: the build takes
+-- about a second a million devices, during which devices can be read (and
+-- messages sent) but not registered or changed; the drop holds the table
+-- only for the moment before the migration commits. A status change (an
+-- eviction, a token registered again) is no longer a heap-only update: it
+-- is rare next to the reads.
+CREATE INDEX devices_by_user_idx ON devices (user_id, id) INCLUDE (status, app_id);
 DROP INDEX devices_user_id_idx;
-CREATE INDEX devices_user_id_idx ON devices (user_id, id) INCLUDE (status, app_id);

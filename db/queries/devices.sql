@@ -64,7 +64,7 @@ RETURNING id, user_id, channel, environment, status, app_id, (xmax = 0)::boolean
 
 -- name: ListUserDevices :many
 -- A page of a user's devices: those after after_id, in id order (keyset
--- pagination on devices_user_id_idx).
+-- pagination on devices_by_user_idx).
 SELECT id, user_id, channel, token, p256dh, auth, status, evicted_reason, evicted_at, created_at, updated_at, environment, installation_id, app_id
 FROM devices
 WHERE user_id = @user_id AND id > @after_id

@@ -266,6 +266,14 @@ func (b *Benchmark) Run(ctx context.Context, admin string) (*Result, error) {
 	if err := b.stopHerald(); err != nil {
 		return nil, err
 	}
+	if b.Config.Retain {
+		if res.Retained, err = b.retain(ctx, pool, sizeBefore); err != nil {
+			return nil, err
+		}
+	}
+	if b.Config.NoBlast {
+		return res, nil
+	}
 	b.Progress("blast: the same devices straight through the same provider clients")
 	if res.BlastMs, res.BlastCPUPerSnd, err = b.blast(ctx, pool, sent.bulkNs); err != nil {
 		return nil, err

@@ -37,6 +37,13 @@ type Config struct {
 	ProfileDir   string
 	DecryptOneIn int
 	KeepDB       bool
+	// NoBlast skips the blast (--blast=false): a run too large to send
+	// twice, such as ten million devices, gives Herald's own figures.
+	NoBlast bool
+	// Retain runs the retention over the measured messages once they have
+	// settled and been read (--retain), as if their retention had passed,
+	// and gives the database's size after it against before the POSTs.
+	Retain bool
 	// UrgentWorker runs the urgent lane in a worker process of its own
 	// (HERALD_LANES), beside the serve process that keeps the bulk lane.
 	UrgentWorker bool
@@ -136,6 +143,8 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	fs.StringVar(&cfg.ProfileDir, "profile", "", "write Herald's CPU and heap profiles into this directory")
 	fs.IntVar(&cfg.DecryptOneIn, "decrypt-one-in", 10, "fakepush decrypts one Web Push body in N, to leave the CPU to Herald")
 	fs.BoolVar(&cfg.KeepDB, "keep-db", false, "keep the bench database afterwards")
+	blast := fs.Bool("blast", true, "send the same devices again straight through the provider clients, for the floor (--blast=false skips it)")
+	fs.BoolVar(&cfg.Retain, "retain", false, "once the measured messages have settled, delete them as their retention would, and give the database's size after it")
 	fs.IntVar(&cfg.History, "history", 0, "settled ledger rows (in messages of 25,000) written with SQL before the measured messages")
 	fs.StringVar(&cfg.Payload, "payload", "plain", "the bulk message's payload: plain (title, body, data), rich (every payload field) or localized (rich, in five languages the users' locales spread over)")
 	fs.BoolVar(&cfg.UrgentWorker, "urgent-worker", false, "run the urgent lane in a worker process of its own (HERALD_LANES=urgent)")
@@ -160,6 +169,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		fmt.Fprintln(stderr, "usage: herald bench [flags] (herald bench --help lists them)")
 		return err
 	}
+	cfg.NoBlast = !*blast
 	if err := parseMix(*mix, &cfg.Mix); err != nil {
 		return err
 	}

@@ -3,12 +3,16 @@ package heraldbench
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"math"
 	"net/http"
 	"net/url"
 	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/heraldpush/herald/api/client"
 	"github.com/heraldpush/herald/db"
@@ -189,4 +193,45 @@ func (b *Benchmark) sendBefore(ctx context.Context, pool db.DBTX, devices int, r
 			round+1, b.Config.Before, len(ids), time.Since(start).Seconds())
 	}
 	return nil
+}
+
+// retain deletes the settled messages as the retention does once it has
+// passed (a jobs.Retainer whose retention is a nanosecond, run until it
+// finds nothing), then vacuums the message tables as autovacuum would,
+// and gives the database's size at each step against sizeBefore.
+func (b *Benchmark) retain(ctx context.Context, pool *pgxpool.Pool, sizeBefore int64) (*Retained, error) {
+	mb := func(n int64) float64 { return math.Round(float64(n)/(1<<20)*10) / 10 }
+	settled, err := db.On(pool).DatabaseSize(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("database size: %w", err)
+	}
+	r, err := jobs.NewRetainer(&jobs.RetainerConfig{Pool: pool, Logger: slog.New(slog.DiscardHandler), Retention: time.Nanosecond})
+	if err != nil {
+		return nil, err
+	}
+	out := &Retained{BeforeMB: mb(sizeBefore), SettledMB: mb(settled)}
+	start := time.Now()
+	for {
+		removed, err := r.Run(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("retention: %w", err)
+		}
+		out.Messages += removed.Messages
+		out.Rows += removed.Deliveries
+		if removed.Messages == 0 && removed.Deliveries == 0 {
+			break
+		}
+	}
+	if err := cleanUp(ctx, pool); err != nil {
+		return nil, err
+	}
+	out.Ms = ms(time.Since(start))
+	after, err := db.On(pool).DatabaseSize(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("database size: %w", err)
+	}
+	out.AfterMB = mb(after)
+	b.Progress("retention: %d messages and %d ledger rows deleted in %.1f s; database %.1f MB before the POSTs, %.1f MB settled, %.1f MB after",
+		out.Messages, out.Rows, out.Ms/1000, out.BeforeMB, out.SettledMB, out.AfterMB)
+	return out, nil
 }

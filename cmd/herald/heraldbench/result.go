@@ -32,9 +32,13 @@ type Result struct {
 	// instant.
 	ScheduleBytesPerDevice float64 `json:"schedule_bytes_per_device"`
 	ChunkCount             int     `json:"chunk_count"`
-	SkewMs                 summary `json:"skew_ms"`
-	ReceiptSkewMs          summary `json:"receipt_skew_ms"`
-	UrgentSkewMs           float64 `json:"urgent_skew_ms"`
+	// Retained is what --retain found: the database's size before the
+	// POSTs, once the messages had settled, and after their retention and
+	// a VACUUM; nil without it.
+	Retained      *Retained `json:"retained,omitempty"`
+	SkewMs        summary   `json:"skew_ms"`
+	ReceiptSkewMs summary   `json:"receipt_skew_ms"`
+	UrgentSkewMs  float64   `json:"urgent_skew_ms"`
 	// Cold says what --cold did to the caches before the instant; empty
 	// without it.
 	Cold string `json:"cold,omitempty"`
@@ -325,4 +329,17 @@ func (b *Benchmark) fakepushView(s scheduled, res *Result) error {
 		res.UrgentReceiptMs = round1(float64(urgentReceipts[0].ReceivedAt.Sub(s.dispatchAt).Microseconds()) / 1000)
 	}
 	return nil
+}
+
+// Retained is the database's size (pg_database_size) before the POSTs, once
+// the measured messages had settled and been vacuumed, and after their
+// retention (jobs.Retainer, as if it had passed) and a VACUUM of the
+// message tables, and how long the retention took.
+type Retained struct {
+	BeforeMB  float64 `json:"before_mb"`
+	SettledMB float64 `json:"settled_mb"`
+	AfterMB   float64 `json:"after_mb"`
+	Messages  int64   `json:"messages"`
+	Rows      int64   `json:"rows"`
+	Ms        float64 `json:"ms"`
 }
