@@ -191,7 +191,7 @@ func ExpandAudience(ctx context.Context, q DBTX, a Audience, e Expansion) (Expan
 	// users, merging the segment's index with the devices' (no hash of
 	// either), which the planner would not choose on its own. Both are set
 	// for this statement alone, in the caller's transaction.
-	plain := e.Snapshot && len(e.Zones) == 0 && len(e.Locales) == 0 && e.Head == 0
+	plain := e.Snapshot && len(e.Zones) == 0 && e.Head == 0
 	hashJoin := "on"
 	if plain {
 		hashJoin = "off"
@@ -220,8 +220,8 @@ func ExpandAudience(ctx context.Context, q DBTX, a Audience, e Expansion) (Expan
 }
 
 // expandSnapshot is ExpandAudience's one statement for a message with one
-// due instant and one text, written as snapshots: the expansion of every
-// message but a local-time or localized one, or the head of one sent now.
+// due instant, written as snapshots: the expansion of every message but a
+// local-time one, or the head of one sent now.
 //
 // It carries the audience's device ids alone, sorted into one array, and
 // cuts the chunks from it as slices; its users are counted in a second read
@@ -239,38 +239,52 @@ func expandSnapshot(ctx context.Context, q DBTX, a Audience, e Expansion) (Expan
 		return "$" + strconv.Itoa(len(args))
 	}
 	message := param(e.MessageID)
-	audience, arg := a.sql(false, "$2")
+	localized := len(e.Locales) > 0
+	audience, arg := a.sql(localized, "$2")
 	param(arg)
+	// The users are counted without their time zones and locales.
+	counted, _ := a.sql(false, "$2")
 	// Chunk number+0 holds the first `first` devices, each next one the
 	// next `size`. After a head: chunks of ChunkSize from chunk 1.
 	first, size, number := min(cmp.Or(e.FirstChunkSize, e.ChunkSize), e.ChunkSize), e.ChunkSize, 0
-	recipients := `SELECT a.user_id FROM (` + audience + `) a GROUP BY a.user_id`
+	recipients := `SELECT a.user_id FROM (` + counted + `) a GROUP BY a.user_id`
 	if e.After > 0 {
-		audience = `SELECT * FROM (` + audience + `) a WHERE a.id > ` + param(e.After)
+		after := param(e.After)
+		audience = `SELECT * FROM (` + audience + `) a WHERE a.id > ` + after
+		counted = `SELECT * FROM (` + counted + `) a WHERE a.id > ` + after
 		first, number = e.ChunkSize, 1
 		// As in expand: the head's users are counted once with the rest's.
 		// The head's snapshot is read as it was before this statement.
-		recipients = `SELECT a.user_id FROM (` + audience + `) a
+		recipients = `SELECT a.user_id FROM (` + counted + `) a
 			UNION SELECT user_id FROM deliveries WHERE message_id = ` + message + `::bigint
 			UNION SELECT v.user_id FROM chunk_devices c CROSS JOIN unnest(c.devices) AS s(id)
 			      JOIN devices v ON v.id = s.id WHERE c.message_id = ` + message + `::bigint`
 	}
+	// A localized message's snapshots hold, beside each device, the
+	// localization its user's locale picked (NULL for the message's own
+	// text): an array lookup a device, sorted with the ids.
+	keys := `NULL::text[]`
+	if localized {
+		keys = `array_agg((` + param(e.Keys) + `::text[])[array_position(` + param(e.Locales) + `::text[], coalesce(a.locale, ''))] ORDER BY a.id)`
+	}
 	f, s, n := param(first), param(size), param(number)
 	due := param(e.DispatchAt)
+	slice := func(array string) string {
+		return array + `[CASE WHEN k = 0 THEN 1 ELSE ` + f + `::integer + (k - 1) * ` + s + `::integer + 1 END
+			             : ` + f + `::integer + k * ` + s + `::integer]`
+	}
 	rows, err := q.Query(ctx, `
 		WITH audience AS (
-			SELECT array_agg(a.id ORDER BY a.id) AS ids FROM (`+audience+`) a
+			SELECT array_agg(a.id ORDER BY a.id) AS ids, `+keys+` AS keys FROM (`+audience+`) a
 		),
 		cut AS (
-			SELECT k + `+n+`::integer AS chunk,
-			       a.ids[CASE WHEN k = 0 THEN 1 ELSE `+f+`::integer + (k - 1) * `+s+`::integer + 1 END
-			             : `+f+`::integer + k * `+s+`::integer] AS ids
+			SELECT k + `+n+`::integer AS chunk, `+slice("a.ids")+` AS ids, `+slice("a.keys")+` AS keys
 			FROM audience a
 			CROSS JOIN generate_series(0, (cardinality(a.ids) - `+f+`::integer + `+s+`::integer - 1) / `+s+`::integer) AS k
 		),
 		snap AS (
-			INSERT INTO chunk_devices (message_id, chunk, due_at, first_device, last_device, devices)
-			SELECT `+message+`::bigint, chunk, `+due+`::timestamptz, ids[1], ids[cardinality(ids)], ids
+			INSERT INTO chunk_devices (message_id, chunk, due_at, first_device, last_device, devices, locales)
+			SELECT `+message+`::bigint, chunk, `+due+`::timestamptz, ids[1], ids[cardinality(ids)], ids, keys
 			FROM cut
 			RETURNING chunk, due_at, cardinality(devices)::integer AS n, first_device, last_device
 		)
