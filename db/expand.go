@@ -220,8 +220,9 @@ func ExpandAudience(ctx context.Context, q DBTX, a Audience, e Expansion) (Expan
 }
 
 // expandSnapshot is ExpandAudience's one statement for a message with one
-// due instant, written as snapshots: the expansion of every message but a
-// local-time one, or the head of one sent now.
+// due instant, written as snapshots: every expansion but a local-time
+// message's and the head of a message sent now (which reads no further
+// than its first devices).
 //
 // It carries the audience's device ids alone, sorted into one array, and
 // cuts the chunks from it as slices; its users are counted in a second read
