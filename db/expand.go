@@ -221,8 +221,7 @@ func ExpandAudience(ctx context.Context, q DBTX, a Audience, e Expansion) (Expan
 
 // expandSnapshot is ExpandAudience's one statement for a message with one
 // due instant, written as snapshots: every expansion but a local-time
-// message's and the head of a message sent now (which reads no further
-// than its first devices).
+// message's and the head of a message sent now.
 //
 // It carries the audience's device ids alone, sorted into one array, and
 // cuts the chunks from it as slices; its users are counted in a second read
