@@ -15,3 +15,6 @@ var (
 // ExpandGeneral is ExpandAudience's general statement, which a plain
 // message's expansion (expandSnapshot) must agree with.
 var ExpandGeneral = expand
+
+// SettleMessageSQL is the settle every chunk runs.
+var SettleMessageSQL = settleMessage

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -49,4 +50,34 @@ func openedConfig(t *testing.T, url string) *pgxpool.Config {
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	return pool.Config()
+}
+
+// TestPoolCompilesNothing: a statement whose estimate passes PostgreSQL's
+// JIT thresholds is not compiled before it runs. SettleMessage, which every
+// chunk runs, reads a message's whole ledger only when it settles; on a
+// ten-million-row ledger its estimate passed them, and each call of it
+// compiled code it never ran, 100-350 ms of a core (see setUpSession).
+// Here every statement's estimate passes them (jit_above_cost 0).
+func TestPoolCompilesNothing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tdb := dbtest.New(t)
+	// Asked on a connection of PostgreSQL's defaults: on Herald's, JIT is
+	// off, which the function counts as unavailable.
+	plain, err := pgx.Connect(ctx, tdb.URL)
+	require.NoError(t, err)
+	var available bool
+	require.NoError(t, plain.QueryRow(ctx, "SELECT pg_jit_available()").Scan(&available))
+	require.NoError(t, plain.Close(ctx))
+	if !available {
+		t.Skip("this PostgreSQL cannot compile statements (no JIT provider)")
+	}
+	conn, err := tdb.Pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	_, err = conn.Exec(ctx, "SET jit_above_cost = 0")
+	require.NoError(t, err)
+	var plan string
+	require.NoError(t, conn.QueryRow(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+db.SettleMessageSQL, int64(1)).Scan(&plan))
+	require.NotContains(t, plan, `"JIT"`, "the statement was compiled before it ran")
 }
