@@ -85,8 +85,8 @@ func (b *Benchmark) startFakepush(ctx context.Context) error {
 	// about 250 bytes a device, which ten million devices took more than
 	// 30 s to list and read. The bound grows with the population (2.5
 	// devices a user).
-	devices := time.Duration(b.Config.Users) * 5 / 2 * time.Duration(b.Config.messages())
-	b.fakeHTTP = &http.Client{Transport: tr, Timeout: 30*time.Second + devices*20*time.Microsecond}
+	devices := int64(b.Config.Users) * 5 / 2 * int64(b.Config.messages())
+	b.fakeHTTP = &http.Client{Transport: tr, Timeout: 30*time.Second + time.Duration(devices)*20*time.Microsecond}
 	for _, name := range b.extraApps() {
 		raw, err := os.ReadFile(filepath.Join(dir, "apps", name, "app.json"))
 		if err != nil {
