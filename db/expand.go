@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // Audience names who a message goes to: a segment's members, or a list of
@@ -233,11 +235,8 @@ func ExpandAudience(ctx context.Context, q DBTX, a Audience, e Expansion) (Expan
 // for the general statement (expand), which hashes the segment, sorts whole
 // rows by device, numbers them, materializes them and hashes their users.
 func expandSnapshot(ctx context.Context, q DBTX, a Audience, e Expansion) (Expanded, error) {
-	var args []any
-	param := func(v any) string {
-		args = append(args, v)
-		return "$" + strconv.Itoa(len(args))
-	}
+	var args statementArgs
+	param := args.add
 	message := param(e.MessageID)
 	localized := len(e.Locales) > 0
 	audience, arg := a.sql(localized, "$2")
@@ -255,10 +254,7 @@ func expandSnapshot(ctx context.Context, q DBTX, a Audience, e Expansion) (Expan
 		first, number = e.ChunkSize, 1
 		// As in expand: the head's users are counted once with the rest's.
 		// The head's snapshot is read as it was before this statement.
-		recipients = `SELECT a.user_id FROM (` + counted + `) a
-			UNION SELECT user_id FROM deliveries WHERE message_id = ` + message + `::bigint
-			UNION SELECT v.user_id FROM chunk_devices c CROSS JOIN unnest(c.devices) AS s(id)
-			      JOIN devices v ON v.id = s.id WHERE c.message_id = ` + message + `::bigint`
+		recipients = `SELECT a.user_id FROM (` + counted + `) a UNION ` + headUsers(message)
 	}
 	// A localized message's snapshots hold, beside each device, the
 	// localization its user's locale picked (NULL for the message's own
@@ -289,36 +285,18 @@ func expandSnapshot(ctx context.Context, q DBTX, a Audience, e Expansion) (Expan
 			RETURNING chunk, due_at, cardinality(devices)::integer AS n, first_device, last_device
 		)
 		SELECT chunk, due_at, n, first_device, last_device,
-		       (SELECT count(*) FROM (`+recipients+`) u)::integer
+		       (SELECT count(*) FROM (`+recipients+`) u)::integer, false
 		FROM snap
 		ORDER BY chunk`, args...)
-	if err != nil {
-		return Expanded{}, fmt.Errorf("write the ledger: %w", err)
-	}
-	defer rows.Close()
-	var out Expanded
-	for rows.Next() {
-		var c ExpandedChunk
-		if err := rows.Scan(&c.Chunk, &c.DueAt, &c.Devices, &c.FirstDevice, &c.LastDevice, &out.Recipients); err != nil {
-			return Expanded{}, err
-		}
-		out.Chunks = append(out.Chunks, c)
-	}
-	if err := rows.Err(); err != nil {
-		return Expanded{}, fmt.Errorf("write the ledger: %w", err)
-	}
-	return out, nil
+	return readExpanded(rows, err)
 }
 
 // expand is ExpandAudience's one statement. The waves and localizations
 // are joined in only when there are some: a join that finds nothing still
 // costs a lookup a device.
 func expand(ctx context.Context, q DBTX, a Audience, e Expansion) (Expanded, error) {
-	var args []any
-	param := func(v any) string {
-		args = append(args, v)
-		return "$" + strconv.Itoa(len(args))
-	}
+	var args statementArgs
+	param := args.add
 	message := param(e.MessageID)
 	audience, arg := a.sql(len(e.Zones) > 0 || len(e.Locales) > 0, "$2")
 	param(arg)
@@ -340,10 +318,7 @@ func expand(ctx context.Context, q DBTX, a Audience, e Expansion) (Expanded, err
 		firstSize, number = e.ChunkSize, "2"
 		// Its users may have devices in the head too, in its ledger rows
 		// or its snapshot: the union counts each user once.
-		recipients = `SELECT user_id FROM kept
-			UNION SELECT user_id FROM deliveries WHERE message_id = ` + message + `::bigint
-			UNION SELECT v.user_id FROM chunk_devices c CROSS JOIN unnest(c.devices) AS s(id)
-			      JOIN devices v ON v.id = s.id WHERE c.message_id = ` + message + `::bigint`
+		recipients = `SELECT user_id FROM kept UNION ` + headUsers(message)
 	}
 	first := param(firstSize)
 	// Within a due instant, the first chunk is the first FirstChunkSize
@@ -438,6 +413,31 @@ func expand(ctx context.Context, q DBTX, a Audience, e Expansion) (Expanded, err
 		       `+more+`
 		FROM written
 		ORDER BY chunk`, args...)
+	return readExpanded(rows, err)
+}
+
+// statementArgs are the parameters of a statement being written.
+type statementArgs []any
+
+// add appends v and returns its placeholder.
+func (a *statementArgs) add(v any) string {
+	*a = append(*a, v)
+	return "$" + strconv.Itoa(len(*a))
+}
+
+// headUsers selects the users of a message's head (message is its
+// placeholder), in its ledger rows or its snapshot, as they were before
+// the statement: the rest's expansion counts its recipients with them.
+func headUsers(message string) string {
+	return `SELECT user_id FROM deliveries WHERE message_id = ` + message + `::bigint
+			UNION SELECT v.user_id FROM chunk_devices c CROSS JOIN unnest(c.devices) AS s(id)
+			      JOIN devices v ON v.id = s.id WHERE c.message_id = ` + message + `::bigint`
+}
+
+// readExpanded reads an expansion's answer: a row a chunk it wrote (its
+// number, due time, devices, first and last device), each with the
+// audience's recipients and whether a head left devices unwritten.
+func readExpanded(rows pgx.Rows, err error) (Expanded, error) {
 	if err != nil {
 		return Expanded{}, fmt.Errorf("write the ledger: %w", err)
 	}
