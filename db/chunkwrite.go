@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -47,6 +48,9 @@ type DeliveryKey struct {
 	UserID, Channel     string
 	Chunk               int32
 	DueUs               int64
+	// First says the chunk read no row of the delivery (ChunkPendingRow's
+	// Written is false): its result is inserted plainly (RecordResults).
+	First bool
 }
 
 // Add appends one delivery's result.
@@ -73,6 +77,7 @@ func (p *RecordResultsParams) add(d DeliveryKey, status, reason string, attempte
 	p.AttemptedUs = append(p.AttemptedUs, attemptedUs)
 	p.AcceptedUs = append(p.AcceptedUs, acceptedUs)
 	p.NotBeforeUs = append(p.NotBeforeUs, notBeforeUs)
+	p.First = append(p.First, d.First)
 }
 
 // Len is how many results p holds.
@@ -80,7 +85,7 @@ func (p *RecordResultsParams) Len() int { return len(p.DeviceIds) }
 
 // row appends src's row i.
 func (p *RecordResultsParams) row(src *RecordResultsParams, i int) {
-	p.add(DeliveryKey{src.MessageIds[i], src.DeviceIds[i], src.UserIds[i], src.Channels[i], src.Chunks[i], src.DueUs[i]},
+	p.add(DeliveryKey{src.MessageIds[i], src.DeviceIds[i], src.UserIds[i], src.Channels[i], src.Chunks[i], src.DueUs[i], src.First[i]},
 		src.Statuses[i], src.Reasons[i], src.AttemptedUs[i], src.AcceptedUs[i], src.NotBeforeUs[i])
 }
 
@@ -120,6 +125,14 @@ func (p *RecordResultsParams) Append(src RecordResultsParams) {
 	p.AttemptedUs = append(p.AttemptedUs, src.AttemptedUs...)
 	p.AcceptedUs = append(p.AcceptedUs, src.AcceptedUs...)
 	p.NotBeforeUs = append(p.NotBeforeUs, src.NotBeforeUs...)
+	p.First = append(p.First, src.First...)
+}
+
+// noneFirst is p with no result marked first: every row is written as one
+// that may exist.
+func (p RecordResultsParams) noneFirst() RecordResultsParams {
+	p.First = make([]bool, len(p.First))
+	return p
 }
 
 // ChunkWritten is what a ChunkWrite did.
@@ -168,7 +181,7 @@ func WriteChunks(ctx context.Context, pool *pgxpool.Pool, ws []ChunkWrite) ([]Ch
 	results = results.once()
 	slices.SortFunc(order, func(i, j int) int { return cmp.Compare(ws[i].MessageID, ws[j].MessageID) })
 	out := make([]ChunkWritten, len(ws))
-	err := inBatch(ctx, pool, func(b *pgx.Batch) {
+	build := func(b *pgx.Batch) {
 		clear(out)
 		b.Queue(commitWithoutWaitingForDisk)
 		b.Queue(useGenericPlans)
@@ -181,7 +194,7 @@ func WriteChunks(ctx context.Context, pool *pgxpool.Pool, ws []ChunkWrite) ([]Ch
 		if len(results.DeviceIds) > 0 {
 			b.Queue(recordResults, results.MessageIds, results.DeviceIds, results.UserIds, results.Channels,
 				results.Chunks, results.DueUs, results.Statuses, results.Reasons, results.AttemptedUs,
-				results.AcceptedUs, results.NotBeforeUs, results.WantFailed, results.WantWithheld).Query(func(rows pgx.Rows) error {
+				results.AcceptedUs, results.NotBeforeUs, results.First, results.WantFailed, results.WantWithheld).Query(func(rows pgx.Rows) error {
 				for rows.Next() {
 					var r RecordResultsRow
 					if err := rows.Scan(&r.MessageID, &r.PendingCount, &r.Accepted, &r.Failed, &r.Expired); err != nil {
@@ -209,7 +222,14 @@ func WriteChunks(ctx context.Context, pool *pgxpool.Pool, ws []ChunkWrite) ([]Ch
 				})
 			}
 		}
-	})
+	}
+	err := inBatch(ctx, pool, build)
+	if firstRowExists(err) {
+		// A delivery the chunk read without a row has one now: the write
+		// rolled back whole, and runs again as one whose rows may exist.
+		results = results.noneFirst()
+		err = inBatch(ctx, pool, build)
+	}
 	if err != nil {
 		if len(ws) == 1 {
 			return nil, fmt.Errorf("write results of message %d: %w", ws[0].MessageID, err)
@@ -217,6 +237,13 @@ func WriteChunks(ctx context.Context, pool *pgxpool.Pool, ws []ChunkWrite) ([]Ch
 		return nil, fmt.Errorf("write results of %d messages: %w", len(ws), err)
 	}
 	return out, nil
+}
+
+// firstRowExists says err is RecordResults' plain insert of a result
+// marked first meeting the delivery's row.
+func firstRowExists(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "deliveries_pkey"
 }
 
 // inBatch sends the statements build queues as one pipelined batch: one
@@ -309,7 +336,7 @@ func scanChunkPending(rows pgx.Rows) ([]ChunkPendingRow, error) {
 	for rows.Next() {
 		var r ChunkPendingRow
 		if err := rows.Scan(&r.DeviceID, &r.Attempt, &r.Channel, &r.Locale, &r.Token, &r.P256dh, &r.Auth, &r.Environment, &r.Gone, &r.NotBefore, &r.AppID, &r.CredentialID, &r.UserID,
-			&r.OptedOut, &r.QuietStart, &r.QuietEnd, &r.Timezone, &r.HeldDue); err != nil {
+			&r.OptedOut, &r.QuietStart, &r.QuietEnd, &r.Timezone, &r.HeldDue, &r.Written); err != nil {
 			return nil, err
 		}
 		if r.HeldDue.Unix() == 0 {

@@ -2,6 +2,7 @@ package db_test
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"slices"
 	"sync"
@@ -278,8 +279,8 @@ func TestBeginChunk(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "dispatching", begun.State)
 	require.Len(t, begun.Pending, 2, "device 3 is in the range but in another chunk")
-	require.Equal(t, db.ChunkPendingRow{DeviceID: d1, Channel: "apns", Locale: new("de"), Token: "tok-a", Environment: "sandbox", AppID: 1, UserID: "a"}, begun.Pending[0])
-	require.Equal(t, db.ChunkPendingRow{DeviceID: d2, Channel: "webpush", Token: "https://push.example/b", P256dh: new("K"), Auth: new("A"), Environment: "production", AppID: 1, UserID: "b"}, begun.Pending[1])
+	require.Equal(t, db.ChunkPendingRow{DeviceID: d1, Channel: "apns", Locale: new("de"), Token: "tok-a", Environment: "sandbox", AppID: 1, UserID: "a", Written: true}, begun.Pending[0])
+	require.Equal(t, db.ChunkPendingRow{DeviceID: d2, Channel: "webpush", Token: "https://push.example/b", P256dh: new("K"), Auth: new("A"), Environment: "production", AppID: 1, UserID: "b", Written: true}, begun.Pending[1])
 	require.JSONEq(t, `{"title":"hi"}`, string(begun.Payload))
 	var started bool
 	require.NoError(t, tdb.Pool.QueryRow(ctx, "SELECT started_at IS NOT NULL FROM messages WHERE id = $1", id).Scan(&started))
@@ -453,4 +454,106 @@ func TestSettleStoresExactPercentiles(t *testing.T) {
 		Scan(&p50, &p95, &p99, &maxSkew, &slo))
 	require.Equal(t, []float64{percentile(0.5), percentile(0.95), percentile(0.99), skews[len(skews)-1], 2000},
 		[]float64{p50, p95, p99, maxSkew, slo})
+}
+
+// TestFirstResultsWriteAsTheUpsert writes the same results to three
+// messages whose ledgers hold the same rows: one with the results marked
+// first where the chunk read no row (inserted plainly), one with none
+// marked (every row through the upsert), and one with every result marked
+// first, including those whose rows exist (a chunk taken over, a message
+// cancelled, since the read): that write meets the rows, rolls back, and
+// is made again as the upsert. Rows, counters, skew histogram and webhook
+// events come out the same in all three, and a row settled before is
+// neither changed nor counted again. One result is accepted 1,210 µs
+// after its due time, on the edge of a histogram bucket (1.1² ms).
+func TestFirstResultsWriteAsTheUpsert(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tdb := dbtest.New(t)
+	_, err := tdb.Pool.Exec(ctx, `INSERT INTO webhooks (url, events, secret)
+		VALUES ('https://hooks.example.com/', '{delivery.failed,delivery.withheld}', 'whsec_AA==')`)
+	require.NoError(t, err)
+	due := time.Now().Add(-time.Minute).Truncate(time.Microsecond)
+	dueUs := due.UnixMicro()
+	message := func() int64 {
+		var id int64
+		require.NoError(t, tdb.Pool.QueryRow(ctx, `
+			WITH p AS (INSERT INTO payloads (content) VALUES ('{}') RETURNING id)
+			INSERT INTO messages (state, priority, dispatch_at, expires_at, payload_id, audience, device_count, chunk_count,
+			                      pending_count, accepted_count)
+			SELECT 'dispatching', 'bulk', $1, $1::timestamptz + interval '1 hour', p.id, '{}', 6, 1, 5, 1 FROM p
+			RETURNING id`, due).Scan(&id))
+		// Device 1 was throttled (pending, its row written), device 2
+		// accepted by an earlier write; 3 to 6 have no row yet.
+		_, err := tdb.Pool.Exec(ctx, `
+			INSERT INTO deliveries (message_id, device_id, user_id, channel, chunk, due_at, status, reason, attempt,
+			                        attempted_at, accepted_at, not_before)
+			VALUES ($1, 1, 'u1', 'fcm', 0, $2, 'pending', 'rate_limited', 1, $2, NULL, $2::timestamptz + interval '1 second'),
+			       ($1, 2, 'u2', 'apns', 0, $2, 'accepted', NULL, 1, $2, $2::timestamptz + interval '5 milliseconds', NULL)`, id, due)
+		require.NoError(t, err)
+		return id
+	}
+	write := func(id int64, first func(device int64) bool) {
+		w := db.ChunkWrite{MessageID: id, FailureEvents: true, WithheldEvents: true}
+		key := func(device int64, channel string) db.DeliveryKey {
+			return db.DeliveryKey{MessageID: id, DeviceID: device, UserID: fmt.Sprintf("u%d", device), Channel: channel,
+				DueUs: dueUs, First: first(device)}
+		}
+		w.Results.Add(key(1, "fcm"), "accepted", "", dueUs+100_000, dueUs+120_000)
+		w.Results.Add(key(2, "apns"), "accepted", "", dueUs+200_000, dueUs+250_000)
+		w.Results.Add(key(3, "apns"), "accepted", "", dueUs+1_000, dueUs+1_210)
+		w.Results.Add(key(4, "fcm"), "failed", "bad_token", dueUs+30_000, 0)
+		w.Results.Add(key(5, "webpush"), "cancelled", "opted_out", 0, 0)
+		w.Results.AddThrottled(key(6, "fcm"), "rate_limited", dueUs+40_000, dueUs+2_000_000)
+		out, err := db.WriteChunks(ctx, tdb.Pool, []db.ChunkWrite{w})
+		require.NoError(t, err)
+		require.Equal(t, db.ChunkWritten{Accepted: 2, Failed: 1}, out[0], "device 2 was settled before: not counted again")
+	}
+	type state struct {
+		Counters []int32
+		Skews    string
+		Rows     []string
+		Events   []string
+	}
+	read := func(id int64) state {
+		var s state
+		var pending, accepted, failed, cancelled, optedOut int32
+		require.NoError(t, tdb.Pool.QueryRow(ctx, `
+			SELECT pending_count, accepted_count, failed_count, cancelled_count, opted_out_count, skew_histogram::text
+			FROM messages WHERE id = $1`, id).Scan(&pending, &accepted, &failed, &cancelled, &optedOut, &s.Skews))
+		s.Counters = []int32{pending, accepted, failed, cancelled, optedOut}
+		rows, err := tdb.Pool.Query(ctx, `
+			SELECT concat_ws(' ', device_id, user_id, channel, status, coalesce(reason, '-'), attempt,
+			                 coalesce((attempted_at - due_at)::text, '-'), coalesce((accepted_at - due_at)::text, '-'),
+			                 coalesce((not_before - due_at)::text, '-'))
+			FROM deliveries WHERE message_id = $1 ORDER BY device_id`, id)
+		require.NoError(t, err)
+		s.Rows, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		rows, err = tdb.Pool.Query(ctx, `
+			SELECT format('%s %s %s %s', type, device_id, user_id, reason) FROM webhook_events
+			WHERE message_id = $1 ORDER BY type, device_id`, id)
+		require.NoError(t, err)
+		s.Events, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		return s
+	}
+
+	marked, upsert, wrong := message(), message(), message()
+	write(marked, func(device int64) bool { return device > 2 })
+	write(upsert, func(int64) bool { return false })
+	write(wrong, func(int64) bool { return true })
+	want := read(upsert)
+	require.Equal(t, []int32{1, 3, 1, 1, 1}, want.Counters, "pending, accepted, failed, cancelled, opted out")
+	require.Equal(t, []string{
+		"1 u1 fcm accepted - 2 00:00:00.1 00:00:00.12 -",
+		"2 u2 apns accepted - 1 00:00:00 00:00:00.005 -",
+		"3 u3 apns accepted - 1 00:00:00.001 00:00:00.00121 -",
+		"4 u4 fcm failed bad_token 1 00:00:00.03 - -",
+		"5 u5 webpush cancelled opted_out 0 - - -",
+		"6 u6 fcm pending rate_limited 1 00:00:00.04 - 00:00:02",
+	}, want.Rows)
+	require.Equal(t, []string{"delivery.failed 4 u4 bad_token", "delivery.withheld 5 u5 opted_out"}, want.Events)
+	require.Equal(t, want, read(marked), "the results marked first")
+	require.Equal(t, want, read(wrong), "every result marked first, two of them with rows")
 }

@@ -45,7 +45,8 @@ func TestLedgerWritesEachDeviceOnce(t *testing.T) {
 			require.Len(t, pending, lifeChunkSize)
 			var r db.RecordResultsParams
 			for i, p := range pending {
-				r.Add(db.DeliveryKey{MessageID: id, DeviceID: p.DeviceID, UserID: p.UserID, Channel: p.Channel, Chunk: int32(c), DueUs: at},
+				r.Add(db.DeliveryKey{MessageID: id, DeviceID: p.DeviceID, UserID: p.UserID, Channel: p.Channel, Chunk: int32(c), DueUs: at,
+					First: !p.Written},
 					[]string{"accepted", "failed"}[i%2], []string{"", "unregistered"}[i%2], at, []int64{at, 0}[i%2])
 			}
 			if _, err := db.On(tx).RecordResults(ctx, r); err != nil {
@@ -260,7 +261,7 @@ func fanOutLifeMessage(b testing.TB, pool *pgxpool.Pool, cpu func() time.Duratio
 			})
 			for _, p := range begun.Pending {
 				w.Results.Add(db.DeliveryKey{MessageID: id, DeviceID: p.DeviceID, UserID: p.UserID, Channel: p.Channel,
-					Chunk: int32(c), DueUs: start.UnixMicro()}, "accepted", "", at.UnixMicro(), at.UnixMicro())
+					Chunk: int32(c), DueUs: start.UnixMicro(), First: !p.Written}, "accepted", "", at.UnixMicro(), at.UnixMicro())
 			}
 		}
 		t1 := cpu()

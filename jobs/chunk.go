@@ -83,7 +83,7 @@ func (a FanOutArgs) ledgerRange() db.Chunk {
 // delivery is what t's ledger row holds besides its result.
 func (a FanOutArgs) delivery(t *Target) db.DeliveryKey {
 	return db.DeliveryKey{MessageID: a.MessageID, DeviceID: t.DeviceID, UserID: t.UserID, Channel: t.Channel,
-		Chunk: int32(a.Chunk), DueUs: a.due(t).UnixMicro()}
+		Chunk: int32(a.Chunk), DueUs: a.due(t).UnixMicro(), First: !t.Written}
 }
 
 // due is when t's delivery is due: its chunk's instant, or the end of the

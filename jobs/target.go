@@ -43,6 +43,9 @@ type Target struct {
 	// end (NotBefore); Expires that it expires unsent for them (Gone says
 	// quiet hours): both decided by withhold.
 	Held, Expires bool
+	// Written says the delivery had a ledger row when its chunk read it
+	// (db.ChunkPendingRow): one without is written as its row's first.
+	Written bool
 }
 
 // sendable says whether the delivery may be sent at now (the database's
@@ -62,6 +65,7 @@ func targetOf(r db.ChunkPendingRow) Target {
 	}
 	t.App, t.Credential, t.UserID = r.AppID, r.CredentialID, r.UserID
 	t.DueAt = r.HeldDue
+	t.Written = r.Written
 	t.Prefs = preferences.User{OptedOut: r.OptedOut}
 	t.Prefs.Quiet, t.Prefs.Own = preferences.WindowOf(r.QuietStart, r.QuietEnd)
 	t.Prefs.Zone = r.Timezone

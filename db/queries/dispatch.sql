@@ -23,7 +23,8 @@
 -- user's quiet hours (NULL for the installation's) and zone ('' for none,
 -- and read only when some quiet hours count for the user). HeldDue is,
 -- for a delivery held by quiet hours, their end, when it is due; the epoch
--- for any other.
+-- for any other. Written says the delivery has a ledger row: always here,
+-- where the rows were written at scheduling.
 --
 -- This reads a chunk scheduled with pending ledger rows (by a release
 -- before migration 0022, or while one was alive); ChunkSnapshotPending
@@ -42,7 +43,8 @@ SELECT d.device_id, d.attempt, d.channel, d.locale,
        p.quiet_start, p.quiet_end,
        coalesce(CASE WHEN p.quiet_start IS NOT NULL OR c.default_quiet
                      THEN (SELECT u.timezone FROM users u WHERE u.id = d.user_id) END, '')::text AS timezone,
-       (CASE WHEN d.reason = 'quiet_hours' THEN d.due_at ELSE 'epoch' END)::timestamptz AS held_due
+       (CASE WHEN d.reason = 'quiet_hours' THEN d.due_at ELSE 'epoch' END)::timestamptz AS held_due,
+       true AS written
 FROM deliveries d
 -- The message's category and whether the installation has quiet hours,
 -- read once (a subquery evaluated once, before the devices).
@@ -69,7 +71,8 @@ ORDER BY d.device_id;
 -- read; one evicted since is read, gone. Its user is the device's, which
 -- no move has changed since the snapshot. Each device finds its row and
 -- its device through their primary keys; its user's preferences, through
--- theirs.
+-- theirs. Written says whether the delivery has a row yet: a device that
+-- has none has its result inserted plainly (RecordResults).
 SELECT s.device_id::bigint AS device_id, coalesce(d.attempt, 0)::smallint AS attempt, v.channel, c.locales[s.n]::text AS locale,
        v.token, v.p256dh, v.auth, v.environment,
        (CASE WHEN v.status <> 'active' THEN 'device_evicted' ELSE '' END)::text AS gone,
@@ -80,7 +83,8 @@ SELECT s.device_id::bigint AS device_id, coalesce(d.attempt, 0)::smallint AS att
        p.quiet_start, p.quiet_end,
        coalesce(CASE WHEN p.quiet_start IS NOT NULL OR k.default_quiet
                      THEN (SELECT u.timezone FROM users u WHERE u.id = v.user_id) END, '')::text AS timezone,
-       (CASE WHEN d.reason = 'quiet_hours' THEN d.due_at ELSE 'epoch' END)::timestamptz AS held_due
+       (CASE WHEN d.reason = 'quiet_hours' THEN d.due_at ELSE 'epoch' END)::timestamptz AS held_due,
+       (d.device_id IS NOT NULL)::boolean AS written
 FROM chunk_devices c
 CROSS JOIN (SELECT (SELECT mm.category FROM messages mm WHERE mm.id = @message_id) AS category,
                    EXISTS (SELECT 1 FROM quiet_hours_default) AS default_quiet OFFSET 0) k
@@ -116,6 +120,13 @@ ORDER BY s.device_id;
 -- first, in the order of their ids (LockMessages): this statement's own
 -- order of them is the plan's. The input holds a delivery once
 -- (db.WriteChunks keeps the last result of each).
+--
+-- A result marked first is one whose chunk read no row of it: nearly all
+-- of them. Its row is inserted plainly and counted as written, without
+-- ON CONFLICT's speculative insertion and the read back of what it wrote
+-- (a quarter of the statement's cost a row). A row that appeared since
+-- (the chunk taken over, the message cancelled) fails the statement on the
+-- primary key, and db.WriteChunks runs the write again with none marked.
 WITH input AS (
     SELECT unnest(@message_ids::bigint[]) AS message_id,
            unnest(@device_ids::bigint[]) AS device_id,
@@ -127,25 +138,40 @@ WITH input AS (
            unnest(@reasons::text[]) AS reason,
            unnest(@attempted_us::bigint[]) AS attempted_us,
            unnest(@accepted_us::bigint[]) AS accepted_us,
-           unnest(@not_before_us::bigint[]) AS not_before_us
-), updated AS (
-    -- The epoch plus so many microseconds: exact, and a fifth of the
-    -- cost of to_timestamp(us / 1e6), whose division is numeric.
-    INSERT INTO deliveries AS d (message_id, device_id, user_id, channel, chunk, due_at, status, reason,
-                                 attempt, attempted_at, accepted_at, not_before)
+           unnest(@not_before_us::bigint[]) AS not_before_us,
+           unnest(@first::boolean[]) AS first
+), result AS (
+    -- Each result as its row holds it. The epoch plus so many
+    -- microseconds: exact, and a fifth of the cost of to_timestamp(us /
+    -- 1e6), whose division is numeric.
     SELECT i.message_id, i.device_id, i.user_id, i.channel, i.chunk,
-           to_timestamp(0) + i.due_us * interval '1 microsecond',
+           to_timestamp(0) + i.due_us * interval '1 microsecond' AS due_at,
            i.status,
            -- An accepted delivery has no reason.
-           CASE WHEN i.status = 'accepted' OR i.reason = '' THEN NULL ELSE i.reason END,
-           CASE WHEN i.attempted_us = 0 THEN 0 ELSE 1 END,
+           CASE WHEN i.status = 'accepted' OR i.reason = '' THEN NULL ELSE i.reason END AS reason,
+           (CASE WHEN i.attempted_us = 0 THEN 0 ELSE 1 END)::smallint AS attempt,
            CASE WHEN i.attempted_us = 0 THEN NULL
-                ELSE to_timestamp(0) + i.attempted_us * interval '1 microsecond' END,
+                ELSE to_timestamp(0) + i.attempted_us * interval '1 microsecond' END AS attempted_at,
            CASE WHEN i.accepted_us = 0 THEN NULL
-                ELSE to_timestamp(0) + i.accepted_us * interval '1 microsecond' END,
+                ELSE to_timestamp(0) + i.accepted_us * interval '1 microsecond' END AS accepted_at,
            CASE WHEN i.not_before_us = 0 THEN NULL
-                ELSE to_timestamp(0) + i.not_before_us * interval '1 microsecond' END
+                ELSE to_timestamp(0) + i.not_before_us * interval '1 microsecond' END AS not_before,
+           i.first
     FROM input i
+), inserted AS (
+    INSERT INTO deliveries (message_id, device_id, user_id, channel, chunk, due_at, status, reason,
+                            attempt, attempted_at, accepted_at, not_before)
+    SELECT r.message_id, r.device_id, r.user_id, r.channel, r.chunk, r.due_at, r.status, r.reason,
+           r.attempt, r.attempted_at, r.accepted_at, r.not_before
+    FROM result r
+    WHERE r.first
+), updated AS (
+    INSERT INTO deliveries AS d (message_id, device_id, user_id, channel, chunk, due_at, status, reason,
+                                 attempt, attempted_at, accepted_at, not_before)
+    SELECT r.message_id, r.device_id, r.user_id, r.channel, r.chunk, r.due_at, r.status, r.reason,
+           r.attempt, r.attempted_at, r.accepted_at, r.not_before
+    FROM result r
+    WHERE NOT r.first
     -- Written for the plan (TestLedgerPlansUseThePrimaryKey): each input
     -- row finds its delivery, if it has one, through the primary key on
     -- both its columns, a lookup per row, on any statistics.
@@ -167,10 +193,18 @@ WITH input AS (
     -- statistics (status || ''), so that the plan follows neither a
     -- partial index on the status nor a ledger's history.
     WHERE (d.status || '') NOT IN ('accepted', 'failed', 'expired', 'cancelled')
-    -- date_part, not extract: the skew is a double, as ln below needs it to be
-    -- cheap (extract's numeric made ln cost microseconds a row).
-    RETURNING d.message_id, d.device_id, d.user_id, d.status, d.reason, d.attempted_at,
-              date_part('epoch', d.accepted_at - d.due_at) * 1000 AS skew_ms
+    RETURNING d.message_id, d.device_id, d.user_id, d.status, d.reason, d.attempted_at, d.accepted_at, d.due_at
+), written AS (
+    -- What changed: the rows inserted first, as they were written, and
+    -- those the upsert changed. date_part, not extract: the skew is a
+    -- double, as ln below needs it to be cheap (extract's numeric made ln
+    -- cost microseconds a row).
+    SELECT w.message_id, w.device_id, w.user_id, w.status, w.reason, w.attempted_at,
+           date_part('epoch', w.accepted_at - w.due_at) * 1000 AS skew_ms
+    FROM (SELECT r.message_id, r.device_id, r.user_id, r.status, r.reason, r.attempted_at, r.accepted_at, r.due_at
+          FROM result r WHERE r.first
+          UNION ALL
+          SELECT * FROM updated) w
 ), failure_events AS (
     -- The webhooks' delivery.failed events (migration 0018), written with
     -- the failures themselves, and their delivery.withheld events (0024):
@@ -184,12 +218,12 @@ WITH input AS (
     INSERT INTO webhook_events (webhook_id, message_id, type, device_id, user_id, reason, at)
     SELECT w.id, u.message_id, 'delivery.failed', u.device_id, u.user_id, u.reason,
            coalesce(u.attempted_at, clock_timestamp())
-    FROM updated u
+    FROM written u
     JOIN webhooks w ON 'delivery.failed' = ANY (w.events)
     WHERE @want_failed::boolean AND u.status = 'failed'
     UNION ALL
     SELECT w.id, u.message_id, 'delivery.withheld', u.device_id, u.user_id, u.reason, clock_timestamp()
-    FROM updated u
+    FROM written u
     JOIN webhooks w ON 'delivery.withheld' = ANY (w.events)
     WHERE @want_withheld::boolean AND u.status IN ('cancelled', 'expired')
       AND u.reason IN ('opted_out', 'quiet_hours', 'capped')
@@ -204,7 +238,7 @@ WITH input AS (
            CASE WHEN status IN ('cancelled', 'expired') AND reason IN ('opted_out', 'quiet_hours', 'capped')
                 THEN reason END AS withheld,
            count(*)::integer AS n
-    FROM updated
+    FROM written
     GROUP BY 1, 2, 3, 4
 ), counts AS (
     SELECT message_id,
