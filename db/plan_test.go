@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -187,4 +188,60 @@ func TestChunkStatementsReadOnlyTheChunk(t *testing.T) {
 	// of its writes (a start reads its chunk's range of the primary key on
 	// any plan).
 	require.LessOrEqual(t, read()-before, int64(4*devices))
+}
+
+// TestChunkReadLooksUpPreferencesOnlyWhenAny reads a chunk's devices, as
+// its start does, first while no user has preferences and then while every
+// user has: without any, the read looks at user_preferences once (whether
+// it holds a row), not once a device (a seq scan of the empty table for
+// each, a system call apiece); with them, each device's user is looked up
+// through the primary key, never by reading the table for each. Both
+// reads of a snapshot chunk and of one written with rows.
+func TestChunkReadLooksUpPreferencesOnlyWhenAny(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tdb := dbtest.New(t)
+	pool, err := db.Open(ctx, tdb.URL, db.PoolConfig{MaxConns: 1})
+	require.NoError(t, err)
+	defer pool.Close()
+	const devices = 1000
+	lifePopulation(t, pool, devices)
+	scans := func() (seq, idx int64) {
+		_, err := pool.Exec(ctx, "SELECT pg_stat_force_next_flush()")
+		require.NoError(t, err)
+		require.NoError(t, pool.QueryRow(ctx, `
+			SELECT seq_scan, coalesce(idx_scan, 0) FROM pg_stat_user_tables WHERE relname = 'user_preferences'`).Scan(&seq, &idx))
+		return seq, idx
+	}
+	for _, snapshot := range []bool{true, false} {
+		id, _ := scheduleLifeMessage(t, pool, devices, snapshot)
+		chunk := db.Chunk{Snapshot: snapshot, ChunkPendingParams: db.ChunkPendingParams{
+			MessageID: id, Chunk: 1, FirstDevice: lifeChunkSize + 1, LastDevice: 2 * lifeChunkSize}}
+		read := func() (seq, idx int64) {
+			seq0, idx0 := scans()
+			// On the generic plan, as a chunk's start reads it.
+			require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				if _, err := tx.Exec(ctx, "SELECT set_config('plan_cache_mode', 'force_generic_plan', true)"); err != nil {
+					return err
+				}
+				pending, err := db.On(tx).ChunkPendingOf(ctx, chunk)
+				require.Len(t, pending, lifeChunkSize)
+				return err
+			}))
+			seq1, idx1 := scans()
+			return seq1 - seq0, idx1 - idx0
+		}
+		_, err = pool.Exec(ctx, "TRUNCATE user_preferences")
+		require.NoError(t, err)
+		seq, idx := read()
+		require.LessOrEqual(t, seq+idx, int64(1), "snapshot %v, no preferences: the table looked at for each device", snapshot)
+
+		_, err = pool.Exec(ctx, `INSERT INTO user_preferences (user_id, opt_outs) SELECT id, '{marketing}' FROM users`)
+		require.NoError(t, err)
+		_, err = pool.Exec(ctx, "ANALYZE user_preferences")
+		require.NoError(t, err)
+		seq, idx = read()
+		require.LessOrEqual(t, seq, int64(1), "snapshot %v: the preferences read whole for the devices", snapshot)
+		require.GreaterOrEqual(t, idx, int64(lifeChunkSize), "snapshot %v: each device's user looked up by the key", snapshot)
+	}
 }
