@@ -244,7 +244,7 @@ func (b *Benchmark) Run(ctx context.Context, admin string) (*Result, error) {
 		b.Progress("PostgreSQL CPU per device over the messages' life: %.1f µs (scheduling %.1f, wait %.1f, fan-out %.1f, status reads %.1f, cleanup %.1f)",
 			p.Total, p.Schedule, p.Wait, p.Fanout, p.StatusReads, p.Cleanup)
 	}
-	if err := b.fakepushView(sent, res); err != nil {
+	if err := b.fakepushView(ctx, sent, res); err != nil {
 		return nil, err
 	}
 	if err := b.throttledView(ctx, sent, res); err != nil {

@@ -178,13 +178,17 @@ func (b *Benchmark) sendBefore(ctx context.Context, pool db.DBTX, devices int, r
 		if err := <-b.readStatus(ctx, ids, settleDeadline(time.Now(), devices), &reads); err != nil {
 			return fmt.Errorf("earlier message: %w", err)
 		}
-		receipts, _, err := b.receipts(ids[0])
+		var first time.Time
+		err := b.eachReceipt(ctx, ids[0], func(r *fake.Receipt) {
+			if first.IsZero() || r.ReceivedAt.Before(first) {
+				first = r.ReceivedAt
+			}
+		})
 		if err != nil {
 			return err
 		}
-		if len(receipts) > 0 {
-			first := slices.MinFunc(receipts, func(a, b fake.Receipt) int { return a.ReceivedAt.Compare(b.ReceivedAt) })
-			res.Now.FirstPushMs = append(res.Now.FirstPushMs, ms(first.ReceivedAt.Sub(start)))
+		if !first.IsZero() {
+			res.Now.FirstPushMs = append(res.Now.FirstPushMs, ms(first.Sub(start)))
 		}
 		if err := cleanUp(ctx, pool); err != nil {
 			return err

@@ -3,7 +3,10 @@ package heraldbench
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"math"
+	"net/http"
+	"net/url"
 	"slices"
 	"time"
 
@@ -215,21 +218,38 @@ func ms(d time.Duration) float64 { return round1(float64(d.Microseconds()) / 100
 
 func round1(f float64) float64 { return math.Round(f*10) / 10 }
 
-func (b *Benchmark) receipts(messageID string) ([]fake.Receipt, fake.Stats, error) {
-	var rs []fake.Receipt
-	var st fake.Stats
-	for path, dst := range map[string]any{"/_receipts?message_id=" + messageID: &rs, "/_stats": &st} {
-		resp, err := b.fakeHTTP.Get(b.fakeURL + path)
-		if err != nil {
-			return nil, st, err
-		}
-		err = json.NewDecoder(resp.Body).Decode(dst)
-		resp.Body.Close()
-		if err != nil {
-			return nil, st, err
-		}
+// eachReceipt reads fakepush's list of the pushes it took for messageID
+// (GET /_receipts) and gives them to fn one at a time, as they are
+// decoded: ten million of them held whole are gigabytes.
+func (b *Benchmark) eachReceipt(ctx context.Context, messageID string, fn func(*fake.Receipt)) error {
+	path := "/_receipts?message_id=" + url.QueryEscape(messageID)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, b.fakeURL+path, nil)
+	if err != nil {
+		return err
 	}
-	return rs, st, nil
+	resp, err := b.fakeHTTP.Do(req)
+	if err != nil {
+		return fmt.Errorf("fakepush %s: %w", path, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("fakepush %s: %s", path, resp.Status)
+	}
+	dec := json.NewDecoder(resp.Body)
+	if _, err := dec.Token(); err != nil {
+		return fmt.Errorf("fakepush %s: %w", path, err)
+	}
+	for dec.More() {
+		var r fake.Receipt
+		if err := dec.Decode(&r); err != nil {
+			return fmt.Errorf("fakepush %s: %w", path, err)
+		}
+		fn(&r)
+	}
+	if _, err := dec.Token(); err != nil {
+		return fmt.Errorf("fakepush %s: %w", path, err)
+	}
+	return nil
 }
 
 // ledgerView fills in what the ledger says of the run: the skews, the
@@ -298,15 +318,10 @@ func (b *Benchmark) ledgerView(ctx context.Context, pool db.DBTX, s scheduled, r
 
 // fakepushView fills in what fakepush says of the run: when each push
 // arrived, by the same host's clock, and how many arrived twice.
-func (b *Benchmark) fakepushView(s scheduled, res *Result) error {
+func (b *Benchmark) fakepushView(ctx context.Context, s scheduled, res *Result) error {
 	var rskews []float64
-	var stats fake.Stats
 	for _, id := range s.bulkIDs {
-		receipts, st, err := b.receipts(id)
-		if err != nil {
-			return err
-		}
-		for _, r := range receipts {
+		err := b.eachReceipt(ctx, id, func(r *fake.Receipt) {
 			skew := float64(r.ReceivedAt.Sub(s.dispatchAt).Microseconds()) / 1000
 			rskews = append(rskews, skew)
 			if first, ok := res.FirstPushMs[r.Channel]; !ok || skew < first {
@@ -315,18 +330,24 @@ func (b *Benchmark) fakepushView(s scheduled, res *Result) error {
 				}
 				res.FirstPushMs[r.Channel] = round1(skew)
 			}
+		})
+		if err != nil {
+			return err
 		}
-		stats = st
 	}
 	slices.Sort(rskews)
 	res.ReceiptSkewMs = summarize(rskews)
-	res.Duplicates = stats.APNs.Duplicates + stats.FCM.Duplicates + stats.WebPush.Duplicates
-	urgentReceipts, _, err := b.receipts(s.urgentID)
-	if err != nil {
+	var stats fake.Stats
+	if err := b.getFake(ctx, "/_stats", &stats); err != nil {
 		return err
 	}
-	if len(urgentReceipts) == 1 {
-		res.UrgentReceiptMs = round1(float64(urgentReceipts[0].ReceivedAt.Sub(s.dispatchAt).Microseconds()) / 1000)
+	res.Duplicates = stats.APNs.Duplicates + stats.FCM.Duplicates + stats.WebPush.Duplicates
+	var urgent []time.Time
+	if err := b.eachReceipt(ctx, s.urgentID, func(r *fake.Receipt) { urgent = append(urgent, r.ReceivedAt) }); err != nil {
+		return err
+	}
+	if len(urgent) == 1 {
+		res.UrgentReceiptMs = round1(float64(urgent[0].Sub(s.dispatchAt).Microseconds()) / 1000)
 	}
 	return nil
 }

@@ -92,14 +92,10 @@ func (b *Benchmark) throttledView(ctx context.Context, s scheduled, res *Result)
 	var skews []float64
 	var first, last time.Time
 	for _, id := range s.bulkIDs {
-		receipts, _, err := b.receipts(id)
-		if err != nil {
-			return err
-		}
-		for _, r := range receipts {
-			if fake.InThrottleShare(throttledKey(r), t.Share) {
+		err := b.eachReceipt(ctx, id, func(r *fake.Receipt) {
+			if fake.InThrottleShare(throttledKey(*r), t.Share) {
 				t.Devices++
-				continue
+				return
 			}
 			skews = append(skews, float64(r.ReceivedAt.Sub(s.dispatchAt).Microseconds())/1000)
 			if first.IsZero() || r.ReceivedAt.Before(first) {
@@ -108,6 +104,9 @@ func (b *Benchmark) throttledView(ctx context.Context, s scheduled, res *Result)
 			if r.ReceivedAt.After(last) {
 				last = r.ReceivedAt
 			}
+		})
+		if err != nil {
+			return err
 		}
 	}
 	slices.Sort(skews)

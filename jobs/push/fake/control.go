@@ -275,7 +275,11 @@ func (s *Server) handleReceipts(w http.ResponseWriter, r *http.Request) {
 		s.writeJSON(w, http.StatusBadRequest, controlError("query parameter detail must be 1 or 0"))
 		return
 	}
-	s.writeJSON(w, http.StatusOK, s.rec.receipts(q.Get("message_id"), detail))
+	// A listing is written as it is made: ten million pushes would be
+	// gigabytes held whole.
+	w.Header()["Content-Type"] = s.jsonType
+	w.WriteHeader(http.StatusOK)
+	_ = s.rec.listing(q.Get("message_id"), detail).writeJSON(w)
 }
 
 func (s *Server) handleReset(w http.ResponseWriter, _ *http.Request) {

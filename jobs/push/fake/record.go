@@ -1,8 +1,10 @@
 package fake
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
+	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -373,45 +375,106 @@ func (r *recorder) internLocked(s string) uint32 {
 // lists pushes that carried none. With withDetail, the pushes whose details are
 // still kept have them.
 func (r *recorder) receipts(messageID string, withDetail bool) []Receipt {
+	l := r.listing(messageID, withDetail)
+	out := make([]Receipt, l.len())
+	for i := range out {
+		out[i] = l.receipt(i)
+	}
+	return out
+}
+
+// receiptListing is what a list of a message's receipts is made from,
+// taken under the recorder's lock so that it is read without it: a listing
+// of ten million pushes is written as it is made, never held whole
+// (GET /_receipts). What it refers to is never changed once recorded: the
+// recorder only appends, and a reset replaces its slices.
+type receiptListing struct {
+	list    []compactReceipt
+	tokens  []tokenEntry
+	tails   []receiptTail
+	signers []signer
+	// collapse is each tail's collapse key.
+	collapse []string
+	details  map[pushKey]detail
+}
+
+// pushKey names one push of a message: its token and when it came.
+type pushKey struct {
+	token uint32
+	at    int64
+}
+
+// listing takes what receipts and GET /_receipts list for messageID.
+func (r *recorder) listing(messageID string, withDetail bool) receiptListing {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	m, ok := r.strIdx[messageID]
 	if !ok {
-		return []Receipt{}
+		return receiptListing{}
 	}
-	type key struct {
-		token uint32
-		at    int64
+	l := receiptListing{list: r.strs[m].receipts, tokens: r.tokens, tails: r.tails, signers: r.signers,
+		collapse: make([]string, len(r.tails))}
+	for i, t := range r.tails {
+		l.collapse[i] = r.strs[t.collapse].s
 	}
-	var details map[key]*detailEntry
 	if withDetail {
-		details = make(map[key]*detailEntry)
+		// The ring's slots are overwritten by later pushes: their details
+		// are copied (a detail itself is never changed).
+		l.details = make(map[pushKey]detail)
 		for i := range r.details {
 			if e := &r.details[i]; e.message == m && e.headers != nil {
-				details[key{e.token, e.at}] = e
+				l.details[pushKey{e.token, e.at}] = e.detail
 			}
 		}
 	}
-	list := r.strs[m].receipts
-	out := make([]Receipt, len(list))
-	for i, cr := range list {
-		tok := r.tokens[cr.token]
-		tail := r.tails[cr.tail]
-		sg := r.signers[tail.signer]
-		out[i] = Receipt{
-			Channel:     tok.channel.String(),
-			Environment: tok.environment(),
-			Token:       tok.name,
-			App:         sg.app,
-			KeyID:       sg.key,
-			CollapseKey: r.strs[tail.collapse].s,
-			ReceivedAt:  time.Unix(0, cr.at).UTC(),
+	return l
+}
+
+func (l receiptListing) len() int { return len(l.list) }
+
+// receipt is the listing's receipt i.
+func (l receiptListing) receipt(i int) Receipt {
+	cr := l.list[i]
+	tok := l.tokens[cr.token]
+	tail := l.tails[cr.tail]
+	sg := l.signers[tail.signer]
+	rc := Receipt{
+		Channel:     tok.channel.String(),
+		Environment: tok.environment(),
+		Token:       tok.name,
+		App:         sg.app,
+		KeyID:       sg.key,
+		CollapseKey: l.collapse[cr.tail],
+		ReceivedAt:  time.Unix(0, cr.at).UTC(),
+	}
+	if d, ok := l.details[pushKey{cr.token, cr.at}]; ok {
+		rc.Headers, rc.Body = d.headers, d.body
+	}
+	return rc
+}
+
+// writeJSON writes the listing as a JSON array, one receipt at a time
+// through a buffer, so that its memory is the buffer's whatever its length.
+func (l receiptListing) writeJSON(w io.Writer) error {
+	bw := bufio.NewWriterSize(w, 64<<10)
+	enc := json.NewEncoder(bw)
+	if err := bw.WriteByte('['); err != nil {
+		return err
+	}
+	for i := range l.list {
+		if i > 0 {
+			if err := bw.WriteByte(','); err != nil {
+				return err
+			}
 		}
-		if e, ok := details[key{cr.token, cr.at}]; ok {
-			out[i].Headers, out[i].Body = e.headers, e.body
+		if err := enc.Encode(l.receipt(i)); err != nil {
+			return err
 		}
 	}
-	return out
+	if _, err := bw.WriteString("]\n"); err != nil {
+		return err
+	}
+	return bw.Flush()
 }
 
 // pairSet is an open-addressing hash set of non-zero uint64 keys. Go's map spends

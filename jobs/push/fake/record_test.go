@@ -1,6 +1,8 @@
 package fake
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"runtime"
@@ -119,4 +121,42 @@ func TestRecorderDetailsBounded(t *testing.T) {
 	r.reset()
 	r.add(APNs, "t9", "m1", "m1", 9, nil)
 	require.Nil(t, r.receipts("m1", true)[0].Headers)
+}
+
+// largestWrite is an io.Writer that keeps what it is given and the size of
+// its largest write.
+type largestWrite struct {
+	bytes.Buffer
+	largest int
+}
+
+func (w *largestWrite) Write(p []byte) (int, error) {
+	w.largest = max(w.largest, len(p))
+	return w.Buffer.Write(p)
+}
+
+// TestReceiptListingIsWrittenAsItIsMade lists 200,000 pushes of a message
+// as GET /_receipts does: the JSON, some 25 MB, comes out in writes of a
+// buffer's size, not held whole (a ten-million-device run's listing made
+// fakepush hold 20 GB and the kernel killed it), and decodes to the
+// receipts themselves.
+func TestReceiptListingIsWrittenAsItIsMade(t *testing.T) {
+	t.Parallel()
+	const pushes = 200_000
+	r := newRecorder("https://fake/webpush/", 0)
+	for i := range pushes {
+		r.add(Channel(i%3), fmt.Sprintf("token-%07d", i), "m1", "m1", int64(i), nil)
+	}
+	r.add(APNs, "other", "m2", "m2", 0, nil)
+	var w largestWrite
+	require.NoError(t, r.listing("m1", false).writeJSON(&w))
+	t.Logf("%d receipts, %.1f MB of JSON, largest write %d bytes", pushes, float64(w.Len())/1e6, w.largest)
+	require.LessOrEqual(t, w.largest, 64<<10)
+	var got []Receipt
+	require.NoError(t, json.Unmarshal(w.Bytes(), &got))
+	require.Equal(t, r.receipts("m1", false), got)
+
+	w = largestWrite{}
+	require.NoError(t, r.listing("never", false).writeJSON(&w))
+	require.JSONEq(t, "[]", w.String())
 }
