@@ -156,12 +156,8 @@ func explain(t *testing.T, conn *pgxpool.Conn, stmt string) string {
 func TestChunkStatementsReadOnlyTheChunk(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	tdb := dbtest.New(t)
-	// One connection, so that its statistics are the ones flushed below.
-	pool, err := db.Open(ctx, tdb.URL, db.PoolConfig{MaxConns: 1})
-	require.NoError(t, err)
-	defer pool.Close()
-	_, err = pool.Exec(ctx, `
+	pool := oneConnection(t)
+	_, err := pool.Exec(ctx, `
 		INSERT INTO deliveries (message_id, device_id, user_id, channel, chunk, due_at, status, attempt, accepted_at)
 		SELECT -m, g, 'u' || g, 'apns', g / 500, now(), 'accepted', 1, now()
 		FROM generate_series(1, 40) m, generate_series(1, 2000) g`)
@@ -200,10 +196,7 @@ func TestChunkStatementsReadOnlyTheChunk(t *testing.T) {
 func TestChunkReadLooksUpPreferencesOnlyWhenAny(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	tdb := dbtest.New(t)
-	pool, err := db.Open(ctx, tdb.URL, db.PoolConfig{MaxConns: 1})
-	require.NoError(t, err)
-	defer pool.Close()
+	pool := oneConnection(t)
 	const devices = 1000
 	lifePopulation(t, pool, devices)
 	scans := func() (seq, idx int64) {
@@ -231,7 +224,7 @@ func TestChunkReadLooksUpPreferencesOnlyWhenAny(t *testing.T) {
 			seq1, idx1 := scans()
 			return seq1 - seq0, idx1 - idx0
 		}
-		_, err = pool.Exec(ctx, "TRUNCATE user_preferences")
+		_, err := pool.Exec(ctx, "TRUNCATE user_preferences")
 		require.NoError(t, err)
 		seq, idx := read()
 		require.LessOrEqual(t, seq+idx, int64(1), "snapshot %v, no preferences: the table looked at for each device", snapshot)
@@ -244,4 +237,14 @@ func TestChunkReadLooksUpPreferencesOnlyWhenAny(t *testing.T) {
 		require.LessOrEqual(t, seq, int64(1), "snapshot %v: the preferences read whole for the devices", snapshot)
 		require.GreaterOrEqual(t, idx, int64(lifeChunkSize), "snapshot %v: each device's user looked up by the key", snapshot)
 	}
+}
+
+// oneConnection is a pool of one connection to a database of the test's
+// own, so that the statistics a test flushes are its statements'.
+func oneConnection(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	pool, err := db.Open(context.Background(), dbtest.New(t).URL, db.PoolConfig{MaxConns: 1})
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
 }

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
-	"net/http"
 	"net/url"
 	"slices"
 	"time"
@@ -223,18 +222,11 @@ func round1(f float64) float64 { return math.Round(f*10) / 10 }
 // decoded: ten million of them held whole are gigabytes.
 func (b *Benchmark) eachReceipt(ctx context.Context, messageID string, fn func(*fake.Receipt)) error {
 	path := "/_receipts?message_id=" + url.QueryEscape(messageID)
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, b.fakeURL+path, nil)
+	resp, err := b.fakeGet(ctx, path)
 	if err != nil {
 		return err
 	}
-	resp, err := b.fakeHTTP.Do(req)
-	if err != nil {
-		return fmt.Errorf("fakepush %s: %w", path, err)
-	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("fakepush %s: %s", path, resp.Status)
-	}
 	dec := json.NewDecoder(resp.Body)
 	if _, err := dec.Token(); err != nil {
 		return fmt.Errorf("fakepush %s: %w", path, err)

@@ -135,14 +135,28 @@ func (b *Benchmark) throttledView(ctx context.Context, s scheduled, res *Result)
 
 // getFake reads one of fakepush's JSON endpoints into v.
 func (b *Benchmark) getFake(ctx context.Context, path string, v any) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, b.fakeURL+path, nil)
+	resp, err := b.fakeGet(ctx, path)
 	if err != nil {
 		return err
 	}
-	resp, err := b.fakeHTTP.Do(req)
-	if err != nil {
-		return fmt.Errorf("fakepush %s: %w", path, err)
-	}
 	defer resp.Body.Close()
 	return json.NewDecoder(resp.Body).Decode(v)
+}
+
+// fakeGet asks fakepush's control endpoint path, and returns its answer
+// when it is a 200.
+func (b *Benchmark) fakeGet(ctx context.Context, path string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, b.fakeURL+path, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := b.fakeHTTP.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("fakepush %s: %w", path, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		resp.Body.Close()
+		return nil, fmt.Errorf("fakepush %s: %s", path, resp.Status)
+	}
+	return resp, nil
 }
