@@ -225,8 +225,9 @@ type ChunkSnapshotPendingRow struct {
 // theirs, and only when some user has any: a small or empty table is read
 // whole for each device on a generic plan, and even an empty one costs a
 // system call a device (its size asked for at each rescan), which was a
-// third of the read's cost. Written says whether the delivery has a row yet: a device that
-// has none has its result inserted plainly (RecordResults).
+// third of the read's cost. Written says whether the delivery has a row
+// yet: a device that has none has its result inserted plainly
+// (RecordResults).
 // The rows already written in the chunk's range, read in one walk of the
 // primary key (none on a chunk's first attempt) rather than looked up
 // device by device.

@@ -77,8 +77,9 @@ ORDER BY d.device_id;
 -- theirs, and only when some user has any: a small or empty table is read
 -- whole for each device on a generic plan, and even an empty one costs a
 -- system call a device (its size asked for at each rescan), which was a
--- third of the read's cost. Written says whether the delivery has a row yet: a device that
--- has none has its result inserted plainly (RecordResults).
+-- third of the read's cost. Written says whether the delivery has a row
+-- yet: a device that has none has its result inserted plainly
+-- (RecordResults).
 SELECT s.device_id::bigint AS device_id, coalesce(d.attempt, 0)::smallint AS attempt, v.channel, c.locales[s.n]::text AS locale,
        v.token, v.p256dh, v.auth, v.environment,
        (CASE WHEN v.status <> 'active' THEN 'device_evicted' ELSE '' END)::text AS gone,

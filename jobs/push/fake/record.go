@@ -376,7 +376,7 @@ func (r *recorder) internLocked(s string) uint32 {
 // still kept have them.
 func (r *recorder) receipts(messageID string, withDetail bool) []Receipt {
 	l := r.listing(messageID, withDetail)
-	out := make([]Receipt, l.len())
+	out := make([]Receipt, len(l.list))
 	for i := range out {
 		out[i] = l.receipt(i)
 	}
@@ -429,8 +429,6 @@ func (r *recorder) listing(messageID string, withDetail bool) receiptListing {
 	}
 	return l
 }
-
-func (l receiptListing) len() int { return len(l.list) }
 
 // receipt is the listing's receipt i.
 func (l receiptListing) receipt(i int) Receipt {
