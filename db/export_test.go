@@ -18,3 +18,6 @@ var ExpandGeneral = expand
 
 // SettleMessageSQL is the settle every chunk runs.
 var SettleMessageSQL = settleMessage
+
+// Interpret is how the package's queries interpret a driver error.
+var Interpret = interpretError

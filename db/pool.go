@@ -47,7 +47,7 @@ func Open(ctx context.Context, url string, cfg PoolConfig) (*pgxpool.Pool, error
 	// (before 1.20, Debian bookworm's 1.18) refuses: "unsupported startup
 	// parameter: search_path" (docs/operations.md, Poolers).
 	pc.ConnConfig.RuntimeParams["search_path"] = schema
-	pc.ConnConfig.AfterConnect = setUpSession(schema)
+	new(staleConns).install(pc, setUpSession(schema))
 	pc.BeforeConnect = func(_ context.Context, cc *pgx.ConnConfig) error {
 		delete(cc.RuntimeParams, "search_path")
 		return nil

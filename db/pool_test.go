@@ -81,3 +81,41 @@ func TestPoolCompilesNothing(t *testing.T) {
 	require.NoError(t, conn.QueryRow(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+db.SettleMessageSQL, int64(1)).Scan(&plan))
 	require.NotContains(t, plan, `"JIT"`, "the statement was compiled before it ran")
 }
+
+// TestPoolAfterARestartFailsOneQuery: after PostgreSQL restarts, the pool's
+// connections that were in use a moment before are closed at the server's
+// end, and pgxpool checks only those idle for over a second before handing
+// them out. Each of them failed the next query run on it: after a restart,
+// Herald answered 503 to as many API requests as it had such connections
+// (one at a time: each failed one is dropped). Once one connection is
+// found closed, the pool checks each it hands out for a while, so one
+// query fails and those after it run.
+func TestPoolAfterARestartFailsOneQuery(t *testing.T) {
+	t.Parallel()
+	const conns = 4
+	c := dbtest.NewCluster(t)
+	pool := c.Pool() // conns connections at most
+	ctx := context.Background()
+	// Every connection in use at once, then idle for less than a second.
+	held := make([]*pgxpool.Conn, conns)
+	for i := range held {
+		var err error
+		held[i], err = pool.Acquire(ctx)
+		require.NoError(t, err)
+		_, err = held[i].Exec(ctx, "SELECT 1")
+		require.NoError(t, err)
+	}
+	for _, conn := range held {
+		conn.Release()
+	}
+	c.Restart()
+	failed := 0
+	for range conns {
+		var one int
+		if err := pool.QueryRow(ctx, "SELECT 1").Scan(&one); err != nil {
+			require.ErrorIs(t, db.Interpret(err), db.ErrUnavailable, "%v", err)
+			failed++
+		}
+	}
+	require.Equal(t, 1, failed, "queries failed on connections the restart had closed")
+}

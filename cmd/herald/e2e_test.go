@@ -151,15 +151,31 @@ func (e *e2e) message(id string) client.MessageStatus {
 	return *answered(e.t, http.StatusOK, res, err).JSON200
 }
 
-// settle waits until a message is no longer scheduled or dispatching.
+// settle waits until a message is no longer scheduled or dispatching. A
+// 503 is an answer to wait on, as a caller would: Herald gives it while
+// the database is away, and for a request that met a connection the
+// database closed. Any other failure ends the wait at once; it is checked
+// outside the polled function, where a failed check would stop
+// require.Eventually's goroutine and leave the test to wait out within.
 func (e *e2e) settle(id string, within time.Duration) client.MessageStatus {
 	e.t.Helper()
-	var st client.MessageStatus
+	var (
+		res *client.GetMessageResponse
+		err error
+	)
 	require.Eventually(e.t, func() bool {
-		st = e.message(id)
-		return st.State != client.MessageStateScheduled && st.State != client.MessageStateDispatching
+		res, err = e.api.GetMessageWithResponse(context.Background(), id)
+		switch {
+		case err != nil:
+			return true
+		case res.StatusCode() == http.StatusServiceUnavailable:
+			return false
+		case res.StatusCode() != http.StatusOK:
+			return true
+		}
+		return res.JSON200.State != client.MessageStateScheduled && res.JSON200.State != client.MessageStateDispatching
 	}, within, 20*time.Millisecond, "message %s did not settle", id)
-	return st
+	return *answered(e.t, http.StatusOK, res, err).JSON200
 }
 
 // deliveries reads every page of a message's deliveries in status.
