@@ -314,7 +314,7 @@ func (b *Benchmark) start(ctx context.Context, admin string, res *Result) (strin
 		return "", err
 	}
 	start := time.Now()
-	if res.Devices, err = b.populate(ctx); err != nil {
+	if res.Devices, err = b.populate(ctx, dbURL); err != nil {
 		return "", err
 	}
 	res.PopulationMs = ms(time.Since(start))

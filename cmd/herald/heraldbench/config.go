@@ -101,6 +101,12 @@ type Config struct {
 	// third of those inside them at the instant, held for moments), and a
 	// tenth are at the cap already.
 	Preferences bool
+	// Populate is how the population is registered (--populate): "api"
+	// (the default), through Herald's API in batches as an application
+	// would; "db", with the same statements the API's batches run, into
+	// the database directly, for populations (ten million devices) the
+	// API would take the better part of an hour to register.
+	Populate string
 }
 
 // messages is Config.Messages, at least one.
@@ -154,6 +160,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	fs.IntVar(&cfg.Apps, "apps", 1, "apps the devices are spread over, user by user: the default app and N-1 more, each with its own APNs key and topic, FCM project and VAPID pair")
 	fs.BoolVar(&cfg.Preferences, "preferences", false, "every user has preferences: the bulk messages' category has a cap, a tenth of the users opted out of it, a third have quiet hours (a third of those inside them at the instant, which ends moments after it), a tenth are at the cap; the result counts what was withheld, against what the rules say")
 	fs.BoolVar(&cfg.Receipts, "receipts", false, "fakepush plays the devices: 90% confirm their push to Herald (POST /v1/receipts), 10% open it; the result adds the confirmed skew (HERALD_RECEIPTS=off runs without tokens)")
+	fs.StringVar(&cfg.Populate, "populate", "api", "how the population is registered: api (batches through Herald's API) or db (the batches' statements, run on the database directly; for populations of millions)")
 	throttled := fs.Float64("throttled", 0, "percent of devices fakepush throttles (429 with Retry-After, once each) in the measured messages")
 	// --help answers on stdout and succeeds; a bad flag fails with the
 	// usage on stderr.
@@ -194,6 +201,15 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	if cfg.Workers > 0 && cfg.UrgentWorker {
 		return errors.New("--workers and --urgent-worker do not go together: each of the workers serves both lanes")
+	}
+	switch cfg.Populate {
+	case "api":
+	case "db":
+		if cfg.Apps > 1 {
+			return errors.New("--populate db registers the default app's devices only; --apps needs --populate api")
+		}
+	default:
+		return fmt.Errorf("--populate must be api or db, not %q", cfg.Populate)
 	}
 	if cfg.StatusEvery <= 0 {
 		return errors.New("--status-every must be positive")

@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/heraldpush/herald/api/client"
+	"github.com/heraldpush/herald/db"
 	"github.com/heraldpush/herald/jobs/push/fake"
 )
 
@@ -19,11 +21,12 @@ import (
 // i*Users .. (i+1)*Users-1.
 func segment(i int) string { return "bench-" + strconv.Itoa(i) }
 
-// populate registers the population through the API: users u0..uN with 1
-// to 5 devices each on the configured mix, Users of them in each bulk
-// message's segment, and one more user with one APNs device for the urgent
-// message.
-func (b *Benchmark) populate(ctx context.Context) (int, error) {
+// populate registers the population (Config.Populate says how): users
+// u0..uN with 1 to 5 devices each on the configured mix, Users of them in
+// each bulk message's segment, and one more user with one APNs device for
+// the urgent message, registered through the API. dbURL is the bench's
+// database.
+func (b *Benchmark) populate(ctx context.Context, dbURL string) (int, error) {
 	rng := rand.New(rand.NewPCG(b.Config.Seed, 0x4865))
 	var devices []client.DeviceRegistration
 	var users []string
@@ -68,30 +71,100 @@ func (b *Benchmark) populate(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	b.Progress("population: %d Web Push subscriptions minted in %.1f s", webpush, time.Since(start).Seconds())
-	for start := 0; start < len(devices); start += 10_000 {
-		res, err := b.api.RegisterDevicesWithResponse(ctx, client.DeviceBatch{Devices: devices[start:min(start+10_000, len(devices))]})
-		if err := answered("register devices", http.StatusOK, res, err); err != nil {
-			return 0, err
+	register := b.registerThroughAPI
+	if b.Config.Populate == "db" {
+		register = func(ctx context.Context, devices []client.DeviceRegistration, users []string) error {
+			return registerInDatabase(ctx, dbURL, devices, users, b.Config.Users)
 		}
 	}
-	for i := range b.Config.messages() {
-		name, members := segment(i), users[i*b.Config.Users:(i+1)*b.Config.Users]
-		seg, err := b.api.CreateSegmentWithResponse(ctx, name, client.SegmentUpdate{Name: new(name)})
-		if err := answered("create segment", http.StatusCreated, seg, err); err != nil {
-			return 0, err
-		}
-		for start := 0; start < len(members); start += 10_000 {
-			res, err := b.api.AddSegmentMembersWithResponse(ctx, name, client.MemberIDs{UserIDs: members[start:min(start+10_000, len(members))]})
-			if err := answered("add segment members", http.StatusOK, res, err); err != nil {
-				return 0, err
-			}
-		}
+	if err := register(ctx, devices, users); err != nil {
+		return 0, err
 	}
 	urgent, err := b.api.RegisterDeviceWithResponse(ctx, client.DeviceRegistration{UserID: "urgent-user", Channel: client.ChannelAPNs, Token: new(strings.Repeat("ab", 32))})
 	if err := answered("register the urgent device", http.StatusCreated, urgent, err); err != nil {
 		return 0, err
 	}
 	return len(devices), nil
+}
+
+// registerThroughAPI registers devices and makes the bulk messages'
+// segments, users of Config.Users each, in batches of 10,000 through the
+// API.
+func (b *Benchmark) registerThroughAPI(ctx context.Context, devices []client.DeviceRegistration, users []string) error {
+	for start := 0; start < len(devices); start += 10_000 {
+		res, err := b.api.RegisterDevicesWithResponse(ctx, client.DeviceBatch{Devices: devices[start:min(start+10_000, len(devices))]})
+		if err := answered("register devices", http.StatusOK, res, err); err != nil {
+			return err
+		}
+	}
+	for i := range b.Config.messages() {
+		name, members := segment(i), users[i*b.Config.Users:(i+1)*b.Config.Users]
+		seg, err := b.api.CreateSegmentWithResponse(ctx, name, client.SegmentUpdate{Name: new(name)})
+		if err := answered("create segment", http.StatusCreated, seg, err); err != nil {
+			return err
+		}
+		for start := 0; start < len(members); start += 10_000 {
+			res, err := b.api.AddSegmentMembersWithResponse(ctx, name, client.MemberIDs{UserIDs: members[start:min(start+10_000, len(members))]})
+			if err := answered("add segment members", http.StatusOK, res, err); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// registerInDatabase is registerThroughAPI's work done with the statements
+// the API's batches run (its users, its devices, its segment members), on
+// the database directly, in batches of 10,000 devices: the population is
+// new, so no device changes owner or installation and no user's limit of
+// devices is reached, and the API's locks and checks have nothing to
+// decide. The devices are as the API normalises them: the bench makes
+// APNs tokens in lower-case hex and fakepush Web Push keys in base64url.
+func registerInDatabase(ctx context.Context, dbURL string, devices []client.DeviceRegistration, users []string, perSegment int) error {
+	pool, err := db.Open(ctx, dbURL, db.PoolConfig{MaxConns: 1})
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	q := db.On(pool)
+	sorted := slices.Clone(users)
+	slices.Sort(sorted)
+	for start := 0; start < len(sorted); start += 10_000 {
+		if err := q.EnsureUsers(ctx, sorted[start:min(start+10_000, len(sorted))]); err != nil {
+			return fmt.Errorf("users: %w", err)
+		}
+	}
+	for start := 0; start < len(devices); start += 10_000 {
+		var p db.RegisterDevicesParams
+		for _, d := range devices[start:min(start+10_000, len(devices))] {
+			token, p256dh, auth := "", "", ""
+			if d.Subscription != nil {
+				token, p256dh, auth = d.Subscription.Endpoint, d.Subscription.Keys.P256DH, d.Subscription.Keys.Auth
+			} else {
+				token = *d.Token
+			}
+			p.UserIds = append(p.UserIds, d.UserID)
+			p.Channels = append(p.Channels, string(d.Channel))
+			p.Tokens = append(p.Tokens, token)
+			p.P256dhs = append(p.P256dhs, p256dh)
+			p.Auths = append(p.Auths, auth)
+		}
+		if _, err := q.RegisterDevices(ctx, p); err != nil {
+			return fmt.Errorf("devices: %w", err)
+		}
+	}
+	for i := 0; i*perSegment < len(users); i++ {
+		name, members := segment(i), users[i*perSegment:(i+1)*perSegment]
+		if _, err := q.UpsertSegment(ctx, db.UpsertSegmentParams{ID: name, Name: name}); err != nil {
+			return fmt.Errorf("segment: %w", err)
+		}
+		for start := 0; start < len(members); start += 10_000 {
+			if _, err := q.AddSegmentMembers(ctx, db.AddSegmentMembersParams{SegmentID: name, UserIds: members[start:min(start+10_000, len(members))]}); err != nil {
+				return fmt.Errorf("segment members: %w", err)
+			}
+		}
+	}
+	return nil
 }
 
 // mintSubscriptions fills in Web Push devices with subscriptions fakepush
