@@ -2,11 +2,14 @@ package db_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/heraldpush/herald/db"
@@ -142,3 +145,115 @@ func TestPlainExpansionCutsAsTheGeneralOne(t *testing.T) {
 }
 
 var errRollBack = errors.New("roll back")
+
+// TestPlainExpansionMergesWhateverTheStatistics: a plain message's
+// expansion of a large segment walks the segment's members and their
+// devices side by side and counts its users as they come, whatever the
+// planner estimates, and one of a small segment looks up its members'
+// devices alone. A population registered user by user (a bulk import),
+// each user's devices side by side in the table, makes ANALYZE's sample
+// find far fewer users than there are (on ten million devices, 511,814 of
+// 4,000,000): the planner then read every device and looked its user up in
+// the segment (a nested loop, memoized for the few users it expected), and
+// hashed the users to count them, spilling, and the POST of that message
+// took 40-55 s instead of 9. Here the estimate is set as wrong as that.
+func TestPlainExpansionMergesWhateverTheStatistics(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tdb := dbtest.New(t)
+	_, err := tdb.Pool.Exec(ctx, `
+		INSERT INTO users (id) SELECT 'user_' || g FROM generate_series(1, 20000) g;
+		INSERT INTO devices (user_id, channel, token)
+		SELECT 'user_' || g, (ARRAY['apns', 'fcm'])[k], 'tok-' || g || '-' || k
+		FROM generate_series(1, 20000) g, generate_series(1, 2) k ORDER BY g, k;
+		INSERT INTO segments (id) VALUES ('all'), ('few');
+		INSERT INTO segment_members (segment_id, user_id) SELECT 'all', id FROM users;
+		INSERT INTO segment_members (segment_id, user_id) SELECT 'few', 'user_' || g FROM generate_series(100, 20000, 2000) g;
+		ALTER TABLE devices ALTER COLUMN user_id SET (n_distinct = 2500)`)
+	require.NoError(t, err)
+	_, err = tdb.Pool.Exec(ctx, `VACUUM ANALYZE devices, users, segment_members`)
+	require.NoError(t, err)
+
+	cfg := tdb.Pool.Config().ConnConfig.Copy()
+	var notices []string
+	cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) { notices = append(notices, n.Message) }
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	// The plan each statement ran with, and the rows each of its nodes
+	// gave, sent back as a notice.
+	_, err = conn.Exec(ctx, `LOAD 'auto_explain'; SET auto_explain.log_min_duration = 0;
+		SET auto_explain.log_analyze = on; SET auto_explain.log_timing = off;
+		SET auto_explain.log_level = notice; SET auto_explain.log_format = json`)
+	require.NoError(t, err)
+
+	// expand expands the segment in a transaction it rolls back and returns
+	// the expansion's plan's nodes, and how many devices it wrote.
+	expand := func(segment string) (nodes []planNode, devices int) {
+		tx, err := conn.Begin(ctx)
+		require.NoError(t, err)
+		defer tx.Rollback(ctx)
+		due := time.Now().Add(time.Hour)
+		var id int64
+		require.NoError(t, tx.QueryRow(ctx, `
+			WITH p AS (INSERT INTO payloads (content) VALUES ('{}') RETURNING id)
+			INSERT INTO messages (state, priority, dispatch_at, expires_at, payload_id, audience, device_count, chunk_count, pending_count)
+			SELECT 'scheduled', 'bulk', $1, $1::timestamptz + interval '1 hour', p.id, '{}', 0, 0, 0 FROM p
+			RETURNING id`, due).Scan(&id))
+		notices = nil
+		out, err := db.ExpandAudience(ctx, tx, db.Audience{SegmentID: segment},
+			db.Expansion{MessageID: id, ChunkSize: 500, DispatchAt: due, Snapshot: true})
+		require.NoError(t, err)
+		for _, c := range out.Chunks {
+			devices += int(c.Devices)
+		}
+		for _, n := range notices {
+			if i := strings.Index(n, "{"); i >= 0 && strings.Contains(n, "chunk_devices") {
+				var explained struct{ Plan planNode }
+				require.NoError(t, json.Unmarshal([]byte(n[i:]), &explained))
+				nodes = explained.Plan.flatten()
+			}
+		}
+		require.NotEmpty(t, nodes, "no plan of the expansion among %d notices", len(notices))
+		return nodes, devices
+	}
+
+	nodes, devices := expand("all")
+	require.Equal(t, 40_000, devices)
+	var merged bool
+	for _, n := range nodes {
+		require.NotEqual(t, "Memoize", n.Type, "a device's user looked up in the segment")
+		require.NotEqual(t, "Hashed", n.Strategy, "the users hashed to count them")
+		merged = merged || n.Type == "Merge Join"
+	}
+	require.True(t, merged, "the segment's members and their devices are walked side by side")
+
+	nodes, devices = expand("few")
+	require.Equal(t, 20, devices)
+	for _, n := range nodes {
+		if n.Relation == "devices" || n.Index == "devices_by_user_idx" {
+			require.LessOrEqual(t, n.Rows*n.Loops, 20.0, "%s read more devices than the segment's", n.Type)
+		}
+	}
+}
+
+// planNode is a node of a JSON plan with its rows, as auto_explain gives
+// it with log_analyze.
+type planNode struct {
+	Type     string     `json:"Node Type"`
+	Strategy string     `json:"Strategy"`
+	Relation string     `json:"Relation Name"`
+	Index    string     `json:"Index Name"`
+	Rows     float64    `json:"Actual Rows"`
+	Loops    float64    `json:"Actual Loops"`
+	Plans    []planNode `json:"Plans"`
+}
+
+// flatten lists the node and every node under it.
+func (n planNode) flatten() []planNode {
+	out := []planNode{n}
+	for _, p := range n.Plans {
+		out = append(out, p.flatten()...)
+	}
+	return out
+}
