@@ -26,9 +26,10 @@ func TestE2EBench(t *testing.T) {
 	t.Run("one process", func(t *testing.T) { testBench(t, false) })
 	// The urgent lane in a worker of its own (--urgent-worker), with the
 	// rich payload (--payload rich), one bulk message and no earlier one,
-	// a fifth of the devices throttled (--throttled 20), and every
-	// provider connection closed before the instant's warm-up
-	// (--drop-connections 3s).
+	// a fifth of the devices throttled (--throttled 20), every provider
+	// connection closed before the instant's warm-up (--drop-connections
+	// 3s), and the population written to the database directly
+	// (--populate db): every device it made must be sent to, once.
 	t.Run("urgent worker", func(t *testing.T) { testBench(t, true) })
 }
 
@@ -47,6 +48,7 @@ func testBench(t *testing.T, urgentWorker bool) {
 			Throttled:       map[bool]float64{false: 0, true: 0.2}[urgentWorker],
 			Receipts:        !urgentWorker,
 			DropConnections: map[bool]time.Duration{false: 0, true: 3 * time.Second}[urgentWorker],
+			Populate:        map[bool]string{false: "api", true: "db"}[urgentWorker],
 		},
 		Getenv:    func(k string) string { return map[string]string{"PATH": os.Getenv("PATH")}[k] },
 		Progress:  func(format string, a ...any) { progress.WriteString(strings.TrimSpace(format) + "\n") },
