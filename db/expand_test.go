@@ -61,12 +61,7 @@ func TestPlainExpansionCutsAsTheGeneralOne(t *testing.T) {
 	write := func(a db.Audience, general, rest, localized bool) expandedSnapshot {
 		var got expandedSnapshot
 		err := pgx.BeginFunc(ctx, tdb.Pool, func(tx pgx.Tx) error {
-			var id int64
-			require.NoError(t, tx.QueryRow(ctx, `
-				WITH p AS (INSERT INTO payloads (content) VALUES ('{}') RETURNING id)
-				INSERT INTO messages (state, priority, dispatch_at, expires_at, payload_id, audience, device_count, chunk_count, pending_count)
-				SELECT 'scheduled', 'bulk', $1, $1::timestamptz + interval '1 hour', p.id, '{}', 0, 0, 0 FROM p
-				RETURNING id`, due).Scan(&id))
+			id := scheduledMessage(t, tx, due)
 			e := plan
 			e.MessageID = id
 			if localized {
@@ -194,12 +189,7 @@ func TestPlainExpansionMergesWhateverTheStatistics(t *testing.T) {
 		require.NoError(t, err)
 		defer tx.Rollback(ctx)
 		due := time.Now().Add(time.Hour)
-		var id int64
-		require.NoError(t, tx.QueryRow(ctx, `
-			WITH p AS (INSERT INTO payloads (content) VALUES ('{}') RETURNING id)
-			INSERT INTO messages (state, priority, dispatch_at, expires_at, payload_id, audience, device_count, chunk_count, pending_count)
-			SELECT 'scheduled', 'bulk', $1, $1::timestamptz + interval '1 hour', p.id, '{}', 0, 0, 0 FROM p
-			RETURNING id`, due).Scan(&id))
+		id := scheduledMessage(t, tx, due)
 		notices = nil
 		out, err := db.ExpandAudience(ctx, tx, db.Audience{SegmentID: segment},
 			db.Expansion{MessageID: id, ChunkSize: 500, DispatchAt: due, Snapshot: true})
@@ -235,6 +225,19 @@ func TestPlainExpansionMergesWhateverTheStatistics(t *testing.T) {
 			require.LessOrEqual(t, n.Rows*n.Loops, 20.0, "%s read more devices than the segment's", n.Type)
 		}
 	}
+}
+
+// scheduledMessage inserts a bulk message due at due, with nothing
+// expanded yet, and returns its id.
+func scheduledMessage(t *testing.T, tx pgx.Tx, due time.Time) int64 {
+	t.Helper()
+	var id int64
+	require.NoError(t, tx.QueryRow(context.Background(), `
+		WITH p AS (INSERT INTO payloads (content) VALUES ('{}') RETURNING id)
+		INSERT INTO messages (state, priority, dispatch_at, expires_at, payload_id, audience, device_count, chunk_count, pending_count)
+		SELECT 'scheduled', 'bulk', $1, $1::timestamptz + interval '1 hour', p.id, '{}', 0, 0, 0 FROM p
+		RETURNING id`, due).Scan(&id))
+	return id
 }
 
 // planNode is a node of a JSON plan with its rows, as auto_explain gives
