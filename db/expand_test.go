@@ -187,7 +187,7 @@ func TestPlainExpansionMergesWhateverTheStatistics(t *testing.T) {
 	expand := func(segment string) (nodes []planNode, devices int) {
 		tx, err := conn.Begin(ctx)
 		require.NoError(t, err)
-		defer tx.Rollback(ctx)
+		defer func() { _ = tx.Rollback(ctx) }()
 		due := time.Now().Add(time.Hour)
 		id := scheduledMessage(t, tx, due)
 		notices = nil

@@ -137,7 +137,7 @@ func registerInDatabase(ctx context.Context, dbURL string, devices []client.Devi
 	for start := 0; start < len(devices); start += 10_000 {
 		var p db.RegisterDevicesParams
 		for _, d := range devices[start:min(start+10_000, len(devices))] {
-			token, p256dh, auth := "", "", ""
+			var token, p256dh, auth string
 			if d.Subscription != nil {
 				token, p256dh, auth = d.Subscription.Endpoint, d.Subscription.Keys.P256DH, d.Subscription.Keys.Auth
 			} else {
