@@ -202,16 +202,18 @@ func ExpandAudience(ctx context.Context, q DBTX, a Audience, e Expansion) (Expan
 	// 40-55 s. All are set for this statement alone, in the caller's
 	// transaction.
 	plain := e.Snapshot && len(e.Zones) == 0 && e.Head == 0
-	off := "on"
+	// Hash joins, memoize (a hash table of the rows looked up) and hash
+	// aggregation: off for a plain expansion.
+	hashing := "on"
 	if plain {
-		off = "off"
+		hashing = "off"
 	}
 	var saved [4]string
 	if err := q.QueryRow(ctx, `
 		SELECT current_setting('work_mem'), current_setting('enable_hashjoin'),
 		       current_setting('enable_memoize'), current_setting('enable_hashagg'),
 		       set_config('work_mem', '128MB', true), set_config('enable_hashjoin', $1, true),
-		       set_config('enable_memoize', $1, true), set_config('enable_hashagg', $1, true)`, off).
+		       set_config('enable_memoize', $1, true), set_config('enable_hashagg', $1, true)`, hashing).
 		Scan(&saved[0], &saved[1], &saved[2], &saved[3], new(string), new(string), new(string), new(string)); err != nil {
 		return Expanded{}, fmt.Errorf("set the expansion's plan settings: %w", err)
 	}
