@@ -127,22 +127,37 @@ func TestE2EBrowserWebKit(t *testing.T) {
 		})
 		require.NoError(t, err)
 	}
-	notifications := func() []shownNotification {
-		t.Helper()
+	// shownNow reads the notifications the worker shows, failing nothing,
+	// for the waits that poll it: they say what the last read found.
+	shownNow := func() ([]shownNotification, error) {
 		raw, err := chromedp.Run(ctx, chromedp.Evaluate[string](`navigator.serviceWorker.ready
 			.then(r => r.getNotifications())
 			.then(ns => JSON.stringify(ns.map(n => ({title: n.title, body: n.body, icon: n.icon, image: n.image,
 				badge: n.badge, tag: n.tag, actions: n.actions, requireInteraction: n.requireInteraction, data: n.data}))))`,
 			chromedp.EvalAwaitPromise))
-		require.NoError(t, err)
+		if err != nil {
+			return nil, err
+		}
 		var ns []shownNotification
-		require.NoError(t, json.Unmarshal([]byte(raw), &ns))
+		return ns, json.Unmarshal([]byte(raw), &ns)
+	}
+	notifications := func() []shownNotification {
+		t.Helper()
+		ns, err := shownNow()
+		require.NoError(t, err)
 		return ns
 	}
 	deliver()
 	var shown []shownNotification
-	require.Eventually(t, func() bool { shown = notifications(); return len(shown) == 1 }, 10*time.Second, 50*time.Millisecond,
-		"the worker never showed the push")
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		var err error
+		if shown, err = shownNow(); err == nil && len(shown) == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the worker never showed the push: last read %d shown, error %v", len(shown), err)
+		}
+	}
 	n := shown[0]
 	require.Equal(t, "Take your medicine", n.Title)
 	require.Equal(t, "Evening dose\nTwo tablets with water", n.Body, "the subtitle leads the body: the Notification API has no subtitle")
@@ -186,7 +201,7 @@ func TestE2EBrowserWebKit(t *testing.T) {
 	require.Equal(t, fmt.Sprintf("[%q]", link), clicked, "the click opens the message's url")
 	require.Eventually(t, func() bool { return e.message(head.MessageID).Receipts.Opened == 1 }, 10*time.Second, 50*time.Millisecond,
 		"the click's opened receipt was never counted")
-	require.Eventually(t, func() bool { return len(notifications()) == 0 }, 5*time.Second, 50*time.Millisecond, "the click closes the notification")
+	require.Eventually(t, func() bool { ns, err := shownNow(); return err == nil && len(ns) == 0 }, 5*time.Second, 50*time.Millisecond, "the click closes the notification")
 	// The page heard of the push and of the click.
 	require.Eventually(t, func() bool {
 		got, err := chromedp.Run(ctx, chromedp.Evaluate[string](`Array.from(document.querySelectorAll("#pushes li")).map(li => li.textContent).join("\n")`))
