@@ -119,7 +119,7 @@ func TestWebhookDispatchersShareNothing(t *testing.T) {
 	require.NoError(t, err)
 	defer rows.Close()
 	jobs := b.jobs()
-	total := 0
+	total, batches := 0, 0
 	for rows.Next() {
 		var batch *int64
 		var n, messages int
@@ -129,10 +129,15 @@ func TestWebhookDispatchersShareNothing(t *testing.T) {
 		require.LessOrEqual(t, n, WebhookBatchSize)
 		require.Equal(t, n, jobs[*batch].Events, "batch %d's job", *batch)
 		total += n
+		batches++
 	}
 	require.NoError(t, rows.Err())
 	require.Equal(t, 7500, total)
-	require.Len(t, jobs, 9, "three batches of each message's 2,500 events")
+	require.Len(t, jobs, batches, "a job for each batch, and none without one")
+	// Three batches of each message's 2,500 events at the fewest; two
+	// dispatchers may each claim part of one message's events (each skips
+	// the rows the other has locked), which makes a batch more.
+	require.GreaterOrEqual(t, batches, 9)
 }
 
 // TestWebhookWorker: a 2xx delivers a batch and deletes its events; any
