@@ -74,7 +74,7 @@ func (b *Benchmark) populate(ctx context.Context, dbURL string) (int, error) {
 	register := b.registerThroughAPI
 	if b.Config.Populate == "db" {
 		register = func(ctx context.Context, devices []client.DeviceRegistration, users []string) error {
-			return registerInDatabase(ctx, dbURL, devices, users, b.Config.Users)
+			return b.registerInDatabase(ctx, dbURL, devices, users)
 		}
 	}
 	if err := register(ctx, devices, users); err != nil {
@@ -120,7 +120,7 @@ func (b *Benchmark) registerThroughAPI(ctx context.Context, devices []client.Dev
 // devices is reached, and the API's locks and checks have nothing to
 // decide. The devices are as the API normalises them: the bench makes
 // APNs tokens in lower-case hex and fakepush Web Push keys in base64url.
-func registerInDatabase(ctx context.Context, dbURL string, devices []client.DeviceRegistration, users []string, perSegment int) error {
+func (b *Benchmark) registerInDatabase(ctx context.Context, dbURL string, devices []client.DeviceRegistration, users []string) error {
 	pool, err := db.Open(ctx, dbURL, db.PoolConfig{MaxConns: 1})
 	if err != nil {
 		return err
@@ -153,8 +153,8 @@ func registerInDatabase(ctx context.Context, dbURL string, devices []client.Devi
 			return fmt.Errorf("devices: %w", err)
 		}
 	}
-	for i := 0; i*perSegment < len(users); i++ {
-		name, members := segment(i), users[i*perSegment:(i+1)*perSegment]
+	for i := range b.Config.messages() {
+		name, members := segment(i), users[i*b.Config.Users:(i+1)*b.Config.Users]
 		if _, err := q.UpsertSegment(ctx, db.UpsertSegmentParams{ID: name, Name: name}); err != nil {
 			return fmt.Errorf("segment: %w", err)
 		}
