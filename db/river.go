@@ -314,6 +314,60 @@ func RetakeChunk(ctx context.Context, q DBTX, c AbandonedChunk, reason string) (
 	return tag.RowsAffected() == 1, nil
 }
 
+// UnclosedChunk is a chunk job River completed whose close its message
+// lacks.
+type UnclosedChunk struct {
+	ID        int64
+	Queue     string
+	MessageID int64
+	Chunk     int32
+}
+
+// RetryUnclosedChunks makes available again, at once, the chunk jobs of
+// unsettled messages that River marked completed at least span ago while
+// their chunk's close (message_chunks.finished_at, written by the ledger
+// writer before the attempt returns) is missing, with an error entry that
+// says why. On one server the completion always follows the close. The
+// close goes missing when the database fails over to a standby that had
+// not yet received it: the attempt returned, and River's completer,
+// trying again, wrote the completion on the promoted standby. The
+// chunk's deliveries whose answers went with the close are then pending
+// with no attempt to send them; run again, the chunk sends them. span is
+// the longest an attempt goes on, so that a chunk completed by an attempt
+// that had lost it to another worker (FanOutWorker.afterFence) is left to
+// that attempt to close, and retried only if it does not. The message's
+// state is read through messages_state_id_idx, as StuckMessages does.
+// River's JobRetry makes the same change to the job's columns.
+func RetryUnclosedChunks(ctx context.Context, q DBTX, span time.Duration, reason string) ([]UnclosedChunk, error) {
+	rows, err := q.Query(ctx, `
+		WITH unclosed AS MATERIALIZED (
+			SELECT j.id, mc.message_id, mc.chunk
+			FROM messages m
+			JOIN message_chunks mc ON mc.message_id = m.id
+			JOIN river_job j ON j.id = mc.job_id
+			WHERE m.state IN ('scheduled', 'dispatching')
+			  AND m.dispatch_at < clock_timestamp() - $1::interval
+			  AND mc.finished_at IS NULL
+			  AND j.state = 'completed' AND j.finalized_at < clock_timestamp() - $1::interval)
+		UPDATE river_job j
+		SET state = 'available', scheduled_at = now(), finalized_at = NULL,
+		    max_attempts = CASE WHEN j.attempt >= j.max_attempts THEN j.attempt + 1 ELSE j.max_attempts END,
+		    metadata = j.metadata - 'cancel_attempted_at',
+		    errors = array_append(j.errors, jsonb_build_object(
+		        'at', now(), 'attempt', j.attempt, 'error', $2::text, 'trace', ''))
+		FROM unclosed u
+		WHERE j.id = u.id AND j.state = 'completed'
+		RETURNING j.id, j.queue, u.message_id, u.chunk`, span, reason)
+	if err != nil {
+		return nil, fmt.Errorf("retry unclosed chunks: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[UnclosedChunk])
+	if err != nil {
+		return nil, fmt.Errorf("retry unclosed chunks: %w", err)
+	}
+	return out, nil
+}
+
 // TryLivenessLock takes this session's liveness lock (LivenessLockSpace,
 // key) if no other session holds it.
 func TryLivenessLock(ctx context.Context, conn *pgx.Conn, key int32) (bool, error) {

@@ -368,3 +368,68 @@ type failingWorker struct {
 }
 
 func (failingWorker) Work(context.Context, *river.Job[otherArgs]) error { return errors.New("poison") }
+
+// TestRetryUnclosedChunksIsRiversRetry: a job River's own completer marked
+// completed, whose chunk row lacks its close, is made available by
+// RetryUnclosedChunks once the completion is older than the span, and River
+// runs it again as after its own JobRetry: once more, on its last attempt
+// too (max_attempts raised by one), with the reason among its errors. A
+// completion newer than the span is left alone.
+func TestRetryUnclosedChunksIsRiversRetry(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tdb := dbtest.New(t)
+	w := &blockingWorker{started: make(chan struct{}, 2), release: make(chan struct{})}
+	close(w.release)
+	workers := river.NewWorkers()
+	river.AddWorker(workers, w)
+	working, err := river.NewClient(riverpgxv5.New(tdb.Pool), &river.Config{
+		Schema: db.PoolSchema(tdb.Pool), Workers: workers,
+		Queues: map[string]river.QueueConfig{"bulk": {MaxWorkers: 1}}, FetchCooldown: 20 * time.Millisecond, FetchPollInterval: 50 * time.Millisecond,
+	})
+	require.NoError(t, err)
+	require.NoError(t, working.Start(ctx))
+	t.Cleanup(func() { _ = working.Stop(ctx) })
+	res, err := working.Insert(ctx, pinArgs{}, &river.InsertOpts{Queue: "bulk", MaxAttempts: 1})
+	require.NoError(t, err)
+	<-w.started
+	completed := func(attempt int) *rivertype.JobRow {
+		t.Helper()
+		var job *rivertype.JobRow
+		require.Eventually(t, func() bool {
+			job, err = working.JobGet(ctx, res.Job.ID)
+			return err == nil && job.State == rivertype.JobStateCompleted && job.Attempt == attempt
+		}, 10*time.Second, 10*time.Millisecond, "River did not complete attempt %d", attempt)
+		return job
+	}
+	completed(1)
+
+	// Its message, dispatching, and its chunk, not closed.
+	tx, err := tdb.Pool.Begin(ctx)
+	require.NoError(t, err)
+	msg := scheduledMessage(t, tx, time.Now().Add(-10*time.Minute))
+	_, err = tx.Exec(ctx, `UPDATE messages SET state = 'dispatching' WHERE id = $1`, msg)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `INSERT INTO message_chunks (message_id, chunk, job_id, due_at, device_count) VALUES ($1, 3, $2, now(), 1)`, msg, res.Job.ID)
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+
+	none, err := db.RetryUnclosedChunks(ctx, tdb.Pool, time.Minute, "lost")
+	require.NoError(t, err)
+	require.Empty(t, none, "completed within the span: an attempt may still close it")
+	_, err = tdb.Pool.Exec(ctx, `UPDATE river_job SET finalized_at = now() - interval '2 minutes' WHERE id = $1`, res.Job.ID)
+	require.NoError(t, err)
+	retried, err := db.RetryUnclosedChunks(ctx, tdb.Pool, time.Minute, "lost")
+	require.NoError(t, err)
+	require.Equal(t, []db.UnclosedChunk{{ID: res.Job.ID, Queue: "bulk", MessageID: msg, Chunk: 3}}, retried)
+	<-w.started
+	job := completed(2)
+	require.Equal(t, 2, job.MaxAttempts)
+	require.Len(t, job.Errors, 1)
+	require.Equal(t, "lost", job.Errors[0].Error)
+	require.Equal(t, 1, job.Errors[0].Attempt)
+
+	again, err := db.RetryUnclosedChunks(ctx, tdb.Pool, time.Minute, "lost")
+	require.NoError(t, err)
+	require.Empty(t, again)
+}

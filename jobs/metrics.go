@@ -19,8 +19,10 @@ type Metrics struct {
 	chunksInFlight *prometheus.GaugeVec
 	wakes          *prometheus.CounterVec
 	// reconciled counts what the reconciler settled: messages no chunk
-	// would settle, and their deliveries it expired, by channel.
+	// would settle, and their deliveries it expired, by channel; and the
+	// chunks completed without their close that it ran again.
 	reconciledMessages prometheus.Counter
+	reconciledChunks   prometheus.Counter
 	reconciledExpired  *prometheus.CounterVec
 	// messageSkew and overSLO grade the SLO as it is promised, per
 	// message: each settled message's maximum skew (SettleMessage's
@@ -84,6 +86,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "herald_reconciled_messages_total",
 			Help: "Messages the reconciler settled because no chunk would: their chunk jobs were discarded, cancelled or deleted, or a settle was lost.",
 		}),
+		reconciledChunks: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "herald_reconciled_chunks_total",
+			Help: "Chunks River had completed without their close written (a failover to a standby that had not received it), run again by the reconciler to send and write what was pending.",
+		}),
 		reconciledExpired: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "herald_reconciled_deliveries_total",
 			Help: "Pending deliveries the reconciler expired, past their expiry with no chunk left to send them, by channel.",
@@ -118,7 +124,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Pushes a provider refused for their app's credentials (APNs InvalidProviderToken or TopicDisallowed, FCM UNAUTHENTICATED or PERMISSION_DENIED, a Web Push 401), by app and channel.",
 		}, []string{"app", "channel"}),
 	}
-	reg.MustRegister(m.deliveries, m.skew, m.latency, m.chunksInFlight, m.wakes, m.reconciledMessages, m.reconciledExpired,
+	reg.MustRegister(m.deliveries, m.skew, m.latency, m.chunksInFlight, m.wakes, m.reconciledMessages, m.reconciledChunks, m.reconciledExpired,
 		m.messageSkew, m.overSLO, m.tries, m.takenOver, m.silentEnded, m.webhookCalls, m.credentialsRefused)
 	for _, outcome := range []string{"delivered", "retried", "given_up", "dropped"} {
 		m.webhookCalls.WithLabelValues(outcome)
@@ -192,6 +198,13 @@ func (m *Metrics) chunkTakenOver() {
 func (m *Metrics) reconciledMessage() {
 	if m != nil {
 		m.reconciledMessages.Inc()
+	}
+}
+
+// reconciledChunk counts a chunk the reconciler ran again.
+func (m *Metrics) reconciledChunk() {
+	if m != nil {
+		m.reconciledChunks.Inc()
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/riverqueue/river"
 
 	"github.com/heraldpush/herald/db"
+	"github.com/heraldpush/herald/jobs/push"
 )
 
 // ReconcileKind is the River kind of the periodic reconciliation.
@@ -39,6 +40,12 @@ func (ReconcileArgs) InsertOpts() river.InsertOpts {
 // (herald_reconciled_messages_total, herald_reconciled_deliveries_total).
 // The chunks stranded before that, still retryable from River UI, are
 // counted at each scrape (herald_stranded_chunks, RegisterMessageMetrics).
+//
+// It also runs again the chunks that River completed but whose close the
+// database lacks (db.RetryUnclosedChunks: a failover to a standby that had
+// not received the close), so that what they had sent is sent again and
+// written, rather than left pending until the message expires; it counts
+// them (herald_reconciled_chunks_total).
 type Reconciler struct {
 	cfg ReconcilerConfig
 }
@@ -53,6 +60,10 @@ type ReconcilerConfig struct {
 	// so that no attempt still running is overtaken
 	// (DefaultReconcileGrace when zero).
 	Grace time.Duration
+	// AttemptSpan is the longest a chunk attempt goes on, its close
+	// included: a chunk completed longer ago than this without a close is
+	// run again (DefaultChunkTimeout and recordTimeout when zero).
+	AttemptSpan time.Duration
 }
 
 // NewReconciler returns the Reconciler of cfg, its defaults filled, or an
@@ -68,6 +79,7 @@ func NewReconciler(cfg *ReconcilerConfig) (*Reconciler, error) {
 // withDefaults fills the settings left zero with their defaults.
 func (c *ReconcilerConfig) withDefaults() {
 	c.Grace = cmp.Or(c.Grace, DefaultReconcileGrace)
+	c.AttemptSpan = cmp.Or(c.AttemptSpan, DefaultChunkTimeout+recordTimeout)
 }
 
 // validate names the first setting that no default can mend: a missing
@@ -80,6 +92,8 @@ func (c *ReconcilerConfig) validate() error {
 		return errRequired("ReconcilerConfig.Logger")
 	case c.Grace < 0:
 		return errNegative("ReconcilerConfig.Grace", c.Grace)
+	case c.AttemptSpan < 0:
+		return errNegative("ReconcilerConfig.AttemptSpan", c.AttemptSpan)
 	}
 	return nil
 }
@@ -88,14 +102,27 @@ func (c *ReconcilerConfig) validate() error {
 // transaction.
 const reconcileBatch = 100
 
-// Reconciled is what one reconciliation settled.
+// Reconciled is what one reconciliation settled, and the chunks it ran
+// again.
 type Reconciled struct {
-	Messages, Deliveries int
+	Messages, Deliveries, Chunks int
 }
 
-// Run settles every stuck message, a batch at a time.
+// Run runs again the chunks completed without their close, then settles
+// every stuck message, a batch at a time.
 func (r *Reconciler) Run(ctx context.Context) (Reconciled, error) {
 	var done Reconciled
+	unclosed, err := db.RetryUnclosedChunks(ctx, r.cfg.Pool, r.cfg.AttemptSpan,
+		"River completed this chunk but the database lacks its close (a failover to a standby that had not received it): run again to send and write what is pending")
+	if err != nil {
+		return done, err
+	}
+	for _, c := range unclosed {
+		r.cfg.Metrics.reconciledChunk()
+		r.cfg.Logger.WarnContext(ctx, "ran again a chunk completed without its close: the database lost what it had written",
+			"job_id", c.ID, "queue", c.Queue, "message_id", push.FormatMessageID(c.MessageID), "chunk", c.Chunk)
+	}
+	done.Chunks = len(unclosed)
 	for {
 		ids, err := db.On(r.cfg.Pool).StuckMessages(ctx, db.StuckMessagesParams{GraceSeconds: r.cfg.Grace.Seconds(), Batch: reconcileBatch})
 		if err != nil {

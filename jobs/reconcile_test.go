@@ -7,6 +7,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/rivertype"
 	"github.com/stretchr/testify/require"
 
 	"github.com/heraldpush/herald/db"
@@ -96,4 +98,78 @@ func counterValue(t *testing.T, c prometheus.Counter) float64 {
 	var m dto.Metric
 	require.NoError(t, c.Write(&m))
 	return m.GetCounter().GetValue()
+}
+
+// TestReconcilerRunsAgainAChunkCompletedWithoutItsClose: a failover to a
+// standby that never received a chunk's close, while River's completer
+// wrote the chunk's completion on the promoted standby, leaves the chunk
+// job completed, its message dispatching and its deliveries pending with
+// no attempt to send them. That is the state made here, as the new primary
+// holds it: the message begun, the close missing, the job completed. Once
+// the completion is older than a chunk attempt, the reconciler makes the
+// job available again with the reason among its errors, and the chunk's
+// next attempt sends and settles the message. A chunk completed more
+// recently is left to the attempt that may still close it, and one whose
+// close was written is left alone.
+func TestReconcilerRunsAgainAChunkCompletedWithoutItsClose(t *testing.T) {
+	t.Parallel()
+	b := setupFanOut(t)
+	ctx := context.Background()
+	now := b.clock.Now()
+	users := b.devices("apns-1", "apns-2", "fcm-1", "fcm-2", "fcm-3", "fcm-4")
+	sender := &recordingSender{}
+	w := b.worker(map[string]Sender{ChannelAPNs: sender, ChannelFCM: sender}, FanOutConfig{})
+
+	lost := b.message(users[:2], now.Add(-10*time.Minute), time.Hour)
+	// The same, on its last attempt: River would start no other.
+	last := b.message(users[2:3], now.Add(-10*time.Minute), time.Hour)
+	recent := b.message(users[3:4], now.Add(-10*time.Minute), time.Hour)
+	closed := b.message(users[4:], now.Add(-10*time.Minute), time.Hour)
+	require.Equal(t, river.EventKindJobCompleted, b.workCommitted(w, closed.job.ID).EventKind)
+	require.Equal(t, StateDispatched, b.settled(closed.msg.ID).State)
+	for _, c := range []struct {
+		chunk     chunkJob
+		completed string
+		attempt   string
+	}{{lost, "2 minutes", "1"}, {last, "2 minutes", "max_attempts"}, {recent, "10 seconds", "1"}} {
+		require.NoError(t, b.q.StartMessage(ctx, c.chunk.msg.ID))
+		_, err := b.db.Pool.Exec(ctx, `UPDATE river_job SET state = 'completed', attempt = `+c.attempt+`,
+			attempted_at = now() - interval '3 minutes', attempted_by = '{herald-1-bulk}', finalized_at = now() - $2::interval
+			WHERE id = $1`, c.chunk.job.ID, c.completed)
+		require.NoError(t, err)
+	}
+
+	m := NewMetrics(prometheus.NewRegistry())
+	r, err := NewReconciler(&ReconcilerConfig{Pool: b.db.Pool, Logger: discard, Metrics: m, AttemptSpan: time.Minute})
+	require.NoError(t, err)
+	done, err := r.Run(ctx)
+	require.NoError(t, err)
+	require.Equal(t, Reconciled{Chunks: 2}, done)
+	require.EqualValues(t, 2, counterValue(t, m.reconciledChunks))
+	for _, c := range []chunkJob{lost, last} {
+		job, err := b.client.JobGet(ctx, c.job.ID)
+		require.NoError(t, err)
+		require.Equal(t, rivertype.JobStateAvailable, job.State)
+		require.Nil(t, job.FinalizedAt)
+		require.Less(t, job.Attempt, job.MaxAttempts, "no attempt left to run it")
+		require.NotEmpty(t, job.Errors)
+		require.Contains(t, job.Errors[len(job.Errors)-1].Error, "lacks its close")
+	}
+	for _, c := range []chunkJob{recent, closed} {
+		job, err := b.client.JobGet(ctx, c.job.ID)
+		require.NoError(t, err)
+		require.Equal(t, rivertype.JobStateCompleted, job.State)
+	}
+
+	// The next attempt sends what is pending and settles the message.
+	require.Equal(t, river.EventKindJobCompleted, b.workCommitted(w, lost.job.ID).EventKind)
+	got := b.settled(lost.msg.ID)
+	require.Equal(t, StateDispatched, got.State)
+	require.EqualValues(t, 2, got.AcceptedCount)
+	// Closed now, it is not run a third time.
+	_, err = b.db.Pool.Exec(ctx, `UPDATE river_job SET finalized_at = now() - interval '2 minutes' WHERE id = $1`, lost.job.ID)
+	require.NoError(t, err)
+	done, err = r.Run(ctx)
+	require.NoError(t, err)
+	require.Equal(t, Reconciled{}, done)
 }

@@ -12,7 +12,8 @@ func Register(workers *river.Workers, fanOut FanOutConfig, materializer *Materia
 		Pool: fanOut.Pool, Logger: fanOut.Logger, Metrics: fanOut.Metrics,
 		// Past any chunk attempt still sending, and River's rescue of a
 		// chunk whose process died.
-		Grace: max(DefaultReconcileGrace, 2*w.cfg.Timeout),
+		Grace:       max(DefaultReconcileGrace, 2*w.cfg.Timeout),
+		AttemptSpan: w.cfg.Timeout + recordTimeout,
 	})
 	if err != nil {
 		return nil, err

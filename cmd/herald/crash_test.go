@@ -154,6 +154,8 @@ func (s *fanOutSetup) diagnose() {
 		`SELECT status, attempt, coalesce(reason, ''), count(*)::text FROM ledger
 		  GROUP BY status, attempt, reason ORDER BY status, attempt`,
 		`SELECT d.device_id, v.token, d.attempted_at, d.accepted_at FROM ledger d JOIN devices v ON v.id = d.device_id WHERE attempt > 1 ORDER BY device_id LIMIT 50`,
+		`SELECT 'unclosed chunks', j.state, count(*) FROM message_chunks mc LEFT JOIN river_job j ON j.id = mc.job_id
+		  WHERE mc.finished_at IS NULL GROUP BY j.state`,
 	} {
 		rows, err := s.db.Pool.Query(ctx, q)
 		if err != nil {

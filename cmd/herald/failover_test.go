@@ -4,12 +4,14 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -21,16 +23,20 @@ import (
 // TestE2EFailoverSynchronous stops the primary hard (pg_ctl stop -m
 // immediate) in the middle of a 20,000-device fan-out and promotes its
 // synchronous standby: the standby has every commit Herald saw, so no
-// device gets the push twice unless a send went unanswered.
+// device gets the push twice unless a send went unanswered, and a message
+// and a cron schedule's run that fall due in the failover are each sent
+// once.
 func TestE2EFailoverSynchronous(t *testing.T) {
 	t.Parallel()
 	testFailover(t, true)
 }
 
 // TestE2EFailoverAsynchronous is TestE2EFailoverSynchronous with an
-// asynchronous standby: the results the primary committed last may not
-// have reached it, and those devices are sent the push again (with the
-// same collapse id); no delivery and no message is lost.
+// asynchronous standby left behind before the stop (lostCloses): the
+// results the primary committed last never reach it, chunks among them
+// closed while River's completion of their jobs waited, and those devices
+// are sent the push again (with the same collapse id); no delivery is
+// lost and the message settles.
 func TestE2EFailoverAsynchronous(t *testing.T) {
 	t.Parallel()
 	testFailover(t, false)
@@ -42,9 +48,12 @@ func TestE2EFailoverAsynchronous(t *testing.T) {
 // promotes the standby two seconds later (as a failover manager would,
 // once it has seen the primary gone), and checks that Herald finds the new
 // primary by itself: the API answers 503 with Retry-After meanwhile and
-// never 500, the fan-out ends with every device reached, a message
-// scheduled to fall due during the failover is sent, and a cron schedule
-// whose next run falls during it makes each run into one message.
+// never 500, and the fan-out ends with every device reached. With a
+// synchronous standby, a message scheduled to fall due during the failover
+// is sent, and a cron schedule whose next run falls during it makes each
+// run into one message: an asynchronous one may lack them, as it may lack
+// any write of the primary's last moments (docs/operations.md, High
+// availability).
 func testFailover(t *testing.T, synchronous bool) {
 	const devices = 20_000
 	pair := dbtest.NewPair(t, synchronous)
@@ -60,42 +69,41 @@ func testFailover(t *testing.T, synchronous bool) {
 	s.vars["HERALD_SCHEDULE_LEAD"] = "1s"
 	ctx := context.Background()
 
-	// A device of its own for the schedule and the scheduled message, out
-	// of the fan-out's segment.
-	s.registerDevice(client.DeviceRegistration{UserID: "cron", Channel: client.ChannelFCM, Token: new("cron-token")})
-	scheduleID := s.everyMinute("cron")
-	sid, err := strconv.ParseInt(strings.TrimPrefix(scheduleID, "sch_"), 10, 64)
-	require.NoError(t, err)
-
 	var (
+		scheduleID                 string
+		sid                        int64
 		later                      string
 		due                        time.Time
 		killedAt, promotedAt       time.Time
 		onStandby                  int64
 		acceptedAtKill, recordedAt int64
 		calls                      *failoverCalls
+		tail                       *lostCloses
 	)
 	// A connection to the standby alone, hot before its promotion and the
 	// new primary after.
 	standby := standbyPool(t, pair.Standby.URL)
-	w := s.faultMidFanOut(devices, func() {
-		// The schedule's next run and a message both fall due three
-		// seconds from now, in the failover.
-		now, err := db.On(s.db.Pool).DatabaseNow(ctx)
+	if synchronous {
+		// A device of its own for the schedule and the scheduled message,
+		// out of the fan-out's segment.
+		s.registerDevice(client.DeviceRegistration{UserID: "cron", Channel: client.ChannelFCM, Token: new("cron-token")})
+		scheduleID = s.everyMinute("cron")
+		var err error
+		sid, err = strconv.ParseInt(strings.TrimPrefix(scheduleID, "sch_"), 10, 64)
 		require.NoError(t, err)
-		due = now.Add(3 * time.Second)
-		require.NoError(t, db.On(s.db.Pool).AdvanceSchedule(ctx, db.AdvanceScheduleParams{ID: sid, NextRunAt: &due}))
-		later = s.send(client.NewMessage{Audience: toUsers("cron"), Payload: titled("later"), DispatchAt: &due}).MessageID
-		// Both are on the standby before the stop: an asynchronous
-		// standby may lack what the primary committed in its last
-		// moments (docs/operations.md, High availability), and the
-		// message and the schedule are to fall due in the failover, not
-		// to be created in it.
-		require.Eventually(t, func() bool {
-			var caughtUp bool
-			err := s.db.Pool.QueryRow(ctx, "SELECT bool_and(replay_lsn >= pg_current_wal_lsn()) FROM pg_stat_replication").Scan(&caughtUp)
-			return err == nil && caughtUp
-		}, time.Minute, time.Millisecond, "the standby never caught up")
+	}
+	w := s.faultMidFanOut(devices, func() {
+		if synchronous {
+			// The schedule's next run and a message both fall due three
+			// seconds from now, in the failover.
+			now, err := db.On(s.db.Pool).DatabaseNow(ctx)
+			require.NoError(t, err)
+			due = now.Add(3 * time.Second)
+			require.NoError(t, db.On(s.db.Pool).AdvanceSchedule(ctx, db.AdvanceScheduleParams{ID: sid, NextRunAt: &due}))
+			later = s.send(client.NewMessage{Audience: toUsers("cron"), Payload: titled("later"), DispatchAt: &due}).MessageID
+		} else {
+			tail = s.loseClosesWithTheStandby(pair)
+		}
 		calls = pollAPI(t, s)
 		recordedAt = s.recorded()
 		pair.Primary.Kill()
@@ -108,6 +116,9 @@ func testFailover(t *testing.T, synchronous bool) {
 		// promotion: what the primary had written and the standby had
 		// not received is not among them.
 		require.NoError(t, standby.QueryRow(ctx, "SELECT count(*) FROM ledger WHERE status = 'accepted'").Scan(&onStandby))
+		if tail != nil {
+			tail.standbyLacks(standby)
+		}
 		time.Sleep(2 * time.Second)
 		pair.Promote()
 		promotedAt = time.Now()
@@ -151,6 +162,33 @@ func testFailover(t *testing.T, synchronous bool) {
 		require.LessOrEqual(t, int64(dups), acceptedAtKill-onStandby+unanswered)
 	}
 
+	if synchronous {
+		requireDueInFailoverSentOnce(t, s, later, scheduleID, due, killedAt)
+	} else {
+		// How the held chunks came to be sent again: River's completer
+		// gave up on them, and they were rescued as running, or wrote
+		// them completed on the new primary, and the reconciler ran them
+		// again.
+		var rerun int
+		require.NoError(t, s.db.Pool.QueryRow(ctx, `SELECT count(*) FROM river_job j, unnest(j.errors) e
+			WHERE j.id = ANY ($1) AND e->>'error' LIKE '%lacks its close%'`, tail.jobs).Scan(&rerun))
+		t.Logf("of the %d held chunks, %d were completed on the new primary and run again by the reconciler", len(tail.jobs), rerun)
+	}
+
+	// River's leader is elected on the new primary, where its background
+	// services (the materializer above among them) run.
+	require.Eventually(t, func() bool {
+		var leaders int
+		err := standby.QueryRow(ctx, "SELECT count(*) FROM river_leader WHERE expires_at > now()").Scan(&leaders)
+		return err == nil && leaders == 1
+	}, time.Minute, 100*time.Millisecond, "no River leader on the new primary")
+}
+
+// requireDueInFailoverSentOnce checks the message later and the run of
+// the schedule scheduleID, both due at due (in the failover that began at
+// killedAt): each was sent once.
+func requireDueInFailoverSentOnce(t *testing.T, s *fanOutSetup, later, scheduleID string, due, killedAt time.Time) {
+	t.Helper()
 	// The message that fell due in the failover was sent, once.
 	require.Equal(t, client.DeliveryCounts{Total: 1, Accepted: 1}, s.settle(later, 3*time.Minute).Deliveries)
 	require.Len(t, s.fake.Receipts(later), 1)
@@ -174,14 +212,6 @@ func testFailover(t *testing.T, synchronous bool) {
 	}
 	require.True(t, inFailover, "no run at %s, in the failover: %v", due, perRun)
 	t.Logf("the schedule's run and the message due %s after the stop were each sent once; %d runs in all", due.Sub(killedAt).Round(time.Millisecond), len(runs))
-
-	// River's leader is elected on the new primary, where its background
-	// services (the materializer above among them) run.
-	require.Eventually(t, func() bool {
-		var leaders int
-		err := standby.QueryRow(ctx, "SELECT count(*) FROM river_leader WHERE expires_at > now()").Scan(&leaders)
-		return err == nil && leaders == 1
-	}, time.Minute, 100*time.Millisecond, "no River leader on the new primary")
 }
 
 // standbyPool opens a pool on the standby alone, closed when the test ends.
@@ -306,4 +336,77 @@ func (c *failoverCalls) stop() *failoverCalls {
 	}
 	c.wg.Wait()
 	return c
+}
+
+// lostCloses are chunks whose close the primary took and its standby never
+// received, while River's completion of their jobs waited: the tail of
+// writes an asynchronous standby lacks, made to hold a close every time.
+type lostCloses struct {
+	t    *testing.T
+	jobs []int64
+	tx   pgx.Tx
+	conn *pgxpool.Conn
+}
+
+// loseClosesWithTheStandby holds back River's completion of the chunks
+// running now (a transaction locks their jobs' rows, as a busy database
+// delays a write), leaves the standby behind (Pair.Detach), and waits
+// until one of those chunks has written its close on the primary. The
+// close is then the primary's alone, and the completion waits to be
+// written wherever the database is next: River's completer tries again
+// for a few seconds, on the promoted standby once it takes writes.
+func (s *fanOutSetup) loseClosesWithTheStandby(pair *dbtest.Pair) *lostCloses {
+	t := s.t
+	t.Helper()
+	ctx := context.Background()
+	conn, err := s.db.Pool.Acquire(ctx)
+	require.NoError(t, err)
+	tx, err := conn.Begin(ctx)
+	require.NoError(t, err)
+	l := &lostCloses{t: t, tx: tx, conn: conn}
+	rows, err := tx.Query(ctx, `SELECT j.id FROM river_job j JOIN message_chunks mc ON mc.job_id = j.id
+		WHERE j.state = 'running' AND j.kind LIKE 'fan_out%' AND mc.finished_at IS NULL FOR UPDATE OF j`)
+	require.NoError(t, err)
+	l.jobs, err = pgx.CollectRows(rows, pgx.RowTo[int64])
+	require.NoError(t, err)
+	require.NotEmpty(t, l.jobs, "no chunk was running")
+	// The standby has them running before it is left behind.
+	require.Eventually(t, func() bool {
+		var caughtUp bool
+		err := s.db.Pool.QueryRow(ctx, "SELECT bool_and(replay_lsn >= pg_current_wal_lsn()) FROM pg_stat_replication").Scan(&caughtUp)
+		return err == nil && caughtUp
+	}, time.Minute, time.Millisecond, "the standby never caught up")
+	pair.Detach()
+	standby := pair.Standby.Pool()
+	require.Eventually(t, func() bool {
+		closed, err := l.closed(s.db.Pool, true)
+		if err != nil || len(closed) == 0 {
+			return false
+		}
+		open, err := l.closed(standby, false)
+		return err == nil && slices.ContainsFunc(closed, func(id int64) bool { return slices.Contains(open, id) })
+	}, time.Minute, 5*time.Millisecond, "none of the chunks running closed after the standby was left behind")
+	return l
+}
+
+// closed lists the held chunks' jobs whose close q has (or lacks, when not
+// closed).
+func (l *lostCloses) closed(q *pgxpool.Pool, closed bool) ([]int64, error) {
+	rows, err := q.Query(context.Background(), "SELECT job_id FROM message_chunks WHERE job_id = ANY ($1) AND (finished_at IS NOT NULL) = $2", l.jobs, closed)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[int64])
+}
+
+// standbyLacks lets the held completions go with the primary (stopped by
+// now) and says, read on the standby before its promotion, how many of
+// the held chunks' closes it lacks.
+func (l *lostCloses) standbyLacks(standby *pgxpool.Pool) {
+	l.t.Helper()
+	_ = l.tx.Rollback(context.Background())
+	l.conn.Release()
+	open, err := l.closed(standby, false)
+	require.NoError(l.t, err)
+	l.t.Logf("the standby lacks the closes of %d of the %d chunks whose completion River had yet to write", len(open), len(l.jobs))
 }

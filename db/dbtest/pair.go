@@ -91,3 +91,33 @@ func (p *Pair) Pool() *pgxpool.Pool {
 	p.Primary.tb.Cleanup(pool.Close)
 	return pool
 }
+
+// Detach stops the standby's streaming, as an asynchronous standby that
+// fell behind does: whatever the primary commits from now on never reaches
+// it. It waits until the standby's WAL receiver has stopped and the primary
+// no longer lists it.
+func (p *Pair) Detach() {
+	p.Standby.tb.Helper()
+	ctx := context.Background()
+	standby, primary := p.Standby.Pool(), p.Primary.Pool()
+	for _, q := range []string{"ALTER SYSTEM SET primary_conninfo = ''", "SELECT pg_reload_conf()"} {
+		if _, err := standby.Exec(ctx, q); err != nil {
+			p.Standby.tb.Fatalf("dbtest: detach the standby: %s: %v", q, err)
+		}
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		var receiving, streaming int
+		err := standby.QueryRow(ctx, "SELECT count(*) FROM pg_stat_wal_receiver").Scan(&receiving)
+		if err == nil {
+			err = primary.QueryRow(ctx, "SELECT count(*) FROM pg_stat_replication").Scan(&streaming)
+		}
+		if err == nil && receiving == 0 && streaming == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			p.Standby.tb.Fatalf("dbtest: the standby still streams a minute after it was detached: %v (receivers %d, senders %d)", err, receiving, streaming)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
