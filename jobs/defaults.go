@@ -198,6 +198,12 @@ const (
 	DefaultRetainBatchRows     = 10_000
 	DefaultRetainBatchMessages = 100
 	DefaultRetainBudget        = 20 * time.Second
+
+	// DefaultCompactAbove is the size above which the retention rebuilds
+	// the ledger's primary key once it is mostly emptied pages
+	// (db.CompactLedgerKey): about two million rows' worth, so a rebuild
+	// follows only a message of millions.
+	DefaultCompactAbove int64 = 64 << 20
 )
 
 // Webhooks (webhook.go, webhook_dispatch.go).

@@ -111,6 +111,11 @@ type RetainerConfig struct {
 	// Budget is how long one run works before it leaves the rest to the
 	// next run (DefaultRetainBudget when zero).
 	Budget time.Duration
+	// CompactAbove is the size above which the ledger's primary key is
+	// rebuilt once it is mostly emptied pages (db.CompactLedgerKey), by a
+	// run that found no message left to delete (DefaultCompactAbove when
+	// zero).
+	CompactAbove int64
 	// Now is the authoritative clock; the database's when nil.
 	Now func(ctx context.Context) (time.Time, error)
 }
@@ -133,6 +138,7 @@ func (c *RetainerConfig) withDefaults() {
 	c.BatchRows = cmp.Or(c.BatchRows, DefaultRetainBatchRows)
 	c.BatchMessages = cmp.Or(c.BatchMessages, DefaultRetainBatchMessages)
 	c.Budget = cmp.Or(c.Budget, DefaultRetainBudget)
+	c.CompactAbove = cmp.Or(c.CompactAbove, DefaultCompactAbove)
 }
 
 // validate names the first setting that no default can mend: a missing
@@ -155,6 +161,8 @@ func (c *RetainerConfig) validate() error {
 		return fmt.Errorf("jobs: RetainerConfig.BatchMessages is %d; it must not be negative (zero takes the default)", c.BatchMessages)
 	case c.Budget < 0:
 		return errNegative("RetainerConfig.Budget", c.Budget)
+	case c.CompactAbove < 0:
+		return fmt.Errorf("jobs: RetainerConfig.CompactAbove is %d; it must not be negative (zero takes the default)", c.CompactAbove)
 	}
 	return nil
 }
@@ -175,6 +183,9 @@ type Removed struct {
 	// retention were (their user and channel), which no message left
 	// names.
 	DeletedDevices int64
+	// LedgerKeyFreed is the bytes the rebuild of the ledger's primary key
+	// gave back (db.CompactLedgerKey), when there was one.
+	LedgerKeyFreed int64
 }
 
 // Run deletes what settled before now minus the retention, the devices
@@ -193,8 +204,13 @@ func (r *Retainer) Run(ctx context.Context) (Removed, error) {
 	q := db.On(c.Pool)
 	for time.Now().Before(deadline) {
 		more, err := c.messageBatch(ctx, q, cutoff, &removed)
-		if err != nil || !more {
-			if err != nil {
+		if err != nil {
+			return removed, err
+		}
+		if !more {
+			// Every message past the retention is gone: the ledger's key
+			// is rebuilt if they left it mostly empty.
+			if removed.LedgerKeyFreed, err = c.compactLedgerKey(ctx); err != nil {
 				return removed, err
 			}
 			break
@@ -286,6 +302,30 @@ func (r *Retainer) sweepCapHistories(ctx context.Context, q *db.Queries, deadlin
 	}
 	r.capBlock.Store(from)
 	return removed, nil
+}
+
+// compactLedgerKey rebuilds the ledger's primary key when it is mostly
+// emptied pages, and returns the bytes that gave back. A rebuild that
+// fails is logged, not returned: the rest of the retention goes on, and the
+// next run tries again (dropping what the failed one left).
+func (c RetainerConfig) compactLedgerKey(ctx context.Context) (int64, error) {
+	done, err := db.CompactLedgerKey(ctx, c.Pool, c.CompactAbove)
+	if done.Dropped > 0 {
+		c.Logger.WarnContext(ctx, "dropped an unfinished rebuild of the ledger's primary key", "indexes", done.Dropped)
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return 0, err
+		}
+		c.Logger.WarnContext(ctx, "the ledger's primary key was not rebuilt; the next retention run tries again", "error", err)
+		return 0, nil
+	}
+	if !done.Rebuilt {
+		return 0, nil
+	}
+	c.Logger.InfoContext(ctx, "rebuilt the ledger's primary key, mostly emptied by the retention",
+		"bytes_before", done.Before.Bytes, "bytes_after", done.After.Bytes)
+	return done.Before.Bytes - done.After.Bytes, nil
 }
 
 // deleted says what a batch was deleting in its error, if it has one.
@@ -442,7 +482,7 @@ func (w *RetainWorker) Work(ctx context.Context, _ *river.Job[RetainArgs]) error
 			"evicted_devices", removed.Devices, "audit_entries", removed.AuditEntries,
 			"dashboard_sessions", removed.Sessions, "webhook_events", removed.WebhookEvents,
 			"web_push_credentials", removed.Credentials, "cap_histories", removed.CapHistories,
-			"deleted_devices", removed.DeletedDevices)
+			"deleted_devices", removed.DeletedDevices, "ledger_key_bytes_freed", removed.LedgerKeyFreed)
 	}
 	return err
 }

@@ -431,3 +431,40 @@ func TestRetainerSweepsCapHistoriesARangeAtATime(t *testing.T) {
 	}
 	require.Equal(t, 299, b.count("SELECT count(*) FROM frequency_caps"))
 }
+
+// TestRetainerRebuildsTheLedgerKeyALargeMessageEmptied: once the retention
+// has deleted a large message and autovacuum has been through the ledger,
+// the next run finds the ledger's primary key mostly emptied pages and
+// rebuilds it (db.CompactLedgerKey), giving the space back.
+func TestRetainerRebuildsTheLedgerKeyALargeMessageEmptied(t *testing.T) {
+	t.Parallel()
+	b := setupRetain(t)
+	ctx := context.Background()
+	msg := b.message("large", 3*time.Hour, 0)
+	b.settle(msg, 2*time.Hour)
+	b.exec(`INSERT INTO deliveries (message_id, device_id, user_id, channel, chunk, due_at, status, accepted_at)
+	        SELECT $1, 1000000 + g, 'many', 'fcm', 1 + g / 500, now(), 'accepted', now() FROM generate_series(1, 200000) g`, msg.ID)
+	b.exec(`VACUUM (ANALYZE) deliveries`)
+	size := func() int64 {
+		s, err := db.ReadLedgerKeySize(ctx, b.db.Pool)
+		require.NoError(t, err)
+		return s.Bytes
+	}
+	before := size()
+	require.Greater(t, before, int64(4<<20))
+
+	now := func(context.Context) (time.Time, error) { return b.now, nil }
+	r := newRetainer(t, RetainerConfig{Pool: b.db.Pool, Logger: discard, Retention: time.Hour, Now: now, CompactAbove: 1 << 20})
+	first, err := r.Run(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, first.Messages)
+	require.EqualValues(t, 200_005, first.Deliveries)
+	// What autovacuum does after a mass delete; then the next run.
+	b.exec(`VACUUM (ANALYZE) deliveries`)
+	second, err := r.Run(ctx)
+	require.NoError(t, err)
+	freed := first.LedgerKeyFreed + second.LedgerKeyFreed
+	after := size()
+	require.Equal(t, before-after, freed)
+	require.Less(t, after, int64(1<<20), "the ledger's key kept %d bytes of %d", after, before)
+}
