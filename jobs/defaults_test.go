@@ -50,6 +50,7 @@ func TestServicesTakeTheDefaults(t *testing.T) {
 	require.Equal(t, RetainerConfig{
 		Pool: pool, Logger: discard, Retention: DefaultRetention, DeviceRetention: DefaultDeviceRetention, AuditRetention: DefaultAuditRetention,
 		BatchRows: DefaultRetainBatchRows, BatchMessages: DefaultRetainBatchMessages, Budget: DefaultRetainBudget,
+		CompactAbove: DefaultCompactAbove,
 	}, retainer.cfg)
 
 	materializer, err := NewMaterializer(&MaterializerConfig{Pool: pool, Logger: discard})
@@ -61,6 +62,7 @@ func TestServicesTakeTheDefaults(t *testing.T) {
 	reconciler, err := NewReconciler(&ReconcilerConfig{Pool: pool, Logger: discard})
 	require.NoError(t, err)
 	require.Equal(t, DefaultReconcileGrace, reconciler.cfg.Grace)
+	require.Equal(t, DefaultChunkTimeout+recordTimeout, reconciler.cfg.AttemptSpan)
 }
 
 // TestServicesNameTheSettingTheyRefuse: a service's constructor refuses a
@@ -106,6 +108,14 @@ func TestServicesNameTheSettingTheyRefuse(t *testing.T) {
 			_, err := NewReconciler(&ReconcilerConfig{Pool: pool, Logger: discard, Grace: -time.Minute})
 			return err
 		}, "ReconcilerConfig.Grace is -1m0s"},
+		{func() error {
+			_, err := NewReconciler(&ReconcilerConfig{Pool: pool, Logger: discard, AttemptSpan: -time.Second})
+			return err
+		}, "ReconcilerConfig.AttemptSpan is -1s"},
+		{func() error {
+			_, err := NewRetainer(&RetainerConfig{Pool: pool, Logger: discard, CompactAbove: -1})
+			return err
+		}, "RetainerConfig.CompactAbove is -1"},
 	} {
 		err := tc.build()
 		require.Error(t, err, tc.want)
