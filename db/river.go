@@ -295,6 +295,14 @@ func EndSilentLiveness(ctx context.Context, q DBTX, lease time.Duration) ([]int6
 	return keys, nil
 }
 
+// retryEntry is an entry of a River job's errors saying why Herald made
+// it available again (RetakeChunk, RetryUnclosedChunks), in River's own
+// shape, reason its parameter: River UI lists it among the attempt's
+// errors.
+func retryEntry(reason string) string {
+	return `array_append(errors, jsonb_build_object('at', now(), 'attempt', attempt, 'error', ` + reason + `::text, 'trace', ''))`
+}
+
 // RetakeChunk makes a running job whose worker is gone available again at
 // once, as River's rescuer would after RescueAfter, with an error entry
 // that says why: only if it is still running under the same client, so a
@@ -303,9 +311,7 @@ func EndSilentLiveness(ctx context.Context, q DBTX, lease time.Duration) ([]int6
 func RetakeChunk(ctx context.Context, q DBTX, c AbandonedChunk, reason string) (bool, error) {
 	tag, err := q.Exec(ctx, `
 		UPDATE river_job
-		SET state = 'available', scheduled_at = now(),
-		    errors = array_append(errors, jsonb_build_object(
-		        'at', now(), 'attempt', attempt, 'error', $3::text, 'trace', ''))
+		SET state = 'available', scheduled_at = now(), errors = `+retryEntry("$3")+`
 		WHERE id = $1 AND state = 'running'
 		  AND attempted_by[cardinality(attempted_by)] = $2`, c.ID, c.ClientID, reason)
 	if err != nil {
@@ -352,9 +358,7 @@ func RetryUnclosedChunks(ctx context.Context, q DBTX, span time.Duration, reason
 		UPDATE river_job j
 		SET state = 'available', scheduled_at = now(), finalized_at = NULL,
 		    max_attempts = CASE WHEN j.attempt >= j.max_attempts THEN j.attempt + 1 ELSE j.max_attempts END,
-		    metadata = j.metadata - 'cancel_attempted_at',
-		    errors = array_append(j.errors, jsonb_build_object(
-		        'at', now(), 'attempt', j.attempt, 'error', $2::text, 'trace', ''))
+		    metadata = j.metadata - 'cancel_attempted_at', errors = `+retryEntry("$2")+`
 		FROM unclosed u
 		WHERE j.id = u.id AND j.state = 'completed'
 		RETURNING j.id, j.queue, u.message_id, u.chunk`, span, reason)

@@ -93,13 +93,24 @@ func (p *Pair) Pool() *pgxpool.Pool {
 }
 
 // Detach stops the standby's streaming, as an asynchronous standby that
-// fell behind does: whatever the primary commits from now on never reaches
+// fell behind does: it has replayed whatever the primary committed before
+// the call, and whatever the primary commits from then on never reaches
 // it. It waits until the standby's WAL receiver has stopped and the primary
 // no longer lists it.
 func (p *Pair) Detach() {
 	p.Standby.tb.Helper()
 	ctx := context.Background()
 	standby, primary := p.Standby.Pool(), p.Primary.Pool()
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(time.Millisecond) {
+		var caughtUp bool
+		err := primary.QueryRow(ctx, "SELECT bool_and(replay_lsn >= pg_current_wal_lsn()) FROM pg_stat_replication").Scan(&caughtUp)
+		if err == nil && caughtUp {
+			break
+		}
+		if time.Now().After(deadline) {
+			p.Standby.tb.Fatalf("dbtest: the standby did not catch up within a minute: %v", err)
+		}
+	}
 	for _, q := range []string{"ALTER SYSTEM SET primary_conninfo = ''", "SELECT pg_reload_conf()"} {
 		if _, err := standby.Exec(ctx, q); err != nil {
 			p.Standby.tb.Fatalf("dbtest: detach the standby: %s: %v", q, err)
