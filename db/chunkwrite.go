@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"math"
 	"slices"
 	"time"
 
@@ -162,12 +164,15 @@ type ChunkWritten struct {
 // timings, the commit), and on a busy machine chunks queued behind each
 // other for seconds. Pipelined, the locks are held on the server only. The
 // messages' rows are locked first, in the order of their ids, so that two
-// processes' writes never wait for each other in a cycle; then every
-// message's deliveries and counters move in one statement (RecordResults:
-// its cost per statement was paid once per message before, which made a
-// write of twenty messages cost twenty); then the chunks' timings and the
-// settle checks. Its statements run on their generic plans
-// (UseGenericPlans). out[i] is what ws[i] did.
+// processes' writes never wait for each other in a cycle. Then every
+// message's deliveries are written in one or two statements (their cost
+// per statement was paid once per message before, which made a write of
+// twenty messages cost twenty): the results marked first, nearly all of
+// them, by InsertFirstResults, counted here (firstCounts) and added to
+// their messages' counters by AddResultCounts; the others, which may meet
+// a row, by RecordResults, which counts in the database what it changed.
+// Then the chunks' timings and the settle checks. Its statements run on
+// their generic plans (UseGenericPlans). out[i] is what ws[i] did.
 func WriteChunks(ctx context.Context, pool *pgxpool.Pool, ws []ChunkWrite) ([]ChunkWritten, error) {
 	order := make([]int, len(ws))
 	ids := make([]int64, len(ws))
@@ -181,6 +186,14 @@ func WriteChunks(ctx context.Context, pool *pgxpool.Pool, ws []ChunkWrite) ([]Ch
 	results = results.once()
 	slices.SortFunc(order, func(i, j int) int { return cmp.Compare(ws[i].MessageID, ws[j].MessageID) })
 	out := make([]ChunkWritten, len(ws))
+	var first InsertFirstResultsParams
+	var counted []AddResultCountsParams
+	var rest RecordResultsParams
+	split := func() {
+		first, rest = results.splitFirst()
+		counted = firstCounts(first)
+	}
+	split()
 	build := func(b *pgx.Batch) {
 		clear(out)
 		b.Queue(commitWithoutWaitingForDisk)
@@ -191,10 +204,14 @@ func WriteChunks(ctx context.Context, pool *pgxpool.Pool, ws []ChunkWrite) ([]Ch
 				b.Queue(evictDevices, e.SentAfter, e.Ids, e.Reasons, ws[i].MessageID)
 			}
 		}
-		if len(results.DeviceIds) > 0 {
-			b.Queue(recordResults, results.MessageIds, results.DeviceIds, results.UserIds, results.Channels,
-				results.Chunks, results.DueUs, results.Statuses, results.Reasons, results.AttemptedUs,
-				results.AcceptedUs, results.NotBeforeUs, results.First, results.WantFailed, results.WantWithheld).Query(func(rows pgx.Rows) error {
+		if len(first.DeviceIds) > 0 {
+			b.Queue(insertFirstResults, first.MessageIds, first.DeviceIds, first.UserIds, first.Channels, first.Chunks,
+				first.DueUs, first.Statuses, first.Reasons, first.AttemptedUs, first.AcceptedUs, first.NotBeforeUs)
+		}
+		if len(rest.DeviceIds) > 0 {
+			b.Queue(recordResults, rest.MessageIds, rest.DeviceIds, rest.UserIds, rest.Channels,
+				rest.Chunks, rest.DueUs, rest.Statuses, rest.Reasons, rest.AttemptedUs,
+				rest.AcceptedUs, rest.NotBeforeUs, rest.First, rest.WantFailed, rest.WantWithheld).Query(func(rows pgx.Rows) error {
 				for rows.Next() {
 					var r RecordResultsRow
 					if err := rows.Scan(&r.MessageID, &r.PendingCount, &r.Accepted, &r.Failed, &r.Expired); err != nil {
@@ -202,12 +219,26 @@ func WriteChunks(ctx context.Context, pool *pgxpool.Pool, ws []ChunkWrite) ([]Ch
 					}
 					for i, w := range ws {
 						if w.MessageID == r.MessageID {
-							out[i].Accepted, out[i].Failed, out[i].Expired = r.Accepted, r.Failed, r.Expired
+							out[i].Accepted += r.Accepted
+							out[i].Failed += r.Failed
+							out[i].Expired += r.Expired
 						}
 					}
 				}
 				return rows.Err()
 			})
+		}
+		// In the order of the messages' ids, as they were locked.
+		for _, c := range counted {
+			b.Queue(addResultCounts, c.MessageID, c.Accepted, c.Failed, c.Expired, c.Cancelled, c.OptedOut,
+				c.Capped, c.QuietHours, c.Buckets, c.Counts)
+			for i, w := range ws {
+				if w.MessageID == c.MessageID {
+					out[i].Accepted += c.Accepted
+					out[i].Failed += c.Failed
+					out[i].Expired += c.Expired
+				}
+			}
 		}
 		for _, i := range order {
 			for _, c := range ws[i].Chunks {
@@ -228,6 +259,7 @@ func WriteChunks(ctx context.Context, pool *pgxpool.Pool, ws []ChunkWrite) ([]Ch
 		// A delivery the chunk read without a row has one now: the write
 		// rolled back whole, and runs again as one whose rows may exist.
 		results = results.noneFirst()
+		split()
 		err = inBatch(ctx, pool, build)
 	}
 	if err != nil {
@@ -237,6 +269,116 @@ func WriteChunks(ctx context.Context, pool *pgxpool.Pool, ws []ChunkWrite) ([]Ch
 		return nil, fmt.Errorf("write results of %d messages: %w", len(ws), err)
 	}
 	return out, nil
+}
+
+// splitFirst parts p into the results InsertFirstResults writes (marked
+// first, and wanting no webhook event) and those RecordResults writes:
+// the ones that may meet a row, and the failures and withheld deliveries
+// a webhook wants events of, which RecordResults writes with their rows.
+func (p RecordResultsParams) splitFirst() (first InsertFirstResultsParams, rest RecordResultsParams) {
+	rest = RecordResultsParams{WantFailed: p.WantFailed, WantWithheld: p.WantWithheld}
+	for i := range p.DeviceIds {
+		status, reason := p.Statuses[i], p.Reasons[i]
+		event := (p.WantFailed && status == "failed") || (p.WantWithheld && withheld(status, reason) != "")
+		if !p.First[i] || event {
+			rest.row(&p, i)
+			continue
+		}
+		first.MessageIds = append(first.MessageIds, p.MessageIds[i])
+		first.DeviceIds = append(first.DeviceIds, p.DeviceIds[i])
+		first.UserIds = append(first.UserIds, p.UserIds[i])
+		first.Channels = append(first.Channels, p.Channels[i])
+		first.Chunks = append(first.Chunks, p.Chunks[i])
+		first.DueUs = append(first.DueUs, p.DueUs[i])
+		first.Statuses = append(first.Statuses, status)
+		first.Reasons = append(first.Reasons, reason)
+		first.AttemptedUs = append(first.AttemptedUs, p.AttemptedUs[i])
+		first.AcceptedUs = append(first.AcceptedUs, p.AcceptedUs[i])
+		first.NotBeforeUs = append(first.NotBeforeUs, p.NotBeforeUs[i])
+	}
+	return first, rest
+}
+
+// withheld is the reason a delivery of status and reason was withheld for
+// its user's sake, as the message's counters count it (migration 0024),
+// or "".
+func withheld(status, reason string) string {
+	if status != "cancelled" && status != "expired" {
+		return ""
+	}
+	switch reason {
+	case "opted_out", "quiet_hours", "capped":
+		return reason
+	}
+	return ""
+}
+
+// firstCounts counts the results InsertFirstResults writes, as
+// RecordResults counts the rows it writes: by message (in the order of
+// their ids) and status, those withheld by reason, the accepted ones by
+// the bucket of their skew (skewBucket). A pending result moves no count.
+func firstCounts(p InsertFirstResultsParams) []AddResultCountsParams {
+	byMessage := map[int64]*AddResultCountsParams{}
+	buckets := map[int64]map[int32]int32{}
+	for i, id := range p.MessageIds {
+		c := byMessage[id]
+		if c == nil {
+			c = &AddResultCountsParams{MessageID: id}
+			byMessage[id] = c
+			buckets[id] = map[int32]int32{}
+		}
+		switch p.Statuses[i] {
+		case "accepted":
+			c.Accepted++
+			buckets[id][skewBucket(p.AcceptedUs[i]-p.DueUs[i])]++
+		case "failed":
+			c.Failed++
+		case "expired":
+			c.Expired++
+		case "cancelled":
+			c.Cancelled++
+		}
+		switch withheld(p.Statuses[i], p.Reasons[i]) {
+		case "opted_out":
+			c.OptedOut++
+		case "capped":
+			c.Capped++
+		case "quiet_hours":
+			c.QuietHours++
+		}
+	}
+	out := make([]AddResultCountsParams, 0, len(byMessage))
+	for id, c := range byMessage {
+		for _, k := range slices.Sorted(maps.Keys(buckets[id])) {
+			c.Buckets = append(c.Buckets, k)
+			c.Counts = append(c.Counts, buckets[id][k])
+		}
+		if c.Accepted+c.Failed+c.Expired+c.Cancelled > 0 {
+			out = append(out, *c)
+		}
+	}
+	slices.SortFunc(out, func(a, b AddResultCountsParams) int { return cmp.Compare(a.MessageID, b.MessageID) })
+	return out
+}
+
+// skewBucket is skew_histogram_bucket (migration 0019) of a skew of us
+// microseconds, as RecordResults computes it: the skew in milliseconds as
+// date_part('epoch', accepted_at - due_at) * 1000 gives it (the interval
+// carries whole days apart from the rest), then bucket 1 under 1 ms and
+// one more for every 10% above, up to 194. TestSkewBucketIsTheDatabases
+// holds the two to the same answers.
+func skewBucket(us int64) int32 {
+	const day = 86_400_000_000
+	days, rest := us/day, us%day
+	seconds := float64(rest) / 1_000_000.0
+	if days != 0 {
+		seconds += 86_400 * float64(days)
+	}
+	ms := seconds * 1000
+	if !(ms >= 1) {
+		return 1
+	}
+	return int32(min(2+math.Floor(math.Log(ms)/0.09531017980432487), 194))
 }
 
 // firstRowExists says err is RecordResults' plain insert of a result

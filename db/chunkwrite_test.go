@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"testing"
@@ -465,7 +466,11 @@ func TestSettleStoresExactPercentiles(t *testing.T) {
 // is made again as the upsert. Rows, counters, skew histogram and webhook
 // events come out the same in all three, and a row settled before is
 // neither changed nor counted again. One result is accepted 1,210 µs
-// after its due time, on the edge of a histogram bucket (1.1² ms).
+// after its due time, on the edge of a histogram bucket (1.1² ms). The
+// same writes again with no webhook wanting events: then the failures and
+// withheld deliveries marked first are written and counted as the
+// accepted ones are (InsertFirstResults, counted by db.WriteChunks), and
+// must come out as the upsert's.
 func TestFirstResultsWriteAsTheUpsert(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -481,10 +486,10 @@ func TestFirstResultsWriteAsTheUpsert(t *testing.T) {
 			WITH p AS (INSERT INTO payloads (content) VALUES ('{}') RETURNING id)
 			INSERT INTO messages (state, priority, dispatch_at, expires_at, payload_id, audience, device_count, chunk_count,
 			                      pending_count, accepted_count)
-			SELECT 'dispatching', 'bulk', $1, $1::timestamptz + interval '1 hour', p.id, '{}', 6, 1, 5, 1 FROM p
+			SELECT 'dispatching', 'bulk', $1, $1::timestamptz + interval '1 hour', p.id, '{}', 7, 1, 6, 1 FROM p
 			RETURNING id`, due).Scan(&id))
 		// Device 1 was throttled (pending, its row written), device 2
-		// accepted by an earlier write; 3 to 6 have no row yet.
+		// accepted by an earlier write; 3 to 7 have no row yet.
 		_, err := tdb.Pool.Exec(ctx, `
 			INSERT INTO deliveries (message_id, device_id, user_id, channel, chunk, due_at, status, reason, attempt,
 			                        attempted_at, accepted_at, not_before)
@@ -493,8 +498,8 @@ func TestFirstResultsWriteAsTheUpsert(t *testing.T) {
 		require.NoError(t, err)
 		return id
 	}
-	write := func(id int64, first func(device int64) bool) {
-		w := db.ChunkWrite{MessageID: id, FailureEvents: true, WithheldEvents: true}
+	write := func(id int64, events bool, first func(device int64) bool) {
+		w := db.ChunkWrite{MessageID: id, FailureEvents: events, WithheldEvents: events}
 		key := func(device int64, channel string) db.DeliveryKey {
 			return db.DeliveryKey{MessageID: id, DeviceID: device, UserID: fmt.Sprintf("u%d", device), Channel: channel,
 				DueUs: dueUs, First: first(device)}
@@ -505,9 +510,10 @@ func TestFirstResultsWriteAsTheUpsert(t *testing.T) {
 		w.Results.Add(key(4, "fcm"), "failed", "bad_token", dueUs+30_000, 0)
 		w.Results.Add(key(5, "webpush"), "cancelled", "opted_out", 0, 0)
 		w.Results.AddThrottled(key(6, "fcm"), "rate_limited", dueUs+40_000, dueUs+2_000_000)
+		w.Results.Add(key(7, "webpush"), "expired", "quiet_hours", 0, 0)
 		out, err := db.WriteChunks(ctx, tdb.Pool, []db.ChunkWrite{w})
 		require.NoError(t, err)
-		require.Equal(t, db.ChunkWritten{Accepted: 2, Failed: 1}, out[0], "device 2 was settled before: not counted again")
+		require.Equal(t, db.ChunkWritten{Accepted: 2, Failed: 1, Expired: 1}, out[0], "device 2 was settled before: not counted again")
 	}
 	type state struct {
 		Counters []int32
@@ -517,11 +523,13 @@ func TestFirstResultsWriteAsTheUpsert(t *testing.T) {
 	}
 	read := func(id int64) state {
 		var s state
-		var pending, accepted, failed, cancelled, optedOut int32
+		var pending, accepted, failed, expired, cancelled, optedOut, quietHours, capped int32
 		require.NoError(t, tdb.Pool.QueryRow(ctx, `
-			SELECT pending_count, accepted_count, failed_count, cancelled_count, opted_out_count, skew_histogram::text
-			FROM messages WHERE id = $1`, id).Scan(&pending, &accepted, &failed, &cancelled, &optedOut, &s.Skews))
-		s.Counters = []int32{pending, accepted, failed, cancelled, optedOut}
+			SELECT pending_count, accepted_count, failed_count, expired_count, cancelled_count, opted_out_count,
+			       quiet_hours_count, capped_count, skew_histogram::text
+			FROM messages WHERE id = $1`, id).Scan(&pending, &accepted, &failed, &expired, &cancelled, &optedOut,
+			&quietHours, &capped, &s.Skews))
+		s.Counters = []int32{pending, accepted, failed, expired, cancelled, optedOut, quietHours, capped}
 		rows, err := tdb.Pool.Query(ctx, `
 			SELECT concat_ws(' ', device_id, user_id, channel, status, coalesce(reason, '-'), attempt,
 			                 coalesce((attempted_at - due_at)::text, '-'), coalesce((accepted_at - due_at)::text, '-'),
@@ -540,11 +548,12 @@ func TestFirstResultsWriteAsTheUpsert(t *testing.T) {
 	}
 
 	marked, upsert, wrong := message(), message(), message()
-	write(marked, func(device int64) bool { return device > 2 })
-	write(upsert, func(int64) bool { return false })
-	write(wrong, func(int64) bool { return true })
+	write(marked, true, func(device int64) bool { return device > 2 })
+	write(upsert, true, func(int64) bool { return false })
+	write(wrong, true, func(int64) bool { return true })
 	want := read(upsert)
-	require.Equal(t, []int32{1, 3, 1, 1, 1}, want.Counters, "pending, accepted, failed, cancelled, opted out")
+	require.Equal(t, []int32{1, 3, 1, 1, 1, 1, 1, 0}, want.Counters,
+		"pending, accepted, failed, expired, cancelled, opted out, quiet hours, capped")
 	require.Equal(t, []string{
 		"1 u1 fcm accepted - 2 00:00:00.1 00:00:00.12 -",
 		"2 u2 apns accepted - 1 00:00:00 00:00:00.005 -",
@@ -552,8 +561,59 @@ func TestFirstResultsWriteAsTheUpsert(t *testing.T) {
 		"4 u4 fcm failed bad_token 1 00:00:00.03 - -",
 		"5 u5 webpush cancelled opted_out 0 - - -",
 		"6 u6 fcm pending rate_limited 1 00:00:00.04 - 00:00:02",
+		"7 u7 webpush expired quiet_hours 0 - - -",
 	}, want.Rows)
-	require.Equal(t, []string{"delivery.failed 4 u4 bad_token", "delivery.withheld 5 u5 opted_out"}, want.Events)
+	require.Equal(t, []string{"delivery.failed 4 u4 bad_token", "delivery.withheld 5 u5 opted_out",
+		"delivery.withheld 7 u7 quiet_hours"}, want.Events)
 	require.Equal(t, want, read(marked), "the results marked first")
 	require.Equal(t, want, read(wrong), "every result marked first, two of them with rows")
+
+	// No webhook wants events: nothing routes the failure and the withheld
+	// deliveries to the upsert.
+	_, err = tdb.Pool.Exec(ctx, "DELETE FROM webhook_events")
+	require.NoError(t, err)
+	quietMarked, quietUpsert := message(), message()
+	write(quietMarked, false, func(device int64) bool { return device > 2 })
+	write(quietUpsert, false, func(int64) bool { return false })
+	want.Events = []string{}
+	require.Equal(t, want, read(quietUpsert))
+	require.Equal(t, want, read(quietMarked), "the results marked first, no events wanted")
+}
+
+// TestSkewBucketIsTheDatabases holds db.WriteChunks' own count of the
+// accepted results it inserts (skewBucket) to RecordResults' count in the
+// database: the bucket of skew_histogram_bucket for the skew
+// date_part('epoch', accepted_at - due_at) * 1000, on every bucket's edges
+// (to the microsecond either side), under a millisecond, below zero and
+// over a day (the interval carries its days apart).
+func TestSkewBucketIsTheDatabases(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tdb := dbtest.New(t)
+	skews := []int64{-90_000_000_000, -1, 0, 1, 999, 1_000, 1_001, 86_400_000_000, 86_400_000_001, 93_600_123_456,
+		200 * 86_400_000_000}
+	for k := 1; k <= 200; k++ {
+		edge := int64(math.Round(1_000 * math.Pow(1.1, float64(k))))
+		skews = append(skews, edge-1, edge, edge+1)
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 2_000 {
+		skews = append(skews, rng.Int64N(120_000_000))
+	}
+	const due = int64(1_796_000_000_000_000)
+	rows, err := tdb.Pool.Query(ctx, `
+		SELECT s, skew_histogram_bucket(date_part('epoch', (to_timestamp(0) + ($1::bigint + s) * interval '1 microsecond')
+		                                               - (to_timestamp(0) + $1::bigint * interval '1 microsecond')) * 1000)
+		FROM unnest($2::bigint[]) s`, due, skews)
+	require.NoError(t, err)
+	type bucketed struct {
+		Skew   int64
+		Bucket int32
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[bucketed])
+	require.NoError(t, err)
+	require.Len(t, got, len(skews))
+	for _, g := range got {
+		require.Equal(t, g.Bucket, db.SkewBucket(g.Skew), "a skew of %d µs", g.Skew)
+	}
 }

@@ -12,6 +12,59 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
+const addResultCounts = `-- name: AddResultCounts :exec
+UPDATE messages m
+SET pending_count = m.pending_count - c.accepted - c.failed - c.expired - c.cancelled,
+    accepted_count = m.accepted_count + c.accepted,
+    failed_count = m.failed_count + c.failed,
+    expired_count = m.expired_count + c.expired,
+    cancelled_count = m.cancelled_count + c.cancelled,
+    opted_out_count = m.opted_out_count + c.opted_out,
+    capped_count = m.capped_count + c.capped,
+    quiet_hours_count = m.quiet_hours_count + c.quiet_hours,
+    skew_histogram = CASE WHEN c.accepted = 0 THEN m.skew_histogram
+                          ELSE skew_histogram_add(m.skew_histogram, c.buckets, c.counts) END
+FROM (SELECT $1::bigint AS message_id, $2::integer AS accepted, $3::integer AS failed,
+             $4::integer AS expired, $5::integer AS cancelled, $6::integer AS opted_out,
+             $7::integer AS capped, $8::integer AS quiet_hours,
+             $9::integer[] AS buckets, $10::integer[] AS counts) c
+WHERE m.id = c.message_id
+`
+
+type AddResultCountsParams struct {
+	MessageID  int64
+	Accepted   int32
+	Failed     int32
+	Expired    int32
+	Cancelled  int32
+	OptedOut   int32
+	Capped     int32
+	QuietHours int32
+	Buckets    []int32
+	Counts     []int32
+}
+
+// Moves a message's counters by the results InsertFirstResults wrote, as
+// db.WriteChunks counted them: by status, those withheld for their users'
+// sake by reason, and the accepted ones by the bucket of their skew in the
+// message's histogram (skew_histogram_bucket's buckets; counts holds how
+// many skews fell in each).
+func (q *Queries) AddResultCounts(ctx context.Context, arg AddResultCountsParams) error {
+	_, err := q.db.Exec(ctx, addResultCounts,
+		arg.MessageID,
+		arg.Accepted,
+		arg.Failed,
+		arg.Expired,
+		arg.Cancelled,
+		arg.OptedOut,
+		arg.Capped,
+		arg.QuietHours,
+		arg.Buckets,
+		arg.Counts,
+	)
+	return err
+}
+
 const chunkPending = `-- name: ChunkPending :many
 SELECT d.device_id, d.attempt, d.channel, d.locale,
        coalesce(v.token, '')::text AS token, v.p256dh, v.auth,
@@ -334,6 +387,71 @@ func (q *Queries) EvictDevices(ctx context.Context, arg EvictDevicesParams) (int
 	var count int64
 	err := row.Scan(&count)
 	return count, err
+}
+
+const insertFirstResults = `-- name: InsertFirstResults :exec
+INSERT INTO deliveries (message_id, device_id, user_id, channel, chunk, due_at, status, reason,
+                        attempt, attempted_at, accepted_at, not_before)
+SELECT i.message_id, i.device_id, i.user_id, i.channel, i.chunk,
+       to_timestamp(0) + i.due_us * interval '1 microsecond',
+       i.status,
+       CASE WHEN i.status = 'accepted' OR i.reason = '' THEN NULL ELSE i.reason END,
+       (CASE WHEN i.attempted_us = 0 THEN 0 ELSE 1 END)::smallint,
+       CASE WHEN i.attempted_us = 0 THEN NULL
+            ELSE to_timestamp(0) + i.attempted_us * interval '1 microsecond' END,
+       CASE WHEN i.accepted_us = 0 THEN NULL
+            ELSE to_timestamp(0) + i.accepted_us * interval '1 microsecond' END,
+       CASE WHEN i.not_before_us = 0 THEN NULL
+            ELSE to_timestamp(0) + i.not_before_us * interval '1 microsecond' END
+FROM (SELECT unnest($1::bigint[]) AS message_id,
+             unnest($2::bigint[]) AS device_id,
+             unnest($3::text[]) AS user_id,
+             unnest($4::text[]) AS channel,
+             unnest($5::integer[]) AS chunk,
+             unnest($6::bigint[]) AS due_us,
+             unnest($7::text[]) AS status,
+             unnest($8::text[]) AS reason,
+             unnest($9::bigint[]) AS attempted_us,
+             unnest($10::bigint[]) AS accepted_us,
+             unnest($11::bigint[]) AS not_before_us) i
+`
+
+type InsertFirstResultsParams struct {
+	MessageIds  []int64
+	DeviceIds   []int64
+	UserIds     []string
+	Channels    []string
+	Chunks      []int32
+	DueUs       []int64
+	Statuses    []string
+	Reasons     []string
+	AttemptedUs []int64
+	AcceptedUs  []int64
+	NotBeforeUs []int64
+}
+
+// Writes the results of deliveries whose chunk read no row of them (a
+// snapshot's devices on a chunk's first attempt: nearly every result), as
+// RecordResults' plain insert does, and nothing else: db.WriteChunks counts
+// them itself, since every row given is a row written (a row that appeared
+// since fails the statement on the primary key, and the write runs again
+// through RecordResults). RecordResults' reading back of what it wrote, to
+// count it by status and skew, cost as much a row as the insert.
+func (q *Queries) InsertFirstResults(ctx context.Context, arg InsertFirstResultsParams) error {
+	_, err := q.db.Exec(ctx, insertFirstResults,
+		arg.MessageIds,
+		arg.DeviceIds,
+		arg.UserIds,
+		arg.Channels,
+		arg.Chunks,
+		arg.DueUs,
+		arg.Statuses,
+		arg.Reasons,
+		arg.AttemptedUs,
+		arg.AcceptedUs,
+		arg.NotBeforeUs,
+	)
+	return err
 }
 
 const lockMessage = `-- name: LockMessage :one

@@ -12,6 +12,9 @@ var (
 	HeldDeliveriesSQL = heldDeliveries
 )
 
+// SkewBucket is db.WriteChunks' own count of a skew's histogram bucket.
+var SkewBucket = skewBucket
+
 // ExpandGeneral is ExpandAudience's general statement, which a plain
 // message's expansion (expandSnapshot) must agree with.
 var ExpandGeneral = expand

@@ -277,6 +277,62 @@ FROM counts c
 WHERE m.id = c.message_id
 RETURNING m.id AS message_id, m.pending_count, c.accepted, c.failed, c.expired;
 
+-- name: InsertFirstResults :exec
+-- Writes the results of deliveries whose chunk read no row of them (a
+-- snapshot's devices on a chunk's first attempt: nearly every result), as
+-- RecordResults' plain insert does, and nothing else: db.WriteChunks counts
+-- them itself, since every row given is a row written (a row that appeared
+-- since fails the statement on the primary key, and the write runs again
+-- through RecordResults). RecordResults' reading back of what it wrote, to
+-- count it by status and skew, cost as much a row as the insert.
+INSERT INTO deliveries (message_id, device_id, user_id, channel, chunk, due_at, status, reason,
+                        attempt, attempted_at, accepted_at, not_before)
+SELECT i.message_id, i.device_id, i.user_id, i.channel, i.chunk,
+       to_timestamp(0) + i.due_us * interval '1 microsecond',
+       i.status,
+       CASE WHEN i.status = 'accepted' OR i.reason = '' THEN NULL ELSE i.reason END,
+       (CASE WHEN i.attempted_us = 0 THEN 0 ELSE 1 END)::smallint,
+       CASE WHEN i.attempted_us = 0 THEN NULL
+            ELSE to_timestamp(0) + i.attempted_us * interval '1 microsecond' END,
+       CASE WHEN i.accepted_us = 0 THEN NULL
+            ELSE to_timestamp(0) + i.accepted_us * interval '1 microsecond' END,
+       CASE WHEN i.not_before_us = 0 THEN NULL
+            ELSE to_timestamp(0) + i.not_before_us * interval '1 microsecond' END
+FROM (SELECT unnest(@message_ids::bigint[]) AS message_id,
+             unnest(@device_ids::bigint[]) AS device_id,
+             unnest(@user_ids::text[]) AS user_id,
+             unnest(@channels::text[]) AS channel,
+             unnest(@chunks::integer[]) AS chunk,
+             unnest(@due_us::bigint[]) AS due_us,
+             unnest(@statuses::text[]) AS status,
+             unnest(@reasons::text[]) AS reason,
+             unnest(@attempted_us::bigint[]) AS attempted_us,
+             unnest(@accepted_us::bigint[]) AS accepted_us,
+             unnest(@not_before_us::bigint[]) AS not_before_us) i;
+
+-- name: AddResultCounts :exec
+-- Moves a message's counters by the results InsertFirstResults wrote, as
+-- db.WriteChunks counted them: by status, those withheld for their users'
+-- sake by reason, and the accepted ones by the bucket of their skew in the
+-- message's histogram (skew_histogram_bucket's buckets; counts holds how
+-- many skews fell in each).
+UPDATE messages m
+SET pending_count = m.pending_count - c.accepted - c.failed - c.expired - c.cancelled,
+    accepted_count = m.accepted_count + c.accepted,
+    failed_count = m.failed_count + c.failed,
+    expired_count = m.expired_count + c.expired,
+    cancelled_count = m.cancelled_count + c.cancelled,
+    opted_out_count = m.opted_out_count + c.opted_out,
+    capped_count = m.capped_count + c.capped,
+    quiet_hours_count = m.quiet_hours_count + c.quiet_hours,
+    skew_histogram = CASE WHEN c.accepted = 0 THEN m.skew_histogram
+                          ELSE skew_histogram_add(m.skew_histogram, c.buckets, c.counts) END
+FROM (SELECT @message_id::bigint AS message_id, @accepted::integer AS accepted, @failed::integer AS failed,
+             @expired::integer AS expired, @cancelled::integer AS cancelled, @opted_out::integer AS opted_out,
+             @capped::integer AS capped, @quiet_hours::integer AS quiet_hours,
+             @buckets::integer[] AS buckets, @counts::integer[] AS counts) c
+WHERE m.id = c.message_id;
+
 -- name: LockMessages :exec
 -- Locks messages' rows in the order of their ids, so that two ledger
 -- writes of the same messages (two processes, or a write and a cancel)
