@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"math"
 	"slices"
 	"time"
@@ -165,14 +164,14 @@ type ChunkWritten struct {
 // other for seconds. Pipelined, the locks are held on the server only. The
 // messages' rows are locked first, in the order of their ids, so that two
 // processes' writes never wait for each other in a cycle. Then every
-// message's deliveries are written in one or two statements (their cost
-// per statement was paid once per message before, which made a write of
-// twenty messages cost twenty): the results marked first, nearly all of
-// them, by InsertFirstResults, counted here (firstCounts) and added to
-// their messages' counters by AddResultCounts; the others, which may meet
-// a row, by RecordResults, which counts in the database what it changed.
-// Then the chunks' timings and the settle checks. Its statements run on
-// their generic plans (UseGenericPlans). out[i] is what ws[i] did.
+// message's deliveries are written in two statements (their cost per
+// statement was paid once per message before, which made a write of twenty
+// messages cost twenty): the results marked first, nearly all of them, by
+// InsertFirstResults, counted here (splitFirst); then the others, which
+// may meet a row, by RecordResults, which counts what it changed, adds the
+// counts of the first ones and moves the messages' counters. Then the
+// chunks' timings and the settle checks. Its statements run on their
+// generic plans (UseGenericPlans). out[i] is what ws[i] did.
 func WriteChunks(ctx context.Context, pool *pgxpool.Pool, ws []ChunkWrite) ([]ChunkWritten, error) {
 	order := make([]int, len(ws))
 	ids := make([]int64, len(ws))
@@ -186,14 +185,7 @@ func WriteChunks(ctx context.Context, pool *pgxpool.Pool, ws []ChunkWrite) ([]Ch
 	results = results.once()
 	slices.SortFunc(order, func(i, j int) int { return cmp.Compare(ws[i].MessageID, ws[j].MessageID) })
 	out := make([]ChunkWritten, len(ws))
-	var first InsertFirstResultsParams
-	var counted []AddResultCountsParams
-	var rest RecordResultsParams
-	split := func() {
-		first, rest = results.splitFirst()
-		counted = firstCounts(first)
-	}
-	split()
+	first, rest := results.splitFirst()
 	build := func(b *pgx.Batch) {
 		clear(out)
 		b.Queue(commitWithoutWaitingForDisk)
@@ -208,10 +200,11 @@ func WriteChunks(ctx context.Context, pool *pgxpool.Pool, ws []ChunkWrite) ([]Ch
 			b.Queue(insertFirstResults, first.MessageIds, first.DeviceIds, first.UserIds, first.Channels, first.Chunks,
 				first.DueUs, first.Statuses, first.Reasons, first.AttemptedUs, first.AcceptedUs, first.NotBeforeUs)
 		}
-		if len(rest.DeviceIds) > 0 {
+		if len(rest.DeviceIds) > 0 || len(rest.CountedN) > 0 {
 			b.Queue(recordResults, rest.MessageIds, rest.DeviceIds, rest.UserIds, rest.Channels,
 				rest.Chunks, rest.DueUs, rest.Statuses, rest.Reasons, rest.AttemptedUs,
-				rest.AcceptedUs, rest.NotBeforeUs, rest.First, rest.WantFailed, rest.WantWithheld).Query(func(rows pgx.Rows) error {
+				rest.AcceptedUs, rest.NotBeforeUs, rest.First, rest.WantFailed, rest.WantWithheld,
+				rest.CountedMessageIds, rest.CountedStatuses, rest.CountedBuckets, rest.CountedWithheld, rest.CountedN).Query(func(rows pgx.Rows) error {
 				for rows.Next() {
 					var r RecordResultsRow
 					if err := rows.Scan(&r.MessageID, &r.PendingCount, &r.Accepted, &r.Failed, &r.Expired); err != nil {
@@ -219,26 +212,12 @@ func WriteChunks(ctx context.Context, pool *pgxpool.Pool, ws []ChunkWrite) ([]Ch
 					}
 					for i, w := range ws {
 						if w.MessageID == r.MessageID {
-							out[i].Accepted += r.Accepted
-							out[i].Failed += r.Failed
-							out[i].Expired += r.Expired
+							out[i].Accepted, out[i].Failed, out[i].Expired = r.Accepted, r.Failed, r.Expired
 						}
 					}
 				}
 				return rows.Err()
 			})
-		}
-		// In the order of the messages' ids, as they were locked.
-		for _, c := range counted {
-			b.Queue(addResultCounts, c.MessageID, c.Accepted, c.Failed, c.Expired, c.Cancelled, c.OptedOut,
-				c.Capped, c.QuietHours, c.Buckets, c.Counts)
-			for i, w := range ws {
-				if w.MessageID == c.MessageID {
-					out[i].Accepted += c.Accepted
-					out[i].Failed += c.Failed
-					out[i].Expired += c.Expired
-				}
-			}
 		}
 		for _, i := range order {
 			for _, c := range ws[i].Chunks {
@@ -258,8 +237,7 @@ func WriteChunks(ctx context.Context, pool *pgxpool.Pool, ws []ChunkWrite) ([]Ch
 	if firstRowExists(err) {
 		// A delivery the chunk read without a row has one now: the write
 		// rolled back whole, and runs again as one whose rows may exist.
-		results = results.noneFirst()
-		split()
+		first, rest = results.noneFirst().splitFirst()
 		err = inBatch(ctx, pool, build)
 	}
 	if err != nil {
@@ -272,9 +250,10 @@ func WriteChunks(ctx context.Context, pool *pgxpool.Pool, ws []ChunkWrite) ([]Ch
 }
 
 // splitFirst parts p into the results InsertFirstResults writes (marked
-// first, and wanting no webhook event) and those RecordResults writes:
-// the ones that may meet a row, and the failures and withheld deliveries
-// a webhook wants events of, which RecordResults writes with their rows.
+// first, and wanting no webhook event) and those RecordResults writes: the
+// ones that may meet a row, and the failures and withheld deliveries a
+// webhook wants events of, which RecordResults writes with their rows.
+// rest carries the first ones' counts (countFirst) for RecordResults to add.
 func (p RecordResultsParams) splitFirst() (first InsertFirstResultsParams, rest RecordResultsParams) {
 	rest = RecordResultsParams{WantFailed: p.WantFailed, WantWithheld: p.WantWithheld}
 	for i := range p.DeviceIds {
@@ -296,6 +275,7 @@ func (p RecordResultsParams) splitFirst() (first InsertFirstResultsParams, rest 
 		first.AcceptedUs = append(first.AcceptedUs, p.AcceptedUs[i])
 		first.NotBeforeUs = append(first.NotBeforeUs, p.NotBeforeUs[i])
 	}
+	rest.countFirst(first)
 	return first, rest
 }
 
@@ -313,52 +293,39 @@ func withheld(status, reason string) string {
 	return ""
 }
 
-// firstCounts counts the results InsertFirstResults writes, as
-// RecordResults counts the rows it writes: by message (in the order of
-// their ids) and status, those withheld by reason, the accepted ones by
-// the bucket of their skew (skewBucket). A pending result moves no count.
-func firstCounts(p InsertFirstResultsParams) []AddResultCountsParams {
-	byMessage := map[int64]*AddResultCountsParams{}
-	buckets := map[int64]map[int32]int32{}
-	for i, id := range p.MessageIds {
-		c := byMessage[id]
-		if c == nil {
-			c = &AddResultCountsParams{MessageID: id}
-			byMessage[id] = c
-			buckets[id] = map[int32]int32{}
-		}
-		switch p.Statuses[i] {
+// countFirst counts the results InsertFirstResults writes as RecordResults
+// counts the rows it writes (its tallies): by message and status, the
+// withheld ones by reason, the accepted ones by the bucket of their skew
+// (skewBucket). A pending result moves no count and is left out.
+func (p *RecordResultsParams) countFirst(first InsertFirstResultsParams) {
+	type tally struct {
+		message          int64
+		status, withheld string
+		bucket           int32
+	}
+	n := map[tally]int32{}
+	var order []tally
+	for i, id := range first.MessageIds {
+		t := tally{message: id, status: first.Statuses[i], withheld: withheld(first.Statuses[i], first.Reasons[i])}
+		switch t.status {
 		case "accepted":
-			c.Accepted++
-			buckets[id][skewBucket(p.AcceptedUs[i]-p.DueUs[i])]++
-		case "failed":
-			c.Failed++
-		case "expired":
-			c.Expired++
-		case "cancelled":
-			c.Cancelled++
+			t.bucket = skewBucket(first.AcceptedUs[i] - first.DueUs[i])
+		case "failed", "expired", "cancelled":
+		default:
+			continue
 		}
-		switch withheld(p.Statuses[i], p.Reasons[i]) {
-		case "opted_out":
-			c.OptedOut++
-		case "capped":
-			c.Capped++
-		case "quiet_hours":
-			c.QuietHours++
+		if n[t] == 0 {
+			order = append(order, t)
 		}
+		n[t]++
 	}
-	out := make([]AddResultCountsParams, 0, len(byMessage))
-	for id, c := range byMessage {
-		for _, k := range slices.Sorted(maps.Keys(buckets[id])) {
-			c.Buckets = append(c.Buckets, k)
-			c.Counts = append(c.Counts, buckets[id][k])
-		}
-		if c.Accepted+c.Failed+c.Expired+c.Cancelled > 0 {
-			out = append(out, *c)
-		}
+	for _, t := range order {
+		p.CountedMessageIds = append(p.CountedMessageIds, t.message)
+		p.CountedStatuses = append(p.CountedStatuses, t.status)
+		p.CountedBuckets = append(p.CountedBuckets, t.bucket)
+		p.CountedWithheld = append(p.CountedWithheld, t.withheld)
+		p.CountedN = append(p.CountedN, n[t])
 	}
-	slices.SortFunc(out, func(a, b AddResultCountsParams) int { return cmp.Compare(a.MessageID, b.MessageID) })
-	return out
 }
 
 // skewBucket is skew_histogram_bucket (migration 0019) of a skew of us

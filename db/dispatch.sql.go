@@ -12,59 +12,6 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
-const addResultCounts = `-- name: AddResultCounts :exec
-UPDATE messages m
-SET pending_count = m.pending_count - c.accepted - c.failed - c.expired - c.cancelled,
-    accepted_count = m.accepted_count + c.accepted,
-    failed_count = m.failed_count + c.failed,
-    expired_count = m.expired_count + c.expired,
-    cancelled_count = m.cancelled_count + c.cancelled,
-    opted_out_count = m.opted_out_count + c.opted_out,
-    capped_count = m.capped_count + c.capped,
-    quiet_hours_count = m.quiet_hours_count + c.quiet_hours,
-    skew_histogram = CASE WHEN c.accepted = 0 THEN m.skew_histogram
-                          ELSE skew_histogram_add(m.skew_histogram, c.buckets, c.counts) END
-FROM (SELECT $1::bigint AS message_id, $2::integer AS accepted, $3::integer AS failed,
-             $4::integer AS expired, $5::integer AS cancelled, $6::integer AS opted_out,
-             $7::integer AS capped, $8::integer AS quiet_hours,
-             $9::integer[] AS buckets, $10::integer[] AS counts) c
-WHERE m.id = c.message_id
-`
-
-type AddResultCountsParams struct {
-	MessageID  int64
-	Accepted   int32
-	Failed     int32
-	Expired    int32
-	Cancelled  int32
-	OptedOut   int32
-	Capped     int32
-	QuietHours int32
-	Buckets    []int32
-	Counts     []int32
-}
-
-// Moves a message's counters by the results InsertFirstResults wrote, as
-// db.WriteChunks counted them: by status, those withheld for their users'
-// sake by reason, and the accepted ones by the bucket of their skew in the
-// message's histogram (skew_histogram_bucket's buckets; counts holds how
-// many skews fell in each).
-func (q *Queries) AddResultCounts(ctx context.Context, arg AddResultCountsParams) error {
-	_, err := q.db.Exec(ctx, addResultCounts,
-		arg.MessageID,
-		arg.Accepted,
-		arg.Failed,
-		arg.Expired,
-		arg.Cancelled,
-		arg.OptedOut,
-		arg.Capped,
-		arg.QuietHours,
-		arg.Buckets,
-		arg.Counts,
-	)
-	return err
-}
-
 const chunkPending = `-- name: ChunkPending :many
 SELECT d.device_id, d.attempt, d.channel, d.locale,
        coalesce(v.token, '')::text AS token, v.p256dh, v.auth,
@@ -435,7 +382,8 @@ type InsertFirstResultsParams struct {
 // RecordResults' plain insert does, and nothing else: db.WriteChunks counts
 // them itself, since every row given is a row written (a row that appeared
 // since fails the statement on the primary key, and the write runs again
-// through RecordResults). RecordResults' reading back of what it wrote, to
+// through RecordResults), and hands the counts to RecordResults, which
+// moves the counters. RecordResults' reading back of what it wrote, to
 // count it by status and skew, cost as much a row as the insert.
 func (q *Queries) InsertFirstResults(ctx context.Context, arg InsertFirstResultsParams) error {
 	_, err := q.db.Exec(ctx, insertFirstResults,
@@ -650,6 +598,16 @@ WITH input AS (
            count(*)::integer AS n
     FROM written
     GROUP BY 1, 2, 3, 4
+    UNION ALL
+    -- And the results InsertFirstResults wrote in the same transaction,
+    -- counted by db.WriteChunks the same way (0 for no bucket, '' for not
+    -- withheld).
+    SELECT t.message_id, t.status, nullif(t.bucket, 0), nullif(t.withheld, ''), t.n
+    FROM (SELECT unnest($15::bigint[]) AS message_id,
+                 unnest($16::text[]) AS status,
+                 unnest($17::integer[]) AS bucket,
+                 unnest($18::text[]) AS withheld,
+                 unnest($19::integer[]) AS n) t
 ), counts AS (
     SELECT message_id,
            coalesce(sum(n) FILTER (WHERE status = 'accepted'), 0)::integer AS accepted,
@@ -681,20 +639,25 @@ RETURNING m.id AS message_id, m.pending_count, c.accepted, c.failed, c.expired
 `
 
 type RecordResultsParams struct {
-	MessageIds   []int64
-	DeviceIds    []int64
-	UserIds      []string
-	Channels     []string
-	Chunks       []int32
-	DueUs        []int64
-	Statuses     []string
-	Reasons      []string
-	AttemptedUs  []int64
-	AcceptedUs   []int64
-	NotBeforeUs  []int64
-	First        []bool
-	WantFailed   bool
-	WantWithheld bool
+	MessageIds        []int64
+	DeviceIds         []int64
+	UserIds           []string
+	Channels          []string
+	Chunks            []int32
+	DueUs             []int64
+	Statuses          []string
+	Reasons           []string
+	AttemptedUs       []int64
+	AcceptedUs        []int64
+	NotBeforeUs       []int64
+	First             []bool
+	WantFailed        bool
+	WantWithheld      bool
+	CountedMessageIds []int64
+	CountedStatuses   []string
+	CountedBuckets    []int32
+	CountedWithheld   []string
+	CountedN          []int32
 }
 
 type RecordResultsRow struct {
@@ -719,7 +682,10 @@ type RecordResultsRow struct {
 // is not returned, and its row is left alone. The caller locks the messages
 // first, in the order of their ids (LockMessages): this statement's own
 // order of them is the plan's. The input holds a delivery once
-// (db.WriteChunks keeps the last result of each).
+// (db.WriteChunks keeps the last result of each). The counted_* arrays
+// are results written by InsertFirstResults earlier in the transaction,
+// already counted (db.WriteChunks): their counts move the counters with
+// this statement's own.
 //
 // A result marked first is one whose chunk read no row of it: nearly all
 // of them. Its row is inserted plainly and counted as written, without
@@ -743,6 +709,11 @@ func (q *Queries) RecordResults(ctx context.Context, arg RecordResultsParams) ([
 		arg.First,
 		arg.WantFailed,
 		arg.WantWithheld,
+		arg.CountedMessageIds,
+		arg.CountedStatuses,
+		arg.CountedBuckets,
+		arg.CountedWithheld,
+		arg.CountedN,
 	)
 	if err != nil {
 		return nil, err

@@ -79,7 +79,7 @@ func testLedgerPlans(t *testing.T, settled, pending int) {
 		args, cond := "1, 1, 500, 0", "(message_id = $1) AND (device_id >= $2) AND (device_id <= $3)"
 		switch name {
 		case "RecordResults":
-			args = `'{1,1,1}', '{1,2,3}', '{u1,u2,u3}', '{apns,apns,apns}', '{0,0,0}', '{1,1,1}', '{accepted,accepted,failed}', '{"","",bad_token}', '{1,1,1}', '{1,1,0}', '{0,0,0}', '{f,f,f}', true, true`
+			args = `'{1,1,1}', '{1,2,3}', '{u1,u2,u3}', '{apns,apns,apns}', '{0,0,0}', '{1,1,1}', '{accepted,accepted,failed}', '{"","",bad_token}', '{1,1,1}', '{1,1,0}', '{0,0,0}', '{f,f,f}', true, true, '{1}', '{accepted}', '{1}', '{""}', '{1}'`
 			cond = "Conflict Arbiter Indexes: deliveries_pkey"
 		case "ChunkSnapshotPending":
 			args = "1, 1, 500, 0"

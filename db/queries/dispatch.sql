@@ -127,7 +127,10 @@ ORDER BY s.device_id;
 -- is not returned, and its row is left alone. The caller locks the messages
 -- first, in the order of their ids (LockMessages): this statement's own
 -- order of them is the plan's. The input holds a delivery once
--- (db.WriteChunks keeps the last result of each).
+-- (db.WriteChunks keeps the last result of each). The counted_* arrays
+-- are results written by InsertFirstResults earlier in the transaction,
+-- already counted (db.WriteChunks): their counts move the counters with
+-- this statement's own.
 --
 -- A result marked first is one whose chunk read no row of it: nearly all
 -- of them. Its row is inserted plainly and counted as written, without
@@ -248,6 +251,16 @@ WITH input AS (
            count(*)::integer AS n
     FROM written
     GROUP BY 1, 2, 3, 4
+    UNION ALL
+    -- And the results InsertFirstResults wrote in the same transaction,
+    -- counted by db.WriteChunks the same way (0 for no bucket, '' for not
+    -- withheld).
+    SELECT t.message_id, t.status, nullif(t.bucket, 0), nullif(t.withheld, ''), t.n
+    FROM (SELECT unnest(@counted_message_ids::bigint[]) AS message_id,
+                 unnest(@counted_statuses::text[]) AS status,
+                 unnest(@counted_buckets::integer[]) AS bucket,
+                 unnest(@counted_withheld::text[]) AS withheld,
+                 unnest(@counted_n::integer[]) AS n) t
 ), counts AS (
     SELECT message_id,
            coalesce(sum(n) FILTER (WHERE status = 'accepted'), 0)::integer AS accepted,
@@ -283,7 +296,8 @@ RETURNING m.id AS message_id, m.pending_count, c.accepted, c.failed, c.expired;
 -- RecordResults' plain insert does, and nothing else: db.WriteChunks counts
 -- them itself, since every row given is a row written (a row that appeared
 -- since fails the statement on the primary key, and the write runs again
--- through RecordResults). RecordResults' reading back of what it wrote, to
+-- through RecordResults), and hands the counts to RecordResults, which
+-- moves the counters. RecordResults' reading back of what it wrote, to
 -- count it by status and skew, cost as much a row as the insert.
 INSERT INTO deliveries (message_id, device_id, user_id, channel, chunk, due_at, status, reason,
                         attempt, attempted_at, accepted_at, not_before)
@@ -309,29 +323,6 @@ FROM (SELECT unnest(@message_ids::bigint[]) AS message_id,
              unnest(@attempted_us::bigint[]) AS attempted_us,
              unnest(@accepted_us::bigint[]) AS accepted_us,
              unnest(@not_before_us::bigint[]) AS not_before_us) i;
-
--- name: AddResultCounts :exec
--- Moves a message's counters by the results InsertFirstResults wrote, as
--- db.WriteChunks counted them: by status, those withheld for their users'
--- sake by reason, and the accepted ones by the bucket of their skew in the
--- message's histogram (skew_histogram_bucket's buckets; counts holds how
--- many skews fell in each).
-UPDATE messages m
-SET pending_count = m.pending_count - c.accepted - c.failed - c.expired - c.cancelled,
-    accepted_count = m.accepted_count + c.accepted,
-    failed_count = m.failed_count + c.failed,
-    expired_count = m.expired_count + c.expired,
-    cancelled_count = m.cancelled_count + c.cancelled,
-    opted_out_count = m.opted_out_count + c.opted_out,
-    capped_count = m.capped_count + c.capped,
-    quiet_hours_count = m.quiet_hours_count + c.quiet_hours,
-    skew_histogram = CASE WHEN c.accepted = 0 THEN m.skew_histogram
-                          ELSE skew_histogram_add(m.skew_histogram, c.buckets, c.counts) END
-FROM (SELECT @message_id::bigint AS message_id, @accepted::integer AS accepted, @failed::integer AS failed,
-             @expired::integer AS expired, @cancelled::integer AS cancelled, @opted_out::integer AS opted_out,
-             @capped::integer AS capped, @quiet_hours::integer AS quiet_hours,
-             @buckets::integer[] AS buckets, @counts::integer[] AS counts) c
-WHERE m.id = c.message_id;
 
 -- name: LockMessages :exec
 -- Locks messages' rows in the order of their ids, so that two ledger
