@@ -254,26 +254,16 @@ func WriteChunks(ctx context.Context, pool *pgxpool.Pool, ws []ChunkWrite) ([]Ch
 // ones that may meet a row, and the failures and withheld deliveries a
 // webhook wants events of, which RecordResults writes with their rows.
 // rest carries the first ones' counts (countFirst) for RecordResults to add.
-func (p RecordResultsParams) splitFirst() (first InsertFirstResultsParams, rest RecordResultsParams) {
+func (p RecordResultsParams) splitFirst() (first, rest RecordResultsParams) {
 	rest = RecordResultsParams{WantFailed: p.WantFailed, WantWithheld: p.WantWithheld}
 	for i := range p.DeviceIds {
-		status, reason := p.Statuses[i], p.Reasons[i]
-		event := (p.WantFailed && status == "failed") || (p.WantWithheld && withheld(status, reason) != "")
-		if !p.First[i] || event {
+		status := p.Statuses[i]
+		event := (p.WantFailed && status == "failed") || (p.WantWithheld && withheld(status, p.Reasons[i]) != "")
+		if p.First[i] && !event {
+			first.row(&p, i)
+		} else {
 			rest.row(&p, i)
-			continue
 		}
-		first.MessageIds = append(first.MessageIds, p.MessageIds[i])
-		first.DeviceIds = append(first.DeviceIds, p.DeviceIds[i])
-		first.UserIds = append(first.UserIds, p.UserIds[i])
-		first.Channels = append(first.Channels, p.Channels[i])
-		first.Chunks = append(first.Chunks, p.Chunks[i])
-		first.DueUs = append(first.DueUs, p.DueUs[i])
-		first.Statuses = append(first.Statuses, status)
-		first.Reasons = append(first.Reasons, reason)
-		first.AttemptedUs = append(first.AttemptedUs, p.AttemptedUs[i])
-		first.AcceptedUs = append(first.AcceptedUs, p.AcceptedUs[i])
-		first.NotBeforeUs = append(first.NotBeforeUs, p.NotBeforeUs[i])
 	}
 	rest.countFirst(first)
 	return first, rest
@@ -297,7 +287,7 @@ func withheld(status, reason string) string {
 // counts the rows it writes (its tallies): by message and status, the
 // withheld ones by reason, the accepted ones by the bucket of their skew
 // (skewBucket). A pending result moves no count and is left out.
-func (p *RecordResultsParams) countFirst(first InsertFirstResultsParams) {
+func (p *RecordResultsParams) countFirst(first RecordResultsParams) {
 	type tally struct {
 		message          int64
 		status, withheld string
@@ -307,12 +297,11 @@ func (p *RecordResultsParams) countFirst(first InsertFirstResultsParams) {
 	var order []tally
 	for i, id := range first.MessageIds {
 		t := tally{message: id, status: first.Statuses[i], withheld: withheld(first.Statuses[i], first.Reasons[i])}
-		switch t.status {
-		case "accepted":
-			t.bucket = skewBucket(first.AcceptedUs[i] - first.DueUs[i])
-		case "failed", "expired", "cancelled":
-		default:
+		if t.status == "pending" {
 			continue
+		}
+		if t.status == "accepted" {
+			t.bucket = skewBucket(first.AcceptedUs[i] - first.DueUs[i])
 		}
 		if n[t] == 0 {
 			order = append(order, t)
