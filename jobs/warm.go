@@ -68,7 +68,10 @@ func (w *FanOutWorker) Warm(ctx context.Context, queue string, at time.Time) err
 			return err
 		})
 	}
-	return g.Wait()
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	return db.PrimeIdle(ctx, lane.Pool)
 }
 
 // warmSpare is how many of a lane's connections its warm-up leaves to the
