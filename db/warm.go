@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/sync/errgroup"
 )
 
 // WarmedBy is how long a chunk's attempt leaves it warm: a chunk that began
@@ -109,22 +110,22 @@ func queuePrimes(b *pgx.Batch) {
 }
 
 // PrimeIdle primes every idle connection of pool as WarmChunk primes those
-// it reads on (queuePrimes): the chunks and the ledger writer take
-// whichever connection is free at the instant, one the warm-up read no
+// it reads on (queuePrimes), all at once: the chunks and the ledger writer
+// take whichever connection is free at the instant, one the warm-up read no
 // chunk on as well. On a connection primed already, it costs a round trip
 // of no-ops.
-// Each connection is released as soon as it is primed.
 func PrimeIdle(ctx context.Context, pool *pgxpool.Pool) error {
-	var err error
+	var g errgroup.Group
 	for _, c := range pool.AcquireAllIdle(ctx) {
-		if err == nil {
+		g.Go(func() error {
+			defer c.Release()
 			b := &pgx.Batch{}
 			queuePrimes(b)
-			if err = c.SendBatch(ctx, b).Close(); err != nil {
-				err = fmt.Errorf("prime a connection for the instant: %w", err)
+			if err := c.SendBatch(ctx, b).Close(); err != nil {
+				return fmt.Errorf("prime a connection for the instant: %w", err)
 			}
-		}
-		c.Release()
+			return nil
+		})
 	}
-	return err
+	return g.Wait()
 }
