@@ -26,8 +26,7 @@ type QuotaClaim struct {
 // tokens left, from which the caller tells how long to wait for more. The
 // row is made, full, on the first claim: nothing was sent under a quota
 // that had none. Concurrent claims take turns on
-// the row's lock, each refilling from the last one's state. A claim of
-// nothing makes no row (queuePrimes runs one).
+// the row's lock, each refilling from the last one's state.
 //
 // A claim commits without waiting for the disk (CommitWithoutWaitingForDisk),
 // as a ledger write does: it is seen by every other claim at once, and a
@@ -65,7 +64,7 @@ func claimQuota(ctx context.Context, pool *pgxpool.Pool, c QuotaClaim) (granted 
 const claimQuotaSQL = `
 		WITH made AS (
 			INSERT INTO provider_quotas (key, tokens, refilled_at)
-			SELECT $1, $3::float8, clock_timestamp() WHERE $4::int > 0
+			VALUES ($1, $3::float8, clock_timestamp())
 			ON CONFLICT (key) DO NOTHING
 		), cur AS (
 			SELECT key, clock_timestamp() AS at,

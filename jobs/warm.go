@@ -68,13 +68,7 @@ func (w *FanOutWorker) Warm(ctx context.Context, queue string, at time.Time) err
 			return err
 		})
 	}
-	if err := g.Wait(); err != nil || len(chunks) == 0 {
-		return err
-	}
-	// Only ahead of chunks that begin: an instant whose chunks all began
-	// moments ago (held until the end of quiet hours, throttled) falls
-	// inside their send, when every connection is at work.
-	return db.PrimeIdle(ctx, lane.Pool)
+	return g.Wait()
 }
 
 // warmSpare is how many of a lane's connections its warm-up leaves to the
