@@ -31,6 +31,52 @@ func TestE2EBench(t *testing.T) {
 	// 3s), and the population written to the database directly
 	// (--populate db): every device it made must be sent to, once.
 	t.Run("urgent worker", func(t *testing.T) { testBench(t, true) })
+	t.Run("preferences", testBenchPreferences)
+}
+
+// testBenchPreferences runs herald bench --preferences on a small
+// population: what its messages withheld is what the users' rules say, and
+// the CPU is given apart for the pushes sent at the instant and those held
+// to the end of quiet hours. Its instant is the next one three seconds
+// before a whole minute, so it takes up to a minute more than the others.
+func testBenchPreferences(t *testing.T) {
+	t.Parallel()
+	admin := dbtest.AdminURL(t)
+	var progress strings.Builder
+	b := &heraldbench.Benchmark{
+		Config: heraldbench.Config{
+			Users: 60, Mix: [3]float64{0.45, 0.45, 0.10}, Latency: 5 * time.Millisecond, Ahead: 4 * time.Second,
+			Seed: 3, DecryptOneIn: 1, Payload: "plain", Messages: 1, Before: 1, Populate: "api", Preferences: true,
+		},
+		Getenv:    func(k string) string { return map[string]string{"PATH": os.Getenv("PATH")}[k] },
+		Progress:  func(format string, a ...any) { progress.WriteString(strings.TrimSpace(format) + "\n") },
+		Stderr:    os.Stderr,
+		ChildEnv:  []string{childEnv + "=1"},
+		Providers: benchProviders,
+	}
+	t.Cleanup(b.Cleanup)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	res, err := b.Run(ctx, admin)
+	require.NoError(t, err, "progress:\n%s", progress.String())
+	raw, err := json.Marshal(res)
+	require.NoError(t, err)
+	t.Logf("%s", raw)
+
+	w := res.Preferences
+	require.NotNil(t, w)
+	require.Positive(t, w.WantOptedOut)
+	require.Positive(t, w.WantHeld)
+	require.Positive(t, w.WantCapped)
+	require.Equal(t, [3]int{w.WantOptedOut, w.WantHeld, w.WantCapped}, [3]int{w.OptedOut, w.Held, w.Capped}, "withheld as the rules say")
+	require.Equal(t, res.Devices-w.OptedOut-w.Capped, res.Accepted, "every device neither opted out nor capped accepted, the held ones too")
+	require.Zero(t, res.Duplicates)
+	require.Positive(t, w.CPUPerDevice)
+	require.NotNil(t, w.FirstCPUPerPush, "the test cluster runs on this host")
+	require.Positive(t, *w.FirstCPUPerPush)
+	require.NotNil(t, w.ReleaseCPUPerPush)
+	require.Positive(t, *w.ReleaseCPUPerPush)
+	require.Contains(t, string(raw), `"release_cpu_us_per_push":`)
 }
 
 func testBench(t *testing.T, urgentWorker bool) {

@@ -235,7 +235,7 @@ func (b *Benchmark) Run(ctx context.Context, admin string) (*Result, error) {
 	}
 	res.CPUPerSend, res.PostgresCPUPerSend = cpu.perSend(sends)
 	if b.Config.Preferences {
-		if err := b.withheldView(ctx, pool, sent, res); err != nil {
+		if err := b.withheldView(ctx, pool, sent, cpu, res); err != nil {
 			return nil, err
 		}
 	}

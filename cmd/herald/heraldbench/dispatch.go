@@ -181,9 +181,18 @@ func (b *Benchmark) dispatch(ctx context.Context, dbURL string, s scheduled, set
 		p, d := b.probe(ctx, probeAPNs[jobs.ChannelAPNs], probeConn, stopProbe)
 		probed <- [2][]float64{p, d}
 	}()
+	released := make(chan error, 1)
+	if b.Config.Preferences {
+		go func() { released <- b.markRelease(ctx, cpu, s.dispatchAt, stopProbe) }()
+	} else {
+		released <- nil
+	}
 	err = <-settled
 	close(stopProbe)
 	rtts := <-probed
+	if err := <-released; err != nil {
+		return err
+	}
 	if err != nil {
 		return err
 	}

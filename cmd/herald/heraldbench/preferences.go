@@ -26,6 +26,43 @@ type Withheld struct {
 	// life (as cpu_us_per_send and postgres_cpu_us_per_send), per device
 	// of the audience, sent or withheld.
 	CPUPerDevice float64 `json:"cpu_us_per_device"`
+	// FirstCPUPerPush is Herald's and PostgreSQL's CPU from the instant
+	// until the held users' quiet hours end, a push sent in that span (the
+	// accepted but the held); ReleaseCPUPerPush is theirs from then until
+	// the messages settled, a held push: what a delivery held to the end
+	// of quiet hours costs to send, against one sent at the instant. Both
+	// are left out when the cluster's CPU was not read, or the messages
+	// settled before the hours ended.
+	FirstCPUPerPush   *float64 `json:"first_cpu_us_per_push,omitempty"`
+	ReleaseCPUPerPush *float64 `json:"release_cpu_us_per_push,omitempty"`
+}
+
+// heldUntil is when the quiet hours of the users held at a --preferences
+// run's instant end: the next whole minute (preferencesInstant).
+func heldUntil(instant time.Time) time.Time {
+	return instant.Add(time.Minute).Truncate(time.Minute)
+}
+
+// markRelease marks the CPU spans (markReleased) when the quiet hours of
+// the users held at instant end, unless stop is closed first.
+func (b *Benchmark) markRelease(ctx context.Context, cpu *cpuSpans, instant time.Time, stop <-chan struct{}) error {
+	t := time.NewTimer(time.Until(heldUntil(instant)))
+	defer t.Stop()
+	select {
+	case <-stop:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+	}
+	if err := cpu.markHerald(markReleased); err != nil {
+		return err
+	}
+	if err := cpu.markPostgres(ctx, markReleased); err != nil {
+		return err
+	}
+	cpu.released = true
+	return nil
 }
 
 // preferencesInstant is the instant of a --preferences run: at least
@@ -69,7 +106,7 @@ func (b *Benchmark) setPreferences(ctx context.Context, pool db.DBTX, instant ti
 		CapCount: capCount,
 	}
 	params.HeldStart, params.HeldEnd = params.FarStart, params.FarEnd
-	end := instant.Add(time.Minute).Truncate(time.Minute)
+	end := heldUntil(instant)
 	if !instant.IsZero() {
 		params.HeldStart, params.HeldEnd = clock(instant.Add(-time.Hour)).PG(), clock(end).PG()
 	}
@@ -91,7 +128,7 @@ func (b *Benchmark) setPreferences(ctx context.Context, pool db.DBTX, instant ti
 
 // withheldView counts what the measured bulk messages withheld and checks
 // it against the rules: a count that differs is an error.
-func (b *Benchmark) withheldView(ctx context.Context, pool db.DBTX, s scheduled, res *Result) error {
+func (b *Benchmark) withheldView(ctx context.Context, pool db.DBTX, s scheduled, cpu *cpuSpans, res *Result) error {
 	w := &Withheld{}
 	for _, n := range s.bulkNs {
 		r, err := db.On(pool).BenchWithheld(ctx, n)
@@ -107,6 +144,14 @@ func (b *Benchmark) withheldView(ctx context.Context, pool db.DBTX, s scheduled,
 	}
 	if devices := res.Devices - 1; devices > 0 && res.PostgresCPUPerSend != nil {
 		w.CPUPerDevice = round1((res.CPUPerSend + *res.PostgresCPUPerSend) * float64(res.Accepted) / float64(devices))
+	}
+	first, firstRead := cpu.both(markInstant, markReleased)
+	release, _ := cpu.both(markReleased, markSettled)
+	if pushes := res.Accepted - w.Held; cpu.released && firstRead && w.Held > 0 && pushes > 0 {
+		w.FirstCPUPerPush = new(perDevice(first, pushes))
+		w.ReleaseCPUPerPush = new(perDevice(release, w.Held))
+		b.Progress("preferences: Herald's and PostgreSQL's CPU a push sent at the instant %.1f µs, a push held to the end of quiet hours %.1f µs",
+			*w.FirstCPUPerPush, *w.ReleaseCPUPerPush)
 	}
 	res.Preferences = w
 	b.Progress("preferences: %d opted out (want %d), %d held (want %d), %d capped (want %d)",

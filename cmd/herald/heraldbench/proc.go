@@ -210,6 +210,10 @@ const (
 	markInstant          // at their instant
 	markSettled          // once every one has settled
 	markCleaned          // once the cleanup they left is done
+	// markReleased is, in a --preferences run, when the quiet hours of the
+	// users held at the instant end, between markInstant and markSettled;
+	// not taken when the messages settled first.
+	markReleased
 	marks
 )
 
@@ -231,6 +235,8 @@ type cpuSpans struct {
 	heraldAt   [marks]time.Duration
 	postgresAt [marks]time.Duration
 	statusAt   [marks]map[int32]time.Duration
+	// released says markReleased was taken.
+	released bool
 }
 
 func (c *cpuSpans) markHerald(i int) (err error) {
@@ -268,6 +274,12 @@ func (c *cpuSpans) statusCPU(from, to int) time.Duration {
 // status reads'.
 func (c *cpuSpans) postgresCPU(from, to int) time.Duration {
 	return c.postgresAt[to] - c.postgresAt[from] - c.statusCPU(from, to)
+}
+
+// both is Herald's and PostgreSQL's CPU between marks from and to (less
+// the status reads'), and false when PostgreSQL's was not read.
+func (c *cpuSpans) both(from, to int) (time.Duration, bool) {
+	return c.heraldAt[to] - c.heraldAt[from] + c.postgresCPU(from, to), c.postgres != nil
 }
 
 // perSend divides the spans' CPU among sends, in µs: Herald's, and
