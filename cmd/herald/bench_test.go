@@ -41,27 +41,10 @@ func TestE2EBench(t *testing.T) {
 // before a whole minute, so it takes up to a minute more than the others.
 func testBenchPreferences(t *testing.T) {
 	t.Parallel()
-	admin := dbtest.AdminURL(t)
-	var progress strings.Builder
-	b := &heraldbench.Benchmark{
-		Config: heraldbench.Config{
-			Users: 60, Mix: [3]float64{0.45, 0.45, 0.10}, Latency: 5 * time.Millisecond, Ahead: 4 * time.Second,
-			Seed: 3, DecryptOneIn: 1, Payload: "plain", Messages: 1, Before: 1, Populate: "api", Preferences: true,
-		},
-		Getenv:    func(k string) string { return map[string]string{"PATH": os.Getenv("PATH")}[k] },
-		Progress:  func(format string, a ...any) { progress.WriteString(strings.TrimSpace(format) + "\n") },
-		Stderr:    os.Stderr,
-		ChildEnv:  []string{childEnv + "=1"},
-		Providers: benchProviders,
-	}
-	t.Cleanup(b.Cleanup)
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
-	res, err := b.Run(ctx, admin)
-	require.NoError(t, err, "progress:\n%s", progress.String())
-	raw, err := json.Marshal(res)
-	require.NoError(t, err)
-	t.Logf("%s", raw)
+	res, raw, _ := benchOnTestCluster(t, heraldbench.Config{
+		Users: 60, Mix: [3]float64{0.45, 0.45, 0.10}, Latency: 5 * time.Millisecond, Ahead: 4 * time.Second,
+		Seed: 3, DecryptOneIn: 1, Payload: "plain", Messages: 1, Before: 1, Populate: "api", Preferences: true,
+	}, 4*time.Minute)
 
 	w := res.Preferences
 	require.NotNil(t, w)
@@ -81,36 +64,18 @@ func testBenchPreferences(t *testing.T) {
 
 func testBench(t *testing.T, urgentWorker bool) {
 	t.Parallel()
-	admin := dbtest.AdminURL(t)
-	var progress strings.Builder
-	b := &heraldbench.Benchmark{
-		Config: heraldbench.Config{
-			Users: 40, Mix: [3]float64{0.45, 0.45, 0.10}, Latency: 5 * time.Millisecond, Ahead: 4 * time.Second,
-			Seed: 7, DecryptOneIn: 1, UrgentWorker: urgentWorker, Payload: map[bool]string{false: "plain", true: "rich"}[urgentWorker],
-			// Two history messages, one of them partial.
-			History:         30_000,
-			Messages:        map[bool]int{false: 2, true: 1}[urgentWorker],
-			Before:          map[bool]int{false: 1, true: 0}[urgentWorker],
-			Throttled:       map[bool]float64{false: 0, true: 0.2}[urgentWorker],
-			Receipts:        !urgentWorker,
-			DropConnections: map[bool]time.Duration{false: 0, true: 3 * time.Second}[urgentWorker],
-			Populate:        map[bool]string{false: "api", true: "db"}[urgentWorker],
-		},
-		Getenv:    func(k string) string { return map[string]string{"PATH": os.Getenv("PATH")}[k] },
-		Progress:  func(format string, a ...any) { progress.WriteString(strings.TrimSpace(format) + "\n") },
-		Stderr:    os.Stderr,
-		ChildEnv:  []string{childEnv + "=1"},
-		Providers: benchProviders,
-	}
-	t.Cleanup(b.Cleanup)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	res, err := b.Run(ctx, admin)
-	require.NoError(t, err, "progress:\n%s", progress.String())
-
-	raw, err := json.Marshal(res)
-	require.NoError(t, err)
-	t.Logf("%s", raw)
+	res, raw, b := benchOnTestCluster(t, heraldbench.Config{
+		Users: 40, Mix: [3]float64{0.45, 0.45, 0.10}, Latency: 5 * time.Millisecond, Ahead: 4 * time.Second,
+		Seed: 7, DecryptOneIn: 1, UrgentWorker: urgentWorker, Payload: map[bool]string{false: "plain", true: "rich"}[urgentWorker],
+		// Two history messages, one of them partial.
+		History:         30_000,
+		Messages:        map[bool]int{false: 2, true: 1}[urgentWorker],
+		Before:          map[bool]int{false: 1, true: 0}[urgentWorker],
+		Throttled:       map[bool]float64{false: 0, true: 0.2}[urgentWorker],
+		Receipts:        !urgentWorker,
+		DropConnections: map[bool]time.Duration{false: 0, true: 3 * time.Second}[urgentWorker],
+		Populate:        map[bool]string{false: "api", true: "db"}[urgentWorker],
+	}, 3*time.Minute)
 	messages := map[bool]int{false: 2, true: 1}[urgentWorker]
 	require.Greater(t, res.Devices, 40*messages, "every user has at least one device, and the urgent user is extra")
 	require.Equal(t, res.Devices, res.Accepted, "every device accepted")
@@ -217,6 +182,31 @@ func testBench(t *testing.T, urgentWorker bool) {
 		`"skew_max_all_ms"`, `"before"`, `"status_reads"`, `"postgres_cpu_us_per_device"`, `"cleanup"`, `"total"`} {
 		require.Contains(t, string(raw), field+":")
 	}
+}
+
+// benchOnTestCluster runs herald bench with cfg against the test cluster, its
+// processes the test binary's own, and returns its result, as JSON too
+// (logged), and the benchmark, whose processes the test's cleanup ends.
+func benchOnTestCluster(t *testing.T, cfg heraldbench.Config, timeout time.Duration) (*heraldbench.Result, []byte, *heraldbench.Benchmark) {
+	admin := dbtest.AdminURL(t)
+	var progress strings.Builder
+	b := &heraldbench.Benchmark{
+		Config:    cfg,
+		Getenv:    func(k string) string { return map[string]string{"PATH": os.Getenv("PATH")}[k] },
+		Progress:  func(format string, a ...any) { progress.WriteString(strings.TrimSpace(format) + "\n") },
+		Stderr:    os.Stderr,
+		ChildEnv:  []string{childEnv + "=1"},
+		Providers: benchProviders,
+	}
+	t.Cleanup(b.Cleanup)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	res, err := b.Run(ctx, admin)
+	require.NoError(t, err, "progress:\n%s", progress.String())
+	raw, err := json.Marshal(res)
+	require.NoError(t, err)
+	t.Logf("%s", raw)
+	return res, raw, b
 }
 
 // TestE2ESoakShort runs herald soak for a few seconds: its own fakepush and
