@@ -254,19 +254,41 @@ func WriteChunks(ctx context.Context, pool *pgxpool.Pool, ws []ChunkWrite) ([]Ch
 // ones that may meet a row, and the failures and withheld deliveries a
 // webhook wants events of, which RecordResults writes with their rows.
 // rest carries the first ones' counts (countFirst) for RecordResults to add.
+// When every result is a first one, as at an instant, first is p itself,
+// as once returns it: the rows are not copied.
 func (p RecordResultsParams) splitFirst() (first, rest RecordResultsParams) {
 	rest = RecordResultsParams{WantFailed: p.WantFailed, WantWithheld: p.WantWithheld}
-	for i := range p.DeviceIds {
-		status := p.Statuses[i]
-		event := (p.WantFailed && status == "failed") || (p.WantWithheld && withheld(status, p.Reasons[i]) != "")
-		if p.First[i] && !event {
-			first.row(&p, i)
-		} else {
-			rest.row(&p, i)
+	if p.allFirst() {
+		first = p
+	} else {
+		for i := range p.DeviceIds {
+			if p.insertedFirst(i) {
+				first.row(&p, i)
+			} else {
+				rest.row(&p, i)
+			}
 		}
 	}
 	rest.countFirst(first)
 	return first, rest
+}
+
+// insertedFirst says result i goes to InsertFirstResults: marked first,
+// and no webhook wants an event of it.
+func (p *RecordResultsParams) insertedFirst(i int) bool {
+	status := p.Statuses[i]
+	event := (p.WantFailed && status == "failed") || (p.WantWithheld && withheld(status, p.Reasons[i]) != "")
+	return p.First[i] && !event
+}
+
+// allFirst says every result goes to InsertFirstResults.
+func (p *RecordResultsParams) allFirst() bool {
+	for i := range p.DeviceIds {
+		if !p.insertedFirst(i) {
+			return false
+		}
+	}
+	return true
 }
 
 // withheld is the reason a delivery of status and reason was withheld for
@@ -326,11 +348,7 @@ func (p *RecordResultsParams) countFirst(first RecordResultsParams) {
 func skewBucket(us int64) int32 {
 	const day = 86_400_000_000
 	days, rest := us/day, us%day
-	seconds := float64(rest) / 1_000_000.0
-	if days != 0 {
-		seconds += 86_400 * float64(days)
-	}
-	ms := seconds * 1000
+	ms := (float64(rest)/1_000_000.0 + 86_400*float64(days)) * 1000
 	if !(ms >= 1) {
 		return 1
 	}
