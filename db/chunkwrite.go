@@ -37,6 +37,11 @@ type ChunkWrite struct {
 	// delivery the write cancels or expires for its user's sake (migration
 	// 0024), as FailureEvents does for failures.
 	WithheldEvents bool
+	// Executions names, by chunk, the execution whose results these are
+	// for the chunks that keep their acceptances as runs (migration 0028):
+	// a random token, not zero, of the chunk's attempt that read its
+	// deliveries. A chunk not named writes a row a delivery.
+	Executions map[int32]int64
 }
 
 // DeliveryKey names one delivery of a ledger write and what its row holds
@@ -185,7 +190,9 @@ func WriteChunks(ctx context.Context, pool *pgxpool.Pool, ws []ChunkWrite) ([]Ch
 	results = results.once()
 	slices.SortFunc(order, func(i, j int) int { return cmp.Compare(ws[i].MessageID, ws[j].MessageID) })
 	out := make([]ChunkWritten, len(ws))
+	execution := executionsOf(ws)
 	first, rest := results.splitFirst()
+	runs, check, plain := first.runs(execution)
 	build := func(b *pgx.Batch) {
 		clear(out)
 		b.Queue(commitWithoutWaitingForDisk)
@@ -196,9 +203,16 @@ func WriteChunks(ctx context.Context, pool *pgxpool.Pool, ws []ChunkWrite) ([]Ch
 				b.Queue(evictDevices, e.SentAfter, e.Ids, e.Reasons, ws[i].MessageID)
 			}
 		}
-		if len(first.DeviceIds) > 0 {
-			b.Queue(insertFirstResults, first.MessageIds, first.DeviceIds, first.UserIds, first.Channels, first.Chunks,
-				first.DueUs, first.Statuses, first.Reasons, first.AttemptedUs, first.AcceptedUs, first.NotBeforeUs)
+		if len(check.MessageIds) > 0 {
+			b.Queue(checkAcceptedRuns, check.MessageIds, check.Chunks, check.Executions, check.Los, check.His, check.DeviceIds)
+		}
+		if len(runs.MessageIds) > 0 {
+			b.Queue(insertAcceptedRuns, runs.DeviceIds, runs.AttemptedUs, runs.AcceptedUs, runs.MessageIds, runs.Chunks,
+				runs.Executions, runs.GroupDueUs, runs.Los, runs.His)
+		}
+		if len(plain.DeviceIds) > 0 {
+			b.Queue(insertFirstResults, plain.MessageIds, plain.DeviceIds, plain.UserIds, plain.Channels, plain.Chunks,
+				plain.DueUs, plain.Statuses, plain.Reasons, plain.AttemptedUs, plain.AcceptedUs, plain.NotBeforeUs)
 		}
 		if len(rest.DeviceIds) > 0 || len(rest.CountedN) > 0 {
 			b.Queue(recordResults, rest.MessageIds, rest.DeviceIds, rest.UserIds, rest.Channels,
@@ -238,6 +252,7 @@ func WriteChunks(ctx context.Context, pool *pgxpool.Pool, ws []ChunkWrite) ([]Ch
 		// A delivery the chunk read without a row has one now: the write
 		// rolled back whole, and runs again as one whose rows may exist.
 		first, rest = results.noneFirst().splitFirst()
+		runs, check, plain = first.runs(execution)
 		err = inBatch(ctx, pool, build)
 	}
 	if err != nil {
@@ -271,6 +286,99 @@ func (p RecordResultsParams) splitFirst() (first, rest RecordResultsParams) {
 	}
 	rest.countFirst(first)
 	return first, rest
+}
+
+// executionsOf is the execution of each (message, chunk) of ws that keeps
+// its acceptances as runs, 0 for the others.
+func executionsOf(ws []ChunkWrite) func(message int64, chunk int32) int64 {
+	type key struct {
+		message int64
+		chunk   int32
+	}
+	var m map[key]int64
+	for _, w := range ws {
+		for c, e := range w.Executions {
+			if m == nil {
+				m = map[key]int64{}
+			}
+			m[key{w.MessageID, c}] = e
+		}
+	}
+	return func(message int64, chunk int32) int64 { return m[key{message, chunk}] }
+}
+
+// runs parts first results, which InsertFirstResults would write a row
+// each, into the acceptances of chunk executions that keep them as runs
+// (migration 0028), a run a (message, chunk) with its devices ascending,
+// and the others (plain), which still get their rows. check is what
+// CheckAcceptedRuns must find true for them to be written so: each run's
+// devices, and each other execution's (message, chunk) whose results are
+// first rows. A run holds deliveries due at one time; only acceptances
+// make runs.
+func (p RecordResultsParams) runs(execution func(message int64, chunk int32) int64) (runs InsertAcceptedRunsParams, check CheckAcceptedRunsParams, plain RecordResultsParams) {
+	var accepted []int
+	type key struct {
+		message int64
+		chunk   int32
+	}
+	rowsOf := map[key]int64{}
+	for i := range p.DeviceIds {
+		e := execution(p.MessageIds[i], p.Chunks[i])
+		switch {
+		case e != 0 && p.Statuses[i] == "accepted":
+			accepted = append(accepted, i)
+		case e != 0:
+			rowsOf[key{p.MessageIds[i], p.Chunks[i]}] = e
+		}
+	}
+	if len(accepted) == 0 && len(rowsOf) == 0 {
+		return runs, check, p
+	}
+	isRun := make([]bool, len(p.DeviceIds))
+	for _, i := range accepted {
+		isRun[i] = true
+	}
+	plain = RecordResultsParams{WantFailed: p.WantFailed, WantWithheld: p.WantWithheld}
+	for i := range p.DeviceIds {
+		if !isRun[i] {
+			plain.row(&p, i)
+		}
+	}
+	slices.SortFunc(accepted, func(a, b int) int {
+		return cmp.Or(cmp.Compare(p.MessageIds[a], p.MessageIds[b]), cmp.Compare(p.Chunks[a], p.Chunks[b]),
+			cmp.Compare(p.DueUs[a], p.DueUs[b]), cmp.Compare(p.DeviceIds[a], p.DeviceIds[b]))
+	})
+	for n, i := range accepted {
+		if j := n - 1; n == 0 || p.MessageIds[i] != p.MessageIds[accepted[j]] || p.Chunks[i] != p.Chunks[accepted[j]] || p.DueUs[i] != p.DueUs[accepted[j]] {
+			if n > 0 {
+				runs.His = append(runs.His, int32(n))
+			}
+			runs.MessageIds = append(runs.MessageIds, p.MessageIds[i])
+			runs.Chunks = append(runs.Chunks, p.Chunks[i])
+			runs.Executions = append(runs.Executions, execution(p.MessageIds[i], p.Chunks[i]))
+			runs.GroupDueUs = append(runs.GroupDueUs, p.DueUs[i])
+			runs.Los = append(runs.Los, int32(n+1))
+			delete(rowsOf, key{p.MessageIds[i], p.Chunks[i]})
+		}
+		runs.DeviceIds = append(runs.DeviceIds, p.DeviceIds[i])
+		runs.AttemptedUs = append(runs.AttemptedUs, p.AttemptedUs[i])
+		runs.AcceptedUs = append(runs.AcceptedUs, p.AcceptedUs[i])
+	}
+	if len(accepted) > 0 {
+		runs.His = append(runs.His, int32(len(accepted)))
+	}
+	check = CheckAcceptedRunsParams{
+		MessageIds: slices.Clone(runs.MessageIds), Chunks: slices.Clone(runs.Chunks), Executions: slices.Clone(runs.Executions),
+		Los: slices.Clone(runs.Los), His: slices.Clone(runs.His), DeviceIds: runs.DeviceIds,
+	}
+	for k, e := range rowsOf {
+		check.MessageIds = append(check.MessageIds, k.message)
+		check.Chunks = append(check.Chunks, k.chunk)
+		check.Executions = append(check.Executions, e)
+		check.Los = append(check.Los, 1)
+		check.His = append(check.His, 0)
+	}
+	return runs, check, plain
 }
 
 // insertedFirst says result i goes to InsertFirstResults: marked first,
@@ -359,7 +467,8 @@ func skewBucket(us int64) int32 {
 // marked first meeting the delivery's row.
 func firstRowExists(err error) bool {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "deliveries_pkey"
+	return errors.As(err, &pgErr) && pgErr.Code == "23505" &&
+		(pgErr.ConstraintName == "deliveries_pkey" || pgErr.ConstraintName == "accepted_runs_once")
 }
 
 // inBatch sends the statements build queues as one pipelined batch: one

@@ -12,6 +12,51 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
+const checkAcceptedRuns = `-- name: CheckAcceptedRuns :exec
+SELECT CASE WHEN EXISTS (
+           SELECT 1
+           FROM (SELECT unnest($1::bigint[]) AS message_id, unnest($2::integer[]) AS chunk,
+                        unnest($3::bigint[]) AS execution,
+                        unnest($4::integer[]) AS lo, unnest($5::integer[]) AS hi) g
+           WHERE EXISTS (SELECT 1 FROM accepted_runs r
+                         WHERE r.message_id = g.message_id AND r.chunk = g.chunk AND r.execution <> g.execution)
+              OR (g.lo <= g.hi AND EXISTS (
+                  SELECT 1 FROM deliveries d
+                  WHERE d.message_id = g.message_id
+                    AND d.device_id BETWEEN ($6::bigint[])[g.lo] AND ($6::bigint[])[g.hi]
+                    AND d.device_id = ANY (($6::bigint[])[g.lo:g.hi]))))
+       THEN accepted_runs_conflict() ELSE true END
+`
+
+type CheckAcceptedRunsParams struct {
+	MessageIds []int64
+	Chunks     []int32
+	Executions []int64
+	Los        []int32
+	His        []int32
+	DeviceIds  []int64
+}
+
+// Fails the ledger write (accepted_runs_conflict: accepted_runs_once) when
+// a chunk execution's first results may not be written as it wrote them
+// (migration 0028): another execution of its chunk has written a run, or,
+// for the devices of a run about to be written (lo..hi of device_ids,
+// 1-based; none when lo > hi), a ledger row names one of them (a cancel, a
+// retried chunk's upsert). Each group is a (message, chunk, execution);
+// its devices are ascending. db.WriteChunks then makes the write again as
+// the upsert.
+func (q *Queries) CheckAcceptedRuns(ctx context.Context, arg CheckAcceptedRunsParams) error {
+	_, err := q.db.Exec(ctx, checkAcceptedRuns,
+		arg.MessageIds,
+		arg.Chunks,
+		arg.Executions,
+		arg.Los,
+		arg.His,
+		arg.DeviceIds,
+	)
+	return err
+}
+
 const chunkPending = `-- name: ChunkPending :many
 SELECT d.device_id, d.attempt, d.channel, d.locale,
        coalesce(v.token, '')::text AS token, v.p256dh, v.auth,
@@ -178,6 +223,10 @@ LEFT JOIN (
 ) d ON d.device_id = s.device_id
 WHERE c.message_id = $1 AND c.chunk = $4
   AND coalesce(d.status, 'pending') = 'pending'
+  -- Nor those accepted in the chunk's runs (migration 0028): none on a
+  -- chunk's first attempt.
+  AND s.device_id NOT IN (SELECT unnest(r.devices) FROM accepted_runs r
+                          WHERE r.message_id = $1 AND r.chunk = $4)
 ORDER BY s.device_id
 `
 
@@ -334,6 +383,47 @@ func (q *Queries) EvictDevices(ctx context.Context, arg EvictDevicesParams) (int
 	var count int64
 	err := row.Scan(&count)
 	return count, err
+}
+
+const insertAcceptedRuns = `-- name: InsertAcceptedRuns :exec
+INSERT INTO accepted_runs (message_id, chunk, execution, due_at, first_device, last_device, devices, attempted_us, accepted_us)
+SELECT g.message_id, g.chunk, g.execution, to_timestamp(0) + g.due_us * interval '1 microsecond',
+       ($1::bigint[])[g.lo], ($1::bigint[])[g.hi], ($1::bigint[])[g.lo:g.hi],
+       ($2::bigint[])[g.lo:g.hi], ($3::bigint[])[g.lo:g.hi]
+FROM (SELECT unnest($4::bigint[]) AS message_id, unnest($5::integer[]) AS chunk,
+             unnest($6::bigint[]) AS execution, unnest($7::bigint[]) AS due_us,
+             unnest($8::integer[]) AS lo, unnest($9::integer[]) AS hi) g
+`
+
+type InsertAcceptedRunsParams struct {
+	DeviceIds   []int64
+	AttemptedUs []int64
+	AcceptedUs  []int64
+	MessageIds  []int64
+	Chunks      []int32
+	Executions  []int64
+	GroupDueUs  []int64
+	Los         []int32
+	His         []int32
+}
+
+// Writes the accepted first results of chunk executions that keep them as
+// runs (migration 0028), one row a (message, chunk): the slice lo..hi
+// (1-based) of the flat arrays, its devices ascending. CheckAcceptedRuns
+// comes first in the same transaction; db.WriteChunks counts the results.
+func (q *Queries) InsertAcceptedRuns(ctx context.Context, arg InsertAcceptedRunsParams) error {
+	_, err := q.db.Exec(ctx, insertAcceptedRuns,
+		arg.DeviceIds,
+		arg.AttemptedUs,
+		arg.AcceptedUs,
+		arg.MessageIds,
+		arg.Chunks,
+		arg.Executions,
+		arg.GroupDueUs,
+		arg.Los,
+		arg.His,
+	)
+	return err
 }
 
 const insertFirstResults = `-- name: InsertFirstResults :exec
@@ -516,6 +606,13 @@ WITH input AS (
                 ELSE to_timestamp(0) + i.not_before_us * interval '1 microsecond' END AS not_before,
            i.first
     FROM input i
+), in_runs AS MATERIALIZED (
+    -- The devices accepted in the runs of the chunks this write's upserts
+    -- touch (none but for a chunk keeping runs whose write was made again).
+    SELECT r.message_id, s.device_id
+    FROM accepted_runs r
+    CROSS JOIN LATERAL unnest(r.devices) AS s(device_id)
+    WHERE (r.message_id, r.chunk) IN (SELECT DISTINCT i.message_id, i.chunk FROM input i WHERE NOT i.first)
 ), inserted AS (
     INSERT INTO deliveries (message_id, device_id, user_id, channel, chunk, due_at, status, reason,
                             attempt, attempted_at, accepted_at, not_before)
@@ -530,6 +627,9 @@ WITH input AS (
            r.attempt, r.attempted_at, r.accepted_at, r.not_before
     FROM result r
     WHERE NOT r.first
+      -- A delivery accepted in one of its chunk's runs (migration 0028)
+      -- is settled: a second result of it changes nothing.
+      AND NOT EXISTS (SELECT 1 FROM in_runs x WHERE x.message_id = r.message_id AND x.device_id = r.device_id)
     -- Written for the plan (TestLedgerPlansUseThePrimaryKey): each input
     -- row finds its delivery, if it has one, through the primary key on
     -- both its columns, a lookup per row, on any statistics.

@@ -10,6 +10,18 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
+type AcceptedRun struct {
+	MessageID   int64
+	Chunk       int32
+	Execution   int64
+	DueAt       time.Time
+	FirstDevice int64
+	LastDevice  int64
+	Devices     []int64
+	AttemptedUs []int64
+	AcceptedUs  []int64
+}
+
 type ApiKey struct {
 	ID         int64
 	Name       string

@@ -110,6 +110,10 @@ LEFT JOIN (
 ) d ON d.device_id = s.device_id
 WHERE c.message_id = @message_id AND c.chunk = @chunk
   AND coalesce(d.status, 'pending') = 'pending'
+  -- Nor those accepted in the chunk's runs (migration 0028): none on a
+  -- chunk's first attempt.
+  AND s.device_id NOT IN (SELECT unnest(r.devices) FROM accepted_runs r
+                          WHERE r.message_id = @message_id AND r.chunk = @chunk)
 ORDER BY s.device_id;
 
 -- name: RecordResults :many
@@ -169,6 +173,13 @@ WITH input AS (
                 ELSE to_timestamp(0) + i.not_before_us * interval '1 microsecond' END AS not_before,
            i.first
     FROM input i
+), in_runs AS MATERIALIZED (
+    -- The devices accepted in the runs of the chunks this write's upserts
+    -- touch (none but for a chunk keeping runs whose write was made again).
+    SELECT r.message_id, s.device_id
+    FROM accepted_runs r
+    CROSS JOIN LATERAL unnest(r.devices) AS s(device_id)
+    WHERE (r.message_id, r.chunk) IN (SELECT DISTINCT i.message_id, i.chunk FROM input i WHERE NOT i.first)
 ), inserted AS (
     INSERT INTO deliveries (message_id, device_id, user_id, channel, chunk, due_at, status, reason,
                             attempt, attempted_at, accepted_at, not_before)
@@ -183,6 +194,9 @@ WITH input AS (
            r.attempt, r.attempted_at, r.accepted_at, r.not_before
     FROM result r
     WHERE NOT r.first
+      -- A delivery accepted in one of its chunk's runs (migration 0028)
+      -- is settled: a second result of it changes nothing.
+      AND NOT EXISTS (SELECT 1 FROM in_runs x WHERE x.message_id = r.message_id AND x.device_id = r.device_id)
     -- Written for the plan (TestLedgerPlansUseThePrimaryKey): each input
     -- row finds its delivery, if it has one, through the primary key on
     -- both its columns, a lookup per row, on any statistics.
@@ -323,6 +337,42 @@ FROM (SELECT unnest(@message_ids::bigint[]) AS message_id,
              unnest(@attempted_us::bigint[]) AS attempted_us,
              unnest(@accepted_us::bigint[]) AS accepted_us,
              unnest(@not_before_us::bigint[]) AS not_before_us) i;
+
+-- name: CheckAcceptedRuns :exec
+-- Fails the ledger write (accepted_runs_conflict: accepted_runs_once) when
+-- a chunk execution's first results may not be written as it wrote them
+-- (migration 0028): another execution of its chunk has written a run, or,
+-- for the devices of a run about to be written (lo..hi of device_ids,
+-- 1-based; none when lo > hi), a ledger row names one of them (a cancel, a
+-- retried chunk's upsert). Each group is a (message, chunk, execution);
+-- its devices are ascending. db.WriteChunks then makes the write again as
+-- the upsert.
+SELECT CASE WHEN EXISTS (
+           SELECT 1
+           FROM (SELECT unnest(@message_ids::bigint[]) AS message_id, unnest(@chunks::integer[]) AS chunk,
+                        unnest(@executions::bigint[]) AS execution,
+                        unnest(@los::integer[]) AS lo, unnest(@his::integer[]) AS hi) g
+           WHERE EXISTS (SELECT 1 FROM accepted_runs r
+                         WHERE r.message_id = g.message_id AND r.chunk = g.chunk AND r.execution <> g.execution)
+              OR (g.lo <= g.hi AND EXISTS (
+                  SELECT 1 FROM deliveries d
+                  WHERE d.message_id = g.message_id
+                    AND d.device_id BETWEEN (@device_ids::bigint[])[g.lo] AND (@device_ids::bigint[])[g.hi]
+                    AND d.device_id = ANY ((@device_ids::bigint[])[g.lo:g.hi]))))
+       THEN accepted_runs_conflict() ELSE true END;
+
+-- name: InsertAcceptedRuns :exec
+-- Writes the accepted first results of chunk executions that keep them as
+-- runs (migration 0028), one row a (message, chunk): the slice lo..hi
+-- (1-based) of the flat arrays, its devices ascending. CheckAcceptedRuns
+-- comes first in the same transaction; db.WriteChunks counts the results.
+INSERT INTO accepted_runs (message_id, chunk, execution, due_at, first_device, last_device, devices, attempted_us, accepted_us)
+SELECT g.message_id, g.chunk, g.execution, to_timestamp(0) + g.due_us * interval '1 microsecond',
+       (@device_ids::bigint[])[g.lo], (@device_ids::bigint[])[g.hi], (@device_ids::bigint[])[g.lo:g.hi],
+       (@attempted_us::bigint[])[g.lo:g.hi], (@accepted_us::bigint[])[g.lo:g.hi]
+FROM (SELECT unnest(@message_ids::bigint[]) AS message_id, unnest(@chunks::integer[]) AS chunk,
+             unnest(@executions::bigint[]) AS execution, unnest(@group_due_us::bigint[]) AS due_us,
+             unnest(@los::integer[]) AS lo, unnest(@his::integer[]) AS hi) g;
 
 -- name: LockMessages :exec
 -- Locks messages' rows in the order of their ids, so that two ledger

@@ -1,0 +1,79 @@
+-- Accepted deliveries kept a run at a time (docs/architecture.md, the
+-- ledger's write path).
+--
+-- Since migration 0022 a delivery's ledger row is written once, by its
+-- result; at the instant nearly every result is an acceptance, and each
+-- one's row (a heap tuple, a primary-key entry, their WAL: some 3 µs of
+-- PostgreSQL and 250 bytes of WAL a device) was most of what a send cost
+-- the database. A chunk's acceptances are now written as runs: each ledger
+-- write appends one row a chunk holding the devices it accepted, with
+-- their times, in arrays. A delivery is still in exactly one place: a
+-- device of a chunk's snapshot is accepted in one of the chunk's runs, or
+-- has a row in deliveries (a failure, a withheld or throttled delivery, a
+-- cancel, anything written by a retried chunk's write), or neither, and
+-- then it is pending (or takes its message's fate, as before).
+--
+-- Runs are written by the chunk's execution that read the devices (each
+-- execution has a token of its own), and only while no other execution's
+-- run of the chunk exists and no ledger row names one of its devices: a
+-- write that finds either (a chunk taken over, retried, or a device
+-- cancelled meanwhile) fails on accepted_runs_once and is made again as
+-- the upsert, which skips what a run holds (db.WriteChunks). Every write
+-- holds its messages' rows locked (LockMessages), so two never interleave.
+CREATE TABLE accepted_runs (
+    message_id   bigint NOT NULL REFERENCES messages (id) ON DELETE CASCADE,
+    chunk        integer NOT NULL,
+    -- The chunk execution that wrote the run (random, not zero).
+    execution    bigint NOT NULL,
+    -- When its deliveries were due, as deliveries.due_at.
+    due_at       timestamptz NOT NULL,
+    first_device bigint NOT NULL,
+    last_device  bigint NOT NULL,
+    -- The accepted devices in ascending order, and when each was sent and
+    -- accepted (microseconds since the epoch), parallel to them.
+    devices      bigint[] NOT NULL,
+    attempted_us bigint[] NOT NULL,
+    accepted_us  bigint[] NOT NULL
+);
+
+CREATE INDEX accepted_runs_chunk_idx ON accepted_runs (message_id, chunk);
+
+ALTER TABLE accepted_runs ALTER COLUMN devices SET COMPRESSION lz4;
+ALTER TABLE accepted_runs ALTER COLUMN attempted_us SET COMPRESSION lz4;
+ALTER TABLE accepted_runs ALTER COLUMN accepted_us SET COMPRESSION lz4;
+
+-- What a run's write raises when it may not be written (see above).
+CREATE FUNCTION accepted_runs_conflict() RETURNS boolean LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'a delivery of an accepted run was written by another chunk execution'
+        USING ERRCODE = 'unique_violation', CONSTRAINT = 'accepted_runs_once';
+END
+$$;
+
+-- The ledger as the API lists it, runs included.
+CREATE OR REPLACE VIEW ledger AS
+SELECT d.message_id, d.device_id, d.user_id, d.channel, d.chunk, d.due_at, d.status, d.reason,
+       d.attempt, d.attempted_at, d.accepted_at, d.locale, d.not_before
+FROM deliveries d
+UNION ALL
+SELECT c.message_id, s.device_id, v.user_id, v.channel, c.chunk, c.due_at,
+       CASE WHEN m.state IN ('scheduled', 'dispatching') THEN 'pending'
+            WHEN m.state = 'cancelled' THEN 'cancelled'
+            ELSE 'expired' END,
+       NULL, 0::smallint, NULL, NULL, c.locales[s.n], NULL
+FROM chunk_devices c
+CROSS JOIN LATERAL unnest(c.devices) WITH ORDINALITY AS s(device_id, n)
+JOIN messages m ON m.id = c.message_id
+LEFT JOIN devices v ON v.id = s.device_id
+WHERE NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.message_id = c.message_id AND d.device_id = s.device_id)
+  AND NOT EXISTS (SELECT 1 FROM accepted_runs r
+                  WHERE r.message_id = c.message_id AND r.chunk = c.chunk AND s.device_id = ANY (r.devices))
+UNION ALL
+SELECT r.message_id, s.device_id, coalesce(v.user_id, g.user_id), coalesce(v.channel, g.channel), r.chunk, r.due_at,
+       'accepted', NULL, 1::smallint,
+       to_timestamp(0) + s.attempted_us * interval '1 microsecond',
+       to_timestamp(0) + s.accepted_us * interval '1 microsecond', NULL, NULL
+FROM accepted_runs r
+CROSS JOIN LATERAL unnest(r.devices, r.attempted_us, r.accepted_us) AS s(device_id, attempted_us, accepted_us)
+LEFT JOIN devices v ON v.id = s.device_id
+LEFT JOIN deleted_devices g ON v.id IS NULL AND g.id = s.device_id;
