@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"time"
 )
 
 // snapshotChunksAtOnce is how many chunks' snapshots ListDeliveries reads
@@ -14,8 +15,8 @@ const snapshotChunksAtOnce = 8
 // ListAllDeliveries is one page of a message's deliveries in device order,
 // as the API lists them: its ledger rows (the ListDeliveries query) merged
 // with the devices of its chunks' snapshots that have no row yet
-// (ListSnapshotDeliveries, migration 0022), pending, or with their
-// message's fate. A snapshot's chunks are read in the order of their first
+// (ListSnapshotDeliveries, migration 0022): accepted in a run of their
+// chunk (migration 0028), pending, or with their message's fate. A snapshot's chunks are read in the order of their first
 // device, a few at a time, until no later chunk can hold a device of the
 // page: a page near the start of a million-device message reads one or two
 // chunks, not the message. A reason filter reads the rows alone: a
@@ -28,8 +29,9 @@ func (qs *Queries) ListAllDeliveries(ctx context.Context, p ListDeliveriesParams
 	if p.Reason != nil {
 		return rows, nil
 	}
-	if p.Status != nil && *p.Status != "pending" && *p.Status != "cancelled" && *p.Status != "expired" {
-		// A delivery without a row was never answered.
+	if p.Status != nil && *p.Status == "failed" {
+		// A delivery without a row failed in no way: it is pending, with
+		// its message's fate, or accepted in a run (migration 0028).
 		return rows, nil
 	}
 	chunks, err := qs.SnapshotChunksAfter(ctx, SnapshotChunksAfterParams{MessageID: p.MessageID, AfterDeviceID: p.AfterDeviceID})
@@ -65,6 +67,7 @@ func (qs *Queries) ListAllDeliveries(ctx context.Context, p ListDeliveriesParams
 		for _, u := range unsent {
 			rows = append(rows, ListDeliveriesRow{
 				DeviceID: u.DeviceID, UserID: u.UserID, Channel: u.Channel, Status: u.Status, DueAt: u.DueAt,
+				AttemptedAt: unlessEpoch(u.AttemptedAt), AcceptedAt: unlessEpoch(u.AcceptedAt),
 				ConfirmedAt: u.ConfirmedAt, ConfirmedDeviceAt: u.ConfirmedDeviceAt, ConfirmedSkewMs: u.ConfirmedSkewMs,
 				OpenedAt: u.OpenedAt, OpenedDeviceAt: u.OpenedDeviceAt, AppID: u.AppID,
 			})
@@ -75,4 +78,12 @@ func (qs *Queries) ListAllDeliveries(ctx context.Context, p ListDeliveriesParams
 		}
 	}
 	return rows, nil
+}
+
+// unlessEpoch is t, or nil for the epoch, which a statement gives for none.
+func unlessEpoch(t time.Time) *time.Time {
+	if t.Equal(time.Unix(0, 0)) {
+		return nil
+	}
+	return &t
 }

@@ -45,7 +45,7 @@ func (q *Queries) ActiveDeviceCounts(ctx context.Context, userIds []string) ([]A
 	return items, nil
 }
 
-const cancelPendingForDevices = `-- name: CancelPendingForDevices :exec
+const cancelPendingOfDevices = `-- name: CancelPendingOfDevices :exec
 WITH input AS (
     SELECT unnest($1::bigint[]) AS device_id, unnest($2::text[]) AS former
 ), snapped AS (
@@ -79,6 +79,9 @@ WITH input AS (
     JOIN locked m ON m.id = s.message_id
     JOIN devices v ON v.id = s.device_id
     WHERE NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.message_id = s.message_id AND d.device_id = s.device_id)
+      -- One accepted in a run of its chunk (migration 0028) is settled.
+      AND NOT EXISTS (SELECT 1 FROM accepted_runs r
+                      WHERE r.message_id = s.message_id AND r.chunk = s.chunk AND s.device_id = ANY (r.devices))
     ON CONFLICT (message_id, device_id) DO NOTHING
     RETURNING message_id
 ), per_message AS (
@@ -93,7 +96,7 @@ FROM per_message p
 WHERE m.id = p.message_id
 `
 
-type CancelPendingForDevicesParams struct {
+type CancelPendingOfDevicesParams struct {
 	DeviceIds     []int64
 	FormerUserIds []string
 	Reason        string
@@ -122,9 +125,10 @@ type CancelPendingForDevicesParams struct {
 // The messages concerned are locked first, in the order of their ids, as a
 // ledger write locks them (LockMessages), so that a registration moving a
 // device and a chunk writing its results never wait for each other in a
-// cycle.
-func (q *Queries) CancelPendingForDevices(ctx context.Context, arg CancelPendingForDevicesParams) error {
-	_, err := q.db.Exec(ctx, cancelPendingForDevices,
+// cycle: by LockMessagesOfDevices, in a statement before this one (see
+// there), and again here, without waiting.
+func (q *Queries) CancelPendingOfDevices(ctx context.Context, arg CancelPendingOfDevicesParams) error {
+	_, err := q.db.Exec(ctx, cancelPendingOfDevices,
 		arg.DeviceIds,
 		arg.FormerUserIds,
 		arg.Reason,
@@ -275,6 +279,32 @@ func (q *Queries) ListUserDevices(ctx context.Context, arg ListUserDevicesParams
 		return nil, err
 	}
 	return items, nil
+}
+
+const lockMessagesOfDevices = `-- name: LockMessagesOfDevices :exec
+SELECT m.id
+FROM messages m
+WHERE m.state IN ('scheduled', 'dispatching')
+  AND (EXISTS (SELECT 1 FROM deliveries d
+               WHERE d.message_id = m.id AND d.device_id = ANY ($1::bigint[]) AND d.status = 'pending')
+       OR EXISTS (SELECT 1 FROM chunk_devices c
+                  WHERE c.message_id = m.id AND c.first_device <= (SELECT max(x) FROM unnest($1::bigint[]) x)
+                    AND c.last_device >= (SELECT min(x) FROM unnest($1::bigint[]) x)
+                    AND c.devices && $1::bigint[]))
+ORDER BY m.id
+FOR UPDATE
+`
+
+// Locks, in the order of their ids, the messages CancelPendingOfDevices
+// will change, so that its own reading comes after every ledger write of
+// theirs that committed meanwhile: a statement reads the database as it
+// was when it began, and one that waited for a message's lock would not
+// see a run (migration 0028) written while it waited, which no key stops
+// it from writing a row beside. db.Queries.CancelPendingForDevices runs
+// the two.
+func (q *Queries) LockMessagesOfDevices(ctx context.Context, deviceIds []int64) error {
+	_, err := q.db.Exec(ctx, lockMessagesOfDevices, deviceIds)
+	return err
 }
 
 const lockRegistered = `-- name: LockRegistered :many

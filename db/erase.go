@@ -25,7 +25,7 @@ func EraseDevices(ctx context.Context, q DBTX, deviceIDs []int64) error {
 	if err := qs.LockDirectoryExclusive(ctx); err != nil {
 		return fmt.Errorf("wait for messages being made: %w", err)
 	}
-	if err := qs.CancelPendingForDevices(ctx, CancelPendingForDevicesParams{DeviceIds: deviceIDs, Reason: ReasonDeviceDeleted}); err != nil {
+	if err := qs.CancelPendingForDevices(ctx, CancelPendingOfDevicesParams{DeviceIds: deviceIDs, Reason: ReasonDeviceDeleted}); err != nil {
 		return fmt.Errorf("cancel pending deliveries: %w", err)
 	}
 	if _, err := qs.DeleteDeviceReceipts(ctx, deviceIDs); err != nil {
@@ -50,3 +50,13 @@ const (
 	// installation whose own device took it over.
 	ReasonDeviceReplaced = "device_replaced"
 )
+
+// CancelPendingForDevices cancels the devices' pending deliveries
+// (CancelPendingOfDevices) once their messages are locked
+// (LockMessagesOfDevices), in q's transaction.
+func (q *Queries) CancelPendingForDevices(ctx context.Context, p CancelPendingOfDevicesParams) error {
+	if err := q.LockMessagesOfDevices(ctx, p.DeviceIds); err != nil {
+		return fmt.Errorf("lock the devices' messages: %w", err)
+	}
+	return q.CancelPendingOfDevices(ctx, p)
+}

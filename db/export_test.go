@@ -6,7 +6,7 @@ var (
 	ChunkPendingSQL         = chunkPending
 	ChunkSnapshotPendingSQL = chunkSnapshotPending
 	// CancelPendingForDevicesSQL is the erasure's cancel.
-	CancelPendingForDevicesSQL = cancelPendingForDevices
+	CancelPendingForDevicesSQL = cancelPendingOfDevices
 	// HeldDeliveriesSQL is what the API counts a message's held
 	// deliveries with.
 	HeldDeliveriesSQL = heldDeliveries

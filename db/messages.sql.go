@@ -625,9 +625,13 @@ func (q *Queries) ListMessages(ctx context.Context, arg ListMessagesParams) ([]M
 const listSnapshotDeliveries = `-- name: ListSnapshotDeliveries :many
 SELECT s.device_id::bigint AS device_id, coalesce(v.user_id, g.user_id, '')::text AS user_id,
        coalesce(v.channel, g.channel, '')::text AS channel,
-       (CASE WHEN m.state IN ('scheduled', 'dispatching') THEN 'pending'
+       (CASE WHEN a.device_id IS NOT NULL THEN 'accepted'
+             WHEN m.state IN ('scheduled', 'dispatching') THEN 'pending'
              WHEN m.state = 'cancelled' THEN 'cancelled'
              ELSE 'expired' END)::text AS status,
+       -- The epoch for none (db.ListAllDeliveries).
+       coalesce(a.attempted_at, 'epoch')::timestamptz AS attempted_at,
+       coalesce(a.accepted_at, 'epoch')::timestamptz AS accepted_at,
        c.due_at,
        rd.received_at AS confirmed_at, rd.device_at AS confirmed_device_at, rd.skew_ms AS confirmed_skew_ms,
        ro.received_at AS opened_at, ro.device_at AS opened_device_at,
@@ -635,6 +639,12 @@ SELECT s.device_id::bigint AS device_id, coalesce(v.user_id, g.user_id, '')::tex
 FROM chunk_devices c
 CROSS JOIN LATERAL unnest(c.devices) WITH ORDINALITY AS s(device_id, n)
 JOIN messages m ON m.id = c.message_id
+LEFT JOIN (SELECT r.chunk, unnest(r.devices) AS device_id,
+                  (to_timestamp(0) + unnest(r.attempted_us) * interval '1 microsecond')::timestamptz AS attempted_at,
+                  (to_timestamp(0) + unnest(r.accepted_us) * interval '1 microsecond')::timestamptz AS accepted_at
+           FROM accepted_runs r
+           WHERE r.message_id = $1 AND r.chunk = ANY ($2::integer[])
+             AND r.last_device > $3::bigint) a ON a.chunk = c.chunk AND a.device_id = s.device_id
 LEFT JOIN receipts rd ON rd.message_id = m.id AND rd.device_id = s.device_id AND rd.event = 'delivered'
 LEFT JOIN receipts ro ON ro.message_id = m.id AND ro.device_id = s.device_id AND ro.event = 'opened'
 LEFT JOIN devices v ON v.id = s.device_id
@@ -644,7 +654,8 @@ WHERE m.id = $1
   AND s.device_id > $3::bigint
   AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.message_id = m.id AND d.device_id = s.device_id)
   AND ($4::text IS NULL
-       OR $4::text = (CASE WHEN m.state IN ('scheduled', 'dispatching') THEN 'pending'
+       OR $4::text = (CASE WHEN a.device_id IS NOT NULL THEN 'accepted'
+                                            WHEN m.state IN ('scheduled', 'dispatching') THEN 'pending'
                                             WHEN m.state = 'cancelled' THEN 'cancelled'
                                             ELSE 'expired' END))
   AND ($5::boolean IS NULL OR (rd.message_id IS NOT NULL) = $5::boolean)
@@ -668,6 +679,8 @@ type ListSnapshotDeliveriesRow struct {
 	UserID            string
 	Channel           string
 	Status            string
+	AttemptedAt       time.Time
+	AcceptedAt        time.Time
 	DueAt             time.Time
 	ConfirmedAt       *time.Time
 	ConfirmedDeviceAt *time.Time
@@ -679,11 +692,12 @@ type ListSnapshotDeliveriesRow struct {
 
 // The deliveries of the given chunks' snapshots that have no ledger row
 // (migration 0022), after a cursor, as ListDeliveries lists a row: such a
-// delivery is pending while its message is, cancelled with it, or expired
-// with it when the reconciler settled it; its user and channel are its
-// device's, which no move has changed, or what the device was when it was
-// deleted since (migration 0025). An early receipt may be there before the
-// row is.
+// delivery is accepted when a run of its chunk holds it (migration 0028),
+// with the times the run keeps; otherwise it is pending while its message
+// is, cancelled with it, or expired with it when the reconciler settled
+// it. Its user and channel are its device's, which no move has changed, or
+// what the device was when it was deleted since (migration 0025). An early
+// receipt may be there before the row is.
 func (q *Queries) ListSnapshotDeliveries(ctx context.Context, arg ListSnapshotDeliveriesParams) ([]ListSnapshotDeliveriesRow, error) {
 	rows, err := q.db.Query(ctx, listSnapshotDeliveries,
 		arg.MessageID,
@@ -706,6 +720,8 @@ func (q *Queries) ListSnapshotDeliveries(ctx context.Context, arg ListSnapshotDe
 			&i.UserID,
 			&i.Channel,
 			&i.Status,
+			&i.AttemptedAt,
+			&i.AcceptedAt,
 			&i.DueAt,
 			&i.ConfirmedAt,
 			&i.ConfirmedDeviceAt,

@@ -146,7 +146,7 @@ func (r *Registering) Write(ctx context.Context) ([]RegisterDevicesRow, error) {
 	}
 	if len(replaced) > 0 {
 		slices.Sort(replaced)
-		if err := r.q.CancelPendingForDevices(ctx, CancelPendingForDevicesParams{DeviceIds: replaced, Reason: ReasonDeviceReplaced}); err != nil {
+		if err := r.q.CancelPendingForDevices(ctx, CancelPendingOfDevicesParams{DeviceIds: replaced, Reason: ReasonDeviceReplaced}); err != nil {
 			return nil, fmt.Errorf("cancel replaced devices' deliveries: %w", err)
 		}
 		if _, err := r.q.DeleteDevices(ctx, replaced); err != nil {
@@ -168,7 +168,7 @@ func (r *Registering) Write(ctx context.Context) ([]RegisterDevicesRow, error) {
 			order[i] = i
 		}
 		slices.SortFunc(order, func(i, j int) int { return cmp.Compare(moved[i], moved[j]) })
-		p := CancelPendingForDevicesParams{Reason: ReasonDeviceMoved, OnlyMoved: true}
+		p := CancelPendingOfDevicesParams{Reason: ReasonDeviceMoved, OnlyMoved: true}
 		for _, i := range order {
 			p.DeviceIds, p.FormerUserIds = append(p.DeviceIds, moved[i]), append(p.FormerUserIds, formerOwners[i])
 		}

@@ -194,7 +194,10 @@ func StrandedChunks(ctx context.Context, q DBTX) (int64, error) {
 			SELECT 1 FROM chunk_devices c CROSS JOIN LATERAL unnest(c.devices) AS s(id)
 			WHERE c.message_id = idle.message_id AND c.chunk = idle.chunk
 			  AND NOT EXISTS (SELECT 1 FROM deliveries d
-			                  WHERE d.message_id = c.message_id AND d.device_id = s.id AND d.status <> 'pending'))`).Scan(&n)
+			                  WHERE d.message_id = c.message_id AND d.device_id = s.id AND d.status <> 'pending')
+			  -- Nor one accepted in a run of the chunk (migration 0028).
+			  AND s.id NOT IN (SELECT unnest(r.devices) FROM accepted_runs r
+			                   WHERE r.message_id = c.message_id AND r.chunk = c.chunk))`).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("count stranded chunks: %w", err)
 	}

@@ -146,6 +146,21 @@ func TestAcceptedRuns(t *testing.T) {
 		"7 u7 fcm expired quiet_hours 0 - - -",
 	}, want.Ledger)
 	require.Equal(t, want, read(runs), "written with runs")
+	// The API's listing, whole, a page at a time and by status.
+	list := func(id int64, status string, after int64, page int32) []db.ListDeliveriesRow {
+		p := db.ListDeliveriesParams{MessageID: id, AfterDeviceID: after, PageSize: page}
+		if status != "" {
+			p.Status = &status
+		}
+		got, err := db.On(tdb.Pool).ListAllDeliveries(ctx, p)
+		require.NoError(t, err)
+		return got
+	}
+	for _, status := range []string{"", "accepted", "pending", "failed", "cancelled"} {
+		require.Equal(t, list(rows, status, 0, 100), list(runs, status, 0, 100), "listed, status %q", status)
+	}
+	require.Len(t, list(runs, "accepted", 0, 100), 3)
+	require.Equal(t, list(rows, "", dev[1], 2), list(runs, "", dev[1], 2), "a page after the first device")
 	require.Equal(t, 1, count("SELECT count(*) FROM accepted_runs WHERE message_id = $1", runs))
 	require.Equal(t, 3, count("SELECT cardinality(devices) FROM accepted_runs WHERE message_id = $1", runs))
 	require.Equal(t, 4, count("SELECT count(*) FROM deliveries WHERE message_id = $1", runs), "the acceptances have no row")
@@ -200,4 +215,86 @@ func TestAcceptedRuns(t *testing.T) {
 		"7 u7 fcm pending - 0 - - -",
 	}, got.Ledger)
 	require.Equal(t, []int64{6, 7}, pendingOf(late))
+}
+
+// TestRunsSettleTheirDevices: a device accepted in a run is settled for
+// whatever settles what is pending: its deletion cancels nothing of it,
+// even when the run was written while the cancel waited for the message's
+// lock (a statement that waited reads the database as it began: the
+// cancel locks first, then reads), and a stuck message's expiry counts
+// only the devices neither in a run nor with a row.
+func TestRunsSettleTheirDevices(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tdb := dbtest.New(t)
+	var first int64
+	require.NoError(t, tdb.Pool.QueryRow(ctx, `
+		WITH u AS (INSERT INTO users (id) VALUES ('a')),
+		d AS (INSERT INTO devices (user_id, channel, token, environment)
+		      SELECT 'a', 'fcm', 'tok-' || i, 'production' FROM generate_series(1, 4) i RETURNING id)
+		SELECT min(id) FROM d`).Scan(&first))
+	due := time.Now().Add(-time.Minute).Truncate(time.Microsecond)
+	var id int64
+	require.NoError(t, tdb.Pool.QueryRow(ctx, `
+		WITH p AS (INSERT INTO payloads (content) VALUES ('{}') RETURNING id),
+		m AS (INSERT INTO messages (state, priority, dispatch_at, expires_at, payload_id, audience, device_count, chunk_count,
+		                            pending_count)
+		      SELECT 'dispatching', 'bulk', $1, $1::timestamptz + interval '1 hour', p.id, '{}', 4, 1, 4 FROM p
+		      RETURNING id),
+		c AS (INSERT INTO chunk_devices (message_id, chunk, due_at, first_device, last_device, devices)
+		      SELECT m.id, 0, $1, $2::bigint, $2::bigint + 3, ARRAY(SELECT generate_series($2::bigint, $2::bigint + 3)) FROM m)
+		SELECT id FROM m`, due, first).Scan(&id))
+	counters := func() (pending, accepted, cancelled, expired int) {
+		require.NoError(t, tdb.Pool.QueryRow(ctx, `
+			SELECT pending_count, accepted_count, cancelled_count, expired_count FROM messages WHERE id = $1`, id).
+			Scan(&pending, &accepted, &cancelled, &expired))
+		return
+	}
+
+	// A ledger write holds the message's lock while the first device's
+	// deletion waits for it, and writes that device's run.
+	writer, err := tdb.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer writer.Rollback(ctx) //nolint:errcheck // after the commit, a no-op
+	_, err = writer.Exec(ctx, "SELECT id FROM messages WHERE id = $1 FOR UPDATE", id)
+	require.NoError(t, err)
+	cancelled := make(chan error, 1)
+	go func() {
+		tx, err := tdb.Pool.Begin(ctx)
+		if err == nil {
+			err = db.On(tx).CancelPendingForDevices(ctx, db.CancelPendingOfDevicesParams{
+				DeviceIds: []int64{first, first + 1}, Reason: db.ReasonDeviceDeleted})
+			if err == nil {
+				err = tx.Commit(ctx)
+			}
+		}
+		cancelled <- err
+	}()
+	require.Eventually(t, func() bool {
+		var waiting bool
+		require.NoError(t, tdb.Pool.QueryRow(ctx, `
+			SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock')`).
+			Scan(&waiting))
+		return waiting
+	}, 10*time.Second, 5*time.Millisecond, "the cancel waits for the message")
+	_, err = writer.Exec(ctx, `
+		INSERT INTO accepted_runs (message_id, chunk, execution, due_at, first_device, last_device, devices, attempted_us, accepted_us)
+		VALUES ($1, 0, 7, $2, $3, $3, ARRAY[$3::bigint], ARRAY[1::bigint], ARRAY[2::bigint])`, id, due, first)
+	require.NoError(t, err)
+	_, err = writer.Exec(ctx, "UPDATE messages SET pending_count = 3, accepted_count = 1 WHERE id = $1", id)
+	require.NoError(t, err)
+	require.NoError(t, writer.Commit(ctx))
+	require.NoError(t, <-cancelled)
+	pending, accepted, cancelledN, _ := counters()
+	require.Equal(t, []int{2, 1, 1}, []int{pending, accepted, cancelledN}, "the second device cancelled, the first accepted")
+	var rows int
+	require.NoError(t, tdb.Pool.QueryRow(ctx, "SELECT count(*) FROM ledger WHERE message_id = $1", id).Scan(&rows))
+	require.Equal(t, 4, rows, "each device once")
+
+	// The message is stuck: its expiry expires the two devices left.
+	expired, err := db.On(tdb.Pool).ExpireStuckDeliveries(ctx, id)
+	require.NoError(t, err)
+	require.Equal(t, []db.ExpireStuckDeliveriesRow{{Channel: "fcm", Expired: 2}}, expired)
+	pending, accepted, cancelledN, expiredN := counters()
+	require.Equal(t, []int{0, 1, 1, 2}, []int{pending, accepted, cancelledN, expiredN})
 }

@@ -364,7 +364,7 @@ func (c RetainerConfig) deleteEvictedDevices(ctx context.Context, cutoff time.Ti
 		if err != nil || len(ids) == 0 {
 			return err
 		}
-		if err := q.CancelPendingForDevices(ctx, db.CancelPendingForDevicesParams{DeviceIds: ids, Reason: db.ReasonDeviceEvicted}); err != nil {
+		if err := q.CancelPendingForDevices(ctx, db.CancelPendingOfDevicesParams{DeviceIds: ids, Reason: db.ReasonDeviceEvicted}); err != nil {
 			return fmt.Errorf("cancel pending deliveries: %w", err)
 		}
 		n, err = q.DeleteDevices(ctx, ids)

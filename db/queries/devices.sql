@@ -89,7 +89,27 @@ GROUP BY user_id;
 -- name: DeleteDevice :execrows
 DELETE FROM devices WHERE id = @id;
 
--- name: CancelPendingForDevices :exec
+-- name: LockMessagesOfDevices :exec
+-- Locks, in the order of their ids, the messages CancelPendingOfDevices
+-- will change, so that its own reading comes after every ledger write of
+-- theirs that committed meanwhile: a statement reads the database as it
+-- was when it began, and one that waited for a message's lock would not
+-- see a run (migration 0028) written while it waited, which no key stops
+-- it from writing a row beside. db.Queries.CancelPendingForDevices runs
+-- the two.
+SELECT m.id
+FROM messages m
+WHERE m.state IN ('scheduled', 'dispatching')
+  AND (EXISTS (SELECT 1 FROM deliveries d
+               WHERE d.message_id = m.id AND d.device_id = ANY (@device_ids::bigint[]) AND d.status = 'pending')
+       OR EXISTS (SELECT 1 FROM chunk_devices c
+                  WHERE c.message_id = m.id AND c.first_device <= (SELECT max(x) FROM unnest(@device_ids::bigint[]) x)
+                    AND c.last_device >= (SELECT min(x) FROM unnest(@device_ids::bigint[]) x)
+                    AND c.devices && @device_ids::bigint[]))
+ORDER BY m.id
+FOR UPDATE;
+
+-- name: CancelPendingOfDevices :exec
 -- Cancels the devices' pending deliveries, with the reason given, and moves
 -- their messages' counters: a deleted device is sent nothing more, nor is a
 -- device moved to another user anything of its former owner's (with
@@ -112,7 +132,8 @@ DELETE FROM devices WHERE id = @id;
 -- The messages concerned are locked first, in the order of their ids, as a
 -- ledger write locks them (LockMessages), so that a registration moving a
 -- device and a chunk writing its results never wait for each other in a
--- cycle.
+-- cycle: by LockMessagesOfDevices, in a statement before this one (see
+-- there), and again here, without waiting.
 WITH input AS (
     SELECT unnest(@device_ids::bigint[]) AS device_id, unnest(@former_user_ids::text[]) AS former
 ), snapped AS (
@@ -146,6 +167,9 @@ WITH input AS (
     JOIN locked m ON m.id = s.message_id
     JOIN devices v ON v.id = s.device_id
     WHERE NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.message_id = s.message_id AND d.device_id = s.device_id)
+      -- One accepted in a run of its chunk (migration 0028) is settled.
+      AND NOT EXISTS (SELECT 1 FROM accepted_runs r
+                      WHERE r.message_id = s.message_id AND r.chunk = s.chunk AND s.device_id = ANY (r.devices))
     ON CONFLICT (message_id, device_id) DO NOTHING
     RETURNING message_id
 ), per_message AS (

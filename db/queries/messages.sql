@@ -171,16 +171,21 @@ ORDER BY first_device, chunk;
 -- name: ListSnapshotDeliveries :many
 -- The deliveries of the given chunks' snapshots that have no ledger row
 -- (migration 0022), after a cursor, as ListDeliveries lists a row: such a
--- delivery is pending while its message is, cancelled with it, or expired
--- with it when the reconciler settled it; its user and channel are its
--- device's, which no move has changed, or what the device was when it was
--- deleted since (migration 0025). An early receipt may be there before the
--- row is.
+-- delivery is accepted when a run of its chunk holds it (migration 0028),
+-- with the times the run keeps; otherwise it is pending while its message
+-- is, cancelled with it, or expired with it when the reconciler settled
+-- it. Its user and channel are its device's, which no move has changed, or
+-- what the device was when it was deleted since (migration 0025). An early
+-- receipt may be there before the row is.
 SELECT s.device_id::bigint AS device_id, coalesce(v.user_id, g.user_id, '')::text AS user_id,
        coalesce(v.channel, g.channel, '')::text AS channel,
-       (CASE WHEN m.state IN ('scheduled', 'dispatching') THEN 'pending'
+       (CASE WHEN a.device_id IS NOT NULL THEN 'accepted'
+             WHEN m.state IN ('scheduled', 'dispatching') THEN 'pending'
              WHEN m.state = 'cancelled' THEN 'cancelled'
              ELSE 'expired' END)::text AS status,
+       -- The epoch for none (db.ListAllDeliveries).
+       coalesce(a.attempted_at, 'epoch')::timestamptz AS attempted_at,
+       coalesce(a.accepted_at, 'epoch')::timestamptz AS accepted_at,
        c.due_at,
        rd.received_at AS confirmed_at, rd.device_at AS confirmed_device_at, rd.skew_ms AS confirmed_skew_ms,
        ro.received_at AS opened_at, ro.device_at AS opened_device_at,
@@ -188,6 +193,12 @@ SELECT s.device_id::bigint AS device_id, coalesce(v.user_id, g.user_id, '')::tex
 FROM chunk_devices c
 CROSS JOIN LATERAL unnest(c.devices) WITH ORDINALITY AS s(device_id, n)
 JOIN messages m ON m.id = c.message_id
+LEFT JOIN (SELECT r.chunk, unnest(r.devices) AS device_id,
+                  (to_timestamp(0) + unnest(r.attempted_us) * interval '1 microsecond')::timestamptz AS attempted_at,
+                  (to_timestamp(0) + unnest(r.accepted_us) * interval '1 microsecond')::timestamptz AS accepted_at
+           FROM accepted_runs r
+           WHERE r.message_id = @message_id AND r.chunk = ANY (@chunks::integer[])
+             AND r.last_device > @after_device_id::bigint) a ON a.chunk = c.chunk AND a.device_id = s.device_id
 LEFT JOIN receipts rd ON rd.message_id = m.id AND rd.device_id = s.device_id AND rd.event = 'delivered'
 LEFT JOIN receipts ro ON ro.message_id = m.id AND ro.device_id = s.device_id AND ro.event = 'opened'
 LEFT JOIN devices v ON v.id = s.device_id
@@ -197,7 +208,8 @@ WHERE m.id = @message_id
   AND s.device_id > @after_device_id::bigint
   AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.message_id = m.id AND d.device_id = s.device_id)
   AND (sqlc.narg('status')::text IS NULL
-       OR sqlc.narg('status')::text = (CASE WHEN m.state IN ('scheduled', 'dispatching') THEN 'pending'
+       OR sqlc.narg('status')::text = (CASE WHEN a.device_id IS NOT NULL THEN 'accepted'
+                                            WHEN m.state IN ('scheduled', 'dispatching') THEN 'pending'
                                             WHEN m.state = 'cancelled' THEN 'cancelled'
                                             ELSE 'expired' END))
   AND (sqlc.narg('confirmed')::boolean IS NULL OR (rd.message_id IS NOT NULL) = sqlc.narg('confirmed')::boolean)

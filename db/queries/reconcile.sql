@@ -16,7 +16,7 @@ LIMIT @batch;
 -- Expires what a stuck message still has pending and moves its counters,
 -- after LockMessage; returns how many expired per channel. Its pending
 -- ledger rows are settled; the devices of its chunks' snapshots that have
--- no row (migration 0022) are left without one: a settled message's
+-- no row (migration 0022) and are in no run (0028) are left without one: a settled message's
 -- snapshot devices without a row are expired (ListDeliveries), and what
 -- they are counted here by channel (a device deleted since by the channel
 -- it had, migration 0025).
@@ -33,6 +33,9 @@ WITH expired AS (
     LEFT JOIN deleted_devices g ON v.id IS NULL AND g.id = s.device_id
     WHERE c.message_id = @message_id::bigint
       AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.message_id = c.message_id AND d.device_id = s.device_id)
+      -- Nor one accepted in a run of its chunk (migration 0028).
+      AND s.device_id NOT IN (SELECT unnest(r.devices) FROM accepted_runs r
+                              WHERE r.message_id = c.message_id AND r.chunk = c.chunk)
 ), every AS (
     SELECT channel FROM expired UNION ALL SELECT channel FROM unsent
 ), moved AS (
