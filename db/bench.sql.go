@@ -14,7 +14,7 @@ import (
 
 const acceptanceSpan = `-- name: AcceptanceSpan :one
 SELECT min(accepted_at)::timestamptz AS first, max(accepted_at)::timestamptz AS last
-FROM deliveries
+FROM ledger
 WHERE message_id = $1 AND status = 'accepted'
 `
 
@@ -33,7 +33,7 @@ func (q *Queries) AcceptanceSpan(ctx context.Context, messageID int64) (Acceptan
 
 const acceptedSkews = `-- name: AcceptedSkews :many
 SELECT (extract(epoch FROM accepted_at - due_at) * 1000)::double precision AS skew_ms
-FROM deliveries
+FROM ledger
 WHERE message_id = $1 AND status = 'accepted'
 ORDER BY 1
 `
@@ -452,7 +452,7 @@ func (q *Queries) SetBenchPreferences(ctx context.Context, arg SetBenchPreferenc
 const skewSpan = `-- name: SkewSpan :one
 SELECT coalesce(min(extract(epoch FROM accepted_at - due_at) * 1000), -1)::double precision AS first_ms,
        coalesce(max(extract(epoch FROM accepted_at - due_at) * 1000), -1)::double precision AS last_ms
-FROM deliveries
+FROM ledger
 WHERE message_id = $1 AND status = 'accepted'
 `
 

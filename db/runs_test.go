@@ -1,8 +1,10 @@
 package db_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -54,7 +56,8 @@ func TestAcceptedRuns(t *testing.T) {
 			      SELECT 'dispatching', 'bulk', $1, $1::timestamptz + interval '1 hour', p.id, '{}', 7, 1, 7 FROM p
 			      RETURNING id),
 			c AS (INSERT INTO chunk_devices (message_id, chunk, due_at, first_device, last_device, devices)
-			      SELECT m.id, 0, $1, $2::bigint, $2::bigint + 6, ARRAY(SELECT generate_series($2::bigint, $2::bigint + 6)) FROM m)
+			      SELECT m.id, 0, $1, $2::bigint, $2::bigint + 6, ARRAY(SELECT generate_series($2::bigint, $2::bigint + 6)) FROM m),
+			j AS (INSERT INTO message_chunks (message_id, chunk, job_id, due_at, device_count) SELECT m.id, 0, 1, $1, 7 FROM m)
 			SELECT id FROM m`, due, dev[1]).Scan(&id))
 		return id
 	}
@@ -161,6 +164,39 @@ func TestAcceptedRuns(t *testing.T) {
 	}
 	require.Len(t, list(runs, "accepted", 0, 100), 3)
 	require.Equal(t, list(rows, "", dev[1], 2), list(runs, "", dev[1], 2), "a page after the first device")
+	// Every other reader of the ledger: the waves, the per-app counts, the
+	// dashboard's skews and failures, the receipts' early flag.
+	q := db.On(tdb.Pool)
+	readers := func(id int64) []any {
+		waves, err := q.MessageWaves(ctx, id)
+		require.NoError(t, err)
+		apps, err := q.MessageAppCounts(ctx, id)
+		require.NoError(t, err)
+		skews, err := q.SkewHistogram(ctx, db.SkewHistogramParams{MessageID: id, Buckets: 10})
+		require.NoError(t, err)
+		failures, err := q.FailureReasons(ctx, id)
+		require.NoError(t, err)
+		receipts, err := q.RecordReceipts(ctx, db.RecordReceiptsParams{MessageIds: []int64{id, id, id},
+			DeviceIds: []int64{dev[1], dev[5], dev[6]}, Events: []string{"delivered", "delivered", "delivered"},
+			DeviceAtUs: []int64{0, 0, 0}})
+		require.NoError(t, err)
+		early, err := q.EarlyUnaccepted(ctx, []int64{id})
+		require.NoError(t, err)
+		var flags []bool
+		require.NoError(t, tdb.Pool.QueryRow(ctx, "SELECT array_agg(early ORDER BY device_id) FROM receipts WHERE message_id = $1", id).Scan(&flags))
+		for i := range receipts {
+			receipts[i].MessageID, receipts[i].SkewMs = 0, 0
+		}
+		slices.SortFunc(receipts, func(a, b db.RecordReceiptsRow) int { return cmp.Compare(a.DeviceID, b.DeviceID) })
+		for i := range early {
+			early[i].MessageID = 0
+		}
+		return []any{waves, apps, skews, failures, receipts, early, flags}
+	}
+	seen := readers(runs)
+	require.Equal(t, readers(rows), seen)
+	require.Equal(t, []bool{false, true, false}, seen[6], "the throttled device's receipt alone is early")
+	require.Equal(t, int32(3), seen[0].([]db.MessageWavesRow)[0].Accepted)
 	require.Equal(t, 1, count("SELECT count(*) FROM accepted_runs WHERE message_id = $1", runs))
 	require.Equal(t, 3, count("SELECT cardinality(devices) FROM accepted_runs WHERE message_id = $1", runs))
 	require.Equal(t, 4, count("SELECT count(*) FROM deliveries WHERE message_id = $1", runs), "the acceptances have no row")
@@ -179,6 +215,30 @@ func TestAcceptedRuns(t *testing.T) {
 	require.Equal(t, []int32{0, 4, 1, 1, 1, 1, 1}, after.Counters)
 	require.Equal(t, "1 u1 fcm accepted - 1 00:00:00.001 00:00:00.00121 -", after.Ledger[0], "the first acceptance stands")
 	require.Len(t, after.Ledger, 7, "each delivery once")
+
+	// The rows' message gets the same last result; both settle with the
+	// same percentiles.
+	settle := func(id int64, execution int64) []any {
+		w := db.ChunkWrite{MessageID: id, Settle: true}
+		if execution != 0 {
+			w.Executions = map[int32]int64{0: execution}
+		}
+		k := key(id, 5)
+		k.First = false
+		w.Results.Add(k, "accepted", "", dueUs+2_100_000, dueUs+2_100_300)
+		_, err := db.WriteChunks(ctx, tdb.Pool, []db.ChunkWrite{w})
+		require.NoError(t, err)
+		var state string
+		// The SLO's skew is the expired delivery's, measured to now.
+		var p50, p95, p99, max float64
+		require.NoError(t, tdb.Pool.QueryRow(ctx, `
+			SELECT state, skew_p50_ms, skew_p95_ms, skew_p99_ms, skew_max_ms FROM messages WHERE id = $1`, id).
+			Scan(&state, &p50, &p95, &p99, &max))
+		return []any{state, p50, p95, p99, max}
+	}
+	settled := settle(rows, 0)
+	require.Equal(t, "dispatched", settled[0])
+	require.Equal(t, settled, settle(runs, 42), "settled alike")
 
 	// A replaced execution's late write after a newer execution's run, and a
 	// row written meanwhile (a cancel) under a run's device: each is written
@@ -215,6 +275,20 @@ func TestAcceptedRuns(t *testing.T) {
 		"7 u7 fcm pending - 0 - - -",
 	}, got.Ledger)
 	require.Equal(t, []int64{6, 7}, pendingOf(late))
+
+	// A receipt that came before its delivery's acceptance is early until
+	// a run holds the delivery.
+	ahead := message()
+	_, err = q.RecordReceipts(ctx, db.RecordReceiptsParams{MessageIds: []int64{ahead}, DeviceIds: []int64{dev[1]},
+		Events: []string{"delivered"}, DeviceAtUs: []int64{0}})
+	require.NoError(t, err)
+	early, err := q.EarlyUnaccepted(ctx, []int64{ahead})
+	require.NoError(t, err)
+	require.Equal(t, []db.EarlyUnacceptedRow{{MessageID: ahead, Receipts: 1}}, early)
+	write(ahead, 61, func(r *db.RecordResultsParams) { r.Add(key(ahead, 1), "accepted", "", dueUs+1_000, dueUs+1_100) })
+	early, err = q.EarlyUnaccepted(ctx, []int64{ahead})
+	require.NoError(t, err)
+	require.Empty(t, early)
 }
 
 // TestRunsSettleTheirDevices: a device accepted in a run is settled for

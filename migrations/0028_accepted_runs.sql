@@ -66,8 +66,10 @@ CROSS JOIN LATERAL unnest(c.devices) WITH ORDINALITY AS s(device_id, n)
 JOIN messages m ON m.id = c.message_id
 LEFT JOIN devices v ON v.id = s.device_id
 WHERE NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.message_id = c.message_id AND d.device_id = s.device_id)
-  AND NOT EXISTS (SELECT 1 FROM accepted_runs r
-                  WHERE r.message_id = c.message_id AND r.chunk = c.chunk AND s.device_id = ANY (r.devices))
+  -- Joined whole, not looked up a device at a time: a run's array is
+  -- searched from its start.
+  AND NOT EXISTS (SELECT 1 FROM accepted_runs r CROSS JOIN LATERAL unnest(r.devices) AS a(device_id)
+                  WHERE r.message_id = c.message_id AND a.device_id = s.device_id)
 UNION ALL
 SELECT r.message_id, s.device_id, coalesce(v.user_id, g.user_id), coalesce(v.channel, g.channel), r.chunk, r.due_at,
        'accepted', NULL, 1::smallint,

@@ -15,14 +15,14 @@ ORDER BY chunk;
 -- name: AcceptedSkews :many
 -- Every accepted delivery's skew in milliseconds, in order.
 SELECT (extract(epoch FROM accepted_at - due_at) * 1000)::double precision AS skew_ms
-FROM deliveries
+FROM ledger
 WHERE message_id = @message_id AND status = 'accepted'
 ORDER BY 1;
 
 -- name: AcceptanceSpan :one
 -- First and last acceptance of a message: its fan-out time.
 SELECT min(accepted_at)::timestamptz AS first, max(accepted_at)::timestamptz AS last
-FROM deliveries
+FROM ledger
 WHERE message_id = @message_id AND status = 'accepted';
 
 -- name: AnalyzeDeliveries :exec
@@ -159,7 +159,7 @@ SELECT a.pid::integer AS pid FROM pg_stat_get_activity(NULL) AS a WHERE a.applic
 -- milliseconds (database clock).
 SELECT coalesce(min(extract(epoch FROM accepted_at - due_at) * 1000), -1)::double precision AS first_ms,
        coalesce(max(extract(epoch FROM accepted_at - due_at) * 1000), -1)::double precision AS last_ms
-FROM deliveries
+FROM ledger
 WHERE message_id = @message_id AND status = 'accepted';
 
 -- name: BenchConfirmed :one

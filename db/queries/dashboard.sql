@@ -7,9 +7,15 @@
 -- least 1 ms per bucket, so that a message whose skews lie close together
 -- gets readable bars rather than slivers of a microsecond.
 WITH skew AS (
-    SELECT (extract(epoch FROM accepted_at - due_at) * 1000)::double precision AS ms
-    FROM deliveries
-    WHERE message_id = @message_id AND status = 'accepted'
+    SELECT (extract(epoch FROM d.accepted_at - d.due_at) * 1000)::double precision AS ms
+    FROM deliveries d
+    WHERE d.message_id = @message_id AND d.status = 'accepted'
+    UNION ALL
+    -- The acceptances kept in runs (migration 0028).
+    SELECT (extract(epoch FROM (to_timestamp(0) + a.us * interval '1 microsecond') - r.due_at) * 1000)::double precision
+    FROM accepted_runs r
+    CROSS JOIN LATERAL unnest(r.accepted_us) AS a(us)
+    WHERE r.message_id = @message_id
 ), bounds AS (
     SELECT floor(min(ms)) AS lo, greatest(ceil(max(ms)), floor(min(ms)) + @buckets::integer) AS hi FROM skew
 )

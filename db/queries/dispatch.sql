@@ -460,6 +460,13 @@ SET state = CASE WHEN m.accepted_count + m.failed_count = 0 AND m.expired_count 
                        END AS s
                 FROM deliveries d
                 WHERE d.message_id = m.id AND d.status IN ('accepted', 'failed', 'expired')
+                UNION ALL
+                -- The acceptances kept in runs (migration 0028).
+                SELECT 'accepted', r.chunk >= 0,
+                       date_part('epoch', (to_timestamp(0) + u.us * interval '1 microsecond') - r.due_at) * 1000
+                FROM accepted_runs r
+                CROSS JOIN LATERAL unnest(r.accepted_us) AS u(us)
+                WHERE r.message_id = m.id
             ) a
         ) g
     )

@@ -113,13 +113,21 @@ WITH waves AS (
     FROM deliveries
     WHERE message_id = @message_id AND chunk >= 0 AND status <> 'pending'
     GROUP BY due_at
+    UNION ALL
+    -- The acceptances kept in runs (migration 0028).
+    SELECT due_at, sum(cardinality(devices))::integer, 0, 0, 0
+    FROM accepted_runs
+    WHERE message_id = @message_id AND chunk >= 0
+    GROUP BY due_at
 ), counted AS (
     SELECT w.due_at, w.devices,
            coalesce(s.accepted, 0) AS accepted, coalesce(s.failed, 0) AS failed,
            coalesce(s.expired, 0) AS expired, coalesce(s.cancelled, 0) AS cancelled,
            w.devices - coalesce(s.accepted + s.failed + s.expired + s.cancelled, 0) AS unsettled
     FROM waves w
-    LEFT JOIN settled s ON s.due_at = w.due_at
+    LEFT JOIN (SELECT due_at, sum(accepted) AS accepted, sum(failed) AS failed, sum(expired) AS expired,
+                      sum(cancelled) AS cancelled
+               FROM settled GROUP BY due_at) s ON s.due_at = w.due_at
 )
 SELECT c.due_at, c.devices::integer AS devices, c.accepted::integer AS accepted, c.failed::integer AS failed,
        (c.expired + CASE WHEN m.state IN ('dispatched', 'expired') THEN c.unsettled ELSE 0 END)::integer AS expired,

@@ -25,11 +25,18 @@ WITH input AS (
     -- and its device through the directory's; a delivery without a row
     -- yet, through its message's chunks whose range holds the device.
     SELECT i.message_id, i.device_id, i.event, i.device_at_us, coalesce(d.due_at, c.due_at) AS due_at,
-           coalesce(d.status, 'pending') <> 'accepted' AS early
+           coalesce(d.status, c.status) <> 'accepted' AS early
     FROM input i
     LEFT JOIN deliveries d ON d.message_id = i.message_id AND d.device_id = i.device_id
     LEFT JOIN LATERAL (
-        SELECT c.due_at FROM chunk_devices c
+        -- Accepted when a run of its chunk holds it (migration 0028): the
+        -- chunk's runs hold no more devices than the chunk.
+        SELECT c.due_at,
+               CASE WHEN EXISTS (SELECT 1 FROM accepted_runs r
+                                 WHERE r.message_id = c.message_id AND r.chunk = c.chunk
+                                   AND i.device_id = ANY (r.devices))
+                    THEN 'accepted' ELSE 'pending' END AS status
+        FROM chunk_devices c
         WHERE d.device_id IS NULL AND c.message_id = i.message_id
           AND i.device_id BETWEEN c.first_device AND c.last_device AND i.device_id = ANY (c.devices)
         LIMIT 1
@@ -88,6 +95,12 @@ SELECT r.message_id, count(*)::integer AS receipts
 FROM receipts r
 LEFT JOIN deliveries d ON d.message_id = r.message_id AND d.device_id = r.device_id
 WHERE r.message_id = ANY (@message_ids::bigint[]) AND r.early AND coalesce(d.status, 'pending') <> 'accepted'
+  -- Nor one accepted in a run (migration 0028), found through its chunk.
+  AND NOT EXISTS (SELECT 1 FROM chunk_devices c
+                  JOIN accepted_runs a ON a.message_id = c.message_id AND a.chunk = c.chunk
+                  WHERE d.device_id IS NULL AND c.message_id = r.message_id
+                    AND r.device_id BETWEEN c.first_device AND c.last_device AND r.device_id = ANY (c.devices)
+                    AND r.device_id = ANY (a.devices))
 GROUP BY r.message_id;
 
 -- name: DeleteDeviceReceipts :execrows
