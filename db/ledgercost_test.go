@@ -91,15 +91,16 @@ const (
 // postmaster and every child, running or ended), so the cluster must be
 // local and quiet: run it alone on the test cluster.
 //
-// Each runs for both ways of writing the ledger (migration 0022): a
-// pending row a device at scheduling, settled by its result (rows), and a
-// snapshot of each chunk's devices at scheduling, each device's row
-// written once, by its result (snapshot).
+// Each runs for every way of writing the ledger: a pending row a device at
+// scheduling, settled by its result (rows); a snapshot of each chunk's
+// devices at scheduling, each device's row written once, by its result
+// (snapshot, migration 0022); and the snapshot with each write's
+// acceptances kept as one run a chunk (runs, migration 0028).
 func BenchmarkLedgerLife(b *testing.B) {
-	for _, snapshot := range []bool{false, true} {
+	for _, ledger := range []string{"rows", "snapshot", "runs"} {
 		for _, history := range []int{0, 2_000_000} {
-			b.Run(fmt.Sprintf("ledger=%s/history=%d", map[bool]string{false: "rows", true: "snapshot"}[snapshot], history),
-				func(b *testing.B) { benchmarkLedgerLife(b, snapshot, history) })
+			b.Run(fmt.Sprintf("ledger=%s/history=%d", ledger, history),
+				func(b *testing.B) { benchmarkLedgerLife(b, ledger, history) })
 		}
 	}
 }
@@ -107,7 +108,8 @@ func BenchmarkLedgerLife(b *testing.B) {
 // benchmarkLedgerLife is BenchmarkLedgerLife on a ledger that first holds
 // history settled deliveries, in messages of lifeDevices, written with SQL
 // and vacuumed.
-func benchmarkLedgerLife(b *testing.B, snapshot bool, history int) {
+func benchmarkLedgerLife(b *testing.B, ledger string, history int) {
+	snapshot, withRuns := ledger != "rows", ledger == "runs"
 	ctx := context.Background()
 	tdb := dbtest.New(b)
 	cpu := clusterCPU(b, tdb.Pool)
@@ -123,7 +125,7 @@ func benchmarkLedgerLife(b *testing.B, snapshot bool, history int) {
 	}
 	// The benchmark runs the cleanup itself, after each message, so that
 	// its cost lands on the message that left it.
-	for _, table := range []string{"deliveries", "chunk_devices", "messages", "message_chunks", "payloads"} {
+	for _, table := range []string{"deliveries", "chunk_devices", "accepted_runs", "messages", "message_chunks", "payloads"} {
 		_, err := tdb.Pool.Exec(ctx, "ALTER TABLE "+table+" SET (autovacuum_enabled = false)")
 		require.NoError(b, err)
 	}
@@ -135,9 +137,9 @@ func benchmarkLedgerLife(b *testing.B, snapshot bool, history int) {
 		t0 := cpu()
 		id, payload := scheduleLifeMessage(b, tdb.Pool, lifeDevices, snapshot)
 		t1 := cpu()
-		p.begin, p.write = fanOutLifeMessage(b, tdb.Pool, cpu, id, payload, lifeDevices, snapshot)
+		p.begin, p.write = fanOutLifeMessage(b, tdb.Pool, cpu, id, payload, lifeDevices, snapshot, withRuns)
 		t2 := cpu()
-		_, err := tdb.Pool.Exec(ctx, "VACUUM deliveries, chunk_devices, messages, message_chunks, payloads")
+		_, err := tdb.Pool.Exec(ctx, "VACUUM deliveries, chunk_devices, accepted_runs, messages, message_chunks, payloads")
 		require.NoError(b, err)
 		t3 := cpu()
 		p.schedule, p.cleanup = t1-t0, t3-t2
@@ -236,7 +238,7 @@ func scheduleLifeMessage(tb testing.TB, pool *pgxpool.Pool, devices int, snapsho
 // chunks to a write, as the fan-out's workers and ledger writer do; each
 // write asks to settle. It returns the cluster's CPU in the chunks' starts
 // and in the writes.
-func fanOutLifeMessage(b testing.TB, pool *pgxpool.Pool, cpu func() time.Duration, id, payload int64, devices int, snapshot bool) (begin, write time.Duration) {
+func fanOutLifeMessage(b testing.TB, pool *pgxpool.Pool, cpu func() time.Duration, id, payload int64, devices int, snapshot, runs bool) (begin, write time.Duration) {
 	ctx := context.Background()
 	chunks := (devices + lifeChunkSize - 1) / lifeChunkSize
 	for first := 0; first < chunks; first += lifeChunksPerSave {
@@ -256,6 +258,12 @@ func fanOutLifeMessage(b testing.TB, pool *pgxpool.Pool, cpu func() time.Duratio
 			require.Equal(b, "dispatching", begun.State)
 			require.Len(b, begun.Pending, int(chunk.LastDevice-chunk.FirstDevice+1))
 			at := time.Now()
+			if runs {
+				if w.Executions == nil {
+					w.Executions = map[int32]int64{}
+				}
+				w.Executions[int32(c)] = int64(c) + 1
+			}
 			w.Chunks = append(w.Chunks, db.RecordChunkParams{
 				MessageID: id, Chunk: int32(c), StartedAt: &start, FirstAcceptedAt: &at, LastAcceptedAt: &at, FinishedAt: &at,
 			})

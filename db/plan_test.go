@@ -176,7 +176,7 @@ func TestChunkStatementsReadOnlyTheChunk(t *testing.T) {
 		return n
 	}
 	before := read()
-	fanOutLifeMessage(t, pool, func() time.Duration { return 0 }, id, payload, devices, false)
+	fanOutLifeMessage(t, pool, func() time.Duration { return 0 }, id, payload, devices, false, false)
 	// Each chunk's devices are read at its start, twice by its write
 	// (the insert's check for the row, then the row it updates: these are
 	// pending rows) and the message's once more when it settles (its

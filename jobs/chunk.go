@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"time"
 
 	"github.com/riverqueue/river"
@@ -19,13 +20,17 @@ import (
 // one scheduled with a snapshot of its devices (migration 0022), which a
 // release without snapshots does not know: River hands it back to be
 // retried, so such a worker never runs it and never finds it empty.
+// RunsKind is the kind of one scheduled with a snapshot whose acceptances
+// are written as runs (migration 0028), which a release without runs does
+// not know either: its worker would read a run's devices as pending.
 const (
 	FanOutKind   = "fan_out"
 	SnapshotKind = "fan_out_snapshot"
+	RunsKind     = "fan_out_runs"
 )
 
 // chunkKinds are the kinds of chunk jobs.
-var chunkKinds = []string{FanOutKind, SnapshotKind}
+var chunkKinds = []string{FanOutKind, SnapshotKind, RunsKind}
 
 // FanOutArgs is one chunk of a message: a range of the message's part of
 // the ledger, cut when the message was scheduled (db.ExpandAudience), and
@@ -48,8 +53,11 @@ type FanOutArgs struct {
 	FirstDevice int64 `json:"first_device,omitempty"`
 	LastDevice  int64 `json:"last_device,omitempty"`
 	// Snapshot says the chunk's devices are its snapshot's (its job's kind
-	// is SnapshotKind); not in the args.
+	// is SnapshotKind or RunsKind); not in the args.
 	Snapshot bool `json:"-"`
+	// Runs says the chunk writes its acceptances as runs (its job's kind
+	// is RunsKind); not in the args.
+	Runs bool `json:"-"`
 }
 
 // SnapshotArgs is a chunk job scheduled with a snapshot of its devices:
@@ -61,13 +69,24 @@ type SnapshotArgs struct {
 // Kind implements river.JobArgs.
 func (SnapshotArgs) Kind() string { return SnapshotKind }
 
+// RunsArgs is a chunk job scheduled with a snapshot of its devices that
+// writes its acceptances as runs: FanOutArgs under a kind of its own
+// (RunsKind).
+type RunsArgs struct {
+	FanOutArgs
+}
+
+// Kind implements river.JobArgs.
+func (RunsArgs) Kind() string { return RunsKind }
+
 // ChunkArgs decodes the args of a chunk job of kind.
 func ChunkArgs(kind string, raw []byte) (FanOutArgs, error) {
 	var a FanOutArgs
 	if err := json.Unmarshal(raw, &a); err != nil {
 		return FanOutArgs{}, fmt.Errorf("decode a chunk's args: %w", err)
 	}
-	a.Snapshot = kind == SnapshotKind
+	a.Snapshot = kind == SnapshotKind || kind == RunsKind
+	a.Runs = kind == RunsKind
 	return a, nil
 }
 
@@ -97,7 +116,10 @@ func (a FanOutArgs) due(t *Target) time.Time {
 
 // jobArgs is the job that carries a's chunk: of its kind.
 func (a FanOutArgs) jobArgs() river.JobArgs {
-	if a.Snapshot {
+	switch {
+	case a.Runs:
+		return RunsArgs{a}
+	case a.Snapshot:
 		return SnapshotArgs{a}
 	}
 	return a
@@ -110,7 +132,14 @@ type running struct {
 	Targets []Target
 	// Rule is what its deliveries are decided by (jobs/preferences).
 	Rule preferences.Rule
+	// Execution names this attempt among its chunk's when the chunk writes
+	// its acceptances as runs (db.ChunkWrite.Executions): random, not
+	// zero. 0 for a chunk that does not.
+	Execution int64
 }
+
+// newExecution is a chunk attempt's Execution.
+func newExecution() int64 { return rand.Int64N(math.MaxInt64) + 1 }
 
 // Kind implements river.JobArgs.
 func (FanOutArgs) Kind() string { return FanOutKind }

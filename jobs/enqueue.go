@@ -66,11 +66,17 @@ type Enqueuer struct {
 type Ledger string
 
 const (
-	// LedgerAuto writes a snapshot of each chunk's devices, and each
-	// delivery's ledger row once, with its result; but pending rows while
-	// a worker of an earlier release is alive (one without
-	// FeatureSnapshots), which could not send a snapshot's chunk.
+	// LedgerAuto writes a snapshot of each chunk's devices, and the
+	// chunks' acceptances as runs (migration 0028) and every other
+	// delivery's ledger row once, with its result; but a row for every
+	// result while a worker of a release without runs is alive (one
+	// without FeatureRuns), and pending rows while one of a release
+	// without snapshots is (without FeatureSnapshots): neither could send
+	// such a chunk.
 	LedgerAuto Ledger = "auto"
+	// LedgerSnapshots writes snapshots, and a row for every result, as
+	// releases before the runs did.
+	LedgerSnapshots Ledger = "snapshots"
 	// LedgerRows always writes a pending ledger row for every device when
 	// the message is scheduled, as releases before the snapshots did.
 	LedgerRows Ledger = "rows"
@@ -81,15 +87,22 @@ func ParseLedger(s string) (Ledger, error) {
 	switch Ledger(s) {
 	case "", LedgerAuto:
 		return LedgerAuto, nil
-	case LedgerRows:
-		return LedgerRows, nil
+	case LedgerSnapshots, LedgerRows:
+		return Ledger(s), nil
 	}
-	return "", fmt.Errorf("ledger %q: want auto or rows", s)
+	return "", fmt.Errorf("ledger %q: want auto, snapshots or rows", s)
 }
 
-// FeatureSnapshots is what a process of this release reports it can do
-// (db.UpsertProcessFeatures): run chunks scheduled with snapshots.
-const FeatureSnapshots = "ledger_once"
+// FeatureSnapshots and FeatureRuns are what a process of this release
+// reports it can do (db.UpsertProcessFeatures): run chunks scheduled with
+// snapshots, and chunks that write their acceptances as runs.
+const (
+	FeatureSnapshots = "ledger_once"
+	FeatureRuns      = "ledger_runs"
+)
+
+// features is every feature a process of this release reports.
+var features = []string{FeatureSnapshots, FeatureRuns}
 
 // WithLedger makes e write its messages' ledgers as l says, and returns e.
 func (e *Enqueuer) WithLedger(l Ledger) *Enqueuer {
@@ -106,7 +119,22 @@ func (e *Enqueuer) snapshots(ctx context.Context, tx pgx.Tx) (bool, error) {
 	if e.ledger == LedgerRows {
 		return false, nil
 	}
-	older, err := db.On(tx).ProcessesWithoutFeature(ctx, FeatureSnapshots)
+	return e.allCan(ctx, tx, FeatureSnapshots)
+}
+
+// runs reports whether the chunks of a message written with snapshots, in
+// tx, write their acceptances as runs: unless e writes a row a result, or
+// a worker of a release without runs is alive.
+func (e *Enqueuer) runs(ctx context.Context, tx pgx.Tx, snapshot bool) (bool, error) {
+	if !snapshot || e.ledger == LedgerSnapshots || e.ledger == LedgerRows {
+		return false, nil
+	}
+	return e.allCan(ctx, tx, FeatureRuns)
+}
+
+// allCan reports whether every live process reports feature.
+func (e *Enqueuer) allCan(ctx context.Context, tx pgx.Tx, feature string) (bool, error) {
+	older, err := db.On(tx).ProcessesWithoutFeature(ctx, feature)
 	if err != nil {
 		return false, fmt.Errorf("read the processes' releases: %w", err)
 	}
@@ -165,6 +193,10 @@ func (e *Enqueuer) create(ctx context.Context, tx pgx.Tx, m MessageSpec, head bo
 	plan := db.Expansion{ChunkSize: e.chunkSize, FirstChunkSize: firstChunkSize, DispatchAt: m.DispatchAt}
 	var err error
 	if plan.Snapshot, err = e.snapshots(ctx, tx); err != nil {
+		return db.Message{}, nil, err
+	}
+	runs, err := e.runs(ctx, tx, plan.Snapshot)
+	if err != nil {
 		return db.Message{}, nil, err
 	}
 	if head && m.LocalTime == nil {
@@ -240,7 +272,7 @@ func (e *Enqueuer) create(ctx context.Context, tx pgx.Tx, m MessageSpec, head bo
 		}
 	}
 	for start := 0; start < len(chunks); start += jobBatch {
-		if err := e.enqueue(ctx, tx, msg, payloadID, lifetime, plan.Snapshot, chunks[start:min(start+jobBatch, len(chunks))]); err != nil {
+		if err := e.enqueue(ctx, tx, msg, payloadID, lifetime, plan.Snapshot, runs, chunks[start:min(start+jobBatch, len(chunks))]); err != nil {
 			return db.Message{}, nil, err
 		}
 	}
@@ -309,6 +341,12 @@ func (e *Enqueuer) writeRest(ctx context.Context, tx pgx.Tx, id int64) (db.Messa
 	if plan.Snapshot, err = q.HasSnapshot(ctx, id); err != nil {
 		return db.Message{}, fmt.Errorf("read how message %d was written: %w", id, err)
 	}
+	// Its chunks write runs if every live process can now: each chunk's
+	// kind says for itself.
+	runs, err := e.runs(ctx, tx, plan.Snapshot)
+	if err != nil {
+		return db.Message{}, err
+	}
 	if err := planExpansion(ctx, tx, MessageSpec{PayloadID: msg.PayloadID}, audience, &plan); err != nil {
 		return db.Message{}, err
 	}
@@ -325,7 +363,7 @@ func (e *Enqueuer) writeRest(ctx context.Context, tx pgx.Tx, id int64) (db.Messa
 	}
 	lifetime := msg.ExpiresAt.Sub(msg.DispatchAt)
 	for start := 0; start < len(expanded.Chunks); start += jobBatch {
-		if err := e.enqueue(ctx, tx, msg, msg.PayloadID, lifetime, plan.Snapshot, expanded.Chunks[start:min(start+jobBatch, len(expanded.Chunks))]); err != nil {
+		if err := e.enqueue(ctx, tx, msg, msg.PayloadID, lifetime, plan.Snapshot, runs, expanded.Chunks[start:min(start+jobBatch, len(expanded.Chunks))]); err != nil {
 			return db.Message{}, err
 		}
 	}
@@ -346,14 +384,15 @@ func (e *Enqueuer) writeRest(ctx context.Context, tx pgx.Tx, id int64) (db.Messa
 }
 
 // enqueue inserts the jobs of chunks and records which job carries each:
-// of SnapshotKind when the chunks were written with snapshots.
-func (e *Enqueuer) enqueue(ctx context.Context, tx pgx.Tx, msg db.Message, payloadID int64, lifetime time.Duration, snapshot bool, chunks []db.ExpandedChunk) error {
+// of SnapshotKind when the chunks were written with snapshots, of RunsKind
+// when they also write their acceptances as runs.
+func (e *Enqueuer) enqueue(ctx context.Context, tx pgx.Tx, msg db.Message, payloadID int64, lifetime time.Duration, snapshot, runs bool, chunks []db.ExpandedChunk) error {
 	jobs := make([]river.InsertManyParams, len(chunks))
 	for i, c := range chunks {
 		a := FanOutArgs{
 			MessageID: msg.ID, Chunk: int(c.Chunk), PayloadID: payloadID, Priority: msg.Priority,
 			DispatchAt: c.DueAt, ExpiresAt: c.DueAt.Add(lifetime),
-			FirstDevice: c.FirstDevice, LastDevice: c.LastDevice, Snapshot: snapshot,
+			FirstDevice: c.FirstDevice, LastDevice: c.LastDevice, Snapshot: snapshot, Runs: runs,
 		}
 		jobs[i] = river.InsertManyParams{
 			Args:       a.jobArgs(),

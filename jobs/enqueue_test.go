@@ -387,8 +387,11 @@ func TestFirstChunkIsSmall(t *testing.T) {
 // chunks' snapshots (migration 0022) unless a process of a release without
 // them reports its providers, whose worker could not send such a chunk;
 // then, and always with LedgerRows, with a pending ledger row a device, in
-// chunks of the kind that release runs. A process that reports its
-// features is of this release.
+// chunks of the kind that release runs. Its chunks write their
+// acceptances as runs (migration 0028: RunsKind) unless a process of a
+// release without them (one reporting FeatureSnapshots alone) is alive,
+// or with LedgerSnapshots. A process that reports every feature is of this
+// release.
 func TestSnapshotsWaitForTheOlderWorkers(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -413,14 +416,23 @@ func TestSnapshotsWaitForTheOlderWorkers(t *testing.T) {
 		}
 	}
 
-	report("this-release", FeatureSnapshots)
+	report("this-release", FeatureSnapshots, FeatureRuns)
 	snapshots, rows, kind := written(NewEnqueuer(client, 0))
 	require.Equal(t, [2]int{1, 0}, [2]int{snapshots, rows})
+	require.Equal(t, RunsKind, kind)
+
+	snapshots, rows, kind = written(NewEnqueuer(client, 0).WithLedger(LedgerSnapshots))
+	require.Equal(t, [2]int{1, 0}, [2]int{snapshots, rows}, "with a row a result")
 	require.Equal(t, SnapshotKind, kind)
 
 	snapshots, rows, kind = written(NewEnqueuer(client, 0).WithLedger(LedgerRows))
 	require.Equal(t, [2]int{0, 3}, [2]int{snapshots, rows}, "with rows")
 	require.Equal(t, FanOutKind, kind)
+
+	report("runs-less-release", FeatureSnapshots)
+	snapshots, rows, kind = written(NewEnqueuer(client, 0))
+	require.Equal(t, [2]int{1, 0}, [2]int{snapshots, rows}, "while a worker without runs lives")
+	require.Equal(t, SnapshotKind, kind)
 
 	report("older-release")
 	snapshots, rows, kind = written(NewEnqueuer(client, 0))

@@ -270,6 +270,9 @@ func (w *FanOutWorker) begin(ctx context.Context, job *river.Job[FanOutArgs], po
 	begun, err := db.BeginChunk(ctx, pool, a.ledgerRange(), payloadID)
 	if err == nil && begun.State == StateDispatching {
 		c = &running{FanOutArgs: a, Targets: make([]Target, len(begun.Pending)), Rule: ruleOf(begun.Rules)}
+		if a.Runs {
+			c.Execution = newExecution()
+		}
 		for i, r := range begun.Pending {
 			c.Targets[i] = targetOf(r)
 		}
@@ -831,34 +834,51 @@ func (w *FanOutWorker) expire(ctx context.Context, a FanOutArgs, pool *pgxpool.P
 	return err
 }
 
-// snapshotWorker runs the chunk jobs of SnapshotKind with a chunk worker
-// (the FanOutWorker): the same chunk, read from its snapshot.
-type snapshotWorker struct {
-	river.WorkerDefaults[SnapshotArgs]
-	w river.Worker[FanOutArgs]
+// kindWorker runs the chunk jobs of another kind than FanOutKind
+// (SnapshotKind, RunsKind) with a chunk worker (the FanOutWorker): the
+// same chunk, its args as args makes them.
+type kindWorker[A river.JobArgs] struct {
+	river.WorkerDefaults[A]
+	w    river.Worker[FanOutArgs]
+	args func(A) FanOutArgs
 }
 
-// AddChunkWorkers adds w to workers for both kinds of chunk jobs.
+// AddChunkWorkers adds w to workers for every kind of chunk job.
 func AddChunkWorkers(workers *river.Workers, w river.Worker[FanOutArgs]) {
 	river.AddWorker(workers, w)
-	river.AddWorker(workers, &snapshotWorker{w: w})
+	river.AddWorker(workers, snapshotWorker(w))
+	river.AddWorker(workers, runsWorker(w))
+}
+
+// snapshotWorker runs the chunk jobs of SnapshotKind with w.
+func snapshotWorker(w river.Worker[FanOutArgs]) *kindWorker[SnapshotArgs] {
+	return &kindWorker[SnapshotArgs]{w: w, args: func(a SnapshotArgs) FanOutArgs {
+		a.Snapshot = true
+		return a.FanOutArgs
+	}}
+}
+
+// runsWorker runs the chunk jobs of RunsKind with w.
+func runsWorker(w river.Worker[FanOutArgs]) *kindWorker[RunsArgs] {
+	return &kindWorker[RunsArgs]{w: w, args: func(a RunsArgs) FanOutArgs {
+		a.Snapshot, a.Runs = true, true
+		return a.FanOutArgs
+	}}
 }
 
 // fanOutJob is job as the FanOutWorker runs it.
-func fanOutJob(job *river.Job[SnapshotArgs]) *river.Job[FanOutArgs] {
-	a := job.Args.FanOutArgs
-	a.Snapshot = true
-	return &river.Job[FanOutArgs]{JobRow: job.JobRow, Args: a}
+func (k *kindWorker[A]) fanOutJob(job *river.Job[A]) *river.Job[FanOutArgs] {
+	return &river.Job[FanOutArgs]{JobRow: job.JobRow, Args: k.args(job.Args)}
 }
 
 // Timeout implements river.Worker: the chunk worker's.
-func (s *snapshotWorker) Timeout(job *river.Job[SnapshotArgs]) time.Duration {
-	return s.w.Timeout(fanOutJob(job))
+func (k *kindWorker[A]) Timeout(job *river.Job[A]) time.Duration {
+	return k.w.Timeout(k.fanOutJob(job))
 }
 
 // Work implements river.Worker: the chunk worker's.
-func (s *snapshotWorker) Work(ctx context.Context, job *river.Job[SnapshotArgs]) error {
-	return s.w.Work(ctx, fanOutJob(job))
+func (k *kindWorker[A]) Work(ctx context.Context, job *river.Job[A]) error {
+	return k.w.Work(ctx, k.fanOutJob(job))
 }
 
 // Breakers returns the worker's circuit breakers.

@@ -182,9 +182,8 @@ func (b *fanOutBundle) work(w *FanOutWorker, c chunkJob) *rivertest.WorkResult {
 	b.t.Helper()
 	var res *rivertest.WorkResult
 	var err error
-	if c.job.Kind == SnapshotKind {
-		tw := rivertest.NewWorker(b.t, riverpgxv5.New(nil), &river.Config{Logger: discard}, river.Worker[SnapshotArgs](&snapshotWorker{w: w}))
-		res, err = tw.WorkJob(context.Background(), b.t, b.tx, b.job(c.job.ID))
+	if c.job.Kind != FanOutKind {
+		res, err = workOfKind(context.Background(), b.t, b.tx, w, b.job(c.job.ID))
 	} else {
 		tw := rivertest.NewWorker(b.t, riverpgxv5.New(nil), &river.Config{Logger: discard}, river.Worker[FanOutArgs](w))
 		res, err = tw.WorkJob(context.Background(), b.t, b.tx, b.job(c.job.ID))
@@ -830,4 +829,16 @@ type senderFunc func(ctx context.Context, m *push.Message, targets []push.Target
 
 func (f senderFunc) Send(ctx context.Context, m *push.Message, targets []push.Target, results []push.Result, allow func() bool, answered func(int)) {
 	f(ctx, m, targets, results, allow, answered)
+}
+
+// workOfKind works job, a chunk job of SnapshotKind or RunsKind, with w, as
+// River would in tx.
+func workOfKind(ctx context.Context, t testing.TB, tx pgx.Tx, w *FanOutWorker, job *rivertype.JobRow) (*rivertest.WorkResult, error) {
+	t.Helper()
+	if job.Kind == RunsKind {
+		tw := rivertest.NewWorker(t, riverpgxv5.New(nil), &river.Config{Logger: discard}, river.Worker[RunsArgs](runsWorker(w)))
+		return tw.WorkJob(ctx, t, tx, job)
+	}
+	tw := rivertest.NewWorker(t, riverpgxv5.New(nil), &river.Config{Logger: discard}, river.Worker[SnapshotArgs](snapshotWorker(w)))
+	return tw.WorkJob(ctx, t, tx, job)
 }

@@ -123,9 +123,8 @@ func (b *fanOutBundle) workCommitted(w *FanOutWorker, id int64) *rivertest.WorkR
 	require.NoError(b.t, err)
 	// The error River recorded for a failed attempt is in its result.
 	var res *rivertest.WorkResult
-	if job.Kind == SnapshotKind {
-		tw := rivertest.NewWorker(b.t, riverpgxv5.New(nil), &river.Config{Logger: discard}, river.Worker[SnapshotArgs](&snapshotWorker{w: w}))
-		res, _ = tw.WorkJob(ctx, b.t, tx, job)
+	if job.Kind != FanOutKind {
+		res, _ = workOfKind(ctx, b.t, tx, w, job)
 	} else {
 		tw := rivertest.NewWorker(b.t, riverpgxv5.New(nil), &river.Config{Logger: discard}, river.Worker[FanOutArgs](w))
 		res, _ = tw.WorkJob(ctx, b.t, tx, job)

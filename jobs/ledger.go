@@ -460,6 +460,12 @@ func (l *ledger) write(batch []pick) error {
 		}
 		w := &writes[i]
 		w.Results.Append(c.results)
+		if e := p.r.a.Execution; e != 0 {
+			if w.Executions == nil {
+				w.Executions = map[int32]int64{}
+			}
+			w.Executions[int32(p.r.a.Chunk)] = e
+		}
 		if len(c.evictIDs) > 0 {
 			w.Evict.Ids = append(w.Evict.Ids, c.evictIDs...)
 			w.Evict.Reasons = append(w.Evict.Reasons, c.evictReasons...)

@@ -22,7 +22,8 @@ var ownerChanges = []struct {
 	// otherwise they change as the API changes them.
 	bypass bool
 }{
-	{"snapshot", LedgerAuto, false},
+	{"runs", LedgerAuto, false},
+	{"snapshot", LedgerSnapshots, false},
 	{"rows", LedgerRows, false},
 	{"rows, behind the ledger's back", LedgerRows, true},
 }

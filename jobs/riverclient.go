@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -288,7 +289,7 @@ func (m *availableSoon) InsertMany(ctx context.Context, params []*rivertype.JobI
 ) ([]*rivertype.JobInsertResult, error) {
 	horizon := m.now().Add(m.lookahead)
 	for _, p := range params {
-		if (p.Kind == FanOutKind || p.Kind == SnapshotKind) && p.State == rivertype.JobStateScheduled && p.ScheduledAt != nil && !p.ScheduledAt.After(horizon) {
+		if slices.Contains(chunkKinds, p.Kind) && p.State == rivertype.JobStateScheduled && p.ScheduledAt != nil && !p.ScheduledAt.After(horizon) {
 			p.State = rivertype.JobStateAvailable
 		}
 	}

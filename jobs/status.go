@@ -81,7 +81,7 @@ func (r *StatusReporter) Run(ctx context.Context) {
 		// provider status has no features beside it is of an earlier
 		// release (db.ProcessesWithoutFeature), which holds scheduling to
 		// ledger rows while it lives (Enqueuer).
-		if err := q.UpsertProcessFeatures(ctx, db.UpsertProcessFeaturesParams{ProcessID: c.ProcessID, Features: []string{FeatureSnapshots}}); err != nil && ctx.Err() == nil {
+		if err := q.UpsertProcessFeatures(ctx, db.UpsertProcessFeaturesParams{ProcessID: c.ProcessID, Features: features}); err != nil && ctx.Err() == nil {
 			c.Logger.WarnContext(ctx, "report process features", "error", err)
 		}
 		// Each app's rows then: a process whose provider_status rows

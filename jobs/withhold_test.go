@@ -18,7 +18,7 @@ import (
 // pending rows an earlier release wrote), and set every preference after
 // the message was scheduled: it is decided when the chunk is sent.
 
-var ledgerDesigns = []Ledger{LedgerAuto, LedgerRows}
+var ledgerDesigns = []Ledger{LedgerAuto, LedgerSnapshots, LedgerRows}
 
 // prefer sets user's preferences as the API does.
 func (b *fanOutBundle) prefer(user string, s preferences.Settings) {

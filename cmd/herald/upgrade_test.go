@@ -20,15 +20,21 @@ import (
 	"github.com/heraldpush/herald/jobs"
 )
 
-// previousRelease is the release a rolling upgrade comes from: the last
-// one before the ledger's snapshots (migration 0022), whose workers read
-// pending ledger rows and know no snapshot chunk.
-const previousRelease = "e3825bd"
+// previousReleases are the releases a rolling upgrade comes from, and the
+// feature each lacks: the last one before the ledger's snapshots
+// (migration 0022), whose workers read pending ledger rows and know no
+// snapshot chunk, and the last one before the accepted runs (migration
+// 0028), whose workers would read a run's devices as pending and know no
+// chunk that writes runs.
+var previousReleases = []struct{ commit, lacks string }{
+	{"e3825bd", jobs.FeatureSnapshots},
+	{"9293bb7", jobs.FeatureRuns},
+}
 
 // buildPreviousRelease builds `herald` of previousRelease from this
 // repository's history into a temporary directory. It skips, saying why,
 // where git or the commit is missing (a shallow clone).
-func buildPreviousRelease(t *testing.T) string {
+func buildPreviousRelease(t *testing.T, previousRelease string) string {
 	t.Helper()
 	if _, err := exec.LookPath("git"); err != nil {
 		t.Skip("!!! git is not installed: the previous release cannot be built, and the rolling upgrade is NOT tested")
@@ -62,11 +68,23 @@ func buildPreviousRelease(t *testing.T) string {
 // device, and a schedule's run; then, with both releases' workers running,
 // a fan-out of 2,000 devices whose chunks either takes, each device sent
 // exactly once. While a worker of the previous release is alive, this
-// release's API writes pending ledger rows, which that worker can send,
-// and this release's worker sends the rows the previous API wrote.
+// release's API writes the ledger as that worker can send it (pending
+// rows before the snapshots, a row a result before the runs), and this
+// release's worker sends what the previous API wrote. Both releases before
+// a change of the ledger's write are mixed so.
 func TestE2ERollingUpgradeMixesReleases(t *testing.T) {
 	t.Parallel()
-	prev := buildPreviousRelease(t)
+	for _, release := range previousReleases {
+		t.Run(release.commit, func(t *testing.T) {
+			t.Parallel()
+			rollingUpgrade(t, buildPreviousRelease(t, release.commit), release.lacks)
+		})
+	}
+}
+
+// rollingUpgrade is TestE2ERollingUpgradeMixesReleases from prev, the
+// binary of a release without the feature lacks.
+func rollingUpgrade(t *testing.T, prev, lacks string) {
 	for _, tc := range []struct {
 		name   string
 		oldAPI bool
@@ -89,7 +107,7 @@ func TestE2ERollingUpgradeMixesReleases(t *testing.T) {
 				startChild(t, []string{prev, "serve", "--role", "worker", "--addr", "127.0.0.1:0"}, vars).base(t)
 				// Seen by this release's API once it has reported.
 				require.Eventually(t, func() bool {
-					older, err := db.On(tdb.Pool).ProcessesWithoutFeature(context.Background(), jobs.FeatureSnapshots)
+					older, err := db.On(tdb.Pool).ProcessesWithoutFeature(context.Background(), lacks)
 					return err == nil && len(older) > 0
 				}, 30*time.Second, 50*time.Millisecond, "the previous release's worker never reported")
 			}
@@ -141,13 +159,25 @@ func TestE2ERollingUpgradeMixesReleases(t *testing.T) {
 			require.Len(t, e.fake.Receipts(fan), len(users), "every device got the push once")
 			fanID, err := strconv.ParseInt(strings.TrimPrefix(fan, "msg_"), 10, 64)
 			require.NoError(t, err)
-			var snapshots, snapshotJobs int
+			if lacks == jobs.FeatureSnapshots {
+				var snapshots, snapshotJobs int
+				require.NoError(t, tdb.Pool.QueryRow(context.Background(), `
+					SELECT (SELECT count(*) FROM chunk_devices WHERE message_id = $1),
+					       (SELECT count(*) FROM river_job j JOIN message_chunks c ON c.job_id = j.id
+					        WHERE c.message_id = $1 AND j.kind <> 'fan_out')`, fanID).Scan(&snapshots, &snapshotJobs))
+				require.Zero(t, snapshots, "a snapshot was written while a worker of the previous release was alive")
+				require.Zero(t, snapshotJobs, "a chunk of a kind the previous release does not run")
+				return
+			}
+			var runs, runsJobs, snapshots int
 			require.NoError(t, tdb.Pool.QueryRow(context.Background(), `
-				SELECT (SELECT count(*) FROM chunk_devices WHERE message_id = $1),
+				SELECT (SELECT count(*) FROM accepted_runs WHERE message_id = $1),
 				       (SELECT count(*) FROM river_job j JOIN message_chunks c ON c.job_id = j.id
-				        WHERE c.message_id = $1 AND j.kind <> 'fan_out')`, fanID).Scan(&snapshots, &snapshotJobs))
-			require.Zero(t, snapshots, "a snapshot was written while a worker of the previous release was alive")
-			require.Zero(t, snapshotJobs, "a chunk of a kind the previous release does not run")
+				        WHERE c.message_id = $1 AND j.kind = 'fan_out_runs'),
+				       (SELECT count(*) FROM chunk_devices WHERE message_id = $1)`, fanID).Scan(&runs, &runsJobs, &snapshots))
+			require.Zero(t, runs, "a run was written while a worker of the previous release was alive")
+			require.Zero(t, runsJobs, "a chunk of a kind the previous release does not run")
+			require.NotZero(t, snapshots, "both releases write snapshots")
 		})
 	}
 }
