@@ -201,6 +201,18 @@ func TestAcceptedRuns(t *testing.T) {
 	require.Equal(t, 3, count("SELECT cardinality(devices) FROM accepted_runs WHERE message_id = $1", runs))
 	require.Equal(t, 4, count("SELECT count(*) FROM deliveries WHERE message_id = $1", runs), "the acceptances have no row")
 	require.Equal(t, []int64{5}, pendingOf(runs), "a chunk begun again reads the throttled delivery alone")
+	// Written again as results that may exist (a write whose commit went
+	// unacknowledged, jobs' ledger.lost), nothing changes.
+	require.Equal(t, db.ChunkWritten{}, write(runs, 0, func(r *db.RecordResultsParams) {
+		all(runs)(r)
+		clear(r.First)
+	}))
+	again := read(runs)
+	require.Equal(t, want.Counters, again.Counters, "written twice")
+	require.Equal(t, want.Skews, again.Skews, "written twice")
+	require.Equal(t, want.Events, again.Events, "written twice")
+	require.Equal(t, slices.Delete(slices.Clone(want.Ledger), 4, 5), slices.Delete(again.Ledger, 4, 5),
+		"written twice (the throttled delivery counts its attempts, as a row written twice does)")
 
 	// A second execution of the chunk (taken over) read what the first had
 	// not written yet and sent devices 1 and 2 again: its acceptances are

@@ -329,6 +329,10 @@ type pick struct {
 	close bool
 	// owed are the places idx's answers hold (ledger.reserve).
 	owed int
+	// maybeWritten says the chunk lost touch with the database (its
+	// rewrite, ledger.lost): a write of its answers may have committed
+	// unacknowledged, so they are written as results that may exist.
+	maybeWritten bool
 }
 
 // take collects what every chunk has to write. more is false, and the
@@ -357,7 +361,7 @@ func (l *ledger) take() (batch []pick, more bool) {
 			// Written twice, a result counts once (db.RecordResults).
 			idx = slices.Clone(r.handed)
 		}
-		batch = append(batch, pick{r: r, idx: idx, close: r.closing, owed: r.owed})
+		batch = append(batch, pick{r: r, idx: idx, close: r.closing, owed: r.owed, maybeWritten: r.rewrite})
 		r.unwritten, r.owed = nil, 0
 	}
 	if len(l.chunks) == 0 {
@@ -459,8 +463,14 @@ func (l *ledger) write(batch []pick) error {
 			counted = append(counted, nil)
 		}
 		w := &writes[i]
+		if p.maybeWritten {
+			// A run of them may be in: the upsert skips what a run
+			// holds, where a run written twice would count its devices
+			// twice.
+			clear(c.results.First)
+		}
 		w.Results.Append(c.results)
-		if e := p.r.a.Execution; e != 0 {
+		if e := p.r.a.Execution; e != 0 && !p.maybeWritten {
 			if w.Executions == nil {
 				w.Executions = map[int32]int64{}
 			}

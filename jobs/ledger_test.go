@@ -6,6 +6,10 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/heraldpush/herald/db"
+	"github.com/heraldpush/herald/db/dbtest"
+	"github.com/heraldpush/herald/jobs/push"
 )
 
 // TestLedgerBoundsWhatIsUnwritten: past MaxUnwritten places, a request
@@ -31,4 +35,63 @@ func TestLedgerBoundsWhatIsUnwritten(t *testing.T) {
 	require.Equal(t, MaxUnwritten+1, l.owed)
 	l.release(2)
 	require.True(t, l.reserve(context.Background(), false), "a place freed below the bound goes to the others again")
+}
+
+// TestLedgerRewritesRunsOnce: a chunk whose writer lost touch with the
+// database writes every answer it has again at its close (ledger.lost),
+// since a write whose commit went unacknowledged may or may not be in. A
+// chunk that writes its acceptances as runs (migration 0028) must then
+// write them as results that may exist: written as runs a second time,
+// its devices would be in two runs, and counted twice.
+func TestLedgerRewritesRunsOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tdb := dbtest.New(t)
+	q := db.On(tdb.Pool)
+	users := registerUsers(t, q, "rw", 4)
+	client, err := NewRiverClient(tdb.Pool, RiverConfig{Logger: discard})
+	require.NoError(t, err)
+	id := scheduleAt(t, tdb.Pool, NewEnqueuer(client, 0), PriorityBulk, users, time.Now().Add(-time.Second))
+	var args []byte
+	var kind string
+	require.NoError(t, tdb.Pool.QueryRow(ctx, `
+		SELECT j.kind, j.args FROM river_job j JOIN message_chunks c ON c.job_id = j.id
+		WHERE c.message_id = $1 AND c.chunk = 0`, id).Scan(&kind, &args))
+	require.Equal(t, RunsKind, kind)
+	a, err := ChunkArgs(kind, args)
+	require.NoError(t, err)
+	begun, err := db.BeginChunk(ctx, tdb.Pool, a.ledgerRange(), 0)
+	require.NoError(t, err)
+	c := &running{FanOutArgs: a, Targets: make([]Target, len(begun.Pending)), Execution: newExecution()}
+	for i, r := range begun.Pending {
+		c.Targets[i] = targetOf(r)
+	}
+	devices := len(c.Targets)
+	require.Positive(t, devices)
+	l := newLedger(tdb.Pool, discard, NewClock(tdb.Pool, discard), nil, time.Minute)
+	results := make([]push.Result, devices)
+	r := l.open(c, time.Now(), results)
+	for i := range results {
+		results[i] = push.Result{Accepted: true, At: time.Now()}
+	}
+	idx := make([]int, devices)
+	for i := range idx {
+		idx[i] = i
+	}
+	l.add(r, false, idx...)
+	require.Eventually(t, func() bool {
+		var runs int
+		require.NoError(t, tdb.Pool.QueryRow(ctx, "SELECT count(*) FROM accepted_runs WHERE message_id = $1", id).Scan(&runs))
+		return runs == 1
+	}, 10*time.Second, 5*time.Millisecond, "the answers were written as a run")
+	// A later write failed unacknowledged: the close writes them all again.
+	l.lost()
+	require.NoError(t, l.close(ctx, r, false))
+	msg, err := q.GetMessage(ctx, id)
+	require.NoError(t, err)
+	require.Equal(t, []int32{0, int32(devices)}, []int32{msg.PendingCount, msg.AcceptedCount}, "each device counted once")
+	require.Equal(t, "dispatched", msg.State)
+	var listed int
+	require.NoError(t, tdb.Pool.QueryRow(ctx, "SELECT count(*) FROM ledger WHERE message_id = $1", id).Scan(&listed))
+	require.Equal(t, devices, listed, "each device once")
 }
