@@ -1,10 +1,11 @@
 package jobs
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"hash/fnv"
 	"math"
-	"math/rand/v2"
 	"time"
 
 	"github.com/riverqueue/river"
@@ -133,13 +134,28 @@ type running struct {
 	// Rule is what its deliveries are decided by (jobs/preferences).
 	Rule preferences.Rule
 	// Execution names this attempt among its chunk's when the chunk writes
-	// its acceptances as runs (db.ChunkWrite.Executions): random, not
-	// zero. 0 for a chunk that does not.
+	// its acceptances as runs (db.ChunkWrite.Executions); 0 for a chunk
+	// that does not (executionOf).
 	Execution int64
 }
 
-// newExecution is a chunk attempt's Execution.
-func newExecution() int64 { return rand.Int64N(math.MaxInt64) + 1 }
+// executionOf names the attempt of job whose Work runs now, as
+// running.Execution: a hash of the job and its attempt, not zero. River
+// counts an attempt each time it hands a job to a worker (a retry after a
+// failure, a chunk taken over from a process gone) but not when the job
+// snoozed, so a chunk that woke (a breaker's cooldown over, a throttle run
+// out, its users' quiet hours ended) is the same execution, which read
+// after its earlier writes were in: its runs meet none of its own. Two
+// attempts that may overlap (a process gone and the one that took its
+// chunk) are two.
+func executionOf(jobID int64, attempt int) int64 {
+	h := fnv.New64a()
+	var b [16]byte
+	binary.BigEndian.PutUint64(b[:8], uint64(jobID))
+	binary.BigEndian.PutUint64(b[8:], uint64(attempt))
+	h.Write(b[:])
+	return int64(h.Sum64()&math.MaxInt64) | 1
+}
 
 // Kind implements river.JobArgs.
 func (FanOutArgs) Kind() string { return FanOutKind }

@@ -271,7 +271,7 @@ func (w *FanOutWorker) begin(ctx context.Context, job *river.Job[FanOutArgs], po
 	if err == nil && begun.State == StateDispatching {
 		c = &running{FanOutArgs: a, Targets: make([]Target, len(begun.Pending)), Rule: ruleOf(begun.Rules)}
 		if a.Runs {
-			c.Execution = newExecution()
+			c.Execution = executionOf(job.ID, job.Attempt)
 		}
 		for i, r := range begun.Pending {
 			c.Targets[i] = targetOf(r)

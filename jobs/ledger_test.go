@@ -62,7 +62,7 @@ func TestLedgerRewritesRunsOnce(t *testing.T) {
 	require.NoError(t, err)
 	begun, err := db.BeginChunk(ctx, tdb.Pool, a.ledgerRange(), 0)
 	require.NoError(t, err)
-	c := &running{FanOutArgs: a, Targets: make([]Target, len(begun.Pending)), Execution: newExecution()}
+	c := &running{FanOutArgs: a, Targets: make([]Target, len(begun.Pending)), Execution: executionOf(1, 1)}
 	for i, r := range begun.Pending {
 		c.Targets[i] = targetOf(r)
 	}

@@ -428,7 +428,7 @@ func TestDashboardGuards(t *testing.T) {
 	require.EventuallyWithT(t, func(c *assert.CollectT) { //nolint:forbidigo // EventuallyWithT hands its callback a CollectT
 		code, body := get(browser, "/riverui/api/jobs?state=completed&limit=100")
 		require.Equal(c, http.StatusOK, code, body)
-		require.Contains(c, body, `"kind":"`+jobs.SnapshotKind+`"`)
+		require.Contains(c, body, `"kind":"`+jobs.RunsKind+`"`)
 	}, 10*time.Second, 100*time.Millisecond)
 
 	// A cross-site call to River UI's API is refused even with the session.

@@ -214,7 +214,7 @@ func TestRiverUIRetrySendsOnlyWhatIsPending(t *testing.T) {
 		for _, j := range ui.jobs("completed") {
 			completed[j.Kind]++
 		}
-		return completed[jobs.SnapshotKind] == 2
+		return completed[jobs.RunsKind] == 2
 	}, 10*time.Second, 50*time.Millisecond, "the chunks are not in River UI's completed list: %v", completed)
 	require.LessOrEqual(t, completed["materialize_schedules"], 1, "%v", completed)
 }
