@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/heraldpush/herald/db"
@@ -45,22 +46,7 @@ func TestAcceptedRuns(t *testing.T) {
 	channel := func(i int) string { return []string{"apns", "fcm", "fcm"}[i%3] }
 	due := time.Now().Add(-time.Minute).Truncate(time.Microsecond)
 	dueUs := due.UnixMicro()
-	// message schedules a message to the seven devices, one chunk of a
-	// snapshot, as ExpandAudience does.
-	message := func() int64 {
-		var id int64
-		require.NoError(t, tdb.Pool.QueryRow(ctx, `
-			WITH p AS (INSERT INTO payloads (content) VALUES ('{}') RETURNING id),
-			m AS (INSERT INTO messages (state, priority, dispatch_at, expires_at, payload_id, audience, device_count, chunk_count,
-			                            pending_count)
-			      SELECT 'dispatching', 'bulk', $1, $1::timestamptz + interval '1 hour', p.id, '{}', 7, 1, 7 FROM p
-			      RETURNING id),
-			c AS (INSERT INTO chunk_devices (message_id, chunk, due_at, first_device, last_device, devices)
-			      SELECT m.id, 0, $1, $2::bigint, $2::bigint + 6, ARRAY(SELECT generate_series($2::bigint, $2::bigint + 6)) FROM m),
-			j AS (INSERT INTO message_chunks (message_id, chunk, job_id, due_at, device_count) SELECT m.id, 0, 1, $1, 7 FROM m)
-			SELECT id FROM m`, due, dev[1]).Scan(&id))
-		return id
-	}
+	message := func() int64 { return snapshotMessage(t, tdb.Pool, due, dev[1], 7) }
 	key := func(id int64, i int) db.DeliveryKey {
 		return db.DeliveryKey{MessageID: id, DeviceID: dev[i], UserID: fmt.Sprintf("u%d", i), Channel: channel(i),
 			DueUs: dueUs, First: true}
@@ -320,16 +306,7 @@ func TestRunsSettleTheirDevices(t *testing.T) {
 		      SELECT 'a', 'fcm', 'tok-' || i, 'production' FROM generate_series(1, 4) i RETURNING id)
 		SELECT min(id) FROM d`).Scan(&first))
 	due := time.Now().Add(-time.Minute).Truncate(time.Microsecond)
-	var id int64
-	require.NoError(t, tdb.Pool.QueryRow(ctx, `
-		WITH p AS (INSERT INTO payloads (content) VALUES ('{}') RETURNING id),
-		m AS (INSERT INTO messages (state, priority, dispatch_at, expires_at, payload_id, audience, device_count, chunk_count,
-		                            pending_count)
-		      SELECT 'dispatching', 'bulk', $1, $1::timestamptz + interval '1 hour', p.id, '{}', 4, 1, 4 FROM p
-		      RETURNING id),
-		c AS (INSERT INTO chunk_devices (message_id, chunk, due_at, first_device, last_device, devices)
-		      SELECT m.id, 0, $1, $2::bigint, $2::bigint + 3, ARRAY(SELECT generate_series($2::bigint, $2::bigint + 3)) FROM m)
-		SELECT id FROM m`, due, first).Scan(&id))
+	id := snapshotMessage(t, tdb.Pool, due, first, 4)
 	counters := func() (pending, accepted, cancelled, expired int) {
 		require.NoError(t, tdb.Pool.QueryRow(ctx, `
 			SELECT pending_count, accepted_count, cancelled_count, expired_count FROM messages WHERE id = $1`, id).
@@ -383,4 +360,24 @@ func TestRunsSettleTheirDevices(t *testing.T) {
 	require.Equal(t, []db.ExpireStuckDeliveriesRow{{Channel: "fcm", Expired: 2}}, expired)
 	pending, accepted, cancelledN, expiredN := counters()
 	require.Equal(t, []int{0, 1, 1, 2}, []int{pending, accepted, cancelledN, expiredN})
+}
+
+// snapshotMessage schedules a message due at due to the n devices from
+// first on, one chunk of a snapshot, as ExpandAudience does, and returns
+// its id.
+func snapshotMessage(t *testing.T, pool *pgxpool.Pool, due time.Time, first int64, n int) int64 {
+	t.Helper()
+	var id int64
+	require.NoError(t, pool.QueryRow(context.Background(), `
+		WITH p AS (INSERT INTO payloads (content) VALUES ('{}') RETURNING id),
+		m AS (INSERT INTO messages (state, priority, dispatch_at, expires_at, payload_id, audience, device_count, chunk_count,
+		                            pending_count)
+		      SELECT 'dispatching', 'bulk', $1, $1::timestamptz + interval '1 hour', p.id, '{}', $3, 1, $3 FROM p
+		      RETURNING id),
+		c AS (INSERT INTO chunk_devices (message_id, chunk, due_at, first_device, last_device, devices)
+		      SELECT m.id, 0, $1, $2::bigint, $2::bigint + $3 - 1,
+		             ARRAY(SELECT generate_series($2::bigint, $2::bigint + $3 - 1)) FROM m),
+		j AS (INSERT INTO message_chunks (message_id, chunk, job_id, due_at, device_count) SELECT m.id, 0, 1, $1, $3 FROM m)
+		SELECT id FROM m`, due, first, n).Scan(&id))
+	return id
 }
