@@ -207,7 +207,7 @@ func WriteChunks(ctx context.Context, pool *pgxpool.Pool, ws []ChunkWrite) ([]Ch
 			b.Queue(checkAcceptedRuns, check.MessageIds, check.Chunks, check.Executions, check.Los, check.His, check.DeviceIds)
 		}
 		if len(runs.MessageIds) > 0 {
-			b.Queue(insertAcceptedRuns, runs.DeviceIds, runs.AttemptedUs, runs.AcceptedUs, runs.MessageIds, runs.Chunks,
+			b.Queue(insertAcceptedRuns, runs.DeviceIds, runs.UserIds, runs.AttemptedUs, runs.AcceptedUs, runs.MessageIds, runs.Chunks,
 				runs.Executions, runs.GroupDueUs, runs.Los, runs.His)
 		}
 		if len(plain.DeviceIds) > 0 {
@@ -361,6 +361,7 @@ func (p RecordResultsParams) runs(execution func(message int64, chunk int32) int
 			delete(rowsOf, key{p.MessageIds[i], p.Chunks[i]})
 		}
 		runs.DeviceIds = append(runs.DeviceIds, p.DeviceIds[i])
+		runs.UserIds = append(runs.UserIds, p.UserIds[i])
 		runs.AttemptedUs = append(runs.AttemptedUs, p.AttemptedUs[i])
 		runs.AcceptedUs = append(runs.AcceptedUs, p.AcceptedUs[i])
 	}

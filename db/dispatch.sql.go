@@ -386,17 +386,19 @@ func (q *Queries) EvictDevices(ctx context.Context, arg EvictDevicesParams) (int
 }
 
 const insertAcceptedRuns = `-- name: InsertAcceptedRuns :exec
-INSERT INTO accepted_runs (message_id, chunk, execution, due_at, first_device, last_device, devices, attempted_us, accepted_us)
+INSERT INTO accepted_runs (message_id, chunk, execution, due_at, first_device, last_device, devices, user_ids,
+                           attempted_us, accepted_us)
 SELECT g.message_id, g.chunk, g.execution, to_timestamp(0) + g.due_us * interval '1 microsecond',
        ($1::bigint[])[g.lo], ($1::bigint[])[g.hi], ($1::bigint[])[g.lo:g.hi],
-       ($2::bigint[])[g.lo:g.hi], ($3::bigint[])[g.lo:g.hi]
-FROM (SELECT unnest($4::bigint[]) AS message_id, unnest($5::integer[]) AS chunk,
-             unnest($6::bigint[]) AS execution, unnest($7::bigint[]) AS due_us,
-             unnest($8::integer[]) AS lo, unnest($9::integer[]) AS hi) g
+       ($2::text[])[g.lo:g.hi], ($3::bigint[])[g.lo:g.hi], ($4::bigint[])[g.lo:g.hi]
+FROM (SELECT unnest($5::bigint[]) AS message_id, unnest($6::integer[]) AS chunk,
+             unnest($7::bigint[]) AS execution, unnest($8::bigint[]) AS due_us,
+             unnest($9::integer[]) AS lo, unnest($10::integer[]) AS hi) g
 `
 
 type InsertAcceptedRunsParams struct {
 	DeviceIds   []int64
+	UserIds     []string
 	AttemptedUs []int64
 	AcceptedUs  []int64
 	MessageIds  []int64
@@ -414,6 +416,7 @@ type InsertAcceptedRunsParams struct {
 func (q *Queries) InsertAcceptedRuns(ctx context.Context, arg InsertAcceptedRunsParams) error {
 	_, err := q.db.Exec(ctx, insertAcceptedRuns,
 		arg.DeviceIds,
+		arg.UserIds,
 		arg.AttemptedUs,
 		arg.AcceptedUs,
 		arg.MessageIds,

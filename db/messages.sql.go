@@ -623,7 +623,7 @@ func (q *Queries) ListMessages(ctx context.Context, arg ListMessagesParams) ([]M
 }
 
 const listSnapshotDeliveries = `-- name: ListSnapshotDeliveries :many
-SELECT s.device_id::bigint AS device_id, coalesce(v.user_id, g.user_id, '')::text AS user_id,
+SELECT s.device_id::bigint AS device_id, coalesce(a.user_id, v.user_id, g.user_id, '')::text AS user_id,
        coalesce(v.channel, g.channel, '')::text AS channel,
        (CASE WHEN a.device_id IS NOT NULL THEN 'accepted'
              WHEN m.state IN ('scheduled', 'dispatching') THEN 'pending'
@@ -639,7 +639,7 @@ SELECT s.device_id::bigint AS device_id, coalesce(v.user_id, g.user_id, '')::tex
 FROM chunk_devices c
 CROSS JOIN LATERAL unnest(c.devices) WITH ORDINALITY AS s(device_id, n)
 JOIN messages m ON m.id = c.message_id
-LEFT JOIN (SELECT r.chunk, unnest(r.devices) AS device_id,
+LEFT JOIN (SELECT r.chunk, unnest(r.devices) AS device_id, unnest(r.user_ids) AS user_id,
                   (to_timestamp(0) + unnest(r.attempted_us) * interval '1 microsecond')::timestamptz AS attempted_at,
                   (to_timestamp(0) + unnest(r.accepted_us) * interval '1 microsecond')::timestamptz AS accepted_at
            FROM accepted_runs r
@@ -695,8 +695,9 @@ type ListSnapshotDeliveriesRow struct {
 // delivery is accepted when a run of its chunk holds it (migration 0028),
 // with the times the run keeps; otherwise it is pending while its message
 // is, cancelled with it, or expired with it when the reconciler settled
-// it. Its user and channel are its device's, which no move has changed, or
-// what the device was when it was deleted since (migration 0025). An early
+// it. Its user is the run's, as the chunk read it; otherwise its user
+// and channel are its device's, which no move has changed, or what the
+// device was when it was deleted since (migration 0025). An early
 // receipt may be there before the row is.
 func (q *Queries) ListSnapshotDeliveries(ctx context.Context, arg ListSnapshotDeliveriesParams) ([]ListSnapshotDeliveriesRow, error) {
 	rows, err := q.db.Query(ctx, listSnapshotDeliveries,

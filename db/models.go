@@ -18,6 +18,7 @@ type AcceptedRun struct {
 	FirstDevice int64
 	LastDevice  int64
 	Devices     []int64
+	UserIds     []string
 	AttemptedUs []int64
 	AcceptedUs  []int64
 }

@@ -150,6 +150,13 @@ func TestAcceptedRuns(t *testing.T) {
 	}
 	require.Len(t, list(runs, "accepted", 0, 100), 3)
 	require.Equal(t, list(rows, "", dev[1], 2), list(runs, "", dev[1], 2), "a page after the first device")
+	// A device moved to another user since was sent as its former owner's:
+	// the ledger names that owner, a run as a row does.
+	_, err = tdb.Pool.Exec(ctx, "WITH u AS (INSERT INTO users (id) VALUES ('mover')) UPDATE devices SET user_id = 'mover' WHERE id = $1", dev[1])
+	require.NoError(t, err)
+	require.Equal(t, list(rows, "", 0, 100), list(runs, "", 0, 100), "listed after a move")
+	require.Equal(t, "u1", list(runs, "", 0, 100)[0].UserID)
+	require.Equal(t, want, read(runs), "the ledger after a move")
 	// Every other reader of the ledger: the waves, the per-app counts, the
 	// dashboard's skews and failures, the receipts' early flag.
 	q := db.On(tdb.Pool)
@@ -341,8 +348,9 @@ func TestRunsSettleTheirDevices(t *testing.T) {
 		return waiting
 	}, 10*time.Second, 5*time.Millisecond, "the cancel waits for the message")
 	_, err = writer.Exec(ctx, `
-		INSERT INTO accepted_runs (message_id, chunk, execution, due_at, first_device, last_device, devices, attempted_us, accepted_us)
-		VALUES ($1, 0, 7, $2, $3, $3, ARRAY[$3::bigint], ARRAY[1::bigint], ARRAY[2::bigint])`, id, due, first)
+		INSERT INTO accepted_runs (message_id, chunk, execution, due_at, first_device, last_device, devices, user_ids,
+		                           attempted_us, accepted_us)
+		VALUES ($1, 0, 7, $2, $3, $3, ARRAY[$3::bigint], ARRAY['a'], ARRAY[1::bigint], ARRAY[2::bigint])`, id, due, first)
 	require.NoError(t, err)
 	_, err = writer.Exec(ctx, "UPDATE messages SET pending_count = 3, accepted_count = 1 WHERE id = $1", id)
 	require.NoError(t, err)

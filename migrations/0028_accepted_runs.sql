@@ -29,9 +29,13 @@ CREATE TABLE accepted_runs (
     due_at       timestamptz NOT NULL,
     first_device bigint NOT NULL,
     last_device  bigint NOT NULL,
-    -- The accepted devices in ascending order, and when each was sent and
-    -- accepted (microseconds since the epoch), parallel to them.
+    -- The accepted devices in ascending order, and parallel to them each
+    -- one's user as the chunk read it (a device moved to another user
+    -- since was still sent as its former owner's, as deliveries.user_id
+    -- keeps it), and when each was sent and accepted (microseconds since
+    -- the epoch).
     devices      bigint[] NOT NULL,
+    user_ids     text[] NOT NULL,
     attempted_us bigint[] NOT NULL,
     accepted_us  bigint[] NOT NULL
 );
@@ -39,6 +43,7 @@ CREATE TABLE accepted_runs (
 CREATE INDEX accepted_runs_chunk_idx ON accepted_runs (message_id, chunk);
 
 ALTER TABLE accepted_runs ALTER COLUMN devices SET COMPRESSION lz4;
+ALTER TABLE accepted_runs ALTER COLUMN user_ids SET COMPRESSION lz4;
 ALTER TABLE accepted_runs ALTER COLUMN attempted_us SET COMPRESSION lz4;
 ALTER TABLE accepted_runs ALTER COLUMN accepted_us SET COMPRESSION lz4;
 
@@ -71,11 +76,41 @@ WHERE NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.message_id = c.message_id A
   AND NOT EXISTS (SELECT 1 FROM accepted_runs r CROSS JOIN LATERAL unnest(r.devices) AS a(device_id)
                   WHERE r.message_id = c.message_id AND a.device_id = s.device_id)
 UNION ALL
-SELECT r.message_id, s.device_id, coalesce(v.user_id, g.user_id), coalesce(v.channel, g.channel), r.chunk, r.due_at,
+SELECT r.message_id, s.device_id, s.user_id, coalesce(v.channel, g.channel), r.chunk, r.due_at,
        'accepted', NULL, 1::smallint,
        to_timestamp(0) + s.attempted_us * interval '1 microsecond',
        to_timestamp(0) + s.accepted_us * interval '1 microsecond', NULL, NULL
 FROM accepted_runs r
-CROSS JOIN LATERAL unnest(r.devices, r.attempted_us, r.accepted_us) AS s(device_id, attempted_us, accepted_us)
+CROSS JOIN LATERAL unnest(r.devices, r.user_ids, r.attempted_us, r.accepted_us) AS s(device_id, user_id, attempted_us, accepted_us)
 LEFT JOIN devices v ON v.id = s.device_id
 LEFT JOIN deleted_devices g ON v.id IS NULL AND g.id = s.device_id;
+
+-- A receipt's webhook event names its delivery's user: a row's, or for a
+-- device accepted in a run, the run's (found through the chunk whose
+-- snapshot holds the device), or the device's own for one not yet sent.
+CREATE OR REPLACE FUNCTION webhook_events_of_receipts() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM webhooks WHERE events && ARRAY['delivery.confirmed', 'delivery.opened']::text[]) THEN
+        INSERT INTO webhook_events (webhook_id, message_id, type, device_id, user_id, at)
+        SELECT w.id, r.message_id, r.type, r.device_id, coalesce(d.user_id, a.user_id, v.user_id), r.received_at
+        FROM (SELECT message_id, device_id, received_at,
+                     CASE event WHEN 'delivered' THEN 'delivery.confirmed' ELSE 'delivery.opened' END AS type
+              FROM new_receipts) r
+        JOIN webhooks w ON r.type = ANY (w.events)
+        LEFT JOIN deliveries d ON d.message_id = r.message_id AND d.device_id = r.device_id
+        LEFT JOIN LATERAL (
+            SELECT u.user_id
+            FROM chunk_devices c
+            JOIN accepted_runs ar ON ar.message_id = c.message_id AND ar.chunk = c.chunk
+            CROSS JOIN LATERAL unnest(ar.devices, ar.user_ids) AS u(device_id, user_id)
+            WHERE d.device_id IS NULL AND c.message_id = r.message_id
+              AND r.device_id BETWEEN c.first_device AND c.last_device AND r.device_id = ANY (c.devices)
+              AND u.device_id = r.device_id
+            LIMIT 1
+        ) a ON true
+        LEFT JOIN devices v ON v.id = r.device_id;
+    END IF;
+    RETURN NULL;
+END
+$$;

@@ -366,10 +366,11 @@ SELECT CASE WHEN EXISTS (
 -- runs (migration 0028), one row a (message, chunk): the slice lo..hi
 -- (1-based) of the flat arrays, its devices ascending. CheckAcceptedRuns
 -- comes first in the same transaction; db.WriteChunks counts the results.
-INSERT INTO accepted_runs (message_id, chunk, execution, due_at, first_device, last_device, devices, attempted_us, accepted_us)
+INSERT INTO accepted_runs (message_id, chunk, execution, due_at, first_device, last_device, devices, user_ids,
+                           attempted_us, accepted_us)
 SELECT g.message_id, g.chunk, g.execution, to_timestamp(0) + g.due_us * interval '1 microsecond',
        (@device_ids::bigint[])[g.lo], (@device_ids::bigint[])[g.hi], (@device_ids::bigint[])[g.lo:g.hi],
-       (@attempted_us::bigint[])[g.lo:g.hi], (@accepted_us::bigint[])[g.lo:g.hi]
+       (@user_ids::text[])[g.lo:g.hi], (@attempted_us::bigint[])[g.lo:g.hi], (@accepted_us::bigint[])[g.lo:g.hi]
 FROM (SELECT unnest(@message_ids::bigint[]) AS message_id, unnest(@chunks::integer[]) AS chunk,
              unnest(@executions::bigint[]) AS execution, unnest(@group_due_us::bigint[]) AS due_us,
              unnest(@los::integer[]) AS lo, unnest(@his::integer[]) AS hi) g;

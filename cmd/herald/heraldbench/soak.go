@@ -16,7 +16,7 @@ import (
 
 // soakTables are the tables whose sizes a soak follows: everything that
 // grows with traffic.
-var soakTables = []string{"deliveries", "idempotency_keys", "message_chunks", "messages", "payloads", "river_job"}
+var soakTables = []string{"accepted_runs", "chunk_devices", "deliveries", "idempotency_keys", "message_chunks", "messages", "payloads", "river_job"}
 
 // SoakConfig is what a soak runs.
 type SoakConfig struct {
