@@ -39,8 +39,9 @@ type ChunkWrite struct {
 	WithheldEvents bool
 	// Executions names, by chunk, the execution whose results these are
 	// for the chunks that keep their acceptances as runs (migration 0028):
-	// a random token, not zero, of the chunk's attempt that read its
-	// deliveries. A chunk not named writes a row a delivery.
+	// a token, not zero, of the chunk's attempt that read its deliveries,
+	// the same for that attempt wherever and whenever it writes. A chunk
+	// not named writes a row a delivery.
 	Executions map[int32]int64
 }
 
@@ -312,9 +313,10 @@ func executionsOf(ws []ChunkWrite) func(message int64, chunk int32) int64 {
 // (migration 0028), a run a (message, chunk) with its devices ascending,
 // and the others (plain), which still get their rows. check is what
 // CheckAcceptedRuns must find true for them to be written so: each run's
-// devices, and each other execution's (message, chunk) whose results are
-// first rows. A run holds deliveries due at one time; only acceptances
-// make runs.
+// devices, and each (message, chunk) of such an execution whose first
+// results here are rows only (a row beside another execution's run would
+// be a delivery in two places). A run holds deliveries due at one time;
+// only acceptances make runs.
 func (p RecordResultsParams) runs(execution func(message int64, chunk int32) int64) (runs InsertAcceptedRunsParams, check CheckAcceptedRunsParams, plain RecordResultsParams) {
 	var accepted []int
 	type key struct {

@@ -110,10 +110,12 @@ LEFT JOIN (
 ) d ON d.device_id = s.device_id
 WHERE c.message_id = @message_id AND c.chunk = @chunk
   AND coalesce(d.status, 'pending') = 'pending'
-  -- Nor those accepted in the chunk's runs (migration 0028): none on a
-  -- chunk's first attempt.
-  AND s.device_id NOT IN (SELECT unnest(r.devices) FROM accepted_runs r
-                          WHERE r.message_id = @message_id AND r.chunk = @chunk)
+  -- Nor those accepted in the chunk's runs (migration 0028). A chunk's
+  -- first attempt has none, which one look says (an InitPlan), and then
+  -- no device looks.
+  AND (NOT (SELECT EXISTS (SELECT 1 FROM accepted_runs r WHERE r.message_id = @message_id AND r.chunk = @chunk))
+       OR s.device_id NOT IN (SELECT unnest(r.devices) FROM accepted_runs r
+                              WHERE r.message_id = @message_id AND r.chunk = @chunk))
 ORDER BY s.device_id;
 
 -- name: RecordResults :many
