@@ -755,9 +755,15 @@ func TestFanOutWritesAgainWhatAFailoverLost(t *testing.T) {
 				written := assert.Eventually(t, func() bool { //nolint:forbidigo // on the sender's goroutine, where require cannot stop the test
 					return b.ledger(c.msg.ID)[device].Status == "accepted"
 				}, 5*time.Second, 5*time.Millisecond, "the first answer was not written")
-				_, err := b.db.Pool.Exec(ctx, `UPDATE deliveries SET status = 'pending', attempt = attempt - 1, attempted_at = NULL, accepted_at = NULL
-					WHERE message_id = $1 AND device_id = $2`, c.msg.ID, device)
-				assert.NoError(t, err) //nolint:forbidigo,testifylint // as above
+				// It is lost whether it was written as a row or as a run
+				// (migration 0028: the first answer's run holds it alone).
+				tag, err := b.db.Pool.Exec(ctx, `
+					WITH run AS (DELETE FROM accepted_runs WHERE message_id = $1 AND devices = ARRAY[$2::bigint] RETURNING 1),
+					row AS (UPDATE deliveries SET status = 'pending', attempt = attempt - 1, attempted_at = NULL, accepted_at = NULL
+					        WHERE message_id = $1 AND device_id = $2 RETURNING 1)
+					SELECT * FROM run UNION ALL SELECT * FROM row`, c.msg.ID, device)
+				assert.NoError(t, err)                        //nolint:forbidigo,testifylint // as above
+				assert.Equal(t, int64(1), tag.RowsAffected()) //nolint:forbidigo,testifylint // as above
 				_, err = b.db.Pool.Exec(ctx, `UPDATE messages SET pending_count = pending_count + 1, accepted_count = accepted_count - 1 WHERE id = $1`, c.msg.ID)
 				assert.NoError(t, err) //nolint:forbidigo,testifylint // as above
 				failedOver = written
@@ -800,9 +806,15 @@ func TestFanOutWritesAgainWhatACrashLost(t *testing.T) {
 				crashed = assert.Eventually(t, func() bool { //nolint:forbidigo // on the sender's goroutine, where require cannot stop the test
 					return b.ledger(c.msg.ID)[device].Status == "accepted"
 				}, 5*time.Second, 5*time.Millisecond, "the first answer was not written")
-				_, err := b.db.Pool.Exec(ctx, `UPDATE deliveries SET status = 'pending', attempt = attempt - 1, attempted_at = NULL, accepted_at = NULL
-					WHERE message_id = $1 AND device_id = $2`, c.msg.ID, device)
-				assert.NoError(t, err) //nolint:forbidigo,testifylint // as above
+				// It is lost whether it was written as a row or as a run
+				// (migration 0028: the first answer's run holds it alone).
+				tag, err := b.db.Pool.Exec(ctx, `
+					WITH run AS (DELETE FROM accepted_runs WHERE message_id = $1 AND devices = ARRAY[$2::bigint] RETURNING 1),
+					row AS (UPDATE deliveries SET status = 'pending', attempt = attempt - 1, attempted_at = NULL, accepted_at = NULL
+					        WHERE message_id = $1 AND device_id = $2 RETURNING 1)
+					SELECT * FROM run UNION ALL SELECT * FROM row`, c.msg.ID, device)
+				assert.NoError(t, err)                        //nolint:forbidigo,testifylint // as above
+				assert.Equal(t, int64(1), tag.RowsAffected()) //nolint:forbidigo,testifylint // as above
 				_, err = b.db.Pool.Exec(ctx, `UPDATE messages SET pending_count = pending_count + 1, accepted_count = accepted_count - 1 WHERE id = $1`, c.msg.ID)
 				assert.NoError(t, err) //nolint:forbidigo,testifylint // as above
 				proxy.Down()
