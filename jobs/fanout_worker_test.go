@@ -763,7 +763,7 @@ func TestFanOutWritesAgainWhatAFailoverLost(t *testing.T) {
 					        WHERE message_id = $1 AND device_id = $2 RETURNING 1)
 					SELECT * FROM run UNION ALL SELECT * FROM row`, c.msg.ID, device)
 				assert.NoError(t, err)                        //nolint:forbidigo,testifylint // as above
-				assert.Equal(t, int64(1), tag.RowsAffected()) //nolint:forbidigo,testifylint // as above
+				assert.Equal(t, int64(1), tag.RowsAffected()) //nolint:forbidigo // as above
 				_, err = b.db.Pool.Exec(ctx, `UPDATE messages SET pending_count = pending_count + 1, accepted_count = accepted_count - 1 WHERE id = $1`, c.msg.ID)
 				assert.NoError(t, err) //nolint:forbidigo,testifylint // as above
 				failedOver = written
@@ -814,7 +814,7 @@ func TestFanOutWritesAgainWhatACrashLost(t *testing.T) {
 					        WHERE message_id = $1 AND device_id = $2 RETURNING 1)
 					SELECT * FROM run UNION ALL SELECT * FROM row`, c.msg.ID, device)
 				assert.NoError(t, err)                        //nolint:forbidigo,testifylint // as above
-				assert.Equal(t, int64(1), tag.RowsAffected()) //nolint:forbidigo,testifylint // as above
+				assert.Equal(t, int64(1), tag.RowsAffected()) //nolint:forbidigo // as above
 				_, err = b.db.Pool.Exec(ctx, `UPDATE messages SET pending_count = pending_count + 1, accepted_count = accepted_count - 1 WHERE id = $1`, c.msg.ID)
 				assert.NoError(t, err) //nolint:forbidigo,testifylint // as above
 				proxy.Down()
