@@ -100,27 +100,36 @@ WITH input AS (
            unnest($4::bigint[]) AS device_at_us
 ), found AS (
     -- Each input row finds its delivery through the ledger's primary key
-    -- and its device through the directory's; a delivery without a row
-    -- yet, through its message's chunks whose range holds the device.
-    SELECT i.message_id, i.device_id, i.event, i.device_at_us, coalesce(d.due_at, c.due_at) AS due_at,
-           coalesce(d.status, c.status) <> 'accepted' AS early
+    -- and its device through the directory's; a delivery without a row,
+    -- in a run of the chunk whose range holds the device (migration 0028:
+    -- accepted; a run's devices are its chunk's), found through the
+    -- chunks' first devices, nearest below first; or else, not yet
+    -- written, in that chunk's snapshot. A chunk's snapshot is read (its
+    -- array decompressed and searched) only for a receipt that came before
+    -- its acceptance.
+    SELECT i.message_id, i.device_id, i.event, i.device_at_us, coalesce(d.due_at, a.due_at, c.due_at) AS due_at,
+           coalesce(d.status, CASE WHEN a.due_at IS NOT NULL THEN 'accepted' END, 'pending') <> 'accepted' AS early
     FROM input i
     LEFT JOIN deliveries d ON d.message_id = i.message_id AND d.device_id = i.device_id
     LEFT JOIN LATERAL (
-        -- Accepted when a run of its chunk holds it (migration 0028): the
-        -- chunk's runs hold no more devices than the chunk.
-        SELECT c.due_at,
-               CASE WHEN EXISTS (SELECT 1 FROM accepted_runs r
-                                 WHERE r.message_id = c.message_id AND r.chunk = c.chunk
-                                   AND i.device_id = ANY (r.devices))
-                    THEN 'accepted' ELSE 'pending' END AS status
+        SELECT r.due_at
         FROM chunk_devices c
+        JOIN accepted_runs r ON r.message_id = c.message_id AND r.chunk = c.chunk
         WHERE d.device_id IS NULL AND c.message_id = i.message_id
-          AND i.device_id BETWEEN c.first_device AND c.last_device AND i.device_id = ANY (c.devices)
+          AND c.first_device <= i.device_id AND c.last_device >= i.device_id
+          AND i.device_id BETWEEN r.first_device AND r.last_device AND i.device_id = ANY (r.devices)
+        ORDER BY c.first_device DESC
+        LIMIT 1
+    ) a ON true
+    LEFT JOIN LATERAL (
+        SELECT c.due_at FROM chunk_devices c
+        WHERE d.device_id IS NULL AND a.due_at IS NULL AND c.message_id = i.message_id
+          AND c.first_device <= i.device_id AND c.last_device >= i.device_id AND i.device_id = ANY (c.devices)
+        ORDER BY c.first_device DESC
         LIMIT 1
     ) c ON true
     JOIN devices v ON v.id = i.device_id
-    WHERE d.device_id IS NOT NULL OR c.due_at IS NOT NULL
+    WHERE d.device_id IS NOT NULL OR a.due_at IS NOT NULL OR c.due_at IS NOT NULL
 ), inserted AS (
     INSERT INTO receipts (message_id, device_id, event, received_at, device_at, skew_ms, early)
     SELECT f.message_id, f.device_id, f.event, statement_timestamp(),

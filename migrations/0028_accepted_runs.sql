@@ -42,6 +42,11 @@ CREATE TABLE accepted_runs (
 
 CREATE INDEX accepted_runs_chunk_idx ON accepted_runs (message_id, chunk);
 
+-- A receipt finds its chunk, and so its chunk's runs, by the chunks' first
+-- devices (RecordReceipts): through the key, every chunk of the message
+-- was read for each receipt, twenty thousand of a ten-million-device one.
+CREATE INDEX chunk_devices_first_device_idx ON chunk_devices (message_id, first_device);
+
 ALTER TABLE accepted_runs ALTER COLUMN devices SET COMPRESSION lz4;
 ALTER TABLE accepted_runs ALTER COLUMN user_ids SET COMPRESSION lz4;
 ALTER TABLE accepted_runs ALTER COLUMN attempted_us SET COMPRESSION lz4;
