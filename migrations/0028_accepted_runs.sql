@@ -14,16 +14,17 @@
 -- then it is pending (or takes its message's fate, as before).
 --
 -- Runs are written by the chunk's execution that read the devices (each
--- execution has a token of its own), and only while no other execution's
--- run of the chunk exists and no ledger row names one of its devices: a
--- write that finds either (a chunk taken over, retried, or a device
+-- execution has a token of its own, kept across a snooze), and only while
+-- no other execution's run of the chunk exists and no ledger row names
+-- one of its devices: a write that finds either (a chunk taken over, retried, or a device
 -- cancelled meanwhile) fails on accepted_runs_once and is made again as
 -- the upsert, which skips what a run holds (db.WriteChunks). Every write
 -- holds its messages' rows locked (LockMessages), so two never interleave.
 CREATE TABLE accepted_runs (
     message_id   bigint NOT NULL REFERENCES messages (id) ON DELETE CASCADE,
     chunk        integer NOT NULL,
-    -- The chunk execution that wrote the run (random, not zero).
+    -- The chunk execution that wrote the run: a hash of its River job and
+    -- attempt, not zero (jobs.executionOf).
     execution    bigint NOT NULL,
     -- When its deliveries were due, as deliveries.due_at.
     due_at       timestamptz NOT NULL,
