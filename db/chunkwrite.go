@@ -175,8 +175,10 @@ type ChunkWritten struct {
 // messages cost twenty): the results marked first, nearly all of them, by
 // InsertFirstResults, counted here (splitFirst); then the others, which
 // may meet a row, by RecordResults, which counts what it changed, adds the
-// counts of the first ones and moves the messages' counters. Then the
-// chunks' timings and the settle checks. Its statements run on their
+// counts of the first ones and moves the messages' counters; a write
+// with none of those moves them by the first ones' counts alone
+// (CountResults, a plan a fraction of RecordResults'). Then the chunks'
+// timings and the settle checks. Its statements run on their
 // generic plans (UseGenericPlans). out[i] is what ws[i] did.
 func WriteChunks(ctx context.Context, pool *pgxpool.Pool, ws []ChunkWrite) ([]ChunkWritten, error) {
 	order := make([]int, len(ws))
@@ -193,7 +195,7 @@ func WriteChunks(ctx context.Context, pool *pgxpool.Pool, ws []ChunkWrite) ([]Ch
 	out := make([]ChunkWritten, len(ws))
 	execution := executionsOf(ws)
 	first, rest := results.splitFirst()
-	runs, check, plain := first.runs(execution)
+	runs, plain := first.runs(execution)
 	build := func(b *pgx.Batch) {
 		clear(out)
 		b.Queue(commitWithoutWaitingForDisk)
@@ -204,9 +206,6 @@ func WriteChunks(ctx context.Context, pool *pgxpool.Pool, ws []ChunkWrite) ([]Ch
 				b.Queue(evictDevices, e.SentAfter, e.Ids, e.Reasons, ws[i].MessageID)
 			}
 		}
-		if len(check.MessageIds) > 0 {
-			b.Queue(checkAcceptedRuns, check.MessageIds, check.Chunks, check.Executions, check.Los, check.His, check.DeviceIds)
-		}
 		if len(runs.MessageIds) > 0 {
 			b.Queue(insertAcceptedRuns, runs.DeviceIds, runs.UserIds, runs.AttemptedUs, runs.AcceptedUs, runs.MessageIds, runs.Chunks,
 				runs.Executions, runs.GroupDueUs, runs.Los, runs.His)
@@ -215,24 +214,30 @@ func WriteChunks(ctx context.Context, pool *pgxpool.Pool, ws []ChunkWrite) ([]Ch
 			b.Queue(insertFirstResults, plain.MessageIds, plain.DeviceIds, plain.UserIds, plain.Channels, plain.Chunks,
 				plain.DueUs, plain.Statuses, plain.Reasons, plain.AttemptedUs, plain.AcceptedUs, plain.NotBeforeUs)
 		}
-		if len(rest.DeviceIds) > 0 || len(rest.CountedN) > 0 {
+		// Each message's counts as the write moved them.
+		counted := func(rows pgx.Rows) error {
+			for rows.Next() {
+				var r RecordResultsRow
+				if err := rows.Scan(&r.MessageID, &r.PendingCount, &r.Accepted, &r.Failed, &r.Expired); err != nil {
+					return err
+				}
+				for i, w := range ws {
+					if w.MessageID == r.MessageID {
+						out[i].Accepted, out[i].Failed, out[i].Expired = r.Accepted, r.Failed, r.Expired
+					}
+				}
+			}
+			return rows.Err()
+		}
+		switch {
+		case len(rest.DeviceIds) > 0:
 			b.Queue(recordResults, rest.MessageIds, rest.DeviceIds, rest.UserIds, rest.Channels,
 				rest.Chunks, rest.DueUs, rest.Statuses, rest.Reasons, rest.AttemptedUs,
 				rest.AcceptedUs, rest.NotBeforeUs, rest.First, rest.WantFailed, rest.WantWithheld,
-				rest.CountedMessageIds, rest.CountedStatuses, rest.CountedBuckets, rest.CountedWithheld, rest.CountedN).Query(func(rows pgx.Rows) error {
-				for rows.Next() {
-					var r RecordResultsRow
-					if err := rows.Scan(&r.MessageID, &r.PendingCount, &r.Accepted, &r.Failed, &r.Expired); err != nil {
-						return err
-					}
-					for i, w := range ws {
-						if w.MessageID == r.MessageID {
-							out[i].Accepted, out[i].Failed, out[i].Expired = r.Accepted, r.Failed, r.Expired
-						}
-					}
-				}
-				return rows.Err()
-			})
+				rest.CountedMessageIds, rest.CountedStatuses, rest.CountedBuckets, rest.CountedWithheld, rest.CountedN).Query(counted)
+		case len(rest.CountedN) > 0:
+			b.Queue(countResults, rest.CountedMessageIds, rest.CountedStatuses, rest.CountedBuckets, rest.CountedWithheld,
+				rest.CountedN).Query(counted)
 		}
 		for _, i := range order {
 			for _, c := range ws[i].Chunks {
@@ -253,7 +258,7 @@ func WriteChunks(ctx context.Context, pool *pgxpool.Pool, ws []ChunkWrite) ([]Ch
 		// A delivery the chunk read without a row has one now: the write
 		// rolled back whole, and runs again as one whose rows may exist.
 		first, rest = results.noneFirst().splitFirst()
-		runs, check, plain = first.runs(execution)
+		runs, plain = first.runs(execution)
 		err = inBatch(ctx, pool, build)
 	}
 	if err != nil {
@@ -311,13 +316,13 @@ func executionsOf(ws []ChunkWrite) func(message int64, chunk int32) int64 {
 // runs parts first results, which InsertFirstResults would write a row
 // each, into the acceptances of chunk executions that keep them as runs
 // (migration 0028), a run a (message, chunk) with its devices ascending,
-// and the others (plain), which still get their rows. check is what
-// CheckAcceptedRuns must find true for them to be written so: each run's
-// devices, and each (message, chunk) of such an execution whose first
-// results here are rows only (a row beside another execution's run would
-// be a delivery in two places). A run holds deliveries due at one time;
-// only acceptances make runs.
-func (p RecordResultsParams) runs(execution func(message int64, chunk int32) int64) (runs InsertAcceptedRunsParams, check CheckAcceptedRunsParams, plain RecordResultsParams) {
+// and the others (plain), which still get their rows. runs also holds,
+// with no devices, each (message, chunk) of such an execution whose first
+// results here are rows only: InsertAcceptedRuns checks every group before
+// it writes (a row beside another execution's run would be a delivery in
+// two places). A run holds deliveries due at one time; only acceptances
+// make runs.
+func (p RecordResultsParams) runs(execution func(message int64, chunk int32) int64) (runs InsertAcceptedRunsParams, plain RecordResultsParams) {
 	var accepted []int
 	type key struct {
 		message int64
@@ -334,7 +339,7 @@ func (p RecordResultsParams) runs(execution func(message int64, chunk int32) int
 		}
 	}
 	if len(accepted) == 0 && len(rowsOf) == 0 {
-		return runs, check, p
+		return runs, p
 	}
 	isRun := make([]bool, len(p.DeviceIds))
 	for _, i := range accepted {
@@ -370,18 +375,15 @@ func (p RecordResultsParams) runs(execution func(message int64, chunk int32) int
 	if len(accepted) > 0 {
 		runs.His = append(runs.His, int32(len(accepted)))
 	}
-	check = CheckAcceptedRunsParams{
-		MessageIds: slices.Clone(runs.MessageIds), Chunks: slices.Clone(runs.Chunks), Executions: slices.Clone(runs.Executions),
-		Los: slices.Clone(runs.Los), His: slices.Clone(runs.His), DeviceIds: runs.DeviceIds,
-	}
 	for k, e := range rowsOf {
-		check.MessageIds = append(check.MessageIds, k.message)
-		check.Chunks = append(check.Chunks, k.chunk)
-		check.Executions = append(check.Executions, e)
-		check.Los = append(check.Los, 1)
-		check.His = append(check.His, 0)
+		runs.MessageIds = append(runs.MessageIds, k.message)
+		runs.Chunks = append(runs.Chunks, k.chunk)
+		runs.Executions = append(runs.Executions, e)
+		runs.GroupDueUs = append(runs.GroupDueUs, 0)
+		runs.Los = append(runs.Los, 1)
+		runs.His = append(runs.His, 0)
 	}
-	return runs, check, plain
+	return runs, plain
 }
 
 // insertedFirst says result i goes to InsertFirstResults: marked first,
@@ -507,6 +509,16 @@ type ChunkStart struct {
 type Chunk struct {
 	ChunkPendingParams
 	Snapshot bool
+	// Devices is how many devices the chunk's snapshot holds, 0 when not
+	// known (a job of an earlier release).
+	Devices int32
+}
+
+// dense says c's snapshot holds at least a third of the device ids in its
+// range: ChunkSnapshotPending reads them in one walk of the key over the
+// range rather than one lookup a device, which costs half as much.
+func (c Chunk) dense() bool {
+	return c.Devices > 0 && c.LastDevice-c.FirstDevice < 3*int64(c.Devices)
 }
 
 // BeginChunk starts a chunk in one round trip, pipelined like WriteChunks:
@@ -551,7 +563,7 @@ func (q *Queries) ChunkPendingOf(ctx context.Context, c Chunk) ([]ChunkPendingRo
 // chunkRead is the statement that reads c's pending deliveries.
 func chunkRead(c Chunk) (string, []any) {
 	if c.Snapshot {
-		return chunkSnapshotPending, []any{c.MessageID, c.FirstDevice, c.LastDevice, c.Chunk}
+		return chunkSnapshotPending, []any{c.MessageID, c.dense(), c.FirstDevice, c.LastDevice, c.Chunk}
 	}
 	return chunkPending, []any{c.MessageID, c.FirstDevice, c.LastDevice, c.Chunk}
 }

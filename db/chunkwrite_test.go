@@ -301,6 +301,58 @@ func TestBeginChunk(t *testing.T) {
 	require.Empty(t, begun.Pending)
 }
 
+// TestSnapshotReadDenseOrSparse reads a chunk whose snapshot holds every
+// other device of its range, with one evicted, two accepted in a run and one
+// throttled (a row), both ways the read finds its devices: walking the key
+// over the range (dense: a third of the range's ids or more) and looking
+// each up. Both read the same deliveries, and none of the range's devices
+// that are not the chunk's.
+func TestSnapshotReadDenseOrSparse(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tdb := dbtest.New(t)
+	lifePopulation(t, tdb.Pool, 300)
+	var first int64
+	require.NoError(t, tdb.Pool.QueryRow(ctx, "SELECT min(id) + 100 FROM devices").Scan(&first))
+	last := first + 98
+	id := snapshotMessage(t, tdb.Pool, time.Now(), first, 50)
+	_, err := tdb.Pool.Exec(ctx, `
+		WITH c AS (UPDATE chunk_devices SET last_device = $3, devices = ARRAY(SELECT generate_series($2::bigint, $3::bigint, 2))
+		           WHERE message_id = $1),
+		e AS (UPDATE devices SET status = 'evicted', evicted_reason = 'unregistered', evicted_at = now() WHERE id = $2::bigint + 10),
+		r AS (INSERT INTO accepted_runs (message_id, chunk, execution, due_at, first_device, last_device, devices, user_ids,
+		                                 attempted_us, accepted_us)
+		      SELECT $1, 0, 7, now(), $2::bigint + 2, $2::bigint + 4, ARRAY[$2::bigint + 2, $2::bigint + 4], '{user_a,user_b}',
+		             '{1,1}', '{2,2}')
+		INSERT INTO deliveries (message_id, device_id, user_id, channel, chunk, due_at, status, reason, attempt, not_before)
+		SELECT $1, v.id, v.user_id, v.channel, 0, now(), 'pending', 'rate_limited', 1, now() + interval '1 minute'
+		FROM devices v WHERE v.id = $2::bigint + 6`, id, first, last)
+	require.NoError(t, err)
+
+	read := func(devices int32) []db.ChunkPendingRow {
+		var rows []db.ChunkPendingRow
+		require.NoError(t, pgx.BeginFunc(ctx, tdb.Pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "SELECT set_config('plan_cache_mode', 'force_generic_plan', true)"); err != nil {
+				return err
+			}
+			rows, err = db.On(tx).ChunkPendingOf(ctx, db.Chunk{Snapshot: true, Devices: devices,
+				ChunkPendingParams: db.ChunkPendingParams{MessageID: id, FirstDevice: first, LastDevice: last}})
+			return err
+		}))
+		return rows
+	}
+	dense, sparse, unknown := read(50), read(10), read(0)
+	require.Len(t, dense, 48, "the chunk's 50 devices, less the run's two")
+	require.Equal(t, sparse, dense)
+	require.Equal(t, unknown, dense)
+	for _, r := range dense {
+		require.Zero(t, (r.DeviceID-first)%2, "device %d is not the chunk's", r.DeviceID)
+		require.NotContains(t, []int64{first + 2, first + 4}, r.DeviceID, "accepted in a run")
+		require.Equal(t, r.DeviceID == first+10, r.Gone == "device_evicted", "device %d", r.DeviceID)
+		require.Equal(t, r.DeviceID == first+6, r.Written, "device %d", r.DeviceID)
+	}
+}
+
 // TestWriteChunksOfManyMessages writes three messages' results in one write,
 // given out of the order of their ids: each message's counters and live
 // histogram move by its own deliveries only, a message with nothing to

@@ -12,51 +12,6 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
-const checkAcceptedRuns = `-- name: CheckAcceptedRuns :exec
-SELECT CASE WHEN EXISTS (
-           SELECT 1
-           FROM (SELECT unnest($1::bigint[]) AS message_id, unnest($2::integer[]) AS chunk,
-                        unnest($3::bigint[]) AS execution,
-                        unnest($4::integer[]) AS lo, unnest($5::integer[]) AS hi) g
-           WHERE EXISTS (SELECT 1 FROM accepted_runs r
-                         WHERE r.message_id = g.message_id AND r.chunk = g.chunk AND r.execution <> g.execution)
-              OR (g.lo <= g.hi AND EXISTS (
-                  SELECT 1 FROM deliveries d
-                  WHERE d.message_id = g.message_id
-                    AND d.device_id BETWEEN ($6::bigint[])[g.lo] AND ($6::bigint[])[g.hi]
-                    AND d.device_id = ANY (($6::bigint[])[g.lo:g.hi]))))
-       THEN accepted_runs_conflict() ELSE true END
-`
-
-type CheckAcceptedRunsParams struct {
-	MessageIds []int64
-	Chunks     []int32
-	Executions []int64
-	Los        []int32
-	His        []int32
-	DeviceIds  []int64
-}
-
-// Fails the ledger write (accepted_runs_conflict: accepted_runs_once) when
-// a chunk execution's first results may not be written as it wrote them
-// (migration 0028): another execution of its chunk has written a run, or,
-// for the devices of a run about to be written (lo..hi of device_ids,
-// 1-based; none when lo > hi), a ledger row names one of them (a cancel, a
-// retried chunk's upsert). Each group is a (message, chunk, execution);
-// its devices are ascending. db.WriteChunks then makes the write again as
-// the upsert.
-func (q *Queries) CheckAcceptedRuns(ctx context.Context, arg CheckAcceptedRunsParams) error {
-	_, err := q.db.Exec(ctx, checkAcceptedRuns,
-		arg.MessageIds,
-		arg.Chunks,
-		arg.Executions,
-		arg.Los,
-		arg.His,
-		arg.DeviceIds,
-	)
-	return err
-}
-
 const chunkPending = `-- name: ChunkPending :many
 SELECT d.device_id, d.attempt, d.channel, d.locale,
        coalesce(v.token, '')::text AS token, v.p256dh, v.auth,
@@ -196,7 +151,7 @@ func (q *Queries) ChunkPending(ctx context.Context, arg ChunkPendingParams) ([]C
 }
 
 const chunkSnapshotPending = `-- name: ChunkSnapshotPending :many
-SELECT s.device_id::bigint AS device_id, coalesce(d.attempt, 0)::smallint AS attempt, v.channel, c.locales[s.n]::text AS locale,
+SELECT v.device_id::bigint AS device_id, coalesce(d.attempt, 0)::smallint AS attempt, v.channel, c.locales[v.n]::text AS locale,
        v.token, v.p256dh, v.auth, v.environment,
        (CASE WHEN v.status <> 'active' THEN 'device_evicted' ELSE '' END)::text AS gone,
        d.not_before,
@@ -211,29 +166,42 @@ SELECT s.device_id::bigint AS device_id, coalesce(d.attempt, 0)::smallint AS att
 FROM chunk_devices c
 CROSS JOIN (SELECT (SELECT mm.category FROM messages mm WHERE mm.id = $1) AS category,
                    EXISTS (SELECT 1 FROM quiet_hours_default) AS default_quiet OFFSET 0) k
-CROSS JOIN LATERAL unnest(c.devices) WITH ORDINALITY AS s(device_id, n)
-JOIN devices v ON v.id = s.device_id
+CROSS JOIN LATERAL (
+    SELECT s.device_id, s.n, dv.user_id, dv.channel, dv.token, dv.p256dh, dv.auth, dv.environment, dv.status,
+           dv.app_id, dv.credential_id
+    FROM unnest(c.devices) WITH ORDINALITY AS s(device_id, n)
+    JOIN (
+        SELECT dr.id, dr.user_id, dr.channel, dr.token, dr.p256dh, dr.auth, dr.environment, dr.status, dr.app_id, dr.credential_id
+        FROM devices dr WHERE $2::boolean AND dr.id BETWEEN $3 AND $4
+        UNION ALL
+        SELECT dl.id, dl.user_id, dl.channel, dl.token, dl.p256dh, dl.auth, dl.environment, dl.status, dl.app_id, dl.credential_id
+        FROM devices dl WHERE NOT $2::boolean AND dl.id = ANY (c.devices)
+    ) dv ON dv.id = s.device_id
+    -- Nor those accepted in the chunk's runs (migration 0028). A chunk's
+    -- first attempt has none, which one look says (an InitPlan), and then
+    -- no device looks.
+    WHERE NOT (SELECT EXISTS (SELECT 1 FROM accepted_runs r WHERE r.message_id = $1 AND r.chunk = $5))
+       OR s.device_id NOT IN (SELECT unnest(r.devices) FROM accepted_runs r
+                              WHERE r.message_id = $1 AND r.chunk = $5)
+    OFFSET 0
+) v
 LEFT JOIN LATERAL (SELECT up.opt_outs, up.quiet_start, up.quiet_end FROM user_preferences up
-                   WHERE up.user_id = v.user_id AND (SELECT EXISTS (SELECT 1 FROM user_preferences))) p ON true
+                   WHERE up.user_id = v.user_id AND (SELECT EXISTS (SELECT 1 FROM user_preferences))
+                   OFFSET 0) p ON true
 LEFT JOIN (
     SELECT w.device_id, w.status, w.attempt, w.not_before, w.due_at, w.reason
     FROM deliveries w
-    WHERE w.message_id = $1 AND w.device_id BETWEEN $2 AND $3
+    WHERE w.message_id = $1 AND w.device_id BETWEEN $3 AND $4
     OFFSET 0
-) d ON d.device_id = s.device_id
-WHERE c.message_id = $1 AND c.chunk = $4
+) d ON d.device_id = v.device_id
+WHERE c.message_id = $1 AND c.chunk = $5
   AND coalesce(d.status, 'pending') = 'pending'
-  -- Nor those accepted in the chunk's runs (migration 0028). A chunk's
-  -- first attempt has none, which one look says (an InitPlan), and then
-  -- no device looks.
-  AND (NOT (SELECT EXISTS (SELECT 1 FROM accepted_runs r WHERE r.message_id = $1 AND r.chunk = $4))
-       OR s.device_id NOT IN (SELECT unnest(r.devices) FROM accepted_runs r
-                              WHERE r.message_id = $1 AND r.chunk = $4))
-ORDER BY s.device_id
+ORDER BY v.device_id
 `
 
 type ChunkSnapshotPendingParams struct {
 	MessageID   int64
+	Dense       bool
 	FirstDevice int64
 	LastDevice  int64
 	Chunk       int32
@@ -279,12 +247,21 @@ type ChunkSnapshotPendingRow struct {
 // third of the read's cost. Written says whether the delivery has a row
 // yet: a device that has none has its result inserted plainly
 // (RecordResults).
+// The chunk's devices, in a subquery of their own so that its plan is the
+// same whatever the rest needs. A dense chunk (its ids span less than three
+// times its devices, as most of an app's audience does) reads them in one
+// walk of the key over its range, joined to its snapshot by hash: half the
+// cost of looking each one up, which a sparse chunk does
+// (jobs.FanOutArgs.Devices).
+// A device's user's preferences, looked up by the key (a subquery of its own:
+// joined, they were hashed whole for every chunk).
 // The rows already written in the chunk's range, read in one walk of the
 // primary key (none on a chunk's first attempt) rather than looked up
 // device by device.
 func (q *Queries) ChunkSnapshotPending(ctx context.Context, arg ChunkSnapshotPendingParams) ([]ChunkSnapshotPendingRow, error) {
 	rows, err := q.db.Query(ctx, chunkSnapshotPending,
 		arg.MessageID,
+		arg.Dense,
 		arg.FirstDevice,
 		arg.LastDevice,
 		arg.Chunk,
@@ -347,6 +324,63 @@ func (q *Queries) CommitWithoutWaitingForDisk(ctx context.Context) error {
 	return err
 }
 
+const countResults = `-- name: CountResults :many
+SELECT c.message_id::bigint AS message_id, c.pending_count::integer AS pending_count,
+       c.accepted::integer AS accepted, c.failed::integer AS failed, c.expired::integer AS expired
+FROM add_delivery_counts($1::bigint[], $2::text[], $3::integer[], $4::text[], $5::integer[]) c
+`
+
+type CountResultsParams struct {
+	MessageIds []int64
+	Statuses   []string
+	Buckets    []int32
+	Withheld   []string
+	N          []int32
+}
+
+type CountResultsRow struct {
+	MessageID    int64
+	PendingCount int32
+	Accepted     int32
+	Failed       int32
+	Expired      int32
+}
+
+// Moves the counters of messages by a ledger write's tallies, counted by
+// db.WriteChunks (add_delivery_counts: migration 0029), for a write that
+// has nothing RecordResults must write. Its rows are RecordResults'.
+func (q *Queries) CountResults(ctx context.Context, arg CountResultsParams) ([]CountResultsRow, error) {
+	rows, err := q.db.Query(ctx, countResults,
+		arg.MessageIds,
+		arg.Statuses,
+		arg.Buckets,
+		arg.Withheld,
+		arg.N,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []CountResultsRow{}
+	for rows.Next() {
+		var i CountResultsRow
+		if err := rows.Scan(
+			&i.MessageID,
+			&i.PendingCount,
+			&i.Accepted,
+			&i.Failed,
+			&i.Expired,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const evictDevices = `-- name: EvictDevices :one
 WITH evicted AS (
     UPDATE devices
@@ -396,6 +430,20 @@ SELECT g.message_id, g.chunk, g.execution, to_timestamp(0) + g.due_us * interval
 FROM (SELECT unnest($5::bigint[]) AS message_id, unnest($6::integer[]) AS chunk,
              unnest($7::bigint[]) AS execution, unnest($8::bigint[]) AS due_us,
              unnest($9::integer[]) AS lo, unnest($10::integer[]) AS hi) g
+WHERE g.lo <= g.hi
+  AND (SELECT CASE WHEN EXISTS (
+                  SELECT 1
+                  FROM (SELECT unnest($5::bigint[]) AS message_id, unnest($6::integer[]) AS chunk,
+                               unnest($7::bigint[]) AS execution,
+                               unnest($9::integer[]) AS lo, unnest($10::integer[]) AS hi) c
+                  WHERE EXISTS (SELECT 1 FROM accepted_runs r
+                                WHERE r.message_id = c.message_id AND r.chunk = c.chunk AND r.execution <> c.execution)
+                     OR (c.lo <= c.hi AND EXISTS (
+                         SELECT 1 FROM deliveries d
+                         WHERE d.message_id = c.message_id
+                           AND d.device_id BETWEEN ($1::bigint[])[c.lo] AND ($1::bigint[])[c.hi]
+                           AND d.device_id = ANY (($1::bigint[])[c.lo:c.hi]))))
+              THEN accepted_runs_conflict() ELSE true END)
 `
 
 type InsertAcceptedRunsParams struct {
@@ -413,8 +461,18 @@ type InsertAcceptedRunsParams struct {
 
 // Writes the accepted first results of chunk executions that keep them as
 // runs (migration 0028), one row a (message, chunk): the slice lo..hi
-// (1-based) of the flat arrays, its devices ascending. CheckAcceptedRuns
-// comes first in the same transaction; db.WriteChunks counts the results.
+// (1-based) of the flat arrays, its devices ascending. Each group is a
+// (message, chunk, execution); one with lo > hi writes nothing and is only
+// checked (a chunk whose first results in this write are rows only: a row
+// beside another execution's run would be a delivery in two places).
+// db.WriteChunks counts the results.
+//
+// Before it writes anything (a one-time filter, evaluated even when no
+// group writes) it fails the ledger write (accepted_runs_conflict:
+// accepted_runs_once) when a group may not be written as its execution
+// wrote it: another execution of its chunk has written a run, or a ledger
+// row names one of its devices (a cancel, a retried chunk's upsert).
+// db.WriteChunks then makes the write again as the upsert.
 func (q *Queries) InsertAcceptedRuns(ctx context.Context, arg InsertAcceptedRunsParams) error {
 	_, err := q.db.Exec(ctx, insertAcceptedRuns,
 		arg.DeviceIds,
@@ -695,52 +753,27 @@ WITH input AS (
     -- ones by the bucket of their skew in the message's histogram
     -- (migration 0010; read by the API while the message is sent): under
     -- 1 ms is bucket 1, then 10% a bucket up to 194; those withheld for
-    -- their users' sake by reason (migration 0024).
+    -- their users' sake by reason (migration 0024). 0 is no bucket, '' not
+    -- withheld.
     SELECT message_id, status,
-           CASE WHEN status = 'accepted' THEN skew_histogram_bucket(skew_ms) END AS bucket,
+           CASE WHEN status = 'accepted' THEN skew_histogram_bucket(skew_ms) ELSE 0 END AS bucket,
            CASE WHEN status IN ('cancelled', 'expired') AND reason IN ('opted_out', 'quiet_hours', 'capped')
-                THEN reason END AS withheld,
+                THEN reason ELSE '' END AS withheld,
            count(*)::integer AS n
     FROM written
     GROUP BY 1, 2, 3, 4
     UNION ALL
     -- And the results InsertFirstResults wrote in the same transaction,
-    -- counted by db.WriteChunks the same way (0 for no bucket, '' for not
-    -- withheld).
-    SELECT t.message_id, t.status, nullif(t.bucket, 0), nullif(t.withheld, ''), t.n
-    FROM (SELECT unnest($15::bigint[]) AS message_id,
-                 unnest($16::text[]) AS status,
-                 unnest($17::integer[]) AS bucket,
-                 unnest($18::text[]) AS withheld,
-                 unnest($19::integer[]) AS n) t
-), counts AS (
-    SELECT message_id,
-           coalesce(sum(n) FILTER (WHERE status = 'accepted'), 0)::integer AS accepted,
-           coalesce(sum(n) FILTER (WHERE status = 'failed'), 0)::integer AS failed,
-           coalesce(sum(n) FILTER (WHERE status = 'expired'), 0)::integer AS expired,
-           coalesce(sum(n) FILTER (WHERE status = 'cancelled'), 0)::integer AS cancelled,
-           coalesce(sum(n) FILTER (WHERE withheld = 'opted_out'), 0)::integer AS opted_out,
-           coalesce(sum(n) FILTER (WHERE withheld = 'capped'), 0)::integer AS capped,
-           coalesce(sum(n) FILTER (WHERE withheld = 'quiet_hours'), 0)::integer AS quiet_hours,
-           array_agg(bucket) FILTER (WHERE status = 'accepted') AS buckets,
-           array_agg(n) FILTER (WHERE status = 'accepted') AS skews
-    FROM tallies
-    GROUP BY message_id
+    -- counted by db.WriteChunks the same way.
+    SELECT unnest($15::bigint[]), unnest($16::text[]),
+           unnest($17::integer[]), unnest($18::text[]), unnest($19::integer[])
 )
-UPDATE messages m
-SET pending_count = m.pending_count - c.accepted - c.failed - c.expired - c.cancelled,
-    accepted_count = m.accepted_count + c.accepted,
-    failed_count = m.failed_count + c.failed,
-    expired_count = m.expired_count + c.expired,
-    cancelled_count = m.cancelled_count + c.cancelled,
-    opted_out_count = m.opted_out_count + c.opted_out,
-    capped_count = m.capped_count + c.capped,
-    quiet_hours_count = m.quiet_hours_count + c.quiet_hours,
-    skew_histogram = CASE WHEN c.accepted = 0 THEN m.skew_histogram
-                          ELSE skew_histogram_add(m.skew_histogram, c.buckets, c.skews) END
-FROM counts c
-WHERE m.id = c.message_id
-RETURNING m.id AS message_id, m.pending_count, c.accepted, c.failed, c.expired
+SELECT c.message_id::bigint AS message_id, c.pending_count::integer AS pending_count,
+       c.accepted::integer AS accepted, c.failed::integer AS failed, c.expired::integer AS expired
+FROM (SELECT array_agg(message_id) AS message_ids, array_agg(status) AS statuses, array_agg(bucket) AS buckets,
+             array_agg(withheld) AS withheld, array_agg(n) AS n
+      FROM tallies) t
+CROSS JOIN LATERAL add_delivery_counts(t.message_ids, t.statuses, t.buckets, t.withheld, t.n) c
 `
 
 type RecordResultsParams struct {
@@ -798,6 +831,7 @@ type RecordResultsRow struct {
 // (a quarter of the statement's cost a row). A row that appeared since
 // (the chunk taken over, the message cancelled) fails the statement on the
 // primary key, and db.WriteChunks runs the write again with none marked.
+// The counters moved by all of them (migration 0029).
 func (q *Queries) RecordResults(ctx context.Context, arg RecordResultsParams) ([]RecordResultsRow, error) {
 	rows, err := q.db.Query(ctx, recordResults,
 		arg.MessageIds,

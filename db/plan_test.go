@@ -82,8 +82,8 @@ func testLedgerPlans(t *testing.T, settled, pending int) {
 			args = `'{1,1,1}', '{1,2,3}', '{u1,u2,u3}', '{apns,apns,apns}', '{0,0,0}', '{1,1,1}', '{accepted,accepted,failed}', '{"","",bad_token}', '{1,1,1}', '{1,1,0}', '{0,0,0}', '{f,f,f}', true, true, '{1}', '{accepted}', '{1}', '{""}', '{1}'`
 			cond = "Conflict Arbiter Indexes: deliveries_pkey"
 		case "ChunkSnapshotPending":
-			args = "1, 1, 500, 0"
-			cond = "(message_id = $1) AND (device_id >= $2) AND (device_id <= $3)"
+			args = "1, true, 1, 500, 0"
+			cond = "(message_id = $1) AND (device_id >= $3) AND (device_id <= $4)"
 		}
 		p := explain(t, conn, fmt.Sprintf("EXECUTE %s(%s)", strings.ToLower(name), args))
 		require.Contains(t, p, "deliveries_pkey", "%s:\n%s", name, p)

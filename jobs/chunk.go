@@ -53,6 +53,10 @@ type FanOutArgs struct {
 	// read for its chunk number.
 	FirstDevice int64 `json:"first_device,omitempty"`
 	LastDevice  int64 `json:"last_device,omitempty"`
+	// Devices is how many devices the chunk's snapshot holds (its read
+	// walks the key over a dense range: db.Chunk). Zero in a job enqueued
+	// before it was written.
+	Devices int32 `json:"devices,omitempty"`
 	// Snapshot says the chunk's devices are its snapshot's (its job's kind
 	// is SnapshotKind or RunsKind); not in the args.
 	Snapshot bool `json:"-"`
@@ -97,7 +101,7 @@ func (a FanOutArgs) ledgerRange() db.Chunk {
 	if p.LastDevice == 0 {
 		p.LastDevice = math.MaxInt64
 	}
-	return db.Chunk{ChunkPendingParams: p, Snapshot: a.Snapshot}
+	return db.Chunk{ChunkPendingParams: p, Snapshot: a.Snapshot, Devices: a.Devices}
 }
 
 // delivery is what t's ledger row holds besides its result.

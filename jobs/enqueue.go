@@ -392,7 +392,7 @@ func (e *Enqueuer) enqueue(ctx context.Context, tx pgx.Tx, msg db.Message, paylo
 		a := FanOutArgs{
 			MessageID: msg.ID, Chunk: int(c.Chunk), PayloadID: payloadID, Priority: msg.Priority,
 			DispatchAt: c.DueAt, ExpiresAt: c.DueAt.Add(lifetime),
-			FirstDevice: c.FirstDevice, LastDevice: c.LastDevice, Snapshot: snapshot, Runs: runs,
+			FirstDevice: c.FirstDevice, LastDevice: c.LastDevice, Devices: c.Devices, Snapshot: snapshot, Runs: runs,
 		}
 		jobs[i] = river.InsertManyParams{
 			Args:       a.jobArgs(),

@@ -80,7 +80,7 @@ ORDER BY d.device_id;
 -- third of the read's cost. Written says whether the delivery has a row
 -- yet: a device that has none has its result inserted plainly
 -- (RecordResults).
-SELECT s.device_id::bigint AS device_id, coalesce(d.attempt, 0)::smallint AS attempt, v.channel, c.locales[s.n]::text AS locale,
+SELECT v.device_id::bigint AS device_id, coalesce(d.attempt, 0)::smallint AS attempt, v.channel, c.locales[v.n]::text AS locale,
        v.token, v.p256dh, v.auth, v.environment,
        (CASE WHEN v.status <> 'active' THEN 'device_evicted' ELSE '' END)::text AS gone,
        d.not_before,
@@ -95,10 +95,36 @@ SELECT s.device_id::bigint AS device_id, coalesce(d.attempt, 0)::smallint AS att
 FROM chunk_devices c
 CROSS JOIN (SELECT (SELECT mm.category FROM messages mm WHERE mm.id = @message_id) AS category,
                    EXISTS (SELECT 1 FROM quiet_hours_default) AS default_quiet OFFSET 0) k
-CROSS JOIN LATERAL unnest(c.devices) WITH ORDINALITY AS s(device_id, n)
-JOIN devices v ON v.id = s.device_id
+-- The chunk's devices, in a subquery of their own so that its plan is the
+-- same whatever the rest needs. A dense chunk (its ids span less than three
+-- times its devices, as most of an app's audience does) reads them in one
+-- walk of the key over its range, joined to its snapshot by hash: half the
+-- cost of looking each one up, which a sparse chunk does
+-- (jobs.FanOutArgs.Devices).
+CROSS JOIN LATERAL (
+    SELECT s.device_id, s.n, dv.user_id, dv.channel, dv.token, dv.p256dh, dv.auth, dv.environment, dv.status,
+           dv.app_id, dv.credential_id
+    FROM unnest(c.devices) WITH ORDINALITY AS s(device_id, n)
+    JOIN (
+        SELECT dr.id, dr.user_id, dr.channel, dr.token, dr.p256dh, dr.auth, dr.environment, dr.status, dr.app_id, dr.credential_id
+        FROM devices dr WHERE @dense::boolean AND dr.id BETWEEN @first_device AND @last_device
+        UNION ALL
+        SELECT dl.id, dl.user_id, dl.channel, dl.token, dl.p256dh, dl.auth, dl.environment, dl.status, dl.app_id, dl.credential_id
+        FROM devices dl WHERE NOT @dense::boolean AND dl.id = ANY (c.devices)
+    ) dv ON dv.id = s.device_id
+    -- Nor those accepted in the chunk's runs (migration 0028). A chunk's
+    -- first attempt has none, which one look says (an InitPlan), and then
+    -- no device looks.
+    WHERE NOT (SELECT EXISTS (SELECT 1 FROM accepted_runs r WHERE r.message_id = @message_id AND r.chunk = @chunk))
+       OR s.device_id NOT IN (SELECT unnest(r.devices) FROM accepted_runs r
+                              WHERE r.message_id = @message_id AND r.chunk = @chunk)
+    OFFSET 0
+) v
+-- A device's user's preferences, looked up by the key (a subquery of its own:
+-- joined, they were hashed whole for every chunk).
 LEFT JOIN LATERAL (SELECT up.opt_outs, up.quiet_start, up.quiet_end FROM user_preferences up
-                   WHERE up.user_id = v.user_id AND (SELECT EXISTS (SELECT 1 FROM user_preferences))) p ON true
+                   WHERE up.user_id = v.user_id AND (SELECT EXISTS (SELECT 1 FROM user_preferences))
+                   OFFSET 0) p ON true
 -- The rows already written in the chunk's range, read in one walk of the
 -- primary key (none on a chunk's first attempt) rather than looked up
 -- device by device.
@@ -107,16 +133,10 @@ LEFT JOIN (
     FROM deliveries w
     WHERE w.message_id = @message_id AND w.device_id BETWEEN @first_device AND @last_device
     OFFSET 0
-) d ON d.device_id = s.device_id
+) d ON d.device_id = v.device_id
 WHERE c.message_id = @message_id AND c.chunk = @chunk
   AND coalesce(d.status, 'pending') = 'pending'
-  -- Nor those accepted in the chunk's runs (migration 0028). A chunk's
-  -- first attempt has none, which one look says (an InitPlan), and then
-  -- no device looks.
-  AND (NOT (SELECT EXISTS (SELECT 1 FROM accepted_runs r WHERE r.message_id = @message_id AND r.chunk = @chunk))
-       OR s.device_id NOT IN (SELECT unnest(r.devices) FROM accepted_runs r
-                              WHERE r.message_id = @message_id AND r.chunk = @chunk))
-ORDER BY s.device_id;
+ORDER BY v.device_id;
 
 -- name: RecordResults :many
 -- Writes the results of a ledger write, for one message or many, in one
@@ -259,52 +279,36 @@ WITH input AS (
     -- ones by the bucket of their skew in the message's histogram
     -- (migration 0010; read by the API while the message is sent): under
     -- 1 ms is bucket 1, then 10% a bucket up to 194; those withheld for
-    -- their users' sake by reason (migration 0024).
+    -- their users' sake by reason (migration 0024). 0 is no bucket, '' not
+    -- withheld.
     SELECT message_id, status,
-           CASE WHEN status = 'accepted' THEN skew_histogram_bucket(skew_ms) END AS bucket,
+           CASE WHEN status = 'accepted' THEN skew_histogram_bucket(skew_ms) ELSE 0 END AS bucket,
            CASE WHEN status IN ('cancelled', 'expired') AND reason IN ('opted_out', 'quiet_hours', 'capped')
-                THEN reason END AS withheld,
+                THEN reason ELSE '' END AS withheld,
            count(*)::integer AS n
     FROM written
     GROUP BY 1, 2, 3, 4
     UNION ALL
     -- And the results InsertFirstResults wrote in the same transaction,
-    -- counted by db.WriteChunks the same way (0 for no bucket, '' for not
-    -- withheld).
-    SELECT t.message_id, t.status, nullif(t.bucket, 0), nullif(t.withheld, ''), t.n
-    FROM (SELECT unnest(@counted_message_ids::bigint[]) AS message_id,
-                 unnest(@counted_statuses::text[]) AS status,
-                 unnest(@counted_buckets::integer[]) AS bucket,
-                 unnest(@counted_withheld::text[]) AS withheld,
-                 unnest(@counted_n::integer[]) AS n) t
-), counts AS (
-    SELECT message_id,
-           coalesce(sum(n) FILTER (WHERE status = 'accepted'), 0)::integer AS accepted,
-           coalesce(sum(n) FILTER (WHERE status = 'failed'), 0)::integer AS failed,
-           coalesce(sum(n) FILTER (WHERE status = 'expired'), 0)::integer AS expired,
-           coalesce(sum(n) FILTER (WHERE status = 'cancelled'), 0)::integer AS cancelled,
-           coalesce(sum(n) FILTER (WHERE withheld = 'opted_out'), 0)::integer AS opted_out,
-           coalesce(sum(n) FILTER (WHERE withheld = 'capped'), 0)::integer AS capped,
-           coalesce(sum(n) FILTER (WHERE withheld = 'quiet_hours'), 0)::integer AS quiet_hours,
-           array_agg(bucket) FILTER (WHERE status = 'accepted') AS buckets,
-           array_agg(n) FILTER (WHERE status = 'accepted') AS skews
-    FROM tallies
-    GROUP BY message_id
+    -- counted by db.WriteChunks the same way.
+    SELECT unnest(@counted_message_ids::bigint[]), unnest(@counted_statuses::text[]),
+           unnest(@counted_buckets::integer[]), unnest(@counted_withheld::text[]), unnest(@counted_n::integer[])
 )
-UPDATE messages m
-SET pending_count = m.pending_count - c.accepted - c.failed - c.expired - c.cancelled,
-    accepted_count = m.accepted_count + c.accepted,
-    failed_count = m.failed_count + c.failed,
-    expired_count = m.expired_count + c.expired,
-    cancelled_count = m.cancelled_count + c.cancelled,
-    opted_out_count = m.opted_out_count + c.opted_out,
-    capped_count = m.capped_count + c.capped,
-    quiet_hours_count = m.quiet_hours_count + c.quiet_hours,
-    skew_histogram = CASE WHEN c.accepted = 0 THEN m.skew_histogram
-                          ELSE skew_histogram_add(m.skew_histogram, c.buckets, c.skews) END
-FROM counts c
-WHERE m.id = c.message_id
-RETURNING m.id AS message_id, m.pending_count, c.accepted, c.failed, c.expired;
+SELECT c.message_id::bigint AS message_id, c.pending_count::integer AS pending_count,
+       c.accepted::integer AS accepted, c.failed::integer AS failed, c.expired::integer AS expired
+-- The counters moved by all of them (migration 0029).
+FROM (SELECT array_agg(message_id) AS message_ids, array_agg(status) AS statuses, array_agg(bucket) AS buckets,
+             array_agg(withheld) AS withheld, array_agg(n) AS n
+      FROM tallies) t
+CROSS JOIN LATERAL add_delivery_counts(t.message_ids, t.statuses, t.buckets, t.withheld, t.n) c;
+
+-- name: CountResults :many
+-- Moves the counters of messages by a ledger write's tallies, counted by
+-- db.WriteChunks (add_delivery_counts: migration 0029), for a write that
+-- has nothing RecordResults must write. Its rows are RecordResults'.
+SELECT c.message_id::bigint AS message_id, c.pending_count::integer AS pending_count,
+       c.accepted::integer AS accepted, c.failed::integer AS failed, c.expired::integer AS expired
+FROM add_delivery_counts(@message_ids::bigint[], @statuses::text[], @buckets::integer[], @withheld::text[], @n::integer[]) c;
 
 -- name: InsertFirstResults :exec
 -- Writes the results of deliveries whose chunk read no row of them (a
@@ -340,34 +344,21 @@ FROM (SELECT unnest(@message_ids::bigint[]) AS message_id,
              unnest(@accepted_us::bigint[]) AS accepted_us,
              unnest(@not_before_us::bigint[]) AS not_before_us) i;
 
--- name: CheckAcceptedRuns :exec
--- Fails the ledger write (accepted_runs_conflict: accepted_runs_once) when
--- a chunk execution's first results may not be written as it wrote them
--- (migration 0028): another execution of its chunk has written a run, or,
--- for the devices of a run about to be written (lo..hi of device_ids,
--- 1-based; none when lo > hi), a ledger row names one of them (a cancel, a
--- retried chunk's upsert). Each group is a (message, chunk, execution);
--- its devices are ascending. db.WriteChunks then makes the write again as
--- the upsert.
-SELECT CASE WHEN EXISTS (
-           SELECT 1
-           FROM (SELECT unnest(@message_ids::bigint[]) AS message_id, unnest(@chunks::integer[]) AS chunk,
-                        unnest(@executions::bigint[]) AS execution,
-                        unnest(@los::integer[]) AS lo, unnest(@his::integer[]) AS hi) g
-           WHERE EXISTS (SELECT 1 FROM accepted_runs r
-                         WHERE r.message_id = g.message_id AND r.chunk = g.chunk AND r.execution <> g.execution)
-              OR (g.lo <= g.hi AND EXISTS (
-                  SELECT 1 FROM deliveries d
-                  WHERE d.message_id = g.message_id
-                    AND d.device_id BETWEEN (@device_ids::bigint[])[g.lo] AND (@device_ids::bigint[])[g.hi]
-                    AND d.device_id = ANY ((@device_ids::bigint[])[g.lo:g.hi]))))
-       THEN accepted_runs_conflict() ELSE true END;
-
 -- name: InsertAcceptedRuns :exec
 -- Writes the accepted first results of chunk executions that keep them as
 -- runs (migration 0028), one row a (message, chunk): the slice lo..hi
--- (1-based) of the flat arrays, its devices ascending. CheckAcceptedRuns
--- comes first in the same transaction; db.WriteChunks counts the results.
+-- (1-based) of the flat arrays, its devices ascending. Each group is a
+-- (message, chunk, execution); one with lo > hi writes nothing and is only
+-- checked (a chunk whose first results in this write are rows only: a row
+-- beside another execution's run would be a delivery in two places).
+-- db.WriteChunks counts the results.
+--
+-- Before it writes anything (a one-time filter, evaluated even when no
+-- group writes) it fails the ledger write (accepted_runs_conflict:
+-- accepted_runs_once) when a group may not be written as its execution
+-- wrote it: another execution of its chunk has written a run, or a ledger
+-- row names one of its devices (a cancel, a retried chunk's upsert).
+-- db.WriteChunks then makes the write again as the upsert.
 INSERT INTO accepted_runs (message_id, chunk, execution, due_at, first_device, last_device, devices, user_ids,
                            attempted_us, accepted_us)
 SELECT g.message_id, g.chunk, g.execution, to_timestamp(0) + g.due_us * interval '1 microsecond',
@@ -375,7 +366,21 @@ SELECT g.message_id, g.chunk, g.execution, to_timestamp(0) + g.due_us * interval
        (@user_ids::text[])[g.lo:g.hi], (@attempted_us::bigint[])[g.lo:g.hi], (@accepted_us::bigint[])[g.lo:g.hi]
 FROM (SELECT unnest(@message_ids::bigint[]) AS message_id, unnest(@chunks::integer[]) AS chunk,
              unnest(@executions::bigint[]) AS execution, unnest(@group_due_us::bigint[]) AS due_us,
-             unnest(@los::integer[]) AS lo, unnest(@his::integer[]) AS hi) g;
+             unnest(@los::integer[]) AS lo, unnest(@his::integer[]) AS hi) g
+WHERE g.lo <= g.hi
+  AND (SELECT CASE WHEN EXISTS (
+                  SELECT 1
+                  FROM (SELECT unnest(@message_ids::bigint[]) AS message_id, unnest(@chunks::integer[]) AS chunk,
+                               unnest(@executions::bigint[]) AS execution,
+                               unnest(@los::integer[]) AS lo, unnest(@his::integer[]) AS hi) c
+                  WHERE EXISTS (SELECT 1 FROM accepted_runs r
+                                WHERE r.message_id = c.message_id AND r.chunk = c.chunk AND r.execution <> c.execution)
+                     OR (c.lo <= c.hi AND EXISTS (
+                         SELECT 1 FROM deliveries d
+                         WHERE d.message_id = c.message_id
+                           AND d.device_id BETWEEN (@device_ids::bigint[])[c.lo] AND (@device_ids::bigint[])[c.hi]
+                           AND d.device_id = ANY ((@device_ids::bigint[])[c.lo:c.hi]))))
+              THEN accepted_runs_conflict() ELSE true END);
 
 -- name: LockMessages :exec
 -- Locks messages' rows in the order of their ids, so that two ledger
