@@ -228,7 +228,8 @@ func (s *Server) loadReceiptKey(ctx context.Context) error {
 // message by the thousand, a write carries hundreds of receipts, and their
 // message's row is updated once for them all instead of once each, which
 // is what would otherwise serialize them. Its goroutine runs while it holds
-// something to write.
+// something to write, through one connection it holds meanwhile, so that
+// its statement is planned on that one (as the ledger writer's are).
 type receiptWriter struct {
 	pool    *pgxpool.Pool
 	metrics *receiptMetrics
@@ -327,6 +328,12 @@ func (w *receiptWriter) write(ctx context.Context, rs []db.ReceiptWrite) ([]stri
 // run writes the batches handed over, one write every w.every at most
 // unless the next is full, until none is left.
 func (w *receiptWriter) run() {
+	var conn *pgxpool.Conn
+	defer func() {
+		if conn != nil {
+			conn.Release()
+		}
+	}()
 	for last := time.Now(); ; {
 		// A write that took longer than every is followed by the next at
 		// once; the first waits for the receipts that come with it.
@@ -349,7 +356,18 @@ func (w *receiptWriter) run() {
 		w.queue = w.queue[1:]
 		w.mu.Unlock()
 		ctx, cancel := context.WithTimeout(context.Background(), receiptWriteTimeout)
-		b.out, b.err = db.WriteReceipts(ctx, w.pool, b.writes)
+		if conn == nil {
+			conn, b.err = db.Hold(ctx, w.pool)
+		}
+		if conn != nil {
+			b.out, b.err = db.WriteReceipts(ctx, conn, b.writes)
+		}
+		if b.err != nil && conn != nil {
+			// Perhaps broken: the pool closes it, and the next write
+			// takes another.
+			conn.Release()
+			conn = nil
+		}
 		cancel()
 		for i, o := range b.out {
 			if o.Inserted && b.writes[i].Event == EventDelivered {

@@ -180,7 +180,7 @@ type ChunkWritten struct {
 // (CountResults, a plan a fraction of RecordResults'). Then the chunks'
 // timings and the settle checks. Its statements run on their
 // generic plans (UseGenericPlans). out[i] is what ws[i] did.
-func WriteChunks(ctx context.Context, pool *pgxpool.Pool, ws []ChunkWrite) ([]ChunkWritten, error) {
+func WriteChunks(ctx context.Context, pool Batcher, ws []ChunkWrite) ([]ChunkWritten, error) {
 	order := make([]int, len(ws))
 	ids := make([]int64, len(ws))
 	var results RecordResultsParams
@@ -476,11 +476,26 @@ func firstRowExists(err error) bool {
 		(pgErr.ConstraintName == "deliveries_pkey" || pgErr.ConstraintName == "accepted_runs_once")
 }
 
+// Batcher runs a pipelined batch: a pool, or one of its connections held
+// by a writer whose statements are then planned on that connection alone
+// (jobs' ledger writer).
+type Batcher interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// Hold takes one of pool's connections for a writer to send its batches
+// through (Batcher) until it releases it; its error is interpreted as the
+// statements' are (ErrUnavailable).
+func Hold(ctx context.Context, pool *pgxpool.Pool) (*pgxpool.Conn, error) {
+	conn, err := pool.Acquire(ctx)
+	return conn, interpretError(err)
+}
+
 // inBatch sends the statements build queues as one pipelined batch: one
 // round trip, one implicit transaction. Like InTx, it runs it again when
 // PostgreSQL aborts it as a deadlock victim or a serialization failure;
 // build is called for every run and must reset what its callbacks fill.
-func inBatch(ctx context.Context, pool *pgxpool.Pool, build func(b *pgx.Batch)) error {
+func inBatch(ctx context.Context, pool Batcher, build func(b *pgx.Batch)) error {
 	return retryConflicts(func() error {
 		b := &pgx.Batch{}
 		build(b)

@@ -6,7 +6,6 @@ import (
 	"slices"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // ReceiptWrite is one receipt as a group commit writes it: the delivery a token
@@ -44,7 +43,7 @@ type ReceiptWritten struct {
 // Every write of a message's receipts moves its row, so a message that
 // many devices answer at once is written once a batch, not once a receipt:
 // the caller gathers the receipts of concurrent requests into one call.
-func WriteReceipts(ctx context.Context, pool *pgxpool.Pool, rs []ReceiptWrite) ([]ReceiptWritten, error) {
+func WriteReceipts(ctx context.Context, pool Batcher, rs []ReceiptWrite) ([]ReceiptWritten, error) {
 	p := RecordReceiptsParams{
 		MessageIds: make([]int64, len(rs)), DeviceIds: make([]int64, len(rs)),
 		Events: make([]string, len(rs)), DeviceAtUs: make([]int64, len(rs)),

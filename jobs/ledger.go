@@ -58,7 +58,12 @@ const (
 
 // ledger is a process's writer of chunk results through one connection pool
 // (a lane's: the urgent lane's writes never queue behind the bulk lane's).
-// Its goroutine runs while it holds something to write.
+// Its goroutine runs while it holds something to write, and writes through
+// one connection of the pool it holds meanwhile: each of its statements is
+// planned once on it. Through the pool, each write went to whichever
+// connection was idle, and its statements were planned again on every one
+// of them, at the instant and after every ANALYZE of the tables they read
+// (a plan of the runs' insert or the settle is a millisecond or more).
 type ledger struct {
 	pool    *pgxpool.Pool
 	logger  *slog.Logger
@@ -280,7 +285,13 @@ func (l *ledger) run() {
 	var (
 		backoff time.Duration
 		failing error
+		conn    *pgxpool.Conn
 	)
+	defer func() {
+		if conn != nil {
+			conn.Release()
+		}
+	}()
 	for last := time.Now(); ; {
 		// A write that took longer than recordEvery is followed by the
 		// next at once: answers wait for at most one write in progress.
@@ -297,7 +308,19 @@ func (l *ledger) run() {
 		if len(batch) == 0 {
 			continue
 		}
-		err := l.write(batch)
+		var err error
+		if conn == nil {
+			conn, err = l.hold()
+		}
+		if err == nil {
+			err = l.write(conn, batch)
+		}
+		if err != nil && conn != nil {
+			// Perhaps broken: the pool closes it, and the next write
+			// takes another.
+			conn.Release()
+			conn = nil
+		}
 		switch {
 		case err == nil:
 			if failing != nil {
@@ -437,9 +460,16 @@ func (l *ledger) failed(batch []pick, err error) {
 	}
 }
 
-// write commits a batch in one transaction, each message's answers in one
-// write of its ledger rows and counters.
-func (l *ledger) write(batch []pick) error {
+// hold takes the connection the writer writes through while it runs.
+func (l *ledger) hold() (*pgxpool.Conn, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), recordTimeout)
+	defer cancel()
+	return db.Hold(ctx, l.pool)
+}
+
+// write commits a batch in one transaction through conn, each message's
+// answers in one write of its ledger rows and counters.
+func (l *ledger) write(conn db.Batcher, batch []pick) error {
 	var (
 		writes  []db.ChunkWrite
 		counted [][]settledDelivery
@@ -511,7 +541,7 @@ func (l *ledger) write(batch []pick) error {
 	// jobs/state.go for the lock order).
 	ctx, cancel := context.WithTimeout(context.Background(), recordTimeout)
 	defer cancel()
-	out, err := db.WriteChunks(ctx, l.pool, writes)
+	out, err := db.WriteChunks(ctx, conn, writes)
 	if err != nil {
 		return err
 	}

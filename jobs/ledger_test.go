@@ -48,26 +48,8 @@ func TestLedgerRewritesRunsOnce(t *testing.T) {
 	ctx := context.Background()
 	tdb := dbtest.New(t)
 	q := db.On(tdb.Pool)
-	users := registerUsers(t, q, "rw", 4)
-	client, err := NewRiverClient(tdb.Pool, RiverConfig{Logger: discard})
-	require.NoError(t, err)
-	id := scheduleAt(t, tdb.Pool, NewEnqueuer(client, 0), PriorityBulk, users, time.Now().Add(-time.Second))
-	var args []byte
-	var kind string
-	require.NoError(t, tdb.Pool.QueryRow(ctx, `
-		SELECT j.kind, j.args FROM river_job j JOIN message_chunks c ON c.job_id = j.id
-		WHERE c.message_id = $1 AND c.chunk = 0`, id).Scan(&kind, &args))
-	require.Equal(t, RunsKind, kind)
-	a, err := ChunkArgs(kind, args)
-	require.NoError(t, err)
-	begun, err := db.BeginChunk(ctx, tdb.Pool, a.ledgerRange(), 0)
-	require.NoError(t, err)
-	c := &running{FanOutArgs: a, Targets: make([]Target, len(begun.Pending)), Execution: executionOf(1, 1)}
-	for i, r := range begun.Pending {
-		c.Targets[i] = targetOf(r)
-	}
+	id, c := begunChunk(t, tdb, 4)
 	devices := len(c.Targets)
-	require.Positive(t, devices)
 	l := newLedger(tdb.Pool, discard, NewClock(tdb.Pool, discard), nil, time.Minute)
 	results := make([]push.Result, devices)
 	r := l.open(c, time.Now(), results)
@@ -94,4 +76,62 @@ func TestLedgerRewritesRunsOnce(t *testing.T) {
 	var listed int
 	require.NoError(t, tdb.Pool.QueryRow(ctx, "SELECT count(*) FROM ledger WHERE message_id = $1", id).Scan(&listed))
 	require.Equal(t, devices, listed, "each device once")
+}
+
+// TestLedgerWritesThroughOneConnection: while it runs, the writer writes
+// through one connection it holds, so that its statements are planned on
+// that one alone, not on whichever connection of the pool each write found
+// idle.
+func TestLedgerWritesThroughOneConnection(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tdb := dbtest.New(t)
+	id, c := begunChunk(t, tdb, 6)
+	pool, err := db.Open(ctx, tdb.URL, db.PoolConfig{MaxConns: 4})
+	require.NoError(t, err)
+	defer pool.Close()
+	l := newLedger(pool, discard, NewClock(tdb.Pool, discard), nil, time.Minute)
+	results := make([]push.Result, len(c.Targets))
+	r := l.open(c, time.Now(), results)
+	acquired := pool.Stat().AcquireCount()
+	for i := range results {
+		// One answer a write.
+		results[i] = push.Result{Accepted: true, At: time.Now()}
+		l.add(r, false, i)
+		require.Eventually(t, func() bool {
+			var n int
+			require.NoError(t, tdb.Pool.QueryRow(ctx, "SELECT coalesce(sum(cardinality(devices)), 0) FROM accepted_runs WHERE message_id = $1",
+				id).Scan(&n))
+			return n == i+1
+		}, 10*time.Second, 5*time.Millisecond, "answer %d written", i)
+	}
+	require.NoError(t, l.close(ctx, r, false))
+	require.Equal(t, int64(1), pool.Stat().AcquireCount()-acquired, "%d writes", len(results)+1)
+}
+
+// begunChunk schedules a bulk message to n users of a device each, due
+// now, and begins its first chunk as a worker does.
+func begunChunk(t *testing.T, tdb *dbtest.DB, n int) (id int64, c *running) {
+	t.Helper()
+	ctx := context.Background()
+	users := registerUsers(t, db.On(tdb.Pool), "rw", n)
+	client, err := NewRiverClient(tdb.Pool, RiverConfig{Logger: discard})
+	require.NoError(t, err)
+	id = scheduleAt(t, tdb.Pool, NewEnqueuer(client, 0), PriorityBulk, users, time.Now().Add(-time.Second))
+	var args []byte
+	var kind string
+	require.NoError(t, tdb.Pool.QueryRow(ctx, `
+		SELECT j.kind, j.args FROM river_job j JOIN message_chunks c ON c.job_id = j.id
+		WHERE c.message_id = $1 AND c.chunk = 0`, id).Scan(&kind, &args))
+	require.Equal(t, RunsKind, kind)
+	a, err := ChunkArgs(kind, args)
+	require.NoError(t, err)
+	begun, err := db.BeginChunk(ctx, tdb.Pool, a.ledgerRange(), 0)
+	require.NoError(t, err)
+	c = &running{FanOutArgs: a, Targets: make([]Target, len(begun.Pending)), Execution: executionOf(1, 1)}
+	for i, r := range begun.Pending {
+		c.Targets[i] = targetOf(r)
+	}
+	require.Len(t, c.Targets, n)
+	return id, c
 }
