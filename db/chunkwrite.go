@@ -179,7 +179,7 @@ type ChunkWritten struct {
 // with none of those moves them by the first ones' counts alone
 // (CountResults, a plan a fraction of RecordResults'). Then the chunks'
 // timings and the settle checks. Its statements run on their
-// generic plans (UseGenericPlans). out[i] is what ws[i] did.
+// generic plans (UseLedgerPlans). out[i] is what ws[i] did.
 func WriteChunks(ctx context.Context, pool Batcher, ws []ChunkWrite) ([]ChunkWritten, error) {
 	order := make([]int, len(ws))
 	ids := make([]int64, len(ws))
@@ -199,7 +199,7 @@ func WriteChunks(ctx context.Context, pool Batcher, ws []ChunkWrite) ([]ChunkWri
 	build := func(b *pgx.Batch) {
 		clear(out)
 		b.Queue(commitWithoutWaitingForDisk)
-		b.Queue(useGenericPlans)
+		b.Queue(useLedgerPlans)
 		b.Queue(lockMessages, ids)
 		for _, i := range order {
 			if e := ws[i].Evict; len(e.Ids) > 0 {
@@ -541,7 +541,7 @@ func (c Chunk) dense() bool {
 // first chunk changes the row), reads the state that resulted, what the
 // chunk's deliveries are decided by (ChunkRules), the chunk's
 // pending deliveries with their devices' tokens (ChunkPending or
-// ChunkSnapshotPending, on the generic plan: UseGenericPlans) and, when
+// ChunkSnapshotPending, on the generic plan: UseLedgerPlans) and, when
 // payloadID is not zero, the payload. Before, these were four round trips
 // at the instant every chunk of a message starts, when the database is
 // busiest.
@@ -549,7 +549,7 @@ func BeginChunk(ctx context.Context, pool *pgxpool.Pool, c Chunk, payloadID int6
 	var out ChunkStart
 	err := inBatch(ctx, pool, func(b *pgx.Batch) {
 		out = ChunkStart{}
-		b.Queue(useGenericPlans)
+		b.Queue(useLedgerPlans)
 		b.Queue(startMessage, c.MessageID)
 		b.Queue(messageState, c.MessageID).QueryRow(func(row pgx.Row) error { return row.Scan(&out.State) })
 		b.Queue(chunkRules, c.MessageID).QueryRow(func(row pgx.Row) error {

@@ -152,7 +152,7 @@ func explain(t *testing.T, conn *pgxpool.Conn, stmt string) string {
 // (as they do in service: ANALYZE never saw the message being sent), and
 // counts the primary-key entries PostgreSQL read. A custom plan expected
 // one row of the unknown message and read all of the message's entries for
-// every chunk; the generic plans (UseGenericPlans) read the chunk's.
+// every chunk; the generic plans (UseLedgerPlans) read the chunk's.
 func TestChunkStatementsReadOnlyTheChunk(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -237,6 +237,50 @@ func TestChunkReadLooksUpPreferencesOnlyWhenAny(t *testing.T) {
 		require.LessOrEqual(t, seq, int64(1), "snapshot %v: the preferences read whole for the devices", snapshot)
 		require.GreaterOrEqual(t, idx, int64(lifeChunkSize), "snapshot %v: each device's user looked up by the key", snapshot)
 	}
+}
+
+// TestLedgerWritesReadByKeyAsTheLedgerGrows writes a chunk's acceptances
+// as runs while the ledger is empty, as at a young installation's first
+// instant, where a plan made then finds scanning the ledger cheapest, then
+// has the ledger grow (a message's withheld deliveries) and writes another
+// chunk on the same connection, whose cached plans are those made while it
+// was empty: they must still find rows through the keys. The runs' check
+// scanned the whole ledger for each chunk a write held, a third of a
+// preferences run's ledger writes.
+func TestLedgerWritesReadByKeyAsTheLedgerGrows(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := oneConnection(t)
+	lifePopulation(t, pool, 20)
+	var first int64
+	require.NoError(t, pool.QueryRow(ctx, "SELECT min(id) FROM devices").Scan(&first))
+	due := time.Now().Truncate(time.Microsecond)
+	write := func(id int64) {
+		w := db.ChunkWrite{MessageID: id, Executions: map[int32]int64{0: 7}}
+		for i := range int64(10) {
+			w.Results.Add(db.DeliveryKey{MessageID: id, DeviceID: first + i, UserID: fmt.Sprintf("user_%d", i), Channel: "apns",
+				DueUs: due.UnixMicro(), First: true}, "accepted", "", due.UnixMicro()+10, due.UnixMicro()+20)
+		}
+		_, err := db.WriteChunks(ctx, pool, []db.ChunkWrite{w})
+		require.NoError(t, err)
+	}
+	_, err := pool.Exec(ctx, "ANALYZE deliveries")
+	require.NoError(t, err)
+	write(snapshotMessage(t, pool, due, first, 10))
+	_, err = pool.Exec(ctx, `
+		INSERT INTO deliveries (message_id, device_id, user_id, channel, chunk, due_at, status, reason)
+		SELECT -1, g, 'u' || g, 'apns', 0, now(), 'cancelled', 'opted_out' FROM generate_series(1, 5000) g`)
+	require.NoError(t, err)
+	seqScans := func() int64 {
+		var n int64
+		_, err := pool.Exec(ctx, "SELECT pg_stat_force_next_flush()")
+		require.NoError(t, err)
+		require.NoError(t, pool.QueryRow(ctx, "SELECT seq_scan FROM pg_stat_user_tables WHERE relname = 'deliveries'").Scan(&n))
+		return n
+	}
+	before := seqScans()
+	write(snapshotMessage(t, pool, due, first, 10))
+	require.Equal(t, before, seqScans(), "the ledger scanned whole")
 }
 
 // oneConnection is a pool of one connection to a database of the test's

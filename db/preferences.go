@@ -115,7 +115,7 @@ func ClaimFrequencyCaps(ctx context.Context, pool *pgxpool.Pool, cap CategoryCap
 	err = inBatch(ctx, pool, func(b *pgx.Batch) {
 		capped = map[string]bool{}
 		b.Queue(commitWithoutWaitingForDisk)
-		b.Queue(useGenericPlans)
+		b.Queue(useLedgerPlans)
 		b.Queue(claimFrequencyCaps, cap.Category, messageID, cap.Count, cap.PeriodS, users).Query(func(rows pgx.Rows) error {
 			for rows.Next() {
 				var (

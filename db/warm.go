@@ -65,7 +65,7 @@ func WarmChunk(ctx context.Context, pool *pgxpool.Pool, c Chunk, payloadID int64
 	var out ChunkStart
 	err = inBatch(ctx, pool, func(b *pgx.Batch) {
 		out = ChunkStart{}
-		b.Queue(useGenericPlans)
+		b.Queue(useLedgerPlans)
 		b.Queue(messageState, c.MessageID)
 		queueChunkRead(b, c, payloadID, &out)
 	})

@@ -804,7 +804,7 @@ func (w *FanOutWorker) expire(ctx context.Context, a FanOutArgs, pool *pgxpool.P
 		if _, err := q.LockMessage(ctx, a.MessageID); err != nil {
 			return fmt.Errorf("lock message: %w", err)
 		}
-		if err := q.UseGenericPlans(ctx); err != nil {
+		if err := q.UseLedgerPlans(ctx); err != nil {
 			return fmt.Errorf("use generic plans: %w", err)
 		}
 		rows, err := q.ChunkPendingOf(ctx, a.ledgerRange())
