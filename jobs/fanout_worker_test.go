@@ -750,23 +750,7 @@ func TestFanOutWritesAgainWhatAFailoverLost(t *testing.T) {
 				// The first answer is written; then the primary fails
 				// over to a standby that never got that write, and the
 				// lock is taken again on the new primary.
-				ctx := context.Background()
-				device := c.device(t, "apns-1")
-				written := assert.Eventually(t, func() bool { //nolint:forbidigo // on the sender's goroutine, where require cannot stop the test
-					return b.ledger(c.msg.ID)[device].Status == "accepted"
-				}, 5*time.Second, 5*time.Millisecond, "the first answer was not written")
-				// It is lost whether it was written as a row or as a run
-				// (migration 0028: the first answer's run holds it alone).
-				tag, err := b.db.Pool.Exec(ctx, `
-					WITH run AS (DELETE FROM accepted_runs WHERE message_id = $1 AND devices = ARRAY[$2::bigint] RETURNING 1),
-					row AS (UPDATE deliveries SET status = 'pending', attempt = attempt - 1, attempted_at = NULL, accepted_at = NULL
-					        WHERE message_id = $1 AND device_id = $2 RETURNING 1)
-					SELECT * FROM run UNION ALL SELECT * FROM row`, c.msg.ID, device)
-				assert.NoError(t, err)                        //nolint:forbidigo,testifylint // as above
-				assert.Equal(t, int64(1), tag.RowsAffected()) //nolint:forbidigo // as above
-				_, err = b.db.Pool.Exec(ctx, `UPDATE messages SET pending_count = pending_count + 1, accepted_count = accepted_count - 1 WHERE id = $1`, c.msg.ID)
-				assert.NoError(t, err) //nolint:forbidigo,testifylint // as above
-				failedOver = written
+				failedOver = b.loseFirstAnswer(t, c, "apns-1")
 				lease.session.Store(2)
 			}
 			return allow()
@@ -778,6 +762,30 @@ func TestFanOutWritesAgainWhatAFailoverLost(t *testing.T) {
 	require.Equal(t, []string{"apns-1"}, apns.sends(), "nothing was sent under the new session")
 	b.requireStatus(c, "apns-1", "accepted", push.ReasonNone)
 	b.requireStatus(c, "apns-2", "pending", push.ReasonNone)
+}
+
+// loseFirstAnswer waits until the first answer, the named device's
+// acceptance, is written, then takes it out of the ledger as a database
+// that lost it would have it: the delivery pending again, whether it was
+// written as a row or as a run (migration 0028: the first answer's run
+// holds it alone). It runs on the sender's goroutine, where require cannot
+// stop the test, and says whether it did it.
+func (b *fanOutBundle) loseFirstAnswer(t *testing.T, c chunkJob, name string) bool {
+	ctx := context.Background()
+	device := c.device(t, name)
+	written := assert.Eventually(t, func() bool { //nolint:forbidigo // on the sender's goroutine
+		return b.ledger(c.msg.ID)[device].Status == "accepted"
+	}, 5*time.Second, 5*time.Millisecond, "the first answer was not written")
+	tag, err := b.db.Pool.Exec(ctx, `
+		WITH run AS (DELETE FROM accepted_runs WHERE message_id = $1 AND devices = ARRAY[$2::bigint] RETURNING 1),
+		row AS (UPDATE deliveries SET status = 'pending', attempt = attempt - 1, attempted_at = NULL, accepted_at = NULL
+		        WHERE message_id = $1 AND device_id = $2 RETURNING 1)
+		SELECT * FROM run UNION ALL SELECT * FROM row`, c.msg.ID, device)
+	assert.NoError(t, err)                        //nolint:forbidigo,testifylint // on the sender's goroutine
+	assert.Equal(t, int64(1), tag.RowsAffected()) //nolint:forbidigo // on the sender's goroutine
+	_, err = b.db.Pool.Exec(ctx, `UPDATE messages SET pending_count = pending_count + 1, accepted_count = accepted_count - 1 WHERE id = $1`, c.msg.ID)
+	assert.NoError(t, err) //nolint:forbidigo // on the sender's goroutine
+	return written
 }
 
 // TestFanOutWritesAgainWhatACrashLost: as TestFanOutWritesAgainWhatAFailoverLost,
@@ -801,22 +809,7 @@ func TestFanOutWritesAgainWhatACrashLost(t *testing.T) {
 			if len(apns.sent) == 1 && !crashed {
 				// The first answer is written, then lost with the
 				// server, which is away for a second.
-				ctx := context.Background()
-				device := c.device(t, "apns-1")
-				crashed = assert.Eventually(t, func() bool { //nolint:forbidigo // on the sender's goroutine, where require cannot stop the test
-					return b.ledger(c.msg.ID)[device].Status == "accepted"
-				}, 5*time.Second, 5*time.Millisecond, "the first answer was not written")
-				// It is lost whether it was written as a row or as a run
-				// (migration 0028: the first answer's run holds it alone).
-				tag, err := b.db.Pool.Exec(ctx, `
-					WITH run AS (DELETE FROM accepted_runs WHERE message_id = $1 AND devices = ARRAY[$2::bigint] RETURNING 1),
-					row AS (UPDATE deliveries SET status = 'pending', attempt = attempt - 1, attempted_at = NULL, accepted_at = NULL
-					        WHERE message_id = $1 AND device_id = $2 RETURNING 1)
-					SELECT * FROM run UNION ALL SELECT * FROM row`, c.msg.ID, device)
-				assert.NoError(t, err)                        //nolint:forbidigo,testifylint // as above
-				assert.Equal(t, int64(1), tag.RowsAffected()) //nolint:forbidigo // as above
-				_, err = b.db.Pool.Exec(ctx, `UPDATE messages SET pending_count = pending_count + 1, accepted_count = accepted_count - 1 WHERE id = $1`, c.msg.ID)
-				assert.NoError(t, err) //nolint:forbidigo,testifylint // as above
+				crashed = b.loseFirstAnswer(t, c, "apns-1")
 				proxy.Down()
 				time.AfterFunc(time.Second, proxy.Up)
 			}
