@@ -328,12 +328,8 @@ func (w *receiptWriter) write(ctx context.Context, rs []db.ReceiptWrite) ([]stri
 // run writes the batches handed over, one write every w.every at most
 // unless the next is full, until none is left.
 func (w *receiptWriter) run() {
-	var conn *pgxpool.Conn
-	defer func() {
-		if conn != nil {
-			conn.Release()
-		}
-	}()
+	held := db.Hold(w.pool)
+	defer held.Release()
 	for last := time.Now(); ; {
 		// A write that took longer than every is followed by the next at
 		// once; the first waits for the receipts that come with it.
@@ -356,18 +352,10 @@ func (w *receiptWriter) run() {
 		w.queue = w.queue[1:]
 		w.mu.Unlock()
 		ctx, cancel := context.WithTimeout(context.Background(), receiptWriteTimeout)
-		if conn == nil {
-			conn, b.err = db.Hold(ctx, w.pool)
-		}
-		if conn != nil {
-			b.out, b.err = db.WriteReceipts(ctx, conn, b.writes)
-		}
-		if b.err != nil && conn != nil {
-			// Perhaps broken: the pool closes it, and the next write
-			// takes another.
-			conn.Release()
-			conn = nil
-		}
+		b.err = held.Write(ctx, func(conn db.Batcher) (err error) {
+			b.out, err = db.WriteReceipts(ctx, conn, b.writes)
+			return err
+		})
 		cancel()
 		for i, o := range b.out {
 			if o.Inserted && b.writes[i].Event == EventDelivered {

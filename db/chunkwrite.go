@@ -483,12 +483,44 @@ type Batcher interface {
 	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
-// Hold takes one of pool's connections for a writer to send its batches
-// through (Batcher) until it releases it; its error is interpreted as the
-// statements' are (ErrUnavailable).
-func Hold(ctx context.Context, pool *pgxpool.Pool) (*pgxpool.Conn, error) {
-	conn, err := pool.Acquire(ctx)
-	return conn, interpretError(err)
+// Held is the connection a sequential writer (jobs' ledger writer, the
+// API's receipt writer) sends its batches through while it runs, so that
+// its statements are planned on that one alone, not on whichever connection
+// of the pool each write found idle: taken at the first write, given back
+// by Release, and after a write that failed, which may have broken it (the
+// pool then closes it, and the next write takes another).
+type Held struct {
+	pool *pgxpool.Pool
+	conn *pgxpool.Conn
+}
+
+// Hold returns a writer's Held connection of pool, not taken yet.
+func Hold(pool *pgxpool.Pool) *Held { return &Held{pool: pool} }
+
+// Write runs write through the held connection, taking it first if need
+// be within ctx (an error doing so is interpreted as the statements' are:
+// ErrUnavailable).
+func (h *Held) Write(ctx context.Context, write func(Batcher) error) error {
+	if h.conn == nil {
+		conn, err := h.pool.Acquire(ctx)
+		if err != nil {
+			return interpretError(err)
+		}
+		h.conn = conn
+	}
+	err := write(h.conn)
+	if err != nil {
+		h.Release()
+	}
+	return err
+}
+
+// Release gives the connection back to the pool, if it is held.
+func (h *Held) Release() {
+	if h.conn != nil {
+		h.conn.Release()
+		h.conn = nil
+	}
 }
 
 // inBatch sends the statements build queues as one pipelined batch: one

@@ -285,13 +285,9 @@ func (l *ledger) run() {
 	var (
 		backoff time.Duration
 		failing error
-		conn    *pgxpool.Conn
+		held    = db.Hold(l.pool)
 	)
-	defer func() {
-		if conn != nil {
-			conn.Release()
-		}
-	}()
+	defer held.Release()
 	for last := time.Now(); ; {
 		// A write that took longer than recordEvery is followed by the
 		// next at once: answers wait for at most one write in progress.
@@ -308,19 +304,7 @@ func (l *ledger) run() {
 		if len(batch) == 0 {
 			continue
 		}
-		var err error
-		if conn == nil {
-			conn, err = l.hold()
-		}
-		if err == nil {
-			err = l.write(conn, batch)
-		}
-		if err != nil && conn != nil {
-			// Perhaps broken: the pool closes it, and the next write
-			// takes another.
-			conn.Release()
-			conn = nil
-		}
+		err := l.writeThrough(held, batch)
 		switch {
 		case err == nil:
 			if failing != nil {
@@ -460,11 +444,12 @@ func (l *ledger) failed(batch []pick, err error) {
 	}
 }
 
-// hold takes the connection the writer writes through while it runs.
-func (l *ledger) hold() (*pgxpool.Conn, error) {
+// writeThrough writes a batch through the connection the writer holds while it
+// runs, taking it within recordTimeout if need be.
+func (l *ledger) writeThrough(held *db.Held, batch []pick) error {
 	ctx, cancel := context.WithTimeout(context.Background(), recordTimeout)
 	defer cancel()
-	return db.Hold(ctx, l.pool)
+	return held.Write(ctx, func(conn db.Batcher) error { return l.write(conn, batch) })
 }
 
 // write commits a batch in one transaction through conn, each message's
